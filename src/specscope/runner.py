@@ -1,0 +1,384 @@
+"""A measurement run: config, prompt loop, resumable records (SPEC.md sections 3 and 8).
+
+``run_study(config, out_dir)`` loads the pair, measures every prompt with the paper protocol and
+commits its records before starting the next; re-running the same command resumes an interrupted
+run and does nothing for a finished one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import shutil
+import subprocess
+import time
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata, resources
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from . import __version__
+from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl
+from .engine import ENGINES, make_engine, step_record
+from .models import ModelPair, PairConfig, load_pair
+from .records import (SCHEMA_VERSION, RunWriter, position_bin, read_manifest, to_table,
+                      write_json_atomic)
+from .trees import TreeConfig, TreeShape
+
+PRESETS = ("paper", "demo")
+
+
+class RunConfigError(ValueError):
+    """A run config that cannot be used; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Which prompts to measure: a JSONL file, the built-in smoke set, or domain sources."""
+
+    file: str | None = None
+    domains: tuple[str, ...] = ()
+    per_domain: int | None = None
+    sources: tuple[tuple[str, str], ...] = ()  # (domain, source name) overrides
+    smoke: bool = False
+
+    def select(self, seed: int) -> list[PromptItem]:
+        if self.smoke:
+            return list(SMOKE_PROMPTS)
+        if self.file:
+            domain = self.domains[0] if len(self.domains) == 1 else None
+            items = read_jsonl(self.file, domain=domain)
+            return items[: self.per_domain] if self.per_domain else items
+        if self.domains:
+            from .domains import select_prompts
+
+            return select_prompts(list(self.domains), self.per_domain, seed=seed,
+                                  sources=dict(self.sources) or None)
+        raise PromptSourceError("no prompts: give --prompts FILE, --domains or --smoke")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's records."""
+
+    pair: PairConfig = field(default_factory=PairConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    engine: str = "cached"
+    max_new_tokens: int = 64
+    max_prompt_tokens: int = 512
+    chat_template: bool = True
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise RunConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.max_new_tokens < 1:
+            raise RunConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens < 1:
+            raise RunConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        """A content hash of the config: the same config always gives the same id."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise RunConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        nested = {"pair": PairConfig, "tree": TreeConfig, "prompts": PromptSpec}
+        for key, kind in nested.items():
+            if key in data:
+                section = dict(data[key])
+                allowed = {f.name for f in dataclasses.fields(kind)}
+                if set(section) - allowed:
+                    raise RunConfigError(f"unknown keys {sorted(set(section) - allowed)} in "
+                                         f"[{key}]; allowed: {sorted(allowed)}")
+                for name in ("domains", "sources"):
+                    if name in section and section[name] is not None:
+                        section[name] = tuple(tuple(x) if isinstance(x, list) else x
+                                              for x in section[name])
+                data[key] = kind(**section)
+        return cls(**data)
+
+    def replace(self, **overrides) -> RunConfig:
+        """A copy with top-level or ``section.key`` overrides (None values are ignored)."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            section, _, name = key.rpartition(".")
+            (data[section] if section else data)[name] = value
+        return RunConfig.from_dict(data)
+
+
+def load_config(source: str | Path | None) -> RunConfig:
+    """A config from a preset name (``paper``, ``demo``), a TOML file, or the defaults."""
+    if source is None:
+        return RunConfig()
+    if str(source) in PRESETS:
+        text = resources.files("specscope").joinpath("presets", f"{source}.toml").read_text()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise RunConfigError(f"config {source} is neither a preset ({', '.join(PRESETS)}) "
+                                 "nor a TOML file")
+        text = path.read_text()
+    try:
+        return RunConfig.from_dict(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:
+        raise RunConfigError(f"{source}: invalid TOML: {e}") from None
+    except TypeError as e:
+        raise RunConfigError(f"{source}: {e}") from None
+
+
+# --- one prompt ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RenderedPrompt:
+    text: str
+    ids: list[int]
+    truncated: bool
+
+
+def render_prompt(tokenizer, messages, chat_template: bool, max_tokens: int) -> RenderedPrompt:
+    """Apply the chat template (or join the turns), tokenise, keep the last ``max_tokens``."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                             tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        text = "\n\n".join(str(m["content"]) for m in messages)
+        ids = tokenizer(text)["input_ids"]
+    return RenderedPrompt(text, ids[-max_tokens:], len(ids) > max_tokens)
+
+
+def eos_token_ids(pair: ModelPair) -> set[int]:
+    ids = set()
+    for value in (pair.tokenizer.eos_token_id,
+                  getattr(pair.target.model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids
+
+
+@dataclass
+class PromptRecords:
+    nodes: pa.Table
+    steps: pa.Table
+    prompt: pa.Table
+
+
+def measure_prompt(engine, pair: ModelPair, item: PromptItem, config: RunConfig,
+                   shape: TreeShape, order: int, run_id: str) -> PromptRecords:
+    """Run the paper protocol on one prompt and return its node, step and prompt rows."""
+    t_start = time.perf_counter()
+    rendered = render_prompt(pair.tokenizer, item.messages, config.chat_template,
+                             config.max_prompt_tokens)
+    context = list(rendered.ids)
+    eos = eos_token_ids(pair)
+    node_cols: list[dict[str, np.ndarray]] = []
+    step_rows: list[dict] = []
+    output: list[int] = []
+    stop_reason = "max_new_tokens"
+    engine.reset(context)
+    for step in range(config.max_new_tokens):
+        t0 = time.perf_counter()
+        scores = engine.score(context, shape)
+        record = step_record(scores, shape)
+        record.nodes["step"] = np.full(len(shape), step, dtype=np.int32)
+        node_cols.append(record.nodes)
+        step_rows.append({
+            "step": step, "context_len": len(context), "tree_size": len(shape),
+            "emitted_token": record.emitted_token, "accepted_len": record.accepted_len,
+            "tau": record.accepted_len + 1, "draft_time_s": scores.draft_time_s,
+            "verify_time_s": scores.verify_time_s,
+        })
+        context.append(record.emitted_token)
+        output.append(record.emitted_token)
+        step_rows[-1]["step_time_s"] = time.perf_counter() - t0
+        if record.emitted_token in eos:
+            stop_reason = "eos"
+            break
+
+    def common(n: int) -> dict:
+        return {"run_id": [run_id] * n, "prompt_id": [item.id] * n, "domain": [item.domain] * n}
+
+    nodes = {k: np.concatenate([c[k] for c in node_cols]) for k in node_cols[0]}
+    nodes["position_bin"] = (nodes["step"] // 32).astype(np.int8)
+    steps = {k: [r[k] for r in step_rows] for k in step_rows[0]}
+    steps["position_bin"] = [position_bin(s) for s in steps["step"]]
+    prompt = {
+        "order": [order], "source": [item.source], "source_index": [item.source_index],
+        "messages_json": [json.dumps(list(item.messages), ensure_ascii=False)],
+        "prompt_text": [rendered.text], "prompt_tokens": [len(rendered.ids)],
+        "truncated": [rendered.truncated], "generated_tokens": [len(output)],
+        "output_token_ids": [output],
+        "output_text": [pair.tokenizer.decode(output, skip_special_tokens=True)],
+        "stop_reason": [stop_reason], "time_s": [time.perf_counter() - t_start],
+    }
+    return PromptRecords(
+        nodes=to_table({**common(len(nodes["step"])), **nodes}, "nodes"),
+        steps=to_table({**common(len(step_rows)), **steps}, "steps"),
+        prompt=to_table({**common(1), **prompt}, "prompts"),
+    )
+
+
+# --- a whole run --------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    run_id: str
+    prompts_total: int
+    prompts_measured: int  # in this invocation
+    prompts_skipped_empty: int
+    nodes: int  # in this invocation
+    seconds: float
+    already_complete: bool = False
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("specscope", "torch", "transformers", "pyarrow", "numpy", "gguf"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> dict | None:
+    """Check ``out_dir`` before any expensive work; return the existing manifest, if resuming."""
+    manifest_path = out_dir / "manifest.json"
+    if overwrite and out_dir.exists():
+        shutil.rmtree(out_dir)
+    if not manifest_path.is_file():
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise RunConfigError(f"{out_dir} exists and is not a specscope run; choose an empty "
+                                 "or new directory")
+        return None
+    manifest = read_manifest(out_dir)
+    if manifest.get("run_id") != config.run_id:
+        old = _flatten(RunConfig.from_dict(manifest["config"]).to_dict())
+        new = _flatten(config.to_dict())
+        diff = [key for key in new if old.get(key) != new[key]]
+        raise RunConfigError(
+            f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
+            "use another directory, or --overwrite to start over")
+    return manifest
+
+
+def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
+              progress: bool = True, pair: ModelPair | None = None) -> RunSummary:
+    """Measure every selected prompt into ``out_dir``, resuming what an earlier call left."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    out_dir = Path(out_dir)
+    t_start = time.perf_counter()
+    shape = config.tree.shape()
+    items = config.prompts.select(config.seed)
+    empty = [item.id for item in items if item.is_empty]
+    items = [item for item in items if not item.is_empty]
+    existing = prepare_run_dir(out_dir, config, overwrite)
+    writer = RunWriter(out_dir)
+    done = writer.done_prompt_ids()
+    todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
+    run_id = config.run_id
+    if not todo and existing and existing.get("status") == "complete":
+        return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
+                          time.perf_counter() - t_start, already_complete=True)
+
+    console = Console(stderr=True)
+    pair = pair or load_pair(config.pair)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "specscope_version": __version__,
+        "run_id": run_id,
+        "status": "running",
+        "created": (existing or {}).get("created", _now()),
+        "config": config.to_dict(),
+        "tree": {"paths": shape.to_paths_literal(), "nodes_per_depth": list(shape.depth_counts())},
+        "models": pair.provenance,
+        "packages": _package_versions(),
+        "git_commit": _git_commit(),
+        "seed": config.seed,
+        "prompts": {
+            "count": len(items),
+            "sources": sorted({item.source for item in items}),
+            "ids": [item.id for item in items],
+            "skipped_empty": empty,
+        },
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest, out_dir / "manifest.json")
+    if empty:
+        console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
+
+    torch.manual_seed(config.seed)
+    engine = make_engine(config.engine, pair.draft.model, pair.target.model, pair.vocab_size)
+    nodes_total = 0
+    t_loop = time.perf_counter()
+    with Progress(TextColumn("[bold]measuring"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("prompts  {task.fields[nodes]} nodes  {task.fields[rate]} nodes/s"),
+                  TimeElapsedColumn(), console=console, disable=not progress) as bar:
+        task = bar.add_task("run", total=len(items), completed=len(items) - len(todo),
+                            nodes=0, rate="-")
+        for order, item in todo:
+            records = measure_prompt(engine, pair, item, config, shape, order, run_id)
+            writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
+            nodes_total += records.nodes.num_rows
+            rate = nodes_total / (time.perf_counter() - t_loop)
+            bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
+
+    counts = writer.consolidate()
+    seconds = time.perf_counter() - t_start
+    manifest.update(status="complete", finished=_now(), counts=counts,
+                    timings={"last_invocation_s": round(seconds, 3),
+                             "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
+    write_json_atomic(manifest, out_dir / "manifest.json")
+    return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)

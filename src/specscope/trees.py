@@ -1,0 +1,206 @@
+"""Draft trees: the parents-array representation, its derived buffers, and growth policies.
+
+A tree shape is a list of nodes in breadth-first order, each with a parent index (-1 for a root)
+and a sibling rank (0 = the draft's top token under the parent's context). Everything else, the
+tree attention mask, the position offsets and the root-to-leaf paths, is derived from the parents
+array by pure functions (SPEC.md section 2). Shapes can be written as Medusa/vLLM path tuples
+``[(0,), (1,), (0, 0), ...]``, each tuple listing sibling ranks from the root.
+
+The policies of this module give static shapes: the tokens change every step, the shape does not.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+Path = tuple[int, ...]
+
+POLICIES = ("paper", "paper-text", "chain", "static")
+
+
+class TreeConfigError(ValueError):
+    """A tree policy or parameter out of range; the message says what is allowed."""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A static draft-tree shape: parents array and sibling ranks, breadth-first order."""
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parents) != len(self.ranks):
+            raise TreeConfigError("parents and ranks must have the same length")
+        if not self.parents:
+            raise TreeConfigError("a tree needs at least one node")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise TreeConfigError(
+                    f"node {i} has parent {p}: parents must come earlier (breadth-first order)")
+        depths = self.depths
+        if any(depths[i] < depths[i - 1] for i in range(1, len(depths))):
+            raise TreeConfigError("nodes must be in breadth-first order (depth non-decreasing)")
+        if len(set(self.paths)) != len(self.paths):
+            raise TreeConfigError("two nodes have the same path (same parent and sibling rank)")
+
+    @classmethod
+    def from_paths(cls, paths: list[Path] | tuple[Path, ...]) -> TreeShape:
+        """Build a shape from path tuples; every prefix of a path must itself be a path."""
+        paths = [tuple(int(r) for r in p) for p in paths]
+        if any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise TreeConfigError("paths must be non-empty tuples of sibling ranks >= 0")
+        ordered = sorted(set(paths), key=lambda p: (len(p), p))
+        index = {p: i for i, p in enumerate(ordered)}
+        parents = []
+        for p in ordered:
+            if len(p) > 1 and p[:-1] not in index:
+                raise TreeConfigError(f"path {p} has no parent path {p[:-1]} in the tree")
+            parents.append(index[p[:-1]] if len(p) > 1 else -1)
+        return cls(tuple(parents), tuple(p[-1] for p in ordered))
+
+    @classmethod
+    def parse(cls, text: str) -> TreeShape:
+        """Parse path tuples written as a Python literal, e.g. ``"[(0,), (1,), (0, 0)]"``."""
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as e:
+            raise TreeConfigError(f"cannot parse tree paths {text!r}: {e}") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(p, tuple) for p in value):
+            raise TreeConfigError(f"tree paths must be a list of tuples, got {text!r}")
+        return cls.from_paths(list(value))
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node; roots have depth 1."""
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        return tuple(depths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @cached_property
+    def paths(self) -> tuple[Path, ...]:
+        """Each node's path of sibling ranks from the root."""
+        paths: list[Path] = []
+        for p, r in zip(self.parents, self.ranks):
+            paths.append((r,) if p < 0 else paths[p] + (r,))
+        return tuple(paths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                kids[p].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def leaves(self) -> tuple[int, ...]:
+        return tuple(i for i, k in enumerate(self.children) if not k)
+
+    def nodes_at_depth(self, depth: int) -> tuple[int, ...]:
+        return tuple(i for i, d in enumerate(self.depths) if d == depth)
+
+    def depth_counts(self) -> tuple[int, ...]:
+        return tuple(self.depths.count(d) for d in range(1, self.max_depth + 1))
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: mask[i, j] is True iff j is i or an ancestor of i (i may attend to j)."""
+        n = len(self)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                mask[i] |= mask[p]
+        return mask
+
+    def position_offsets(self) -> torch.Tensor:
+        """[N] long: depth - 1; a node's position id is prefix length + its offset."""
+        return self.ancestor_mask().sum(-1) - 1
+
+    def leaf_paths(self) -> list[list[int]]:
+        """Node indices on each root-to-leaf path (the ``retrieve_indices`` of Medusa/EAGLE)."""
+        out = []
+        for leaf in self.leaves:
+            path, i = [], leaf
+            while i >= 0:
+                path.append(i)
+                i = self.parents[i]
+            out.append(path[::-1])
+        return out
+
+    def to_paths_literal(self) -> str:
+        return repr(list(self.paths))
+
+
+def bfs_shape(num_roots: int, branch: int, depth: int, max_nodes: int) -> TreeShape:
+    """Roots, then top-``branch`` children of every node, breadth-first, cut at ``max_nodes``."""
+    paths: list[Path] = []
+    frontier: list[Path] = [(r,) for r in range(num_roots)]
+    for d in range(1, depth + 1):
+        for p in frontier:
+            if len(paths) == max_nodes:
+                return TreeShape.from_paths(paths)
+            paths.append(p)
+        if d < depth:
+            frontier = [p + (r,) for p in frontier for r in range(branch)]
+    return TreeShape.from_paths(paths)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """How to grow the draft tree at every step.
+
+    ``paper``: the released code's tree: ``min(top_k, branch)`` roots, ``branch`` children per node,
+    ``depth`` levels, breadth-first cut at ``max_nodes``; defaults give 2/4/2 nodes per depth.
+    ``paper-text``: the paper text's literal reading, ``top_k`` roots (3/5/0 under the 8-node cap).
+    ``chain``: one path of ``depth`` draft-greedy tokens. ``static``: the tree given by ``paths``.
+    """
+
+    policy: str = "paper"
+    top_k: int = 3
+    branch: int = 2
+    depth: int = 3
+    max_nodes: int = 8
+    paths: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise TreeConfigError(
+                f"unknown tree policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.policy == "static":
+            if not self.paths:
+                raise TreeConfigError("policy 'static' needs paths, e.g. \"[(0,), (1,), (0, 0)]\"")
+            return
+        for name in ("depth", "top_k", "branch", "max_nodes"):
+            if getattr(self, name) < 1:
+                raise TreeConfigError(f"tree {name} must be >= 1, got {getattr(self, name)}")
+        roots = self.num_roots
+        if self.policy != "chain" and self.max_nodes < roots:
+            raise TreeConfigError(
+                f"max_nodes ({self.max_nodes}) is smaller than the number of roots ({roots})")
+
+    @property
+    def num_roots(self) -> int:
+        if self.policy == "paper":
+            return min(self.top_k, self.branch)
+        if self.policy == "paper-text":
+            return self.top_k
+        return 1
+
+    def shape(self) -> TreeShape:
+        if self.policy == "static":
+            return TreeShape.parse(self.paths)
+        if self.policy == "chain":
+            return TreeShape.from_paths([(0,) * d for d in range(1, self.depth + 1)])
+        return bfs_shape(self.num_roots, self.branch, self.depth, self.max_nodes)
