@@ -1,0 +1,129 @@
+"""The measurement engines on tiny random Llama and Qwen2 models."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_model
+from specscope.engine import CachedEngine, NaiveEngine, step_record
+from specscope.trees import TreeConfig, TreeShape
+
+SHAPES = {
+    "chain": TreeConfig(policy="chain", depth=4).shape(),
+    "paper": TreeConfig(policy="paper").shape(),
+    "six": TreeShape.parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]"),
+}
+
+
+@pytest.fixture(scope="module")
+def pair(arch, tokenizer):
+    target = make_model(arch, len(tokenizer), seed=2, layers=2)
+    draft = make_model(arch, len(tokenizer), seed=2, layers=2)
+    with torch.no_grad():  # a draft close to the target, so that some nodes are accepted
+        for p in draft.parameters():
+            p.mul_(1 + 0.05 * torch.randn_like(p))
+    return draft, target
+
+
+def _context(tokenizer):
+    return tokenizer("def add(a, b):\n    return")["input_ids"]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_tree_pass_equals_per_branch_forward(pair, tokenizer, name):
+    """Each node's target row equals a plain causal forward over prefix + its branch."""
+    draft, target = pair
+    shape = SHAPES[name]
+    context = _context(tokenizer)
+    engine = CachedEngine(draft, target, len(tokenizer))
+    engine.reset(context)
+    scores = engine.score(context, shape)
+    with torch.inference_mode():
+        plain = torch.softmax(target(torch.tensor([context])).logits[0, -1].float(), -1)
+        assert (scores.p[0] - plain).abs().max() <= 1e-4
+        for n in range(len(shape)):
+            branch, i = [], n
+            while i >= 0:
+                branch.insert(0, int(scores.tokens[i]))
+                i = shape.parents[i]
+            logits = target(torch.tensor([context + branch])).logits[0, -1].float()
+            assert (scores.p[n + 1] - torch.softmax(logits, -1)).abs().max() <= 1e-4
+
+
+def test_cached_and_naive_engines_agree(pair, tokenizer):
+    draft, target = pair
+    shape = SHAPES["paper"]
+    context = _context(tokenizer)
+    cached = CachedEngine(draft, target, len(tokenizer))
+    naive = NaiveEngine(draft, target, len(tokenizer))
+    cached.reset(context)
+    accepted = 0
+    for _ in range(6):
+        a, b = cached.score(context, shape), naive.score(context, shape)
+        ra, rb = step_record(a, shape), step_record(b, shape)
+        assert torch.equal(a.tokens, b.tokens)
+        assert ra.emitted_token == rb.emitted_token and ra.accepted_len == rb.accepted_len
+        for col in ("p_draft", "p_target", "alpha", "target_entropy", "kl_target_draft"):
+            np.testing.assert_allclose(ra.nodes[col], rb.nodes[col], atol=1e-5)
+        for col in ("greedy_accept", "target_rank", "sibling_rank", "depth"):
+            np.testing.assert_array_equal(ra.nodes[col], rb.nodes[col])
+        accepted += ra.accepted_len
+        context = context + [ra.emitted_token]
+    assert accepted > 0, "the close draft should have some greedy-accepted nodes"
+
+
+def test_trajectory_is_the_targets_greedy_output(pair, tokenizer):
+    draft, target = pair
+    shape = SHAPES["paper"]
+    context = _context(tokenizer)
+    engine = CachedEngine(draft, target, len(tokenizer))
+    engine.reset(context)
+    out = []
+    for _ in range(10):
+        record = step_record(engine.score(context + out, shape), shape)
+        out.append(record.emitted_token)
+    with torch.inference_mode():
+        ids = torch.tensor([context])
+        for _ in range(10):
+            nxt = target(ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, nxt.view(1, 1)], 1)
+    assert out == ids[0, len(context):].tolist()
+
+
+def test_node_figures_are_consistent(pair, tokenizer):
+    draft, target = pair
+    shape = SHAPES["paper"]
+    context = _context(tokenizer)
+    engine = CachedEngine(draft, target, len(tokenizer))
+    engine.reset(context)
+    scores = engine.score(context, shape)
+    nodes = step_record(scores, shape).nodes
+    assert np.all((nodes["p_draft"] > 0) & (nodes["p_draft"] <= 1))
+    assert np.all((nodes["p_target"] > 0) & (nodes["p_target"] <= 1))
+    np.testing.assert_allclose(nodes["alpha"], np.minimum(1, nodes["p_target"] / nodes["p_draft"]))
+    assert np.all(nodes["target_entropy"] >= 0) and np.all(nodes["kl_target_draft"] >= -1e-6)
+    assert np.array_equal(nodes["greedy_accept"], nodes["target_rank"] == 0)
+    # Siblings share their context: same entropy, distinct tokens in draft-rank order.
+    assert nodes["target_entropy"][0] == nodes["target_entropy"][1]
+    assert nodes["p_draft"][0] >= nodes["p_draft"][1]
+    assert nodes["token_id"][0] != nodes["token_id"][1]
+    # Roots' tokens are the draft's top two tokens at the context.
+    top2 = torch.topk(scores.q[0], 2).indices.tolist()
+    assert nodes["token_id"][:2].tolist() == top2
+
+
+def test_accepted_len_is_longest_accepted_path():
+    shape = SHAPES["paper"]
+    V = 5
+    # Target greedy token at every context is 0; choose tokens so that path 0 -> 2 -> 6 accepts.
+    p = torch.full((len(shape) + 1, V), 0.1)
+    p[:, 0] = 0.6
+    q = torch.full((1, V), 0.2)
+    tokens = torch.tensor([0, 1, 0, 1, 0, 0, 0, 1])
+    from specscope.engine import StepScores
+
+    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0)
+    record = step_record(scores, shape)
+    assert record.nodes["greedy_accept"].tolist() == [bool(x) for x in (1, 0, 1, 0, 1, 1, 1, 0)]
+    assert record.accepted_len == 3  # nodes 4, 5 accept but hang off a rejected root
+    assert record.emitted_token == 0

@@ -1,0 +1,221 @@
+"""Runs end to end on tiny saved models: records, resume, determinism, CLI and its errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specscope import runner as runner_module
+from specscope.cli import app
+from specscope.records import TIMING_COLUMNS, load_run
+from specscope.runner import PromptSpec, RunConfig, RunConfigError, run_study
+from specscope.models import PairConfig
+from specscope.trees import TreeConfig
+
+cli = CliRunner()
+
+
+def _config(tiny_dirs, prompt_file, arch="qwen2", **overrides) -> RunConfig:
+    return RunConfig(
+        pair=PairConfig(draft=str(tiny_dirs[arch, "draft"]), target=str(tiny_dirs[arch, "target"]),
+                        dtype="float32"),
+        tree=TreeConfig(policy="paper"),
+        prompts=PromptSpec(file=str(prompt_file)),
+        max_new_tokens=12,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question number {i}: why?"}
+             for i in range(6)]
+    lines.append({"id": "empty", "domain": "chat", "prompt": "   "})
+    lines.append({"id": "m", "domain": "chat",
+                  "messages": [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Hello there"}]})
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def _records(run_dir):
+    run = load_run(run_dir)
+    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
+            for t in (run.nodes, run.steps, run.prompts)]
+
+
+def test_run_writes_records(tiny_dirs, prompt_file, tmp_path):
+    config = _config(tiny_dirs, prompt_file)
+    summary = run_study(config, tmp_path / "run", progress=False)
+    assert summary.prompts_measured == 7 and summary.prompts_skipped_empty == 1
+    run = load_run(tmp_path / "run")
+    assert run.manifest["status"] == "complete"
+    assert run.manifest["prompts"]["skipped_empty"] == ["empty"]
+    assert run.manifest["tree"]["nodes_per_depth"] == [2, 4, 2]
+    assert set(run.prompts.prompt_id) == {"p0", "p1", "p2", "p3", "p4", "p5", "m"}
+    # The paper tree gives 2/4/2 nodes per depth at every step.
+    per_step = run.nodes.groupby(["prompt_id", "step", "depth"]).size().unstack()
+    assert (per_step[1] == 2).all() and (per_step[2] == 4).all() and (per_step[3] == 2).all()
+    assert (run.steps.tau == run.steps.accepted_len + 1).all()
+    assert run.steps.groupby("prompt_id").size().max() <= 12
+    # The recorded output is the emitted tokens, and the chat template was applied.
+    first = run.prompts.set_index("prompt_id").loc["m"]
+    steps = run.steps[run.steps.prompt_id == "m"].sort_values("step")
+    assert list(first.output_token_ids) == steps.emitted_token.tolist()
+    assert first.prompt_text.startswith("<|im_start|>system\nBe brief.")
+
+
+def test_same_config_gives_identical_records(tiny_dirs, prompt_file, tmp_path):
+    config = _config(tiny_dirs, prompt_file)
+    run_study(config, tmp_path / "a", progress=False)
+    run_study(config, tmp_path / "b", progress=False)
+    for x, y in zip(_records(tmp_path / "a"), _records(tmp_path / "b")):
+        pd.testing.assert_frame_equal(x, y)
+
+
+def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
+    run_study(_config(tiny_dirs, prompt_file, "llama"), tmp_path / "c", progress=False)
+    run_study(_config(tiny_dirs, prompt_file, "llama", engine="naive"), tmp_path / "n", progress=False)
+    (nc, sc, pc), (nn, sn, pn) = _records(tmp_path / "c"), _records(tmp_path / "n")
+    floats = ["p_draft", "p_target", "alpha", "target_entropy", "draft_entropy",
+              "target_top1_prob", "target_margin", "kl_target_draft"]
+    pd.testing.assert_frame_equal(nc.drop(columns=floats + ["run_id"]),
+                                  nn.drop(columns=floats + ["run_id"]))
+    for col in floats:
+        assert (nc[col] - nn[col]).abs().max() <= 1e-5, col
+    pd.testing.assert_frame_equal(sc.drop(columns="run_id"), sn.drop(columns="run_id"))
+
+
+def test_interrupted_run_resumes_to_the_same_records(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+    config = _config(tiny_dirs, prompt_file)
+    run_study(config, tmp_path / "whole", progress=False)
+
+    real = runner_module.measure_prompt
+    calls = {"n": 0}
+
+    def dies_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "measure_prompt", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, tmp_path / "cut", progress=False)
+    partial = load_run(tmp_path / "cut")
+    assert partial.manifest["status"] == "running" and len(partial.prompts) == 2
+    monkeypatch.setattr(runner_module, "measure_prompt", real)
+    summary = run_study(config, tmp_path / "cut", progress=False)
+    assert summary.prompts_measured == 5
+    for x, y in zip(_records(tmp_path / "whole"), _records(tmp_path / "cut")):
+        pd.testing.assert_frame_equal(x, y)
+    again = run_study(config, tmp_path / "cut", progress=False)
+    assert again.already_complete and again.prompts_measured == 0
+
+
+def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
+    """SIGKILL a real ``specscope run`` after its first committed prompt, then resume it."""
+    out = tmp_path / "killed"
+    args = [sys.executable, "-m", "specscope.cli", "run", "--out", str(out), "--quiet",
+            "--draft", str(tiny_dirs["qwen2", "draft"]), "--target", str(tiny_dirs["qwen2", "target"]),
+            "--dtype", "float32", "--prompts", str(prompt_file), "--max-new-tokens", "400",
+            "--max-prompt-tokens", "64"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = out / "parts" / "prompts"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (parts.is_dir() and any(parts.glob("*.parquet"))):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    committed = len(list(parts.glob("*.parquet")))
+    assert 1 <= committed < 7
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"measured {7 - committed} prompt(s)" in done.stdout
+    run = load_run(out)
+    assert len(run.prompts) == 7 and run.prompts.prompt_id.is_unique
+    assert not run.nodes.duplicated(["prompt_id", "step", "node_id"]).any()
+
+
+def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
+    run_study(_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
+    with pytest.raises(RunConfigError, match="differs in: max_new_tokens"):
+        run_study(_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
+                  progress=False)
+    summary = run_study(_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
+                        overwrite=True, progress=False)
+    assert summary.prompts_measured == 7
+
+
+def test_cli_run_end_to_end(tiny_dirs, prompt_file, tmp_path):
+    out = tmp_path / "cli"
+    args = ["run", "--out", str(out), "--draft", str(tiny_dirs["llama", "draft"]),
+            "--target", str(tiny_dirs["llama", "target"]), "--dtype", "float32",
+            "--prompts", str(prompt_file), "--max-new-tokens", "5", "--policy", "chain",
+            "--depth", "3", "--quiet"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "measured 7 prompt(s)" in result.output
+    run = load_run(out)
+    assert set(run.nodes.depth) == {1, 2, 3} and run.manifest["config"]["tree"]["policy"] == "chain"
+    again = cli.invoke(app, args)
+    assert again.exit_code == 0 and "already complete" in again.output
+
+
+def test_cli_config_file_and_overrides(tiny_dirs, prompt_file, tmp_path):
+    toml = tmp_path / "cfg.toml"
+    toml.write_text(
+        f'max_new_tokens = 3\n[pair]\ndraft = "{tiny_dirs["qwen2", "draft"]}"\n'
+        f'target = "{tiny_dirs["qwen2", "target"]}"\ndtype = "float32"\n'
+        f'[tree]\npolicy = "static"\npaths = "[(0,), (0, 0), (0, 1)]"\n'
+        f'[prompts]\nfile = "{prompt_file}"\n')
+    result = cli.invoke(app, ["run", "-c", str(toml), "--out", str(tmp_path / "o"),
+                              "--max-new-tokens", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    run = load_run(tmp_path / "o")
+    assert run.steps.groupby("prompt_id").size().max() == 2
+    assert run.nodes.groupby(["prompt_id", "step"]).size().eq(3).all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "beam"], "unknown tree policy 'beam'; choose one of paper, paper-text, chain, static"),
+    (["--engine", "turbo"], "unknown engine 'turbo'; choose one of cached, naive"),
+    (["--depth", "0"], "tree depth must be >= 1"),
+    (["--max-nodes", "1", "--top-k", "3"], "max_nodes (1) is smaller than the number of roots (2)"),
+    (["--dtype", "int3"], "unknown dtype 'int3'"),
+    (["--prompts", "/nonexistent.jsonl"], "prompt file /nonexistent.jsonl does not exist"),
+    (["--draft", "./no/such/dir"], "./no/such/dir is neither a model directory nor a .gguf file"),
+])
+def test_cli_bad_input_gets_one_line_errors(tiny_dirs, prompt_file, tmp_path, args, message):
+    base = ["run", "--out", str(tmp_path / "x"), "--draft", str(tiny_dirs["qwen2", "draft"]),
+            "--target", str(tiny_dirs["qwen2", "target"]), "--prompts", str(prompt_file)]
+    result = cli.invoke(app, base + args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_malformed_prompt_file_names_the_line(tiny_dirs, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "domain": "code", "prompt": "x"}\n{"id": "b", "domain": \n')
+    result = cli.invoke(app, ["run", "--out", str(tmp_path / "x"), "--prompts", str(bad),
+                              "--draft", str(tiny_dirs["qwen2", "draft"]),
+                              "--target", str(tiny_dirs["qwen2", "target"])])
+    assert result.exit_code == 2 and f"{bad}:2: not valid JSON" in result.output
+
+
+def test_every_command_has_help():
+    result = cli.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        sub = cli.invoke(app, [name, "--help"])
+        assert sub.exit_code == 0 and len(sub.output) > 100, name
+        assert command.callback.__doc__, f"{name} has no help text"
