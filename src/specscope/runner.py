@@ -228,6 +228,7 @@ def measure_prompt(engine, pair: ModelPair, item: PromptItem, config: RunConfig,
     steps["position_bin"] = [position_bin(s) for s in steps["step"]]
     prompt = {
         "order": [order], "source": [item.source], "source_index": [item.source_index],
+        "dataset": [item.dataset], "split": [item.split],
         "messages_json": [json.dumps(list(item.messages), ensure_ascii=False)],
         "prompt_text": [rendered.text], "prompt_tokens": [len(rendered.ids)],
         "truncated": [rendered.truncated], "generated_tokens": [len(output)],

@@ -1,0 +1,89 @@
+"""Pairs: vocabulary check, source resolution, demo-part assembly and its errors."""
+
+import hashlib
+from importlib import metadata
+
+import pytest
+
+from conftest import make_tokenizer
+from specscope import models
+from specscope.models import (DemoModel, ModelLoadError, PairConfig, check_vocabularies,
+                              load_pair, resolve_source)
+
+
+def test_same_vocabulary_passes(tokenizer):
+    check_vocabularies(tokenizer, make_tokenizer())
+
+
+def test_different_vocabulary_names_first_differing_token(tokenizer):
+    other = make_tokenizer()
+    other.add_tokens(["<extra>"])
+    with pytest.raises(ModelLoadError, match=r"token id 259 is None in the draft and '<extra>' in the target"):
+        check_vocabularies(tokenizer, other)
+
+
+def test_pair_with_different_vocabularies_is_refused_before_loading_weights(tiny_dirs, tmp_path):
+    other = make_tokenizer()
+    other.add_tokens(["<extra>"])
+    bad = tmp_path / "bad-target"
+    bad.mkdir()
+    other.save_pretrained(bad)  # a tokenizer only: loading weights would fail differently
+    with pytest.raises(ModelLoadError, match="vocabularies differ"):
+        load_pair(PairConfig(draft=str(tiny_dirs["qwen2", "draft"]), target=str(bad)))
+
+
+def test_pair_loads_local_directories(tiny_dirs):
+    pair = load_pair(PairConfig(draft=str(tiny_dirs["llama", "draft"]),
+                                target=str(tiny_dirs["llama", "target"]), dtype="float32"))
+    assert pair.vocab_size == len(pair.tokenizer)
+    assert pair.provenance["target"]["architecture"] == "LlamaForCausalLM"
+    assert not pair.target.model.training
+
+
+def test_source_resolution(tmp_path):
+    assert resolve_source("demo:target") == ("demo", "target")
+    assert resolve_source("TinyLlama/TinyLlama-1.1B-Chat-v1.0") == ("hub", "TinyLlama/TinyLlama-1.1B-Chat-v1.0")
+    assert resolve_source(str(tmp_path)) == ("dir", tmp_path)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve_source(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        PairConfig(dtype="fp8")
+
+
+def _fake_demo(tmp_path, monkeypatch, corrupt_part: int | None):
+    """Three fake part packages with RECORD hashes; optionally one part corrupted on disk."""
+    chunks = [bytes([i]) * 1000 for i in range(3)]
+    spec = DemoModel(name="fake", package_prefix="fake-part", version="1.0", num_parts=3,
+                     size=3000, sha256=hashlib.sha256(b"".join(chunks)).hexdigest())
+    files = {}
+    for i, chunk in enumerate(chunks, start=1):
+        path = tmp_path / f"part{i:02d}.bin"
+        path.write_bytes(chunk if i != corrupt_part else b"x" * 1000)
+        record = metadata.PackagePath(f"fake_part{i}/data/part{i:02d}.bin")
+        digest = hashlib.sha256(chunk).digest()
+        import base64
+        record.hash = metadata.FileHash("sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode())
+        files[f"fake-part{i}"] = (path, record)
+    monkeypatch.setitem(models.DEMO_MODELS, "fake", spec)
+    monkeypatch.setattr(models, "_part_file", lambda package: files[package])
+    monkeypatch.setattr(models.metadata, "version", lambda package: "1.0")
+    return chunks
+
+
+def test_demo_parts_assemble_and_verify(tmp_path, monkeypatch):
+    chunks = _fake_demo(tmp_path, monkeypatch, corrupt_part=None)
+    out = models.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
+    assert out.read_bytes() == b"".join(chunks)
+
+
+def test_corrupt_demo_part_names_the_package_to_reinstall(tmp_path, monkeypatch):
+    _fake_demo(tmp_path, monkeypatch, corrupt_part=2)
+    with pytest.raises(ModelLoadError, match="reinstall: pip install --force-reinstall fake-part2$"):
+        models.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
+    assert not (tmp_path / "out" / "fake.gguf").exists()
+
+
+def test_missing_demo_part_names_the_extra(monkeypatch):
+    monkeypatch.setitem(models.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
+    with pytest.raises(ModelLoadError, match=r"pip install 'specscope\[demo\]'"):
+        models.assemble_demo_gguf("fake", models.cache_dir() / "never.gguf")
