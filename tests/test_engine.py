@@ -35,7 +35,7 @@ def test_tree_pass_equals_per_branch_forward(pair, tokenizer, name):
     draft, target = pair
     shape = SHAPES[name]
     context = _context(tokenizer)
-    engine = CachedEngine(draft, target, len(tokenizer))
+    engine = CachedEngine(draft, target, len(tokenizer), leaf_rows=True)
     engine.reset(context)
     scores = engine.score(context, shape)
     with torch.inference_mode():
@@ -48,6 +48,22 @@ def test_tree_pass_equals_per_branch_forward(pair, tokenizer, name):
                 i = shape.parents[i]
             logits = target(torch.tensor([context + branch])).logits[0, -1].float()
             assert (scores.p[n + 1] - torch.softmax(logits, -1)).abs().max() <= 1e-4
+
+
+def test_leaf_rows_are_skipped_unless_asked(pair, tokenizer):
+    draft, target = pair
+    shape = SHAPES["paper"]
+    context = _context(tokenizer)
+    lean, full = (CachedEngine(draft, target, len(tokenizer), leaf_rows=flag) for flag in (False, True))
+    lean.reset(context)
+    full.reset(context)
+    a, b = lean.score(context, shape), full.score(context, shape)
+    internal = [0] + [n + 1 for n in range(len(shape)) if shape.children[n]]
+    leaves = [n + 1 for n in shape.leaves]
+    assert torch.isnan(a.p[leaves]).all() and not torch.isnan(b.p).any()
+    assert (a.p[internal] - b.p[internal]).abs().max() <= 1e-5
+    np.testing.assert_allclose(step_record(a, shape).nodes["p_target"],
+                               step_record(b, shape).nodes["p_target"], atol=1e-6)
 
 
 def test_cached_and_naive_engines_agree(pair, tokenizer):

@@ -14,8 +14,8 @@ Two engines implement draft and verify and give the same records:
 
 - ``CachedEngine`` (default): prefix KV caches for both models. The draft feeds each frontier with
   a 4D tree mask over [prefix cache + earlier tree nodes]; the target feeds [new context token +
-  all tree nodes] over its prefix cache with a 4D tree mask and position ids = prefix length +
-  depth - 1. Tree entries are dropped from both caches after each step.
+  tree nodes] over its prefix cache with a 4D tree mask and position ids = prefix length +
+  depth - 1 (leaves only when their own rows are wanted: a node's p comes from its parent's row). Tree entries are dropped from both caches after each step.
 - ``NaiveEngine``: the paper's algorithm, every row recomputed from scratch (``use_cache=False``).
 """
 
@@ -43,7 +43,8 @@ class StepScores:
     tokens: torch.Tensor  # [N] long: the tree's tokens
     q: torch.Tensor  # [C, V] float32: draft probabilities at contexts 0 and 1 + non-leaf nodes
     q_index: torch.Tensor  # [N] long: row of q at each node's context (its parent's context)
-    p: torch.Tensor  # [N + 1, V] float32: target probabilities at every context
+    p: torch.Tensor  # [N + 1, V] float32: target probabilities at every context (NaN rows for
+    #                 leaves, whose contexts have no children, unless the engine scored them)
     draft_time_s: float
     verify_time_s: float
 
@@ -95,6 +96,7 @@ class CachedEngine:
     draft: torch.nn.Module
     target: torch.nn.Module
     vocab: int
+    leaf_rows: bool = False  # also score the leaves' own rows (the bonus token of a decoder)
     _draft_cache: object = field(default=None, init=False)
     _target_cache: object = field(default=None, init=False)
     _cached_len: int = field(default=0, init=False)  # tokens both caches hold (context minus last)
@@ -147,16 +149,21 @@ class CachedEngine:
         tokens, q, q_index = grow_tree(shape, _softmax(logits[-1:], self.vocab), expand)
         t1 = time.perf_counter()
 
-        # Verify: the new context token(s) and the whole tree in one target pass.
+        # Verify: the new context token(s) and the tree in one target pass. A node's target row
+        # is p at the context extended by its path: the distribution its children are scored
+        # under. Leaves have no children, so their rows are only computed with ``leaf_rows``.
+        scored = list(range(N)) if self.leaf_rows else [n for n in range(N) if shape.children[n]]
         visible = torch.cat([
             torch.cat([past, causal], dim=1),
-            torch.ones(N, L, dtype=torch.bool),
+            torch.ones(len(scored), L, dtype=torch.bool),
         ])
-        block = torch.cat([torch.zeros(len(new), N, dtype=torch.bool), anc])
-        ids = torch.cat([torch.tensor(new), tokens])
-        pos = torch.cat([positions, L + depths - 1])
+        block = torch.cat([torch.zeros(len(new), len(scored), dtype=torch.bool),
+                           anc[scored][:, scored]])
+        ids = torch.cat([torch.tensor(new), tokens[scored]])
+        pos = torch.cat([positions, L + depths[scored] - 1])
         logits = self._feed(self.target, self._target_cache, ids, pos, visible, block)
-        p = _softmax(logits[len(new) - 1:], self.vocab)  # [1 + N, V]
+        p = torch.full((N + 1, self.vocab), float("nan"))
+        p[[0] + [n + 1 for n in scored]] = _softmax(logits[len(new) - 1:], self.vocab)
         t2 = time.perf_counter()
 
         _crop(self._draft_cache, L)

@@ -28,6 +28,7 @@ from . import __version__
 from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl
 from .engine import ENGINES, make_engine, step_record
 from .models import ModelPair, PairConfig, load_pair
+from .theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
 from .records import (SCHEMA_VERSION, RunWriter, position_bin, read_manifest, to_table,
                       write_json_atomic)
 from .trees import TreeConfig, TreeShape
@@ -76,6 +77,7 @@ class RunConfig:
     max_prompt_tokens: int = 512
     chat_template: bool = True
     seed: int = 42
+    criteria: CriteriaConfig | None = field(default_factory=CriteriaConfig)  # None: no certificates
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -101,6 +103,8 @@ class RunConfig:
         unknown = set(data) - known
         if unknown:
             raise RunConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        if isinstance(data.get("criteria"), dict):
+            data["criteria"] = CriteriaConfig.from_dict(data["criteria"])
         nested = {"pair": PairConfig, "tree": TreeConfig, "prompts": PromptSpec}
         for key, kind in nested.items():
             if key in data:
@@ -180,6 +184,13 @@ def eos_token_ids(pair: ModelPair) -> set[int]:
     return ids
 
 
+def context_certificates(scores, shape: TreeShape, criteria: CriteriaConfig) -> dict[str, np.ndarray]:
+    """Each node's certificates at its context, computed once per distinct context."""
+    contexts, index = np.unique(np.asarray(shape.parents) + 1, return_inverse=True)
+    columns = node_certificate_columns(scores.p[torch.as_tensor(contexts)], criteria)
+    return {name: values[index] for name, values in columns.items()}
+
+
 @dataclass
 class PromptRecords:
     nodes: pa.Table
@@ -205,8 +216,14 @@ def measure_prompt(engine, pair: ModelPair, item: PromptItem, config: RunConfig,
         scores = engine.score(context, shape)
         record = step_record(scores, shape)
         record.nodes["step"] = np.full(len(shape), step, dtype=np.int32)
+        criteria = {}
+        if config.criteria is not None:
+            record.nodes.update(context_certificates(scores, shape, config.criteria))
+            criteria = {k: v[0] for k, v in step_criteria_columns(
+                scores.p[0], scores.q[0], config.criteria).items()
+                if k not in ("kl_target_draft", "target_margin")}
         node_cols.append(record.nodes)
-        step_rows.append({
+        step_rows.append({**criteria,
             "step": step, "context_len": len(context), "tree_size": len(shape),
             "emitted_token": record.emitted_token, "accepted_len": record.accepted_len,
             "tau": record.accepted_len + 1, "draft_time_s": scores.draft_time_s,

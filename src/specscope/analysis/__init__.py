@@ -1,0 +1,47 @@
+"""Analysis: the paper's six tables, the corrected metrics, statistics, plots and reports.
+
+Library use::
+
+    from specscope.analysis import analyze, load_paper_tables, write_outputs
+
+    a = analyze("runs/demo")                      # Analysis: typed tables with 95% intervals
+    a.paper.table2                                # the paper's E[L] per domain, with intervals
+    a.tau                                         # realized tokens per target pass
+    [f.verdict for f in a.findings]               # the paper's claims, checked
+    write_outputs(a, "runs/demo/analysis")        # Markdown, CSV, LaTeX, JSON, plots, HTML
+
+Modules: ``prepare`` (reading and checking records), ``stats`` (the prompt-clustered bootstrap),
+``tables`` (the tables and metrics), ``findings`` (the claims), ``paper`` (the published figures),
+``render`` (terminal, Markdown, CSV, LaTeX, HTML tables), ``plots`` (matplotlib, optional),
+``report`` (output files, HTML reports, comparisons), ``synthetic`` (synthetic runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specscope.analysis.findings import Finding, Verdict, evaluate_findings
+from specscope.analysis.paper import expected_length, load_paper_tables
+from specscope.analysis.prepare import ALL, Records, prepare, read_run
+from specscope.analysis.stats import EMPTY, ClusterBootstrap, Estimate
+from specscope.analysis.tables import Analysis, PaperTables, Settings, analyze_records
+
+
+def analyze(run_dir: str | Path, settings: Settings | None = None) -> Analysis:
+    """Read a run directory and compute its analysis (raises RunDirError on unusable records)."""
+    return analyze_records(prepare(read_run(run_dir)), settings)
+
+
+def __getattr__(name: str):  # report helpers import matplotlib/rich lazily
+    if name in ("write_outputs", "write_report", "compare", "compare_with_paper"):
+        from specscope.analysis import report
+        return getattr(report, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ALL", "EMPTY", "Analysis", "ClusterBootstrap", "Estimate", "Finding", "PaperTables",
+    "Records", "Settings", "Verdict", "analyze", "analyze_records", "compare",
+    "compare_with_paper", "evaluate_findings", "expected_length", "load_paper_tables", "prepare",
+    "read_run", "write_outputs", "write_report",
+]

@@ -1,0 +1,192 @@
+"""Plots of an analysis (matplotlib, the ``plot`` extra), written as PNG and SVG.
+
+matplotlib is imported lazily and used through its object-oriented API (``Figure``), so no global
+backend or pyplot state is touched. Without matplotlib, :func:`write_plots` returns no plots and
+:func:`plots_unavailable` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specscope.analysis.prepare import ALL
+from specscope.analysis.stats import Estimate
+from specscope.analysis.tables import CONDITIONAL, Analysis, BinnedProfile
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    title: str
+    png: Path
+    svg: Path
+
+
+def plots_unavailable() -> str | None:
+    """None when plots can be drawn, else the reason they cannot."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (pip install 'specscope[plot]'): plots skipped"
+    return None
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def _values(ests: tuple[Estimate, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Values and (2, n) error-bar lengths; NaN where undefined (matplotlib skips those)."""
+    v = np.array([e.value for e in ests], dtype=float)
+    lo = np.array([e.lo if e.has_interval else e.value for e in ests], dtype=float)
+    hi = np.array([e.hi if e.has_interval else e.value for e in ests], dtype=float)
+    return v, np.nan_to_num(np.vstack([v - lo, hi - v]), nan=0.0)
+
+
+def _labels(a: Analysis) -> list[str]:
+    return list(a.info.domains) + [ALL]
+
+
+def _style(label: str) -> dict:
+    return {"color": "black", "linestyle": "--", "linewidth": 2} if label == ALL else {}
+
+
+def depth_plot(a: Analysis):
+    fig = _figure(10, 4)
+    axes = fig.subplots(1, 2)
+    depths = np.array(a.depth_profile.depths)
+    for ax, metric, title in ((axes[0], "alpha", "mean alpha (paper's Eq. 1)"),
+                              (axes[1], CONDITIONAL, "greedy acceptance | parent accepted")):
+        for i, lab in enumerate(_labels(a)):
+            row = a.depth_profile.row(lab, "all nodes", metric)
+            if row is None:
+                continue
+            v, err = _values(row.by_depth)
+            ax.errorbar(depths + (i - 2) * 0.04, v, yerr=err, marker="o", capsize=3, label=lab,
+                        **_style(lab))
+        ax.set_xticks(depths)
+        ax.set_xlabel("tree depth")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("acceptance (95% CI)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Acceptance by depth per domain")
+    return fig
+
+
+def tau_plot(a: Analysis):
+    fig = _figure(8, 4)
+    ax = fig.subplots()
+    d = a.tau_distribution
+    rows = [r for r in d.rows if r.domain != ALL and r.steps > 0]
+    width = 0.8 / max(len(rows), 1)
+    taus = np.array(d.taus)
+    means = {r.domain: r.tau for r in a.tau}
+    for i, r in enumerate(rows):
+        mean = means[r.domain]
+        label = f"{r.domain} (mean {mean.format(2, interval=False)})"
+        ax.bar(taus + (i - (len(rows) - 1) / 2) * width, r.shares, width=width, label=label)
+    ax.set_xticks(taus)
+    ax.set_xlabel("tau = tokens emitted per target pass (accepted + bonus)")
+    ax.set_ylabel("share of steps")
+    ax.set_title("Distribution of tau per domain")
+    if rows:
+        ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def _profile_plot(a: Analysis, profile: BinnedProfile, title: str, xlabel: str):
+    fig = _figure(10, 4)
+    axes = fig.subplots(1, 2, sharey=False)
+    x = np.array(profile.centers, dtype=float)
+    for ax, metric in zip(axes, ("alpha", "greedy_accept")):
+        for lab in _labels(a):
+            row = next((r for r in profile.rows if r.domain == lab and r.metric == metric), None)
+            if row is None:
+                continue
+            v, err = _values(row.values)
+            line = ax.plot(x, v, marker=".", label=lab, **_style(lab))[0]
+            lo, hi = v - err[0], v + err[1]
+            ax.fill_between(x, lo, hi, alpha=0.15, color=line.get_color(), linewidth=0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"mean {metric}")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def entropy_plot(a: Analysis):
+    return _profile_plot(a, a.entropy_profile, "Acceptance vs target entropy (decile bins, 95% CI)",
+                         "target entropy (nats, bin mean)")
+
+
+def position_plot(a: Analysis):
+    return _profile_plot(a, a.position_profile,
+                         f"Acceptance by position in the generation "
+                         f"({a.settings.position_bucket}-token buckets, 95% CI)",
+                         "output token position (bucket centre)")
+
+
+def acceptance_heatmap(a: Analysis):
+    v = a.acceptance_vector
+    labels = _labels(a)
+    cols = min(len(labels), 5)
+    rows = math.ceil(len(labels) / cols)
+    fig = _figure(2.6 * cols + 1, 2.4 * rows + 0.6)
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    image = None
+    for ax, lab in zip(axes, labels):
+        grid = np.full((len(v.depths), len(v.ranks)), np.nan)
+        for c in v.cells:
+            if c.domain == lab and c.conditional.defined:
+                grid[c.depth - 1, c.rank] = c.conditional.value
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for (i, j), val in np.ndenumerate(grid):
+            text = "—" if np.isnan(val) else f"{val:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                    color="white" if np.isnan(val) or val < 0.6 else "black")
+        ax.set_title(lab, fontsize=9)
+        ax.set_xticks(range(len(v.ranks)), [str(r) for r in v.ranks])
+        ax.set_yticks(range(len(v.depths)), [str(d) for d in v.depths])
+        ax.set_xlabel("sibling rank", fontsize=8)
+        ax.set_ylabel("depth", fontsize=8)
+    for ax in axes[len(labels):]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[:len(labels)]), shrink=0.8,
+                     label="greedy acceptance | parent accepted")
+    fig.suptitle("Acceptance vector (conditional greedy rate by depth and sibling rank)")
+    return fig
+
+
+PLOTS = {
+    "acceptance_by_depth": ("Acceptance by depth per domain", depth_plot),
+    "tau_distribution": ("Distribution of tau per domain", tau_plot),
+    "acceptance_vs_entropy": ("Acceptance vs target entropy", entropy_plot),
+    "acceptance_by_position": ("Acceptance by position in the generation", position_plot),
+    "acceptance_vector": ("Acceptance vector heat map", acceptance_heatmap),
+}
+
+
+def write_plots(a: Analysis, out_dir: str | Path) -> list[Plot]:
+    """Draw every plot into ``out_dir`` as PNG and SVG; [] when matplotlib is missing."""
+    if plots_unavailable():
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = []
+    for name, (title, draw) in PLOTS.items():
+        fig = draw(a)
+        png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+        fig.savefig(png)
+        fig.savefig(svg)
+        plots.append(Plot(name, title, png, svg))
+    return plots

@@ -1,0 +1,352 @@
+"""Tables as grids, and grids as terminal tables, Markdown, CSV, LaTeX and HTML.
+
+Every result table becomes a :class:`Grid` (a title, typed columns, rows of cells and a note with
+its definitions) once, and every output format renders grids. An undefined figure (NaN) is always
+shown as "—" (an empty field in CSV), never as a number.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+from dataclasses import dataclass
+
+from specscope.analysis.findings import Finding
+from specscope.analysis.prepare import ALL
+from specscope.analysis.stats import EMPTY, Estimate
+from specscope.analysis.tables import (
+    CONDITIONAL,
+    Analysis,
+    BinnedProfile,
+    PaperTables,
+)
+
+Cell = Estimate | int | float | str | None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    digits: int = 3
+    signed: bool = False
+
+
+@dataclass(frozen=True)
+class Grid:
+    key: str  # file name and HTML id
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+    note: str = ""
+
+
+def cell_text(cell: Cell, col: Column, interval: bool = True) -> str:
+    if cell is None:
+        return EMPTY
+    if isinstance(cell, Estimate):
+        return cell.format(col.digits, interval=interval, signed=col.signed)
+    if isinstance(cell, bool):
+        return "yes" if cell else "no"
+    if isinstance(cell, int):
+        return f"{cell:,}"
+    if isinstance(cell, float):
+        return EMPTY if not math.isfinite(cell) else f"{cell:.{col.digits}f}"
+    return str(cell)
+
+
+# --- output formats --------------------------------------------------------------------------------
+
+def to_markdown(grid: Grid) -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+    lines = [f"### {grid.title}", ""]
+    lines.append("| " + " | ".join(esc(c.name) for c in grid.columns) + " |")
+    numeric = [any(isinstance(r[i], (Estimate, int, float)) for r in grid.rows)
+               for i in range(len(grid.columns))]
+    lines.append("|" + "|".join("---:" if numeric[i] and i else "---"
+                                for i in range(len(grid.columns))) + "|")
+    for row in grid.rows:
+        lines.append("| " + " | ".join(esc(cell_text(v, c)) for v, c in zip(row, grid.columns))
+                     + " |")
+    if grid.note:
+        lines += ["", esc(grid.note)]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(grid: Grid) -> str:
+    """One row per table row; an Estimate column becomes value, lo, hi columns (empty if NaN)."""
+    is_est = [any(isinstance(r[i], Estimate) for r in grid.rows) for i in range(len(grid.columns))]
+    header = []
+    for c, est in zip(grid.columns, is_est):
+        header += [c.name, f"{c.name} lo", f"{c.name} hi"] if est else [c.name]
+
+    def num(x: float) -> str:
+        return repr(float(x)) if math.isfinite(x) else ""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for row in grid.rows:
+        fields = []
+        for v, est in zip(row, is_est):
+            if isinstance(v, Estimate):
+                fields += [num(v.value), num(v.lo), num(v.hi)]
+            elif est:
+                fields += ["" if v is None else str(v), "", ""]
+            elif isinstance(v, float):
+                fields.append(num(v))
+            else:
+                fields.append("" if v is None else str(v))
+        writer.writerow(fields)
+    return out.getvalue()
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                  "^": r"\textasciicircum{}"}
+_LATEX_UNICODE = {"—": "---", "–": "--", "−": "$-$", "→": r"$\to$", "≤": r"$\le$",
+                  "≥": r"$\ge$", "η²": r"$\eta^2$", "ρ": r"$\rho$", "τ": r"$\tau$",
+                  "α": r"$\alpha$", "Δ": r"$\Delta$", "×": r"$\times$", "·": r"$\cdot$"}
+
+
+def latex_escape(text: str) -> str:
+    out = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    for k, v in _LATEX_UNICODE.items():
+        out = out.replace(k, v)
+    return out
+
+
+def to_latex(grid: Grid) -> str:
+    """A booktabs table (needs \\usepackage{booktabs}); intervals in small type."""
+    def cell(v: Cell, c: Column) -> str:
+        if isinstance(v, Estimate) and v.has_interval:
+            head = latex_escape(v.format(c.digits, interval=False, signed=c.signed))
+            lo, hi = (f"{{:{'+' if c.signed else ''}.{c.digits}f}}".format(x) for x in (v.lo, v.hi))
+            return f"{head} {{\\scriptsize [{latex_escape(lo)}, {latex_escape(hi)}]}}"
+        return latex_escape(cell_text(v, c))
+    spec = "l" + "r" * (len(grid.columns) - 1)
+    lines = [r"\begin{table}[ht]", r"\centering", r"\small",
+             f"\\caption{{{latex_escape(grid.title)}}}", f"\\label{{tab:{grid.key}}}",
+             f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(latex_escape(c.name) for c in grid.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(cell(v, c) for v, c in zip(row, grid.columns)) + r" \\"
+              for row in grid.rows]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if grid.note:
+        lines.append(f"\\par\\smallskip{{\\footnotesize {latex_escape(grid.note)}}}")
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+_VERDICT_CLASS = {"holds": " v-holds", "does not hold": " v-fails",
+                  "inconclusive": " v-inconclusive", "not testable": " v-untestable"}
+
+
+def to_html(grid: Grid, id_prefix: str = "") -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(c.name)}</th>" for c in grid.columns)
+    body = []
+    for row in grid.rows:
+        cells = []
+        for i, (v, c) in enumerate(zip(row, grid.columns)):
+            text = esc(cell_text(v, c, interval=False))
+            if isinstance(v, Estimate) and v.has_interval:
+                lo, hi = (f"{{:{'+' if c.signed else ''}.{c.digits}f}}".format(x)
+                          for x in (v.lo, v.hi))
+                text += f' <span class="ci">[{esc(lo)}, {esc(hi)}]</span>'
+            numeric = isinstance(v, (Estimate, int, float)) and not isinstance(v, bool)
+            cls = "num" if numeric and i else "text"
+            cls += _VERDICT_CLASS.get(text, "")
+            cells.append(f'<td class="{cls}">{text}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    note = f'<p class="note">{esc(grid.note)}</p>' if grid.note else ""
+    return (f'<div class="grid"><table id="{esc(id_prefix + grid.key)}"><caption>{esc(grid.title)}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}</div>")
+
+
+def to_rich(grid: Grid):
+    from rich.table import Table
+
+    table = Table(title=grid.title, caption=grid.note or None, caption_justify="left",
+                  title_justify="left", show_lines=False)
+    numeric = [any(isinstance(r[i], (Estimate, int, float)) for r in grid.rows)
+               for i in range(len(grid.columns))]
+    for i, c in enumerate(grid.columns):
+        table.add_column(c.name, justify="right" if numeric[i] and i else "left",
+                         overflow="fold")
+    for row in grid.rows:
+        table.add_row(*(cell_text(v, c) for v, c in zip(row, grid.columns)))
+    return table
+
+
+# --- grids of the paper's tables -------------------------------------------------------------------
+
+def _metric_label(metric: str) -> str:
+    return "α" if metric == "alpha" else "greedy"
+
+
+def _bin_label(b: int, size: int = 32) -> str:
+    return f"bin {b} (tokens {b * size + 1}–{(b + 1) * size})"
+
+
+def paper_grids(pt: PaperTables) -> list[Grid]:
+    m = _metric_label(pt.metric)
+    greedy = pt.metric != "alpha"
+    prefix = "greedy_" if greedy else ""
+    suffix = " — greedy_accept in place of alpha" if greedy else ""
+    what = ("greedy_accept: the drafted token is the target's argmax (unconditional: every node "
+            "counts, also nodes whose parent path was rejected)" if greedy else
+            "alpha = min(1, p_target / p_draft), the paper's Eq. 1")
+    grids = [
+        Grid(f"{prefix}table1", f"Table I: per-domain node statistics{suffix}",
+             (Column("Domain"), Column("Nodes"), Column(f"mean {m}", 4), Column(f"std {m}", 4),
+              Column("mean H (nats)", 4)),
+             tuple((r.domain, r.nodes, r.mean, r.std, r.target_entropy) for r in pt.table1),
+             f"{what}; std with ddof = 1; H = target entropy."),
+        Grid(f"{prefix}table2", f"Table II: the paper's expected accepted length E[L]{suffix}",
+             (Column("Domain"), Column("E[L]"), Column("E[L] > 1?")),
+             tuple((r.domain, r.expected_length, _vs_one(r.expected_length)) for r in pt.table2),
+             f"E[L] = Σ_d Π_(k≤d) mean {m} at depth k (paper Eq. 3): a proxy that averages over "
+             f"all siblings, ignores that a tree accepts if any child does, and omits the bonus "
+             f"token; compare the realized tau. 'E[L] > 1?': yes/no when the interval excludes 1."),
+        Grid(f"{prefix}table3", f"Table III: cumulative product of mean {m} by depth{suffix}",
+             (Column("Domain"),) + tuple(Column(f"d={d}") for d in pt.depths),
+             tuple((r.domain,) + r.by_depth for r in pt.table3),
+             "The paper's 'probability of a fully accepted chain of length d'."),
+        Grid(f"{prefix}table4", f"Table IV: mean {m} by tree depth{suffix}",
+             (Column("Domain"),) + tuple(Column(f"depth {d}") for d in pt.depths)
+             + (Column(f"Δ 1→{pt.depths[-1] if pt.depths else '?'}", signed=True),),
+             tuple((r.domain,) + r.by_depth + (r.delta,) for r in pt.table4),
+             "Δ = mean at the deepest depth minus mean at depth 1 (interval from the same "
+             "resamples)."),
+        Grid(f"{prefix}table5", f"Table V: mean {m} by depth and position bin{suffix}",
+             (Column("Domain"), Column("Depth")) + tuple(Column(_bin_label(b)) for b in pt.bins)
+             + (Column("Δ last−first", signed=True),),
+             tuple((r.domain, r.depth) + r.by_bin + (r.delta,) for r in pt.table5),
+             "Position bin = step // 32 (output tokens 1–32, 33–64, ...). The paper's Table V is "
+             "the All block."),
+        Grid(f"{prefix}table6", f"Table VI: correlation of target entropy and {m}{suffix}",
+             (Column("Domain"), Column("Nodes"), Column("Spearman ρ"), Column("Pearson r")),
+             tuple((r.domain, r.nodes, r.spearman, r.pearson) for r in pt.table6),
+             "Node-level correlations (the paper reports Spearman; its released code computed "
+             "Pearson). Intervals: prompt-clustered bootstrap."),
+    ]
+    return grids
+
+
+def _vs_one(e: Estimate) -> str:
+    if not e.defined:
+        return EMPTY
+    if e.has_interval:
+        return "yes" if e.lo > 1 else "no" if e.hi < 1 else "unclear"
+    return "yes" if e.value > 1 else "no"
+
+
+# --- grids of the corrected metrics ----------------------------------------------------------------
+
+def findings_grid(findings: tuple[Finding, ...], key: str = "findings",
+                  compact: bool = False) -> Grid:
+    if compact:
+        return Grid(key, "Findings: the paper's claims checked against this run",
+                    (Column("Claim"), Column("Figure [95% CI]"), Column("Verdict")),
+                    tuple((f.label, f.estimate, f.verdict.value) for f in findings),
+                    "Full claims, figures and details: tables.md / report.html.")
+    return Grid(key, "Findings: the paper's claims checked against this run",
+                (Column("Claim"), Column("Paper"), Column("This run: measure"),
+                 Column("Figure [95% CI]"), Column("Verdict"), Column("Detail")),
+                tuple((f.claim, f.paper, f.measure, f.estimate, f.verdict.value, f.detail)
+                      for f in findings),
+                "Verdicts are decided by the intervals: holds (intervals agree with the claim), "
+                "does not hold (an interval excludes it), inconclusive, not testable.")
+
+
+def tau_grid(a: Analysis) -> Grid:
+    return Grid("tau", "Realized tokens per target pass (tau) vs the paper's E[L]",
+                (Column("Domain"), Column("Steps"), Column("mean tau"), Column("top-1 chain tau"),
+                 Column("tree gain", signed=True), Column("paper E[L]"), Column("min tau")),
+                tuple((r.domain, r.steps, r.tau, r.chain_tau, r.tree_gain,
+                       r.paper_expected_length, r.min_tau) for r in a.tau),
+                "tau = accepted_len + 1: tokens a greedy tree verifier emits per target pass, "
+                "the bonus token counted (the vLLM / Spec-Bench convention); it is at least 1 at "
+                "every step. top-1 chain tau: what the sibling-rank-0 path alone would emit; tree "
+                "gain = tau − chain tau on the same steps.")
+
+
+def tau_distribution_grid(a: Analysis) -> Grid:
+    d = a.tau_distribution
+    return Grid("tau_distribution", "Distribution of tau: share of steps",
+                (Column("Domain"), Column("Steps")) + tuple(Column(f"tau={t}") for t in d.taus),
+                tuple((r.domain, r.steps) + r.shares for r in d.rows))
+
+
+def acceptance_vector_grid(a: Analysis) -> Grid:
+    v = a.acceptance_vector
+    return Grid("acceptance_vector", "Acceptance vector: greedy acceptance by depth and sibling rank",
+                (Column("Domain"), Column("Depth"), Column("Rank"), Column("Nodes"),
+                 Column("rate (all nodes)"), Column("Eligible"), Column("rate | parent accepted")),
+                tuple((c.domain, c.depth, c.rank, c.nodes, c.unconditional, c.eligible,
+                       c.conditional) for c in v.cells),
+                "rate (all nodes): mean greedy_accept over every node of the cell (unconditional). "
+                "rate | parent accepted: mean over the eligible nodes, those whose whole parent path "
+                "is greedy-accepted (roots are always eligible) — the per-edge acceptance "
+                "probability that Sequoia-style tree optimisation multiplies along a path.")
+
+
+def depth_profile_grid(a: Analysis) -> Grid:
+    p = a.depth_profile
+    return Grid("depth_profile", "Does acceptance rise with depth? Split by sibling rank and along "
+                "the top-1 chain",
+                (Column("Domain"), Column("Subset"), Column("Metric"))
+                + tuple(Column(f"depth {d}") for d in p.depths)
+                + (Column(f"Δ 1→{p.depths[-1]}", signed=True),),
+                tuple((r.domain, r.subset, r.metric) + r.by_depth + (r.delta,) for r in p.rows),
+                f"A tree's deeper levels hold a different mix of nodes (e.g. the paper tree's depth "
+                f"3 only extends the top path). Comparing the same kind of node at every depth "
+                f"(one sibling rank, or the top-1 chain) separates a real depth effect from a "
+                f"selection effect. '{CONDITIONAL}': greedy acceptance among nodes whose parent "
+                f"path is accepted.")
+
+
+def effects_grid(a: Analysis) -> Grid:
+    return Grid("effects", "Effect sizes: share of node-level variance explained (η²)",
+                (Column("Factor"), Column("η² of alpha", 4), Column("η² of greedy_accept", 4)),
+                tuple((r.factor, r.alpha, r.greedy) for r in a.effects.rows),
+                "η² = SS_between / SS_total of a one-way grouping of nodes by the factor. "
+                "'domain − depth' > 0 means task type explains more than depth; its interval comes "
+                "from the same prompt-clustered resamples.")
+
+
+def paradox_grid(a: Analysis) -> Grid:
+    p = a.paradox
+    rows: tuple = ()
+    if p is not None:
+        rows = (("domain checked", p.domain), ("highest mean target entropy", p.entropy_top),
+                ("highest mean alpha", p.alpha_top), ("highest greedy acceptance", p.greedy_top),
+                (f"{p.domain}'s lead in entropy (nats)", p.entropy_lead),
+                (f"{p.domain}'s lead in mean alpha", p.alpha_lead),
+                (f"{p.domain}'s lead in greedy acceptance", p.greedy_lead),
+                ("share of resamples where it tops entropy and alpha",
+                 p.p_both if math.isfinite(p.p_both) else None))
+    return Grid("paradox", "The chat paradox: highest entropy and highest acceptance?",
+                (Column("Check"), Column("Value", signed=False)), rows,
+                "Lead = the domain's mean minus the highest mean among the other domains.")
+
+
+def profile_grid(p: BinnedProfile) -> Grid:
+    return Grid(f"{p.name}_profile", f"Acceptance by {p.axis}",
+                (Column("Domain"), Column("Metric")) + tuple(Column(lab) for lab in p.labels),
+                tuple((r.domain, r.metric) + r.values for r in p.rows))
+
+
+def analysis_grids(a: Analysis) -> list[Grid]:
+    """Every table of an analysis, in report order."""
+    return ([findings_grid(a.findings)] + paper_grids(a.paper)
+            + [tau_grid(a), tau_distribution_grid(a), acceptance_vector_grid(a),
+               depth_profile_grid(a), effects_grid(a), paradox_grid(a)]
+            + paper_grids(a.greedy)
+            + [profile_grid(a.entropy_profile), profile_grid(a.position_profile)])
+
+
+__all__ = ["ALL", "Column", "Grid", "analysis_grids", "paper_grids", "to_csv", "to_html",
+           "to_latex", "to_markdown", "to_rich"]
