@@ -48,6 +48,12 @@ class StepScores:
     draft_time_s: float
     verify_time_s: float
 
+    @classmethod
+    def on(cls, device, tokens, q, q_index, p, draft_time_s, verify_time_s) -> StepScores:
+        """Gather the draft's and the target's outputs on one device (they may live on two)."""
+        return cls(tokens.to(device), q.to(device), q_index.to(device), p, draft_time_s,
+                   verify_time_s)
+
 
 def _softmax(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.softmax(logits[..., :vocab].float(), dim=-1)
@@ -61,7 +67,7 @@ def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand) -> tuple[torch.Ten
     in one batched draft call. Returns tokens [N], q rows [C, V] and each node's q row [N].
     """
     q, row = root_q, {-1: 0}
-    tokens = torch.empty(len(shape), dtype=torch.long)
+    tokens = torch.empty(len(shape), dtype=torch.long, device=root_q.device)
     for depth in range(1, shape.max_depth + 1):
         level = list(shape.nodes_at_depth(depth))
         parent_rows = q[[row[shape.parents[n]] for n in level]]
@@ -159,17 +165,17 @@ class CachedEngine:
         ])
         block = torch.cat([torch.zeros(len(new), len(scored), dtype=torch.bool),
                            anc[scored][:, scored]])
-        ids = torch.cat([torch.tensor(new), tokens[scored]])
+        ids = torch.cat([torch.tensor(new), tokens[scored].cpu()])
         pos = torch.cat([positions, L + depths[scored] - 1])
         logits = self._feed(self.target, self._target_cache, ids, pos, visible, block)
-        p = torch.full((N + 1, self.vocab), float("nan"))
+        p = torch.full((N + 1, self.vocab), float("nan"), device=logits.device)
         p[[0] + [n + 1 for n in scored]] = _softmax(logits[len(new) - 1:], self.vocab)
         t2 = time.perf_counter()
 
         _crop(self._draft_cache, L)
         _crop(self._target_cache, L)
         self._cached_len = L
-        return StepScores(tokens, q, q_index, p, t1 - t0, t2 - t1)
+        return StepScores.on(p.device, tokens, q, q_index, p, t1 - t0, t2 - t1)
 
     def advance(self, token: int) -> None:
         """Nothing to do: the next ``score`` feeds the appended token."""
@@ -224,14 +230,14 @@ class NaiveEngine:
         # One batch: the context alone, then the context extended by each root-to-leaf path.
         leaf_paths = shape.leaf_paths()
         logits = self._rows(self.target, [context] + [context + path(leaf[-1], tokens) for leaf in leaf_paths])
-        p_rows = torch.empty(N + 1, logits.shape[-1])
+        p_rows = torch.empty(N + 1, logits.shape[-1], device=logits.device)
         p_rows[0] = logits[0, L - 1]
         for row, leaf in enumerate(leaf_paths, start=1):
             for n in leaf:
                 p_rows[n + 1] = logits[row, L - 1 + shape.depths[n]]
         p = _softmax(p_rows, self.vocab)
         t2 = time.perf_counter()
-        return StepScores(tokens, q, q_index, p, t1 - t0, t2 - t1)
+        return StepScores.on(p.device, tokens, q, q_index, p, t1 - t0, t2 - t1)
 
 
 def make_engine(name: str, draft, target, vocab: int):
@@ -261,7 +267,7 @@ class StepRecord:
 def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
     """Per-node figures of SPEC.md section 3 from one step's draft and target distributions."""
     N = len(shape)
-    parents = torch.tensor(shape.parents)
+    parents = torch.tensor(shape.parents, device=scores.p.device)
     p_ctx = scores.p[parents + 1]  # [N, V]: p at each node's context (its parent's row)
     q_ctx = scores.q[scores.q_index]  # [N, V]
     tok = scores.tokens.view(N, 1)
@@ -275,25 +281,28 @@ def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
     for n in range(N):  # breadth-first: parents are settled before children
         if shape.parents[n] >= 0:
             accepted[n] &= accepted[shape.parents[n]]
-    depths = torch.tensor(shape.depths)
+    depths = torch.tensor(shape.depths, device=accepted.device)
     accepted_len = int(depths[accepted].max()) if bool(accepted.any()) else 0
+
+    def host(x: torch.Tensor) -> np.ndarray:
+        return x.cpu().numpy()
 
     nodes = {
         "node_id": np.arange(N, dtype=np.int16),
         "parent_id": np.asarray(shape.parents, dtype=np.int16),
         "depth": np.asarray(shape.depths, dtype=np.int8),
         "sibling_rank": np.asarray(shape.ranks, dtype=np.int16),
-        "token_id": scores.tokens.numpy().astype(np.int32),
-        "p_draft": q_t.numpy(),
-        "p_target": p_t.numpy(),
-        "alpha": torch.clamp(p_t / q_t, max=1.0).numpy(),
-        "greedy_accept": greedy.numpy(),
-        "target_entropy": _entropy(p_ctx).double().numpy(),
-        "draft_entropy": _entropy(q_ctx).double().numpy(),
-        "target_top1_prob": top2.values[:, 0].double().numpy(),
-        "target_margin": (top2.values[:, 0] - top2.values[:, 1]).double().numpy(),
-        "kl_target_draft": kl.double().numpy(),
-        "target_rank": (p_ctx > p_t.float().view(N, 1)).sum(-1).numpy().astype(np.int32),
+        "token_id": host(scores.tokens).astype(np.int32),
+        "p_draft": host(q_t),
+        "p_target": host(p_t),
+        "alpha": host(torch.clamp(p_t / q_t, max=1.0)),
+        "greedy_accept": host(greedy),
+        "target_entropy": host(_entropy(p_ctx).double()),
+        "draft_entropy": host(_entropy(q_ctx).double()),
+        "target_top1_prob": host(top2.values[:, 0].double()),
+        "target_margin": host((top2.values[:, 0] - top2.values[:, 1]).double()),
+        "kl_target_draft": host(kl.double()),
+        "target_rank": host((p_ctx > p_t.float().view(N, 1)).sum(-1)).astype(np.int32),
     }
     emitted = int(torch.argmax(scores.p[0]))
     return StepRecord(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)

@@ -20,6 +20,7 @@ import base64
 import hashlib
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -226,6 +227,20 @@ def _load_gguf(path: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
+@contextmanager
+def _quiet_loading():
+    """Hide transformers' per-load progress bars (ours show what takes time)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def resolve_source(source: str) -> tuple[str, Path | str]:
     """Classify a model source: ``("demo", dir)``, ``("gguf", file)``, ``("dir", dir)`` or ``("hub", id)``."""
     if source.startswith("demo:"):
@@ -271,9 +286,10 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
         sha = _sha256_file(where)
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                where, dtype=torch_dtype, attn_implementation="sdpa",
-                trust_remote_code=trust_remote_code)
+            with _quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(
+                    where, dtype=torch_dtype, attn_implementation="sdpa",
+                    trust_remote_code=trust_remote_code)
         except OSError as e:
             raise ModelLoadError(f"cannot load model {source}: {e}") from None
         tok = tokenizer or load_tokenizer(source, trust_remote_code)
