@@ -38,16 +38,17 @@ def test_tree_pass_equals_per_branch_forward(pair, tokenizer, name):
     engine = CachedEngine(draft, target, len(tokenizer), leaf_rows=True)
     engine.reset(context)
     scores = engine.score(context, shape)
+    # Compared as log-probabilities: the logits up to their softmax-invariant constant.
     with torch.inference_mode():
-        plain = torch.softmax(target(torch.tensor([context])).logits[0, -1].float(), -1)
-        assert (scores.p[0] - plain).abs().max() <= 1e-4
+        plain = torch.log_softmax(target(torch.tensor([context])).logits[0, -1].float(), -1)
+        assert (scores.p[0].log() - plain).abs().max() <= 1e-4
         for n in range(len(shape)):
             branch, i = [], n
             while i >= 0:
                 branch.insert(0, int(scores.tokens[i]))
                 i = shape.parents[i]
             logits = target(torch.tensor([context + branch])).logits[0, -1].float()
-            assert (scores.p[n + 1] - torch.softmax(logits, -1)).abs().max() <= 1e-4
+            assert (scores.p[n + 1].log() - torch.log_softmax(logits, -1)).abs().max() <= 1e-4
 
 
 def test_leaf_rows_are_skipped_unless_asked(pair, tokenizer):

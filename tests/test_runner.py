@@ -219,3 +219,11 @@ def test_every_command_has_help():
         sub = cli.invoke(app, [name, "--help"])
         assert sub.exit_code == 0 and len(sub.output) > 100, name
         assert command.callback.__doc__, f"{name} has no help text"
+
+
+def test_prompt_file_sampled_per_domain(prompt_file):
+    spec = PromptSpec(file=str(prompt_file), per_domain=2)
+    picked = spec.select(seed=42)
+    assert sorted(p.domain for p in picked) == ["chat", "chat", "code", "code"]
+    assert [p.id for p in picked] == [p.id for p in spec.select(seed=42)]
+    assert [p.id for p in picked] != [p.id for p in spec.select(seed=7)] or len(picked) == 4

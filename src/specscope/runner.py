@@ -25,7 +25,7 @@ import pyarrow as pa
 import torch
 
 from . import __version__
-from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl
+from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl, sample_items
 from .engine import ENGINES, make_engine, step_record
 from .models import ModelPair, PairConfig, load_pair
 from .theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
@@ -56,7 +56,13 @@ class PromptSpec:
         if self.file:
             domain = self.domains[0] if len(self.domains) == 1 else None
             items = read_jsonl(self.file, domain=domain)
-            return items[: self.per_domain] if self.per_domain else items
+            if self.per_domain is None:
+                return items
+            by_domain: dict[str, list[PromptItem]] = {}
+            for item in items:
+                by_domain.setdefault(item.domain, []).append(item)
+            return [x for group in by_domain.values()
+                    for x in sample_items(group, self.per_domain, seed)]
         if self.domains:
             from .domains import select_prompts
 
