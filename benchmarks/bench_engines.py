@@ -1,9 +1,10 @@
 """Cached vs naive engine on the demo pair: nodes per second and the cached engine's overhead.
 
-    python benchmarks/bench_engines.py [--max-new-tokens 32] [--dtype bfloat16]
+    python benchmarks/bench_engines.py [--max-new-tokens 32] [--naive-max-new-tokens 4]
 
 Runs the paper protocol (paper tree, chat template) with both engines on the same prompts, one per
-domain from the offline sources, side by side in one process, and prints nodes per second of each,
+domain from the offline sources, side by side in one process (the naive engine for fewer steps:
+each of its steps recomputes every row from scratch), and prints nodes per second of each,
 their ratio, and for the cached engine the share of step time spent outside the model forward
 passes it cannot avoid (D batched draft passes and one target tree pass per step).
 """
@@ -52,6 +53,8 @@ class ForwardTimer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--naive-max-new-tokens", type=int, default=4,
+                        help="steps per prompt for the naive engine, which recomputes everything")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--domains", default="code,math,reasoning,chat")
     args = parser.parse_args()
@@ -65,6 +68,8 @@ def main() -> None:
     timer = ForwardTimer(pair.draft.model, pair.target.model)
     rates = {}
     for name in ("cached", "naive"):
+        if name == "naive":
+            config = config.replace(max_new_tokens=args.naive_max_new_tokens)
         engine = make_engine(name, pair.draft.model, pair.target.model, pair.vocab_size)
         engine.reset = timer.paused(engine.reset)
         timer.seconds, timer.calls = 0.0, 0
