@@ -129,7 +129,7 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
             "--max-prompt-tokens", "64"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / "parts" / "prompts"
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while time.time() < deadline and not (parts.is_dir() and any(parts.glob("*.parquet"))):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
