@@ -608,3 +608,11 @@ def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "report.png").stat().st_size > 50_000
+
+
+def test_bootstrap_gives_no_interval_when_resamples_cannot_vary():
+    from specscope.analysis.stats import ClusterBootstrap
+
+    boot = ClusterBootstrap.draw(np.array(["chat", "code", "math"]), n_boot=200, seed=0)
+    est = boot.estimate(boot.total(np.array([1.0, 2.0, 3.0])), n=3, prompts=3)
+    assert est.value == 6.0 and np.isnan(est.lo) and np.isnan(est.hi)

@@ -125,7 +125,9 @@ class ClusterBootstrap:
         value = reps[0]
         lo = np.full(shape, np.nan)
         hi = np.full(shape, np.nan)
-        if self.n_boot:
+        # Stratified by domain, resamples never vary where every domain has a single prompt:
+        # then there is no interval to give.
+        if self.n_boot and np.any(self.weights[1:] != 1):
             boot = reps[1:]
             finite = np.isfinite(boot).mean(axis=0)
             ok = np.isfinite(value) & (finite >= 0.5) & (prompts >= 2)
