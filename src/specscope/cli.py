@@ -142,6 +142,18 @@ def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float):
     return out
 
 
+def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
+    """Sweep directories replaced by their grid points' run directories; whether there was one."""
+    if not any((path / "sweep.json").is_file() for path in paths):
+        return paths, False
+    from .sweep import SweepError, expand_run_dirs  # imports torch: only for sweeps
+
+    try:
+        return expand_run_dirs(paths), True
+    except SweepError as e:
+        fail(str(e))
+
+
 def _print_grids(grids) -> None:
     from rich.console import Console
 
@@ -191,8 +203,8 @@ def analyze(
 
 @app.command()
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, or ./specscope-comparison.html for several runs)."),
+    run_dirs: list[Path] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -203,9 +215,11 @@ def report(
     from .analysis.plots import plots_unavailable
     from .analysis.report import write_report
 
-    analyses = _analyses(run_dirs, boot, seed, confidence)
+    expanded, has_sweep = _expand_sweeps(run_dirs)
+    analyses = _analyses(expanded, boot, seed, confidence)
     if out is None:
-        out = (run_dirs[0] / "analysis" / "report.html" if len(run_dirs) == 1
+        out = (run_dirs[0] / "report.html" if has_sweep and len(run_dirs) == 1
+               else run_dirs[0] / "analysis" / "report.html" if len(expanded) == 1
                else Path("specscope-comparison.html"))
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
@@ -214,20 +228,24 @@ def report(
 
 @app.command()
 def compare(
-    run_dir: Path = typer.Argument(..., help="A run directory."),
-    other: Optional[Path] = typer.Argument(None, help="Another run directory; omitted: the paper's published figures."),
+    run_dir: Path = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point)."),
+    other: Optional[Path] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
 ) -> None:
-    """Side by side: this run's tables and another run's, or the paper's published figures."""
+    """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
     from .analysis.render import findings_grid
     from .analysis.report import compare as compare_runs
-    from .analysis.report import compare_with_paper, write_tables
+    from .analysis.report import compare_with_paper, summary_grid, write_tables
 
-    analyses = _analyses([run_dir] + ([other] if other else []), boot, seed, confidence)
-    if other is None:
+    expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
+    analyses = _analyses(expanded, boot, seed, confidence)
+    if has_sweep:
+        grids = [summary_grid(analyses)]
+        title = f"{len(analyses)} runs of {', '.join(str(p) for p in (run_dir, other) if p)}"
+    elif other is None:
         grids = [findings_grid(analyses[0].findings, compact=True)] + compare_with_paper(analyses[0])
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
@@ -301,6 +319,343 @@ def certify(
         console.print(f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]")
         raise typer.Exit(1)
     console.print("soundness: 0 steps certified but rejected")
+
+
+# --- sweep ------------------------------------------------------------------------------------
+
+
+@app.command()
+def sweep(
+    sweep_file: Path = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x (default: sweeps/NAME)."),
+    executor: str = typer.Option("local", "--executor", "-e", help="local (one process) or ray (shards as Ray tasks; needs the ray extra)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine)."),
+    prompts_per_shard: Optional[int] = typer.Option(None, help="Prompts per shard (a worker loads its pair once per shard)."),
+    max_retries: Optional[int] = typer.Option(None, help="Ray retries of a shard whose worker died."),
+    cpus_per_shard: Optional[float] = typer.Option(None, help="CPUs a shard reserves on Ray."),
+    gpus_per_shard: Optional[float] = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
+    threads: Optional[int] = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the sweep directory holds and start over."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run a grid of runs (pairs x trees x domains x decode settings), locally or on a Ray cluster.
+
+    Each grid point is a run directory under OUT/runs/; re-running the same command resumes.
+    `specscope compare OUT` and `specscope report OUT` cover the whole sweep.
+    """
+    from .domains import PromptSourceError
+    from .models import ModelLoadError
+    from .records import RunDirError
+    from .runner import RunConfigError
+    from .sweep import SweepError, load_sweep, run_sweep
+
+    try:
+        spec = load_sweep(sweep_file)
+        execution = spec.execution.replace(
+            prompts_per_shard=prompts_per_shard, max_retries=max_retries,
+            cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads)
+        out = out or str(Path("sweeps") / spec.name)
+        if dry_run:
+            for point in spec.points():
+                typer.echo(f"{point.label}  run {point.config.run_id}  "
+                           + "  ".join(f"{axis}={name}" for axis, name in point.axes))
+            typer.echo(f"{len(spec.points())} grid point(s); sweep {spec.sweep_id} -> {out}")
+            return
+        summary = run_sweep(spec, out, executor=executor, address=address, execution=execution,
+                            overwrite=overwrite, progress=not quiet)
+    except (SweepError, RunConfigError, PromptSourceError, ModelLoadError, RunDirError) as e:
+        fail(str(e))
+    if not summary.shards_run:
+        typer.echo(f"{out}: sweep {summary.sweep_id} is already complete ({summary.points} runs); "
+                   "nothing to do")
+        return
+    rate = summary.nodes / summary.seconds if summary.seconds else 0.0
+    typer.echo(f"{out}: {summary.points_complete}/{summary.points} runs complete; ran "
+               f"{summary.shards_run} of {summary.shards_total} shard(s) "
+               f"({summary.shards_skipped} done before), {summary.prompts_measured} prompt(s), "
+               f"{summary.nodes} nodes in {summary.seconds:.1f} s ({rate:.1f} nodes/s) "
+               f"with the {summary.executor} executor")
+    typer.echo(f"compare the grid points: specscope compare {out}")
+
+
+# --- decode / tune / bench -------------------------------------------------------------------
+
+
+def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device: str,
+                 trust_remote_code: bool, base: Optional[dict] = None):
+    """Load a pair (``base``: a run's [pair] section) with command-line overrides."""
+    from .models import ModelLoadError, PairConfig, load_pair
+
+    fields = dict(base or {})
+    fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype, device=device,
+                                          trust_remote_code=trust_remote_code or None).items()
+                   if v is not None})
+    try:
+        return load_pair(PairConfig(**fields))
+    except (ModelLoadError, TypeError) as e:
+        fail(str(e))
+
+
+def _write_records(frame, path: Path) -> None:
+    if path.suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    elif path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif path.suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True)
+    else:
+        fail(f"--records must end in .parquet, .csv or .jsonl, not {path.name!r}")
+
+
+_D_DRAFT = typer.Option(None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default).")
+_D_TARGET = typer.Option(None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default).")
+_D_DTYPE = typer.Option(None, "--dtype", help="bfloat16, float16 or float32 (default: bfloat16, or the run's).")
+_D_DEVICE = typer.Option(None, "--device", help="Device of both models, e.g. cpu or cuda:0.")
+_D_TRUST = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub.")
+_D_INT8 = typer.Option(False, "--draft-int8", help="Quantise the draft's linear layers to int8 (CPU, float32): cheaper draft calls; output unchanged.")
+_D_THREADS = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.")
+
+
+def _set_threads(threads: Optional[int]) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@app.command()
+def decode(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
+    policy: str = typer.Option("chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."),
+    depth: Optional[int] = typer.Option(None, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
+    top_k: Optional[int] = typer.Option(None, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4)."),
+    branch: Optional[int] = typer.Option(None, help="paper: children per node."),
+    max_nodes: Optional[int] = typer.Option(None, help="Node budget (paper 8, dynamic 16, optimal 16)."),
+    paths: Optional[str] = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
+    acceptance: Optional[Path] = typer.Option(None, "--acceptance", help="optimal: run directory whose node records give the acceptance vector."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree."),
+    domain: Optional[str] = typer.Option(None, "--domain", help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all)."),
+    temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
+    seed: int = typer.Option(0, help="Seed of the sampling."),
+    max_new_tokens: int = typer.Option(64, help="Tokens to generate."),
+    chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
+    max_prompt_tokens: int = typer.Option(512, help="Keep the last N prompt tokens."),
+    records: Optional[Path] = typer.Option(None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."),
+    draft: Optional[str] = _D_DRAFT,
+    target: Optional[str] = _D_TARGET,
+    dtype: Optional[str] = _D_DTYPE,
+    device: Optional[str] = _D_DEVICE,
+    trust_remote_code: bool = _D_TRUST,
+    threads: Optional[int] = _D_THREADS,
+    draft_int8: bool = _D_INT8,
+) -> None:
+    """Generate with real speculative decoding over a draft tree; print the text and its speed."""
+    from .decoding import DecodeConfig, DecodeError, make_decoder, steps_frame
+    from .policies import PolicyError, PolicyFile, acceptance_vectors, describe, make_speculation
+    from .records import RunDirError, load_run
+    from .router import RuleRouter
+    from .runner import render_prompt
+
+    if (prompt is None) == (prompt_file is None):
+        fail("give a prompt, or --prompt-file (one of them)")
+    text = prompt if prompt is not None else prompt_file.read_text()
+    try:
+        config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed)
+        routed = None
+        if policy_file is not None:
+            policies = PolicyFile.load(policy_file)
+            routed = domain or RuleRouter().classify(text)
+            spec = policies.tree_for(routed)
+        else:
+            vector = None
+            if acceptance is not None:
+                vectors = acceptance_vectors(load_run(acceptance).nodes)
+                if (domain or "all") not in vectors:
+                    fail(f"{acceptance} has no domain {domain!r}; it has {', '.join(vectors)}")
+                vector = vectors[domain or "all"]
+            spec = make_speculation(policy, depth=depth, top_k=top_k, branch=branch,
+                                    max_nodes=max_nodes, paths=paths, acceptance=vector)
+    except (DecodeError, PolicyError, RunDirError) as e:
+        fail(str(e))
+    _set_threads(threads)
+    pair = _decode_pair(draft, target, dtype, device, trust_remote_code)
+    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}], chat_template,
+                        max_prompt_tokens).ids
+    try:
+        result = make_decoder(pair, draft_int8).generate(ids, spec, config)
+    except DecodeError as e:
+        fail(str(e))
+    typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
+    where = f"domain {routed}: " if routed else ""
+    typer.secho(f"{where}{describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
+                f"({result.tokens_per_s:.2f} tok/s), {len(result.steps)} steps, mean tau "
+                f"{result.mean_tau:.2f}, stop: {result.stop_reason}", err=True, fg=typer.colors.CYAN)
+    if records is not None:
+        _write_records(steps_frame(result), records)
+
+
+@app.command()
+def tune(
+    run_dir: Path = typer.Argument(..., help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="Use this cost model (JSON) instead of measuring one now."),
+    save_costs: Optional[Path] = typer.Option(None, "--save-costs", help="Also write the measured cost model here."),
+    max_nodes: int = typer.Option(32, help="Largest tree considered."),
+    max_depth: int = typer.Option(8, help="Deepest tree considered (capped by the run's tree)."),
+    max_rank: Optional[int] = typer.Option(None, help="Highest sibling rank + 1 considered."),
+    min_count: int = typer.Option(20, help="Acceptance cells seen fewer times count as 0."),
+    min_speedup: float = typer.Option(1.0, help="Speculate only where the predicted speed-up exceeds this."),
+    context_len: int = typer.Option(256, help="Context length of the cost measurement."),
+    repeats: int = typer.Option(3, help="Timings per point of the cost measurement (median)."),
+    draft: Optional[str] = _D_DRAFT,
+    target: Optional[str] = _D_TARGET,
+    dtype: Optional[str] = _D_DTYPE,
+    device: Optional[str] = _D_DEVICE,
+    trust_remote_code: bool = _D_TRUST,
+    threads: Optional[int] = _D_THREADS,
+    draft_int8: bool = _D_INT8,
+) -> None:
+    """Pick the best tree per domain (or no speculation) from measured acceptance and measured cost."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .decoding import DecodeError, make_decoder, measure_costs
+    from .policies import (ALL_DOMAINS, CostModel, PolicyError, TuneConfig, short_name,
+                           tune as tune_policy)
+    from .records import RunDirError, load_run
+
+    try:
+        run = load_run(run_dir)
+        config = TuneConfig(max_nodes=max_nodes, max_depth=max_depth, max_rank=max_rank,
+                            min_count=min_count, min_speedup=min_speedup)
+        model = CostModel.load(costs) if costs else None
+    except (RunDirError, PolicyError) as e:
+        fail(str(e))
+    if model is None:
+        base = run.manifest.get("config", {}).get("pair", {})
+        _set_threads(threads)
+        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, base)
+        typer.echo("measuring draft and verify times on this hardware ...", err=True)
+        try:
+            model = measure_costs(make_decoder(pair, draft_int8), context_len=context_len,
+                                  repeats=repeats)
+        except DecodeError as e:
+            fail(str(e))
+        if save_costs:
+            model.save(save_costs)
+    ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
+    source = {"run_dir": str(run_dir), "run_id": run.manifest.get("run_id"), "prompt_ids": list(ids)}
+    try:
+        policy = tune_policy(run.nodes, model, config, source)
+    except PolicyError as e:
+        fail(str(e))
+    path = policy.save(out or run_dir / "policy.json")
+    table = Table(title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)")
+    for col in ("domain", "tree", "nodes", "expected tau", "step ms", "predicted speed-up"):
+        table.add_column(col, justify="left" if col in ("domain", "tree") else "right")
+    for name, choice in policy.choices.items():
+        table.add_row("uniform (all)" if name == ALL_DOMAINS else name,
+                      short_name(choice.shape) if choice.shape else "none (plain decoding)",
+                      str(len(choice.shape) if choice.shape else 0),
+                      f"{choice.expected_tau:.2f}", f"{1000 * choice.step_time_s:.0f}",
+                      f"{choice.predicted_speedup:.2f}x")
+    Console().print(table)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def bench(
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
+    domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
+    per_domain: int = typer.Option(2, help="Prompts per domain (held out from the tuning run)."),
+    max_new_tokens: int = typer.Option(48, help="Tokens to generate per prompt."),
+    warmup: int = typer.Option(1, help="Untimed runs per method and prompt."),
+    repeats: int = typer.Option(3, help="Timed runs per method and prompt (the median is kept)."),
+    chain_depth: int = typer.Option(4, help="Depth of the 'chain' method."),
+    methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),
+    router_name: str = typer.Option("rules", "--router", help="rules or learned (TF-IDF + logistic regression, trained on a held-out split)."),
+    seed: int = typer.Option(42, help="Seed of the prompt sample and the router's split."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write every run and the summary as JSON."),
+    draft: Optional[str] = _D_DRAFT,
+    target: Optional[str] = _D_TARGET,
+    dtype: Optional[str] = _D_DTYPE,
+    device: Optional[str] = _D_DEVICE,
+    trust_remote_code: bool = _D_TRUST,
+    threads: Optional[int] = _D_THREADS,
+    draft_int8: bool = _D_INT8,
+) -> None:
+    """Tokens per second of plain, assisted, chain, uniform-tree and routed decoding, per domain."""
+    import dataclasses
+    import json
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from .decoding import BenchConfig, DecodeError, make_decoder, run_bench, summarize_bench
+    from .domains import PromptSourceError, sample_items, select_prompts
+    from .policies import PolicyError, PolicyFile
+    from .router import (LearnedRouter, RuleRouter, holdout_split, prompt_text,
+                         router_accuracy)
+
+    console = Console()
+    try:
+        config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
+                             chain_depth=chain_depth,
+                             methods=tuple(m.strip() for m in methods.split(",") if m.strip()))
+        policy = PolicyFile.load(policy_file) if policy_file else None
+        names = [d.strip() for d in domains.split(",") if d.strip()]
+        pool = select_prompts(names, None, seed=seed)
+    except (DecodeError, PolicyError, PromptSourceError) as e:
+        fail(str(e))
+    if router_name not in ("rules", "learned"):
+        fail(f"--router must be rules or learned, not {router_name!r}")
+    tuned = set((policy.info.get("source", {}) if policy else {}).get("prompt_ids", []))
+    pool = [it for it in pool if it.id not in tuned]  # never bench on the tuning prompts
+    train, test = holdout_split(pool, 0.5, seed)
+    learned = LearnedRouter().fit([prompt_text(i) for i in train], [i.domain for i in train])
+    reports = [router_accuracy(RuleRouter(), test), router_accuracy(learned, test)]
+    table = Table(title=f"router accuracy on {len(test)} held-out prompts")
+    for col in ["router"] + names + ["all"]:
+        table.add_column(col, justify="left" if col == "router" else "right")
+    for rep in reports:
+        table.add_row(rep.router, *(f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"
+                                    if d in rep.per_domain else "-" for d in names), f"{rep.accuracy:.1%}")
+    console.print(table)
+    router = RuleRouter() if router_name == "rules" else learned
+    items = [it for d in names for it in sample_items([i for i in test if i.domain == d], per_domain, seed)]
+    _set_threads(threads)
+    pair = _decode_pair(draft, target, dtype, device, trust_remote_code)
+    try:
+        runs = run_bench(make_decoder(pair, draft_int8), pair.tokenizer, items, policy, router, config,
+                         log=lambda line: typer.echo(line, err=True))
+    except DecodeError as e:
+        fail(str(e))
+    rows = summarize_bench(runs)
+    table = Table(title=f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after "
+                        f"{warmup} warm-up; {pair.target.model.dtype}, {torch.get_num_threads()} "
+                        f"threads{', int8 draft' if draft_int8 else ''}")
+    for col in ("domain", "method", "prompts", "tokens", "tok/s", "speed-up", "tau", "= plain"):
+        table.add_column(col, justify="left" if col in ("domain", "method") else "right")
+    for r in rows:
+        table.add_row(r.domain, r.method, str(r.prompts), str(r.tokens), f"{r.tokens_per_s:.2f}",
+                      f"{r.speedup:.2f}x", "-" if r.tau != r.tau else f"{r.tau:.2f}",
+                      "yes" if r.exact else "[red]no[/]")
+    console.print(table)
+    if out is not None:
+        out.write_text(json.dumps({
+            "config": dataclasses.asdict(config), "policy_file": str(policy_file or ""),
+            "router": router_name, "dtype": str(pair.target.model.dtype), "draft_int8": draft_int8,
+            "threads": torch.get_num_threads(),
+            "router_accuracy": [{"router": r.router, "per_domain": r.per_domain,
+                                 "accuracy": r.accuracy} for r in reports],
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "runs": [dataclasses.asdict(r) for r in runs]}, indent=1) + "\n")
+        typer.echo(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ class StepScores:
                    verify_time_s)
 
 
-def _softmax(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+def softmax(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.softmax(logits[..., :vocab].float(), dim=-1)
 
 
@@ -80,20 +80,35 @@ def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand) -> tuple[torch.Ten
     return tokens, q, torch.tensor([row[p] for p in shape.parents])
 
 
-def _crop(cache, length: int) -> None:
+def crop(cache, length: int) -> None:
     """Drop cache entries past ``length`` (works with the old and new ``crop`` conventions)."""
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)
 
 
-def _mask(visible_past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(visible_past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[1, 1, Q, past + Q] additive attention mask from boolean visibility of past and new tokens."""
     allowed = torch.cat([visible_past, block], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
+
+def feed(model, cache, ids: list[int] | torch.Tensor, positions: torch.Tensor,
+         visible_past: torch.Tensor, block: torch.Tensor, last: int = 0) -> torch.Tensor:
+    """Run ``ids`` [Q] over ``cache`` with a 4D mask and explicit positions; logits [Q, V'].
+
+    ``visible_past`` [Q, cached] and ``block`` [Q, Q] say which cached and which new tokens each
+    new token may attend to; ``positions`` [Q] are the position ids. The cache grows by Q entries.
+    ``last`` > 0 computes the logits of the last ``last`` tokens only.
+    """
+    dev = model.device
+    ids = torch.as_tensor(ids, device=dev).view(1, -1)
+    mask = additive_mask(visible_past.to(dev), block.to(dev), model.dtype)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, attention_mask=mask,
+                position_ids=positions.to(dev).view(1, -1), logits_to_keep=last)
+    return out.logits[0]
 
 @dataclass
 class CachedEngine:
@@ -122,12 +137,7 @@ class CachedEngine:
 
     def _feed(self, model, cache, ids: list[int] | torch.Tensor, positions: torch.Tensor,
               visible_past: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        dev = model.device
-        ids = torch.as_tensor(ids, device=dev).view(1, -1)
-        mask = _mask(visible_past.to(dev), block.to(dev), model.dtype)
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, attention_mask=mask,
-                    position_ids=positions.to(dev).view(1, -1))
-        return out.logits[0]
+        return feed(model, cache, ids, positions, visible_past, block)
 
     @torch.inference_mode()
     def score(self, context: list[int], shape: TreeShape) -> StepScores:
@@ -150,9 +160,9 @@ class CachedEngine:
             out = self._feed(self.draft, self._draft_cache, tokens[frontier],
                              L + depths[frontier] - 1, visible, anc[frontier][:, frontier])
             fed.extend(frontier)
-            return _softmax(out, self.vocab)
+            return softmax(out, self.vocab)
 
-        tokens, q, q_index = grow_tree(shape, _softmax(logits[-1:], self.vocab), expand)
+        tokens, q, q_index = grow_tree(shape, softmax(logits[-1:], self.vocab), expand)
         t1 = time.perf_counter()
 
         # Verify: the new context token(s) and the tree in one target pass. A node's target row
@@ -169,11 +179,11 @@ class CachedEngine:
         pos = torch.cat([positions, L + depths[scored] - 1])
         logits = self._feed(self.target, self._target_cache, ids, pos, visible, block)
         p = torch.full((N + 1, self.vocab), float("nan"), device=logits.device)
-        p[[0] + [n + 1 for n in scored]] = _softmax(logits[len(new) - 1:], self.vocab)
+        p[[0] + [n + 1 for n in scored]] = softmax(logits[len(new) - 1:], self.vocab)
         t2 = time.perf_counter()
 
-        _crop(self._draft_cache, L)
-        _crop(self._target_cache, L)
+        crop(self._draft_cache, L)
+        crop(self._target_cache, L)
         self._cached_len = L
         return StepScores.on(p.device, tokens, q, q_index, p, t1 - t0, t2 - t1)
 
@@ -221,10 +231,10 @@ class NaiveEngine:
 
         def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
             logits = self._rows(self.draft, [context + path(n, tokens) for n in frontier])
-            return _softmax(logits[:, L + shape.depths[frontier[0]] - 1], self.vocab)
+            return softmax(logits[:, L + shape.depths[frontier[0]] - 1], self.vocab)
 
         root = self._rows(self.draft, [context])[0, -1:]
-        tokens, q, q_index = grow_tree(shape, _softmax(root, self.vocab), expand)
+        tokens, q, q_index = grow_tree(shape, softmax(root, self.vocab), expand)
         t1 = time.perf_counter()
 
         # One batch: the context alone, then the context extended by each root-to-leaf path.
@@ -235,7 +245,7 @@ class NaiveEngine:
         for row, leaf in enumerate(leaf_paths, start=1):
             for n in leaf:
                 p_rows[n + 1] = logits[row, L - 1 + shape.depths[n]]
-        p = _softmax(p_rows, self.vocab)
+        p = softmax(p_rows, self.vocab)
         t2 = time.perf_counter()
         return StepScores.on(p.device, tokens, q, q_index, p, t1 - t0, t2 - t1)
 

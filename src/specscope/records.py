@@ -13,6 +13,13 @@ its prompt shard last, each by an atomic rename, so a prompt counts as done exac
 shard exists. A killed run loses at most the prompt in flight; the consolidated files are (re)built
 from the shards when the run finishes. Readers should use :func:`load_run`, which reads the
 consolidated files when present and the shards otherwise.
+
+:class:`RunWriter` writes through a pyarrow filesystem, so a run directory can also be any URI that
+``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/runs/a``, ``gs://...``, ``file:///...``)
+and workers on other machines can commit prompts to it. On a local disk every file is written under
+a hidden temporary name and renamed into place; object stores have no atomic rename but show each
+object whole or not at all, so there files are written in place, and the prompt shard, written
+last, is still the commit marker (write, then marker).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
@@ -145,45 +153,117 @@ def to_table(rows: list[dict] | dict[str, list], name: str) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=pa.schema(fields))
 
 
+def open_location(location: str | Path,
+                  filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and path of a local directory or a URI (``s3://``, ``file://``, ...)."""
+    text = str(location)
+    if filesystem is not None:
+        return filesystem, text.rstrip("/")
+    if "://" in text:
+        try:
+            fs, path = pafs.FileSystem.from_uri(text)
+        except (pa.ArrowException, ValueError) as e:
+            raise RunDirError(f"cannot open {text}: {e}") from e
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(text).absolute())
+
+
+def renames_atomically(fs: pafs.FileSystem) -> bool:
+    """Whether ``fs.move`` is an atomic rename (a local disk), as opposed to copy-and-delete."""
+    if isinstance(fs, pafs.SubTreeFileSystem):
+        return renames_atomically(fs.base_fs)
+    return fs.type_name == "local"
+
+
+def write_file(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None:
+    """Write a Parquet table or raw bytes so that readers see either nothing or the whole file.
+
+    Renamed into place from a hidden temporary where ``fs`` renames atomically (a local disk);
+    written in place on object stores, where an object appears whole or not at all.
+    """
+    parent, _, name = path.rpartition("/")
+    fs.create_dir(parent, recursive=True)
+    target = f"{parent}/.{name}.tmp" if renames_atomically(fs) else path
+    if isinstance(data, pa.Table):
+        pq.write_table(data, target, filesystem=fs)
+    else:
+        with fs.open_output_stream(target) as f:
+            f.write(data)
+    if target != path:
+        fs.move(target, path)
+
+
+def json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode()
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> dict | None:
+    """A JSON file through ``fs``, or None where there is none."""
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        try:
+            return json.loads(f.read().decode())
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{path} is not valid JSON: {e}") from e
+
+
 class RunWriter:
-    """Commits one prompt's records at a time into ``run_dir/parts`` and consolidates at the end."""
+    """Commits one prompt's records at a time into ``run_dir/parts`` and consolidates at the end.
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
-        self.parts = self.run_dir / "parts"
+    ``run_dir`` is a local path or a URI; ``filesystem`` (optional) is the pyarrow filesystem that
+    ``run_dir`` is a path in.
+    """
 
-    def _part(self, table: str, order: int, prompt_id: str) -> Path:
+    def __init__(self, run_dir: str | Path, filesystem: pafs.FileSystem | None = None):
+        self.fs, self.root = open_location(run_dir, filesystem)
+        self.parts = f"{self.root}/parts"
+
+    def _part(self, table: str, order: int, prompt_id: str) -> str:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prompt_id)
-        return self.parts / table / f"{order:06d}-{safe}.parquet"
+        return f"{self.parts}/{table}/{order:06d}-{safe}.parquet"
+
+    def _files(self, folder: str) -> list[str]:
+        """The committed-looking Parquet files of a folder (no hidden temporaries), sorted."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        return sorted(i.path for i in infos if i.type == pafs.FileType.File
+                      and i.base_name.endswith(".parquet") and not i.base_name.startswith("."))
+
+    def _write(self, table: pa.Table, path: str) -> None:
+        write_file(self.fs, path, table)
 
     def done_prompt_ids(self) -> set[str]:
-        folder = self.parts / "prompts"
-        if not folder.is_dir():
-            return set()
-        return {
-            pq.read_table(f, columns=["prompt_id"]).column(0)[0].as_py()
-            for f in sorted(folder.glob("*.parquet"))
-        }
+        return {pq.read_table(f, columns=["prompt_id"], filesystem=self.fs).column(0)[0].as_py()
+                for f in self._files(f"{self.parts}/prompts")}
 
     def commit_prompt(self, order: int, prompt_id: str, nodes: pa.Table, steps: pa.Table,
                       prompt: pa.Table) -> None:
-        write_table_atomic(nodes, self._part("nodes", order, prompt_id))
-        write_table_atomic(steps, self._part("steps", order, prompt_id))
-        write_table_atomic(prompt, self._part("prompts", order, prompt_id))  # the commit marker
+        self._write(nodes, self._part("nodes", order, prompt_id))
+        self._write(steps, self._part("steps", order, prompt_id))
+        self._write(prompt, self._part("prompts", order, prompt_id))  # the commit marker
 
     def consolidate(self) -> dict[str, int]:
         """Join the committed shards into nodes/steps/prompts.parquet; return row counts."""
         counts = {}
-        done = {p.name for p in (self.parts / "prompts").glob("*.parquet")}
+        done = {f.rpartition("/")[2] for f in self._files(f"{self.parts}/prompts")}
         for name in TABLES:
-            files = sorted(f for f in (self.parts / name).glob("*.parquet") if f.name in done)
+            files = [f for f in self._files(f"{self.parts}/{name}") if f.rpartition("/")[2] in done]
             table = (
-                pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+                pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
+                                 promote_options="default")
                 if files else SCHEMAS[name].empty_table()
             )
-            write_table_atomic(table, self.run_dir / f"{name}.parquet")
+            self._write(table, f"{self.root}/{name}.parquet")
             counts[name] = table.num_rows
         return counts
+
+    def read_manifest(self) -> dict | None:
+        """The run's manifest.json, or None where there is none yet."""
+        return read_json(self.fs, f"{self.root}/manifest.json")
+
+    def write_manifest(self, manifest: dict) -> None:
+        """Write manifest.json whole (renamed into place on a local disk)."""
+        write_file(self.fs, f"{self.root}/manifest.json", json_bytes(manifest))
 
 
 def read_manifest(run_dir: Path) -> dict:

@@ -314,6 +314,37 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return flat
 
 
+def config_differences(manifest: dict, config: RunConfig) -> list[str]:
+    """The ``section.key`` names in which ``config`` differs from a run manifest's config."""
+    old = _flatten(RunConfig.from_dict(manifest["config"]).to_dict())
+    return [key for key, value in _flatten(config.to_dict()).items() if old.get(key) != value]
+
+
+def run_manifest(config: RunConfig, items: list[PromptItem], empty: list[str], models: dict,
+                 created: str | None = None) -> dict:
+    """The manifest of a run that is starting (status ``running``); ``models``: pair provenance."""
+    shape = config.tree.shape()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "specscope_version": __version__,
+        "run_id": config.run_id,
+        "status": "running",
+        "created": created or _now(),
+        "config": config.to_dict(),
+        "tree": {"paths": shape.to_paths_literal(), "nodes_per_depth": list(shape.depth_counts())},
+        "models": models,
+        "packages": _package_versions(),
+        "git_commit": _git_commit(),
+        "seed": config.seed,
+        "prompts": {
+            "count": len(items),
+            "sources": sorted({item.source for item in items}),
+            "ids": [item.id for item in items],
+            "skipped_empty": empty,
+        },
+    }
+
+
 def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> dict | None:
     """Check ``out_dir`` before any expensive work; return the existing manifest, if resuming."""
     manifest_path = out_dir / "manifest.json"
@@ -326,9 +357,7 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> dict |
         return None
     manifest = read_manifest(out_dir)
     if manifest.get("run_id") != config.run_id:
-        old = _flatten(RunConfig.from_dict(manifest["config"]).to_dict())
-        new = _flatten(config.to_dict())
-        diff = [key for key in new if old.get(key) != new[key]]
+        diff = config_differences(manifest, config)
         raise RunConfigError(
             f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
             "use another directory, or --overwrite to start over")
@@ -359,25 +388,7 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
 
     console = Console(stderr=True)
     pair = pair or load_pair(config.pair)
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "specscope_version": __version__,
-        "run_id": run_id,
-        "status": "running",
-        "created": (existing or {}).get("created", _now()),
-        "config": config.to_dict(),
-        "tree": {"paths": shape.to_paths_literal(), "nodes_per_depth": list(shape.depth_counts())},
-        "models": pair.provenance,
-        "packages": _package_versions(),
-        "git_commit": _git_commit(),
-        "seed": config.seed,
-        "prompts": {
-            "count": len(items),
-            "sources": sorted({item.source for item in items}),
-            "ids": [item.id for item in items],
-            "skipped_empty": empty,
-        },
-    }
+    manifest = run_manifest(config, items, empty, pair.provenance, (existing or {}).get("created"))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(manifest, out_dir / "manifest.json")
     if empty:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specscope.analysis.paper import PAPER, load_paper_tables, paper_data
+from specscope.analysis.prepare import ALL
 from specscope.analysis.plots import Plot, plots_unavailable, write_plots
 from specscope.analysis.render import (
     Column,
@@ -175,6 +176,35 @@ def compare(a: Analysis, b: Analysis) -> list[Grid]:
                           for f in a.findings))
     return [findings] + compare_flat(flatten_analysis(a), flatten_analysis(b), la, lb,
                                      "compare_", only_common=False)
+
+
+def summary_grid(analyses: list[Analysis]) -> Grid:
+    """One row per run (per grid point of a sweep): its sweep axes and headline figures, pooled."""
+    axes = list(dict.fromkeys(k for a in analyses
+                              for k in a.info.manifest.get("sweep", {}).get("axes", {})))
+
+    def pooled(rows):
+        return next((r for r in rows if r.domain == ALL), None)
+
+    rows = []
+    for a in analyses:
+        tau, t1, g1 = pooled(a.tau), pooled(a.paper.table1), pooled(a.greedy.table1)
+        point = a.info.manifest.get("sweep", {}).get("axes", {})
+        label = () if axes else (Path(a.info.path).name,)
+        rows.append((*label, *(point.get(k) for k in axes), a.info.run_id,
+                     ", ".join(a.info.domains), a.info.prompts, a.info.nodes,
+                     tau.tau if tau else None, tau.chain_tau if tau else None,
+                     tau.paper_expected_length if tau else None, t1.mean if t1 else None,
+                     g1.mean if g1 else None))
+    return Grid("summary", "Runs side by side (pooled over domains)",
+                (*(() if axes else (Column("Run"),)), *(Column(k) for k in axes),
+                 Column("Run id"), Column("Domains"),
+                 Column("Prompts"), Column("Nodes"), Column("mean tau"),
+                 Column("top-1 chain tau"), Column("paper E[L]"), Column("mean alpha"),
+                 Column("greedy accept")), tuple(rows),
+                "One row per run (per grid point of a sweep). mean tau: tokens per target pass, "
+                "bonus token counted; paper E[L]: the paper's proxy (Table II); mean alpha and "
+                "greedy accept: over all nodes (Table I).")
 
 
 # --- files -----------------------------------------------------------------------------------------
@@ -346,7 +376,8 @@ def html_report(analyses: list[Analysis], plots: dict[int, list[Plot]], paper: b
     body = []
     if len(analyses) > 1:
         toc.append('<li><a href="#comparison">Comparison</a></li>')
-        comp = ['<section id="comparison"><h2>Comparison</h2>']
+        comp = ['<section id="comparison"><h2>Comparison</h2>',
+                to_html(summary_grid(analyses), "c0-")]
         ref = analyses[0]
         for j, other in enumerate(analyses[1:], start=1):
             comp.append(f"<h3>{esc(ref.info.run_id)} vs {esc(other.info.run_id)}</h3>")
@@ -366,5 +397,5 @@ def html_report(analyses: list[Analysis], plots: dict[int, list[Plot]], paper: b
 
 
 __all__ = ["Outputs", "compare", "compare_flat", "compare_with_paper", "findings_grid",
-           "flatten_analysis", "flatten_tables", "html_report", "to_jsonable", "write_outputs",
-           "write_report", "write_tables"]
+           "flatten_analysis", "flatten_tables", "html_report", "summary_grid", "to_jsonable",
+           "write_outputs", "write_report", "write_tables"]

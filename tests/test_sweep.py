@@ -1,0 +1,333 @@
+"""Sweeps on tiny saved models: grid expansion, local and Ray executors, retries, resume, CLI."""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pandas as pd
+import pyarrow.fs as pafs
+import pytest
+from typer.testing import CliRunner
+
+from specscope import sweep as sweep_module
+from specscope.cli import app
+from specscope.models import PairConfig
+from specscope.records import TIMING_COLUMNS, RunWriter, load_run, to_table
+from specscope.sweep import (Execution, SweepError, gpus_needed, load_sweep, parse_sweep,
+                             run_sweep, sweep_run_dirs, visible_devices)
+
+cli = CliRunner()
+ONE_THREAD = Execution(prompts_per_shard=2, threads=1)  # same torch threads: identical floats
+
+
+def _prompts(folder, domain: str, n: int):
+    path = folder / f"{domain}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"{domain}{i}", "domain": domain,
+                                        "prompt": f"A {domain} question, number {i}?"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def _spec(tiny_dirs, folder, domains=("code", "chat"), prompts=3, max_new_tokens=8, trees=None):
+    """2 trees x 2 domains (JSONL files with domains) on the tiny qwen2 pair."""
+    return parse_sweep({
+        "name": "tiny",
+        "defaults": {"max_new_tokens": max_new_tokens,
+                     "pair": {"draft": str(tiny_dirs["qwen2", "draft"]),
+                              "target": str(tiny_dirs["qwen2", "target"]), "dtype": "float32"}},
+        "trees": trees or [{"name": "paper", "policy": "paper"}, {"policy": "chain", "depth": 3}],
+        "domains": [{"name": d, "file": str(_prompts(folder, d, prompts))} for d in domains],
+    })
+
+
+def _records(run_dir):
+    run = load_run(run_dir)
+    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
+            for t in (run.nodes, run.steps, run.prompts)]
+
+
+def _assert_same_sweeps(a, b):
+    runs_a, runs_b = sweep_run_dirs(a), sweep_run_dirs(b)
+    assert [d.name for d in runs_a] == [d.name for d in runs_b]
+    for x_dir, y_dir in zip(runs_a, runs_b):
+        assert load_run(y_dir).manifest["status"] == "complete"
+        for x, y in zip(_records(x_dir), _records(y_dir)):
+            pd.testing.assert_frame_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tiny_dirs, tmp_path_factory):
+    """The reference: the 2 x 2 sweep run with the local executor."""
+    folder = tmp_path_factory.mktemp("local-sweep")
+    spec = _spec(tiny_dirs, folder)
+    summary = run_sweep(spec, folder / "out", execution=ONE_THREAD, progress=False)
+    return spec, folder / "out", summary
+
+
+# --- the grid ------------------------------------------------------------------------------------
+
+
+def test_grid_expansion(tmp_path):
+    spec = parse_sweep({
+        "defaults": {"max_new_tokens": 4, "prompts": {"per_domain": 3}},
+        "pairs": [{"name": "small", "draft": "a", "target": "b"},
+                  {"name": "big", "draft": "a", "target": "c", "dtype": "float32"}],
+        "trees": ["paper", {"policy": "chain", "depth": [2, 4]}],
+        "domains": ["code", {"name": "mine", "file": "my.jsonl"}],
+        "decode": {"chat_template": [True, False], "max_prompt_tokens": 256},
+    })
+    points = spec.points()
+    assert len(points) == 2 * 3 * 2 * 2
+    assert points[0].label == "small.paper.code.chat_template=true"
+    assert [p.label for p in points if p.label.startswith("big.chain-depth4.mine")] == [
+        "big.chain-depth4.mine.chat_template=true", "big.chain-depth4.mine.chat_template=false"]
+    last = points[-1].config
+    assert (last.pair.target, last.pair.dtype, last.tree.policy, last.tree.depth) == (
+        "c", "float32", "chain", 4)
+    # a prompt set replaces the base's prompts but keeps per_domain; decode settings apply to all
+    assert (last.prompts.file, last.prompts.domains, last.prompts.per_domain) == ("my.jsonl", (), 3)
+    assert points[0].config.prompts.domains == ("code",) and points[0].config.prompts.file is None
+    assert (last.chat_template, last.max_prompt_tokens, last.max_new_tokens) == (False, 256, 4)
+    assert dict(points[0].axes) == {"pair": "small", "tree": "paper", "domain": "code",
+                                    "decode": "chat_template=true"}
+    assert len({p.config.run_id for p in points}) == len(points)
+    assert spec.sweep_id == parse_sweep(spec.source).sweep_id
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"trees": [{"policy": "beam"}]}, "unknown tree policy 'beam'"),
+    ({"trees": [{"policy": "paper", "width": 2}]}, "trees[0]: unknown keys ['width']"),
+    ({"trees": ["paper", {"policy": "paper"}]}, "two entries are both named 'paper'"),
+    ({"decode": {"speed": [1, 2]}}, "[decode]: unknown setting 'speed'"),
+    ({"defaults": {"max_new_token": 3}}, "unknown key 'max_new_token'"),
+    ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
+    ({"grid": {}}, "unknown sweep keys ['grid']"),
+])
+def test_bad_sweep_files_get_clear_errors(data, message):
+    with pytest.raises(SweepError) as e:
+        parse_sweep(data)
+    assert message in str(e.value)
+
+
+def test_gpu_resources_and_device_renumbering():
+    assert gpus_needed(PairConfig(device="cpu")) == 0
+    assert gpus_needed(PairConfig(device="cuda")) == 1
+    assert gpus_needed(PairConfig(device="cuda:1", draft_device="cuda:3")) == 2
+    seen = visible_devices(PairConfig(device="cuda:1", draft_device="cuda:3"))
+    assert (seen.device, seen.draft_device) == ("cuda:0", "cuda:1")
+    assert visible_devices(PairConfig(device="cpu")) == PairConfig(device="cpu")
+
+
+# --- records through a pyarrow filesystem --------------------------------------------------------
+
+
+def test_run_writer_on_an_object_store():
+    """On a store without atomic renames the files are written in place, the prompt shard last."""
+    fs, _ = pafs.FileSystem.from_uri("mock:///")
+    writer = RunWriter("bucket/run", filesystem=fs)
+    assert not writer.done_prompt_ids()
+    for order, pid in enumerate(["a", "b"]):
+        writer.commit_prompt(order, pid, to_table([], "nodes"), to_table([], "steps"),
+                             to_table({"run_id": ["r"], "prompt_id": [pid], "domain": ["code"],
+                                       "order": [order], "source": ["s"], "source_index": [0],
+                                       "dataset": [""], "split": [""], "messages_json": ["[]"],
+                                       "prompt_text": ["x"], "prompt_tokens": [1],
+                                       "truncated": [False], "generated_tokens": [0],
+                                       "output_token_ids": [[]], "output_text": [""],
+                                       "stop_reason": ["eos"], "time_s": [0.0]}, "prompts"))
+    assert writer.done_prompt_ids() == {"a", "b"}
+    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector("bucket", recursive=True))]
+    assert not any(n.endswith(".tmp") for n in names)
+    writer.write_manifest({"run_id": "r"})
+    assert writer.read_manifest() == {"run_id": "r"}
+    assert writer.consolidate()["prompts"] == 2
+
+
+# --- local executor ------------------------------------------------------------------------------
+
+
+def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
+    spec, out, summary = local_sweep
+    assert summary.complete and summary.points == 4 and summary.shards_total == 8
+    assert summary.prompts_measured == 12 and not summary.failures
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["status"] == "complete" and len(manifest["points"]) == 4
+    runs = sweep_run_dirs(out)
+    assert [d.name for d in runs] == ["paper.code", "paper.chat", "chain.code", "chain.chat"]
+    run = load_run(runs[3])
+    assert run.manifest["sweep"]["axes"] == {"tree": "chain", "domain": "chat"}
+    assert run.manifest["models"]["target"]["architecture"] == "Qwen2ForCausalLM"
+    assert set(run.prompts.domain) == {"chat"} and set(run.nodes.depth) == {1, 2, 3}
+
+
+def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, tiny_dirs,
+                                                                   tmp_path, monkeypatch):
+    spec, reference, _ = local_sweep
+    real = sweep_module.measure_prompt
+    calls = {"n": 0}
+
+    def dies_on_sixth(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "measure_prompt", dies_on_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
+    assert json.loads((tmp_path / "cut" / "sweep.json").read_text())["status"] == "running"
+    # 5 prompts committed: paper.code (2 shards, 3 prompts) and paper.chat's first shard
+    calls["n"] = 100
+    summary = run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
+    assert calls["n"] - 100 == 7 and summary.prompts_measured == 7
+    assert (summary.shards_skipped, summary.shards_run) == (3, 5) and summary.complete
+    _assert_same_sweeps(reference, tmp_path / "cut")
+    again = run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
+    assert again.shards_run == 0 and again.prompts_measured == 0 and calls["n"] - 100 == 7
+
+
+def test_a_sweep_dir_with_another_grid_is_refused(local_sweep, tiny_dirs, tmp_path):
+    spec, out, _ = local_sweep
+    other = _spec(tiny_dirs, tmp_path, max_new_tokens=3)
+    with pytest.raises(SweepError, match="had another config"):
+        run_sweep(other, out, progress=False)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file.txt").write_text("x")
+    with pytest.raises(SweepError, match="not a specscope sweep"):
+        run_sweep(other, tmp_path / "junk", progress=False)
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def test_cli_sweep_compare_and_report(tiny_dirs, tmp_path):
+    code = _prompts(tmp_path, "code", 2)
+    chat = _prompts(tmp_path, "chat", 2)
+    toml = tmp_path / "SWEEP.toml"
+    toml.write_text(f'''name = "cli"
+[defaults]
+max_new_tokens = 4
+[defaults.pair]
+draft = "{tiny_dirs['llama', 'draft']}"
+target = "{tiny_dirs['llama', 'target']}"
+dtype = "float32"
+[[trees]]
+policy = "chain"
+depth = [1, 2]
+[[domains]]
+name = "code"
+file = "{code}"
+[[domains]]
+name = "chat"
+file = "{chat}"
+[execution]
+prompts_per_shard = 1
+''')
+    out = tmp_path / "sweep"
+    plan = cli.invoke(app, ["sweep", str(toml), "--dry-run"])
+    assert plan.exit_code == 0 and "4 grid point(s)" in plan.output
+    assert "chain-depth2.chat" in plan.output
+    result = cli.invoke(app, ["sweep", str(toml), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "4/4 runs complete; ran 8 of 8 shard(s)" in result.output
+    again = cli.invoke(app, ["sweep", str(toml), "--out", str(out), "--quiet"])
+    assert again.exit_code == 0 and "already complete" in again.output
+    compared = cli.invoke(app, ["compare", str(out), "--boot", "10", "--out", str(tmp_path / "c")])
+    assert compared.exit_code == 0, compared.output
+    assert "Runs side by side" in compared.output
+    summary = (tmp_path / "c" / "csv" / "summary.csv").read_text().splitlines()
+    assert len(summary) == 1 + 4 and summary[0].startswith("tree,domain,Run id")
+    assert summary[1].startswith("chain-depth1,code,")
+    reported = cli.invoke(app, ["report", str(out), "--boot", "10", "--no-plots"])
+    assert reported.exit_code == 0, reported.output
+    page = (out / "report.html").read_text()
+    assert 'id="c0-summary"' in page and page.count('<section id="run-') == 4
+
+
+def test_cli_sweep_errors(tiny_dirs, tmp_path, monkeypatch):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[trees]]\npolicy = "beam"\n')
+    result = cli.invoke(app, ["sweep", str(bad)])
+    assert result.exit_code == 2 and "unknown tree policy 'beam'" in result.output
+    assert "Traceback" not in result.output
+    good = tmp_path / "good.toml"
+    good.write_text('[[trees]]\npolicy = "paper"\n')
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    result = cli.invoke(app, ["sweep", str(good), "--executor", "ray", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "pip install 'specscope[ray]'" in result.output
+    result = cli.invoke(app, ["sweep", str(good), "--executor", "slurm", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "unknown executor 'slurm'" in result.output
+
+
+# --- Ray executor --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
+    spec, reference, _ = local_sweep
+    out = tmp_path / "ray"
+    summary = run_sweep(spec, f"file://{out}", executor="ray", execution=ONE_THREAD,
+                        progress=False)  # through a URI, as workers on other machines would
+    assert summary.complete and summary.shards_run == 8 and summary.prompts_measured == 12
+    _assert_same_sweeps(reference, out)
+    workers = {json.loads(f.read_text())["pid"] for f in (out / "shards").glob("*.json")}
+    assert os.getpid() not in workers
+
+
+def test_ray_shard_resources(ray_cluster):
+    executor = sweep_module.RayExecutor(Execution(gpus_per_shard=0.5))
+    cpu = sweep_module.Shard("a/0", "a", "/x", "/y", sweep_module.RunConfig(), ())
+    gpu = sweep_module.Shard("a/0", "a", "/x", "/y", sweep_module.RunConfig().replace(
+        **{"pair.device": "cuda:0"}), ())
+    assert executor.resources(cpu) == {"num_cpus": 1.0}
+    assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}
+
+
+def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp_path):
+    """SIGKILL the worker of a shard after its first committed prompt: Ray reruns the shard."""
+    spec = _spec(tiny_dirs, tmp_path, domains=("code",), prompts=6, max_new_tokens=48,
+                 trees=[{"policy": "paper"}])
+    execution = Execution(prompts_per_shard=6, threads=1, max_retries=2)
+    out = tmp_path / "ray"
+    done: dict = {}
+
+    def drive():
+        try:
+            done["summary"] = run_sweep(spec, out, executor="ray", execution=execution,
+                                        progress=False)
+        except BaseException as e:  # reported by the assertions below
+            done["error"] = e
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    status = out / "shards" / "paper.code.0000.json"
+    committed = out / "runs" / "paper.code" / "parts" / "prompts"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (committed.is_dir() and any(committed.glob("*.parquet"))):
+        time.sleep(0.01)
+    first = json.loads(status.read_text())
+    os.kill(first["pid"], signal.SIGKILL)
+    at_kill = len(list(committed.glob("*.parquet")))
+    driver.join(timeout=300)
+    assert not driver.is_alive() and "error" not in done, done.get("error")
+    assert 1 <= at_kill < 6 and first["status"] == "running"
+    summary = done["summary"]
+    assert summary.complete and summary.prompts_measured < 6  # the retry skipped committed ones
+    retried = json.loads(status.read_text())
+    assert retried["status"] == "done" and retried["pid"] != first["pid"]
+    run = load_run(out / "runs" / "paper.code")
+    assert len(run.prompts) == 6 and run.prompts.prompt_id.is_unique
+    assert not run.nodes.duplicated(["prompt_id", "step", "node_id"]).any()
+    assert not run.steps.duplicated(["prompt_id", "step"]).any()
+    run_sweep(spec, tmp_path / "local", execution=execution, progress=False)
+    _assert_same_sweeps(tmp_path / "local", out)
