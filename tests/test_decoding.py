@@ -293,6 +293,14 @@ def test_acceptance_vector_counts_nodes_whose_parent_was_accepted():
     assert acceptance_vectors(_nodes_frame(), min_count=3)["code"].rates[1, 0] == 0.0
 
 
+def test_acceptance_vector_extrapolation():
+    acc = AcceptanceVector(np.array([[0.9, 0.1], [0.8, 0.1], [0.0, 0.0]]), np.array([[9, 9], [9, 9], [1, 1]]))
+    ext = acc.extrapolated(4)
+    assert ext.rates.tolist() == [[0.9, 0.1], [0.8, 0.1], [0.8, 0.1], [0.8, 0.1]]
+    assert ext.counts[2:].sum() == 0
+    assert acc.extrapolated(2) is acc
+
+
 COSTS = CostModel(draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
                   target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)), plain_token_s=0.1)
 

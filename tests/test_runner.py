@@ -125,7 +125,7 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
     out = tmp_path / "killed"
     args = [sys.executable, "-m", "specscope.cli", "run", "--out", str(out), "--quiet",
             "--draft", str(tiny_dirs["qwen2", "draft"]), "--target", str(tiny_dirs["qwen2", "target"]),
-            "--dtype", "float32", "--prompts", str(prompt_file), "--max-new-tokens", "400",
+            "--dtype", "float32", "--prompts", str(prompt_file), "--max-new-tokens", "120",
             "--max-prompt-tokens", "64"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / "parts" / "prompts"

@@ -509,6 +509,7 @@ def tune(
     max_rank: Optional[int] = typer.Option(None, help="Highest sibling rank + 1 considered."),
     min_count: int = typer.Option(20, help="Acceptance cells seen fewer times count as 0."),
     min_speedup: float = typer.Option(1.0, help="Speculate only where the predicted speed-up exceeds this."),
+    extrapolate: bool = typer.Option(False, "--extrapolate", help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth)."),
     context_len: int = typer.Option(256, help="Context length of the cost measurement."),
     repeats: int = typer.Option(3, help="Timings per point of the cost measurement (median)."),
     draft: Optional[str] = _D_DRAFT,
@@ -531,7 +532,7 @@ def tune(
     try:
         run = load_run(run_dir)
         config = TuneConfig(max_nodes=max_nodes, max_depth=max_depth, max_rank=max_rank,
-                            min_count=min_count, min_speedup=min_speedup)
+                            min_count=min_count, min_speedup=min_speedup, extrapolate=extrapolate)
         model = CostModel.load(costs) if costs else None
     except (RunDirError, PolicyError) as e:
         fail(str(e))
@@ -573,7 +574,7 @@ def bench(
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
     per_domain: int = typer.Option(2, help="Prompts per domain (held out from the tuning run)."),
     max_new_tokens: int = typer.Option(48, help="Tokens to generate per prompt."),
-    warmup: int = typer.Option(1, help="Untimed runs per method and prompt."),
+    warmup: int = typer.Option(1, help="Untimed rounds of every method on the first prompt."),
     repeats: int = typer.Option(3, help="Timed runs per method and prompt (the median is kept)."),
     chain_depth: int = typer.Option(4, help="Depth of the 'chain' method."),
     methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),

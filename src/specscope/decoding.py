@@ -585,8 +585,9 @@ BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed", "dynamic")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What ``specscope bench`` times: each method on each prompt, ``warmup`` + ``repeats`` times
-    (methods interleaved within a repeat, so that noise hits them alike); medians are kept."""
+    """What ``specscope bench`` times: every method on every prompt ``repeats`` times (methods
+    interleaved within a repeat, so that noise hits them alike), after ``warmup`` untimed rounds of
+    every method on the first prompt; medians are kept."""
 
     max_new_tokens: int = 48
     warmup: int = 1
@@ -676,24 +677,26 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
 
 def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
               config: BenchConfig = BenchConfig(), log=None) -> list[BenchRun]:
-    """Time every method on every prompt; medians over ``repeats`` after ``warmup`` runs."""
+    """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
     from .router import prompt_text
     from .runner import render_prompt
 
     methods = bench_methods(decoder, policy, router, config)
+    rendered = [render_prompt(tokenizer, item.messages, config.chat_template,
+                              config.max_prompt_tokens).ids for item in items]
+    for _ in range(config.warmup if items else 0):
+        for fn in methods.values():
+            fn(rendered[0], prompt_text(items[0]))
     runs = []
-    for i, item in enumerate(items):
-        ids = render_prompt(tokenizer, item.messages, config.chat_template,
-                            config.max_prompt_tokens).ids
+    for i, (item, ids) in enumerate(zip(items, rendered)):
         text = prompt_text(item)
         times: dict[str, list[float]] = {m: [] for m in methods}
         outputs: dict[str, tuple] = {}
-        for rep in range(config.warmup + config.repeats):
+        for _ in range(config.repeats):
             for name, fn in methods.items():
                 t0 = time.perf_counter()
                 outputs[name] = fn(ids, text)
-                if rep >= config.warmup:
-                    times[name].append(time.perf_counter() - t0)
+                times[name].append(time.perf_counter() - t0)
         for name in methods:
             tokens, steps, routed = outputs[name]
             median = sorted(times[name])[len(times[name]) // 2]

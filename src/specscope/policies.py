@@ -74,6 +74,20 @@ class AcceptanceVector:
         """Expected tokens per step (accepted nodes + the bonus token); 1 for no speculation."""
         return 1.0 + (sum(self.node_probs(shape)) if shape is not None else 0.0)
 
+    def extrapolated(self, max_depth: int) -> AcceptanceVector:
+        """Depths past the deepest well-measured one (a row with any positive rate) take that
+        row's rates, up to ``max_depth``: an assumption (flat acceptance in depth) for trees
+        deeper than the measurement tree; counts of the filled rows stay 0."""
+        filled = np.flatnonzero(self.rates.sum(axis=1) > 0)
+        if not len(filled) or max_depth <= filled[-1] + 1:
+            return self
+        last = filled[-1]
+        rates = np.vstack([self.rates[:last + 1], np.repeat(self.rates[last:last + 1],
+                                                            max_depth - last - 1, axis=0)])
+        counts = np.zeros(rates.shape, dtype=int)
+        counts[:last + 1] = self.counts[:last + 1]
+        return AcceptanceVector(rates, counts)
+
     def to_dict(self) -> dict:
         return {"rates": np.round(self.rates, 6).tolist(), "counts": self.counts.tolist()}
 
@@ -394,6 +408,7 @@ class TuneConfig:
     max_rank: int | None = None
     min_count: int = 20
     min_speedup: float = 1.0  # a domain speculates only if its best tree is predicted faster
+    extrapolate: bool = False  # depths past the measured ones reuse the deepest measured rates
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
@@ -404,6 +419,8 @@ def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(
          source: dict | None = None) -> PolicyFile:
     """Per domain (and pooled: the uniform tree), the tree of best predicted speed-up."""
     vectors = acceptance_vectors(nodes, config.min_count)
+    if config.extrapolate:
+        vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
     choices = {name: best_tree(acc, costs, config.max_nodes, config.max_depth, config.max_rank,
                                config.min_speedup)
                for name, acc in vectors.items()}

@@ -62,8 +62,17 @@ from .domains import PromptItem
 from .engine import make_engine
 from .models import ModelLoadError, ModelPair, PairConfig, load_pair
 from .records import RunWriter, json_bytes, open_location, read_json, write_file
-from .runner import (PromptSpec, RunConfig, RunConfigError, _git_commit, _package_versions,
-                     config_differences, load_config, measure_prompt, run_manifest)
+from .runner import (
+    PromptSpec,
+    RunConfig,
+    RunConfigError,
+    _git_commit,
+    _package_versions,
+    config_differences,
+    load_config,
+    measure_prompt,
+    run_manifest,
+)
 from .trees import TreeConfig
 
 SWEEP_MANIFEST = "sweep.json"
@@ -565,7 +574,6 @@ class SweepSummary:
     nodes: int  # in this invocation
     seconds: float
     executor: str
-    failures: list[ShardResult] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -666,6 +674,87 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec) -> dict | 
     return existing
 
 
+class SweepBoard:
+    """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
+
+    def __init__(self, shards_total: int, shards_done: int, enabled: bool):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
+                       "{task.fields[rate]} nodes/s"),
+            TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.task = self.bar.add_task("sweep", total=shards_total, completed=shards_done,
+                                      prompts=0, nodes=0, rate="-")
+        self.prompts = self.nodes = 0  # of finished shards
+        self.live_prompts = self.live_nodes = 0  # of the shard in flight (local executor)
+        self.seconds: dict[str, float] = {}  # shard seconds per run label
+        self.nodes_by_run: dict[str, int] = {}
+        self.failures: list[ShardResult] = []
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> SweepBoard:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def _show(self) -> None:
+        nodes = self.nodes + self.live_nodes
+        rate = nodes / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.update(self.task, prompts=self.prompts + self.live_prompts, nodes=nodes,
+                        rate=f"{rate:.1f}")
+
+    def prompt_done(self, nodes: int) -> None:
+        self.live_prompts += 1
+        self.live_nodes += nodes
+        self._show()
+
+    def shard_done(self, result: ShardResult) -> None:
+        self.live_prompts = self.live_nodes = 0
+        if result.error:
+            self.failures.append(result)
+            self.console.print(f"[red]shard {result.shard_id} failed: {result.error}")
+        self.prompts += result.prompts
+        self.nodes += result.nodes
+        self.seconds[result.label] = self.seconds.get(result.label, 0.0) + result.seconds
+        self.nodes_by_run[result.label] = self.nodes_by_run.get(result.label, 0) + result.nodes
+        self.bar.update(self.task, advance=1)
+        self._show()
+
+
+def _open_runs(spec: SweepSpec, states: list[PointState]) -> None:
+    """Write the manifest (status running) of every run that is not complete."""
+    for s in states:
+        if s.complete:
+            continue
+        old = s.manifest or {}
+        s.manifest = run_manifest(s.point.config, s.items, s.empty, old.get("models", {}),
+                                  old.get("created"))
+        s.manifest["sweep"] = {"name": spec.name, "sweep_id": spec.sweep_id,
+                               "label": s.point.label, "axes": dict(s.point.axes)}
+        s.writer.write_manifest(s.manifest)
+
+
+def _close_runs(states: list[PointState], board: SweepBoard) -> None:
+    """Consolidate every run whose prompts are all committed and mark it complete."""
+    for s in states:
+        if s.complete or not s.writer.done_prompt_ids() >= {item.id for item in s.items}:
+            continue
+        counts = s.writer.consolidate()
+        seconds, nodes = board.seconds.get(s.point.label, 0.0), board.nodes_by_run.get(s.point.label, 0)
+        s.manifest.update(status="complete", finished=_now(), counts=counts,
+                          timings={"last_invocation_shard_s": round(seconds, 3),
+                                   "nodes_per_s": round(nodes / seconds, 3) if seconds else None})
+        s.writer.write_manifest(s.manifest)
+        s.complete = True
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
               address: str | None = None, execution: Execution | None = None,
               overwrite: bool = False, progress: bool = True) -> SweepSummary:
@@ -675,10 +764,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
     a shard failed (after Ray's retries); the finished shards stay committed and the same call
     resumes the rest.
     """
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-
     t_start = time.perf_counter()
     execution = execution or spec.execution
     backend = make_executor(executor, execution, address)
@@ -687,88 +772,37 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
         fs.delete_dir(root)
     created = (_check_sweep_dir(fs, root, spec) or {}).get("created", _now())
     states = plan_points(spec, fs, root, execution, backend.threads())
-    by_label = {s.point.label: s for s in states}
     shards = [shard for s in states for shard in s.shards]
     shards.sort(key=lambda s: json.dumps(dataclasses.asdict(s.config.pair), sort_keys=True))
     shards_total = sum(_blocks(s, execution.prompts_per_shard) for s in states)
 
-    write_file(fs, _join(root, SWEEP_MANIFEST),
-               json_bytes(_sweep_manifest(spec, states, created, executor, execution, "running")))
-    for s in states:
-        if not s.complete:
-            manifest = run_manifest(s.point.config, s.items, s.empty,
-                                    (s.manifest or {}).get("models", {}),
-                                    (s.manifest or {}).get("created"))
-            manifest["sweep"] = {"name": spec.name, "sweep_id": spec.sweep_id,
-                                 "label": s.point.label, "axes": dict(s.point.axes)}
-            s.manifest = manifest
-            s.writer.write_manifest(manifest)
+    def write_sweep_manifest(status: str) -> None:
+        manifest = _sweep_manifest(spec, states, created, executor, execution, status)
+        write_file(fs, _join(root, SWEEP_MANIFEST), json_bytes(manifest))
 
-    failures: list[ShardResult] = []
-    totals = {"prompts": 0, "nodes": 0}  # of finished shards
-    live = {"prompts": 0, "nodes": 0}  # of the shard in flight (local executor only)
-    shard_seconds: dict[str, float] = {}
-    console = Console(stderr=True)
-    t_loop = time.perf_counter()
-    with Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
-                             "{task.fields[rate]} nodes/s"),
-                  TimeElapsedColumn(), console=console, disable=not (progress and shards)) as bar:
-        task = bar.add_task("sweep", total=shards_total, completed=shards_total - len(shards),
-                            prompts=0, nodes=0, rate="-")
+    write_sweep_manifest("running")
+    _open_runs(spec, states)
+    by_label = {s.point.label: s for s in states}
 
-        def show() -> None:
-            nodes = totals["nodes"] + live["nodes"]
-            rate = nodes / max(time.perf_counter() - t_loop, 1e-9)
-            bar.update(task, prompts=totals["prompts"] + live["prompts"], nodes=nodes,
-                       rate=f"{rate:.1f}")
+    def report(result: ShardResult) -> None:
+        board.shard_done(result)
+        state = by_label[result.label]
+        if result.models and state.manifest.get("models") != result.models:
+            state.manifest["models"] = result.models  # provenance, as soon as a worker has it
+            state.writer.write_manifest(state.manifest)
 
-        def on_prompt(nodes: int) -> None:
-            live["prompts"] += 1
-            live["nodes"] += nodes
-            show()
-
-        def report(result: ShardResult) -> None:
-            live.update(prompts=0, nodes=0)
-            state = by_label[result.label]
-            if result.error:
-                failures.append(result)
-                console.print(f"[red]shard {result.shard_id} failed: {result.error}")
-            totals["prompts"] += result.prompts
-            totals["nodes"] += result.nodes
-            if result.models and state.manifest.get("models") != result.models:
-                state.manifest["models"] = result.models
-                state.writer.write_manifest(state.manifest)
-            shard_seconds[result.label] = shard_seconds.get(result.label, 0.0) + result.seconds
-            bar.update(task, advance=1)
-            show()
-
-        backend.run(shards, report, on_prompt)
-
-    for s in states:
-        if s.complete:
-            continue
-        if s.writer.done_prompt_ids() >= {item.id for item in s.items}:
-            counts = s.writer.consolidate()
-            seconds = shard_seconds.get(s.point.label, 0.0)
-            s.manifest.update(status="complete", finished=_now(), counts=counts,
-                              timings={"last_invocation_shard_s": round(seconds, 3),
-                                       "nodes_per_s": round(counts["nodes"] / seconds, 3)
-                                       if seconds else None})
-            s.writer.write_manifest(s.manifest)
-            s.complete = True
-    status = "complete" if all(s.complete for s in states) else "incomplete"
-    write_file(fs, _join(root, SWEEP_MANIFEST),
-               json_bytes(_sweep_manifest(spec, states, created, executor, execution, status)))
-    summary = SweepSummary(str(out_dir), spec.sweep_id, len(states),
-                           sum(s.complete for s in states), shards_total, len(shards),
-                           shards_total - len(shards), totals["prompts"], totals["nodes"],
-                           time.perf_counter() - t_start, executor, failures)
-    if failures:
-        names = ", ".join(f.shard_id for f in failures[:5]) + (" ..." if len(failures) > 5 else "")
-        raise SweepError(f"{len(failures)} shard(s) failed ({names}): {failures[0].error}; "
-                         "the finished shards are kept: run the same command again to resume")
-    return summary
+    with SweepBoard(shards_total, shards_total - len(shards), progress and bool(shards)) as board:
+        backend.run(shards, report, board.prompt_done)
+    _close_runs(states, board)
+    write_sweep_manifest("complete" if all(s.complete for s in states) else "incomplete")
+    if board.failures:
+        names = ", ".join(f.shard_id for f in board.failures[:5])
+        raise SweepError(f"{len(board.failures)} shard(s) failed ({names}"
+                         f"{' ...' if len(board.failures) > 5 else ''}): {board.failures[0].error};"
+                         " the finished shards are kept: run the same command again to resume")
+    return SweepSummary(str(out_dir), spec.sweep_id, len(states), sum(s.complete for s in states),
+                        shards_total, len(shards), shards_total - len(shards), board.prompts,
+                        board.nodes, time.perf_counter() - t_start, executor)
 
 
 # --- reading a sweep -----------------------------------------------------------------------------
