@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from conftest import make_model
 from specscope.cli import app
 from specscope.decoding import (BenchConfig, DecodeConfig, DecodeError, SpeculativeDecoder,
-                                contiguous_ranks, gumbel_topk_scores, keep_positions,
+                                bfs_prefix, contiguous_ranks, cut_depth, gumbel_topk_scores, keep_positions,
                                 plain_generate, quantize_int8, speculative_sample, summarize_bench, warp)
 from specscope.domains import PromptItem
 from specscope.policies import (AcceptanceVector, CostModel, DynamicTree, PolicyError, PolicyFile,
@@ -85,12 +85,12 @@ specs = st.one_of(
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=specs, arch=st.sampled_from(["llama", "qwen2"]),
        quality=st.sampled_from(["close", "far"]), prompt=st.sampled_from(PROMPTS),
-       max_new=st.integers(1, 14))
+       max_new=st.integers(1, 14), min_path_prob=st.sampled_from([0.0, 0.0, 0.05, 0.5]))
 def test_greedy_speculation_equals_plain_greedy(decoders, tokenizer, spec, arch, quality, prompt,
-                                                max_new):
+                                                max_new, min_path_prob):
     decoder = decoders[arch, quality]
     ids = tokenizer(prompt)["input_ids"]
-    config = DecodeConfig(max_new_tokens=max_new)
+    config = DecodeConfig(max_new_tokens=max_new, min_path_prob=min_path_prob)
     plain = plain_generate(decoder.target, ids, config, decoder.vocab)
     spec_out = decoder.generate(ids, spec, config)
     assert spec_out.tokens == plain.tokens
@@ -132,6 +132,8 @@ def test_bad_decode_settings_are_clear_errors(decoders, tokenizer):
             DecodeConfig(top_p=top_p)
     with pytest.raises(DecodeError, match="max_new_tokens"):
         DecodeConfig(max_new_tokens=0)
+    with pytest.raises(DecodeError, match="min_path_prob"):
+        DecodeConfig(min_path_prob=1.0)
     decoder = decoders["llama", "close"]
     with pytest.raises(DecodeError, match="positions"):  # tiny models allow 1024 positions
         decoder.generate([1] * 1000, make_speculation("chain", depth=8), DecodeConfig(max_new_tokens=20))
@@ -196,7 +198,8 @@ def test_speculative_sampling_preserves_the_target_distribution(k, sampled):
     assert _chi_square_p(emitted, p.numpy()) > 1e-3
 
 
-def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, tokenizer):
+@pytest.mark.parametrize("min_path_prob", [0.0, 0.5])
+def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, tokenizer, min_path_prob):
     """Two tokens from speculative sampling over a tree vs the target's exact joint p(t1) p(t2|t1)."""
     decoder = decoders["llama", "close"]
     ids = tokenizer(PROMPTS[3])["input_ids"]
@@ -213,7 +216,8 @@ def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, token
     shape = make_speculation("static", paths="[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
     counts = dict.fromkeys(cells + ["other"], 0)
     for seed in range(n):
-        out = tuple(decoder.generate(ids, shape, DecodeConfig(max_new_tokens=2, seed=seed, **warping)).tokens)
+        config = DecodeConfig(max_new_tokens=2, seed=seed, min_path_prob=min_path_prob, **warping)
+        out = tuple(decoder.generate(ids, shape, config).tokens)
         assert out in joint, "a pair outside the target's nucleus was emitted"
         counts[out if out in counts else "other"] += 1
     expected = np.array([joint[c] for c in cells] + [1 - sum(joint[c] for c in cells)]) * n
@@ -231,9 +235,21 @@ def test_sampling_runs_on_every_policy(decoders, tokenizer):
         assert len(out.tokens) == 10
 
 
-def test_contiguous_ranks():
-    shape = TreeShape.parse("[(0,), (2,), (0, 1), (0, 3), (2, 2)]")
-    assert contiguous_ranks(shape).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0))
+def test_shape_helpers():
+    shape = TreeShape.parse("[(0,), (2,), (0, 1), (0, 3), (2, 2), (0, 1, 0)]")
+    assert contiguous_ranks(shape).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert cut_depth(shape, 2).paths == shape.paths[:5]
+    assert cut_depth(shape, 9) is shape and bfs_prefix(shape, 2).paths == ((0,), (2,))
+
+
+def test_min_path_prob_stops_growth(decoders, tokenizer):
+    decoder = decoders["llama", "far"]
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    deep = make_speculation("chain", depth=8)
+    full = decoder.generate(ids, deep, DecodeConfig(max_new_tokens=12))
+    cut = decoder.generate(ids, deep, DecodeConfig(max_new_tokens=12, min_path_prob=0.9))
+    assert cut.tokens == full.tokens
+    assert max(s.tree_size for s in cut.steps) < 8 <= max(s.tree_size for s in full.steps)
 
 
 # --- the optimal tree ------------------------------------------------------------------------------

@@ -440,6 +440,7 @@ def decode(
     temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: int = typer.Option(0, help="Seed of the sampling."),
+    min_path_prob: float = typer.Option(0.0, help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree)."),
     max_new_tokens: int = typer.Option(64, help="Tokens to generate."),
     chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
     max_prompt_tokens: int = typer.Option(512, help="Keep the last N prompt tokens."),
@@ -464,7 +465,7 @@ def decode(
     text = prompt if prompt is not None else prompt_file.read_text()
     try:
         config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed)
+                              seed=seed, min_path_prob=min_path_prob)
         routed = None
         if policy_file is not None:
             policies = PolicyFile.load(policy_file)
@@ -577,6 +578,7 @@ def bench(
     warmup: int = typer.Option(1, help="Untimed rounds of every method on the first prompt."),
     repeats: int = typer.Option(3, help="Timed runs per method and prompt (the median is kept)."),
     chain_depth: int = typer.Option(4, help="Depth of the 'chain' method."),
+    min_path_prob: float = typer.Option(0.0, help="specscope methods: stop growing a tree when no frontier path has this draft probability."),
     methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),
     router_name: str = typer.Option("rules", "--router", help="rules or learned (TF-IDF + logistic regression, trained on a held-out split)."),
     seed: int = typer.Option(42, help="Seed of the prompt sample and the router's split."),
@@ -606,7 +608,7 @@ def bench(
     console = Console()
     try:
         config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
-                             chain_depth=chain_depth,
+                             chain_depth=chain_depth, min_path_prob=min_path_prob,
                              methods=tuple(m.strip() for m in methods.split(",") if m.strip()))
         policy = PolicyFile.load(policy_file) if policy_file else None
         names = [d.strip() for d in domains.split(",") if d.strip()]

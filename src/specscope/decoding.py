@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -47,6 +47,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int = 0
+    min_path_prob: float = 0.0  # stop growing the tree when no frontier path is this likely (draft)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -55,6 +56,8 @@ class DecodeConfig:
             raise DecodeError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise DecodeError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_path_prob < 1:
+            raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
 
     @property
     def greedy(self) -> bool:
@@ -178,6 +181,18 @@ def keep_positions(cache, keep: Sequence[int]) -> None:
     crop(cache, len(keep))
 
 
+@lru_cache(maxsize=256)
+def bfs_prefix(shape: TreeShape, size: int) -> TreeShape:
+    """The first ``size`` nodes of a breadth-first shape (itself a tree)."""
+    return shape if size >= len(shape) else TreeShape(shape.parents[:size], shape.ranks[:size])
+
+
+@lru_cache(maxsize=256)
+def cut_depth(shape: TreeShape, depth: int) -> TreeShape:
+    """The nodes of ``shape`` no deeper than ``depth``."""
+    return bfs_prefix(shape, sum(1 for d in shape.depths if d <= depth))
+
+
 @lru_cache(maxsize=64)
 def contiguous_ranks(shape: TreeShape) -> TreeShape:
     """The same tree with each node's children ranked 0, 1, ... in their rank order."""
@@ -282,26 +297,36 @@ class SpeculativeDecoder:
         return logits[:, :self.vocab].float()
 
     def _draft_static(self, s: _Session, shape: TreeShape, config: DecodeConfig) -> DraftTree:
-        """Children are the draft's top tokens (greedy) or draws without replacement (sampling)."""
-        fed: list[int] = []
-        q_rows: list[torch.Tensor] = []
+        """Children are the draft's top tokens (greedy) or draws without replacement (sampling).
+        Growth stops early once no frontier path has draft probability ``min_path_prob``."""
+        fed: list[int] = []  # nodes in the draft cache, in order; context row of node n: 1 + index
+        rows: list[torch.Tensor] = []  # draft distribution at the root and at each fed node
+        path_prob: dict[int, float] = {-1: 1.0}
 
         def scores(logits: torch.Tensor) -> torch.Tensor:
-            if config.greedy:
-                return logits
-            q = warp(logits, self.vocab, config.temperature, config.top_p)
-            q_rows.append(q)
-            return gumbel_topk_scores(q, s.generator)
+            temperature = config.temperature or 1.0
+            q = warp(logits, self.vocab, temperature, 1.0 if config.greedy else config.top_p)
+            rows.extend(q)
+            return q if config.greedy else gumbel_topk_scores(q, s.generator)
 
         def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
             return scores(self._draft_level(s, frontier, tokens.cpu(), list(shape.parents),
                                             list(shape.depths), fed))
 
+        def unlikely(frontier: list[int], tokens: torch.Tensor) -> bool:
+            for n in frontier:
+                parent = shape.parents[n]
+                row = rows[0 if parent < 0 else 1 + fed.index(parent)]
+                path_prob[n] = path_prob[parent] * float(row[tokens[n]])
+            return max(path_prob[n] for n in frontier) < config.min_path_prob
+
         if not config.greedy:  # draws are taken in order: a node's children are draws 0..k-1
             shape = contiguous_ranks(shape)
-        tokens, _, q_index = grow_tree(shape, scores(self._draft_root(s)[None]), expand)
+        tokens, _, q_index = grow_tree(shape, scores(self._draft_root(s)[None]), expand,
+                                       stop=unlikely if config.min_path_prob > 0 else None)
+        shape = bfs_prefix(shape, len(tokens))
         slot = {n: i for i, n in enumerate(fed)}
-        return DraftTree(shape, tokens.cpu(), torch.cat(q_rows) if q_rows else None,
+        return DraftTree(shape, tokens.cpu(), None if config.greedy else torch.stack(rows),
                          q_index.tolist(), [slot.get(n, -1) for n in range(len(shape))])
 
     def _draft_dynamic(self, s: _Session, policy: DynamicTree, config: DecodeConfig) -> DraftTree:
@@ -331,6 +356,8 @@ class SpeculativeDecoder:
         level = add_children(-1, logq)
         for _ in range(policy.depth - 1):
             frontier = sorted(level, key=lambda n: -score[n])[:policy.top_k]
+            if math.exp(score[frontier[0]]) < config.min_path_prob:
+                break
             rows = torch.log_softmax(self._draft_level(
                 s, frontier, torch.tensor(token_list), parents, depths, fed) / temp, -1)
             level = [c for n, row in zip(frontier, rows) for c in add_children(n, row)]
@@ -431,8 +458,10 @@ class SpeculativeDecoder:
         stop = "max_new_tokens"
         while len(out) < config.max_new_tokens:
             t0 = time.perf_counter()
-            tree = (self._draft_dynamic(s, spec, config) if isinstance(spec, DynamicTree)
-                    else self._draft_static(s, spec, config))
+            depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
+            tree = (self._draft_dynamic(s, replace(spec, depth=min(spec.depth, depth)), config)
+                    if isinstance(spec, DynamicTree)
+                    else self._draft_static(s, cut_depth(spec, depth), config))
             t1 = time.perf_counter()
             logits = self._verify(s, tree)
             t2 = time.perf_counter()
@@ -593,6 +622,7 @@ class BenchConfig:
     warmup: int = 1
     repeats: int = 3
     chain_depth: int = 4
+    min_path_prob: float = 0.0  # see DecodeConfig; for the specscope methods
     methods: tuple[str, ...] = ("plain", "assisted", "chain", "uniform", "routed")
     dynamic: DynamicTree = DynamicTree()
     chat_template: bool = True
@@ -647,7 +677,7 @@ def _hf_generate(model, prompt: list[int], max_new_tokens: int, eos: frozenset[i
 
 def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:
     """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain)."""
-    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens)
+    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
 
     def run(spec):
         def fn(ids, text):

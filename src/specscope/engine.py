@@ -59,12 +59,15 @@ def softmax(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.softmax(logits[..., :vocab].float(), dim=-1)
 
 
-def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand,
+              stop=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose every node's token, depth by depth, from the draft distribution at its parent.
 
     ``root_q`` [1, V] is q at the root context; ``expand(frontier, tokens)`` returns q [F, V] at
     the contexts extended by each frontier node (nodes of the current depth that have children),
     in one batched draft call. Returns tokens [N], q rows [C, V] and each node's q row [N].
+    ``stop(frontier, tokens)``, if given, is asked before each expansion; when it returns True the
+    growth ends and the returned tensors cover the nodes grown so far (a breadth-first prefix).
     """
     q, row = root_q, {-1: 0}
     tokens = torch.empty(len(shape), dtype=torch.long, device=root_q.device)
@@ -74,6 +77,9 @@ def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand) -> tuple[torch.Ten
         top = torch.topk(parent_rows, max(shape.ranks[n] for n in level) + 1, dim=-1).indices
         tokens[level] = top[torch.arange(len(level)), [shape.ranks[n] for n in level]]
         frontier = [n for n in level if shape.children[n]]
+        if frontier and stop is not None and stop(frontier, tokens):
+            grown = max(level) + 1
+            return tokens[:grown], q, torch.tensor([row[p] for p in shape.parents[:grown]])
         if frontier:
             row.update({n: len(q) + j for j, n in enumerate(frontier)})
             q = torch.cat([q, expand(frontier, tokens)])
