@@ -139,7 +139,7 @@ def main() -> None:
           f"{'yes' if same else 'NO'}{' (not compared: other thread count)' if args.local_threads != 1 else ''}")
     (local_s, local_cpu), (ray_s, ray_cpu) = shard_seconds(tmp / "local"), shard_seconds(tmp / "ray")
     print(f"mean shard: {local_s:.1f} s wall / {local_cpu:.1f} s CPU local, {ray_s:.1f} s wall / "
-          f"{ray_cpu:.1f} s CPU on a Ray worker (wall > CPU: other processes took the cores); "
+          f"{ray_cpu:.1f} s CPU on a Ray worker (wall well above CPU means other processes took the cores); "
           f"load average (1 min) now {os.getloadavg()[0]:.1f}")
     print(f"(files left in {tmp})")
 

@@ -302,9 +302,10 @@ def test_ray_shard_resources(ray_cluster):
 
 def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp_path):
     """SIGKILL the worker of a shard after its first committed prompt: Ray reruns the shard."""
-    spec = _spec(tiny_dirs, tmp_path, domains=("code",), prompts=6, max_new_tokens=48,
+    # Long prompts (96 tokens each) leave time to kill the worker before it finishes, even under load.
+    spec = _spec(tiny_dirs, tmp_path, domains=("code",), prompts=8, max_new_tokens=96,
                  trees=[{"policy": "paper"}])
-    execution = Execution(prompts_per_shard=6, threads=1, max_retries=2)
+    execution = Execution(prompts_per_shard=8, threads=1, max_retries=2)
     out = tmp_path / "ray"
     done: dict = {}
 
@@ -327,13 +328,13 @@ def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp
     at_kill = len(list(committed.glob("*.parquet")))
     driver.join(timeout=300)
     assert not driver.is_alive() and "error" not in done, done.get("error")
-    assert 1 <= at_kill < 6 and first["status"] == "running"
+    assert 1 <= at_kill < 8 and first["status"] == "running"
     summary = done["summary"]
-    assert summary.complete and summary.prompts_measured < 6  # the retry skipped committed ones
+    assert summary.complete and summary.prompts_measured < 8  # the retry skipped committed ones
     retried = json.loads(status.read_text())
     assert retried["status"] == "done" and retried["pid"] != first["pid"]
     run = load_run(out / "runs" / "paper.code")
-    assert len(run.prompts) == 6 and run.prompts.prompt_id.is_unique
+    assert len(run.prompts) == 8 and run.prompts.prompt_id.is_unique
     assert not run.nodes.duplicated(["prompt_id", "step", "node_id"]).any()
     assert not run.steps.duplicated(["prompt_id", "step"]).any()
     run_sweep(spec, tmp_path / "local", execution=execution, progress=False)
