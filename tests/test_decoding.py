@@ -16,7 +16,7 @@ from conftest import make_model
 from specscope.cli import app
 from specscope.decoding import (BenchConfig, DecodeConfig, DecodeError, SpeculativeDecoder,
                                 bfs_prefix, contiguous_ranks, cut_depth, gumbel_topk_scores, keep_positions,
-                                plain_generate, quantize_int8, speculative_sample, summarize_bench, warp)
+                                plain_generate, speculative_sample, summarize_bench, warp)
 from specscope.domains import PromptItem
 from specscope.policies import (AcceptanceVector, CostModel, DynamicTree, PolicyError, PolicyFile,
                                 TuneConfig, acceptance_vectors, best_tree, make_speculation,
@@ -141,15 +141,53 @@ def test_bad_decode_settings_are_clear_errors(decoders, tokenizer):
         decoder.generate([], make_speculation("chain"), DecodeConfig())
 
 
-def test_int8_draft_is_still_lossless(tokenizer):
-    draft, target = _pair("qwen2", tokenizer, 0.05, seed=7)
-    decoder = SpeculativeDecoder(quantize_int8(draft), target, len(tokenizer), frozenset())
-    ids = tokenizer(PROMPTS[2])["input_ids"]
-    config = DecodeConfig(max_new_tokens=16)
-    out = decoder.generate(ids, make_speculation("paper"), config)
-    assert out.tokens == plain_generate(target, ids, config, len(tokenizer)).tokens
-    with pytest.raises(DecodeError, match="float32"):
+def test_int8_linear_is_batch_invariant_and_close():
+    from specscope.models import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    int8 = Int8Linear(linear)
+    x = torch.randn(2, 9, 64) * torch.rand(2, 9, 1) * 10
+    with torch.inference_mode():
+        together = int8(x)
+        alone = torch.stack([torch.cat([int8(x[b, i:i + 1]) for i in range(9)]) for b in range(2)])
+        exact = linear(x)
+    assert torch.equal(together, alone)  # bit for bit, whatever else is in the batch
+    assert ((together - exact).norm() / exact.norm()) < 0.03
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
+    """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
+    assisted generation give the same tokens, because a token's logits do not depend on the pass."""
+    from specscope.decoding import _hf_generate
+    from specscope.models import quantize_int8, use_rowwise_attention
+
+    draft, target = _pair(arch, tokenizer, 0.3, seed=7)
+    quantize_int8(draft)
+    use_rowwise_attention(quantize_int8(target))
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    config = DecodeConfig(max_new_tokens=24)
+    for prompt in PROMPTS[:3]:
+        ids = tokenizer(prompt)["input_ids"]
+        plain, _ = _hf_generate(target, ids, 24, frozenset())
+        assert plain_generate(target, ids, config, len(tokenizer)).tokens == plain
+        for spec in (make_speculation("paper"), make_speculation("chain", depth=6),
+                     TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"),
+                     DynamicTree(12, 4, 3)):
+            assert decoder.generate(ids, spec, config).tokens == plain, (prompt, spec)
+        assert _hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
+
+
+def test_int8_needs_float32_on_the_cpu(tokenizer):
+    from specscope.models import ModelLoadError, PairConfig, quantize_int8
+
+    with pytest.raises(ModelLoadError, match="float32"):
         quantize_int8(make_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
+    with pytest.raises(ModelLoadError, match="float32"):
+        PairConfig(quantize="int8")  # dtype defaults to bfloat16
+    with pytest.raises(ModelLoadError, match="unknown quantization"):
+        PairConfig(dtype="float32", quantize="int4")
 
 
 def test_keep_positions_gathers_every_layer(tokenizer):
@@ -200,25 +238,32 @@ def test_speculative_sampling_preserves_the_target_distribution(k, sampled):
 
 @pytest.mark.parametrize("min_path_prob", [0.0, 0.5])
 def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, tokenizer, min_path_prob):
-    """Two tokens from speculative sampling over a tree vs the target's exact joint p(t1) p(t2|t1)."""
+    """Three tokens vs the target's exact joint p(t1) p(t2|t1) p(t3|t1,t2): t1 comes from the
+    prefill, t2 and t3 from speculative sampling over the tree."""
     decoder = decoders["llama", "close"]
     ids = tokenizer(PROMPTS[3])["input_ids"]
     warping = dict(temperature=0.5, top_p=0.8)
+
+    def p_next(context):
+        return warp(decoder.target(torch.tensor([context])).logits[0, -1], decoder.vocab, **warping)
+
     joint = {}
     with torch.inference_mode():
-        p1 = warp(decoder.target(torch.tensor([ids])).logits[0, -1], decoder.vocab, **warping)
+        p1 = p_next(ids)
         for t1 in torch.nonzero(p1).flatten().tolist():
-            p2 = warp(decoder.target(torch.tensor([ids + [t1]])).logits[0, -1], decoder.vocab, **warping)
+            p2 = p_next(ids + [t1])
             for t2 in torch.nonzero(p2).flatten().tolist():
-                joint[t1, t2] = float(p1[t1] * p2[t2])
+                p3 = p_next(ids + [t1, t2])
+                for t3 in torch.nonzero(p3).flatten().tolist():
+                    joint[t1, t2, t3] = float(p1[t1] * p2[t2] * p3[t3])
     n = 400
-    cells = [pair for pair, prob in joint.items() if prob * n >= 5]  # the rest pooled as "other"
+    cells = [cell for cell, prob in joint.items() if prob * n >= 5]  # the rest pooled as "other"
     shape = make_speculation("static", paths="[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
     counts = dict.fromkeys(cells + ["other"], 0)
     for seed in range(n):
-        config = DecodeConfig(max_new_tokens=2, seed=seed, min_path_prob=min_path_prob, **warping)
+        config = DecodeConfig(max_new_tokens=3, seed=seed, min_path_prob=min_path_prob, **warping)
         out = tuple(decoder.generate(ids, shape, config).tokens)
-        assert out in joint, "a pair outside the target's nucleus was emitted"
+        assert out in joint, "tokens outside the target's nucleus were emitted"
         counts[out if out in counts else "other"] += 1
     expected = np.array([joint[c] for c in cells] + [1 - sum(joint[c] for c in cells)]) * n
     assert len(cells) >= 3
@@ -433,15 +478,20 @@ def test_holdout_split_and_learned_router():
 def test_bench_summary_and_config():
     from specscope.decoding import BenchRun
 
-    runs = [BenchRun("plain", "a", "code", "", (1, 2, 3, 4), 4, 2.0),
-            BenchRun("chain", "a", "code", "", (1, 2, 3, 4), 2, 1.0),
-            BenchRun("plain", "b", "chat", "", (5, 6), 2, 1.0),
-            BenchRun("chain", "b", "chat", "", (5, 7), 1, 2.0)]
+    runs = [BenchRun("plain", "a", "code", "", (1, 2, 3, 4), 4, 2.0, 0.5),
+            BenchRun("chain", "a", "code", "", (1, 2, 3, 4), 2, 1.0, 0.5),
+            BenchRun("plain", "b", "chat", "", (5, 6), 2, 1.0, 0.5),
+            BenchRun("chain", "b", "chat", "", (5, 7), 1, 2.0, 0.5)]
     rows = {(r.method, r.domain): r for r in summarize_bench(runs)}
-    assert rows["chain", "code"].speedup == pytest.approx(2.0)
+    # code: plain 3 later tokens in 1.5 s, chain in 0.5 s; end to end 4 tokens in 2 s vs 1 s
+    assert rows["chain", "code"].decode_tokens_per_s == pytest.approx(6.0)
+    assert rows["chain", "code"].speedup == pytest.approx(3.0)
+    assert rows["chain", "code"].e2e_speedup == pytest.approx(2.0)
     assert rows["chain", "code"].tau == 2.0 and rows["chain", "code"].exact
     assert not rows["chain", "chat"].exact and not rows["chain", "all"].exact
     assert rows["chain", "all"].tokens_per_s == pytest.approx(2.0)
+    assert rows["chain", "all"].decode_tokens_per_s == pytest.approx(4 / 2.0)
+    assert rows["plain", "all"].decode_tokens_per_s == pytest.approx(4 / 2.0)
     with pytest.raises(DecodeError, match="unknown bench method"):
         BenchConfig(methods=("plain", "medusa"))
     with pytest.raises(DecodeError, match="reference"):
@@ -508,3 +558,32 @@ def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
     bad.write_text(json.dumps({"domains": {"poetry": {"tree": "none"}}}))
     result = _cli("decode", "x", "--policy-file", bad)
     assert result.exit_code == 2 and "unknown domain" in result.output
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
+    """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
+    from transformers import DynamicCache
+
+    from specscope.engine import feed
+    from specscope.models import quantize_int8, use_rowwise_attention
+
+    target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))
+    use_rowwise_attention(target)
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    shape = TreeShape.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]")
+    nodes = torch.tensor([11, 12, 13, 14, 15, 16])
+    with torch.inference_mode():
+        cache = DynamicCache(config=target.config)
+        target(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        L = len(ids)
+        tree = feed(target, cache, nodes, L + torch.tensor(shape.depths) - 1,
+                    torch.ones(len(shape), L, dtype=torch.bool), shape.ancestor_mask())
+        for n in range(len(shape)):
+            path = [a for a in range(len(shape)) if shape.ancestor_mask()[n, a]]  # root first
+            alone = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([ids]), past_key_values=alone, use_cache=True)
+            for a in path:
+                logits = target(input_ids=nodes[a].view(1, 1), past_key_values=alone,
+                                use_cache=True).logits[0, -1]
+            assert torch.equal(tree[n], logits), n

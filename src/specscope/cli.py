@@ -383,7 +383,7 @@ def sweep(
 
 
 def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device: str,
-                 trust_remote_code: bool, base: Optional[dict] = None):
+                 trust_remote_code: bool, int8: bool = False, base: Optional[dict] = None):
     """Load a pair (``base``: a run's [pair] section) with command-line overrides."""
     from .models import ModelLoadError, PairConfig, load_pair
 
@@ -391,6 +391,9 @@ def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device
     fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype, device=device,
                                           trust_remote_code=trust_remote_code or None).items()
                    if v is not None})
+    if int8:
+        fields["quantize"] = "int8"
+        fields["dtype"] = dtype or "float32"
     try:
         return load_pair(PairConfig(**fields))
     except (ModelLoadError, TypeError) as e:
@@ -413,7 +416,7 @@ _D_TARGET = typer.Option(None, "--target", help="Target model: hub id, local dir
 _D_DTYPE = typer.Option(None, "--dtype", help="bfloat16, float16 or float32 (default: bfloat16, or the run's).")
 _D_DEVICE = typer.Option(None, "--device", help="Device of both models, e.g. cpu or cuda:0.")
 _D_TRUST = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub.")
-_D_INT8 = typer.Option(False, "--draft-int8", help="Quantise the draft's linear layers to int8 (CPU, float32): cheaper draft calls; output unchanged.")
+_D_INT8 = typer.Option(False, "--int8", help="Run both models' linear layers in int8 on the CPU (implies --dtype float32): passes of a few tokens cost about one; greedy outputs stay exactly plain decoding's of the same model.")
 _D_THREADS = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.")
 
 
@@ -451,7 +454,7 @@ def decode(
     device: Optional[str] = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
     threads: Optional[int] = _D_THREADS,
-    draft_int8: bool = _D_INT8,
+    int8: bool = _D_INT8,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
     from .decoding import DecodeConfig, DecodeError, make_decoder, steps_frame
@@ -483,11 +486,11 @@ def decode(
     except (DecodeError, PolicyError, RunDirError) as e:
         fail(str(e))
     _set_threads(threads)
-    pair = _decode_pair(draft, target, dtype, device, trust_remote_code)
+    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
     ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}], chat_template,
                         max_prompt_tokens).ids
     try:
-        result = make_decoder(pair, draft_int8).generate(ids, spec, config)
+        result = make_decoder(pair).generate(ids, spec, config)
     except DecodeError as e:
         fail(str(e))
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -519,7 +522,7 @@ def tune(
     device: Optional[str] = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
     threads: Optional[int] = _D_THREADS,
-    draft_int8: bool = _D_INT8,
+    int8: bool = _D_INT8,
 ) -> None:
     """Pick the best tree per domain (or no speculation) from measured acceptance and measured cost."""
     from rich.console import Console
@@ -540,10 +543,10 @@ def tune(
     if model is None:
         base = run.manifest.get("config", {}).get("pair", {})
         _set_threads(threads)
-        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, base)
+        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base)
         typer.echo("measuring draft and verify times on this hardware ...", err=True)
         try:
-            model = measure_costs(make_decoder(pair, draft_int8), context_len=context_len,
+            model = measure_costs(make_decoder(pair), context_len=context_len,
                                   repeats=repeats)
         except DecodeError as e:
             fail(str(e))
@@ -589,7 +592,7 @@ def bench(
     device: Optional[str] = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
     threads: Optional[int] = _D_THREADS,
-    draft_int8: bool = _D_INT8,
+    int8: bool = _D_INT8,
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree and routed decoding, per domain."""
     import dataclasses
@@ -632,27 +635,29 @@ def bench(
     router = RuleRouter() if router_name == "rules" else learned
     items = [it for d in names for it in sample_items([i for i in test if i.domain == d], per_domain, seed)]
     _set_threads(threads)
-    pair = _decode_pair(draft, target, dtype, device, trust_remote_code)
+    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
     try:
-        runs = run_bench(make_decoder(pair, draft_int8), pair.tokenizer, items, policy, router, config,
+        runs = run_bench(make_decoder(pair), pair.tokenizer, items, policy, router, config,
                          log=lambda line: typer.echo(line, err=True))
     except DecodeError as e:
         fail(str(e))
     rows = summarize_bench(runs)
     table = Table(title=f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after "
                         f"{warmup} warm-up; {pair.target.model.dtype}, {torch.get_num_threads()} "
-                        f"threads{', int8 draft' if draft_int8 else ''}")
-    for col in ("domain", "method", "prompts", "tokens", "tok/s", "speed-up", "tau", "= plain"):
+                        f"threads{', int8' if int8 else ''}")
+    for col in ("domain", "method", "prompts", "tokens", "decode tok/s", "speed-up", "tok/s e2e",
+                "speed-up e2e", "tau", "= plain"):
         table.add_column(col, justify="left" if col in ("domain", "method") else "right")
     for r in rows:
-        table.add_row(r.domain, r.method, str(r.prompts), str(r.tokens), f"{r.tokens_per_s:.2f}",
-                      f"{r.speedup:.2f}x", "-" if r.tau != r.tau else f"{r.tau:.2f}",
+        table.add_row(r.domain, r.method, str(r.prompts), str(r.tokens),
+                      f"{r.decode_tokens_per_s:.2f}", f"{r.speedup:.2f}x", f"{r.tokens_per_s:.2f}",
+                      f"{r.e2e_speedup:.2f}x", "-" if r.tau != r.tau else f"{r.tau:.2f}",
                       "yes" if r.exact else "[red]no[/]")
     console.print(table)
     if out is not None:
         out.write_text(json.dumps({
             "config": dataclasses.asdict(config), "policy_file": str(policy_file or ""),
-            "router": router_name, "dtype": str(pair.target.model.dtype), "draft_int8": draft_int8,
+            "router": router_name, "dtype": str(pair.target.model.dtype), "int8": int8,
             "threads": torch.get_num_threads(),
             "router_accuracy": [{"router": r.router, "per_domain": r.per_domain,
                                  "accuracy": r.accuracy} for r in reports],

@@ -221,7 +221,8 @@ class DraftTree:
 class _Session:
     """One prompt's decoding state: the context and both caches.
 
-    The target cache holds ``tokens[:-1]``; the draft cache holds ``tokens[:draft_len]``.
+    After the first token the target cache holds ``tokens[:-1]``; the draft cache holds
+    ``tokens[:draft_len]``. ``first_logits``: the target's logits at the end of the prompt.
     """
 
     tokens: list[int]
@@ -229,6 +230,7 @@ class _Session:
     draft_cache: object
     draft_len: int
     generator: torch.Generator
+    first_logits: torch.Tensor
     steps: list[DecodeStep] = field(default_factory=list)
 
 
@@ -253,15 +255,23 @@ class SpeculativeDecoder:
             raise DecodeError(
                 f"the prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) + "
                 f"the tree's depth ({depth}) need {need} positions; the models allow {limit}")
-        caches = []
-        for model in (self.target, self.draft):
-            cache = DynamicCache(config=model.config)
-            if len(prompt) > 1:
-                ids = torch.tensor([list(prompt[:-1])], device=model.device)
-                model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            caches.append(cache)
-        return _Session(list(prompt), caches[0], caches[1], len(prompt) - 1,
-                        torch.Generator().manual_seed(config.seed))
+        target_cache = DynamicCache(config=self.target.config)
+        draft_cache = DynamicCache(config=self.draft.config)
+        ids = torch.tensor([list(prompt)], device=self.target.device)
+        logits = self.target(input_ids=ids, past_key_values=target_cache, use_cache=True,
+                             logits_to_keep=1).logits[0, -1, :self.vocab]
+        if len(prompt) > 1:
+            self.draft(input_ids=ids[:, :-1].to(self.draft.device), past_key_values=draft_cache,
+                       use_cache=True, logits_to_keep=1)
+        return _Session(list(prompt), target_cache, draft_cache, len(prompt) - 1,
+                        torch.Generator().manual_seed(config.seed), first_logits=logits)
+
+    def _first_token(self, s: _Session, config: DecodeConfig) -> int:
+        """The first new token, from the prefill's logits (as plain decoding takes it)."""
+        if config.greedy:
+            return int(s.first_logits.argmax())
+        probs = warp(s.first_logits, self.vocab, config.temperature, config.top_p).cpu()
+        return int(torch.multinomial(probs, 1, generator=s.generator))
 
     # draft --------------------------------------------------------------------------------------
 
@@ -454,9 +464,12 @@ class SpeculativeDecoder:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         t_start = time.perf_counter()
         s = self._start(prompt, config, spec.max_depth)
-        out: list[int] = []
-        stop = "max_new_tokens"
-        while len(out) < config.max_new_tokens:
+        first = self._first_token(s, config)  # the prefill pass gives it, as in plain decoding
+        s.tokens.append(first)
+        prefill_s = time.perf_counter() - t_start
+        s.steps.append(DecodeStep(0, len(prompt), 0, 0, 1, 0.0, prefill_s, prefill_s))
+        out, stop = _append([], [first], config.max_new_tokens, self.eos)
+        while len(out) < config.max_new_tokens and stop != "eos":
             t0 = time.perf_counter()
             depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
             tree = (self._draft_dynamic(s, replace(spec, depth=min(spec.depth, depth)), config)
@@ -472,8 +485,6 @@ class SpeculativeDecoder:
             s.steps.append(DecodeStep(len(s.steps), context_len, len(tree.shape), len(path),
                                       len(emitted), t1 - t0, t2 - t1, time.perf_counter() - t0))
             out, stop = _append(out, emitted, config.max_new_tokens, self.eos)
-            if stop == "eos":
-                break
         return DecodeResult(out, s.steps, stop, time.perf_counter() - t_start, len(prompt))
 
 
@@ -529,31 +540,12 @@ def steps_frame(result: DecodeResult):
     return pd.DataFrame([vars(s) for s in result.steps])
 
 
-def make_decoder(pair, draft_int8: bool = False) -> SpeculativeDecoder:
-    """The decoder of a loaded :class:`~specscope.models.ModelPair`.
-
-    ``draft_int8`` replaces the draft's linear layers by dynamically quantised int8 ones (in place,
-    so that transformers' assisted generation uses the same draft): on a CPU a draft call gets
-    several times cheaper; the output stays the target's, only acceptance may change.
-    """
+def make_decoder(pair) -> SpeculativeDecoder:
+    """The decoder of a loaded :class:`~specscope.models.ModelPair`."""
     from .runner import eos_token_ids
 
-    if draft_int8:
-        pair.draft.model = quantize_int8(pair.draft.model)
     return SpeculativeDecoder(pair.draft.model, pair.target.model, pair.vocab_size,
                               frozenset(eos_token_ids(pair)))
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation of every ``nn.Linear`` (float32 CPU models only)."""
-    import warnings
-
-    if next(model.parameters()).dtype != torch.float32 or model.device.type != "cpu":
-        raise DecodeError("int8 draft quantisation needs a float32 draft on the CPU (--dtype float32)")
-    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8,
-                                                      inplace=True)
 
 
 # --- cost model ----------------------------------------------------------------------------------
@@ -649,6 +641,7 @@ class BenchRun:
     tokens: tuple[int, ...]
     steps: int  # verification steps (forward passes of the target for plain)
     time_s: float
+    first_token_s: float  # the prompt's prefill and the first token (the same work in every method)
 
 
 @dataclass(frozen=True)
@@ -658,42 +651,64 @@ class BenchRow:
     prompts: int
     tokens: int
     time_s: float
-    tokens_per_s: float
-    speedup: float  # tokens per second over plain's, same prompts
+    tokens_per_s: float  # end to end, the prefill included
+    decode_tokens_per_s: float  # after the first token: the part speculation changes
+    speedup: float  # decode tokens per second over plain's, same prompts
+    e2e_speedup: float  # end-to-end tokens per second over plain's
     tau: float  # tokens per verification step (nan where not observed)
     exact: bool  # every output equals plain greedy's
 
 
+class _FirstTokenClock:
+    """A transformers streamer that notes when the first new token arrives."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.calls = 0
+        self.first_token_s = float("nan")
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first call carries the prompt
+            self.first_token_s = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
 def _hf_generate(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int],
-                 assistant=None) -> list[int]:
-    """``model.generate``, greedy (with ``assistant``: transformers assisted generation)."""
+                 assistant=None) -> tuple[list[int], float]:
+    """``model.generate``, greedy (with ``assistant``: transformers assisted generation); the
+    tokens and the seconds to the first one."""
     ids = torch.tensor([prompt], device=model.device)
     eos_ids = sorted(eos) or None
+    clock = _FirstTokenClock()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=eos_ids,
+                         do_sample=False, eos_token_id=eos_ids, streamer=clock,
                          pad_token_id=eos_ids[0] if eos_ids else None, assistant_model=assistant)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt):].tolist(), clock.first_token_s
 
 
 def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:
-    """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain)."""
+    """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain, first-token s)."""
     greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
 
     def run(spec):
         def fn(ids, text):
             r = decoder.generate(ids, spec, greedy)
-            return r.tokens, len(r.steps), ""
+            return r.tokens, len(r.steps), "", r.steps[0].step_time_s
         return fn
 
     def routed(ids, text):
         domain = router.classify(text)
         r = decoder.generate(ids, policy.tree_for(domain), greedy)
-        return r.tokens, len(r.steps), domain
+        return r.tokens, len(r.steps), domain, r.steps[0].step_time_s
 
     def hf(assistant):
         def fn(ids, text):  # plain: one target pass per token; assisted: steps not observed
-            tokens = _hf_generate(decoder.target, ids, config.max_new_tokens, decoder.eos, assistant)
-            return tokens, len(tokens) if assistant is None else 0, ""
+            tokens, first = _hf_generate(decoder.target, ids, config.max_new_tokens, decoder.eos,
+                                         assistant)
+            return tokens, len(tokens) if assistant is None else 0, "", first
         return fn
 
     chain = TreeShape.from_paths([(0,) * d for d in range(1, config.chain_depth + 1)])
@@ -721,16 +736,20 @@ def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
     for i, (item, ids) in enumerate(zip(items, rendered)):
         text = prompt_text(item)
         times: dict[str, list[float]] = {m: [] for m in methods}
+        firsts: dict[str, list[float]] = {m: [] for m in methods}
         outputs: dict[str, tuple] = {}
         for _ in range(config.repeats):
             for name, fn in methods.items():
                 t0 = time.perf_counter()
                 outputs[name] = fn(ids, text)
                 times[name].append(time.perf_counter() - t0)
+                firsts[name].append(outputs[name][3])
         for name in methods:
-            tokens, steps, routed = outputs[name]
+            tokens, steps, routed, _ = outputs[name]
             median = sorted(times[name])[len(times[name]) // 2]
-            runs.append(BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median))
+            first = sorted(firsts[name])[len(firsts[name]) // 2]
+            runs.append(BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median,
+                                 first))
             if log:
                 log(f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
                     f"{median:6.2f} s {len(tokens) / median:6.2f} tok/s"
@@ -739,21 +758,30 @@ def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
 
 
 def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
-    """Per method and domain (and ``all``): tokens per second, speed-up over plain, tau, exactness."""
+    """Per method and domain (and ``all``): tokens per second end to end and after the first
+    token, speed-ups over plain, tau, exactness. Totals over prompts: tokens / seconds."""
     reference = {r.prompt_id: r.tokens for r in runs if r.method == "plain"}
     domains = list(dict.fromkeys(r.domain for r in runs))
+
+    def rates(part: list[BenchRun]) -> tuple[float, float]:
+        secs = sum(r.time_s for r in part)
+        decode_secs = sum(r.time_s - r.first_token_s for r in part if r.tokens)
+        tokens = sum(len(r.tokens) for r in part)
+        later = sum(len(r.tokens) - 1 for r in part if r.tokens)
+        return (tokens / secs if secs else float("nan"),
+                later / decode_secs if decode_secs > 0 else float("nan"))
+
     rows = []
     for domain in domains + ["all"]:
         part = [r for r in runs if domain in ("all", r.domain)]
-        plain = [r for r in part if r.method == "plain"]
-        plain_tps = sum(len(r.tokens) for r in plain) / sum(r.time_s for r in plain)
+        plain_tps, plain_decode = rates([r for r in part if r.method == "plain"])
         for method in dict.fromkeys(r.method for r in part):
             mine = [r for r in part if r.method == method]
+            tps, decode = rates(mine)
             tokens = sum(len(r.tokens) for r in mine)
-            secs = sum(r.time_s for r in mine)
             steps = sum(r.steps for r in mine)
-            tps = tokens / secs if secs else float("nan")
-            rows.append(BenchRow(method, domain, len(mine), tokens, secs, tps, tps / plain_tps,
+            rows.append(BenchRow(method, domain, len(mine), tokens, sum(r.time_s for r in mine),
+                                 tps, decode, decode / plain_decode, tps / plain_tps,
                                  tokens / steps if steps else float("nan"),
                                  all(r.tokens == reference[r.prompt_id] for r in mine)))
     return rows

@@ -11,7 +11,8 @@ A model source is one string:
 - a local directory holding a ``transformers`` checkpoint;
 - anything else is taken as a Hugging Face hub id.
 
-The pair's vocabularies are compared before any weights are loaded.
+The pair's vocabularies are compared before any weights are loaded. ``quantize="int8"`` runs both
+models' linear layers in int8 on the CPU (:class:`Int8Linear`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import base64
 import hashlib
 import os
 import shutil
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -29,6 +31,7 @@ import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+QUANTIZATIONS = ("int8",)
 
 
 class ModelLoadError(RuntimeError):
@@ -75,10 +78,19 @@ class PairConfig:
     device: str = "cpu"  # the target's device
     draft_device: str | None = None  # defaults to ``device``; the paper put the draft on cuda:1
     trust_remote_code: bool = False
+    quantize: str | None = None  # "int8": CPU int8 linear layers (see Int8Linear); dtype float32
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ModelLoadError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.quantize is not None:
+            if self.quantize not in QUANTIZATIONS:
+                raise ModelLoadError(f"unknown quantization {self.quantize!r}; choose one of "
+                                     f"{', '.join(QUANTIZATIONS)} (or none)")
+            if self.dtype != "float32" or any(not d.startswith("cpu") for d in
+                                              (self.device, self.draft_device or self.device)):
+                raise ModelLoadError("quantize='int8' runs on the CPU around float32 activations: "
+                                     "use dtype float32 and device cpu")
 
 
 @dataclass
@@ -339,7 +351,120 @@ def load_pair(config: PairConfig) -> ModelPair:
         role: {"source": m.source, "resolved": m.resolved, "sha256": m.sha256,
                "architecture": type(m.model).__name__,
                "parameters": sum(p.numel() for p in m.model.parameters()),
-               "device": str(m.device)}
+               "device": str(m.device), "quantize": config.quantize}
         for role, m in (("draft", draft), ("target", target))
     }
+    if config.quantize == "int8":
+        for m in (draft, target):
+            quantize_int8(m.model)
+        use_rowwise_attention(target.model)  # the target's logits must not depend on the batch
     return ModelPair(draft=draft, target=target, vocab_size=vocab, provenance=provenance)
+
+
+# --- int8 on the CPU ------------------------------------------------------------------------------
+
+
+class Int8Linear(torch.nn.Module):
+    """A float32 ``nn.Linear`` run in int8 on the CPU (fbgemm), batch-invariant.
+
+    Weights are int8 per output channel. Each input row (token) is scaled by its own absolute
+    maximum to [-1, 1] and quantised to int8 on the fly: per-token dynamic quantisation. fbgemm's
+    dynamic kernel picks one activation range per call, from the whole batch; a constant extra row
+    holding -1 and 1 pins that range to [-1, 1], so a token's result depends on that token alone and
+    a k-token tree pass gives bit for bit the logits of k one-token passes. That keeps greedy
+    speculative decoding exactly lossless against plain decoding of the same int8 model. Integer
+    products are exact, so the cost of a pass barely grows with the tokens in it up to about 8 on a
+    small CPU, where float32 and bfloat16 passes grow several times (BENCHMARKS.md).
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
+        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale.double(),
+                                                 torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        pin = torch.zeros(self.in_features)
+        pin[0], pin[-1] = -1.0, 1.0
+        self.register_buffer("pin", pin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        absmax = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12)
+        unit = torch.empty(len(rows) + 1, self.in_features)
+        torch.div(rows, absmax, out=unit[:-1])
+        unit[-1] = self.pin
+        out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)[:-1]
+        out = out.mul_(absmax) if self.bias is None else torch.addcmul(self.bias, out, absmax)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+ROWWISE_ATTENTION = "specscope_rowwise"
+
+
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      **kwargs):
+    """Attention computed query by query over exactly the keys that query may see.
+
+    A query's keys are gathered (in cache order) into one contiguous tensor, so a tree node that
+    sees the cache and its ancestors runs the same operations, on the same shapes and values, as
+    the same token decoded alone after those ancestors: the results agree bit for bit. Batched
+    kernels (SDPA, GEMMs over several queries) round differently as the number of queries changes,
+    which int8 activation rounding then amplifies. Prefills run row-wise too (about 1.35x the
+    time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted
+    generation, whose first pass feeds the prompt and the draft's tokens together, computes the
+    prompt as plain decoding does. Batches of several sequences go to SDPA.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, queries, dim = query.shape
+    if batch != 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    kv_heads, keys = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else dim ** -0.5
+    if attention_mask is None:  # causal, aligned to the end of the cache
+        allowed = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    elif attention_mask.dtype == torch.bool:
+        allowed = attention_mask[0, 0]
+    else:
+        allowed = attention_mask[0, 0] == 0
+    q = query[0].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
+    out = torch.empty(queries, heads, dim, dtype=query.dtype, device=query.device)
+    for i in range(queries):
+        index = allowed[i].nonzero().flatten()
+        k = key[0].index_select(1, index)  # [kv_heads, n, dim]
+        v = value[0].index_select(1, index)
+        weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)) * scale, dim=-1)
+        out[i] = torch.matmul(weights, v).reshape(heads, dim)
+    return out[None], None
+
+
+def use_rowwise_attention(model) -> None:
+    """Switch ``model`` to :func:`rowwise_attention` (registered with transformers once)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ROWWISE_ATTENTION)
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` of a float32 CPU model by :class:`Int8Linear`, in place."""
+    if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
+        raise ModelLoadError("int8 quantisation needs a float32 model on the CPU (dtype float32)")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ModelLoadError("int8 quantisation needs torch's fbgemm engine (an x86 CPU build)")
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(module, child_name, Int8Linear(child))
+    return model
