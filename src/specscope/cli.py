@@ -608,7 +608,7 @@ def bench(
     from .router import (LearnedRouter, RuleRouter, holdout_split, prompt_text,
                          router_accuracy)
 
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 140)  # full tables in logs too
     try:
         config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
                              chain_depth=chain_depth, min_path_prob=min_path_prob,

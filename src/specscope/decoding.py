@@ -586,11 +586,14 @@ def measure_costs(decoder: SpeculativeDecoder, context_len: int = 256,
     config = DecodeConfig(max_new_tokens=16)
     plain = plain_generate(decoder.target, context, config, decoder.vocab)
     per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
-    chain = decoder.generate(context, TreeShape.from_paths([(0,), (0, 0)]), config)
-    overhead = sorted(s.step_time_s - s.draft_time_s - s.verify_time_s for s in chain.steps[1:])
-    return CostModel(draft_s=tables[0], target_s=tables[1], plain_token_s=per_token,
-                     overhead_s=max(0.0, overhead[len(overhead) // 2]) if overhead else 0.0,
-                     context_len=context_len, hardware=hardware or _hardware())
+    model = CostModel(draft_s=tables[0], target_s=tables[1], plain_token_s=per_token,
+                      context_len=context_len, hardware=hardware or _hardware())
+    # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
+    # context): the median of real step times minus the model's prediction for them.
+    chain = TreeShape.from_paths([(0,), (0, 0)])
+    steps = decoder.generate(context, chain, config).steps[2:]  # after the prefill and one step
+    residual = sorted(s.step_time_s - model.step_time(chain) for s in steps)
+    return replace(model, overhead_s=max(0.0, residual[len(residual) // 2]) if residual else 0.0)
 
 
 def _hardware() -> str:
