@@ -266,13 +266,6 @@ class SpeculativeDecoder:
         return _Session(list(prompt), target_cache, draft_cache, len(prompt) - 1,
                         torch.Generator().manual_seed(config.seed), first_logits=logits)
 
-    def _first_token(self, s: _Session, config: DecodeConfig) -> int:
-        """The first new token, from the prefill's logits (as plain decoding takes it)."""
-        if config.greedy:
-            return int(s.first_logits.argmax())
-        probs = warp(s.first_logits, self.vocab, config.temperature, config.top_p).cpu()
-        return int(torch.multinomial(probs, 1, generator=s.generator))
-
     # draft --------------------------------------------------------------------------------------
 
     def _draft_root(self, s: _Session) -> torch.Tensor:
@@ -310,10 +303,12 @@ class SpeculativeDecoder:
         """Children are the draft's top tokens (greedy) or draws without replacement (sampling).
         Growth stops early once no frontier path has draft probability ``min_path_prob``."""
         fed: list[int] = []  # nodes in the draft cache, in order; context row of node n: 1 + index
-        rows: list[torch.Tensor] = []  # draft distribution at the root and at each fed node
+        rows: list[torch.Tensor] = []  # draft distribution at the root and at each fed node (sampling, min_path_prob)
         path_prob: dict[int, float] = {-1: 1.0}
 
         def scores(logits: torch.Tensor) -> torch.Tensor:
+            if config.greedy and not config.min_path_prob:
+                return logits  # the top tokens; no distribution needed
             temperature = config.temperature or 1.0
             q = warp(logits, self.vocab, temperature, 1.0 if config.greedy else config.top_p)
             rows.extend(q)
@@ -464,7 +459,7 @@ class SpeculativeDecoder:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         t_start = time.perf_counter()
         s = self._start(prompt, config, spec.max_depth)
-        first = self._first_token(s, config)  # the prefill pass gives it, as in plain decoding
+        first = next_token(s.first_logits, self.vocab, config, s.generator)  # as plain decoding does
         s.tokens.append(first)
         prefill_s = time.perf_counter() - t_start
         s.steps.append(DecodeStep(0, len(prompt), 0, 0, 1, 0.0, prefill_s, prefill_s))
@@ -499,6 +494,16 @@ def _append(out: list[int], emitted: list[int], budget: int, eos) -> tuple[list[
     return out, "max_new_tokens"
 
 
+def next_token(logits: torch.Tensor, vocab: int, config: DecodeConfig,
+               generator: torch.Generator) -> int:
+    """The target's next token from its logits at a context: argmax, or a draw from the warped
+    distribution."""
+    if config.greedy:
+        return int(logits[:vocab].argmax())
+    probs = warp(logits, vocab, config.temperature, config.top_p).cpu()
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 @torch.inference_mode()
 def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: DecodeConfig,
                    vocab: int, eos=frozenset()) -> DecodeResult:
@@ -518,11 +523,7 @@ def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: Decode
         t0 = time.perf_counter()
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits[0, -1]
-        if config.greedy:
-            token = int(logits[:vocab].argmax())
-        else:
-            probs = warp(logits, vocab, config.temperature, config.top_p).cpu()
-            token = int(torch.multinomial(probs, 1, generator=generator))
+        token = next_token(logits, vocab, config, generator)
         t1 = time.perf_counter()
         steps.append(DecodeStep(len(steps), len(prompt) + len(out), 0, 0, 1, 0.0, t1 - t0, t1 - t0))
         out.append(token)
