@@ -38,13 +38,15 @@ from specscope.analysis.report import (
     write_report,
 )
 from specscope.analysis.stats import (
+    ClusterBootstrap,
     Ranked,
     eta_squared_prompt_reps,
+    explained_share_reps,
     eta_squared_reps,
     pearson_reps,
     spearman_reps,
 )
-from specscope.analysis.synthetic import ESCAPE_PROBE, write_synthetic_run
+from specscope.analysis.synthetic import ESCAPE_PROBE, DomainProfile, write_synthetic_run
 from specscope.cli import app
 from specscope.records import (
     SCHEMA_VERSION,
@@ -131,7 +133,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory) -> Path:
-    return write_synthetic_run(tmp_path_factory.mktemp("syn") / "run", prompts_per_domain=8,
+    return write_synthetic_run(tmp_path_factory.mktemp("syn") / "run", prompts_per_domain=12,
                                steps=(10, 40), seed=3)
 
 
@@ -267,7 +269,49 @@ def test_effect_sizes_hand_computed(tiny):
     e = tiny.effects
     assert e.row("domain").alpha.value == approx(0.045 / 0.8)
     assert e.row("depth").alpha.value == approx(0.18 / 0.8)
-    assert e.row("domain − depth").alpha.value == approx((0.045 - 0.18) / 0.8)
+    # one prompt per domain: no noise can be estimated, so the corrected shares are the raw ones
+    assert e.row("domain (noise-corrected)").alpha.value == approx(0.045 / 0.8)
+    assert e.row("domain − depth (noise-corrected)").alpha.value == approx((0.045 - 0.18) / 0.8)
+
+
+def _explained_share_by_loops(prompt, strata, x, levels, K):
+    """Independent reference: level means, the stratified sandwich covariance, prompt by prompt."""
+    x = x - x.mean()
+    n = len(x)
+    w = np.array([(levels == k).sum() / n for k in range(K)])
+    m = np.array([x[levels == k].mean() if (levels == k).any() else 0.0 for k in range(K)])
+    grand = (w * m).sum()
+    raw = (w * (m - grand) ** 2).sum()
+    cov = np.zeros((K, K))
+    for h in np.unique(strata):
+        ps = np.flatnonzero(strata == h)
+        us = []
+        for p in ps:
+            u = np.zeros(K)
+            for k in range(K):
+                sel = (prompt == p) & (levels == k)
+                u[k] = (x[sel].sum() - m[k] * sel.sum()) / (levels == k).sum()
+            us.append(u)
+        us = np.array(us)
+        centred = us - us.mean(axis=0)
+        cov += len(ps) / (len(ps) - 1) * centred.T @ centred
+    noise = (w * np.diag(cov)).sum() - w @ cov @ w
+    return (raw - noise) / (x @ x / n - grand**2)
+
+
+def test_noise_corrected_share_matches_loops():
+    rng = np.random.default_rng(5)
+    P, K = 12, 3
+    strata = np.repeat([0, 1, 2], 4)
+    prompt = rng.integers(0, P, 400)
+    levels = rng.integers(0, K, 400)
+    x = rng.normal(size=400) + 0.3 * levels
+    boot = ClusterBootstrap.draw(strata, 0, seed=0)
+    got = explained_share_reps(boot, prompt, strata, x, levels, K)[0]
+    assert got == approx(_explained_share_by_loops(prompt, strata, x, levels, K), 1e-12)
+    # a prompt-level factor (each prompt's level is its stratum): the same formula
+    got = explained_share_reps(boot, prompt, strata, x, strata[prompt], 3)[0]
+    assert got == approx(_explained_share_by_loops(prompt, strata, x, strata[prompt], 3), 1e-12)
 
 
 def test_paradox_hand_computed(tiny):
@@ -421,13 +465,14 @@ def test_findings_cover_the_paper_claims(synthetic):
 
 def test_tau_contradicts_the_no_speedup_claim(tmp_path):
     # a run whose paper-style E[L] is below 1 although the verifier emits > 1 token per pass
-    run = write_synthetic_run(tmp_path / "low", prompts_per_domain=10, steps=40, seed=2)
+    low = {d: DomainProfile(0.35, 0.2, 1.0) for d in ("chat", "code", "math", "reasoning")}
+    run = write_synthetic_run(tmp_path / "low", prompts_per_domain=12, steps=40, seed=2,
+                              profiles=low)
     a = analyze(run, Settings(n_boot=200))
-    below = [r for r in a.paper.table2 if r.domain != ALL and r.expected_length.value < 1]
+    assert all(r.expected_length.hi < 1 for r in a.paper.table2)
     finding = next(f for f in a.findings if f.key == "below_one_no_speedup")
-    if below:
-        assert finding.verdict == Verdict.FAILS
-    assert all(r.min_tau >= 1 for r in a.tau)
+    assert finding.verdict == Verdict.FAILS
+    assert all(r.min_tau >= 1 for r in a.tau) and all(r.tau.lo > 1 for r in a.tau)
 
 
 def test_findings_untestable_without_chat(tmp_path):

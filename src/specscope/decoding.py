@@ -36,8 +36,10 @@ from .engine import crop, feed, grow_tree
 from .policies import CostModel, DynamicTree, Speculation
 from .trees import TreeShape
 
+from specscope.errors import SpecscopeError
 
-class DecodeError(ValueError):
+
+class DecodeError(SpecscopeError, ValueError):
     """A decoding request that cannot be served; the message says why."""
 
 

@@ -51,8 +51,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+from specscope.errors import SpecscopeError
 
-class PromptSourceError(ValueError):
+
+class PromptSourceError(SpecscopeError, ValueError):
     """Bad prompt input: the message says what was wrong and what is allowed."""
 
 

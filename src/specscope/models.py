@@ -30,11 +30,13 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from specscope.errors import SpecscopeError
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(SpecscopeError, RuntimeError):
     """A model or pair that cannot be loaded; the message says why and what to do."""
 
 

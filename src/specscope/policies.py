@@ -27,12 +27,14 @@ import pandas as pd
 
 from .trees import TreeConfig, TreeConfigError, TreeShape
 
+from specscope.errors import SpecscopeError
+
 DECODE_POLICIES = ("chain", "static", "paper", "paper-text", "dynamic", "optimal", "none")
 POLICY_FORMAT = "specscope-policy/1"
 ALL_DOMAINS = "all"  # the pooled acceptance vector: the uniform tree's input
 
 
-class PolicyError(ValueError):
+class PolicyError(SpecscopeError, ValueError):
     """A policy, policy file or tuning input that cannot be used; the message says why."""
 
 

@@ -34,6 +34,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from specscope.errors import SpecscopeError
+
 SCHEMA_VERSION = 1
 TABLES = ("nodes", "steps", "prompts")
 
@@ -108,7 +110,7 @@ SCHEMAS = {"nodes": NODE_SCHEMA, "steps": STEP_SCHEMA, "prompts": PROMPT_SCHEMA}
 TIMING_COLUMNS = ("draft_time_s", "verify_time_s", "step_time_s", "time_s")
 
 
-class RunDirError(ValueError):
+class RunDirError(SpecscopeError, ValueError):
     """A directory that is not a readable specscope run."""
 
 

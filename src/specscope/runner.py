@@ -33,10 +33,12 @@ from .records import (SCHEMA_VERSION, RunWriter, position_bin, read_manifest, to
                       write_json_atomic)
 from .trees import TreeConfig, TreeShape
 
+from specscope.errors import SpecscopeError
+
 PRESETS = ("paper", "demo")
 
 
-class RunConfigError(ValueError):
+class RunConfigError(SpecscopeError, ValueError):
     """A run config that cannot be used; the message names the field and what is allowed."""
 
 
@@ -138,7 +140,8 @@ class RunConfig:
 
 
 def load_config(source: str | Path | None) -> RunConfig:
-    """A config from a preset name (``paper``, ``demo``), a TOML file, or the defaults."""
+    """A config from a preset name (``paper``, ``demo``), a TOML file, a run's
+    ``manifest.json`` (its recorded config, to measure more like it), or the defaults."""
     if source is None:
         return RunConfig()
     if str(source) in PRESETS:
@@ -147,12 +150,17 @@ def load_config(source: str | Path | None) -> RunConfig:
         path = Path(source)
         if not path.is_file():
             raise RunConfigError(f"config {source} is neither a preset ({', '.join(PRESETS)}) "
-                                 "nor a TOML file")
+                                 "nor a TOML file or a run's manifest.json")
         text = path.read_text()
     try:
+        if str(source).endswith(".json"):
+            manifest = json.loads(text)
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+                raise RunConfigError(f"{source}: not a run manifest (it has no 'config' object)")
+            return RunConfig.from_dict(manifest["config"])
         return RunConfig.from_dict(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as e:
-        raise RunConfigError(f"{source}: invalid TOML: {e}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise RunConfigError(f"{source}: invalid {'JSON' if str(source).endswith('.json') else 'TOML'}: {e}") from None
     except TypeError as e:
         raise RunConfigError(f"{source}: {e}") from None
 

@@ -75,6 +75,8 @@ from .runner import (
 )
 from .trees import TreeConfig
 
+from specscope.errors import SpecscopeError
+
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
@@ -82,7 +84,7 @@ RAY_EXTRA_HINT = "pip install 'specscope[ray]'"
 AXES = {"pairs": "pair", "trees": "tree", "domains": "domain", "decode": "decode"}  # file key: axis
 
 
-class SweepError(ValueError):
+class SweepError(SpecscopeError, ValueError):
     """A sweep file, directory or execution that cannot go on; the message says why."""
 
 

@@ -17,12 +17,14 @@ from functools import cached_property
 
 import torch
 
+from specscope.errors import SpecscopeError
+
 Path = tuple[int, ...]
 
 POLICIES = ("paper", "paper-text", "chain", "static")
 
 
-class TreeConfigError(ValueError):
+class TreeConfigError(SpecscopeError, ValueError):
     """A tree policy or parameter out of range; the message says what is allowed."""
 
 

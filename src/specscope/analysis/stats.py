@@ -11,10 +11,18 @@ needs those sums weighted by how often each prompt was drawn. All resamples at o
 product with a ``(B + 1) x P`` weight matrix: row 0 is all ones (the sample itself, which gives the
 point estimate by the very same code path) and rows 1..B hold multinomial draw counts.
 
-Intervals are percentile intervals of the B replicates. An interval is left undefined (shown as
-"—") when the point estimate is undefined, when fewer than two prompts stand behind it (a cluster
-bootstrap of one cluster has no spread to measure), or when more than half of the replicates leave
-the statistic undefined (a cell that most resamples do not reach).
+Intervals are t intervals with a bootstrap standard error, built to stay honest at the sample
+sizes people run (2 to 50 prompts per domain): ``value ± t(df) * se``, where ``se`` is the standard
+deviation of the B replicates scaled by ``n / (n - 1)`` (a bootstrap of ``n`` clusters
+underestimates the variance by that factor), ``n`` the prompts per stratum behind the figure and
+``df`` = prompts - strata behind it. With many prompts this is the usual normal interval; with 2
+prompts per domain it is the classic two-sample t interval, wide as it must be (percentile
+intervals covered the truth about half the time there). The tests in ``tests/test_calibration.py``
+measure the coverage. An interval is left undefined (shown as "—") when the point estimate is
+undefined, when df < 1 (a cluster bootstrap of one cluster per stratum has no spread to measure),
+or when more than half of the replicates leave the statistic undefined (a cell that most
+resamples do not reach). Every :class:`Estimate` keeps its ``se`` and ``df`` so that tests at
+other levels (one-sided, multiplicity-corrected) use the same figures.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sps
 
 EMPTY = "—"  # how an undefined value is shown, everywhere
 
@@ -36,6 +45,8 @@ class Estimate:
     hi: float = math.nan
     n: int = 0  # observations behind the figure (nodes or steps)
     prompts: int = 0  # prompts behind the figure (the bootstrap's clusters)
+    se: float = math.nan  # standard error (bootstrap, small-sample corrected)
+    df: float = math.nan  # degrees of freedom of the t reference: prompts - strata
 
     @property
     def defined(self) -> bool:
@@ -47,6 +58,26 @@ class Estimate:
 
     def contains(self, x: float) -> bool:
         return self.has_interval and self.lo <= x <= self.hi
+
+    @property
+    def testable(self) -> bool:
+        return self.defined and math.isfinite(self.se) and math.isfinite(self.df) and self.df >= 1
+
+    def p_above(self, x: float = 0.0) -> float:
+        """One-sided p-value of "the true value exceeds x" (small: evidence that it does)."""
+        if not self.testable:
+            return math.nan
+        if self.se == 0:
+            return 0.0 if self.value > x else 1.0
+        return float(sps.t.sf((self.value - x) / self.se, self.df))
+
+    def p_below(self, x: float = 0.0) -> float:
+        """One-sided p-value of "the true value is below x"."""
+        if not self.testable:
+            return math.nan
+        if self.se == 0:
+            return 0.0 if self.value < x else 1.0
+        return float(sps.t.cdf((self.value - x) / self.se, self.df))
 
     def format(self, digits: int = 3, interval: bool = True, signed: bool = False) -> str:
         if not self.defined:
@@ -116,34 +147,43 @@ class ClusterBootstrap:
         return (self.weights @ flat).reshape((self.weights.shape[0],) + per_prompt.shape[1:])
 
     def estimates(self, reps: np.ndarray, n: np.ndarray | int = 0,
-                  prompts: np.ndarray | int = 0) -> np.ndarray:
-        """Turn ``(B + 1, *shape)`` replicates into an object array of :class:`Estimate`."""
+                  prompts: np.ndarray | int = 0, strata: np.ndarray | int = 1) -> np.ndarray:
+        """Turn ``(B + 1, *shape)`` replicates into an object array of :class:`Estimate`.
+
+        ``prompts`` and ``strata`` say how many prompts, from how many domains, stand behind each
+        figure: they set the small-sample correction and the t interval's degrees of freedom.
+        """
         reps = np.asarray(reps, dtype=float)
         shape = reps.shape[1:]
         n = np.broadcast_to(np.asarray(n), shape)
-        prompts = np.broadcast_to(np.asarray(prompts), shape)
+        prompts = np.broadcast_to(np.asarray(prompts), shape).astype(float)
+        strata = np.broadcast_to(np.maximum(np.asarray(strata), 1), shape).astype(float)
         value = reps[0]
-        lo = np.full(shape, np.nan)
-        hi = np.full(shape, np.nan)
+        se = np.full(shape, np.nan)
+        df = prompts - strata
         # Stratified by domain, resamples never vary where every domain has a single prompt:
         # then there is no interval to give.
-        if self.n_boot and np.any(self.weights[1:] != 1):
+        if self.n_boot >= 2 and np.any(self.weights[1:] != 1):
             boot = reps[1:]
-            finite = np.isfinite(boot).mean(axis=0)
-            ok = np.isfinite(value) & (finite >= 0.5) & (prompts >= 2)
+            finite = np.isfinite(boot)
+            ok = np.isfinite(value) & (finite.mean(axis=0) >= 0.5) & (df >= 1)
             if ok.any():
-                tail = (1 - self.confidence) / 2
-                q = np.nanquantile(boot[:, ok], [tail, 1 - tail], axis=0)
-                lo[ok], hi[ok] = q[0], q[1]
+                per_stratum = prompts[ok] / strata[ok]
+                sd = np.nanstd(boot[:, ok], axis=0, ddof=1)
+                se[ok] = sd * np.sqrt(per_stratum / (per_stratum - 1))
+        half = sps.t.ppf(0.5 + self.confidence / 2, np.where(df >= 1, df, 1)) * se
+        lo, hi = value - half, value + half
         out = np.empty(shape, dtype=object)
         for idx in np.ndindex(shape):
             out[idx] = Estimate(float(value[idx]), float(lo[idx]), float(hi[idx]),
-                                int(n[idx]), int(prompts[idx]))
+                                int(n[idx]), int(prompts[idx]), float(se[idx]),
+                                float(df[idx]) if math.isfinite(se[idx]) else math.nan)
         return out
 
-    def estimate(self, reps: np.ndarray, n: int = 0, prompts: int = 0) -> Estimate:
+    def estimate(self, reps: np.ndarray, n: int = 0, prompts: int = 0,
+                 strata: int = 1) -> Estimate:
         """One :class:`Estimate` from ``(B + 1,)`` replicates."""
-        return self.estimates(np.asarray(reps, dtype=float)[:, None], n, prompts)[0]
+        return self.estimates(np.asarray(reps, dtype=float)[:, None], n, prompts, strata)[0]
 
 
 # --- estimators: each returns (B + 1,) replicates, row 0 the point estimate -------------------------
@@ -281,3 +321,60 @@ def eta_squared_prompt_reps(boot: ClusterBootstrap, prompt: np.ndarray,
     s, n, q, between = boot.total(np.column_stack([per, between_p])).T
     grand = ratio(s**2, n)
     return ratio(between - grand, q - grand)
+
+
+def explained_share_reps(boot: ClusterBootstrap, prompt: np.ndarray, strata: np.ndarray,
+                         x: np.ndarray, levels: np.ndarray, n_levels: int) -> np.ndarray:
+    """Noise-corrected share of the variance of x explained by a factor (an unbiased eta^2).
+
+    eta^2 = sum_k w_k (m_k - m)^2 / Var(x), with w_k the share of observations at level k and m_k
+    their mean, is biased upward: the level means are estimates, and their noise adds
+    ``sum_k w_k Var(m_k - m)`` to the numerator. For a prompt-level factor (domain) that noise is
+    the prompt-to-prompt variance, large with few prompts; for a within-prompt factor (depth) it
+    is small. Comparing raw eta^2 of the two therefore favours the prompt-level factor even when
+    neither has any effect. Here the noise term is estimated from the prompt-clustered (and
+    domain-stratified) covariance of the level means and subtracted, so the share is about 0, of
+    either sign, when the factor has no effect: ``sum_k w_k S_kk - w' S w`` with S the sandwich
+    covariance of the level means, ``S = sum_h n_h / (n_h - 1) sum_{p in h} (u_p - ubar_h)
+    (u_p - ubar_h)'`` and ``u_pk = (s_pk - m_k n_pk) / n_k``.
+
+    ``prompt`` indexes the bootstrap's columns, ``strata`` gives each column's stratum (domain).
+    """
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return np.full(boot.n_boot + 1, np.nan)
+    x = x - x.mean()
+    P, K = boot.n_prompts, n_levels
+    cell = prompt.astype(np.int64) * K + levels
+    s = np.bincount(cell, weights=x, minlength=P * K).reshape(P, K)
+    c = np.bincount(cell, minlength=P * K).reshape(P, K).astype(float)
+    sq = np.bincount(prompt, weights=x * x, minlength=P)
+    outer = np.concatenate([np.einsum("pk,pj->pkj", a, b).reshape(P, K * K)
+                            for a, b in ((s, s), (s, c), (c, c))], axis=1)
+    S, C = boot.total(s), boot.total(c)  # (B + 1, K)
+    total = C.sum(axis=1)
+    m = np.nan_to_num(ratio(S, C))
+    w = ratio(C, total[:, None])
+    grand = (w * m).sum(axis=1)
+    raw = (w * (m - grand[:, None]) ** 2).sum(axis=1)
+    var_x = ratio(boot.total(sq), total) - grand**2
+
+    cov = np.zeros((boot.n_boot + 1, K, K))
+    for h in np.unique(strata):
+        cols = np.flatnonzero(strata == h)
+        n_h = len(cols)
+        if n_h < 2:
+            continue
+        sub = boot.subset(cols)
+        o = sub.total(outer[cols]).reshape(-1, 3, K, K)
+        ss, sc, cc = o[:, 0], o[:, 1], o[:, 2]
+        # sum_p w_p (s_pk - m_k c_pk)(s_pj - m_j c_pj)
+        mk, mj = m[:, :, None], m[:, None, :]
+        raw_uu = ss - mj * sc - mk * np.swapaxes(sc, 1, 2) + mk * mj * cc
+        u_h = sub.total(s[cols]) - m * sub.total(c[cols])  # (B + 1, K): sum_p w_p (s - m c)
+        centred = raw_uu - np.einsum("bk,bj->bkj", u_h, u_h) / n_h
+        cov += n_h / (n_h - 1) * centred
+    cov = cov / np.where(C > 0, C, 1.0)[:, :, None] / np.where(C > 0, C, 1.0)[:, None, :]
+    noise = (w * np.diagonal(cov, axis1=1, axis2=2)).sum(axis=1) - np.einsum(
+        "bk,bkj,bj->b", w, cov, w)
+    return ratio(raw - noise, var_x)

@@ -65,11 +65,17 @@ def _depths(parents: tuple[int, ...]) -> np.ndarray:
 def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] = 64,
                      seed: int = 0, profiles: dict[str, DomainProfile] | None = None,
                      parents: tuple[int, ...] = PAPER_PARENTS,
-                     ranks: tuple[int, ...] = PAPER_RANKS, run_id: str = "synthetic"):
+                     ranks: tuple[int, ...] = PAPER_RANKS, run_id: str = "synthetic",
+                     prompt_sd: float = 0.35, depth_effect: float = 0.0,
+                     entropy_effect: float = 0.6):
     """(nodes, steps, prompts) pyarrow tables of a synthetic run.
 
     ``steps`` is the number of generation steps per prompt, or a (low, high) range to draw from
-    (prompts that stop at EOS early).
+    (prompts that stop at EOS early). The log-odds that the draft's top token is the target's
+    greedy token are the domain's, plus a prompt effect ~ N(0, ``prompt_sd``), plus
+    ``depth_effect`` per depth below the roots, minus ``entropy_effect`` per nat of target entropy
+    above the domain's mean: every effect is known, which is what the calibration of the findings'
+    verdicts needs (``tests/test_calibration.py``).
     """
     profiles = PROFILES if profiles is None else profiles
     rng = np.random.default_rng(seed)
@@ -90,11 +96,12 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
     top = np.array([profiles[d].top for d in domains])[step_domain]
     second = np.array([profiles[d].second for d in domains])[step_domain]
     mean_h = np.array([profiles[d].entropy for d in domains])[step_domain]
-    prompt_effect = rng.normal(0, 0.35, size=P)[step_prompt]
+    prompt_effect = rng.normal(0, prompt_sd, size=P)[step_prompt]
 
     # Per (step, node): target entropy, then which child of each parent is the greedy token.
     entropy = rng.gamma(2.0, 1.0, size=(S, K)) * (mean_h / 2.0)[:, None]
-    logit = (np.log(top / (1 - top)) + prompt_effect)[:, None] - 0.6 * (entropy - mean_h[:, None])
+    logit = ((np.log(top / (1 - top)) + prompt_effect)[:, None] + depth_effect * (depth - 1)[None, :]
+             - entropy_effect * (entropy - mean_h[:, None]))
     p0 = 1 / (1 + np.exp(-logit))
     u = rng.random((S, K))  # one draw per (step, parent group); indexed by the group's first child
     group_first = {}

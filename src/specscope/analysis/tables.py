@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -48,6 +49,7 @@ from specscope.analysis.stats import (
     Ranked,
     eta_squared_prompt_reps,
     eta_squared_reps,
+    explained_share_reps,
     nan_estimate,
     pearson_reps,
     ratio,
@@ -68,6 +70,7 @@ class Settings:
     rank_bins: int = 32  # rank bins per variable in the Spearman bootstrap
     entropy_bins: int = 10  # quantile bins of target entropy in the entropy profile
     position_bucket: int = 8  # generation steps per bucket in the position profile
+    min_prompts: int = 10  # prompts per domain below which no verdict is given (calibrated)
 
 
 # --- the paper's tables ----------------------------------------------------------------------------
@@ -198,7 +201,7 @@ class DepthProfileRow:
     subset: str  # "all nodes", "sibling rank r", "top-1 chain"
     metric: str  # "alpha" or CONDITIONAL
     by_depth: tuple[Estimate, ...]
-    delta: Estimate  # depth D minus depth 1
+    delta: Estimate  # mean over prompts of the within-prompt difference, depth D minus depth 1
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,17 @@ class EffectSizes:
         return next((r for r in self.rows if r.factor == factor), None)
 
 
-DOMAIN_MINUS_DEPTH = "domain − depth"
+DOMAIN_MINUS_DEPTH = "domain − depth (noise-corrected)"
+
+
+@dataclass(frozen=True)
+class PairLead:
+    """The checked domain's mean minus one other domain's, per quantity."""
+
+    other: str
+    entropy: Estimate
+    alpha: Estimate
+    greedy: Estimate
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,7 @@ class ParadoxCheck:
     alpha_lead: Estimate
     greedy_lead: Estimate
     p_both: float  # share of resamples in which the domain tops both entropy and alpha
+    pairwise: tuple[PairLead, ...] = ()  # against each other domain (what the verdict tests)
 
 
 @dataclass(frozen=True)
@@ -285,6 +299,7 @@ class RunInfo:
     domains: tuple[str, ...]
     max_depth: int
     manifest: dict
+    domain_prompts: tuple[int, ...] = ()  # prompts with records, per domain (same order)
 
 
 @dataclass(frozen=True)
@@ -322,6 +337,7 @@ class _Cells:
     sums: np.ndarray  # (B + 1, G + 1, *shape)
     counts: np.ndarray  # (B + 1, G + 1, *shape)
     prompts: np.ndarray  # (G + 1, *shape): prompts with at least one observation in the cell
+    strata: np.ndarray  # (G + 1, *shape): domains with at least one such prompt
 
     @property
     def mean(self) -> np.ndarray:
@@ -371,21 +387,24 @@ class _Engine:
         t_sums = self.boot.total(sums).reshape((-1,) + shape)
         t_counts = self.boot.total(counts).reshape((-1,) + shape)
         present = (counts > 0).reshape((P,) + shape)
-        prompts = np.concatenate([present.sum(0), present.any(axis=1).sum(0)[None]], axis=0)
+        per_domain = present.sum(0)
+        prompts = np.concatenate([per_domain, present.any(axis=1).sum(0)[None]], axis=0)
+        strata = np.concatenate([np.minimum(per_domain, 1), (per_domain > 0).sum(0)[None]], axis=0)
         return _Cells(np.concatenate([t_sums, t_sums.sum(axis=1, keepdims=True)], axis=1),
                       np.concatenate([t_counts, t_counts.sum(axis=1, keepdims=True)], axis=1),
-                      prompts)
+                      prompts, strata)
 
     def estimates(self, reps: np.ndarray, cells: _Cells) -> np.ndarray:
         """Estimates of replicates shaped like ``cells`` (or like its leading dimensions)."""
-        n, prompts = cells.n, cells.prompts
+        n, prompts, strata = cells.n, cells.prompts, cells.strata
         extra = reps.ndim - 1 - n.ndim
         if extra < 0:  # a reduction over trailing dims: sum counts, max prompts
             axes = tuple(range(reps.ndim - 1, n.ndim))
-            n, prompts = n.sum(axis=axes), prompts.max(axis=axes)
-        return self.boot.estimates(reps, n, prompts)
+            n, prompts, strata = n.sum(axis=axes), prompts.max(axis=axes), strata.max(axis=axes)
+        return self.boot.estimates(reps, n, prompts, strata)
 
-    # Groups for correlations: each domain's nodes with its prompts' resamples, then All.
+    # Groups for correlations: each domain's nodes with its prompts' resamples (and its number of
+    # strata, 1), then All.
     def groups(self):
         nodes = self.rec.nodes
         for g, label in enumerate(self.rec.domains):
@@ -393,8 +412,8 @@ class _Engine:
             local = np.full(self.rec.n_prompts, -1)
             local[cols] = np.arange(len(cols))
             mask = nodes.domain == g
-            yield label, mask, self.boot.subset(cols), local[nodes.prompt[mask]]
-        yield ALL, np.ones(len(nodes), bool), self.boot, nodes.prompt
+            yield label, mask, self.boot.subset(cols), local[nodes.prompt[mask]], 1
+        yield ALL, np.ones(len(nodes), bool), self.boot, nodes.prompt, self.G
 
 
 def _depth_keys(rec: Records) -> tuple:
@@ -445,14 +464,14 @@ def paper_tables(eng: _Engine, metric: str) -> tuple[PaperTables, dict]:
 
     # Table VI
     rows6 = []
-    for lab, mask, boot, prompt in eng.groups():
+    for lab, mask, boot, prompt, strata in eng.groups():
         x, y = rec.nodes.entropy[mask], v[mask]
         n_g, p_g = int(mask.sum()), len(np.unique(prompt))
         rho = spearman_reps(boot, prompt, eng.ranked(lab, "entropy", x), y,
                             eng.settings.rank_bins)
         r = pearson_reps(boot, prompt, x, y)
-        rows6.append(CorrelationRow(lab, n_g, boot.estimate(rho, n_g, p_g),
-                                    boot.estimate(r, n_g, p_g)))
+        rows6.append(CorrelationRow(lab, n_g, boot.estimate(rho, n_g, p_g, strata),
+                                    boot.estimate(r, n_g, p_g, strata)))
 
     tables = PaperTables(rec.run.manifest.get("run_id", str(rec.run.path)), metric, depths, bins,
                          table1, table2, table3, table4, table5, tuple(rows6))
@@ -506,6 +525,38 @@ def acceptance_vector(eng: _Engine) -> AcceptanceVector:
     return AcceptanceVector(tuple(range(1, rec.max_depth + 1)), tuple(range(rec.n_ranks)), cells)
 
 
+def within_prompt_delta(eng: _Engine, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Estimates (G + 1,) of the mean over prompts of (mean at depth D - mean at depth 1).
+
+    Each prompt is compared with itself, so a depth trend cannot come from prompts that
+    contribute more nodes at one depth than at another (e.g. easy prompts, whose parents are
+    accepted more often, dominating the conditional rate at depth D). Prompts without nodes at
+    both depths are left out.
+    """
+    rec = eng.rec
+    nodes = rec.nodes
+    P, D = rec.n_prompts, rec.max_depth
+    if D < 2:
+        return eng.boot.estimates(np.full((eng.boot.n_boot + 1, eng.G + 1), np.nan))
+    idx = nodes.prompt[mask] * D + nodes.depth[mask] - 1
+    sums = np.bincount(idx, weights=values[mask], minlength=P * D).reshape(P, D)
+    counts = np.bincount(idx, minlength=P * D).reshape(P, D)
+    has = (counts[:, 0] > 0) & (counts[:, -1] > 0)
+    delta = np.where(has, ratio(sums[:, -1], counts[:, -1]) - ratio(sums[:, 0], counts[:, 0]), 0.0)
+    onehot = np.zeros((P, eng.G))
+    onehot[np.arange(P), rec.prompt_domain] = 1.0
+    num = eng.boot.total(onehot * delta[:, None])
+    den = eng.boot.total(onehot * has[:, None])
+    num = np.concatenate([num, num.sum(axis=1, keepdims=True)], axis=1)
+    den = np.concatenate([den, den.sum(axis=1, keepdims=True)], axis=1)
+    per_domain = (onehot * has[:, None]).sum(axis=0)
+    prompts = np.append(per_domain, per_domain.sum())
+    strata = np.append(np.minimum(per_domain, 1), (per_domain > 0).sum())
+    n = np.append([counts[has & (rec.prompt_domain == g)].sum() for g in range(eng.G)],
+                  counts[has].sum())
+    return eng.boot.estimates(ratio(num, den), n, prompts, strata)
+
+
 def depth_profile(eng: _Engine) -> DepthProfile:
     rec = eng.rec
     nodes = rec.nodes
@@ -516,24 +567,25 @@ def depth_profile(eng: _Engine) -> DepthProfile:
     everything = np.ones(len(nodes), bool)
     for metric, values, base in (("alpha", nodes.alpha, everything),
                                  (CONDITIONAL, nodes.greedy, nodes.eligible)):
-        blocks = [("all nodes", eng.cells(values, depth, base), None)]
+        blocks = [("all nodes", eng.cells(values, depth, base), None, base)]
         by_rank = eng.cells(values, depth + rank, base)
-        blocks += [(f"sibling rank {r}", by_rank, r) for r in range(rec.n_ranks)]
-        blocks.append(("top-1 chain", eng.cells(values, depth, base & nodes.on_chain), None))
-        for name, cells, r in blocks:
-            mean = cells.mean if r is None else cells.mean[..., r]
-            n = cells.n if r is None else cells.n[..., r]
-            prompts = cells.prompts if r is None else cells.prompts[..., r]
-            m_e = eng.boot.estimates(mean, n, prompts)
-            delta = (mean[..., -1] - mean[..., 0] if rec.max_depth > 1
-                     else np.full(mean.shape[:-1], np.nan))
-            d_e = eng.boot.estimates(delta, n.min(axis=-1), prompts.min(axis=-1))
+        blocks += [(f"sibling rank {r}", by_rank, r, base & (nodes.rank == r))
+                   for r in range(rec.n_ranks)]
+        chain = base & nodes.on_chain
+        blocks.append(("top-1 chain", eng.cells(values, depth, chain), None, chain))
+        for name, cells, r, subset in blocks:
+            pick = (lambda x: x) if r is None else (lambda x, r=r: x[..., r])
+            m_e = eng.boot.estimates(pick(cells.mean), pick(cells.n), pick(cells.prompts),
+                                     pick(cells.strata))
+            d_e = within_prompt_delta(eng, values, subset)
             rows += [DepthProfileRow(lab, name, metric, tuple(m_e[g]), d_e[g])
                      for g, lab in enumerate(labels)]
     return DepthProfile(tuple(range(1, rec.max_depth + 1)), tuple(rows))
 
 
 def effect_sizes(eng: _Engine) -> EffectSizes:
+    """Raw eta^2 per factor (descriptive), then the noise-corrected shares of domain and depth
+    and their difference, which the domain-vs-depth finding tests."""
     rec = eng.rec
     nodes = rec.nodes
     prompt = nodes.prompt
@@ -548,10 +600,15 @@ def effect_sizes(eng: _Engine) -> EffectSizes:
         reps[metric] = {name: eta_squared_reps(eng.boot, prompt, v, codes, size)
                         for name, (codes, size) in factors.items()}
         reps[metric]["prompt"] = eta_squared_prompt_reps(eng.boot, prompt, v)
-        reps[metric][DOMAIN_MINUS_DEPTH] = reps[metric]["domain"] - reps[metric]["depth"]
+        for name in ("domain", "depth"):
+            codes, size = factors[name]
+            reps[metric][f"{name} (noise-corrected)"] = explained_share_reps(
+                eng.boot, prompt, rec.prompt_domain, v, codes, size)
+        reps[metric][DOMAIN_MINUS_DEPTH] = (reps[metric]["domain (noise-corrected)"]
+                                            - reps[metric]["depth (noise-corrected)"])
     n, p = len(nodes), rec.n_prompts
-    rows = tuple(EffectRow(name, eng.boot.estimate(reps["alpha"][name], n, p),
-                           eng.boot.estimate(reps["greedy"][name], n, p))
+    rows = tuple(EffectRow(name, eng.boot.estimate(reps["alpha"][name], n, p, eng.G),
+                           eng.boot.estimate(reps["greedy"][name], n, p, eng.G))
                  for name in reps["alpha"])
     return EffectSizes(rows)
 
@@ -576,10 +633,17 @@ def paradox_check(eng: _Engine, entropy: np.ndarray, alpha: np.ndarray,
 
     counts = eng.cells(None)
     n, p = int(counts.n[live].sum()), int(counts.prompts[live].sum())
-    leads = [eng.boot.estimate(lead(m), n, p) for m in (entropy, alpha, greedy)]
+    leads = [eng.boot.estimate(lead(m), n, p, len(live)) for m in (entropy, alpha, greedy)]
     both = (lead(entropy)[1:] > 0) & (lead(alpha)[1:] > 0)
     p_both = float(both.mean()) if eng.boot.n_boot else math.nan
-    return ParadoxCheck(names[i], top["entropy"], top["alpha"], top["greedy"], *leads, p_both)
+    pairwise = []
+    for j in others:
+        n_ij = int(counts.n[live[i]] + counts.n[live[j]])
+        p_ij = int(counts.prompts[live[i]] + counts.prompts[live[j]])
+        pairwise.append(PairLead(names[j], *(eng.boot.estimate(m[:, i] - m[:, j], n_ij, p_ij, 2)
+                                             for m in (entropy, alpha, greedy))))
+    return ParadoxCheck(names[i], top["entropy"], top["alpha"], top["greedy"], *leads, p_both,
+                        tuple(pairwise))
 
 
 def _profile(eng: _Engine, name: str, axis: str, codes: np.ndarray, n_bins: int,
@@ -648,7 +712,9 @@ def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
     manifest = rec.run.manifest
     info = RunInfo(str(manifest.get("run_id", rec.run.path.name)), str(rec.run.path),
                    str(manifest.get("status", "unknown")), len(rec.nodes), len(rec.steps),
-                   rec.n_prompts, rec.domains, rec.max_depth, manifest)
+                   rec.n_prompts, rec.domains, rec.max_depth, manifest,
+                   tuple(int(c) for c in np.bincount(rec.prompt_domain,
+                                                     minlength=len(rec.domains))))
     analysis = Analysis(
         info=info, settings=settings, paper=paper, greedy=greedy, tau=tau,
         tau_distribution=tau_dist, acceptance_vector=acceptance_vector(eng),
@@ -656,4 +722,23 @@ def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
         entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
         findings=(), prompts=prompt_rows(rec), warnings=rec.warnings)
-    return replace(analysis, findings=evaluate_findings(analysis))
+    return replace(analysis, findings=evaluate_findings(analysis),
+                   warnings=analysis.warnings + small_sample_warnings(analysis))
+
+
+def small_sample_warnings(a: Analysis) -> tuple[str, ...]:
+    """A warning, with the command that would measure enough, when verdicts cannot be given."""
+    counts = dict(zip(a.info.domains, a.info.domain_prompts))
+    need = a.settings.min_prompts
+    if not counts or min(counts.values()) >= need:
+        return ()
+    have = ", ".join(f"{d} {n}" for d, n in counts.items())
+    prompts = a.info.manifest.get("config", {}).get("prompts", {}) or {}
+    if prompts.get("file"):
+        how = f"add prompts to {prompts['file']} until every domain has {need}"
+    else:
+        how = (f"specscope run --config {Path(a.info.path) / 'manifest.json'} --per-domain {need} "
+               f"--out {a.info.path}-n{need}")
+    return (f"too few prompts for verdicts: {have} per domain, verdicts need {need} (below that "
+            f"95% intervals cover the truth too rarely); every finding is 'not testable'. To "
+            f"measure enough: {how}",)
