@@ -144,3 +144,21 @@ def test_accepted_len_is_longest_accepted_path():
     assert record.nodes["greedy_accept"].tolist() == [bool(x) for x in (1, 0, 1, 0, 1, 1, 1, 0)]
     assert record.accepted_len == 3  # nodes 4, 5 accept but hang off a rejected root
     assert record.emitted_token == 0
+
+
+def test_one_tie_rule_for_records_and_decoder():
+    # two tokens tie for the target's top probability: the lower id is the greedy token, in the
+    # recorded greedy_accept and target_rank as in the emitted token and the decoder's verifier
+    from specscope.engine import StepScores, greedy_token, step_record
+    from specscope.trees import TreeShape
+
+    p = torch.tensor([[0.1, 0.4, 0.4, 0.1]] * 3)
+    q = torch.tensor([[0.1, 0.3, 0.5, 0.1]])
+    shape = TreeShape(parents=(-1, -1), ranks=(0, 1))
+    tokens = torch.tensor([2, 1])  # the draft's top token (2) and runner-up (1)
+    scores = StepScores(tokens, q, torch.tensor([0, 0]), p, 0.0, 0.0)
+    rec = step_record(scores, shape)
+    assert int(greedy_token(p[0])) == 1 == rec.emitted_token
+    assert list(rec.nodes["greedy_accept"]) == [False, True]
+    assert list(rec.nodes["target_rank"]) == [1, 0]
+    assert rec.accepted_len == 1

@@ -87,3 +87,20 @@ def test_missing_demo_part_names_the_extra(monkeypatch):
     monkeypatch.setitem(models.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
     with pytest.raises(ModelLoadError, match=r"pip install 'specscope\[demo\]'"):
         models.assemble_demo_gguf("fake", models.cache_dir() / "never.gguf")
+
+
+def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
+    # a missing optional package is a one-line error naming the extra, never a traceback
+    from specscope import errors, models
+    from specscope.cli import app
+    from typer.testing import CliRunner
+
+    real = errors.installed
+    monkeypatch.setattr(errors, "installed", lambda d: d != "accelerate" and real(d))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(errors.MissingExtraError, match=r"accelerate: pip install 'specscope\[gguf\]'"):
+        models._load_gguf(gguf, "float32")
+    result = CliRunner().invoke(app, ["decode", "hi", "--draft", str(gguf), "--target", str(gguf)])
+    assert result.exit_code == 2
+    assert "specscope[gguf]" in result.output and "Traceback" not in result.output

@@ -1,11 +1,19 @@
-"""The ``specscope`` command line: a thin layer over the library."""
+"""The ``specscope`` command line: a thin layer over the library.
+
+Every command turns specscope's expected failures (:class:`specscope.errors.SpecscopeError`) into
+one line on stderr and exit status 2; exit status 1 is a finding the command reports (certify's
+soundness violation); anything else with a traceback is a bug.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from .errors import SpecscopeError
 
 app = typer.Typer(
     name="specscope",
@@ -27,10 +35,23 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def command(*args, **kwargs):
+    """``app.command`` whose function turns any SpecscopeError into :func:`fail`."""
+    def register(function):
+        @functools.wraps(function)
+        def guarded(*a, **k):
+            try:
+                return function(*a, **k)
+            except SpecscopeError as e:
+                fail(str(e))
+        return app.command(*args, **kwargs)(guarded)
+    return register
+
+
 # --- run (measurement engine) ------------------------------------------------------------------
 
 
-@app.command()
+@command()
 def run(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to write (or resume)."),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
@@ -101,7 +122,7 @@ def run(
 # --- domains ----------------------------------------------------------------------------------
 
 
-@app.command()
+@command()
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
     from rich.console import Console
@@ -165,7 +186,7 @@ def _print_grids(grids) -> None:
         console.print()
 
 
-@app.command()
+@command()
 def analyze(
     run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
@@ -201,7 +222,7 @@ def analyze(
                f"{len(outputs.plots)} plots, {outputs.html}")
 
 
-@app.command()
+@command()
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
@@ -226,7 +247,7 @@ def report(
     typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots)}")
 
 
-@app.command()
+@command()
 def compare(
     run_dir: Path = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point)."),
     other: Optional[Path] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
@@ -260,7 +281,7 @@ def compare(
 # --- certify ----------------------------------------------------------------------------------
 
 
-@app.command()
+@command()
 def certify(
     run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
@@ -324,7 +345,7 @@ def certify(
 # --- sweep ------------------------------------------------------------------------------------
 
 
-@app.command()
+@command()
 def sweep(
     sweep_file: Path = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x (default: sweeps/NAME)."),
@@ -427,7 +448,7 @@ def _set_threads(threads: Optional[int]) -> None:
         torch.set_num_threads(threads)
 
 
-@app.command()
+@command()
 def decode(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
@@ -502,7 +523,7 @@ def decode(
         _write_records(steps_frame(result), records)
 
 
-@app.command()
+@command()
 def tune(
     run_dir: Path = typer.Argument(..., help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
@@ -572,7 +593,7 @@ def tune(
     typer.echo(f"wrote {path}")
 
 
-@app.command()
+@command()
 def bench(
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
@@ -668,3 +689,46 @@ def bench(
 
 if __name__ == "__main__":
     app()
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+@command()
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for a bug report)."),
+) -> None:
+    """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    console = Console()
+    hw = report.hardware
+    console.print(f"Python {report.python} on {report.platform}")
+    console.print("  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items()))
+    extras = Table(title="extras")
+    for column in ("extra", "for", "installed"):
+        extras.add_column(column)
+    for e in report.extras:
+        extras.add_row(e.name, e.purpose, "[green]yes[/]" if e.ok else
+                       "[red]no[/]: " + escape(f"{', '.join(e.missing)} (pip install 'specscope[{e.name}]')"))
+    console.print(extras)
+    console.print(f"cache: {report.cache_dir}")
+    for d in report.demo:
+        console.print(f"demo {d.role}: {d.parts_installed}/{d.parts_needed} part packages; bf16 "
+                      f"cache {'built' if d.cache_built else 'not built'} at {d.cache}")
+    console.print(f"CPU: {hw.cpu}, {hw.cores} cores, torch threads {hw.torch_threads}, "
+                  f"AVX2 {hw.avx2}, AVX512-BF16 {hw.avx512_bf16}, AMX {hw.amx}, torch kernels "
+                  f"{hw.torch_cpu_capability}")
+    console.print("GPU: " + (", ".join(hw.gpus) if hw.gpus else "none"))
+    for r in report.recommendations:
+        console.print(f"recommendation: {escape(r)}")

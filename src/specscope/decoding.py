@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import torch
 
-from .engine import crop, feed, grow_tree
+from .engine import crop, feed, greedy_token, grow_tree
 from .policies import CostModel, DynamicTree, Speculation
 from .trees import TreeShape
 
@@ -408,7 +408,7 @@ class SpeculativeDecoder:
 
     def _accept_greedy(self, tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
         """Follow the child equal to the target's argmax; the first miss is the bonus token."""
-        best = logits.argmax(-1).tolist()  # [1 + N]
+        best = greedy_token(logits).tolist()  # [1 + N]
         tokens = tree.tokens.tolist()
         path, node = [], -1
         while True:
@@ -501,7 +501,7 @@ def next_token(logits: torch.Tensor, vocab: int, config: DecodeConfig,
     """The target's next token from its logits at a context: argmax, or a draw from the warped
     distribution."""
     if config.greedy:
-        return int(logits[:vocab].argmax())
+        return int(greedy_token(logits[:vocab]))
     probs = warp(logits, vocab, config.temperature, config.top_p).cpu()
     return int(torch.multinomial(probs, 1, generator=generator))
 

@@ -59,6 +59,13 @@ def softmax(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.softmax(logits[..., :vocab].float(), dim=-1)
 
 
+def greedy_token(scores: torch.Tensor) -> torch.Tensor:
+    """The greedy choice at each row of logits or probabilities: the argmax, and on an exact tie
+    (common in bfloat16) the lowest token id. The one tie rule of specscope: the recorded
+    ``greedy_accept``, ``target_rank`` and emitted token, and the decoder's verifier, all use it."""
+    return scores.argmax(dim=-1)
+
+
 def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand,
               stop=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose every node's token, depth by depth, from the draft distribution at its parent.
@@ -267,6 +274,14 @@ def make_engine(name: str, draft, target, vocab: int):
 # --- records of one step ------------------------------------------------------------------------
 
 
+def _rank(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's rank under its row (0 = the greedy token), ties ordered by token id as in
+    :func:`greedy_token`."""
+    p_t = probs.gather(1, tokens.view(-1, 1))
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    return ((probs > p_t) | ((probs == p_t) & (ids < tokens.view(-1, 1)))).sum(-1)
+
+
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
 
@@ -289,8 +304,8 @@ def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
     tok = scores.tokens.view(N, 1)
     p_t = p_ctx.gather(1, tok).squeeze(1).double()
     q_t = q_ctx.gather(1, tok).squeeze(1).double()
-    top2 = torch.topk(p_ctx, 2, dim=-1)
-    greedy = top2.indices[:, 0] == scores.tokens
+    top2 = torch.topk(p_ctx, 2, dim=-1)  # values only: ties are settled by greedy_token
+    greedy = greedy_token(p_ctx) == scores.tokens
     kl = (p_ctx * (torch.log(p_ctx.clamp_min(1e-30)) - torch.log(q_ctx.clamp_min(1e-30)))).sum(-1)
 
     accepted = greedy.clone()
@@ -318,7 +333,7 @@ def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
         "target_top1_prob": host(top2.values[:, 0].double()),
         "target_margin": host((top2.values[:, 0] - top2.values[:, 1]).double()),
         "kl_target_draft": host(kl.double()),
-        "target_rank": host((p_ctx > p_t.float().view(N, 1)).sum(-1)).astype(np.int32),
+        "target_rank": host(_rank(p_ctx, scores.tokens)).astype(np.int32),
     }
-    emitted = int(torch.argmax(scores.p[0]))
+    emitted = int(greedy_token(scores.p[0]))
     return StepRecord(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)

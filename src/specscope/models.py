@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from specscope.errors import SpecscopeError
+from specscope.errors import SpecscopeError, require
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
@@ -225,10 +225,7 @@ def _load_gguf(path: Path, dtype: torch.dtype):
         extra = {}
     else:
         extra = {"quantization_config": GgufConfig(dequantize=True)}
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise ModelLoadError(f"loading {path} needs the gguf package: pip install 'specscope[gguf]'")
+    require("gguf", f"loading {path.name}", ("gguf", "accelerate"))  # transformers needs both
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                  attn_implementation="sdpa", **extra)
     # A dequantised model is a plain dense model: drop the GGUF quantisation marker so that it
@@ -278,7 +275,11 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     if kind == "demo":
         where = demo_checkpoint(where)
     if kind == "gguf":
-        return AutoTokenizer.from_pretrained(where.parent, gguf_file=where.name)
+        require("gguf", f"loading {where.name}", ("gguf", "accelerate"))
+        try:
+            return AutoTokenizer.from_pretrained(where.parent, gguf_file=where.name)
+        except Exception as e:  # a damaged or foreign file fails deep inside the GGUF reader
+            raise ModelLoadError(f"cannot read the tokenizer of GGUF file {source}: {e}") from None
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     except OSError as e:

