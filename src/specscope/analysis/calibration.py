@@ -171,10 +171,11 @@ def main(argv: list[str] | None = None) -> None:
         print(summary(rates).to_markdown(index=False))
         print()
         print(rates.to_markdown(index=False, floatfmt=".3f"))
-    print("\n## below the minimum: verdicts forced at 2 and 5 prompts per domain (null world)\n")
-    forced = pd.concat([verdict_rates(n, args.reps, args.steps, worlds=("null",), min_prompts=0)
-                        for n in (2, 5)])
-    print(forced.to_markdown(index=False, floatfmt=".3f"))
+    print("\n## below the minimum: verdicts forced at 2 and 5 prompts per domain\n")
+    for n in (2, 5):
+        forced = verdict_rates(n, args.reps, args.steps, min_prompts=0)
+        print(f"\n{n} prompts per domain:\n")
+        print(summary(forced).to_markdown(index=False))
     print("\n## coverage of the 95% interval of a domain's mean alpha (null world)\n")
     print(interval_coverage(reps=max(args.reps // 2, 20), steps=args.steps).to_markdown(
         index=False, floatfmt=".3f"))

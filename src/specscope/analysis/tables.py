@@ -740,5 +740,6 @@ def small_sample_warnings(a: Analysis) -> tuple[str, ...]:
         how = (f"specscope run --config {Path(a.info.path) / 'manifest.json'} --per-domain {need} "
                f"--out {a.info.path}-n{need}")
     return (f"too few prompts for verdicts: {have} per domain, verdicts need {need} (below that "
-            f"95% intervals cover the truth too rarely); every finding is 'not testable'. To "
-            f"measure enough: {how}",)
+            f"the tests rest on a handful of degrees of freedom and rarely detect even a real "
+            f"effect; see the README's calibration); every finding is 'not testable'. To measure "
+            f"enough: {how}",)
