@@ -343,12 +343,15 @@ def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp
 
 def test_ray_shard_errors_are_reported_and_the_rest_completes(ray_cluster, tiny_dirs, tmp_path):
     code = _prompts(tmp_path, "code", 2)
+    broken = tmp_path / "broken"  # passes the driver's checks, fails to load in the worker
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
     spec = parse_sweep({
         "defaults": {"max_new_tokens": 3, "prompts": {"file": str(code)}},
         "pairs": [{"name": "good", "draft": str(tiny_dirs["llama", "draft"]),
                    "target": str(tiny_dirs["llama", "target"]), "dtype": "float32"},
-                  {"name": "missing", "draft": str(tmp_path / "nope"),
-                   "target": str(tmp_path / "nope"), "dtype": "float32"}],
+                  {"name": "missing", "draft": str(broken),
+                   "target": str(broken), "dtype": "float32"}],
     })
     out = tmp_path / "out"
     with pytest.raises(SweepError, match=r"1 shard\(s\) failed \(missing/0\): ModelLoadError"):

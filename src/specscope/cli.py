@@ -85,7 +85,7 @@ def run(
     from .models import ModelLoadError
     from .records import RunDirError
     from .runner import RunConfigError, load_config, run_study
-    from .trees import TreeConfigError
+    from .trees import TreeConfigError, check_policy_options
 
     prompt_file = str(prompts) if prompts else None
     domain_list = tuple(d.strip() for d in domains.split(",") if d.strip()) if domains else None
@@ -108,6 +108,10 @@ def run(
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
             "chat_template": chat_template, "seed": seed,
         })
+        given = {name for name, value in (("top_k", top_k), ("branch", branch), ("depth", depth),
+                                          ("max_nodes", max_nodes), ("paths", paths))
+                 if value is not None}
+        check_policy_options(cfg.tree.policy, given)
         summary = run_study(cfg, out, overwrite=overwrite, progress=not quiet)
     except (RunConfigError, TreeConfigError, PromptSourceError, ModelLoadError, RunDirError) as e:
         fail(str(e))
@@ -203,8 +207,11 @@ def analyze(
     from .analysis.render import analysis_grids, findings_grid
     from .analysis.report import write_outputs
 
+    from .records import check_writable_dir
+
     if show not in ("main", "all", "none"):
         fail(f"--show must be main, all or none, not {show!r}")
+    check_writable_dir(out or run_dir / "analysis")
     (a,) = _analyses([run_dir], boot, seed, confidence)
     grids = analysis_grids(a)
     if show == "main":
@@ -236,12 +243,15 @@ def report(
     from .analysis.plots import plots_unavailable
     from .analysis.report import write_report
 
+    from .records import check_writable_file
+
     expanded, has_sweep = _expand_sweeps(run_dirs)
-    analyses = _analyses(expanded, boot, seed, confidence)
     if out is None:
         out = (run_dirs[0] / "report.html" if has_sweep and len(run_dirs) == 1
                else run_dirs[0] / "analysis" / "report.html" if len(expanded) == 1
                else Path("specscope-comparison.html"))
+    check_writable_file(out, (".html", ".htm"))
+    analyses = _analyses(expanded, boot, seed, confidence)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots)}")
@@ -261,6 +271,10 @@ def compare(
     from .analysis.report import compare as compare_runs
     from .analysis.report import compare_with_paper, summary_grid, write_tables
 
+    from .records import check_writable_dir
+
+    if out is not None:
+        check_writable_dir(out)
     expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
     analyses = _analyses(expanded, boot, seed, confidence)
     if has_sweep:
@@ -287,11 +301,14 @@ def certify(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin (needs matplotlib, the plot extra)."),
 ) -> None:
-    """Certificates of acceptance: distributions, certified steps, soundness, tree coverage (SPEC.md 5)."""
+    """Certificates of acceptance: distributions, certified steps, soundness, tree coverage (docs/theory.md)."""
     from rich.console import Console
     from rich.table import Table
 
-    from .records import RunDirError, load_run
+    from .records import RunDirError, check_writable_dir, load_run
+
+    if out is not None:
+        check_writable_dir(out)
     from .theory import certify_run, plot_certificates
 
     try:
@@ -317,7 +334,7 @@ def certify(
 
     show(report.criteria, f"acceptance certificates per step (nats; source: {report.source})", "criterion")
     show(report.trees, "tree coverage certificates per step (nats)", "tree")
-    pub = Table(title="published (SPEC.md 5: Qwen3-1.7B, UltraChat, greedy) vs this run")
+    pub = Table(title="published (Qwen3-1.7B, UltraChat, greedy) vs this run")
     for col in report.published.columns:
         pub.add_column(col, justify="left" if col in ("certificate", "statistic") else "right")
     for row in report.published.itertuples(index=False):
@@ -493,6 +510,10 @@ def decode(
         routed = None
         if policy_file is not None:
             policies = PolicyFile.load(policy_file)
+            if domain is not None and domain not in policies.trees:
+                raise PolicyError(f"{policy_file} has no domain {domain!r}; it has "
+                                  f"{', '.join(policies.trees) or 'none'} (omit --domain to "
+                                  "route by the prompt)")
             routed = domain or RuleRouter().classify(text)
             spec = policies.tree_for(routed)
         else:
@@ -597,7 +618,7 @@ def tune(
 def bench(
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
-    per_domain: int = typer.Option(2, help="Prompts per domain (held out from the tuning run)."),
+    per_domain: int = typer.Option(2, min=1, help="Prompts per domain (held out from the tuning run)."),
     max_new_tokens: int = typer.Option(48, help="Tokens to generate per prompt."),
     warmup: int = typer.Option(1, help="Untimed rounds of every method on the first prompt."),
     repeats: int = typer.Option(3, help="Timed runs per method and prompt (the median is kept)."),

@@ -556,11 +556,11 @@ def make_decoder(pair) -> SpeculativeDecoder:
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
-def _time_forward(model, cache, base: int, k: int, repeats: int) -> float:
+def _time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
     """Median seconds of one forward of ``k`` tokens over a cache of ``base`` entries."""
     times = []
     for _ in range(repeats):
-        ids = torch.randint(0, 1000, (k,))
+        ids = torch.randint(0, vocab, (k,))
         t0 = time.perf_counter()
         feed(model, cache, ids, torch.arange(base, base + k), torch.ones(k, base, dtype=torch.bool),
              torch.ones(k, k, dtype=torch.bool).tril())
@@ -584,8 +584,8 @@ def measure_costs(decoder: SpeculativeDecoder, context_len: int = 256,
         cache = DynamicCache(config=model.config)
         model(input_ids=torch.tensor([context], device=model.device), past_key_values=cache,
               use_cache=True, logits_to_keep=1)
-        _time_forward(model, cache, context_len, 1, 1)  # warm-up
-        tables.append(tuple((k, _time_forward(model, cache, context_len, k, repeats)) for k in sizes))
+        _time_forward(model, cache, context_len, 1, 1, decoder.vocab)  # warm-up
+        tables.append(tuple((k, _time_forward(model, cache, context_len, k, repeats, decoder.vocab)) for k in sizes))
     config = DecodeConfig(max_new_tokens=16)
     plain = plain_generate(decoder.target, context, config, decoder.vocab)
     per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]

@@ -129,8 +129,14 @@ def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
     path = Path(path)
     if not path.is_file():
         raise PromptSourceError(f"prompt file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise PromptSourceError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} "
+                                f"at offset {e.start}); save the file as UTF-8") from None
     items, seen = [], set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -31,6 +31,7 @@ import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from specscope.errors import SpecscopeError, require
+from specscope.fingerprint import model_fingerprint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
@@ -262,6 +263,9 @@ def resolve_source(source: str) -> tuple[str, Path | str]:
             raise ModelLoadError(f"GGUF file {source} does not exist")
         return "gguf", path
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{source} is not a transformers checkpoint: it has no "
+                                 "config.json (an empty or tokenizer-only directory?)")
         return "dir", path
     if path.exists() or source.startswith((".", "/", "~")):
         raise ModelLoadError(f"{source} is neither a model directory nor a .gguf file")
@@ -282,7 +286,7 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
             raise ModelLoadError(f"cannot read the tokenizer of GGUF file {source}: {e}") from None
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
-    except OSError as e:
+    except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot load the tokenizer of {source}: {e}") from None
 
 
@@ -298,14 +302,14 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
         where = demo_checkpoint(where)
     if kind == "gguf":
         model, tok = _load_gguf(where, torch_dtype)
-        sha = _sha256_file(where)
+        sha = model_fingerprint(where)
     else:
         try:
             with _quiet_loading():
                 model = AutoModelForCausalLM.from_pretrained(
                     where, dtype=torch_dtype, attn_implementation="sdpa",
                     trust_remote_code=trust_remote_code)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot load model {source}: {e}") from None
         tok = tokenizer or load_tokenizer(source, trust_remote_code)
     model.to(device).eval()
@@ -314,12 +318,38 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
                        resolved=str(where), sha256=sha)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
+def check_device(name: str) -> None:
+    """Raise unless ``name`` is a device torch can use on this machine."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {name} was asked for, but this torch ({torch.__version__}) "
+                                 "sees no CUDA GPU here; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {name} does not exist: this machine has "
+                                 f"{torch.cuda.device_count()} GPU(s), cuda:0 to "
+                                 f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {name} was asked for, but MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device {name!r} is not supported; use cpu, cuda, cuda:N or mps")
+
+
+def model_identity(source: str) -> dict:
+    """A model's absolute source and weight fingerprint, found without loading it: the pinned
+    sha256 of a demo model, a cached sha256 over a local file or directory, and None for a hub
+    id (its commit is recorded once it is loaded)."""
+    kind, where = resolve_source(source)
+    if kind == "demo":
+        if where not in DEMO_MODELS:
+            raise ModelLoadError(f"unknown demo model demo:{where}; choose demo:draft or demo:target")
+        return {"source": source, "fingerprint": DEMO_MODELS[where].sha256}
+    if kind in ("gguf", "dir"):
+        return {"source": str(Path(where).resolve()), "fingerprint": model_fingerprint(where)}
+    return {"source": source, "fingerprint": None}
 
 
 def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
@@ -338,7 +368,9 @@ def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
 
 
 def load_pair(config: PairConfig) -> ModelPair:
-    """Load tokenizers, check that they agree, then load both models."""
+    """Check the devices, load tokenizers, check that they agree, then load both models."""
+    for device in (config.device, config.draft_device or config.device):
+        check_device(device)
     draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
     target_tok = load_tokenizer(config.target, config.trust_remote_code)
     check_vocabularies(draft_tok, target_tok)
@@ -351,7 +383,8 @@ def load_pair(config: PairConfig) -> ModelPair:
         raise ModelLoadError(f"the models' output layers ({vocab} rows) are smaller than the "
                              f"tokenizer's vocabulary ({len(target_tok)})")
     provenance = {
-        role: {"source": m.source, "resolved": m.resolved, "sha256": m.sha256,
+        role: {**model_identity(m.source), "resolved": m.resolved, "sha256": m.sha256,
+               "commit": getattr(m.model.config, "_commit_hash", None),
                "architecture": type(m.model).__name__,
                "parameters": sum(p.numel() for p in m.model.parameters()),
                "device": str(m.device), "quantize": config.quantize}

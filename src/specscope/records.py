@@ -25,10 +25,12 @@ last, is still the commit marker (write, then marker).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -259,6 +261,21 @@ class RunWriter:
             counts[name] = table.num_rows
         return counts
 
+    def damaged(self, counts: dict[str, int]) -> list[str]:
+        """The consolidated files that are missing, unreadable or disagree with ``counts``."""
+        bad = []
+        for name in TABLES:
+            path = f"{self.root}/{name}.parquet"
+            try:
+                rows = pq.ParquetFile(path, filesystem=self.fs).metadata.num_rows
+                pq.read_table(path, filesystem=self.fs)  # every page, not only the footer
+            except (pa.ArrowException, OSError):
+                bad.append(name)
+                continue
+            if name in counts and rows != counts[name]:
+                bad.append(name)
+        return bad
+
     def read_manifest(self) -> dict | None:
         """The run's manifest.json, or None where there is none yet."""
         return read_json(self.fs, f"{self.root}/manifest.json")
@@ -266,6 +283,53 @@ class RunWriter:
     def write_manifest(self, manifest: dict) -> None:
         """Write manifest.json whole (renamed into place on a local disk)."""
         write_file(self.fs, f"{self.root}/manifest.json", json_bytes(manifest))
+
+
+# What specscope writes into a run directory; --overwrite removes these and nothing else.
+RUN_FILES = ("manifest.json", *(f"{name}.parquet" for name in TABLES))
+RUN_DIRS = ("parts", "analysis", "certify")
+
+
+def remove_run(location: str | Path, filesystem: pafs.FileSystem | None = None) -> None:
+    """Remove what specscope wrote in a run directory (manifest, records, parts, analysis),
+    leaving any other file; the directory itself goes only if that leaves it empty."""
+    fs, root = open_location(location, filesystem)
+    for name in RUN_FILES:
+        if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File:
+            fs.delete_file(f"{root}/{name}")
+    for name in RUN_DIRS:
+        if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.Directory:
+            fs.delete_dir(f"{root}/{name}")
+    if (fs.get_file_info(root).type == pafs.FileType.Directory
+            and not fs.get_file_info(pafs.FileSelector(root))):
+        fs.delete_dir(root)
+
+
+def check_writable_dir(path: Path) -> None:
+    """Raise RunDirError unless ``path`` is, or can be created as, a directory we may write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{path} is a file, not a directory; give a directory")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RunDirError(f"cannot create {path}: {probe} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirError(f"cannot write to {probe}: permission denied or read-only")
+
+
+def check_writable_file(path: Path, suffixes: tuple[str, ...] = ()) -> None:
+    """Raise RunDirError unless ``path`` can be written as a file (of one of ``suffixes``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise RunDirError(f"{path} is a directory; give a file name"
+                          + (f" ending in {' or '.join(suffixes)}" if suffixes else ""))
+    if suffixes and path.suffix not in suffixes:
+        raise RunDirError(f"{path} must end in {' or '.join(suffixes)}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise RunDirError(f"cannot write {path}: permission denied or read-only")
+    check_writable_dir(path.parent)
 
 
 def read_manifest(run_dir: Path) -> dict:
@@ -306,9 +370,87 @@ def _read_table(run_dir: Path, name: str) -> pd.DataFrame:
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Read a run directory (finished or interrupted) into DataFrames."""
+    """Read a run directory (finished or interrupted) into DataFrames, checked by
+    :func:`check_records`."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory")
     manifest = read_manifest(run_dir)
-    return Run(run_dir, manifest, *(_read_table(run_dir, name) for name in TABLES))
+    run = Run(run_dir, manifest, *(_read_table(run_dir, name) for name in TABLES))
+    check_records(run)
+    return run
+
+
+# --- checks on read ---------------------------------------------------------------------------------
+
+UNIT = (0.0, 1.0 + 1e-6)  # probabilities, with room for float rounding
+NONNEGATIVE = (0.0, math.inf)
+MAX_NATS = 17.0  # log of 2^24 tokens: no entropy or certificate of a real vocabulary exceeds it
+RANGES = {
+    "nodes": {"alpha": UNIT, "p_draft": UNIT, "p_target": UNIT, "target_top1_prob": UNIT,
+              "target_margin": UNIT, "target_entropy": (0.0, MAX_NATS),
+              "draft_entropy": (0.0, MAX_NATS), "kl_target_draft": (-1e-6, math.inf),
+              "step": NONNEGATIVE, "node_id": NONNEGATIVE, "parent_id": (-1, math.inf),
+              "depth": (1, math.inf), "sibling_rank": NONNEGATIVE, "target_rank": NONNEGATIVE,
+              "token_id": NONNEGATIVE},
+    "steps": {"step": NONNEGATIVE, "context_len": (1, math.inf), "tree_size": NONNEGATIVE,
+              "accepted_len": NONNEGATIVE, "tau": (1, math.inf), "emitted_token": NONNEGATIVE,
+              "draft_time_s": NONNEGATIVE, "verify_time_s": NONNEGATIVE,
+              "step_time_s": NONNEGATIVE},
+    "prompts": {"prompt_tokens": NONNEGATIVE, "generated_tokens": NONNEGATIVE},
+}
+KEYS = {"nodes": ("run_id", "prompt_id", "domain", "step", "node_id"),
+        "steps": ("run_id", "prompt_id", "domain", "step"),
+        "prompts": ("run_id", "prompt_id", "domain")}
+
+
+def certificate_bound(column: str) -> float:
+    """The largest finite value a recorded certificate can take: log(m + 1) for tree coverage
+    with m candidates, log 2 for strict greedy, else the log of any real vocabulary (infinity
+    means the criterion rejects no drafter there)."""
+    if column.startswith("cert_tree_m") and column[len("cert_tree_m"):].isdigit():
+        return math.log(int(column[len("cert_tree_m"):]) + 1)
+    return math.log(2) if column == "cert_greedy" else MAX_NATS
+
+
+def check_records(run: Run) -> None:
+    """Raise RunDirError naming the table, column and rows when records are damaged: row counts
+    or prompt ids that disagree with the manifest, missing keys, values out of their range."""
+    where = run.path
+    counts = run.manifest.get("counts") or {}
+    complete = run.manifest.get("status") == "complete"
+    for name in TABLES:
+        df = getattr(run, name)
+        if complete and name in counts and len(df) != counts[name]:
+            raise RunDirError(
+                f"{where}: {name} records have {len(df)} rows, the manifest says {counts[name]}: "
+                f"{name}.parquet is damaged; run the same `specscope run` command again to "
+                f"rebuild it from parts/")
+        for key in KEYS[name]:
+            if key in df and df[key].isna().any():
+                raise RunDirError(f"{where}: {int(df[key].isna().sum())} {name} rows have no "
+                                  f"{key}: the records are damaged")
+        ranges = dict(RANGES[name])
+        ranges.update({c: (0.0, certificate_bound(c) + 1e-6)
+                       for c in df.columns if c.startswith("cert_")})
+        for column, (lo, hi) in ranges.items():
+            if column not in df or len(df) == 0:
+                continue
+            values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+            nullable = column.startswith("cert_") or column.endswith("_time_s")
+            bad = ~((values >= lo) & (values <= hi))
+            if nullable:
+                bad &= ~np.isnan(values)
+            if column.startswith("cert_"):
+                bad &= values != math.inf  # nothing the criterion rejects: no finite certificate
+            if bad.any():
+                first = float(values[bad][0])
+                raise RunDirError(
+                    f"{where}: {int(bad.sum())} {name} rows have {column} outside "
+                    f"[{lo:g}, {hi:g}] (e.g. {first!r}): the records are damaged")
+    ids = run.manifest.get("prompts", {}).get("ids")
+    if ids is not None and len(run.prompts):
+        unknown = set(run.prompts["prompt_id"]) - set(ids)
+        if unknown:
+            raise RunDirError(f"{where}: prompts {sorted(unknown)[:3]} are not in the manifest's "
+                              "prompt list: the records do not belong to this run")

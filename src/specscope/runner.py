@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import platform
-import shutil
 import subprocess
 import time
 import tomllib
@@ -27,13 +26,15 @@ import torch
 from . import __version__
 from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl, sample_items
 from .engine import ENGINES, make_engine, step_record
-from .models import ModelPair, PairConfig, load_pair
+from .fingerprint import prompt_sha256
+from .models import ModelPair, PairConfig, load_pair, model_identity
 from .theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
-from .records import (SCHEMA_VERSION, RunWriter, position_bin, read_manifest, to_table,
-                      write_json_atomic)
+from .records import (SCHEMA_VERSION, RunWriter, check_writable_dir, position_bin,
+                      read_manifest, remove_run, to_table, write_json_atomic)
 from .trees import TreeConfig, TreeShape
 
 from specscope.errors import SpecscopeError
+from specscope.validate import check_fields
 
 PRESETS = ("paper", "demo")
 
@@ -106,21 +107,31 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
+        """A config from TOML- or JSON-like data; every value's type is checked, by field."""
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise RunConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
-        if isinstance(data.get("criteria"), dict):
-            data["criteria"] = CriteriaConfig.from_dict(data["criteria"])
+        check_fields(cls, data, RunConfigError)
+        try:
+            if isinstance(data.get("criteria"), dict):
+                data["criteria"] = CriteriaConfig.from_dict(data["criteria"])
+        except (TypeError, ValueError) as e:
+            if isinstance(e, SpecscopeError):
+                raise
+            raise RunConfigError(f"criteria: {e}") from None
         nested = {"pair": PairConfig, "tree": TreeConfig, "prompts": PromptSpec}
         for key, kind in nested.items():
             if key in data:
+                if not isinstance(data[key], dict):
+                    raise RunConfigError(f"[{key}] must be a table, got {data[key]!r}")
                 section = dict(data[key])
                 allowed = {f.name for f in dataclasses.fields(kind)}
                 if set(section) - allowed:
                     raise RunConfigError(f"unknown keys {sorted(set(section) - allowed)} in "
                                          f"[{key}]; allowed: {sorted(allowed)}")
+                check_fields(kind, section, RunConfigError, f"{key}.")
                 for name in ("domains", "sources"):
                     if name in section and section[name] is not None:
                         section[name] = tuple(tuple(x) if isinstance(x, list) else x
@@ -353,23 +364,67 @@ def run_manifest(config: RunConfig, items: list[PromptItem], empty: list[str], m
     }
 
 
-def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> dict | None:
-    """Check ``out_dir`` before any expensive work; return the existing manifest, if resuming."""
-    manifest_path = out_dir / "manifest.json"
-    if overwrite and out_dir.exists():
-        shutil.rmtree(out_dir)
-    if not manifest_path.is_file():
+@dataclass
+class RunDirState:
+    """What an output directory holds, checked before any model loads or anything is written."""
+
+    manifest: dict | None  # the run to resume, if any
+    replace: bool  # specscope's files there are removed before the first write
+
+
+def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDirState:
+    """Check ``out_dir`` before any expensive work. Nothing is deleted here.
+
+    A directory that is not a specscope run is never touched (``--overwrite`` only replaces a
+    run); a run with another config is refused unless ``overwrite``, or unless it never committed
+    a prompt (a failed start loses nothing by being replaced).
+    """
+    check_writable_dir(out_dir)
+    if not (out_dir / "manifest.json").is_file():
         if out_dir.exists() and any(out_dir.iterdir()):
-            raise RunConfigError(f"{out_dir} exists and is not a specscope run; choose an empty "
-                                 "or new directory")
-        return None
+            raise RunConfigError(f"{out_dir} exists and is not a specscope run (no manifest.json); "
+                                 "choose an empty or new directory (--overwrite only replaces a "
+                                 "specscope run)")
+        return RunDirState(None, False)
+    if overwrite:
+        return RunDirState(None, True)
     manifest = read_manifest(out_dir)
     if manifest.get("run_id") != config.run_id:
+        if not RunWriter(out_dir).done_prompt_ids():
+            return RunDirState(None, True)
         diff = config_differences(manifest, config)
         raise RunConfigError(
             f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
             "use another directory, or --overwrite to start over")
-    return manifest
+    return RunDirState(manifest, False)
+
+
+def prompt_hashes(items: list[PromptItem]) -> dict[str, str]:
+    return {item.id: prompt_sha256(item.messages) for item in items}
+
+
+def check_identity(out_dir: Path, manifest: dict, hashes: dict[str, str],
+                   models: dict[str, dict]) -> None:
+    """Refuse to resume a run whose prompts or models changed since it started, naming them."""
+    before = manifest.get("prompts", {}).get("sha256") or {}
+    changed = sorted(pid for pid, h in hashes.items() if pid in before and before[pid] != h)
+    if changed:
+        raise RunConfigError(
+            f"{out_dir}: the text of prompt(s) {', '.join(changed[:5])} changed since the run "
+            "started (same id, other messages); use another directory, or --overwrite")
+    for role, now in models.items():
+        old = (manifest.get("models") or {}).get(role) or {}
+        if old.get("fingerprint") and now.get("fingerprint") and old["fingerprint"] != now["fingerprint"]:
+            raise RunConfigError(
+                f"{out_dir}: the {role} model at {now['source']} changed since the run started "
+                f"(weights fingerprint {old['fingerprint'][:12]}... now {now['fingerprint'][:12]}...); "
+                "use another directory, or --overwrite")
+
+
+def check_tree_fits(shape: TreeShape, vocab: int) -> None:
+    if max(shape.ranks) >= vocab:
+        raise RunConfigError(f"the tree asks for the draft's token of rank {max(shape.ranks)}, but "
+                             f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})")
 
 
 def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
@@ -381,22 +436,37 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
 
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
+    console = Console(stderr=True)
+    # Every input is checked before a model loads or a file is written or removed.
     shape = config.tree.shape()
     items = config.prompts.select(config.seed)
     empty = [item.id for item in items if item.is_empty]
     items = [item for item in items if not item.is_empty]
-    existing = prepare_run_dir(out_dir, config, overwrite)
+    state = prepare_run_dir(out_dir, config, overwrite)
+    existing = state.manifest
+    hashes = prompt_hashes(items)
+    if existing is not None:
+        check_identity(out_dir, existing, hashes,
+                       {"draft": model_identity(config.pair.draft),
+                        "target": model_identity(config.pair.target)})
     writer = RunWriter(out_dir)
-    done = writer.done_prompt_ids()
+    done = set() if state.replace else writer.done_prompt_ids()
     todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
     run_id = config.run_id
     if not todo and existing and existing.get("status") == "complete":
+        if writer.damaged(existing.get("counts") or {}):
+            existing.update(counts=writer.consolidate())
+            write_json_atomic(existing, out_dir / "manifest.json")
+            console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/")
         return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
                           time.perf_counter() - t_start, already_complete=True)
 
-    console = Console(stderr=True)
     pair = pair or load_pair(config.pair)
+    check_tree_fits(shape, pair.vocab_size)
+    if state.replace:
+        remove_run(out_dir)
     manifest = run_manifest(config, items, empty, pair.provenance, (existing or {}).get("created"))
+    manifest["prompts"]["sha256"] = hashes
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(manifest, out_dir / "manifest.json")
     if empty:

@@ -60,8 +60,8 @@ import torch
 from . import __version__
 from .domains import PromptItem
 from .engine import make_engine
-from .models import ModelLoadError, ModelPair, PairConfig, load_pair
-from .records import RunWriter, json_bytes, open_location, read_json, write_file
+from .models import ModelLoadError, ModelPair, PairConfig, load_pair, resolve_source
+from .records import RunWriter, json_bytes, open_location, read_json, remove_run, write_file
 from .runner import (
     PromptSpec,
     RunConfig,
@@ -217,6 +217,9 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
     fields = {f.name: f for f in dataclasses.fields(kind)}
     if not isinstance(entries, list):
         raise SweepError(f"{axis}: expected a list of tables ([[{axis}]]), got {type(entries).__name__}")
+    if not entries:
+        raise SweepError(f"{axis}: an empty list; give at least one entry, or leave the axis out "
+                         "to keep the base's")
     variants = []
     for i, entry in enumerate(entries):
         if isinstance(entry, str) and axis in ("trees", "domains"):
@@ -234,6 +237,9 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
                 name = (Path(entry["file"]).stem if entry.get("file")
                         else "+".join(entry.get("domains", ())) or f"prompts{i}")
         grid = [k for k, v in entry.items() if isinstance(v, list) and k not in ("domains", "sources")]
+        for k in grid:
+            if not entry[k]:
+                raise SweepError(f"{axis}[{i}].{k}: an empty list; give at least one value")
         for values in itertools.product(*(entry[k] for k in grid)):
             chosen = {**entry, **dict(zip(grid, values))}
             suffix = "".join(f"-{k}{v}" for k, v in zip(grid, values))
@@ -260,6 +266,9 @@ def _decode(table: Any) -> tuple[Variant, ...]:
                              "or section.key")
     keys = list(table)
     values = [v if isinstance(v, list) else [v] for v in table.values()]
+    for key, v in zip(keys, values):
+        if not v:
+            raise SweepError(f"[decode].{key}: an empty list; give at least one value")
     named = [k for k, v in zip(keys, values) if len(v) > 1]
     variants = []
     for combo in itertools.product(*values):
@@ -597,14 +606,19 @@ def _location(fs: pafs.FileSystem, path: str) -> str:
     return f"{scheme}://{path}"
 
 
-def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str,
-                execution: Execution, threads: int | None) -> list[PointState]:
-    """Check every grid point's run directory and cut what is left into shards (no writes)."""
+def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
+                threads: int | None, fresh: bool = False) -> list[PointState]:
+    """Check every grid point's run directory and cut what is left into shards (no writes).
+
+    ``fresh``: plan as if the directory were empty (it is about to be overwritten).
+    """
     states = []
     for point in spec.points():
+        for source in (point.config.pair.draft, point.config.pair.target):
+            resolve_source(source)  # a mistyped model path fails here, before anything is removed
         run_path = _join(root, "runs", point.label)
         writer = RunWriter(run_path, fs)
-        manifest = writer.read_manifest()
+        manifest = None if fresh else writer.read_manifest()
         if manifest is not None and manifest.get("run_id") != point.config.run_id:
             diff = config_differences(manifest, point.config)
             raise SweepError(f"{run_path} holds a run with another config (differs in: "
@@ -613,7 +627,8 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str,
         empty = [item.id for item in items if item.is_empty]
         items = [item for item in items if not item.is_empty]
         complete = bool(manifest and manifest.get("status") == "complete")
-        done = {item.id for item in items} if complete else writer.done_prompt_ids()
+        done = ({item.id for item in items} if complete
+                else set() if fresh else writer.done_prompt_ids())
         shards = []
         size = execution.prompts_per_shard
         for block, start in enumerate(range(0, len(items), size)):
@@ -657,23 +672,46 @@ def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, exe
     }
 
 
-def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec) -> dict | None:
+def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
+                     overwrite: bool = False) -> dict | None:
+    """The sweep manifest already in ``root``, if any; raises when ``root`` holds anything else
+    (even with ``overwrite``, which only replaces a sweep) or a sweep of other grid points."""
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
     existing = read_json(fs, _join(root, SWEEP_MANIFEST))
     if existing is None:
-        info = fs.get_file_info(root)
         if info.type == pafs.FileType.Directory and fs.get_file_info(
                 pafs.FileSelector(root, allow_not_found=True)):
-            raise SweepError(f"{root} exists and is not a specscope sweep; choose an empty or "
-                             "new directory")
+            raise SweepError(f"{root} exists and is not a specscope sweep (no {SWEEP_MANIFEST}); "
+                             "choose an empty or new directory (--overwrite only replaces a "
+                             "specscope sweep)")
         return None
     if existing.get("kind") != "specscope-sweep":
         raise SweepError(f"{root}/{SWEEP_MANIFEST} is not a specscope sweep manifest")
+    if overwrite:
+        return existing
     old = {p["label"]: p["run_id"] for p in existing.get("points", [])}
     changed = [p.label for p in spec.points() if p.label in old and old[p.label] != p.config.run_id]
     if changed:
         raise SweepError(f"{root} holds a sweep whose grid points {', '.join(changed)} had another "
                          "config; use another directory, or --overwrite to start over")
     return existing
+
+
+def remove_sweep(fs: pafs.FileSystem, root: str) -> None:
+    """Remove what specscope wrote in a sweep directory: its manifest, shard records and every
+    grid point's run (see :func:`remove_run`), leaving any other file."""
+    for info in fs.get_file_info(pafs.FileSelector(_join(root, "runs"), allow_not_found=True)):
+        if info.type == pafs.FileType.Directory:
+            remove_run(info.path, fs)
+    for sub in ("runs", "shards"):
+        path = _join(root, sub)
+        if fs.get_file_info(path).type == pafs.FileType.Directory and (
+                sub == "shards" or not fs.get_file_info(pafs.FileSelector(path))):
+            fs.delete_dir(path)
+    if fs.get_file_info(_join(root, SWEEP_MANIFEST)).type == pafs.FileType.File:
+        fs.delete_file(_join(root, SWEEP_MANIFEST))
 
 
 class SweepBoard:
@@ -770,10 +808,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
     execution = execution or spec.execution
     backend = make_executor(executor, execution, address)
     fs, root = open_location(out_dir)
-    if overwrite and fs.get_file_info(root).type == pafs.FileType.Directory:
-        fs.delete_dir(root)
-    created = (_check_sweep_dir(fs, root, spec) or {}).get("created", _now())
-    states = plan_points(spec, fs, root, execution, backend.threads())
+    existing = _check_sweep_dir(fs, root, spec, overwrite)
+    states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite)
+    if overwrite and existing is not None:  # every input is checked: now remove the old sweep
+        remove_sweep(fs, root)
+        existing = None
+    created = (existing or {}).get("created", _now())
     shards = [shard for s in states for shard in s.shards]
     shards.sort(key=lambda s: json.dumps(dataclasses.asdict(s.config.pair), sort_keys=True))
     shards_total = sum(_blocks(s, execution.prompts_per_shard) for s in states)

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specscope.errors import MissingExtraError
+from specscope.errors import MissingExtraError, SpecscopeError
 
 if TYPE_CHECKING:
     from .records import Run
@@ -511,6 +511,10 @@ def tree_covered(p: Array, q: Array, m: int, atol: float = SUM_ATOL) -> np.ndarr
 
 # --- run columns (called by the engine) ---------------------------------------------------------
 
+class CriteriaError(SpecscopeError, ValueError):
+    """Criteria parameters that cannot be used; the message names the field."""
+
+
 @dataclass(frozen=True)
 class CriteriaConfig:
     """Which criteria a run records, with their parameters (None switches a criterion off).
@@ -531,7 +535,7 @@ class CriteriaConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree_m", tuple(int(m) for m in self.tree_m))
         if (self.entropy_eps is None) != (self.entropy_delta is None):
-            raise ValueError("entropy_eps, entropy_delta: give both or neither")
+            raise CriteriaError("criteria.entropy_eps, criteria.entropy_delta: give both or neither")
         _ = self.criteria, self.trees  # constructing them validates the parameters
 
     @property
@@ -558,7 +562,10 @@ class CriteriaConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CriteriaConfig:
+        from specscope.validate import check_fields
+
         d = dict(d)
+        check_fields(cls, d, CriteriaError, "criteria.")
         if "tree_m" in d:
             d["tree_m"] = tuple(d["tree_m"])
         return cls(**d)

@@ -159,6 +159,25 @@ def bfs_shape(num_roots: int, branch: int, depth: int, max_nodes: int) -> TreeSh
     return TreeShape.from_paths(paths)
 
 
+# The tree options each policy reads; an option given for a policy that ignores it is an error.
+POLICY_OPTIONS = {
+    "paper": ("top_k", "branch", "depth", "max_nodes"),
+    "paper-text": ("top_k", "branch", "depth", "max_nodes"),
+    "chain": ("depth",),
+    "static": ("paths",),
+}
+
+
+def check_policy_options(policy: str, given: set[str] | frozenset[str]) -> None:
+    """Raise unless every explicitly given tree option is one that ``policy`` reads."""
+    unused = sorted(given - set(POLICY_OPTIONS.get(policy, given)))
+    if unused:
+        names = ", ".join("--" + u.replace("_", "-") for u in unused)
+        allowed = ", ".join("--" + o.replace("_", "-") for o in POLICY_OPTIONS[policy])
+        raise TreeConfigError(f"{names} do(es) not apply to tree policy {policy!r}, which reads "
+                              f"{allowed}")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """How to grow the draft tree at every step.
@@ -180,6 +199,9 @@ class TreeConfig:
         if self.policy not in POLICIES:
             raise TreeConfigError(
                 f"unknown tree policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.paths and self.policy != "static":
+            raise TreeConfigError(f"paths apply only to policy 'static', not {self.policy!r}: "
+                                  "add --policy static, or drop --paths")
         if self.policy == "static":
             if not self.paths:
                 raise TreeConfigError("policy 'static' needs paths, e.g. \"[(0,), (1,), (0, 0)]\"")

@@ -29,8 +29,9 @@ def _describe(tp: object) -> str:
         return " or ".join(_describe(a) for a in args)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_describe(args[0])}"
-        return "a list of " + ", ".join(_describe(a) for a in args)
+            plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+            return f"a list of {plural.get(args[0], 'items: ' + _describe(args[0]))}"
+        return f"a list of {len(args)}: " + ", ".join(_describe(a) for a in args)
     if tp is type(None):
         return "none"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
