@@ -27,7 +27,8 @@ def test_pair_with_different_vocabularies_is_refused_before_loading_weights(tiny
     other.add_tokens(["<extra>"])
     bad = tmp_path / "bad-target"
     bad.mkdir()
-    other.save_pretrained(bad)  # a tokenizer only: loading weights would fail differently
+    other.save_pretrained(bad)  # a config and a tokenizer, no weights: loading them would fail
+    (bad / "config.json").write_text((tiny_dirs["qwen2", "target"] / "config.json").read_text())
     with pytest.raises(ModelLoadError, match="vocabularies differ"):
         load_pair(PairConfig(draft=str(tiny_dirs["qwen2", "draft"]), target=str(bad)))
 
@@ -43,7 +44,10 @@ def test_pair_loads_local_directories(tiny_dirs):
 def test_source_resolution(tmp_path):
     assert resolve_source("demo:target") == ("demo", "target")
     assert resolve_source("TinyLlama/TinyLlama-1.1B-Chat-v1.0") == ("hub", "TinyLlama/TinyLlama-1.1B-Chat-v1.0")
+    (tmp_path / "config.json").write_text("{}")
     assert resolve_source(str(tmp_path)) == ("dir", tmp_path)
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_source(str(tmp_path.parent))
     with pytest.raises(ModelLoadError, match="does not exist"):
         resolve_source(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelLoadError, match="unknown dtype"):

@@ -83,7 +83,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -107,7 +107,7 @@ def _cpu_name() -> str:
 def hardware() -> Hardware:
     import torch
 
-    flags = _cpu_flags()
+    flags = cpu_flags()
     gpus = tuple(f"{torch.cuda.get_device_name(i)} "
                  f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
                  for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()

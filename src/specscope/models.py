@@ -84,8 +84,11 @@ class PairConfig:
     quantize: str | None = None  # "int8": CPU int8 linear layers (see Int8Linear); dtype float32
 
     def __post_init__(self) -> None:
+        if self.dtype == "auto":  # resolved here, so a run's identity names the dtype it used
+            object.__setattr__(self, "dtype", fastest_dtype(self.device))
         if self.dtype not in DTYPES:
-            raise ModelLoadError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+            raise ModelLoadError(f"unknown dtype {self.dtype!r}; choose one of "
+                                 f"{', '.join(DTYPES)} or auto")
         if self.quantize is not None:
             if self.quantize not in QUANTIZATIONS:
                 raise ModelLoadError(f"unknown quantization {self.quantize!r}; choose one of "
@@ -94,6 +97,17 @@ class PairConfig:
                                               (self.device, self.draft_device or self.device)):
                 raise ModelLoadError("quantize='int8' runs on the CPU around float32 activations: "
                                      "use dtype float32 and device cpu")
+
+
+def fastest_dtype(device: str) -> str:
+    """The dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with AMX,
+    float32 on other CPUs, where passes of several tokens are compute-bound and bfloat16 matrix
+    work is slow (BENCHMARKS.md)."""
+    from specscope.doctor import cpu_flags
+
+    if device.startswith("cuda") or "amx_bf16" in cpu_flags():
+        return "bfloat16"
+    return "float32"
 
 
 @dataclass
@@ -456,31 +470,34 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     which int8 activation rounding then amplifies. Prefills run row-wise too (about 1.35x the
     time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted
     generation, whose first pass feeds the prompt and the draft's tokens together, computes the
-    prompt as plain decoding does. Batches of several sequences go to SDPA.
+    prompt as plain decoding does. Each sequence of a batch is computed the same way, so batched
+    measurement (:mod:`specscope.batch`) gives the logits of one sequence at a time, bit for bit.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, queries, dim = query.shape
-    if batch != 1 or dropout:
+    if dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     kv_heads, keys = key.shape[1], key.shape[2]
     scale = scaling if scaling is not None else dim ** -0.5
-    if attention_mask is None:  # causal, aligned to the end of the cache
-        allowed = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    elif attention_mask.dtype == torch.bool:
-        allowed = attention_mask[0, 0]
-    else:
-        allowed = attention_mask[0, 0] == 0
-    q = query[0].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
-    out = torch.empty(queries, heads, dim, dtype=query.dtype, device=query.device)
-    for i in range(queries):
-        index = allowed[i].nonzero().flatten()
-        k = key[0].index_select(1, index)  # [kv_heads, n, dim]
-        v = value[0].index_select(1, index)
-        weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)) * scale, dim=-1)
-        out[i] = torch.matmul(weights, v).reshape(heads, dim)
-    return out[None], None
+    out = torch.empty(batch, queries, heads, dim, dtype=query.dtype, device=query.device)
+    for b in range(batch):
+        if attention_mask is None:  # causal, aligned to the end of the cache
+            allowed = torch.ones(queries, keys, dtype=torch.bool,
+                                 device=query.device).tril(keys - queries)
+        elif attention_mask.dtype == torch.bool:
+            allowed = attention_mask[b, 0]
+        else:
+            allowed = attention_mask[b, 0] == 0
+        q = query[b].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
+        for i in range(queries):
+            index = allowed[i].nonzero().flatten()
+            k = key[b].index_select(1, index)  # [kv_heads, n, dim]
+            v = value[b].index_select(1, index)
+            weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)) * scale, dim=-1)
+            out[b, i] = torch.matmul(weights, v).reshape(heads, dim)
+    return out, None
 
 
 def use_rowwise_attention(model) -> None:

@@ -535,7 +535,7 @@ class CriteriaConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree_m", tuple(int(m) for m in self.tree_m))
         if (self.entropy_eps is None) != (self.entropy_delta is None):
-            raise CriteriaError("criteria.entropy_eps, criteria.entropy_delta: give both or neither")
+            raise CriteriaError("entropy_eps, entropy_delta: give both or neither")
         _ = self.criteria, self.trees  # constructing them validates the parameters
 
     @property

@@ -152,7 +152,7 @@ def interval_coverage(prompts_per_domain: tuple[int, ...] = (2, 3, 5, 10), reps:
                 if row.domain != ALL and row.mean.has_interval:
                     hits += row.mean.lo <= truth <= row.mean.hi
                     total += 1
-        rows.append({"prompts per domain": n, "intervals": total,
+        rows.append({"prompts per domain": str(n), "intervals": str(total),
                      "coverage": hits / total if total else np.nan})
     return pd.DataFrame(rows)
 
