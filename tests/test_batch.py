@@ -47,7 +47,7 @@ def _compare(a, b, exact_p: bool) -> None:
     assert len(na) == len(nb) > 0
     pd.testing.assert_frame_equal(na[EXACT_NODE_COLUMNS], nb[EXACT_NODE_COLUMNS])
     for column in TARGET_COLUMNS + DRAFT_COLUMNS:
-        if exact_p and column in TARGET_COLUMNS:
+        if exact_p:
             np.testing.assert_array_equal(na[column], nb[column])
         else:
             np.testing.assert_allclose(na[column], nb[column], atol=1e-5, rtol=0)
@@ -76,8 +76,8 @@ def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path
         "batch_size"] == 3
 
 
-def test_batched_int8_target_records_are_bit_identical(tiny_dirs, prompts, tmp_path):
-    # the int8 target is batch-invariant (row-wise attention); the draft runs SDPA, within 1e-5
+def test_batched_int8_records_are_bit_identical(tiny_dirs, prompts, tmp_path):
+    # int8 linears and row-wise attention in both models: nothing depends on the batch
     config = _config(tiny_dirs, prompts, "qwen2", quantize="int8")
     run_study(config, tmp_path / "one", progress=False)
     run_study(config, tmp_path / "four", progress=False, batch_size=4)

@@ -100,12 +100,12 @@ class PairConfig:
 
 
 def fastest_dtype(device: str) -> str:
-    """The dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with AMX,
-    float32 on other CPUs, where passes of several tokens are compute-bound and bfloat16 matrix
-    work is slow (BENCHMARKS.md)."""
+    """The float dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with
+    bfloat16 instructions (AMX or AVX512-BF16), float32 on other CPUs, where bfloat16 matrix work
+    is emulated and slow (BENCHMARKS.md)."""
     from specscope.doctor import cpu_flags
 
-    if device.startswith("cuda") or "amx_bf16" in cpu_flags():
+    if device.startswith("cuda") or {"amx_bf16", "avx512_bf16"} & cpu_flags():
         return "bfloat16"
     return "float32"
 

@@ -28,7 +28,7 @@ from . import __version__
 from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl, sample_items
 from .engine import ENGINES, make_engine, step_record
 from .fingerprint import prompt_sha256
-from .models import ModelPair, PairConfig, load_pair, model_identity
+from .models import ModelPair, PairConfig, load_pair, model_identity, use_rowwise_attention
 from .theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
 from .records import (SCHEMA_VERSION, RunWriter, check_writable_dir, position_bin,
                       read_manifest, remove_run, to_table, write_json_atomic)
@@ -541,6 +541,10 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
                           time.perf_counter() - t_start, already_complete=True)
 
     pair = pair or load_pair(config.pair)
+    if config.pair.quantize == "int8":
+        # measurement records the draft's q too: make it batch-invariant like the target, so
+        # that records do not depend on the batch size (decoding leaves the draft on SDPA)
+        use_rowwise_attention(pair.draft.model)
     check_tree_fits(shape, pair.vocab_size)
     if batch_size > 1:
         from .batch import check_batch_memory

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The demo pair's study, as shipped in results/demo-pair/: the paper protocol (50 prompts per
+# domain, 64 tokens, paper tree, chat template) and a deeper tree for the acceptance vector (the
+# top-1 spine with 3 siblings at each of 6 depths, 10 prompts per domain), both on the int8 demo
+# pair in batches of 8, then the analysis, the certificates and a copy of what is small enough to
+# commit. Resumable: run it again after an interruption. About an hour on 2 CPU cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=results/demo-pair
+spine=$(python -c 'print([(0,) * d + (r,) for d in range(6) for r in range(3)])')
+
+specscope run --config demo --int8 --batch-size 8 --out runs/demo-full
+specscope run --config demo --int8 --batch-size 8 --per-domain 10 --policy static \
+  --paths "$spine" --out runs/demo-deep
+
+mkdir -p "$out/paper-protocol" "$out/deep-tree"
+specscope analyze runs/demo-full --out "$out/paper-protocol/analysis" --show none
+COLUMNS=160 specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
+specscope analyze runs/demo-deep --out "$out/deep-tree/analysis" --show none
+for run in demo-full:paper-protocol demo-deep:deep-tree; do
+  src=runs/${run%%:*} dst=$out/${run##*:}
+  cp "$src/manifest.json" "$src/prompts.parquet" "$src/steps.parquet" "$dst/"
+  # node records only where they stay under 5 MB
+  if [ "$(stat -c %s "$src/nodes.parquet")" -lt 5000000 ]; then cp "$src/nodes.parquet" "$dst/"; fi
+done
