@@ -226,3 +226,17 @@ def test_prompt_file_sampled_per_domain(prompt_file):
     picked = spec.select(seed=42)
     assert sorted(p.domain for p in picked) == ["chat", "chat", "code", "code"]
     assert [p.id for p in picked] == [p.id for p in spec.select(seed=42)]
+
+
+def test_a_run_manifest_is_a_config(tiny_dirs, prompt_file, tmp_path):
+    # analyze's small-sample warning tells users to measure more with --config RUN/manifest.json
+    from specscope.runner import load_config
+
+    config = _config(tiny_dirs, prompt_file).replace(max_new_tokens=2)
+    run_study(config, tmp_path / "r", progress=False)
+    again = load_config(str(tmp_path / "r" / "manifest.json"))
+    assert again == config and again.run_id == config.run_id
+    bad = tmp_path / "not-a-manifest.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(RunConfigError, match="not a run manifest"):
+        load_config(str(bad))

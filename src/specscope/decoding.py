@@ -36,7 +36,7 @@ from .engine import crop, feed, greedy_token, grow_tree
 from .policies import CostModel, DynamicTree, Speculation
 from .trees import TreeShape
 
-from specscope.errors import SpecscopeError
+from .errors import SpecscopeError
 
 
 class DecodeError(SpecscopeError, ValueError):

@@ -27,7 +27,7 @@ import pandas as pd
 
 from .trees import TreeConfig, TreeConfigError, TreeShape
 
-from specscope.errors import SpecscopeError
+from .errors import SpecscopeError
 
 DECODE_POLICIES = ("chain", "static", "paper", "paper-text", "dynamic", "optimal", "none")
 POLICY_FORMAT = "specscope-policy/1"

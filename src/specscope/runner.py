@@ -25,6 +25,7 @@ import pyarrow as pa
 import torch
 
 from . import __version__
+from .errors import SpecscopeError
 from .domains import SMOKE_PROMPTS, PromptItem, PromptSourceError, read_jsonl, sample_items
 from .engine import ENGINES, make_engine, step_record
 from .fingerprint import prompt_sha256
@@ -33,9 +34,7 @@ from .theory import CriteriaConfig, node_certificate_columns, step_criteria_colu
 from .records import (SCHEMA_VERSION, RunWriter, check_writable_dir, position_bin,
                       read_manifest, remove_run, to_table, write_json_atomic)
 from .trees import TreeConfig, TreeShape
-
-from specscope.errors import SpecscopeError
-from specscope.validate import check_fields
+from .validate import check_fields
 
 PRESETS = ("paper", "demo")
 
@@ -328,9 +327,14 @@ def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config:
     pending = sorted((start_prompt(pair, item, config, order) for order, item in todo),
                      key=lambda s: -len(s.context))
     pending.reverse()  # pop() takes the longest first
+    def join(count: int) -> list[Row]:  # the next prompts; their clocks start as they join
+        states = [pending.pop() for _ in range(min(count, len(pending)))]
+        for s in states:
+            s.t_start = time.perf_counter()
+        return [Row(s.context, s) for s in states]
+
     engine = BatchedEngine(pair.draft.model, pair.target.model, pair.vocab_size)
-    engine.replace_rows([], [Row(s.context, s) for s in
-                             (pending.pop() for _ in range(min(batch_size, len(pending))))])
+    engine.replace_rows([], join(batch_size))
     while engine.rows:
         t0 = time.perf_counter()
         scores = engine.score(shape)
@@ -342,8 +346,7 @@ def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config:
             commit(state, finish_prompt(state, pair, run_id))
         if finished:
             keep = [i for i in range(len(engine.rows)) if i not in finished]
-            refill = [pending.pop() for _ in range(min(len(finished), len(pending)))]
-            engine.replace_rows(keep, [Row(s.context, s) for s in refill])
+            engine.replace_rows(keep, join(len(finished)))
 
 
 # --- a whole run --------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ from .runner import (
 )
 from .trees import TreeConfig
 
-from specscope.errors import SpecscopeError
+from .errors import SpecscopeError
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
