@@ -282,10 +282,6 @@ def _rank(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return ((probs > p_t) | ((probs == p_t) & (ids < tokens.view(-1, 1)))).sum(-1)
 
 
-def _entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-
-
 @dataclass
 class StepRecord:
     """Column arrays of one step's node rows, and the step's own figures."""
@@ -296,17 +292,26 @@ class StepRecord:
 
 
 def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
-    """Per-node figures of SPEC.md section 3 from one step's draft and target distributions."""
+    """Per-node figures (docs/metrics.md) from one step's draft and target distributions.
+
+    Siblings share a context, so the distribution-wide figures (entropies, KL, top-2, argmax) are
+    computed once per context and indexed per node.
+    """
     N = len(shape)
-    parents = torch.tensor(shape.parents, device=scores.p.device)
-    p_ctx = scores.p[parents + 1]  # [N, V]: p at each node's context (its parent's row)
-    q_ctx = scores.q[scores.q_index]  # [N, V]
+    contexts, inverse = np.unique(np.asarray(shape.parents) + 1, return_inverse=True)
+    first = [int(np.flatnonzero(inverse == c)[0]) for c in range(len(contexts))]
+    node_ctx = torch.as_tensor(inverse, device=scores.p.device)
+    p_rows = scores.p[torch.as_tensor(contexts, device=scores.p.device)]  # [C, V]
+    q_rows = scores.q[scores.q_index[first]]  # [C, V]: q at the same contexts
+    log_p, log_q = torch.log(p_rows.clamp_min(1e-30)), torch.log(q_rows.clamp_min(1e-30))
+    target_entropy = -(p_rows * log_p).sum(-1)
+    draft_entropy = -(q_rows * log_q).sum(-1)
+    kl = (p_rows * (log_p - log_q)).sum(-1)
+    top2 = torch.topk(p_rows, 2, dim=-1).values  # values only: ties are settled by greedy_token
     tok = scores.tokens.view(N, 1)
-    p_t = p_ctx.gather(1, tok).squeeze(1).double()
-    q_t = q_ctx.gather(1, tok).squeeze(1).double()
-    top2 = torch.topk(p_ctx, 2, dim=-1)  # values only: ties are settled by greedy_token
-    greedy = greedy_token(p_ctx) == scores.tokens
-    kl = (p_ctx * (torch.log(p_ctx.clamp_min(1e-30)) - torch.log(q_ctx.clamp_min(1e-30)))).sum(-1)
+    p_t = p_rows[node_ctx].gather(1, tok).squeeze(1).double()
+    q_t = q_rows[node_ctx].gather(1, tok).squeeze(1).double()
+    greedy = greedy_token(p_rows)[node_ctx] == scores.tokens
 
     accepted = greedy.clone()
     for n in range(N):  # breadth-first: parents are settled before children
@@ -328,12 +333,12 @@ def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
         "p_target": host(p_t),
         "alpha": host(torch.clamp(p_t / q_t, max=1.0)),
         "greedy_accept": host(greedy),
-        "target_entropy": host(_entropy(p_ctx).double()),
-        "draft_entropy": host(_entropy(q_ctx).double()),
-        "target_top1_prob": host(top2.values[:, 0].double()),
-        "target_margin": host((top2.values[:, 0] - top2.values[:, 1]).double()),
-        "kl_target_draft": host(kl.double()),
-        "target_rank": host(_rank(p_ctx, scores.tokens)).astype(np.int32),
+        "target_entropy": host(target_entropy[node_ctx].double()),
+        "draft_entropy": host(draft_entropy[node_ctx].double()),
+        "target_top1_prob": host(top2[node_ctx, 0].double()),
+        "target_margin": host((top2[:, 0] - top2[:, 1])[node_ctx].double()),
+        "kl_target_draft": host(kl[node_ctx].double()),
+        "target_rank": host(_rank(p_rows[node_ctx], scores.tokens)).astype(np.int32),
     }
     emitted = int(greedy_token(scores.p[0]))
     return StepRecord(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)
