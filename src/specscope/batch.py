@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import StepScores, additive_mask, softmax
+from .engine import StepScores, additive_mask, crop, softmax
 from .trees import TreeShape
 
 
@@ -154,8 +154,7 @@ class BatchedEngine:
         S = len(scored)
         ids = torch.cat([last, tokens[:, scored].cpu()], dim=1)
         pos = torch.cat([(L - 1)[:, None], _positions(L, depths[scored] - 1)], dim=1)
-        past = torch.cat([self._valid[:, None, :].expand(B, 1 + S, T),
-                          torch.zeros(B, 1 + S, 0, dtype=torch.bool)], dim=2)
+        past = self._valid[:, None, :].expand(B, 1 + S, T)
         block = torch.zeros(1 + S, 1 + S, dtype=torch.bool)
         block[:, 0] = True  # the newest context token is seen by itself and every tree node
         block[1:, 1:] = anc[scored][:, scored]
@@ -164,8 +163,8 @@ class BatchedEngine:
         p[:, [0] + [n + 1 for n in scored]] = softmax(logits, self.vocab)
         t2 = time.perf_counter()
 
-        for cache in self._caches:
-            cache.crop(-(cache.get_seq_length() - (T + 1)))
+        for cache in self._caches:  # drop the tree entries: each row keeps its context
+            crop(cache, T + 1)
         self._valid = valid_new
         share = 1 / B  # a batched pass's time is shared by its rows
         return [StepScores(tokens[b], q[b], q_index, p[b], (t1 - t0) * share, (t2 - t1) * share)
