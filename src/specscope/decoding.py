@@ -1,4 +1,4 @@
-"""Speculative decoding over draft trees: draft -> verify -> accept -> commit (SPEC.md section 6).
+"""Speculative decoding over draft trees: draft -> verify -> accept -> commit (README: "Speculative decoding for real").
 
 One step, for a context of L tokens whose first L - 1 sit in both KV caches:
 

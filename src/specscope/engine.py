@@ -1,6 +1,6 @@
 """The measurement loop: grow a draft tree, score it with the target, record every node.
 
-One step of the paper protocol (SPEC.md section 3), for a context of L tokens:
+One step of the paper protocol (README: "What a run measures"), for a context of L tokens:
 
     draft   -> the draft's distribution q at the context gives the roots; each deeper level's
                frontier (nodes that get children) is drafted in ONE batched call
@@ -292,7 +292,7 @@ class StepRecord:
 
 
 def step_record(scores: StepScores, shape: TreeShape) -> StepRecord:
-    """Per-node figures (docs/metrics.md) from one step's draft and target distributions.
+    """Per-node figures (README: "Records") from one step's draft and target distributions.
 
     Siblings share a context, so the distribution-wide figures (entropies, KL, top-2, argmax) are
     computed once per context and indexed per node.

@@ -1,4 +1,4 @@
-"""Run directories and their Parquet records (SPEC.md section 8).
+"""Run directories and their Parquet records (README: "Records").
 
 A run directory holds:
 

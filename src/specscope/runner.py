@@ -1,4 +1,4 @@
-"""A measurement run: config, prompt loop, resumable records (SPEC.md sections 3 and 8).
+"""A measurement run: config, prompt loop, resumable records (README: "What a run measures", "Records").
 
 ``run_study(config, out_dir)`` loads the pair, measures every prompt with the paper protocol and
 commits its records before starting the next; re-running the same command resumes an interrupted

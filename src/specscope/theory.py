@@ -1,4 +1,4 @@
-"""Acceptance criteria and their exact KL certificates (SPEC.md section 5; docs/theory.md).
+"""Acceptance criteria and their exact KL certificates (docs/theory.md).
 
 Let p be the target distribution at a context, x0 = argmax p (the first index among maxima) and q
 the draft distribution; the draft proposes argmax q. Every criterion here accepts a token x iff
@@ -613,7 +613,7 @@ def step_criteria_columns(p: torch.Tensor, q: torch.Tensor,
 
 # --- certify: reports over recorded runs --------------------------------------------------------
 
-# SPEC.md section 5: Qwen3-1.7B on UltraChat, greedy.
+# The published figures of the certificates paper: Qwen3-1.7B on UltraChat, greedy.
 PUBLISHED: dict[tuple[str, str], float] = {
     ("greedy", "median"): 0.559,
     ("greedy", "p5"): 0.006,
@@ -632,7 +632,7 @@ class CertifyReport:
 
     criteria: pd.DataFrame  # per (domain, criterion): n, median, p5, frac_ok (accepted), ...
     trees: pd.DataFrame  # per (domain, tree): the same, frac_ok = covered
-    published: pd.DataFrame  # SPEC.md 5 figures beside ours, with the ceilings
+    published: pd.DataFrame  # the published figures beside ours, with the ceilings
     steps: pd.DataFrame  # one row per step: margin, KL, certificates, acceptance
     source: str  # where the certificates came from
     config: CriteriaConfig  # the criteria behind the columns (for bounds and plots)

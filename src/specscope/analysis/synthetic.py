@@ -23,7 +23,7 @@ from specscope.records import (
     write_table_atomic,
 )
 
-# The paper's tree (SPEC.md section 2): 2 roots, 4 nodes at depth 2, 2 at depth 3.
+# The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
 PAPER_PARENTS = (-1, -1, 0, 0, 1, 1, 2, 2)
 PAPER_RANKS = (0, 1, 0, 1, 0, 1, 0, 1)
 

@@ -5,7 +5,7 @@ a percentile interval from the prompt-clustered bootstrap of :mod:`specscope.ana
 whole analysis shares one weight matrix, so differences between figures (deltas, leads, the
 domain-minus-depth effect) get intervals from the same resamples.
 
-Definitions (SPEC.md section 4; ``v`` is the acceptance metric, ``alpha`` for the paper's tables,
+Definitions (README: "Records"; ``v`` is the acceptance metric, ``alpha`` for the paper's tables,
 ``greedy_accept`` for the same tables recomputed with what greedy verification accepts):
 
 - Table I: per domain, node count, mean and sample standard deviation (ddof = 1) of ``v``, mean
