@@ -57,7 +57,7 @@ def run(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
     draft: Optional[str] = typer.Option(None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."),
     target: Optional[str] = typer.Option(None, help="Target model: hub id, local dir, .gguf file, or demo:target."),
-    dtype: Optional[str] = typer.Option(None, help="bfloat16, float16, float32, or auto (the fastest here: float32 on CPUs without AMX, else bfloat16)."),
+    dtype: Optional[str] = typer.Option(None, help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32)."),
     device: Optional[str] = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
     draft_device: Optional[str] = typer.Option(None, help="Draft device (defaults to --device)."),
     trust_remote_code: Optional[bool] = typer.Option(None, "--trust-remote-code", help="Allow model code from the hub."),
@@ -78,7 +78,7 @@ def run(
     chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
     seed: Optional[int] = typer.Option(None, help="Seed for prompt sampling."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster."),
-    int8: bool = typer.Option(False, "--int8", help="Both models' linear layers in int8 on the CPU (implies --dtype float32); the target stays batch-invariant."),
+    int8: bool = typer.Option(False, "--int8", help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the specscope run in --out (only a run; after every input is checked) and start over."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
