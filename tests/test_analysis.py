@@ -38,11 +38,10 @@ from specscope.analysis.report import (
     write_report,
 )
 from specscope.analysis.stats import (
-    ClusterBootstrap,
     Ranked,
     eta_squared_prompt_reps,
-    explained_share_reps,
     eta_squared_reps,
+    explained_share_reps,
     pearson_reps,
     spearman_reps,
 )
