@@ -156,6 +156,20 @@ def test_int8_linear_is_batch_invariant_and_close():
     assert ((together - exact).norm() / exact.norm()) < 0.03
 
 
+def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
+    # A prefill passes no mask: each query reads a prefix view of the keys instead of gathering
+    # them through the mask; the results must be the same bits.
+    from specscope.models import rowwise_attention
+
+    torch.manual_seed(0)
+    query = torch.randn(2, 4, 7, 16)
+    key, value = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    causal = torch.ones(7, 10, dtype=torch.bool).tril(3)[None, None].expand(2, 1, 7, 10)
+    no_mask, _ = rowwise_attention(None, query, key, value, None)
+    masked, _ = rowwise_attention(None, query, key, value, causal)
+    assert torch.equal(no_mask, masked)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its

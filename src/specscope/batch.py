@@ -159,8 +159,9 @@ class BatchedEngine:
         block[:, 0] = True  # the newest context token is seen by itself and every tree node
         block[1:, 1:] = anc[scored][:, scored]
         logits = self._feed(self.target, target_cache, ids, pos, past, block)
-        p = torch.full((B, N + 1, self.vocab), float("nan"), device=logits.device)
+        p = torch.empty(B, N + 1, self.vocab, device=logits.device)
         p[:, [0] + [n + 1 for n in scored]] = softmax(logits, self.vocab)
+        p[:, [n + 1 for n in range(N) if not shape.children[n]]] = float("nan")  # leaves
         t2 = time.perf_counter()
 
         for cache in self._caches:  # drop the tree entries: each row keeps its context
