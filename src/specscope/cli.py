@@ -719,6 +719,34 @@ if __name__ == "__main__":
     app()
 
 
+# --- export (serving engines) -------------------------------------------------------------------
+
+
+@command()
+def export(
+    policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
+    to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path or hub id); vllm, sglang, trtllm and transformers need it."),
+    method: str = typer.Option("draft_model", "--method", help="vLLM speculative method: draft_model (chains), eagle or eagle3 (trees too)."),
+) -> None:
+    """Each domain's speculation setting in an engine's own format, and the routing rule."""
+    import json
+
+    from .export import ExportOptions, export_policy, write_export
+    from .policies import PolicyFile
+
+    document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
+                             source=str(policy))
+    if out is None:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    write_export(document, out)
+    for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
+        typer.echo(f"{domain}: {setting['tree']}")
+    typer.echo(f"wrote {out}")
+
+
 # --- doctor ---------------------------------------------------------------------------------------
 
 
