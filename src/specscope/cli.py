@@ -219,6 +219,19 @@ def analyze(
     if show not in ("main", "all", "none"):
         fail(f"--show must be main, all or none, not {show!r}")
     check_writable_dir(out or run_dir / "analysis")
+    from .ingest import is_ingested
+
+    if is_ingested(run_dir):  # engine logs: step-level figures only
+        from .analysis.stepwise import analyze_ingested, write_ingested_analysis
+        from .ingest import load_ingested
+
+        manifest, requests, _ = load_ingested(run_dir)
+        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence)
+        if show != "none":
+            typer.echo(stepwise.to_markdown())
+        md, js = write_ingested_analysis(stepwise, out or run_dir / "analysis")
+        typer.echo(f"wrote {md}, {js}")
+        return
     (a,) = _analyses([run_dir], boot, seed, confidence)
     grids = analysis_grids(a)
     if show == "main":
@@ -745,6 +758,53 @@ def export(
     for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
         typer.echo(f"{domain}: {setting['tree']}")
     typer.echo(f"wrote {out}")
+
+
+# --- ingest (engine logs) -------------------------------------------------------------------------
+
+
+@command()
+def ingest(
+    log: Path = typer.Argument(..., help="Per-request speculation stats, one JSON object per line."),
+    fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
+    prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+) -> None:
+    """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
+
+    Each line is joined to its prompt by its `prompt_id` (a line may wrap the engine's response
+    as {"prompt_id": ..., "response": {...}}) or else by the engine's request id."""
+    from .ingest import ingest as ingest_log
+
+    manifest = ingest_log(log, fmt, prompts, out)
+    counts = manifest["counts"]
+    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}), "
+               f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}")
+
+
+# --- llama.cpp --------------------------------------------------------------------------------------
+
+
+@command()
+def llamacpp(
+    run_dir: Path = typer.Argument(..., help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the policy, costs, requests and tables (default: RUN_DIR/llamacpp)."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target)."),
+    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft)."),
+    per_domain: int = typer.Option(5, "--per-domain", "-n", help="Held-out prompts per domain (from the run's sources, none of the run's prompts)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request."),
+    ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to time and tune over (repeat the option)."),
+    threads: int = typer.Option(2, "--threads", help="llama.cpp threads."),
+    n_boot: int = typer.Option(1000, "--n-boot", help="Prompt resamples for the intervals."),
+) -> None:
+    """llama.cpp end to end: tune K per domain from RUN_DIR and llama.cpp's measured pass costs,
+    then time plain, every fixed K and routed decoding side by side on held-out prompts."""
+    from .serving import run_llamacpp_study
+
+    study = run_llamacpp_study(run_dir, out or run_dir / "llamacpp", target_gguf, draft_gguf,
+                               per_domain, max_new_tokens, tuple(ks), threads, n_boot,
+                               echo=lambda line: typer.echo(line, err=True))
+    typer.echo(study.render())
 
 
 # --- doctor ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ EXTRA_PURPOSES = {
     "plot": "plots in analyze, report and certify",
     "hub": "prompt sources from the Hugging Face hub",
     "gguf": "loading .gguf model files",
+    "llamacpp": "llama.cpp end to end (specscope llamacpp; compiles llama.cpp)",
     "gptq": "the paper's 4-bit GPTQ target (GPU)",
     "ray": "sweeps on Ray",
     "dev": "the test suite",

@@ -203,6 +203,15 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
     return out
 
 
+def demo_gguf(role: str) -> Path:
+    """The demo model's Q4_K_M GGUF file itself (for llama.cpp), assembled from its parts once."""
+    if role not in DEMO_MODELS:
+        raise ModelLoadError(f"unknown demo model demo:{role}; choose demo:draft or demo:target")
+    spec = DEMO_MODELS[role]
+    path = cache_dir() / "gguf" / f"{spec.name}-{spec.sha256[:12]}.gguf"
+    return path if path.is_file() else assemble_demo_gguf(role, path)
+
+
 def demo_checkpoint(role: str) -> Path:
     """The cached bf16 safetensors checkpoint of a demo model, built on first use."""
     if role not in DEMO_MODELS:

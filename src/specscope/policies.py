@@ -101,7 +101,7 @@ class AcceptanceVector:
         return cls(rates, np.zeros(rates.shape, dtype=int))
 
 
-def _on_path(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def on_accepted_path(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per node: lies on its step's accepted path; its parent does (roots: True). Sorted input."""
     accept = nodes["greedy_accept"].to_numpy(bool)
     node_id = nodes["node_id"].to_numpy(np.int64)
@@ -125,7 +125,7 @@ def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, Ac
     if nodes.empty:
         raise PolicyError("no node records to estimate acceptance from")
     nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
-    _, parent_ok = _on_path(nodes)
+    _, parent_ok = on_accepted_path(nodes)
     eligible = nodes[parent_ok]
     shape = (int(nodes["depth"].max()), int(nodes["sibling_rank"].max()) + 1)
     out = {}

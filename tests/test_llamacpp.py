@@ -1,0 +1,87 @@
+"""llama.cpp end to end: cost model and tuning (exact values), and the GGUF pair in llama.cpp
+(greedy speculation equals plain greedy; accepted tokens counted as llama.cpp verifies them)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specscope.llamacpp import ChainAcceptance, PassCosts
+from specscope.policies import ALL_DOMAINS
+from specscope.serving import break_even_table, chain, chain_k, tune_chains
+
+COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)), draft_token_s=0.010,
+                  sample_s=0.001, context_len=100, threads=2)
+
+
+def test_pass_costs_predict_speedup_and_break_even():
+    assert COSTS.plain_token_s == pytest.approx(0.041)
+    # K = 2 at tau 2.5: 2 draft evals + a 3-token target eval + 2.5 samples
+    assert COSTS.step_s(2, 2.5) == pytest.approx(0.020 + 0.060 + 0.0025)
+    assert COSTS.predicted_speedup(2, 2.5) == pytest.approx(2.5 * 0.041 / 0.0825)
+    assert COSTS.predicted_speedup(0, 1.0) == 1.0
+    assert COSTS.break_even_tau(2) == pytest.approx((0.020 + 0.060) / 0.040)
+    # perfect acceptance (3 tokens per step) pays while 2 d + 0.060 < 3 * 0.040
+    assert COSTS.break_even_draft_s(2) == pytest.approx(0.030)
+    table = break_even_table(COSTS, [1, 2])
+    assert list(table["max_tau"]) == [2, 3]
+
+
+def _nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50) -> pd.DataFrame:
+    """A spine of depth D per step whose top-1 node at depth d is accepted with the given
+    rate (deterministically: the first round(rate * steps) steps of each prompt)."""
+    rows = []
+    for domain, r in rates.items():
+        for p in range(prompts):
+            for s in range(steps):
+                for d, rate in enumerate(r, start=1):
+                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
+                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
+                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
+    return pd.DataFrame(rows)
+
+
+def test_chain_acceptance_and_tuning():
+    acc = ChainAcceptance.from_nodes(_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]}))
+    code = acc.subset("code")
+    # accepted prefixes: 90% reach depth 1, and of those 80/90 reach depth 2 (nested by step)
+    assert code.tau(1)[0] == pytest.approx(1.9)
+    assert code.tau(2)[0] == pytest.approx(1 + 0.9 + 0.8)
+    assert code.tau(3)[0] == pytest.approx(1 + 0.9 + 0.8 + 0.5)
+    policy = tune_chains(acc, COSTS, ks=(1, 2, 3))
+    # code: K = 1, 2, 3 give 1.9 * 0.041 / 0.0619 = 1.258x, 2.7 * 0.041 / 0.0827 = 1.339x and
+    # 3.2 * 0.041 / 0.1032 = 1.271x: K = 2
+    assert chain_k(policy.trees["code"]) == 2
+    assert policy.choices["code"].predicted_speedup == pytest.approx(2.7 * 0.041 / 0.0827)
+    assert policy.trees["chat"] is None  # 1.2 tokens per step never pays
+    assert ALL_DOMAINS in policy.choices
+
+
+def test_chain_shapes():
+    assert chain(0) is None and chain_k(None) == 0
+    assert chain(3).to_paths_literal() == "[(0,), (0, 0), (0, 0, 0)]"
+
+
+@pytest.mark.slow
+def test_llamacpp_greedy_speculation_equals_plain_on_the_demo_pair():
+    pytest.importorskip("llama_cpp")
+    from specscope.llamacpp import GreedyDraft, eos_ids, generate, load_llama, measure_pass_costs
+    from specscope.models import demo_gguf
+
+    draft_llama = load_llama(demo_gguf("draft"), threads=2)
+    draft = GreedyDraft(draft_llama, 0)
+    target = load_llama(demo_gguf("target"), threads=2, logits_all=True, draft_model=draft)
+    prompt = target.tokenize(b"def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                             add_bos=False)
+    eos = eos_ids(target)
+    plain = generate(target, draft, prompt, 0, 24, eos)
+    assert len(plain.tokens) > 0 and plain.steps == 0
+    for k in (1, 3):
+        spec = generate(target, draft, prompt, k, 24, eos)
+        assert spec.tokens == plain.tokens
+        assert spec.steps > 0 and all(0 <= a <= k for a in spec.accepted)
+        # every verified step emits its accepted drafts and one target token
+        assert sum(spec.accepted) + spec.steps <= len(spec.tokens)
+    costs = measure_pass_costs(target, draft_llama, prompt, max_k=2, repeats=2)
+    assert [k for k, _ in costs.target_s] == [1, 2, 3]
+    assert all(t > 0 for _, t in costs.target_s) and costs.draft_token_s > 0
+    np.testing.assert_array_less(0, [costs.sample_s])
