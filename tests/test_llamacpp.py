@@ -9,19 +9,20 @@ from specscope.llamacpp import ChainAcceptance, PassCosts
 from specscope.policies import ALL_DOMAINS
 from specscope.serving import break_even_table, chain, chain_k, tune_chains
 
-COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)), draft_token_s=0.010,
-                  sample_s=0.001, context_len=100, threads=2)
+COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
+                  draft_s=((1, 0.010), (2, 0.015)), sample_s=0.001, context_len=100, threads=2)
 
 
 def test_pass_costs_predict_speedup_and_break_even():
     assert COSTS.plain_token_s == pytest.approx(0.041)
-    # K = 2 at tau 2.5: 2 draft evals + a 3-token target eval + 2.5 samples
-    assert COSTS.step_s(2, 2.5) == pytest.approx(0.020 + 0.060 + 0.0025)
-    assert COSTS.predicted_speedup(2, 2.5) == pytest.approx(2.5 * 0.041 / 0.0825)
-    assert COSTS.predicted_speedup(0, 1.0) == 1.0
+    # K = 2 at tau 2.5, all accepted half the time: a draft eval of 1.5 tokens on average, one
+    # more draft eval, a 3-token target eval and 2.5 samples
+    assert COSTS.step_s(2, 2.5, 0.5) == pytest.approx(0.0125 + 0.010 + 0.060 + 0.0025)
+    assert COSTS.predicted_speedup(2, 2.5, 0.5) == pytest.approx(2.5 * 0.041 / 0.085)
+    assert COSTS.predicted_speedup(0, 1.0, 1.0) == 1.0
     assert COSTS.break_even_tau(2) == pytest.approx((0.020 + 0.060) / 0.040)
-    # perfect acceptance (3 tokens per step) pays while 2 d + 0.060 < 3 * 0.040
-    assert COSTS.break_even_draft_s(2) == pytest.approx(0.030)
+    # perfect acceptance (3 tokens per step, 3 draft tokens) pays while 3 d + 0.060 < 3 * 0.040
+    assert COSTS.break_even_draft_s(2) == pytest.approx(0.020)
     table = break_even_table(COSTS, [1, 2])
     assert list(table["max_tau"]) == [2, 3]
 
@@ -47,11 +48,12 @@ def test_chain_acceptance_and_tuning():
     assert code.tau(1)[0] == pytest.approx(1.9)
     assert code.tau(2)[0] == pytest.approx(1 + 0.9 + 0.8)
     assert code.tau(3)[0] == pytest.approx(1 + 0.9 + 0.8 + 0.5)
+    assert code.p_all(2)[0] == pytest.approx(0.8)
     policy = tune_chains(acc, COSTS, ks=(1, 2, 3))
-    # code: K = 1, 2, 3 give 1.9 * 0.041 / 0.0619 = 1.258x, 2.7 * 0.041 / 0.0827 = 1.339x and
-    # 3.2 * 0.041 / 0.1032 = 1.271x: K = 2
+    # code: K = 1, 2, 3 give 1.9 * 0.041 / 0.0664 = 1.173x, 2.7 * 0.041 / 0.0867 = 1.277x and
+    # 3.2 * 0.041 / 0.1057 = 1.241x: K = 2
     assert chain_k(policy.trees["code"]) == 2
-    assert policy.choices["code"].predicted_speedup == pytest.approx(2.7 * 0.041 / 0.0827)
+    assert policy.choices["code"].predicted_speedup == pytest.approx(2.7 * 0.041 / 0.0867)
     assert policy.trees["chat"] is None  # 1.2 tokens per step never pays
     assert ALL_DOMAINS in policy.choices
 
@@ -83,5 +85,5 @@ def test_llamacpp_greedy_speculation_equals_plain_on_the_demo_pair():
         assert sum(spec.accepted) + spec.steps <= len(spec.tokens)
     costs = measure_pass_costs(target, draft_llama, prompt, max_k=2, repeats=2)
     assert [k for k, _ in costs.target_s] == [1, 2, 3]
-    assert all(t > 0 for _, t in costs.target_s) and costs.draft_token_s > 0
+    assert all(t > 0 for _, t in costs.target_s) and costs.draft(1) > 0
     np.testing.assert_array_less(0, [costs.sample_s])

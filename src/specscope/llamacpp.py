@@ -151,43 +151,58 @@ def eos_ids(llama) -> set[int]:
 
 @dataclass(frozen=True)
 class PassCosts:
-    """llama.cpp's measured pass costs on this machine, in seconds."""
+    """llama.cpp's measured pass costs on this machine, in seconds.
+
+    A verified step of a chain of K, as :class:`GreedyDraft` runs it: the draft evaluates the
+    tokens its cache lacks (the target's token, and the last draft when all K were accepted: 1 or
+    2 tokens in one eval), then K - 1 of its own proposals one at a time; the target evaluates
+    K + 1 tokens in one pass and samples each token it emits (tau of them).
+    """
 
     target_s: tuple[tuple[int, float], ...]  # (tokens in one target eval, seconds)
-    draft_token_s: float  # one draft eval of one token and its argmax
+    draft_s: tuple[tuple[int, float], ...]  # (tokens in one draft eval, seconds), 1 and 2
     sample_s: float  # one greedy sample of the target
     context_len: int
     threads: int
 
-    def target(self, tokens: int) -> float:
-        xs, ys = zip(*self.target_s)
+    @staticmethod
+    def _at(table: tuple[tuple[int, float], ...], tokens: float) -> float:
+        xs, ys = zip(*table)
         return float(np.interp(tokens, xs, ys))
+
+    def target(self, tokens: float) -> float:
+        return self._at(self.target_s, tokens)
+
+    def draft(self, tokens: float) -> float:
+        return self._at(self.draft_s, tokens)
 
     @property
     def plain_token_s(self) -> float:
         return self.target(1) + self.sample_s
 
-    def step_s(self, k: int, tau: float) -> float:
-        """One speculative step: K draft evals, one target eval of K + 1 tokens, tau samples."""
-        return k * self.draft_token_s + self.target(k + 1) + tau * self.sample_s
+    def step_s(self, k: int, tau: float, p_all: float) -> float:
+        """One speculative step of K, given E[tokens per step] and P(all K drafts accepted)."""
+        return (self.draft(1 + p_all) + (k - 1) * self.draft(1) + self.target(k + 1)
+                + tau * self.sample_s)
 
-    def predicted_speedup(self, k: int, tau: float) -> float:
+    def predicted_speedup(self, k: int, tau: float, p_all: float) -> float:
         if k <= 0:
             return 1.0
-        return tau * self.plain_token_s / self.step_s(k, tau)
+        return tau * self.plain_token_s / self.step_s(k, tau, p_all)
 
     def break_even_tau(self, k: int) -> float:
-        """Tokens per step at which a chain of K is as fast as plain decoding (at most K + 1
-        are possible: above that, no acceptance makes K pay)."""
-        return (k * self.draft_token_s + self.target(k + 1)) / self.target(1)
+        """Tokens per step at which a chain of K is as fast as plain decoding (taking one draft
+        token per drafted position; at most K + 1 are possible, above that no acceptance pays)."""
+        return (k * self.draft(1) + self.target(k + 1)) / self.target(1)
 
     def break_even_draft_s(self, k: int) -> float:
-        """The draft eval cost below which K pays at perfect acceptance (K + 1 tokens per step)."""
-        return ((k + 1) * self.target(1) - self.target(k + 1)) / k
+        """The draft cost per token below which K pays at perfect acceptance (K + 1 tokens per
+        step, K + 1 draft tokens evaluated)."""
+        return ((k + 1) * self.target(1) - self.target(k + 1)) / (k + 1)
 
     def to_dict(self) -> dict:
         return {"engine": "llama.cpp", "target_s": [list(x) for x in self.target_s],
-                "draft_token_s": self.draft_token_s, "sample_s": self.sample_s,
+                "draft_s": [list(x) for x in self.draft_s], "sample_s": self.sample_s,
                 "plain_token_s": self.plain_token_s, "context_len": self.context_len,
                 "threads": self.threads}
 
@@ -195,7 +210,7 @@ class PassCosts:
 def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: int = 5,
                        threads: int = 0) -> PassCosts:
     """Median times of llama.cpp's passes after ``prompt`` (a real context): target evals of
-    1..max_k + 1 tokens, a one-token draft eval with its argmax, a greedy target sample."""
+    1..max_k + 1 tokens, draft evals of 1 and 2 tokens with the argmax, a greedy target sample."""
     target.draft_model = None
     for llama in (target, draft):
         llama.reset()
@@ -216,7 +231,7 @@ def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: in
 
     filler = prompt[-(max_k + 1):] * (max_k + 1)
     target_s = tuple((k, timed(target, filler[:k])) for k in range(1, max_k + 2))
-    draft_s = timed(draft, filler[:1])
+    draft_s = tuple((n, timed(draft, filler[:n])) for n in (1, 2))
     target.n_tokens = base
     target.eval(filler[:1])
     samples = []
@@ -265,11 +280,24 @@ class ChainAcceptance:
     def max_k(self) -> int:
         return self.eligible.shape[1]
 
-    def tau(self, k: int, weights: np.ndarray | None = None) -> np.ndarray:
-        """E[tokens per step] of the top-1 chain of K, for each row of prompt weights [B, P]."""
+    def _reach(self, k: int, weights: np.ndarray | None) -> np.ndarray:
+        """P(the first d drafts are accepted), d = 1..K, for each row of prompt weights [B, P]."""
         w = np.ones((1, len(self.prompts))) if weights is None else np.atleast_2d(weights)
         rates = (w @ self.hits[:, :k]) / np.maximum(w @ self.eligible[:, :k], 1)
-        return 1 + np.cumprod(rates, axis=1).sum(axis=1)
+        return np.cumprod(rates, axis=1)
+
+    def tau(self, k: int, weights: np.ndarray | None = None) -> np.ndarray:
+        """E[tokens per step] of the top-1 chain of K (accepted drafts + the target's token)."""
+        return 1 + self._reach(k, weights).sum(axis=1)
+
+    def p_all(self, k: int, weights: np.ndarray | None = None) -> np.ndarray:
+        """P(all K drafts accepted)."""
+        return self._reach(k, weights)[:, k - 1] if k > 0 else np.ones(1)
+
+    def predicted_speedup(self, costs: PassCosts, k: int) -> float:
+        if k <= 0 or not len(self.prompts):
+            return 1.0
+        return costs.predicted_speedup(k, float(self.tau(k)[0]), float(self.p_all(k)[0]))
 
     def subset(self, domain: str) -> ChainAcceptance:
         keep = self.domains == domain

@@ -52,10 +52,10 @@ def tune_chains(acceptance: ChainAcceptance, costs: PassCosts, ks: Sequence[int]
     for name, acc in {**groups, ALL_DOMAINS: acceptance}.items():
         best = Choice(None, 1.0, 1.0, costs.plain_token_s)
         for k in ks:
-            tau = float(acc.tau(k)[0])
-            speedup = costs.predicted_speedup(k, tau)
+            tau, p_all = float(acc.tau(k)[0]), float(acc.p_all(k)[0])
+            speedup = costs.predicted_speedup(k, tau, p_all)
             if speedup > best.predicted_speedup:
-                best = Choice(chain(k), tau, speedup, costs.step_s(k, tau))
+                best = Choice(chain(k), tau, speedup, costs.step_s(k, tau, p_all))
         choices[name] = best
     uniform = choices[ALL_DOMAINS]
     return PolicyFile(trees={d: choices[d].shape for d in groups}, uniform=uniform.shape,
@@ -87,14 +87,17 @@ def bench_requests(target, draft: GreedyDraft, prompts: Sequence[tuple[PromptIte
                    on_request: Callable[[Request], None] | None = None) -> list[Request]:
     """Plain, every fixed K and routed decoding of each prompt, one prompt at a time."""
     rows = []
-    for item, ids in prompts:
+    for i, (item, ids) in enumerate(prompts):
         routed_domain = router.classify(prompt_text(item))
         methods = [(PLAIN, 0)] + [(f"k{k}", k) for k in ks] + [
             (ROUTED, chain_k(policy.tree_for(routed_domain)))]
-        plain: list[int] | None = None
-        for method, k in methods:
-            out = generate(target, draft, ids, k, max_new_tokens, eos)
-            plain = out.tokens if plain is None else plain
+        shift = i % len(methods)  # each method takes each position in turn: no order bias
+        outputs = {}
+        for method, k in methods[shift:] + methods[:shift]:
+            outputs[method] = (k, generate(target, draft, ids, k, max_new_tokens, eos))
+        plain = outputs[PLAIN][1].tokens
+        for method, _ in methods:
+            k, out = outputs[method]
             row = Request(item.id, item.domain, routed_domain, method, k, len(out.tokens),
                           out.decode_s, out.first_token_s, out.steps, int(sum(out.accepted)),
                           out.tokens == plain)
@@ -130,12 +133,11 @@ def speed_table(requests: pd.DataFrame, policy: PolicyFile, costs: PassCosts,
             k = int(rows["k"].iloc[0]) if method != ROUTED else chain_k(policy.tree_for(domain))
             speedup, lo, hi = _interval(rate[method] / rate[PLAIN], confidence)
             steps = wide["steps"][method].sum()
-            predicted_tau = float(acc.tau(k)[0]) if k and len(acc.prompts) else 1.0
             out.append({
                 "domain": domain, "method": method, "k": k if method != ROUTED else
                 ", ".join(sorted({str(x) for x in rows["k"]})),
                 "tok_s": float(rate[method][0]), "speedup": speedup, "speedup_lo": lo,
-                "speedup_hi": hi, "predicted_speedup": costs.predicted_speedup(k, predicted_tau),
+                "speedup_hi": hi, "predicted_speedup": acc.predicted_speedup(costs, k),
                 "tokens_per_step": float((wide["accepted"][method].sum() + steps) / steps)
                 if steps else 1.0,
                 "equal_plain": f"{int(rows['equal_plain'].sum())}/{len(rows)}",
@@ -170,10 +172,10 @@ def break_even_table(costs: PassCosts, ks: Sequence[int]) -> pd.DataFrame:
     which even perfect acceptance pays."""
     return pd.DataFrame([{
         "k": k, "target_pass_ms": 1000 * costs.target(k + 1),
-        "draft_ms": 1000 * k * costs.draft_token_s,
+        "draft_ms": 1000 * k * costs.draft(1),
         "break_even_tau": costs.break_even_tau(k), "max_tau": k + 1,
         "break_even_draft_ms": 1000 * costs.break_even_draft_s(k),
-        "draft_ms_per_token": 1000 * costs.draft_token_s} for k in ks])
+        "draft_ms_per_token": 1000 * costs.draft(1)} for k in ks])
 
 
 def requests_frame(rows: Sequence[Request]) -> pd.DataFrame:
@@ -213,7 +215,8 @@ class LlamaCppStudy:
         lines = [
             f"llama.cpp pass costs ({c.threads} threads, context {c.context_len}): target "
             + ", ".join(f"{k} tok {1000 * t:.1f} ms" for k, t in c.target_s)
-            + f"; draft {1000 * c.draft_token_s:.1f} ms/token; sample {1000 * c.sample_s:.2f} ms",
+            + "; draft " + ", ".join(f"{k} tok {1000 * t:.1f} ms" for k, t in c.draft_s)
+            + f"; sample {1000 * c.sample_s:.2f} ms",
             "routed policy: " + ", ".join(f"{d} {'K=' + str(k) if k else 'none'}"
                                           for d, k in choice.items()),
             "" if pays else "speculation does not pay on this machine: no domain's best K is "
