@@ -64,7 +64,7 @@ def test_chain_shapes():
 
 
 @pytest.mark.slow
-def test_llamacpp_greedy_speculation_equals_plain_on_the_demo_pair():
+def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     pytest.importorskip("llama_cpp")
     from specscope.llamacpp import GreedyDraft, eos_ids, generate, load_llama, measure_pass_costs
     from specscope.models import demo_gguf
@@ -72,18 +72,29 @@ def test_llamacpp_greedy_speculation_equals_plain_on_the_demo_pair():
     draft_llama = load_llama(demo_gguf("draft"), threads=2)
     draft = GreedyDraft(draft_llama, 0)
     target = load_llama(demo_gguf("target"), threads=2, logits_all=True, draft_model=draft)
-    prompt = target.tokenize(b"def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                             add_bos=False)
     eos = eos_ids(target)
-    plain = generate(target, draft, prompt, 0, 24, eos)
-    assert len(plain.tokens) > 0 and plain.steps == 0
-    for k in (1, 3):
-        spec = generate(target, draft, prompt, k, 24, eos)
-        assert spec.tokens == plain.tokens
-        assert spec.steps > 0 and all(0 <= a <= k for a in spec.accepted)
-        # every verified step emits its accepted drafts and one target token
-        assert sum(spec.accepted) + spec.steps <= len(spec.tokens)
+    for text in (b"def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                 b"The three primary colours are"):
+        prompt = target.tokenize(text, add_bos=False)
+        plain = generate(target, draft, prompt, 0, 24, eos)
+        assert len(plain.tokens) > 0 and plain.steps == 0
+        # the top-1 minus top-2 logit at each generated position of plain decoding
+        rows = np.sort(target.scores[len(prompt) - 1:len(prompt) - 1 + len(plain.tokens)], axis=1)
+        margin = rows[:, -1] - rows[:, -2]
+        for k in (1, 3):
+            spec = generate(target, draft, prompt, k, 24, eos)
+            assert spec.steps > 0 and all(0 <= a <= k for a in spec.accepted)
+            # every verified step emits its accepted drafts and one target token
+            assert sum(spec.accepted) + spec.steps <= len(spec.tokens)
+            # llama.cpp's k-token passes round differently from one-token passes (logits differ
+            # by up to about 0.4 here), so greedy speculation may leave plain greedy only at a
+            # near-tie of plain's logits
+            same = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b),
+                        None)
+            if same is None:
+                assert spec.tokens == plain.tokens
+            else:
+                assert margin[same] < 1.0, (k, same, margin[same])
     costs = measure_pass_costs(target, draft_llama, prompt, max_k=2, repeats=2)
-    assert [k for k, _ in costs.target_s] == [1, 2, 3]
-    assert all(t > 0 for _, t in costs.target_s) and costs.draft(1) > 0
-    np.testing.assert_array_less(0, [costs.sample_s])
+    assert [k for k, _ in costs.target_s] == [1, 2, 3] and [n for n, _ in costs.draft_s] == [1, 2]
+    assert all(t > 0 for _, t in costs.target_s + costs.draft_s) and costs.sample_s > 0

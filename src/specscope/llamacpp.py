@@ -210,7 +210,9 @@ class PassCosts:
 def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: int = 5,
                        threads: int = 0) -> PassCosts:
     """Median times of llama.cpp's passes after ``prompt`` (a real context): target evals of
-    1..max_k + 1 tokens, draft evals of 1 and 2 tokens with the argmax, a greedy target sample."""
+    1..max_k + 1 tokens, draft evals of 1 and 2 tokens with the argmax, a greedy target sample.
+    Each timed pass follows a one-token pass, as passes of different sizes alternate in a step
+    (llama.cpp reuses a compute graph when a pass repeats the last one's shape)."""
     target.draft_model = None
     for llama in (target, draft):
         llama.reset()
@@ -220,6 +222,8 @@ def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: in
     def timed(llama, tokens: list[int]) -> float:
         times = []
         for _ in range(repeats):
+            llama.n_tokens = base
+            llama.eval(tokens[:1])  # passes of other sizes come between, as in a real step
             llama.n_tokens = base
             t0 = time.perf_counter()
             llama.eval(tokens)

@@ -18,14 +18,17 @@ It does not measure node-level acceptance (``specscope run``) or talk to a serve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .analysis.stats import ClusterBootstrap
-from .domains import PromptItem
+from .domains import PromptItem, select_prompts
+from .errors import SpecscopeError
 from .llamacpp import DEFAULT_KS, ChainAcceptance, GreedyDraft, PassCosts, generate
 from .policies import ALL_DOMAINS, Choice, PolicyFile
 from .router import RuleRouter, prompt_text
@@ -192,7 +195,7 @@ class LlamaCppStudy:
     speed: pd.DataFrame
     acceptance: pd.DataFrame
     break_even: pd.DataFrame
-    out_dir: object
+    out_dir: Path
 
     def render(self) -> str:
         """The three tables as Markdown, with a verdict on whether speculation pays here."""
@@ -235,9 +238,6 @@ class LlamaCppStudy:
 
 def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
     """``per_domain`` prompts per domain from the run's sources that the run did not measure."""
-    from .domains import select_prompts
-    from .errors import SpecscopeError
-
     spec = manifest.get("config", {}).get("prompts", {})
     domains = list(spec.get("domains") or [])
     if not domains or spec.get("file"):
@@ -257,9 +257,6 @@ def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
 def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: int,
                        max_new_tokens: int, ks: Sequence[int], threads: int, n_boot: int,
                        echo: Callable[[str], None] = print) -> LlamaCppStudy:
-    import json
-    from pathlib import Path
-
     from .llamacpp import eos_ids, load_llama, measure_pass_costs
     from .models import demo_gguf, load_tokenizer
     from .records import load_run
@@ -269,7 +266,6 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     acceptance = ChainAcceptance.from_nodes(run.nodes)
     ks = tuple(k for k in ks if 0 < k <= acceptance.max_k)
     if not ks:
-        from .errors import SpecscopeError
         raise SpecscopeError(f"--k must lie in 1..{acceptance.max_k}, the depth of {run_dir}'s tree")
     target_path = Path(target_gguf) if target_gguf else demo_gguf("target")
     draft_path = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
