@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specscope.analysis.stepwise import analyze_ingested
+from specscope.analysis.stepwise import analyze_ingested, synthetic_requests, verdict_rate
 from specscope.cli import app
 from specscope.ingest import IngestError, ingest, read_log
 
@@ -121,27 +121,11 @@ def test_bad_lines_are_one_line_errors_and_write_nothing(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def _synthetic(rng, means: dict[str, float], prompts: int, steps: int = 30, k: int = 3):
-    """Requests whose per-prompt acceptance varies around each domain's mean (prompt effects)."""
-    rows = []
-    for domain, mean in means.items():
-        for p in range(prompts):
-            rate = rng.beta(mean * 8, (1 - mean) * 8)
-            accepted = rng.binomial(k, rate, size=steps)
-            rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "steps": steps,
-                         "accepted": int(accepted.sum()), "drafted": k * steps})
-    return pd.DataFrame(rows)
-
-
 def test_domain_difference_false_positive_rate_and_power():
-    rng = np.random.default_rng(0)
-    reps = 150
-    null = [analyze_ingested({}, _synthetic(rng, {d: 0.5 for d in "abcd"}, 12), n_boot=200,
-                             seed=r).finding.verdict for r in range(reps)]
-    false_positive = np.mean([v == "holds" for v in null])
     # nominal 5% (two-sided, Bonferroni over 6 pairs); 150 runs: allow 3 standard errors
+    reps = 150
+    false_positive = verdict_rate({d: 0.5 for d in "abcd"}, 12, reps, n_boot=200)
     assert false_positive <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / reps)
-    assert set(null) <= {"holds", "inconclusive"}
-    alt = [analyze_ingested({}, _synthetic(rng, {"a": 0.3, "b": 0.5, "c": 0.5, "d": 0.7}, 12),
-                            n_boot=200, seed=r).finding.verdict for r in range(40)]
-    assert np.mean([v == "holds" for v in alt]) >= 0.9
+    assert verdict_rate({"a": 0.3, "b": 0.5, "c": 0.5, "d": 0.7}, 12, 40, n_boot=200) >= 0.9
+    few = analyze_ingested({}, synthetic_requests(np.random.default_rng(0), {"a": 0.3, "b": 0.7}, 9))
+    assert few.finding.verdict == "not testable"  # fewer than 10 prompts in a domain

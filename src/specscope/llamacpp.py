@@ -198,7 +198,7 @@ class PassCosts:
     def break_even_draft_s(self, k: int) -> float:
         """The draft cost per token below which K pays at perfect acceptance (K + 1 tokens per
         step, K + 1 draft tokens evaluated)."""
-        return ((k + 1) * self.target(1) - self.target(k + 1)) / (k + 1)
+        return max(0.0, ((k + 1) * self.target(1) - self.target(k + 1)) / (k + 1))
 
     def to_dict(self) -> dict:
         return {"engine": "llama.cpp", "target_s": [list(x) for x in self.target_s],
