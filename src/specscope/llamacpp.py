@@ -5,14 +5,14 @@ of a ``LlamaDraftModel``; :class:`GreedyDraft` is one backed by the draft GGUF: 
 cache across steps, drafts K greedy tokens per call, and counts how many of its previous proposal
 the target accepted (the acceptance llama.cpp actually sees).
 
-:func:`measure_pass_costs` times llama.cpp's own passes (a target eval of 1..K+1 tokens over a real
-context, a one-token draft eval, a greedy sample), and :class:`PassCosts` turns them and an
-expected number of tokens per step into a predicted speed-up, and into the break-even points:
-the tokens per step a chain of K needs to pay, and the draft cost at which even perfect
-acceptance stops paying. :func:`tune_chains` picks per domain the K (or no speculation) of best
-predicted speed-up from a measurement run's chain acceptance; :mod:`specscope.serving` runs the
-side-by-side benchmark. This module does not measure acceptance node by node (``specscope run``
-does) and needs the ``llamacpp`` extra.
+:func:`measure_pass_costs` times llama.cpp's own passes (target evals of 1..K+1 tokens over a
+real context, draft evals of 1 and 2 tokens, a greedy sample), and :class:`PassCosts` turns them,
+the expected tokens per step and the chance that all K drafts are accepted into a predicted
+speed-up, and into the break-even points: the tokens per step a chain of K needs to pay, and the
+draft cost at which even perfect acceptance stops paying. :class:`ChainAcceptance` gives those
+expectations per domain from a measurement run's node records, with prompt resampling;
+:mod:`specscope.serving` tunes K per domain and runs the side-by-side benchmark. This module does
+not measure acceptance node by node (``specscope run`` does) and needs the ``llamacpp`` extra.
 """
 
 from __future__ import annotations
