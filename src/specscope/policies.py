@@ -507,10 +507,3 @@ def _parse_tree(entry, where: str) -> TreeShape | None:
         raise PolicyError(f"{where}: malformed tree: {e}") from None
     raise PolicyError(f"{where}: malformed tree {tree!r}: give path tuples such as "
                       "[[0], [1], [0, 0]] or \"none\"")
-
-
-def speedup_summary(choice: Choice) -> str:
-    if choice.shape is None:
-        return "no speculation"
-    return (f"{len(choice.shape)} nodes, depth {choice.shape.max_depth}, E[tau] "
-            f"{choice.expected_tau:.2f}, predicted {choice.predicted_speedup:.2f}x")

@@ -364,7 +364,7 @@ class RunSummary:
     already_complete: bool = False
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
                              capture_output=True, text=True, timeout=5)
@@ -417,7 +417,7 @@ def run_manifest(config: RunConfig, items: list[PromptItem], empty: list[str], m
         "tree": {"paths": shape.to_paths_literal(), "nodes_per_depth": list(shape.depth_counts())},
         "models": models,
         "packages": _package_versions(),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "seed": config.seed,
         "prompts": {
             "count": len(items),

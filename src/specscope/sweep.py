@@ -66,7 +66,7 @@ from .runner import (
     PromptSpec,
     RunConfig,
     RunConfigError,
-    _git_commit,
+    git_commit,
     _package_versions,
     config_differences,
     load_config,
@@ -667,7 +667,7 @@ def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, exe
         "executor": executor,
         "execution": dataclasses.asdict(execution),
         "packages": _package_versions(),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "points": points,
     }
 

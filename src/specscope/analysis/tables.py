@@ -56,7 +56,6 @@ from specscope.analysis.stats import (
     spearman_reps,
 )
 
-METRICS = ("alpha", "greedy_accept")
 CONDITIONAL = "greedy | parent accepted"
 
 
