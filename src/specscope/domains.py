@@ -45,7 +45,7 @@ import tempfile
 import warnings
 import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -124,26 +124,33 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
                       source=f"jsonl:{source}", source_index=index, dataset=source)
 
 
-def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
-    """Read ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines."""
+def jsonl_objects(path: str | Path, error: type[SpecscopeError],
+                  what: str = "prompt file") -> Iterator[tuple[str, object]]:
+    """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
+    ``path:line``; a missing file, bad bytes or bad JSON raise ``error`` naming the line."""
     path = Path(path)
     if not path.is_file():
-        raise PromptSourceError(f"prompt file {path} does not exist")
+        raise error(f"{what} {path} does not exist")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         line = path.read_bytes()[:e.start].count(b"\n") + 1
-        raise PromptSourceError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} "
-                                f"at offset {e.start}); save the file as UTF-8") from None
-    items, seen = [], set()
+        raise error(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} "
+                    f"at offset {e.start}); save the file as UTF-8") from None
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(line)
+            yield where, json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptSourceError(f"{where}: not valid JSON ({e.msg})") from None
+            raise error(f"{where}: not valid JSON ({e.msg})") from None
+
+
+def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
+    """Read ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines."""
+    items, seen = [], set()
+    for where, obj in jsonl_objects(path, PromptSourceError):
         item = _item_from_json(obj, where, domain, len(items), str(path))
         if item.id in seen:
             raise PromptSourceError(f"{where}: duplicate id {item.id!r}")

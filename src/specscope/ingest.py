@@ -26,13 +26,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from .domains import PromptSourceError, jsonl_objects, read_jsonl
 from .errors import SpecscopeError
+from .records import check_writable_dir
+from .router import prompt_text
 
 INGEST_FORMAT = "specscope-ingested/1"
 
@@ -66,6 +72,13 @@ def _field(obj: dict, key: str, where: str, kind=int):
     return value
 
 
+def _section(line: dict, key: str, where: str, what: str) -> dict:
+    value = line.get(key)
+    if not isinstance(value, dict):
+        raise IngestError(f"{where}: no {key} ({what})")
+    return value
+
+
 def _vllm(line: dict, where: str) -> RequestStats:
     body = line.get("data", line) if isinstance(line.get("data"), dict) else line
     spec = (body.get("metrics") or {}).get("speculative_decoding")
@@ -92,9 +105,7 @@ def _vllm(line: dict, where: str) -> RequestStats:
 
 
 def _sglang(line: dict, where: str) -> RequestStats:
-    meta = line.get("meta_info")
-    if not isinstance(meta, dict):
-        raise IngestError(f"{where}: no meta_info (an SGLang /generate response)")
+    meta = _section(line, "meta_info", where, "an SGLang /generate response")
     where = f"{where}: meta_info"
     steps = _field(meta, "spec_verify_ct", where)
     generated = _field(meta, "completion_tokens", where)
@@ -106,9 +117,7 @@ def _sglang(line: dict, where: str) -> RequestStats:
 
 
 def _llamacpp(line: dict, where: str) -> RequestStats:
-    timings = line.get("timings")
-    if not isinstance(timings, dict):
-        raise IngestError(f"{where}: no timings (a llama-server completion response)")
+    timings = _section(line, "timings", where, "a llama-server completion response")
     where = f"{where}: timings"
     drafted = _field(timings, "draft_n", where)
     accepted = _field(timings, "draft_n_accepted", where)
@@ -151,17 +160,8 @@ def read_log(path: Path, fmt: str) -> list[tuple[str, RequestStats]]:
     """(prompt id, stats) per line: ``prompt_id`` of the line if present, else the request id."""
     if fmt not in FORMATS:
         raise IngestError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    if not path.is_file():
-        raise IngestError(f"log file {path} does not exist")
     out = []
-    for lineno, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not text.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise IngestError(f"{where}: not valid JSON ({e.msg})") from None
+    for where, line in jsonl_objects(path, IngestError, "log file"):
         if not isinstance(line, dict):
             raise IngestError(f"{where}: expected a JSON object")
         body = line.get("response", line) if isinstance(line.get("response"), dict) else line
@@ -178,14 +178,6 @@ def read_log(path: Path, fmt: str) -> list[tuple[str, RequestStats]]:
 def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path) -> dict:
     """Write an ingested run; returns its manifest. Every line is checked before anything is
     written, and the files appear together (written to a temporary folder, then renamed)."""
-    import os
-    import shutil
-    import tempfile
-
-    from .domains import PromptSourceError, read_jsonl
-    from .records import check_writable_dir
-    from .router import prompt_text
-
     try:
         items = {item.id: item for item in read_jsonl(prompts_file)}
     except PromptSourceError as e:
