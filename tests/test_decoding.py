@@ -482,7 +482,7 @@ def test_holdout_split_and_learned_router():
     assert {i.id for i in train}.isdisjoint({i.id for i in test})
     assert sorted(i.id for i in train + test) == sorted(i.id for i in items)
     assert holdout_split(items, 0.5, seed=3) == (train, test)
-    router = LearnedRouter(steps=100).fit([prompt_text(i) for i in items], [i.domain for i in items])
+    router = LearnedRouter().fit([prompt_text(i) for i in items], [i.domain for i in items])
     assert router_accuracy(router, items).accuracy == 1.0
 
 

@@ -6,8 +6,8 @@ Two classifiers with one interface (``classify(text) -> domain``):
   ``reasoning`` (word problems); anything else is ``chat``. Each rule adds its weight to its
   domain; the highest total wins if it reaches ``threshold``. ``explain(text)`` lists the rules that
   fired.
-- :class:`LearnedRouter`: TF-IDF over words and character 3-grams with a multinomial logistic
-  regression, trained by full-batch gradient descent in numpy (no scikit-learn needed).
+- :class:`LearnedRouter`: scikit-learn's TF-IDF over words and character 3-grams with a
+  class-balanced multinomial logistic regression.
 
 :func:`router_accuracy` reports per-domain accuracy on held-out prompts; :func:`holdout_split`
 makes a seeded train/test split that does not depend on the library's RNG.
@@ -19,9 +19,7 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from .domains import PromptItem
 
@@ -102,64 +100,39 @@ class RuleRouter:
 # --- a small learned router ------------------------------------------------------------------------
 
 
-def _features(text: str) -> list[str]:
-    text = text.lower()
-    words = re.findall(r"[a-z]+|\d+|[^\sa-z\d]", text)
-    grams = [text[i:i + 3] for i in range(max(len(text) - 2, 0))]
-    return [f"w:{w}" for w in words] + [f"c:{g}" for g in grams]
-
-
 @dataclass
 class LearnedRouter:
-    """TF-IDF features and a softmax regression, fitted with gradient descent (deterministic)."""
+    """TF-IDF word and character-trigram features and a class-balanced logistic regression
+    (scikit-learn), fitted on labelled prompts; deterministic (lbfgs, no random state)."""
 
-    l2: float = 1e-3
-    steps: int = 200
-    learning_rate: float = 20.0
-    max_features: int = 4000
+    c: float = 10.0  # inverse L2 strength of the regression
+    max_features: int = 4000  # per feature kind
     name: str = "tfidf-logreg"
-    vocab: dict[str, int] = field(default_factory=dict)
-    idf: np.ndarray | None = None
-    weights: np.ndarray | None = None
-    classes: tuple[str, ...] = ()
-
-    def _matrix(self, texts: Sequence[str]) -> np.ndarray:
-        x = np.zeros((len(texts), len(self.vocab)))
-        for i, text in enumerate(texts):
-            for f, c in Counter(_features(text)).items():
-                j = self.vocab.get(f)
-                if j is not None:
-                    x[i, j] = 1.0 + np.log(c)
-        x *= self.idf
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        return np.hstack([x, np.ones((len(texts), 1))])  # bias column
+    model: object = None
 
     def fit(self, texts: Sequence[str], labels: Sequence[str]) -> LearnedRouter:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline, make_union
+
         if not texts or len(texts) != len(labels):
             raise ValueError("fit needs as many labels as texts, and at least one")
-        df = Counter(f for t in texts for f in set(_features(t)))
-        kept = sorted(df, key=lambda f: (-df[f], f))[: self.max_features]
-        self.vocab = {f: j for j, f in enumerate(kept)}
-        self.idf = np.log((1 + len(texts)) / (1 + np.array([df[f] for f in kept]))) + 1.0
-        self.classes = tuple(sorted(set(labels)))
-        x = self._matrix(texts)
-        y = np.zeros((len(texts), len(self.classes)))
-        y[np.arange(len(texts)), [self.classes.index(lab) for lab in labels]] = 1.0
-        balance = (1.0 / y.sum(axis=0))[y.argmax(axis=1)]  # every class weighs the same
-        balance /= balance.sum()
-        w = np.zeros((x.shape[1], len(self.classes)))
-        for _ in range(self.steps):
-            logits = x @ w
-            p = np.exp(logits - logits.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            w -= self.learning_rate * (x.T @ ((p - y) * balance[:, None]) + self.l2 * w)
-        self.weights = w
+        if len(set(labels)) < 2:
+            raise ValueError(f"fit needs prompts of at least two domains, got only {labels[0]!r}")
+        features = make_union(
+            TfidfVectorizer(token_pattern=r"[a-z]+|\d+|[^\sa-z\d]", sublinear_tf=True,
+                            max_features=self.max_features),
+            TfidfVectorizer(analyzer="char", ngram_range=(3, 3), sublinear_tf=True,
+                            max_features=self.max_features))
+        self.model = make_pipeline(features, LogisticRegression(
+            C=self.c, class_weight="balanced", max_iter=2000))
+        self.model.fit(list(texts), list(labels))
         return self
 
     def classify(self, text: str) -> str:
-        if self.weights is None:
+        if self.model is None:
             raise ValueError("the learned router is not fitted: call fit() first")
-        return self.classes[int(np.argmax(self._matrix([text]) @ self.weights))]
+        return str(self.model.predict([text])[0])
 
 
 # --- evaluation ----------------------------------------------------------------------------------
