@@ -87,7 +87,7 @@ def _vllm(shape: TreeShape | None, options: ExportOptions, where: str) -> dict:
 def _sglang(shape: TreeShape | None, options: ExportOptions, where: str) -> dict:
     if shape is None:
         return {"flags": {}, "serve_args": []}
-    topk = max(max(shape.ranks) + 1, 1)
+    topk = max(shape.ranks) + 1  # children per node
     flags = {"--speculative-algorithm": "STANDALONE",
              "--speculative-draft-model-path": _draft(options, "sglang"),
              "--speculative-num-steps": shape.max_depth,

@@ -203,24 +203,33 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
     return out
 
 
-def demo_gguf(role: str) -> Path:
-    """The demo model's Q4_K_M GGUF file itself (for llama.cpp), assembled from its parts once."""
+def _demo_spec(role: str) -> DemoModel:
     if role not in DEMO_MODELS:
         raise ModelLoadError(f"unknown demo model demo:{role}; choose demo:draft or demo:target")
-    spec = DEMO_MODELS[role]
-    path = cache_dir() / "gguf" / f"{spec.name}-{spec.sha256[:12]}.gguf"
+    return DEMO_MODELS[role]
+
+
+def _kept_gguf(role: str) -> Path:
+    spec = _demo_spec(role)
+    return cache_dir() / "gguf" / f"{spec.name}-{spec.sha256[:12]}.gguf"
+
+
+def demo_gguf(role: str) -> Path:
+    """The demo model's Q4_K_M GGUF file itself (for llama.cpp), assembled from its parts once."""
+    path = _kept_gguf(role)
     return path if path.is_file() else assemble_demo_gguf(role, path)
 
 
 def demo_checkpoint(role: str) -> Path:
-    """The cached bf16 safetensors checkpoint of a demo model, built on first use."""
-    if role not in DEMO_MODELS:
-        raise ModelLoadError(f"unknown demo model demo:{role}; choose demo:draft or demo:target")
-    spec = DEMO_MODELS[role]
+    """The cached bf16 safetensors checkpoint of a demo model, built on first use (from the GGUF
+    that :func:`demo_gguf` keeps, if there is one, else from a temporary assembly)."""
+    spec = _demo_spec(role)
     target = cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
     if (target / ".complete").is_file():
         return target
-    gguf = assemble_demo_gguf(role, cache_dir() / "demo" / f"{spec.name}.gguf")
+    kept = _kept_gguf(role)
+    gguf = kept if kept.is_file() else assemble_demo_gguf(
+        role, cache_dir() / "demo" / f"{spec.name}.gguf")
     from rich.console import Console
 
     with Console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
@@ -233,7 +242,8 @@ def demo_checkpoint(role: str) -> Path:
         (tmp / ".complete").write_text(spec.sha256 + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
-    gguf.unlink()  # the safetensors cache replaces it
+    if gguf != kept:
+        gguf.unlink()  # the safetensors cache replaces it
     return target
 
 
@@ -367,9 +377,7 @@ def model_identity(source: str) -> dict:
     id (its commit is recorded once it is loaded)."""
     kind, where = resolve_source(source)
     if kind == "demo":
-        if where not in DEMO_MODELS:
-            raise ModelLoadError(f"unknown demo model demo:{where}; choose demo:draft or demo:target")
-        return {"source": source, "fingerprint": DEMO_MODELS[where].sha256}
+        return {"source": source, "fingerprint": _demo_spec(where).sha256}
     if kind in ("gguf", "dir"):
         return {"source": str(Path(where).resolve()), "fingerprint": model_fingerprint(where)}
     return {"source": source, "fingerprint": None}
