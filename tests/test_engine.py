@@ -1,11 +1,16 @@
-"""The measurement engines on tiny random Llama and Qwen2 models."""
+"""Measurement through the speculation loop's stages, against the naive oracle and plain forwards,
+on tiny random Llama and Qwen2 models."""
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import make_model
-from specscope.engine import CachedEngine, NaiveEngine, step_record
+from specscope.core.draft import ChildRule
+from specscope.core.loop import Accepted, Speculator
+from specscope.core.passes import greedy_token
+from specscope.measure.naive import NaiveEngine
+from specscope.measure.records import StepScores, step_record, tree_scores
 from specscope.trees import TreeConfig, TreeShape
 
 SHAPES = {
@@ -25,6 +30,25 @@ def pair(arch, tokenizer):
     return draft, target
 
 
+class Measured:
+    """The loop's stages as measurement runs them, one step at a time: draft the full tree, verify
+    (the leaves' rows too with ``leaves``), then commit the target's greedy token."""
+
+    def __init__(self, draft, target, vocab, context, leaves=False):
+        self.loop = Speculator(draft, target, vocab)
+        self.session, _ = self.loop.prefill(context, seed=0, with_logits=False)
+        self.rule, self.leaves = ChildRule(vocab, keep_q=True), leaves
+
+    @torch.inference_mode()
+    def score(self, shape) -> StepScores:
+        tree = self.loop.draft_tree(self.session, shape, self.rule)
+        nodes = list(range(len(shape))) if self.leaves else tree.non_leaves
+        scores = tree_scores(tree, self.loop.verify(self.session, tree, nodes), nodes,
+                             self.rule.vocab)
+        self.loop.commit(self.session, tree, Accepted([], int(greedy_token(scores.p[0])), 0))
+        return scores
+
+
 def _context(tokenizer):
     return tokenizer("def add(a, b):\n    return")["input_ids"]
 
@@ -35,9 +59,7 @@ def test_tree_pass_equals_per_branch_forward(pair, tokenizer, name):
     draft, target = pair
     shape = SHAPES[name]
     context = _context(tokenizer)
-    engine = CachedEngine(draft, target, len(tokenizer), leaf_rows=True)
-    engine.reset(context)
-    scores = engine.score(context, shape)
+    scores = Measured(draft, target, len(tokenizer), context, leaves=True).score(shape)
     # Compared as log-probabilities: the logits up to their softmax-invariant constant.
     with torch.inference_mode():
         plain = torch.log_softmax(target(torch.tensor([context])).logits[0, -1].float(), -1)
@@ -55,10 +77,8 @@ def test_leaf_rows_are_skipped_unless_asked(pair, tokenizer):
     draft, target = pair
     shape = SHAPES["paper"]
     context = _context(tokenizer)
-    lean, full = (CachedEngine(draft, target, len(tokenizer), leaf_rows=flag) for flag in (False, True))
-    lean.reset(context)
-    full.reset(context)
-    a, b = lean.score(context, shape), full.score(context, shape)
+    lean, full = (Measured(draft, target, len(tokenizer), context, leaves) for leaves in (False, True))
+    a, b = lean.score(shape), full.score(shape)
     internal = [0] + [n + 1 for n in range(len(shape)) if shape.children[n]]
     leaves = [n + 1 for n in shape.leaves]
     assert torch.isnan(a.p[leaves]).all() and not torch.isnan(b.p).any()
@@ -71,12 +91,11 @@ def test_cached_and_naive_engines_agree(pair, tokenizer):
     draft, target = pair
     shape = SHAPES["paper"]
     context = _context(tokenizer)
-    cached = CachedEngine(draft, target, len(tokenizer))
+    cached = Measured(draft, target, len(tokenizer), context)
     naive = NaiveEngine(draft, target, len(tokenizer))
-    cached.reset(context)
     accepted = 0
     for _ in range(6):
-        a, b = cached.score(context, shape), naive.score(context, shape)
+        a, b = cached.score(shape), naive.score(context, shape)
         ra, rb = step_record(a, shape), step_record(b, shape)
         assert torch.equal(a.tokens, b.tokens)
         assert ra.emitted_token == rb.emitted_token and ra.accepted_len == rb.accepted_len
@@ -93,11 +112,10 @@ def test_trajectory_is_the_targets_greedy_output(pair, tokenizer):
     draft, target = pair
     shape = SHAPES["paper"]
     context = _context(tokenizer)
-    engine = CachedEngine(draft, target, len(tokenizer))
-    engine.reset(context)
+    engine = Measured(draft, target, len(tokenizer), context)
     out = []
     for _ in range(10):
-        record = step_record(engine.score(context + out, shape), shape)
+        record = step_record(engine.score(shape), shape)
         out.append(record.emitted_token)
     with torch.inference_mode():
         ids = torch.tensor([context])
@@ -111,9 +129,7 @@ def test_node_figures_are_consistent(pair, tokenizer):
     draft, target = pair
     shape = SHAPES["paper"]
     context = _context(tokenizer)
-    engine = CachedEngine(draft, target, len(tokenizer))
-    engine.reset(context)
-    scores = engine.score(context, shape)
+    scores = Measured(draft, target, len(tokenizer), context).score(shape)
     nodes = step_record(scores, shape).nodes
     assert np.all((nodes["p_draft"] > 0) & (nodes["p_draft"] <= 1))
     assert np.all((nodes["p_target"] > 0) & (nodes["p_target"] <= 1))
@@ -137,7 +153,6 @@ def test_accepted_len_is_longest_accepted_path():
     p[:, 0] = 0.6
     q = torch.full((1, V), 0.2)
     tokens = torch.tensor([0, 1, 0, 1, 0, 0, 0, 1])
-    from specscope.engine import StepScores
 
     scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0)
     record = step_record(scores, shape)
@@ -149,7 +164,6 @@ def test_accepted_len_is_longest_accepted_path():
 def test_one_tie_rule_for_records_and_decoder():
     # two tokens tie for the target's top probability: the lower id is the greedy token, in the
     # recorded greedy_accept and target_rank as in the emitted token and the decoder's verifier
-    from specscope.engine import StepScores, greedy_token, step_record
     from specscope.trees import TreeShape
 
     p = torch.tensor([[0.1, 0.4, 0.4, 0.1]] * 3)

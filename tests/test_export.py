@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from specscope.cli import app
 from specscope.export import ExportError, ExportOptions, export_policy
-from specscope.policies import PolicyFile
+from specscope.tune.policy import PolicyFile
 from specscope.trees import TreeShape
 
 CHAIN3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
@@ -89,7 +89,7 @@ def test_transformers_generate_kwargs():
 
 
 def test_routing_rule_is_the_router_that_picks_domains():
-    from specscope.router import RuleRouter
+    from specscope.tune.router import RuleRouter
 
     doc = export_policy(_policy(math=CHAIN2), "llama.cpp")
     routing = doc["routing"]

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from specscope.llamacpp import ChainAcceptance, PassCosts
-from specscope.policies import ALL_DOMAINS
+from specscope.tune.acceptance import ALL_DOMAINS
 from specscope.serving import break_even_table, chain, chain_k, tune_chains
 
 COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),

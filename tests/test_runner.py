@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specscope import runner as runner_module
+from specscope.measure import study as runner_module
 from specscope.cli import app
 from specscope.records import TIMING_COLUMNS, load_run
-from specscope.runner import PromptSpec, RunConfig, RunConfigError, run_study
+from specscope.run.config import PromptSpec, RunConfig, RunConfigError
+from specscope.run.study import run_study
 from specscope.models import PairConfig
 from specscope.trees import TreeConfig
 
@@ -230,7 +231,7 @@ def test_prompt_file_sampled_per_domain(prompt_file):
 
 def test_a_run_manifest_is_a_config(tiny_dirs, prompt_file, tmp_path):
     # analyze's small-sample warning tells users to measure more with --config RUN/manifest.json
-    from specscope.runner import load_config
+    from specscope.run.config import load_config
 
     config = _config(tiny_dirs, prompt_file).replace(max_new_tokens=2)
     run_study(config, tmp_path / "r", progress=False)

@@ -18,7 +18,8 @@ from specscope.cli import app
 from specscope.errors import SpecscopeError
 from specscope.models import PairConfig
 from specscope.records import RunDirError, load_run
-from specscope.runner import PromptSpec, RunConfig, RunConfigError, run_study
+from specscope.run.config import PromptSpec, RunConfig, RunConfigError
+from specscope.run.study import run_study
 from specscope.sweep import SweepError, parse_sweep, run_sweep
 from specscope.trees import TreeConfig
 
@@ -296,7 +297,8 @@ def test_bench_needs_a_prompt_per_domain():
 def test_cost_measurement_on_a_vocabulary_under_1000_tokens(tokenizer):
     # before: _time_forward drew token ids from randint(0, 1000) whatever the vocabulary
     from conftest import make_model
-    from specscope.decoding import SpeculativeDecoder, measure_costs
+    from specscope.decode import SpeculativeDecoder
+    from specscope.tune.costs import measure_costs
 
     draft, target = make_model("llama", len(tokenizer), 1, 1), make_model("llama", len(tokenizer), 2)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())

@@ -12,19 +12,14 @@ import pyarrow.fs as pafs
 import pytest
 from typer.testing import CliRunner
 
-from specscope import sweep as sweep_module
+from specscope.measure import study as measure_study
+from specscope.sweep import executors
 from specscope.cli import app
 from specscope.models import PairConfig
 from specscope.records import TIMING_COLUMNS, RunWriter, load_run, to_table
-from specscope.sweep import (
-    Execution,
-    SweepError,
-    gpus_needed,
-    parse_sweep,
-    run_sweep,
-    sweep_run_dirs,
-    visible_devices,
-)
+from specscope.run.config import RunConfig
+from specscope.sweep import Execution, SweepError, parse_sweep, run_sweep, sweep_run_dirs
+from specscope.sweep.executors import gpus_needed, visible_devices
 
 cli = CliRunner()
 ONE_THREAD = Execution(prompts_per_shard=2, threads=1)  # same torch threads: identical floats
@@ -173,7 +168,7 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
 def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, tiny_dirs,
                                                                    tmp_path, monkeypatch):
     spec, reference, _ = local_sweep
-    real = sweep_module.measure_prompt
+    real = measure_study.measure_prompt
     calls = {"n": 0}
 
     def dies_on_sixth(*args, **kwargs):
@@ -182,7 +177,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, 
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "measure_prompt", dies_on_sixth)
+    monkeypatch.setattr(measure_study, "measure_prompt", dies_on_sixth)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
     assert json.loads((tmp_path / "cut" / "sweep.json").read_text())["status"] == "running"
@@ -292,9 +287,9 @@ def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
 
 
 def test_ray_shard_resources(ray_cluster):
-    executor = sweep_module.RayExecutor(Execution(gpus_per_shard=0.5))
-    cpu = sweep_module.Shard("a/0", "a", "/x", "/y", sweep_module.RunConfig(), ())
-    gpu = sweep_module.Shard("a/0", "a", "/x", "/y", sweep_module.RunConfig().replace(
+    executor = executors.RayExecutor(Execution(gpus_per_shard=0.5))
+    cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), ())
+    gpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig().replace(
         **{"pair.device": "cuda:0"}), ())
     assert executor.resources(cpu) == {"num_cpus": 1.0}
     assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}

@@ -83,10 +83,11 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
-    from .domains import PromptSourceError
+    from .prompts.items import PromptSourceError
     from .models import ModelLoadError
     from .records import RunDirError
-    from .runner import RunConfigError, default_batch_size, load_config, run_study
+    from .run.config import RunConfigError, load_config
+    from .run.study import default_batch_size, run_study
     from .trees import TreeConfigError, check_policy_options
 
     prompt_file = str(prompts) if prompts else None
@@ -139,7 +140,7 @@ def domains() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .domains import list_domains
+    from .prompts.domains import list_domains
 
     table = Table(title="prompt domains and sources")
     for column in ("domain", "source", "dataset", "items", "offline now", "note"):
@@ -402,10 +403,10 @@ def sweep(
     Each grid point is a run directory under OUT/runs/; re-running the same command resumes.
     `specscope compare OUT` and `specscope report OUT` cover the whole sweep.
     """
-    from .domains import PromptSourceError
+    from .prompts.items import PromptSourceError
     from .models import ModelLoadError
     from .records import RunDirError
-    from .runner import RunConfigError
+    from .run.config import RunConfigError
     from .sweep import SweepError, load_sweep, run_sweep
 
     try:
@@ -515,11 +516,12 @@ def decode(
     int8: bool = _D_INT8,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
-    from .decoding import DecodeConfig, DecodeError, make_decoder, steps_frame
-    from .policies import PolicyError, PolicyFile, acceptance_vectors, describe, make_speculation
+    from .decode import DecodeConfig, DecodeError, make_decoder, steps_frame
+    from .tune.acceptance import PolicyError, acceptance_vectors
+    from .tune.policy import PolicyFile, describe, make_speculation
     from .records import RunDirError, load_run
-    from .router import RuleRouter
-    from .runner import render_prompt
+    from .tune.router import RuleRouter
+    from .prompts.render import render_prompt
 
     if (prompt is None) == (prompt_file is None):
         fail("give a prompt, or --prompt-file (one of them)")
@@ -590,9 +592,11 @@ def tune(
     from rich.console import Console
     from rich.table import Table
 
-    from .decoding import DecodeError, make_decoder, measure_costs
-    from .policies import (ALL_DOMAINS, CostModel, PolicyError, TuneConfig, short_name,
-                           tune as tune_policy)
+    from .decode import DecodeError, make_decoder
+    from .tune.costs import measure_costs
+    from .tune.acceptance import ALL_DOMAINS, PolicyError
+    from .tune.costs import CostModel
+    from .tune.policy import TuneConfig, short_name, tune as tune_policy
     from .records import RunDirError, load_run
 
     try:
@@ -664,11 +668,13 @@ def bench(
     from rich.console import Console
     from rich.table import Table
 
-    from .decoding import BenchConfig, DecodeError, make_decoder, run_bench, summarize_bench
-    from .domains import PromptSourceError, sample_items, select_prompts
-    from .policies import PolicyError, PolicyFile
-    from .router import (LearnedRouter, RuleRouter, holdout_split, prompt_text,
-                         router_accuracy)
+    from .tune.bench import BenchConfig, run_bench, summarize_bench
+    from .decode import DecodeError, make_decoder
+    from .prompts.items import PromptSourceError, sample_items
+    from .prompts.domains import select_prompts
+    from .tune.acceptance import PolicyError
+    from .tune.policy import PolicyFile
+    from .tune.router import LearnedRouter, RuleRouter, holdout_split, prompt_text, router_accuracy
 
     console = Console(width=None if Console().is_terminal else 140)  # full tables in logs too
     try:
@@ -747,7 +753,7 @@ def export(
     import json
 
     from .export import ExportOptions, export_policy, write_export
-    from .policies import PolicyFile
+    from .tune.policy import PolicyFile
 
     document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
                              source=str(policy))

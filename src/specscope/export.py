@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpecscopeError
-from .policies import PolicyFile
-from .router import RuleRouter
+from .tune.policy import PolicyFile
+from .tune.router import RuleRouter
 from .trees import TreeShape
 
 EXPORT_FORMAT = "specscope-export/1"

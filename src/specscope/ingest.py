@@ -35,10 +35,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .domains import PromptSourceError, jsonl_objects, read_jsonl
+from .prompts.items import PromptSourceError, jsonl_objects, read_jsonl
 from .errors import SpecscopeError
 from .records import check_writable_dir
-from .router import prompt_text
+from .tune.router import prompt_text
 
 INGEST_FORMAT = "specscope-ingested/1"
 

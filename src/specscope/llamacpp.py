@@ -263,7 +263,7 @@ class ChainAcceptance:
 
     @classmethod
     def from_nodes(cls, nodes) -> ChainAcceptance:
-        from .policies import on_accepted_path
+        from .tune.acceptance import on_accepted_path
 
         nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
         _, parent_ok = on_accepted_path(nodes)

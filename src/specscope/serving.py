@@ -27,11 +27,13 @@ import numpy as np
 import pandas as pd
 
 from .analysis.stats import ClusterBootstrap
-from .domains import PromptItem, select_prompts
+from .prompts.items import PromptItem
+from .prompts.domains import select_prompts
 from .errors import SpecscopeError
 from .llamacpp import DEFAULT_KS, ChainAcceptance, GreedyDraft, PassCosts, generate
-from .policies import ALL_DOMAINS, Choice, PolicyFile
-from .router import RuleRouter, prompt_text
+from .tune.acceptance import ALL_DOMAINS
+from .tune.policy import Choice, PolicyFile
+from .tune.router import RuleRouter, prompt_text
 from .trees import TreeShape
 
 PLAIN, ROUTED = "plain", "routed"
@@ -260,7 +262,7 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     from .llamacpp import eos_ids, load_llama, measure_pass_costs
     from .models import demo_gguf, load_tokenizer
     from .records import load_run
-    from .runner import render_prompt
+    from .prompts.render import render_prompt
 
     run = load_run(run_dir)
     acceptance = ChainAcceptance.from_nodes(run.nodes)

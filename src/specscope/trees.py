@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -106,6 +106,14 @@ class TreeShape:
             if p >= 0:
                 kids[p].append(i)
         return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def roots(self) -> tuple[int, ...]:
+        return tuple(i for i, p in enumerate(self.parents) if p < 0)
+
+    def children_of(self, node: int) -> tuple[int, ...]:
+        """The children of ``node``; of -1, the roots."""
+        return self.roots if node < 0 else self.children[node]
 
     @cached_property
     def leaves(self) -> tuple[int, ...]:
@@ -228,3 +236,49 @@ class TreeConfig:
         if self.policy == "chain":
             return TreeShape.from_paths([(0,) * d for d in range(1, self.depth + 1)])
         return bfs_shape(self.num_roots, self.branch, self.depth, self.max_nodes)
+
+
+@lru_cache(maxsize=256)
+def bfs_prefix(shape: TreeShape, size: int) -> TreeShape:
+    """The first ``size`` nodes of a breadth-first shape (itself a tree)."""
+    return shape if size >= len(shape) else TreeShape(shape.parents[:size], shape.ranks[:size])
+
+
+@lru_cache(maxsize=256)
+def cut_depth(shape: TreeShape, depth: int) -> TreeShape:
+    """The nodes of ``shape`` no deeper than ``depth``."""
+    return bfs_prefix(shape, sum(1 for d in shape.depths if d <= depth))
+
+
+@lru_cache(maxsize=64)
+def contiguous_ranks(shape: TreeShape) -> TreeShape:
+    """The same tree with each node's children ranked 0, 1, ... in their rank order."""
+    ranks = list(shape.ranks)
+    for kids in (shape.roots,) + shape.children:
+        for new, n in enumerate(sorted(kids, key=lambda c: shape.ranks[c])):
+            ranks[n] = new
+    return TreeShape(shape.parents, tuple(ranks))
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2-style growth: at each depth the ``top_k`` nodes of highest cumulative draft
+    log-probability get ``top_k`` children each; after ``depth`` levels the ``max_nodes`` best nodes
+    of all drafted ones are kept (a child never scores above its parent, so the kept set is a tree).
+    """
+
+    max_nodes: int = 16
+    depth: int = 5
+    top_k: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_nodes", "depth", "top_k"):
+            if getattr(self, name) < 1:
+                raise TreeConfigError(f"dynamic tree {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+
+Speculation = TreeShape | DynamicTree | None  # None: no speculation (plain decoding)

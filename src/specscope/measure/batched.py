@@ -1,35 +1,37 @@
 """Batched measurement: B prompts measured together, with the same records as one at a time.
 
-Each step of :class:`BatchedEngine` does for all B prompts what ``CachedEngine.score`` does for one:
+Each step of :class:`BatchedEngine` does for all B prompts what the draft and verify stages of
+the speculation loop (:mod:`specscope.core.loop`) do for one:
 one draft call feeds every prompt's newest context token, one draft call per depth drafts every
 prompt's frontier, and one target pass scores every prompt's tree. The prompts' contexts have
 different lengths; both models keep one batched KV cache in which each row holds its prompt's
 entries right-aligned after padding slots, ``valid`` [B, T] marks which cache slots are real, and
 every pass gets explicit position ids and a 4D mask per row, so a row attends to exactly what it
 would attend to alone. Tree entries are appended to all rows at the same slots and cropped after
-the step, as in the one-prompt engine.
+the step, as in the one-prompt loop.
 
 When a prompt finishes (EOS or its token budget), its row is refilled with the next prompt: the new
 prompt is prefilled alone and the caches are repacked (valid entries only, right-aligned), which
 also drops the padding that finished prompts leave behind; rows without a next prompt are dropped.
 
-The records of a step are built by the same :func:`~specscope.engine.step_record` from the same
-distributions, so they equal the one-prompt engine's up to floating-point rounding of batched
+The records of a step are built by the same :func:`~specscope.measure.records.step_record` from the same
+distributions, so they equal the one-prompt loop's up to floating-point rounding of batched
 kernels (float32: probabilities within 1e-5; tests compare them), and exactly with the
-batch-invariant int8 pair. This module does not write records; the runner commits each prompt as
-it finishes.
+batch-invariant int8 pair. This module does not write records; :mod:`specscope.measure.study` commits each
+prompt as it finishes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .engine import StepScores, additive_mask, crop, softmax
-from .trees import TreeShape
+from ..core.draft import grow_tree
+from ..core.passes import additive_mask, crop, new_cache, prefill, softmax
+from ..trees import TreeShape
+from .records import StepScores
 
 
 @dataclass
@@ -58,31 +60,16 @@ class BatchedEngine:
 
     # --- rows in and out ---------------------------------------------------------------------
 
-    def _prefill(self, context: list[int]):
-        """Single-prompt caches of both models holding ``context[:-1]``."""
-        from transformers import DynamicCache
-
-        caches = []
-        for model in (self.draft, self.target):
-            cache = DynamicCache(config=model.config)
-            if len(context) > 1:
-                model(input_ids=torch.tensor([context[:-1]], device=model.device),
-                      past_key_values=cache, use_cache=True, logits_to_keep=1)
-            caches.append(cache)
-        return caches
-
     @torch.inference_mode()
     def replace_rows(self, keep: list[int], new: list[Row]) -> None:
         """Keep the rows at indices ``keep`` (in that order), append ``new`` rows (prefilled
         here), and repack both caches: valid entries only, right-aligned."""
-        from transformers import DynamicCache
-
-        fresh = [self._prefill(row.context) for row in new]
+        fresh = [[prefill(m, row.context[:-1])[0] for m in (self.draft, self.target)] for row in new]
         lengths = [int(self._valid[i].sum()) for i in keep] + [len(r.context) - 1 for r in new]
         width = max(lengths, default=0)
         caches = []
         for m, model in enumerate((self.draft, self.target)):
-            packed = DynamicCache(config=model.config)
+            packed = new_cache(model)
             if width:
                 for index, layer in enumerate(packed.layers):
                     kv = []
@@ -147,7 +134,7 @@ class BatchedEngine:
             fed.extend(frontier)
             return softmax(out, self.vocab)
 
-        tokens, q, q_index = grow_trees(shape, softmax(logits[:, -1], self.vocab), expand)
+        tokens, q, q_index = grow_tree(shape, softmax(logits[:, -1], self.vocab), expand)
         t1 = time.perf_counter()
 
         scored = [n for n in range(N) if shape.children[n]]
@@ -172,26 +159,6 @@ class BatchedEngine:
                 for b in range(B)]
 
 
-def grow_trees(shape: TreeShape, root_q: torch.Tensor,
-               expand: Callable[[list[int], torch.Tensor], torch.Tensor]):
-    """:func:`~specscope.engine.grow_tree` for B rows at once: tokens [B, N], q [B, C, V] and each
-    node's q row [N] (the same for every row: the rows share one tree shape)."""
-    B = root_q.shape[0]
-    q = root_q[:, None, :]  # [B, C, V]
-    row = {-1: 0}
-    tokens = torch.empty(B, len(shape), dtype=torch.long, device=root_q.device)
-    for depth in range(1, shape.max_depth + 1):
-        level = list(shape.nodes_at_depth(depth))
-        parent_rows = q[:, [row[shape.parents[n]] for n in level]]  # [B, F, V]
-        top = torch.topk(parent_rows, max(shape.ranks[n] for n in level) + 1, dim=-1).indices
-        tokens[:, level] = top[:, torch.arange(len(level)), [shape.ranks[n] for n in level]]
-        frontier = [n for n in level if shape.children[n]]
-        if frontier:
-            row.update({n: q.shape[1] + j for j, n in enumerate(frontier)})
-            q = torch.cat([q, expand(frontier, tokens)], dim=1)
-    return tokens, q, torch.tensor([row[p] for p in shape.parents])
-
-
 def _available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -214,7 +181,7 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
 def check_batch_memory(pair, batch_size: int, tokens_per_row: int, tree_size: int) -> None:
     """Refuse a batch whose KV caches and logits would not fit in the memory free now, naming
     the largest batch size that would (checked before anything is measured or committed)."""
-    from .runner import RunConfigError
+    from ..run.config import RunConfigError
 
     per_row = 0
     for m in (pair.draft, pair.target):

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .domains import PromptItem
+from ..prompts.items import PromptItem
 
 ROUTED_DOMAINS = ("code", "math", "reasoning", "chat")
 FALLBACK = "chat"

@@ -1,0 +1,191 @@
+"""The draft stage: grow a tree of candidate tokens from the draft model, level by level.
+
+Every level's frontier (the nodes that get children) is fed to the draft in ONE call, and the
+children of each frontier node are chosen from the draft's distribution at it: its top tokens
+(greedy decoding, measurement), or draws without replacement (sampling, via Gumbel-top-k). A
+static :class:`~specscope.trees.TreeShape` fixes which nodes exist; a
+:class:`~specscope.trees.DynamicTree` grows the likeliest paths (EAGLE-2).
+
+The functions here take the draft's forward as a callable, so they know nothing of caches or
+sessions; :mod:`specscope.core.loop` binds them to one prompt, :mod:`specscope.core.batch` to B.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..trees import DynamicTree, TreeShape, bfs_prefix, contiguous_ranks
+from .sampling import gumbel_topk_scores, warp
+
+# (frontier nodes, tokens so far [B, N]) -> the draft's scores at the frontier [B, F, V]
+Expand = Callable[[list[int], torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DraftTree:
+    """The tree one step drafted."""
+
+    shape: TreeShape
+    tokens: torch.Tensor  # [N] long, on the CPU
+    proposals: torch.Tensor | None  # [C, V]: q at the contexts nodes were drawn from; None: not kept
+    proposal_row: list[int]  # each node's row of ``proposals`` (its parent's context)
+    draft_slot: list[int]  # each node's index among the tree entries of the draft cache, or -1
+
+    @property
+    def non_leaves(self) -> list[int]:
+        return [n for n in range(len(self.shape)) if self.shape.children[n]]
+
+
+@dataclass(frozen=True)
+class ChildRule:
+    """How a node's children are chosen from the draft's logits at it.
+
+    ``temperature`` 0: the draft's top tokens; > 0: draws without replacement from q at that
+    temperature and ``top_p``. ``keep_q``: keep q at every context (measurement records it; sampled
+    verification needs it). ``min_path_prob``: stop growing once no frontier path is this likely.
+    """
+
+    vocab: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    keep_q: bool = False
+    min_path_prob: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def level_mask(parents: Sequence[int], nodes: list[int], fed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each of ``nodes`` (one tree level) sees: [F, len(fed)] over the tree entries already in
+    the cache and [F, F] over the level itself: itself and its ancestors, nothing else."""
+    def ancestors(n: int) -> set[int]:
+        out = set()
+        while n >= 0:
+            out.add(n)
+            n = parents[n]
+        return out
+
+    anc = [ancestors(n) for n in nodes]
+    seen = torch.tensor([[f in a for f in fed] for a in anc], dtype=torch.bool).view(len(nodes), len(fed))
+    block = torch.tensor([[m in a for m in nodes] for a in anc], dtype=torch.bool)
+    return seen, block
+
+
+def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand: Expand,
+              stop: Callable[[list[int], torch.Tensor], bool] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Choose every node's token, depth by depth, from the draft's scores at its parent, for B
+    rows that share one shape.
+
+    ``root_q`` [B, V] scores the root context; ``expand(frontier, tokens)`` returns scores
+    [B, F, V] at the contexts extended by each frontier node (nodes of the current depth that have
+    children), in one batched draft call. A node of sibling rank r takes its parent's r-th best
+    token. Returns tokens [B, N], score rows [B, C, V] and each node's row [N]. ``stop(frontier,
+    tokens)``, if given, is asked before each expansion; when it returns True the growth ends and
+    the tensors cover the nodes grown so far (a breadth-first prefix).
+    """
+    B = root_q.shape[0]
+    q = root_q[:, None, :]
+    row = {-1: 0}
+    tokens = torch.empty(B, len(shape), dtype=torch.long, device=root_q.device)
+    for depth in range(1, shape.max_depth + 1):
+        level = list(shape.nodes_at_depth(depth))
+        parent_rows = q[:, [row[shape.parents[n]] for n in level]]  # [B, F, V]
+        top = torch.topk(parent_rows, max(shape.ranks[n] for n in level) + 1, dim=-1).indices
+        tokens[:, level] = top[:, torch.arange(len(level)), [shape.ranks[n] for n in level]]
+        frontier = [n for n in level if shape.children[n]]
+        if frontier and stop is not None and stop(frontier, tokens):
+            grown = max(level) + 1
+            return tokens[:, :grown], q, torch.tensor([row[p] for p in shape.parents[:grown]])
+        if frontier:
+            row.update({n: q.shape[1] + j for j, n in enumerate(frontier)})
+            q = torch.cat([q, expand(frontier, tokens)], dim=1)
+    return tokens, q, torch.tensor([row[p] for p in shape.parents])
+
+
+# (nodes of one level, all tokens so far [N'], parents [N'], depths [N']) -> draft logits [F, V]
+FeedLevel = Callable[[list[int], torch.Tensor, list[int], list[int]], torch.Tensor]
+
+
+def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLevel,
+                 rule: ChildRule, generator: torch.Generator, fed: list[int]) -> DraftTree:
+    """One prompt's static tree. Children are the draft's top tokens, or draws without replacement
+    when sampling; growth stops early once no frontier path has draft probability
+    ``rule.min_path_prob``. ``fed`` collects the nodes fed to the draft, in cache order."""
+    rows: list[torch.Tensor] = []  # q at the root and at each fed node, when kept
+    path_prob: dict[int, float] = {-1: 1.0}
+
+    def scores(logits: torch.Tensor) -> torch.Tensor:
+        if rule.greedy and not (rule.min_path_prob or rule.keep_q):
+            return logits  # the top tokens; no distribution needed
+        q = warp(logits, rule.vocab, rule.temperature or 1.0, 1.0 if rule.greedy else rule.top_p)
+        rows.extend(q)
+        return q if rule.greedy else gumbel_topk_scores(q, generator)
+
+    def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        return scores(feed_level(frontier, tokens[0].cpu(), list(shape.parents),
+                                 list(shape.depths)))[None]
+
+    def unlikely(frontier: list[int], tokens: torch.Tensor) -> bool:
+        for n in frontier:
+            parent = shape.parents[n]
+            row = rows[0 if parent < 0 else 1 + fed.index(parent)]
+            path_prob[n] = path_prob[parent] * float(row[tokens[0, n]])
+        return max(path_prob[n] for n in frontier) < rule.min_path_prob
+
+    if not rule.greedy:  # draws are taken in order: a node's children are draws 0..k-1
+        shape = contiguous_ranks(shape)
+    tokens, _, q_index = grow_tree(shape, scores(root_logits[None]), expand,
+                                   stop=unlikely if rule.min_path_prob > 0 else None)
+    shape = bfs_prefix(shape, tokens.shape[1])
+    slot = {n: i for i, n in enumerate(fed)}
+    kept = rule.keep_q or not rule.greedy
+    return DraftTree(shape, tokens[0].cpu(), torch.stack(rows) if kept else None,
+                     q_index.tolist(), [slot.get(n, -1) for n in range(len(shape))])
+
+
+def draft_dynamic(policy: DynamicTree, root_logits: torch.Tensor, feed_level: FeedLevel,
+                  rule: ChildRule, fed: list[int]) -> DraftTree:
+    """EAGLE-2: expand the top-k nodes of each depth by cumulative draft log-probability, then
+    keep the best ``max_nodes`` of all drafted nodes (ties: shallower first). The children are the
+    draft's top tokens (deterministic, verified as point-mass proposals when sampling)."""
+    temp = rule.temperature or 1.0
+    parents: list[int] = []
+    depths: list[int] = []
+    ranks: list[int] = []
+    score: list[float] = []
+    token_list: list[int] = []
+
+    def add_children(parent: int, row: torch.Tensor) -> list[int]:
+        top = torch.topk(row, policy.top_k)
+        base = score[parent] if parent >= 0 else 0.0
+        first = len(parents)
+        for r, (lp, tok) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+            parents.append(parent)
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+            ranks.append(r)
+            score.append(base + lp)
+            token_list.append(tok)
+        return list(range(first, len(parents)))
+
+    level = add_children(-1, torch.log_softmax(root_logits / temp, -1))
+    for _ in range(policy.depth - 1):
+        frontier = sorted(level, key=lambda n: -score[n])[:policy.top_k]
+        if math.exp(score[frontier[0]]) < rule.min_path_prob:
+            break
+        rows = torch.log_softmax(feed_level(frontier, torch.tensor(token_list), parents, depths)
+                                 / temp, -1)
+        level = [c for n, row in zip(frontier, rows) for c in add_children(n, row)]
+    kept = sorted(range(len(parents)), key=lambda n: (-score[n], depths[n], n))[:policy.max_nodes]
+    order = sorted(kept, key=lambda n: (depths[n], n))
+    index = {n: i for i, n in enumerate(order)}
+    shape = TreeShape(tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
+                      tuple(ranks[n] for n in order))
+    slot = {n: i for i, n in enumerate(fed)}
+    return DraftTree(shape, torch.tensor([token_list[n] for n in order]), None, [],
+                     [slot.get(n, -1) for n in order])

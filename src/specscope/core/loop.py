@@ -1,0 +1,310 @@
+"""The speculation loop: prefill -> draft -> verify -> accept -> commit, one prompt at a time.
+
+One step, for a context of L tokens whose first L - 1 sit in the target's KV cache:
+
+    draft   -> feed the draft the tokens its cache lacks, then grow the tree level by level, each
+               level's frontier in ONE batched call (4D tree mask, positions L + depth - 1)
+    verify  -> the target scores the last context token and the tree's nodes in ONE pass
+    accept  -> an :class:`Acceptor` picks the accepted path and the token after it
+    commit  -> keep the accepted path's cache entries, drop the rest; append the emitted tokens
+
+Decoding and measurement are the same loop with different acceptors: greedy and sampled
+verification (:mod:`specscope.decode`) emit the accepted path and a bonus token; the paper's
+measurement protocol (:mod:`specscope.measure`) records every node of the tree and commits only
+the target's greedy token, so that the trajectory is the target's plain greedy output.
+This module does not write records or time whole requests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+
+from ..errors import SpecscopeError
+from ..trees import DynamicTree, TreeShape, cut_depth
+from .draft import ChildRule, DraftTree, draft_dynamic, draft_static, level_mask
+from .passes import feed, feed_causal, keep_positions, prefill
+from .sampling import next_token
+
+
+class DecodeError(SpecscopeError, ValueError):
+    """A decoding request that cannot be served; the message says why."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+    min_path_prob: float = 0.0  # stop growing the tree when no frontier path is this likely (draft)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise DecodeError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise DecodeError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise DecodeError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_path_prob < 1:
+            raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verification step (or one plain-decoding token): the figures decoding and measurement
+    both record (measurement's step rows are these plus certificates)."""
+
+    step: int
+    context_len: int
+    tree_size: int
+    accepted_len: int  # tree nodes the target accepts
+    tau: int  # tokens per step: accepted_len + 1 (before truncation at EOS / budget)
+    emitted_token: int  # the first token the step committed
+    draft_time_s: float
+    verify_time_s: float
+    step_time_s: float
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # generated tokens (an EOS that stopped generation included)
+    steps: list[Step]
+    stop_reason: str  # "eos" or "max_new_tokens"
+    time_s: float
+    prompt_tokens: int
+
+    @property
+    def mean_tau(self) -> float:
+        return sum(s.tau for s in self.steps) / len(self.steps) if self.steps else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.time_s if self.time_s > 0 else float("nan")
+
+
+@dataclass
+class Session:
+    """One prompt in flight: its tokens and both caches.
+
+    The target cache holds ``tokens[:-1]``; the draft cache holds ``tokens[:draft_len]`` (it may
+    lag when it did not feed the whole accepted path) and, during a step, the tree nodes in
+    ``fed`` order.
+    """
+
+    tokens: list[int]
+    target_cache: object
+    draft_cache: object
+    draft_len: int
+    generator: torch.Generator
+    fed: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What the accept stage decided: the accepted nodes, root to deepest, the token committed
+    after them, and how many nodes the target accepts (``len(path)`` unless the acceptor
+    commits less than it accepts, as measurement does)."""
+
+    path: list[int]
+    bonus: int
+    accepted_len: int
+
+
+class Acceptor(Protocol):
+    """The accept stage, and the few ways a loop's protocol differs with it."""
+
+    first_token_from_prefill: bool  # decoding: the first token is plain decoding's
+    cut_tree_at_budget: bool  # decoding: draft no deeper than the tokens still wanted
+    verify_leaves: bool  # decoding needs the leaves' rows (their bonus tokens)
+    rule: ChildRule  # how children are drafted
+
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor,
+               draft_time_s: float, verify_time_s: float) -> Accepted: ...
+
+
+@dataclass
+class Speculator:
+    """A draft and a target model; the stages of one speculation step, and the loop."""
+
+    draft: torch.nn.Module
+    target: torch.nn.Module
+    vocab: int
+    eos: frozenset[int] = frozenset()
+
+    # prefill ----------------------------------------------------------------------------------
+
+    def check_fits(self, prompt: Sequence[int], max_new_tokens: int, depth: int) -> None:
+        if not prompt:
+            raise DecodeError("the prompt has no tokens")
+        limit = min(getattr(m.config, "max_position_embeddings", 1 << 30)
+                    for m in (self.draft, self.target))
+        need = len(prompt) + max_new_tokens + depth
+        if need > limit:
+            raise DecodeError(
+                f"the prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + "
+                f"the tree's depth ({depth}) need {need} positions; the models allow {limit}")
+
+    def prefill(self, prompt: Sequence[int], seed: int,
+                with_logits: bool) -> tuple[Session, torch.Tensor | None]:
+        """Both caches for ``prompt``: the draft holds all but the last token; the target too, or
+        (``with_logits``) all of it, returning its logits [vocab] at the prompt's end."""
+        prompt = list(prompt)
+        target_cache, logits = prefill(self.target, prompt if with_logits else prompt[:-1],
+                                       logits=with_logits)
+        draft_cache, _ = prefill(self.draft, prompt[:-1])
+        s = Session(prompt, target_cache, draft_cache, len(prompt) - 1,
+                    torch.Generator().manual_seed(seed))
+        return s, None if logits is None else logits[:self.vocab]
+
+    # draft --------------------------------------------------------------------------------------
+
+    def draft_root(self, s: Session) -> torch.Tensor:
+        """Feed the draft the tokens its cache lacks; logits [vocab] at the whole context."""
+        logits = feed_causal(self.draft, s.draft_cache, s.tokens[s.draft_len:], s.draft_len,
+                             last=1)
+        s.draft_len = len(s.tokens)
+        s.fed = []
+        return logits[-1, :self.vocab].float()
+
+    def draft_level(self, s: Session, nodes: list[int], tokens: torch.Tensor,
+                    parents: Sequence[int], depths: Sequence[int]) -> torch.Tensor:
+        """Feed ``nodes`` (one tree level) to the draft in one call; their logits [F, vocab]."""
+        L = len(s.tokens)
+        seen, block = level_mask(parents, nodes, s.fed)
+        visible = torch.cat([torch.ones(len(nodes), L, dtype=torch.bool), seen], dim=1)
+        positions = torch.tensor([L + depths[n] - 1 for n in nodes])
+        logits = feed(self.draft, s.draft_cache, tokens[nodes], positions, visible, block)
+        s.fed.extend(nodes)
+        return logits[:, :self.vocab].float()
+
+    def draft_tree(self, s: Session, spec: TreeShape | DynamicTree, rule: ChildRule) -> DraftTree:
+        root = self.draft_root(s)
+        feed_level = lambda *a: self.draft_level(s, *a)  # noqa: E731
+        if isinstance(spec, DynamicTree):
+            return draft_dynamic(spec, root, feed_level, rule, s.fed)
+        return draft_static(spec, root, feed_level, rule, s.generator, s.fed)
+
+    # verify -------------------------------------------------------------------------------------
+
+    def verify(self, s: Session, tree: DraftTree, nodes: list[int] | None = None) -> torch.Tensor:
+        """Target logits [1 + len(nodes), vocab]: at the context, and at the context extended by
+        each of ``nodes`` (default: every node), in one pass over the target's cache."""
+        L = len(s.tokens)
+        assert s.target_cache.get_seq_length() == L - 1, "the target cache must hold tokens[:-1]"
+        nodes = list(range(len(tree.shape))) if nodes is None else nodes
+        anc = tree.shape.ancestor_mask()[nodes][:, nodes]
+        visible = torch.ones(1 + len(nodes), L - 1, dtype=torch.bool)
+        block = torch.zeros(1 + len(nodes), 1 + len(nodes), dtype=torch.bool)
+        block[:, 0] = True  # the newest context token is seen by itself and every node
+        block[1:, 1:] = anc
+        ids = torch.cat([torch.tensor(s.tokens[-1:]), tree.tokens[nodes]])
+        depths = torch.tensor(tree.shape.depths)[nodes]
+        positions = torch.cat([torch.tensor([L - 1]), L + depths - 1])
+        logits = feed(self.target, s.target_cache, ids, positions, visible, block)
+        return logits[:, :self.vocab]
+
+    # commit -------------------------------------------------------------------------------------
+
+    def commit(self, s: Session, tree: DraftTree, accepted: Accepted) -> list[int]:
+        """Keep the accepted path in both caches; append its tokens and the bonus token."""
+        L = len(s.tokens)
+        keep_positions(s.target_cache, list(range(L)) + [L + n for n in accepted.path])
+        in_draft = []
+        for n in accepted.path:  # the draft holds a prefix of the path (nodes it fed)
+            if tree.draft_slot[n] < 0:
+                break
+            in_draft.append(L + tree.draft_slot[n])
+        keep_positions(s.draft_cache, list(range(L)) + in_draft)
+        s.draft_len = L + len(in_draft)
+        emitted = [int(tree.tokens[n]) for n in accepted.path] + [int(accepted.bonus)]
+        s.tokens.extend(emitted)
+        return emitted
+
+    # the loop -----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, prompt: Sequence[int], spec: TreeShape | DynamicTree, config: DecodeConfig,
+            acceptor: Acceptor) -> DecodeResult:
+        """Speculate over ``prompt`` until EOS or ``config.max_new_tokens``."""
+        t_start = time.perf_counter()
+        self.check_fits(prompt, config.max_new_tokens, spec.max_depth)
+        s, first_logits = self.prefill(prompt, config.seed, acceptor.first_token_from_prefill)
+        steps: list[Step] = []
+        out: list[int] = []
+        stop = "max_new_tokens"
+        if acceptor.first_token_from_prefill:  # as plain decoding does
+            first = next_token(first_logits, self.vocab, config.temperature, config.top_p,
+                               s.generator)
+            s.tokens.append(first)
+            prefill_s = time.perf_counter() - t_start
+            steps.append(Step(0, len(prompt), 0, 0, 1, first, 0.0, prefill_s, prefill_s))
+            out, stop = _append(out, [first], config.max_new_tokens, self.eos)
+        while len(out) < config.max_new_tokens and stop != "eos":
+            t0 = time.perf_counter()
+            tree_spec = spec
+            if acceptor.cut_tree_at_budget:
+                depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
+                tree_spec = (replace(spec, depth=min(spec.depth, depth))
+                             if isinstance(spec, DynamicTree) else cut_depth(spec, depth))
+            tree = self.draft_tree(s, tree_spec, acceptor.rule)
+            t1 = time.perf_counter()
+            logits = self.verify(s, tree, None if acceptor.verify_leaves else tree.non_leaves)
+            t2 = time.perf_counter()
+            accepted = acceptor.accept(s, tree, logits, t1 - t0, t2 - t1)
+            context_len = len(s.tokens)
+            emitted = self.commit(s, tree, accepted)
+            steps.append(Step(len(steps), context_len, len(tree.shape), accepted.accepted_len,
+                              accepted.accepted_len + 1, emitted[0], t1 - t0, t2 - t1,
+                              time.perf_counter() - t0))
+            out, stop = _append(out, emitted, config.max_new_tokens, self.eos)
+        return DecodeResult(out, steps, stop, time.perf_counter() - t_start, len(prompt))
+
+
+def _append(out: list[int], emitted: list[int], budget: int, eos) -> tuple[list[int], str]:
+    """Extend ``out`` with ``emitted``, cut after the first EOS or at the token budget."""
+    for token in emitted:
+        if len(out) == budget:
+            break
+        out = out + [token]
+        if token in eos:
+            return out, "eos"
+    return out, "max_new_tokens"
+
+
+@torch.inference_mode()
+def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: DecodeConfig,
+                   vocab: int, eos=frozenset()) -> DecodeResult:
+    """Token-by-token decoding with a KV cache: greedy, or sampling at ``config.temperature``."""
+    if not prompt:
+        raise DecodeError("the prompt has no tokens")
+    t_start = time.perf_counter()
+    generator = torch.Generator().manual_seed(config.seed)
+    cache, logits = prefill(model, prompt, logits=True)
+    out: list[int] = []
+    steps: list[Step] = []
+    stop = "max_new_tokens"
+    t0 = t_start
+    while True:
+        token = next_token(logits, vocab, config.temperature, config.top_p, generator)
+        t1 = time.perf_counter()
+        steps.append(Step(len(steps), len(prompt) + len(out), 0, 0, 1, token, 0.0, t1 - t0, t1 - t0))
+        out.append(token)
+        if token in eos:
+            stop = "eos"
+            break
+        if len(out) == config.max_new_tokens:
+            break
+        t0 = time.perf_counter()
+        logits = model(input_ids=torch.tensor([[token]], device=model.device),
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    return DecodeResult(out, steps, stop, time.perf_counter() - t_start, len(prompt))

@@ -1,0 +1,107 @@
+"""Speculative decoding for real: the loop of :mod:`specscope.core.loop` with greedy or sampled
+verification (README: "Speculative decoding for real").
+
+    accept (greedy)   -> follow the child whose token is the target's argmax; the first context
+                         without such a child emits the target's argmax there (the bonus token)
+    accept (sampling) -> multi-round speculative sampling at each node (SpecInfer), which leaves
+                         the target's (temperature, top-p) distribution unchanged
+
+Greedy verification is lossless: the output is the target's plain greedy output, token for token
+(up to floating-point ties between the tree pass and one-token passes). With sampling, a static
+tree's children are drawn from the draft without replacement (Gumbel-top-k) and verified against
+the draft's distribution; a dynamic tree's children are the draft's top tokens, verified as
+point-mass proposals, which keeps it lossless although its shape depends on the draft.
+This module does not time methods against each other (:mod:`specscope.bench`) or measure costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .core.draft import ChildRule, DraftTree
+from .core.loop import (Accepted, DecodeConfig, DecodeError, DecodeResult, Session, Speculator,
+                        Step, plain_generate)
+from .core.passes import greedy_token
+from .core.sampling import speculative_sample, warp
+from .trees import Speculation
+
+__all__ = ["DecodeConfig", "DecodeError", "DecodeResult", "Step", "SpeculativeDecoder",
+           "make_decoder", "plain_generate", "steps_frame"]
+
+
+@dataclass
+class GreedyAcceptor:
+    """Follow the child equal to the target's argmax; the first miss is the bonus token."""
+
+    rule: ChildRule
+    first_token_from_prefill: bool = True
+    cut_tree_at_budget: bool = True
+    verify_leaves: bool = True
+
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
+        best = greedy_token(logits).tolist()  # [1 + N]
+        tokens = tree.tokens.tolist()
+        path, node = [], -1
+        while True:
+            match = [c for c in tree.shape.children_of(node) if tokens[c] == best[node + 1]]
+            if not match:
+                return Accepted(path, best[node + 1], len(path))
+            node = match[0]
+            path.append(node)
+
+
+@dataclass
+class SampledAcceptor:
+    """Speculative sampling node by node, down the tree, until a round emits its own token."""
+
+    rule: ChildRule
+    first_token_from_prefill: bool = True
+    cut_tree_at_budget: bool = True
+    verify_leaves: bool = True
+
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
+        p = warp(logits, self.rule.vocab, self.rule.temperature, self.rule.top_p).cpu()
+        tokens = tree.tokens.tolist()
+        path, node = [], -1
+        while True:
+            kids = sorted(tree.shape.children_of(node), key=lambda c: tree.shape.ranks[c])
+            q = (tree.proposals[tree.proposal_row[kids[0]]].cpu()
+                 if tree.proposals is not None and kids else None)
+            index, token = speculative_sample(p[node + 1], [tokens[c] for c in kids], q,
+                                              s.generator)
+            if index is None:
+                return Accepted(path, token, len(path))
+            node = kids[index]
+            path.append(node)
+
+
+@dataclass
+class SpeculativeDecoder(Speculator):
+    """Generate with a draft tree (or plainly, with ``spec=None``)."""
+
+    def generate(self, prompt: Sequence[int], spec: Speculation,
+                 config: DecodeConfig = DecodeConfig()) -> DecodeResult:
+        if spec is None:
+            return plain_generate(self.target, prompt, config, self.vocab, self.eos)
+        rule = ChildRule(self.vocab, config.temperature, config.top_p,
+                         min_path_prob=config.min_path_prob)
+        acceptor = GreedyAcceptor(rule) if config.greedy else SampledAcceptor(rule)
+        return self.run(prompt, spec, config, acceptor)
+
+
+def make_decoder(pair) -> SpeculativeDecoder:
+    """The decoder of a loaded :class:`~specscope.models.ModelPair`."""
+    from .prompts.render import eos_token_ids
+
+    return SpeculativeDecoder(pair.draft.model, pair.target.model, pair.vocab_size,
+                              frozenset(eos_token_ids(pair)))
+
+
+def steps_frame(result: DecodeResult):
+    """The per-step records as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame([vars(s) for s in result.steps])

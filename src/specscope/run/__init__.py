@@ -1,0 +1,1 @@
+"""A run: its config, its manifest, and the command that measures it."""

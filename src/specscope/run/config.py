@@ -1,0 +1,170 @@
+"""What determines a run's records: :class:`RunConfig` (pair, tree, prompts, engine, budgets,
+seed, certificates), its content hash (the run id), presets and TOML/manifest loading.
+
+Validates every field on construction; loads no model and reads no prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..errors import SpecscopeError
+from ..measure.study import ENGINES
+from ..models import PairConfig
+from ..prompts.items import (
+    SMOKE_PROMPTS,
+    PromptItem,
+    PromptSourceError,
+    read_jsonl,
+    sample_items,
+)
+from ..theory import CriteriaConfig
+from ..trees import TreeConfig
+from ..validate import check_fields
+
+PRESETS = ("paper", "demo")
+
+
+class RunConfigError(SpecscopeError, ValueError):
+    """A run config that cannot be used; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Which prompts to measure: a JSONL file, the built-in smoke set, or domain sources."""
+
+    file: str | None = None
+    domains: tuple[str, ...] = ()
+    per_domain: int | None = None
+    sources: tuple[tuple[str, str], ...] = ()  # (domain, source name) overrides
+    smoke: bool = False
+
+    def select(self, seed: int) -> list[PromptItem]:
+        if self.smoke:
+            return list(SMOKE_PROMPTS)
+        if self.file:
+            domain = self.domains[0] if len(self.domains) == 1 else None
+            items = read_jsonl(self.file, domain=domain)
+            if self.per_domain is None:
+                return items
+            by_domain: dict[str, list[PromptItem]] = {}
+            for item in items:
+                by_domain.setdefault(item.domain, []).append(item)
+            return [x for group in by_domain.values()
+                    for x in sample_items(group, self.per_domain, seed)]
+        if self.domains:
+            from ..prompts.domains import select_prompts
+
+            return select_prompts(list(self.domains), self.per_domain, seed=seed,
+                                  sources=dict(self.sources) or None)
+        raise PromptSourceError("no prompts: give --prompts FILE, --domains or --smoke")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's records."""
+
+    pair: PairConfig = field(default_factory=PairConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    engine: str = "cached"
+    max_new_tokens: int = 64
+    max_prompt_tokens: int = 512
+    chat_template: bool = True
+    seed: int = 42
+    criteria: CriteriaConfig | None = field(default_factory=CriteriaConfig)  # None: no certificates
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise RunConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.max_new_tokens < 1:
+            raise RunConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens < 1:
+            raise RunConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        """A content hash of the config: the same config always gives the same id."""
+        text = json.dumps(self.to_dict(), sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        """A config from TOML- or JSON-like data; every value's type is checked, by field."""
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise RunConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        check_fields(cls, data, RunConfigError)
+        try:
+            if isinstance(data.get("criteria"), dict):
+                data["criteria"] = CriteriaConfig.from_dict(data["criteria"])
+        except (TypeError, ValueError) as e:
+            if isinstance(e, SpecscopeError):
+                raise
+            raise RunConfigError(f"criteria: {e}") from None
+        nested = {"pair": PairConfig, "tree": TreeConfig, "prompts": PromptSpec}
+        for key, kind in nested.items():
+            if key in data:
+                if not isinstance(data[key], dict):
+                    raise RunConfigError(f"[{key}] must be a table, got {data[key]!r}")
+                section = dict(data[key])
+                allowed = {f.name for f in dataclasses.fields(kind)}
+                if set(section) - allowed:
+                    raise RunConfigError(f"unknown keys {sorted(set(section) - allowed)} in "
+                                         f"[{key}]; allowed: {sorted(allowed)}")
+                check_fields(kind, section, RunConfigError, f"{key}.")
+                for name in ("domains", "sources"):
+                    if name in section and section[name] is not None:
+                        section[name] = tuple(tuple(x) if isinstance(x, list) else x
+                                              for x in section[name])
+                data[key] = kind(**section)
+        return cls(**data)
+
+    def replace(self, **overrides) -> RunConfig:
+        """A copy with top-level or ``section.key`` overrides (None values are ignored)."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            section, _, name = key.rpartition(".")
+            (data[section] if section else data)[name] = value
+        return RunConfig.from_dict(data)
+
+
+def load_config(source: str | Path | None) -> RunConfig:
+    """A config from a preset name (``paper``, ``demo``), a TOML file, a run's
+    ``manifest.json`` (its recorded config, to measure more like it), or the defaults."""
+    if source is None:
+        return RunConfig()
+    if str(source) in PRESETS:
+        text = resources.files("specscope").joinpath("presets", f"{source}.toml").read_text()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise RunConfigError(f"config {source} is neither a preset ({', '.join(PRESETS)}) "
+                                 "nor a TOML file or a run's manifest.json")
+        text = path.read_text()
+    try:
+        if str(source).endswith(".json"):
+            manifest = json.loads(text)
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+                raise RunConfigError(f"{source}: not a run manifest (it has no 'config' object)")
+            return RunConfig.from_dict(manifest["config"])
+        return RunConfig.from_dict(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise RunConfigError(f"{source}: invalid {'JSON' if str(source).endswith('.json') else 'TOML'}: {e}") from None
+    except TypeError as e:
+        raise RunConfigError(f"{source}: {e}") from None
+
+

@@ -1,0 +1,109 @@
+"""A run's provenance: its manifest (config, tree, models, packages, commit, prompts), the check
+that a run being resumed still has the same prompts and models, and config differences.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from .. import __version__
+from ..fingerprint import prompt_sha256
+from ..prompts.items import (
+    PromptItem,
+)
+from ..records import (
+    SCHEMA_VERSION,
+)
+from .config import RunConfig, RunConfigError
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("specscope", "torch", "transformers", "pyarrow", "numpy", "gguf"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def config_differences(manifest: dict, config: RunConfig) -> list[str]:
+    """The ``section.key`` names in which ``config`` differs from a run manifest's config."""
+    old = _flatten(RunConfig.from_dict(manifest["config"]).to_dict())
+    return [key for key, value in _flatten(config.to_dict()).items() if old.get(key) != value]
+
+
+def run_manifest(config: RunConfig, items: list[PromptItem], empty: list[str], models: dict,
+                 created: str | None = None) -> dict:
+    """The manifest of a run that is starting (status ``running``); ``models``: pair provenance."""
+    shape = config.tree.shape()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "specscope_version": __version__,
+        "run_id": config.run_id,
+        "status": "running",
+        "created": created or now_utc(),
+        "config": config.to_dict(),
+        "tree": {"paths": shape.to_paths_literal(), "nodes_per_depth": list(shape.depth_counts())},
+        "models": models,
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "seed": config.seed,
+        "prompts": {
+            "count": len(items),
+            "sources": sorted({item.source for item in items}),
+            "ids": [item.id for item in items],
+            "skipped_empty": empty,
+        },
+    }
+
+
+def prompt_hashes(items: list[PromptItem]) -> dict[str, str]:
+    return {item.id: prompt_sha256(item.messages) for item in items}
+
+
+def check_identity(out_dir: Path, manifest: dict, hashes: dict[str, str],
+                   models: dict[str, dict]) -> None:
+    """Refuse to resume a run whose prompts or models changed since it started, naming them."""
+    before = manifest.get("prompts", {}).get("sha256") or {}
+    changed = sorted(pid for pid, h in hashes.items() if pid in before and before[pid] != h)
+    if changed:
+        raise RunConfigError(
+            f"{out_dir}: the text of prompt(s) {', '.join(changed[:5])} changed since the run "
+            "started (same id, other messages); use another directory, or --overwrite")
+    for role, now in models.items():
+        old = (manifest.get("models") or {}).get(role) or {}
+        if old.get("fingerprint") and now.get("fingerprint") and old["fingerprint"] != now["fingerprint"]:
+            raise RunConfigError(
+                f"{out_dir}: the {role} model at {now['source']} changed since the run started "
+                f"(weights fingerprint {old['fingerprint'][:12]}... now {now['fingerprint'][:12]}...); "
+                "use another directory, or --overwrite")
+
+

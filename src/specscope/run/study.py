@@ -1,0 +1,189 @@
+"""``specscope run``: measure every selected prompt into a run directory, resuming what an earlier
+call left, refusing what would mix two configs, and never deleting what is not a run.
+
+The measuring itself is :func:`specscope.measure.study.measure_prompts`, shared with the sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..measure.study import PromptRecords, measure_prompts
+from ..models import ModelPair, load_pair, model_identity
+from ..prompts.items import (
+    PromptItem,
+)
+from ..records import (
+    RunWriter,
+    check_writable_dir,
+    read_manifest,
+    remove_run,
+    write_json_atomic,
+)
+from ..trees import TreeShape
+from .config import RunConfig, RunConfigError
+from .manifest import (
+    check_identity,
+    config_differences,
+    now_utc,
+    prompt_hashes,
+    run_manifest,
+)
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    run_id: str
+    prompts_total: int
+    prompts_measured: int  # in this invocation
+    prompts_skipped_empty: int
+    nodes: int  # in this invocation
+    seconds: float
+    already_complete: bool = False
+
+
+@dataclass
+class RunDirState:
+    """What an output directory holds, checked before any model loads or anything is written."""
+
+    manifest: dict | None  # the run to resume, if any
+    replace: bool  # specscope's files there are removed before the first write
+
+
+def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDirState:
+    """Check ``out_dir`` before any expensive work. Nothing is deleted here.
+
+    A directory that is not a specscope run is never touched (``--overwrite`` only replaces a
+    run); a run with another config is refused unless ``overwrite``, or unless it never committed
+    a prompt (a failed start loses nothing by being replaced).
+    """
+    check_writable_dir(out_dir)
+    if not (out_dir / "manifest.json").is_file():
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise RunConfigError(f"{out_dir} exists and is not a specscope run (no manifest.json); "
+                                 "choose an empty or new directory (--overwrite only replaces a "
+                                 "specscope run)")
+        return RunDirState(None, False)
+    if overwrite:
+        return RunDirState(None, True)
+    manifest = read_manifest(out_dir)
+    if manifest.get("run_id") != config.run_id:
+        if not RunWriter(out_dir).done_prompt_ids():
+            return RunDirState(None, True)
+        diff = config_differences(manifest, config)
+        raise RunConfigError(
+            f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
+            "use another directory, or --overwrite to start over")
+    return RunDirState(manifest, False)
+
+
+def check_tree_fits(shape: TreeShape, vocab: int) -> None:
+    if max(shape.ranks) >= vocab:
+        raise RunConfigError(f"the tree asks for the draft's token of rank {max(shape.ranks)}, but "
+                             f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})")
+
+
+def default_batch_size(config: RunConfig) -> int:
+    """Prompts measured together by default: 1 for the naive engine (it cannot batch), 32 on a
+    GPU, else 8 (the fastest on a 2-core CPU; BENCHMARKS.md)."""
+    if config.engine != "cached":
+        return 1
+    return 32 if config.pair.device.startswith("cuda") else 8
+
+
+def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
+              progress: bool = True, pair: ModelPair | None = None,
+              batch_size: int = 1) -> RunSummary:
+    """Measure every selected prompt into ``out_dir``, resuming what an earlier call left.
+
+    ``batch_size`` > 1 measures that many prompts together (cached engine only); it changes how
+    fast, not what: it is not part of the run's identity.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    out_dir = Path(out_dir)
+    t_start = time.perf_counter()
+    console = Console(stderr=True)
+    # Every input is checked before a model loads or a file is written or removed.
+    shape = config.tree.shape()
+    items = config.prompts.select(config.seed)
+    empty = [item.id for item in items if item.is_empty]
+    items = [item for item in items if not item.is_empty]
+    if batch_size < 1:
+        raise RunConfigError(f"batch size must be >= 1, got {batch_size}")
+    if batch_size > 1 and config.engine != "cached":
+        raise RunConfigError(f"--batch-size {batch_size} needs the cached engine; the naive "
+                             "engine (the paper's algorithm) measures one prompt at a time")
+    state = prepare_run_dir(out_dir, config, overwrite)
+    existing = state.manifest
+    hashes = prompt_hashes(items)
+    if existing is not None:
+        check_identity(out_dir, existing, hashes,
+                       {"draft": model_identity(config.pair.draft),
+                        "target": model_identity(config.pair.target)})
+    writer = RunWriter(out_dir)
+    done = set() if state.replace else writer.done_prompt_ids()
+    todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
+    run_id = config.run_id
+    if not todo and existing and existing.get("status") == "complete":
+        if writer.damaged(existing.get("counts") or {}):
+            existing.update(counts=writer.consolidate())
+            write_json_atomic(existing, out_dir / "manifest.json")
+            console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/")
+        return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
+                          time.perf_counter() - t_start, already_complete=True)
+
+    pair = pair or load_pair(config.pair)
+    check_tree_fits(shape, pair.vocab_size)
+    if batch_size > 1:
+        from ..measure.batched import check_batch_memory
+
+        check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
+                           len(shape))
+    if state.replace:
+        remove_run(out_dir)
+    manifest = run_manifest(config, items, empty, pair.provenance, (existing or {}).get("created"))
+    manifest["prompts"]["sha256"] = hashes
+    manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest, out_dir / "manifest.json")
+    if empty:
+        console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
+
+    nodes_total = 0
+    t_loop = time.perf_counter()
+    with Progress(TextColumn("[bold]measuring"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("prompts  {task.fields[nodes]} nodes  {task.fields[rate]} nodes/s"),
+                  TimeElapsedColumn(), console=console, disable=not progress) as bar:
+        task = bar.add_task("run", total=len(items), completed=len(items) - len(todo),
+                            nodes=0, rate="-")
+
+        def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
+            nonlocal nodes_total
+            writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
+            nodes_total += records.nodes.num_rows
+            rate = nodes_total / (time.perf_counter() - t_loop)
+            bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
+
+        measure_prompts(pair, config, todo, run_id, commit, batch_size)
+
+    counts = writer.consolidate()
+    seconds = time.perf_counter() - t_start
+    manifest.update(status="complete", finished=now_utc(), counts=counts,
+                    timings={"last_invocation_s": round(seconds, 3),
+                             "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
+    write_json_atomic(manifest, out_dir / "manifest.json")
+    return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)
+

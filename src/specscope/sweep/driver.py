@@ -1,0 +1,381 @@
+"""Sweeps: a grid of runs (pairs x trees x domains x decode settings) and executors that scale it out.
+
+A sweep file (TOML) names a base run config and the axes of a grid::
+
+    name = "coder-trees"
+    base = "demo"                     # preset or run-config TOML every grid point starts from
+    domains = ["code", "chat"]        # a domain name, or a table of [prompts] fields (file = ...)
+
+    [defaults]                        # overrides of the base, in the run-config format
+    max_new_tokens = 32
+    prompts = { per_domain = 10 }
+
+    [[pairs]]                         # fields of [pair]
+    name = "coder"
+    draft = "demo:draft"
+    target = "demo:target"
+
+    [[trees]]                         # fields of [tree]; a list expands into one tree per value
+    policy = "chain"
+    depth = [2, 4]                    # -> trees "chain-depth2" and "chain-depth4"
+
+    [decode]                          # top-level or ``section.key`` settings; lists expand
+    chat_template = [true, false]
+
+    [execution]                       # how, not what: never part of a run's identity
+    prompts_per_shard = 8
+
+Every grid point is an ordinary run directory, ``SWEEP_DIR/runs/<label>`` (label = the axis names
+joined by dots), and ``SWEEP_DIR/sweep.json`` is the sweep manifest. Work is cut into shards (one
+grid point x a block of its prompts). A shard loads its pair once, measures its prompts and commits
+each one to the run directory as it finishes, so a finished prompt is never measured again, a
+finished shard is never redone, and a shard retried after its worker died overwrites the prompt it
+had in flight instead of duplicating it. Executors: ``local`` runs the shards one after another in
+this process; ``ray`` submits each shard as a Ray task that declares the GPUs (a cuda pair) or CPUs
+it needs, so Ray packs shards onto a cluster. When every shard of a run is done, the run is
+consolidated and its manifest marked complete. The sweep directory may be a URI that pyarrow's
+filesystems accept (``s3://bucket/sweeps/x``), so workers on other machines can write to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from .. import __version__
+from ..prompts.items import PromptItem
+from ..models import resolve_source
+from ..records import RunWriter, json_bytes, open_location, read_json, remove_run, write_file
+from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
+
+
+from .grid import SWEEP_MANIFEST, SWEEP_SCHEMA_VERSION, Execution, GridPoint, SweepError, SweepSpec
+from .executors import Shard, ShardResult, make_executor
+
+# --- the sweep driver ----------------------------------------------------------------------------
+
+
+@dataclass
+class PointState:
+    """A grid point as the driver sees it: where it lives, its prompts and what is done."""
+
+    point: GridPoint
+    run_dir: str
+    writer: RunWriter
+    items: list[PromptItem]
+    empty: list[str]
+    manifest: dict | None  # the existing run manifest
+    done: set[str]
+    shards: list[Shard]
+    complete: bool = False
+
+
+@dataclass
+class SweepSummary:
+    sweep_dir: str
+    sweep_id: str
+    points: int
+    points_complete: int
+    shards_total: int
+    shards_run: int  # in this invocation
+    shards_skipped: int  # finished before this invocation
+    prompts_measured: int  # in this invocation
+    nodes: int  # in this invocation
+    seconds: float
+    executor: str
+
+    @property
+    def complete(self) -> bool:
+        return self.points_complete == self.points
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def _location(fs: pafs.FileSystem, path: str) -> str:
+    """A string a worker can open: the path on a local disk, a URI elsewhere."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return path
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}.get(fs.type_name)
+    if scheme is None:
+        raise SweepError(f"workers cannot open a {fs.type_name!r} filesystem; use a local path "
+                         "or an s3://, gs://, hdfs:// or abfs:// URI")
+    return f"{scheme}://{path}"
+
+
+def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
+                threads: int | None, fresh: bool = False) -> list[PointState]:
+    """Check every grid point's run directory and cut what is left into shards (no writes).
+
+    ``fresh``: plan as if the directory were empty (it is about to be overwritten).
+    """
+    states = []
+    for point in spec.points():
+        for source in (point.config.pair.draft, point.config.pair.target):
+            resolve_source(source)  # a mistyped model path fails here, before anything is removed
+        run_path = _join(root, "runs", point.label)
+        writer = RunWriter(run_path, fs)
+        manifest = None if fresh else writer.read_manifest()
+        if manifest is not None and manifest.get("run_id") != point.config.run_id:
+            diff = config_differences(manifest, point.config)
+            raise SweepError(f"{run_path} holds a run with another config (differs in: "
+                             f"{', '.join(diff)}); use another sweep directory or --overwrite")
+        items = point.config.prompts.select(point.config.seed)
+        empty = [item.id for item in items if item.is_empty]
+        items = [item for item in items if not item.is_empty]
+        complete = bool(manifest and manifest.get("status") == "complete")
+        done = ({item.id for item in items} if complete
+                else set() if fresh else writer.done_prompt_ids())
+        shards = []
+        size = execution.prompts_per_shard
+        for block, start in enumerate(range(0, len(items), size)):
+            todo = tuple((order, item) for order, item in enumerate(items[start:start + size], start)
+                         if item.id not in done)
+            if todo:
+                shards.append(Shard(
+                    f"{point.label}/{block}", point.label, _location(fs, run_path),
+                    _location(fs, _join(root, "shards", f"{point.label}.{block:04d}.json")),
+                    point.config, todo, threads))
+        states.append(PointState(point, run_path, writer, items, empty, manifest, done, shards,
+                                 complete))
+    return states
+
+
+def _blocks(state: PointState, size: int) -> int:
+    return -(-len(state.items) // size)
+
+
+def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, executor: str,
+                    execution: Execution, status: str) -> dict:
+    points = [{"label": s.point.label, "run_id": s.point.config.run_id,
+               "run_dir": f"runs/{s.point.label}", "axes": dict(s.point.axes),
+               "prompts": len(s.items), "status": "complete" if s.complete else "running"}
+              for s in states]
+    return {
+        "kind": "specscope-sweep",
+        "schema_version": SWEEP_SCHEMA_VERSION,
+        "specscope_version": __version__,
+        "name": spec.name,
+        "sweep_id": spec.sweep_id,
+        "status": status,
+        "created": created,
+        "updated": now_utc(),
+        "spec": spec.source,
+        "executor": executor,
+        "execution": dataclasses.asdict(execution),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "points": points,
+    }
+
+
+def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
+                     overwrite: bool = False) -> dict | None:
+    """The sweep manifest already in ``root``, if any; raises when ``root`` holds anything else
+    (even with ``overwrite``, which only replaces a sweep) or a sweep of other grid points."""
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
+    existing = read_json(fs, _join(root, SWEEP_MANIFEST))
+    if existing is None:
+        if info.type == pafs.FileType.Directory and fs.get_file_info(
+                pafs.FileSelector(root, allow_not_found=True)):
+            raise SweepError(f"{root} exists and is not a specscope sweep (no {SWEEP_MANIFEST}); "
+                             "choose an empty or new directory (--overwrite only replaces a "
+                             "specscope sweep)")
+        return None
+    if existing.get("kind") != "specscope-sweep":
+        raise SweepError(f"{root}/{SWEEP_MANIFEST} is not a specscope sweep manifest")
+    if overwrite:
+        return existing
+    old = {p["label"]: p["run_id"] for p in existing.get("points", [])}
+    changed = [p.label for p in spec.points() if p.label in old and old[p.label] != p.config.run_id]
+    if changed:
+        raise SweepError(f"{root} holds a sweep whose grid points {', '.join(changed)} had another "
+                         "config; use another directory, or --overwrite to start over")
+    return existing
+
+
+def remove_sweep(fs: pafs.FileSystem, root: str) -> None:
+    """Remove what specscope wrote in a sweep directory: its manifest, shard records and every
+    grid point's run (see :func:`remove_run`), leaving any other file."""
+    for info in fs.get_file_info(pafs.FileSelector(_join(root, "runs"), allow_not_found=True)):
+        if info.type == pafs.FileType.Directory:
+            remove_run(info.path, fs)
+    for sub in ("runs", "shards"):
+        path = _join(root, sub)
+        if fs.get_file_info(path).type == pafs.FileType.Directory and (
+                sub == "shards" or not fs.get_file_info(pafs.FileSelector(path))):
+            fs.delete_dir(path)
+    if fs.get_file_info(_join(root, SWEEP_MANIFEST)).type == pafs.FileType.File:
+        fs.delete_file(_join(root, SWEEP_MANIFEST))
+
+
+class SweepBoard:
+    """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
+
+    def __init__(self, shards_total: int, shards_done: int, enabled: bool):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
+                       "{task.fields[rate]} nodes/s"),
+            TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.task = self.bar.add_task("sweep", total=shards_total, completed=shards_done,
+                                      prompts=0, nodes=0, rate="-")
+        self.prompts = self.nodes = 0  # of finished shards
+        self.live_prompts = self.live_nodes = 0  # of the shard in flight (local executor)
+        self.seconds: dict[str, float] = {}  # shard seconds per run label
+        self.nodes_by_run: dict[str, int] = {}
+        self.failures: list[ShardResult] = []
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> SweepBoard:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def _show(self) -> None:
+        nodes = self.nodes + self.live_nodes
+        rate = nodes / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.update(self.task, prompts=self.prompts + self.live_prompts, nodes=nodes,
+                        rate=f"{rate:.1f}")
+
+    def prompt_done(self, nodes: int) -> None:
+        self.live_prompts += 1
+        self.live_nodes += nodes
+        self._show()
+
+    def shard_done(self, result: ShardResult) -> None:
+        self.live_prompts = self.live_nodes = 0
+        if result.error:
+            self.failures.append(result)
+            self.console.print(f"[red]shard {result.shard_id} failed: {result.error}")
+        self.prompts += result.prompts
+        self.nodes += result.nodes
+        self.seconds[result.label] = self.seconds.get(result.label, 0.0) + result.seconds
+        self.nodes_by_run[result.label] = self.nodes_by_run.get(result.label, 0) + result.nodes
+        self.bar.update(self.task, advance=1)
+        self._show()
+
+
+def _open_runs(spec: SweepSpec, states: list[PointState]) -> None:
+    """Write the manifest (status running) of every run that is not complete."""
+    for s in states:
+        if s.complete:
+            continue
+        old = s.manifest or {}
+        s.manifest = run_manifest(s.point.config, s.items, s.empty, old.get("models", {}),
+                                  old.get("created"))
+        s.manifest["sweep"] = {"name": spec.name, "sweep_id": spec.sweep_id,
+                               "label": s.point.label, "axes": dict(s.point.axes)}
+        s.writer.write_manifest(s.manifest)
+
+
+def _close_runs(states: list[PointState], board: SweepBoard) -> None:
+    """Consolidate every run whose prompts are all committed and mark it complete."""
+    for s in states:
+        if s.complete or not s.writer.done_prompt_ids() >= {item.id for item in s.items}:
+            continue
+        counts = s.writer.consolidate()
+        seconds, nodes = board.seconds.get(s.point.label, 0.0), board.nodes_by_run.get(s.point.label, 0)
+        s.manifest.update(status="complete", finished=now_utc(), counts=counts,
+                          timings={"last_invocation_shard_s": round(seconds, 3),
+                                   "nodes_per_s": round(nodes / seconds, 3) if seconds else None})
+        s.writer.write_manifest(s.manifest)
+        s.complete = True
+
+
+def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
+              address: str | None = None, execution: Execution | None = None,
+              overwrite: bool = False, progress: bool = True) -> SweepSummary:
+    """Run every grid point of ``spec`` into ``out_dir``, resuming what an earlier call left.
+
+    ``out_dir`` is a local directory or a URI (``s3://bucket/sweeps/x``). Raises SweepError when
+    a shard failed (after Ray's retries); the finished shards stay committed and the same call
+    resumes the rest.
+    """
+    t_start = time.perf_counter()
+    execution = execution or spec.execution
+    backend = make_executor(executor, execution, address)
+    fs, root = open_location(out_dir)
+    existing = _check_sweep_dir(fs, root, spec, overwrite)
+    states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite)
+    if overwrite and existing is not None:  # every input is checked: now remove the old sweep
+        remove_sweep(fs, root)
+        existing = None
+    created = (existing or {}).get("created", now_utc())
+    shards = [shard for s in states for shard in s.shards]
+    shards.sort(key=lambda s: json.dumps(dataclasses.asdict(s.config.pair), sort_keys=True))
+    shards_total = sum(_blocks(s, execution.prompts_per_shard) for s in states)
+
+    def write_sweep_manifest(status: str) -> None:
+        manifest = _sweep_manifest(spec, states, created, executor, execution, status)
+        write_file(fs, _join(root, SWEEP_MANIFEST), json_bytes(manifest))
+
+    write_sweep_manifest("running")
+    _open_runs(spec, states)
+    by_label = {s.point.label: s for s in states}
+
+    def report(result: ShardResult) -> None:
+        board.shard_done(result)
+        state = by_label[result.label]
+        if result.models and state.manifest.get("models") != result.models:
+            state.manifest["models"] = result.models  # provenance, as soon as a worker has it
+            state.writer.write_manifest(state.manifest)
+
+    with SweepBoard(shards_total, shards_total - len(shards), progress and bool(shards)) as board:
+        backend.run(shards, report, board.prompt_done)
+    _close_runs(states, board)
+    write_sweep_manifest("complete" if all(s.complete for s in states) else "incomplete")
+    if board.failures:
+        names = ", ".join(f.shard_id for f in board.failures[:5])
+        raise SweepError(f"{len(board.failures)} shard(s) failed ({names}"
+                         f"{' ...' if len(board.failures) > 5 else ''}): {board.failures[0].error};"
+                         " the finished shards are kept: run the same command again to resume")
+    return SweepSummary(str(out_dir), spec.sweep_id, len(states), sum(s.complete for s in states),
+                        shards_total, len(shards), shards_total - len(shards), board.prompts,
+                        board.nodes, time.perf_counter() - t_start, executor)
+
+
+# --- reading a sweep -----------------------------------------------------------------------------
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    return (Path(path) / SWEEP_MANIFEST).is_file()
+
+
+def sweep_run_dirs(sweep_dir: str | Path) -> list[Path]:
+    """The run directories of a (local) sweep's grid points that hold records, in grid order."""
+    sweep_dir = Path(sweep_dir)
+    try:
+        manifest = json.loads((sweep_dir / SWEEP_MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SweepError(f"{sweep_dir}: cannot read {SWEEP_MANIFEST}: {e}") from e
+    dirs = [sweep_dir / p["run_dir"] for p in manifest.get("points", [])]
+    dirs = [d for d in dirs if (d / "manifest.json").is_file()]
+    if not dirs:
+        raise SweepError(f"{sweep_dir}: the sweep has no run directories yet; run "
+                         "`specscope sweep` first")
+    return dirs
+
+
+def expand_run_dirs(paths: list[Path]) -> list[Path]:
+    """Each sweep directory replaced by its grid points' run directories; runs kept as they are."""
+    out: list[Path] = []
+    for path in paths:
+        out.extend(sweep_run_dirs(path) if is_sweep_dir(path) else [path])
+    return out
+

@@ -1,0 +1,263 @@
+"""The sweep file: a base run config and the axes of a grid, expanded into labelled grid points.
+
+Reads and validates TOML; runs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+from ..models import ModelLoadError, PairConfig
+from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
+from ..trees import TreeConfig
+
+from ..errors import SpecscopeError
+
+
+SWEEP_MANIFEST = "sweep.json"
+SWEEP_SCHEMA_VERSION = 1
+RAY_EXTRA_HINT = "pip install 'specscope[ray]'"
+AXES = {"pairs": "pair", "trees": "tree", "domains": "domain", "decode": "decode"}  # file key: axis
+
+
+class SweepError(SpecscopeError, ValueError):
+    """A sweep file, directory or execution that cannot go on; the message says why."""
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_=,+" else "_" for c in name)
+
+
+
+# --- the sweep file ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One value of one grid axis: a name and the run-config settings it applies."""
+
+    name: str
+    settings: tuple[tuple[str, Any], ...]  # ("tree.policy", "chain"), ("max_new_tokens", 32), ...
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How shards are cut and scheduled; none of it changes a record."""
+
+    prompts_per_shard: int = 8
+    max_retries: int = 3  # Ray retries of a shard whose worker died
+    cpus_per_shard: float = 1.0  # Ray num_cpus of a shard
+    gpus_per_shard: float | None = None  # Ray num_gpus of a cuda shard; None: one per cuda device
+    threads: int | None = None  # torch threads per shard; None: cpus_per_shard on Ray, default locally
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_shard < 1:
+            raise SweepError(f"prompts_per_shard must be >= 1, got {self.prompts_per_shard}")
+        if self.max_retries < 0:
+            raise SweepError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.cpus_per_shard <= 0:
+            raise SweepError(f"cpus_per_shard must be > 0, got {self.cpus_per_shard}")
+        if self.gpus_per_shard is not None and self.gpus_per_shard <= 0:
+            raise SweepError(f"gpus_per_shard must be > 0, got {self.gpus_per_shard}")
+        if self.threads is not None and self.threads < 1:
+            raise SweepError(f"threads must be >= 1, got {self.threads}")
+
+    def replace(self, **overrides) -> Execution:
+        """A copy with the given fields set (None values are ignored)."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One run of the sweep: its label, the variant chosen on each axis, and its config."""
+
+    label: str
+    axes: tuple[tuple[str, str], ...]  # (axis, variant name), axis one of pair, tree, domain, decode
+    config: RunConfig
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A parsed sweep file: the base config and the variants of each axis."""
+
+    name: str
+    base: RunConfig
+    pairs: tuple[Variant, ...] = ()
+    trees: tuple[Variant, ...] = ()
+    domains: tuple[Variant, ...] = ()
+    decode: tuple[Variant, ...] = ()
+    execution: Execution = field(default_factory=Execution)
+    source: dict = field(default_factory=dict, compare=False)  # the file's contents
+
+    def points(self) -> list[GridPoint]:
+        """The grid: every combination of one variant per given axis, in file order."""
+        axes = [(axis, getattr(self, axis)) for axis in AXES if getattr(self, axis)]
+        points, seen = [], {}
+        base = self.base.to_dict()
+        for combo in itertools.product(*(variants for _, variants in axes)):
+            label = ".".join(_safe(v.name) for v in combo) or "base"
+            data = json.loads(json.dumps(base))
+            for variant in combo:
+                for key, value in variant.settings:
+                    _set(data, key, value)
+            try:
+                config = RunConfig.from_dict(data)
+            except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
+                raise SweepError(f"grid point {label}: {e}") from None
+            if label in seen:
+                raise SweepError(f"two grid points are both labelled {label!r}; give the axis "
+                                 "entries distinct names")
+            seen[label] = config
+            points.append(GridPoint(label, tuple((AXES[key], v.name) for (key, _), v in
+                                                 zip(axes, combo)), config))
+        return points
+
+    @property
+    def sweep_id(self) -> str:
+        text = json.dumps([(p.label, p.config.run_id) for p in self.points()])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    section, _, name = key.rpartition(".")
+    target = data
+    for part in section.split(".") if section else ():
+        if not isinstance(target.get(part), dict):
+            raise SweepError(f"setting {key}: {part!r} is not a section of the run config")
+        target = target[part]
+    target[name] = value
+
+
+def _merge(data: dict, overrides: dict, where: str) -> dict:
+    out = dict(data)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, f"{where}.{key}")
+        elif key not in out:
+            raise SweepError(f"[{where}]: unknown key {key!r}; allowed: {sorted(out)}")
+        else:
+            out[key] = value
+    return out
+
+
+_SECTIONS = {"pairs": ("pair", PairConfig), "trees": ("tree", TreeConfig),
+             "domains": ("prompts", PromptSpec)}
+
+
+def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
+    """Variants of the pairs, trees or domains axis; list values expand into one variant each."""
+    section, kind = _SECTIONS[axis]
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    if not isinstance(entries, list):
+        raise SweepError(f"{axis}: expected a list of tables ([[{axis}]]), got {type(entries).__name__}")
+    if not entries:
+        raise SweepError(f"{axis}: an empty list; give at least one entry, or leave the axis out "
+                         "to keep the base's")
+    variants = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, str) and axis in ("trees", "domains"):
+            entry = {"policy": entry} if axis == "trees" else {"name": entry, "domains": [entry]}
+        if not isinstance(entry, dict):
+            raise SweepError(f"{axis}[{i}]: expected a table, got {entry!r}")
+        entry = dict(entry)
+        name = entry.pop("name", None)
+        unknown = sorted(set(entry) - set(fields))
+        if unknown:
+            raise SweepError(f"{axis}[{i}]: unknown keys {unknown}; allowed: name, {', '.join(fields)}")
+        if name is None:
+            name = {"pairs": f"pair{i}", "trees": str(entry.get("policy", f"tree{i}"))}.get(axis)
+            if name is None:
+                name = (Path(entry["file"]).stem if entry.get("file")
+                        else "+".join(entry.get("domains", ())) or f"prompts{i}")
+        grid = [k for k, v in entry.items() if isinstance(v, list) and k not in ("domains", "sources")]
+        for k in grid:
+            if not entry[k]:
+                raise SweepError(f"{axis}[{i}].{k}: an empty list; give at least one value")
+        for values in itertools.product(*(entry[k] for k in grid)):
+            chosen = {**entry, **dict(zip(grid, values))}
+            suffix = "".join(f"-{k}{v}" for k, v in zip(grid, values))
+            if axis == "domains":  # a prompt set replaces the base's, keeping per_domain, sources
+                chosen = {"file": None, "domains": [], "smoke": False, **chosen}
+            settings = tuple((f"{section}.{k}", v) for k, v in chosen.items())
+            variants.append(Variant(f"{name}{suffix}", settings))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise SweepError(f"{axis}: two entries are both named {dup!r}; give each a distinct name")
+    return tuple(variants)
+
+
+def _decode(table: Any) -> tuple[Variant, ...]:
+    """The decode axis: the product of every setting's values (a scalar is one value)."""
+    if not isinstance(table, dict):
+        raise SweepError(f"[decode]: expected a table of settings, got {table!r}")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    for key in table:
+        if key.partition(".")[0] not in known or key in ("pair", "tree", "prompts"):
+            raise SweepError(f"[decode]: unknown setting {key!r}; use a run-config key "
+                             f"({', '.join(sorted(known - {'pair', 'tree', 'prompts'}))}) "
+                             "or section.key")
+    keys = list(table)
+    values = [v if isinstance(v, list) else [v] for v in table.values()]
+    for key, v in zip(keys, values):
+        if not v:
+            raise SweepError(f"[decode].{key}: an empty list; give at least one value")
+    named = [k for k, v in zip(keys, values) if len(v) > 1]
+    variants = []
+    for combo in itertools.product(*values):
+        chosen = dict(zip(keys, combo))
+        name = ",".join(f"{k.rpartition('.')[2]}={str(chosen[k]).lower()}" for k in named)
+        variants.append(Variant(name or "decode", tuple(chosen.items())))
+    return tuple(variants)
+
+
+def parse_sweep(data: dict, name: str = "sweep") -> SweepSpec:
+    """A sweep spec from the parsed contents of a sweep file."""
+    allowed = {"name", "base", "defaults", "execution", *AXES}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SweepError(f"unknown sweep keys {unknown}; allowed: {sorted(allowed)}")
+    try:
+        base = load_config(data.get("base"))
+        base = RunConfig.from_dict(_merge(base.to_dict(), data.get("defaults", {}), "defaults"))
+    except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
+        raise SweepError(f"base config: {e}") from None
+    execution = data.get("execution", {})
+    unknown = sorted(set(execution) - {f.name for f in dataclasses.fields(Execution)})
+    if unknown:
+        raise SweepError(f"[execution]: unknown keys {unknown}; allowed: "
+                         f"{', '.join(f.name for f in dataclasses.fields(Execution))}")
+    spec = SweepSpec(
+        name=str(data.get("name", name)), base=base,
+        pairs=_axis("pairs", data["pairs"]) if "pairs" in data else (),
+        trees=_axis("trees", data["trees"]) if "trees" in data else (),
+        domains=_axis("domains", data["domains"]) if "domains" in data else (),
+        decode=_decode(data["decode"]) if "decode" in data else (),
+        execution=Execution(**execution), source=data)
+    spec.points()  # every grid point must be a valid run config
+    return spec
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and check a sweep file (TOML); the error names what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{path}: invalid TOML: {e}") from None
+    try:
+        return parse_sweep(data, name=path.stem)
+    except SweepError as e:
+        raise SweepError(f"{path}: {e}") from None
+
+

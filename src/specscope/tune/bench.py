@@ -1,0 +1,204 @@
+"""``specscope bench``: tokens per second of plain, assisted (transformers), chain, uniform-tree,
+routed and dynamic decoding, per domain, every method on every prompt with methods interleaved.
+
+Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specscope.tune.policy`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..core.loop import DecodeConfig, DecodeError
+from ..decode import SpeculativeDecoder
+from ..trees import DynamicTree, TreeShape
+from .router import prompt_text
+
+# --- bench -----------------------------------------------------------------------------------------
+
+BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed", "dynamic")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``specscope bench`` times: every method on every prompt ``repeats`` times (methods
+    interleaved within a repeat, so that noise hits them alike), after ``warmup`` untimed rounds of
+    every method on the first prompt; medians are kept."""
+
+    max_new_tokens: int = 48
+    warmup: int = 1
+    repeats: int = 3
+    chain_depth: int = 4
+    min_path_prob: float = 0.0  # see DecodeConfig; for the specscope methods
+    methods: tuple[str, ...] = ("plain", "assisted", "chain", "uniform", "routed")
+    dynamic: DynamicTree = DynamicTree()
+    chat_template: bool = True
+    max_prompt_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in BENCH_METHODS]
+        if unknown:
+            raise DecodeError(f"unknown bench method(s) {unknown}; choose from {', '.join(BENCH_METHODS)}")
+        if "plain" not in self.methods:
+            raise DecodeError("the bench needs the 'plain' method: it is the reference")
+        if self.repeats < 1 or self.warmup < 0 or self.max_new_tokens < 1 or self.chain_depth < 1:
+            raise DecodeError("repeats, max_new_tokens and chain_depth must be >= 1, warmup >= 0")
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One method on one prompt: the output, and the median time over the repeats."""
+
+    method: str
+    prompt_id: str
+    domain: str
+    routed_to: str  # the router's domain (routed method), else ""
+    tokens: tuple[int, ...]
+    steps: int  # verification steps (forward passes of the target for plain)
+    time_s: float
+    first_token_s: float  # the prompt's prefill and the first token (the same work in every method)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    method: str
+    domain: str  # or "all"
+    prompts: int
+    tokens: int
+    time_s: float
+    tokens_per_s: float  # end to end, the prefill included
+    decode_tokens_per_s: float  # after the first token: the part speculation changes
+    speedup: float  # decode tokens per second over plain's, same prompts
+    e2e_speedup: float  # end-to-end tokens per second over plain's
+    tau: float  # tokens per verification step (nan where not observed)
+    exact: bool  # every output equals plain greedy's
+
+
+class _FirstTokenClock:
+    """A transformers streamer that notes when the first new token arrives."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.calls = 0
+        self.first_token_s = float("nan")
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first call carries the prompt
+            self.first_token_s = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
+def hf_generate(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int],
+                 assistant=None) -> tuple[list[int], float]:
+    """``model.generate``, greedy (with ``assistant``: transformers assisted generation); the
+    tokens and the seconds to the first one."""
+    ids = torch.tensor([prompt], device=model.device)
+    eos_ids = sorted(eos) or None
+    clock = _FirstTokenClock()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos_ids, streamer=clock,
+                         pad_token_id=eos_ids[0] if eos_ids else None, assistant_model=assistant)
+    return out[0, len(prompt):].tolist(), clock.first_token_s
+
+
+def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:
+    """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain, first-token s)."""
+    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
+
+    def run(spec):
+        def fn(ids, text):
+            r = decoder.generate(ids, spec, greedy)
+            return r.tokens, len(r.steps), "", r.steps[0].step_time_s
+        return fn
+
+    def routed(ids, text):
+        domain = router.classify(text)
+        r = decoder.generate(ids, policy.tree_for(domain), greedy)
+        return r.tokens, len(r.steps), domain, r.steps[0].step_time_s
+
+    def hf(assistant):
+        def fn(ids, text):  # plain: one target pass per token; assisted: steps not observed
+            tokens, first = hf_generate(decoder.target, ids, config.max_new_tokens, decoder.eos,
+                                         assistant)
+            return tokens, len(tokens) if assistant is None else 0, "", first
+        return fn
+
+    chain = TreeShape.from_paths([(0,) * d for d in range(1, config.chain_depth + 1)])
+    table = {"plain": hf(None), "assisted": hf(decoder.draft), "chain": run(chain),
+             "uniform": run(policy.uniform if policy else chain), "routed": routed,
+             "dynamic": run(config.dynamic)}
+    if policy is None and ("uniform" in config.methods or "routed" in config.methods):
+        raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
+    return {m: table[m] for m in config.methods}
+
+
+def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
+              config: BenchConfig = BenchConfig(), log=None) -> list[BenchRun]:
+    """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
+    from ..prompts.render import render_prompt
+
+    methods = bench_methods(decoder, policy, router, config)
+    rendered = [render_prompt(tokenizer, item.messages, config.chat_template,
+                              config.max_prompt_tokens).ids for item in items]
+    for _ in range(config.warmup if items else 0):
+        for fn in methods.values():
+            fn(rendered[0], prompt_text(items[0]))
+    runs = []
+    for i, (item, ids) in enumerate(zip(items, rendered)):
+        text = prompt_text(item)
+        times: dict[str, list[float]] = {m: [] for m in methods}
+        firsts: dict[str, list[float]] = {m: [] for m in methods}
+        outputs: dict[str, tuple] = {}
+        for _ in range(config.repeats):
+            for name, fn in methods.items():
+                t0 = time.perf_counter()
+                outputs[name] = fn(ids, text)
+                times[name].append(time.perf_counter() - t0)
+                firsts[name].append(outputs[name][3])
+        for name in methods:
+            tokens, steps, routed, _ = outputs[name]
+            median = sorted(times[name])[len(times[name]) // 2]
+            first = sorted(firsts[name])[len(firsts[name]) // 2]
+            runs.append(BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median,
+                                 first))
+            if log:
+                log(f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
+                    f"{median:6.2f} s {len(tokens) / median:6.2f} tok/s"
+                    + (f" (routed: {routed})" if routed else ""))
+    return runs
+
+
+def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
+    """Per method and domain (and ``all``): tokens per second end to end and after the first
+    token, speed-ups over plain, tau, exactness. Totals over prompts: tokens / seconds."""
+    reference = {r.prompt_id: r.tokens for r in runs if r.method == "plain"}
+    domains = list(dict.fromkeys(r.domain for r in runs))
+
+    def rates(part: list[BenchRun]) -> tuple[float, float]:
+        secs = sum(r.time_s for r in part)
+        decode_secs = sum(r.time_s - r.first_token_s for r in part if r.tokens)
+        tokens = sum(len(r.tokens) for r in part)
+        later = sum(len(r.tokens) - 1 for r in part if r.tokens)
+        return (tokens / secs if secs else float("nan"),
+                later / decode_secs if decode_secs > 0 else float("nan"))
+
+    rows = []
+    for domain in domains + ["all"]:
+        part = [r for r in runs if domain in ("all", r.domain)]
+        plain_tps, plain_decode = rates([r for r in part if r.method == "plain"])
+        for method in dict.fromkeys(r.method for r in part):
+            mine = [r for r in part if r.method == method]
+            tps, decode = rates(mine)
+            tokens = sum(len(r.tokens) for r in mine)
+            steps = sum(r.steps for r in mine)
+            rows.append(BenchRow(method, domain, len(mine), tokens, sum(r.time_s for r in mine),
+                                 tps, decode, decode / plain_decode, tps / plain_tps,
+                                 tokens / steps if steps else float("nan"),
+                                 all(r.tokens == reference[r.prompt_id] for r in mine)))
+    return rows

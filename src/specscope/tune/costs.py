@@ -1,0 +1,151 @@
+"""Draft and verify time measured on this hardware, and the predicted speed-up of a tree:
+``tau / step time``, relative to plain decoding's time per token.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.loop import DecodeConfig, plain_generate
+from ..core.passes import crop, feed, prefill
+from ..decode import SpeculativeDecoder
+from ..trees import TreeShape
+from .acceptance import AcceptanceVector, PolicyError
+
+
+# --- cost model ----------------------------------------------------------------------------------
+
+
+def interpolate(table: tuple[tuple[int, float], ...], x: float) -> float:
+    xs, ys = zip(*table)
+    if x > xs[-1]:  # extrapolate linearly from the last two points
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (x - xs[-1])
+    return float(np.interp(x, xs, ys))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per forward pass, measured on this hardware, by tokens fed over a prefix cache.
+
+    A step of a static tree costs one draft call for the pending tokens (about ``root_tokens``),
+    one per deeper level (as many tokens as the level's nodes that have children), one target call
+    for the last token plus every node, and ``overhead_s`` of bookkeeping. Plain decoding costs
+    ``plain_token_s`` per token.
+    """
+
+    draft_s: tuple[tuple[int, float], ...]  # (tokens fed, seconds), increasing tokens
+    target_s: tuple[tuple[int, float], ...]
+    plain_token_s: float
+    overhead_s: float = 0.0
+    root_tokens: int = 2
+    context_len: int = 0
+    hardware: str = ""
+
+    def draft_time(self, shape: TreeShape) -> float:
+        calls = [self.root_tokens] + [
+            sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
+            for d in range(1, shape.max_depth)]
+        return sum(interpolate(self.draft_s, k) for k in calls if k)
+
+    def verify_time(self, shape: TreeShape) -> float:
+        return interpolate(self.target_s, 1 + len(shape))
+
+    def step_time(self, shape: TreeShape) -> float:
+        return self.draft_time(shape) + self.verify_time(shape) + self.overhead_s
+
+    def predicted_speedup(self, shape: TreeShape | None, acc: AcceptanceVector) -> float:
+        """Tokens per second with ``shape`` over tokens per second of plain decoding."""
+        if shape is None:
+            return 1.0
+        return acc.expected_tau(shape) / self.step_time(shape) * self.plain_token_s
+
+    def to_dict(self) -> dict:
+        return {"draft_s": [list(x) for x in self.draft_s], "target_s": [list(x) for x in self.target_s],
+                "plain_token_s": self.plain_token_s, "overhead_s": self.overhead_s,
+                "root_tokens": self.root_tokens, "context_len": self.context_len,
+                "hardware": self.hardware}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        try:
+            return cls(draft_s=tuple((int(k), float(s)) for k, s in data["draft_s"]),
+                       target_s=tuple((int(k), float(s)) for k, s in data["target_s"]),
+                       plain_token_s=float(data["plain_token_s"]),
+                       overhead_s=float(data.get("overhead_s", 0.0)),
+                       root_tokens=int(data.get("root_tokens", 2)),
+                       context_len=int(data.get("context_len", 0)),
+                       hardware=str(data.get("hardware", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PolicyError(f"malformed cost model: {e}") from None
+
+    def save(self, path: str | Path) -> Path:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise PolicyError(f"cannot read cost model {path}: {e}") from None
+
+
+
+
+# --- measuring costs ----------------------------------------------------------------------------
+
+COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+
+
+def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
+    """Median seconds of one forward of ``k`` tokens over a cache of ``base`` entries."""
+    times = []
+    for _ in range(repeats):
+        ids = torch.randint(0, vocab, (k,))
+        t0 = time.perf_counter()
+        feed(model, cache, ids, torch.arange(base, base + k), torch.ones(k, base, dtype=torch.bool),
+             torch.ones(k, k, dtype=torch.bool).tril())
+        times.append(time.perf_counter() - t0)
+        crop(cache, base)
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def measure_costs(decoder: SpeculativeDecoder, context_len: int = 256,
+                  sizes: Sequence[int] = COST_SIZES, repeats: int = 3,
+                  hardware: str = "") -> CostModel:
+    """Time draft and target forwards by tokens fed, plain decoding per token, and the per-step
+    bookkeeping of a real speculative decode, over a synthetic context of ``context_len``."""
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(0, min(decoder.vocab, 1000), (context_len,), generator=generator).tolist()
+    tables = []
+    for model in (decoder.draft, decoder.target):
+        cache, _ = prefill(model, context)
+        time_forward(model, cache, context_len, 1, 1, decoder.vocab)  # warm-up
+        tables.append(tuple((k, time_forward(model, cache, context_len, k, repeats, decoder.vocab)) for k in sizes))
+    config = DecodeConfig(max_new_tokens=16)
+    plain = plain_generate(decoder.target, context, config, decoder.vocab)
+    per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
+    model = CostModel(draft_s=tables[0], target_s=tables[1], plain_token_s=per_token,
+                      context_len=context_len, hardware=hardware or _hardware())
+    # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
+    # context): the median of real step times minus the model's prediction for them.
+    chain = TreeShape.from_paths([(0,), (0, 0)])
+    steps = decoder.generate(context, chain, config).steps[2:]  # after the prefill and one step
+    residual = sorted(s.step_time_s - model.step_time(chain) for s in steps)
+    return replace(model, overhead_s=max(0.0, residual[len(residual) // 2]) if residual else 0.0)
+
+
+def _hardware() -> str:
+    return f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads".strip()
+
+

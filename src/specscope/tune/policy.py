@@ -1,0 +1,238 @@
+"""Which speculation to use: policy names as trees (``make_speculation``), the tree of best
+predicted speed-up per domain (``tune``), and that choice as a validated JSON or TOML file
+(:class:`PolicyFile`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..trees import TreeConfig, TreeConfigError, TreeShape
+
+
+from ..trees import DynamicTree, Speculation
+from .acceptance import ALL_DOMAINS, AcceptanceVector, PolicyError, acceptance_vectors
+from .costs import CostModel
+from .optimal import build_paths, forest_tables, optimal_tree
+
+POLICY_FORMAT = "specscope-policy/1"
+
+# --- dynamic trees -------------------------------------------------------------------------------
+
+
+def short_name(shape: TreeShape | None) -> str:
+    """``none``, ``chain(4)`` or nodes per depth, e.g. ``tree 2/4/2``."""
+    if shape is None:
+        return "none"
+    if all(c == 1 for c in shape.depth_counts()):
+        return f"chain({len(shape)})"
+    return "tree " + "/".join(str(c) for c in shape.depth_counts())
+
+
+def describe(spec: Speculation) -> str:
+    if spec is None:
+        return "none"
+    if isinstance(spec, DynamicTree):
+        return f"dynamic(N={spec.max_nodes}, D={spec.depth}, k={spec.top_k})"
+    return f"{len(spec)} nodes, depth {spec.max_depth}: {spec.to_paths_literal()}"
+
+
+def make_speculation(policy: str, *, depth: int | None = None, top_k: int | None = None,
+                     branch: int | None = None, max_nodes: int | None = None,
+                     paths: str | None = None,
+                     acceptance: AcceptanceVector | None = None) -> Speculation:
+    """A policy name and its parameters (None: the policy's default) as a tree shape, a
+    dynamic-growth config, or None (no speculation)."""
+    if policy not in SPECULATIONS:
+        raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(SPECULATIONS)}")
+    given = {k: v for k, v in dict(depth=depth, top_k=top_k, branch=branch,
+                                   max_nodes=max_nodes).items() if v is not None}
+    try:
+        return SPECULATIONS[policy](policy, given, paths, acceptance)
+    except TreeConfigError as e:
+        raise PolicyError(str(e)) from None
+
+
+def _static_tree(policy: str, given: dict, paths: str | None, acceptance) -> TreeShape:
+    if policy == "chain":
+        given.setdefault("depth", 4)
+    return TreeConfig(policy=policy, paths=paths, **given).shape()
+
+
+def _dynamic_tree(policy: str, given: dict, paths: str | None, acceptance) -> DynamicTree:
+    given.pop("branch", None)
+    return DynamicTree(**given)
+
+
+def _optimal_tree(policy: str, given: dict, paths: str | None,
+                  acceptance: AcceptanceVector | None) -> TreeShape:
+    if acceptance is None:
+        raise PolicyError("policy 'optimal' needs an acceptance vector (a run directory)")
+    tree = optimal_tree(acceptance, given.get("max_nodes", 16), given.get("depth", 6))
+    if tree.shape is None:
+        raise PolicyError("the acceptance vector accepts nothing: no tree helps")
+    return tree.shape
+
+
+# policy name -> builder(policy, given options, paths, acceptance vector)
+SPECULATIONS = {"chain": _static_tree, "static": _static_tree, "paper": _static_tree,
+                "paper-text": _static_tree, "dynamic": _dynamic_tree, "optimal": _optimal_tree,
+                "none": lambda *_: None}
+DECODE_POLICIES = tuple(SPECULATIONS)
+
+
+
+# --- tuning ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The tree chosen for one domain, with its predicted figures."""
+
+    shape: TreeShape | None
+    expected_tau: float
+    predicted_speedup: float
+    step_time_s: float
+
+    def to_dict(self) -> dict:
+        return {"tree": self.shape.to_paths_literal() if self.shape else "none",
+                "nodes": len(self.shape) if self.shape else 0,
+                "expected_tau": round(self.expected_tau, 4),
+                "predicted_speedup": round(self.predicted_speedup, 4),
+                "step_time_s": round(self.step_time_s, 6)}
+
+
+def best_tree(acc: AcceptanceVector, costs: CostModel, max_nodes: int = 32, max_depth: int = 8,
+              max_rank: int | None = None, min_speedup: float = 1.0) -> Choice:
+    """Over every node budget and depth limit, the optimal tree of best predicted speed-up; no
+    speculation (``shape=None``) unless some tree beats ``min_speedup``."""
+    best = Choice(None, 1.0, 1.0, costs.plain_token_s)
+    depth_limit = min(max_depth, acc.max_depth)
+    for depth in range(1, depth_limit + 1):
+        rank = min(max_rank or acc.max_rank, acc.max_rank)
+        tables, take = forest_tables(acc, max_nodes, depth, rank)
+        seen: set[tuple] = set()
+        for n in range(1, max_nodes + 1):
+            paths: list[tuple[int, ...]] = []
+            build_paths(take, 1, n, (), rank, paths)
+            if not paths or tuple(paths) in seen:
+                continue
+            seen.add(tuple(paths))
+            shape = TreeShape.from_paths(paths)
+            speedup = costs.predicted_speedup(shape, acc)
+            if speedup > max(best.predicted_speedup, min_speedup):
+                best = Choice(shape, acc.expected_tau(shape), speedup, costs.step_time(shape))
+    return best
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    max_nodes: int = 32
+    max_depth: int = 8
+    max_rank: int | None = None
+    min_count: int = 20
+    min_speedup: float = 1.0  # a domain speculates only if its best tree is predicted faster
+    extrapolate: bool = False  # depths past the measured ones reuse the deepest measured rates
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 1 or self.max_depth < 1:
+            raise PolicyError("tune needs max_nodes >= 1 and max_depth >= 1")
+
+
+def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(),
+         source: dict | None = None) -> PolicyFile:
+    """Per domain (and pooled: the uniform tree), the tree of best predicted speed-up."""
+    vectors = acceptance_vectors(nodes, config.min_count)
+    if config.extrapolate:
+        vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+    choices = {name: best_tree(acc, costs, config.max_nodes, config.max_depth, config.max_rank,
+                               config.min_speedup)
+               for name, acc in vectors.items()}
+    uniform = choices.pop(ALL_DOMAINS)
+    info = {"cost_model": costs.to_dict(), "tune": dict(vars(config)),
+            "acceptance": {k: v.to_dict() for k, v in vectors.items()},
+            "source": source or {}}
+    return PolicyFile(trees={d: c.shape for d, c in choices.items()}, uniform=uniform.shape,
+                      choices={**choices, ALL_DOMAINS: uniform}, info=info)
+
+
+
+# --- policy files ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyFile:
+    """Per-domain trees (None: no speculation) and the uniform tree for any other domain."""
+
+    trees: dict[str, TreeShape | None]
+    uniform: TreeShape | None = None
+    choices: dict[str, Choice] = field(default_factory=dict)  # predicted figures, if tuned
+    info: dict = field(default_factory=dict)
+
+    def tree_for(self, domain: str) -> TreeShape | None:
+        return self.trees.get(domain, self.uniform)
+
+    def to_dict(self) -> dict:
+        def entry(name: str, shape: TreeShape | None) -> dict:
+            if name in self.choices:
+                return self.choices[name].to_dict()
+            return {"tree": shape.to_paths_literal() if shape else "none"}
+
+        return {"format": POLICY_FORMAT,
+                "domains": {d: entry(d, s) for d, s in self.trees.items()},
+                "uniform": entry(ALL_DOMAINS, self.uniform), **self.info}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> PolicyFile:
+        path = Path(path)
+        try:
+            text = path.read_text()
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except OSError as e:
+            raise PolicyError(f"cannot read policy file {path}: {e}") from None
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+            raise PolicyError(f"policy file {path} is not valid {path.suffix[1:] or 'JSON'}: {e}") from None
+        return cls.from_dict(data, where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "policy") -> PolicyFile:
+        from ..prompts.domains import DOMAINS
+
+        if not isinstance(data, dict) or not isinstance(data.get("domains"), dict):
+            raise PolicyError(f"{where}: needs a 'domains' table mapping domain -> {{tree = ...}}")
+        unknown = sorted(set(data["domains"]) - set(DOMAINS))
+        if unknown:
+            raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
+        trees = {d: _parse_tree(e, f"{where}: domain {d!r}") for d, e in data["domains"].items()}
+        uniform = _parse_tree(data["uniform"], f"{where}: uniform") if "uniform" in data else None
+        info = {k: v for k, v in data.items() if k not in ("format", "domains", "uniform")}
+        return cls(trees=trees, uniform=uniform, info=info)
+
+
+def _parse_tree(entry, where: str) -> TreeShape | None:
+    """``{"tree": [[0], [0, 0]]}``, ``{"tree": "[(0,), (0, 0)]"}`` or ``{"tree": "none"}``."""
+    tree = entry.get("tree") if isinstance(entry, dict) else entry
+    if tree is None:
+        raise PolicyError(f"{where}: missing 'tree' (path tuples, or \"none\")")
+    try:
+        if isinstance(tree, str):
+            return None if tree.strip().lower() == "none" else TreeShape.parse(tree)
+        if isinstance(tree, list) and all(isinstance(p, list) and all(isinstance(r, int) for r in p)
+                                          for p in tree):
+            return TreeShape.from_paths([tuple(p) for p in tree])
+    except TreeConfigError as e:
+        raise PolicyError(f"{where}: malformed tree: {e}") from None
+    raise PolicyError(f"{where}: malformed tree {tree!r}: give path tuples such as "
+                      "[[0], [1], [0, 0]] or \"none\"")
+
