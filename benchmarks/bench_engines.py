@@ -16,9 +16,10 @@ import time
 
 import torch
 
-from specscope.engine import make_engine
+from specscope.core.loop import Speculator
 from specscope.models import PairConfig, load_pair
-from specscope.runner import PromptSpec, RunConfig, measure_prompt
+from specscope.measure.study import measure_prompt
+from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
 
 
@@ -40,7 +41,7 @@ class ForwardTimer:
             self.calls += 1
 
     def paused(self, fn):
-        """Wrap ``fn`` (the engine's prefill) so that its forward calls are not counted."""
+        """Wrap ``fn`` (the loop's prefill) so that its forward calls are not counted."""
         def wrapper(*args, **kwargs):
             self.enabled = False
             try:
@@ -66,18 +67,17 @@ def main() -> None:
     pair = load_pair(config.pair)
     shape = config.tree.shape()
     timer = ForwardTimer(pair.draft.model, pair.target.model)
+    Speculator.prefill = timer.paused(Speculator.prefill)
     rates = {}
     for name in ("cached", "naive"):
         if name == "naive":
             config = config.replace(max_new_tokens=args.naive_max_new_tokens)
-        engine = make_engine(name, pair.draft.model, pair.target.model, pair.vocab_size)
-        engine.reset = timer.paused(engine.reset)
         timer.seconds, timer.calls = 0.0, 0
         nodes = steps = 0
         step_time = 0.0
         t0 = time.perf_counter()
         for order, item in enumerate(items):
-            records = measure_prompt(engine, pair, item, config, shape, order, "bench")
+            records = measure_prompt(pair, item, config, shape, order, "bench", engine=name)
             nodes += records.nodes.num_rows
             steps += records.steps.num_rows
             step_time += sum(records.steps.column("step_time_s").to_pylist())

@@ -16,6 +16,7 @@ from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 
 from specscope import theory as T
+from specscope.analysis import certify as C
 from specscope.records import SCHEMAS, RunWriter, load_run, to_table, write_json_atomic
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -419,7 +420,7 @@ def _write_run(path, with_theory: bool, steps_per_prompt: int = 12):
 
 def test_certify_on_a_synthetic_run(tmp_path):
     run = load_run(_write_run(tmp_path / "run", with_theory=True))
-    report = T.certify_run(run)
+    report = C.certify_run(run)
     assert report.violations == 0
     crit = report.criteria.set_index(["domain", "criterion"])
     assert set(report.criteria["domain"]) == {"all", "chat", "code"}
@@ -439,13 +440,13 @@ def test_certify_on_a_synthetic_run(tmp_path):
     assert pub.loc[("greedy", "median"), "published"] == 0.559
     assert pub.loc[("greedy", "median"), "ours_all"] == pytest.approx(steps["cert_greedy"].median())
     pytest.importorskip("matplotlib")
-    paths = T.plot_certificates(report, tmp_path / "plots")
+    paths = C.plot_certificates(report, tmp_path / "plots")
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size for p in paths)
 
 
 def test_certify_rebuilds_greedy_for_runs_without_theory_columns(tmp_path):
-    plain = T.certify_run(load_run(_write_run(tmp_path / "plain", with_theory=False)))
-    full = T.certify_run(load_run(_write_run(tmp_path / "full", with_theory=True)))
+    plain = C.certify_run(load_run(_write_run(tmp_path / "plain", with_theory=False)))
+    full = C.certify_run(load_run(_write_run(tmp_path / "full", with_theory=True)))
     assert "rebuilt" in plain.source and plain.notes
     a = plain.criteria.set_index(["domain", "criterion"]).loc[("all", "greedy")]
     b = full.criteria.set_index(["domain", "criterion"]).loc[("all", "greedy")]
@@ -455,11 +456,11 @@ def test_certify_rebuilds_greedy_for_runs_without_theory_columns(tmp_path):
 
 
 def test_run_lengths_and_quantiles():
-    assert T._run_lengths([True, True, False, True, False, False, True, True, True]) == [2, 1, 3]
-    assert T._run_lengths([]) == [] and T._run_lengths([False]) == []
+    assert C.run_lengths([True, True, False, True, False, False, True, True, True]) == [2, 1, 3]
+    assert C.run_lengths([]) == [] and C.run_lengths([False]) == []
     x = np.random.default_rng(0).random(37)
-    assert T._quantile(x, 0.05) == pytest.approx(np.quantile(x, 0.05))
-    assert T._quantile(np.array([0.1, np.inf, np.inf]), 0.5) == math.inf  # no inf - inf = NaN
+    assert C.quantile(x, 0.05) == pytest.approx(np.quantile(x, 0.05))
+    assert C.quantile(np.array([0.1, np.inf, np.inf]), 0.5) == math.inf  # no inf - inf = NaN
 
 
 def test_certify_cli(tmp_path):

@@ -489,7 +489,7 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted
     generation, whose first pass feeds the prompt and the draft's tokens together, computes the
     prompt as plain decoding does. Each sequence of a batch is computed the same way, so batched
-    measurement (:mod:`specscope.batch`) gives the logits of one sequence at a time, bit for bit.
+    measurement (:mod:`specscope.measure.batched`) gives the logits of one sequence at a time, bit for bit.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -15,7 +15,10 @@ import torch
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..trees import DynamicTree, TreeShape
-from .router import prompt_text
+from ..prompts.domains import select_prompts
+from ..prompts.items import PromptItem, sample_items
+from .router import (LearnedRouter, RouterReport, RuleRouter, holdout_split, prompt_text,
+                     router_accuracy)
 
 # --- bench -----------------------------------------------------------------------------------------
 
@@ -105,6 +108,35 @@ def hf_generate(model, prompt: list[int], max_new_tokens: int, eos: frozenset[in
                          do_sample=False, eos_token_id=eos_ids, streamer=clock,
                          pad_token_id=eos_ids[0] if eos_ids else None, assistant_model=assistant)
     return out[0, len(prompt):].tolist(), clock.first_token_s
+
+
+ROUTERS = ("rules", "learned")
+
+
+@dataclass(frozen=True)
+class BenchPrompts:
+    """What the bench times, chosen so that nothing it is scored on was seen before."""
+
+    items: list[PromptItem]  # per domain, a seeded sample of the held-out half
+    routers: dict[str, object]  # ROUTERS -> a router (the learned one trained on the other half)
+    reports: list[RouterReport]  # each router's accuracy on the held-out half
+    held_out: int  # prompts in the held-out half
+
+
+def bench_prompts(domains: list[str], per_domain: int, seed: int, policy) -> BenchPrompts:
+    """Every prompt of ``domains`` except the tuning run's (``policy``'s source), split in half:
+    one half trains the learned router; the other scores both routers and gives ``per_domain``
+    prompts per domain to time."""
+    tuned = set((policy.info.get("source", {}) if policy else {}).get("prompt_ids", []))
+    pool = [it for it in select_prompts(domains, None, seed=seed) if it.id not in tuned]
+    train, test = holdout_split(pool, 0.5, seed)
+    routers = {"rules": RuleRouter(),
+               "learned": LearnedRouter().fit([prompt_text(i) for i in train],
+                                              [i.domain for i in train])}
+    items = [it for d in domains
+             for it in sample_items([i for i in test if i.domain == d], per_domain, seed)]
+    return BenchPrompts(items, routers, [router_accuracy(r, test) for r in routers.values()],
+                        len(test))
 
 
 def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:

@@ -1,0 +1,9 @@
+"""The ``specscope`` command line: one module per command group, each command parsing its options,
+calling the library and printing. Importing this package registers every command on ``app``, in
+the order ``specscope --help`` lists them."""
+# isort: skip_file
+
+from .app import app
+from . import measure, analyze, speculate, serve  # noqa: F401,E402  (register the commands)
+
+__all__ = ["app"]

@@ -1,0 +1,5 @@
+"""``python -m specscope.cli``: the command line."""
+
+from . import app
+
+app()

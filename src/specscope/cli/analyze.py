@@ -1,0 +1,228 @@
+"""`specscope analyze`, `report`, `compare` and `certify`: reading run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import command, fail
+
+
+# --- analyze / report / compare ----------------------------------------------------------------
+
+_BOOT = typer.Option(1000, "--boot", min=0, help="Bootstrap resamples of prompts (0: no intervals).")
+_BOOT_SEED = typer.Option(0, "--seed", help="Seed of the bootstrap resampling.")
+_CONFIDENCE = typer.Option(0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals.")
+_PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).")
+
+
+def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float):
+    from ..analysis import Settings, analyze as analyze_run
+
+    settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
+    out = []
+    for run_dir in run_dirs:
+        out.append(analyze_run(run_dir, settings))
+    return out
+
+
+def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
+    """Sweep directories replaced by their grid points' run directories; whether there was one."""
+    if not any((path / "sweep.json").is_file() for path in paths):
+        return paths, False
+    from ..sweep import expand_run_dirs  # imports torch: only for sweeps
+
+    return expand_run_dirs(paths), True
+
+
+def _print_grids(grids) -> None:
+    from rich.console import Console
+
+    from ..analysis.render import to_rich
+
+    console = Console()
+    for grid in grids:
+        console.print(to_rich(grid))
+        console.print()
+
+
+@command()
+def analyze(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
+    plots: bool = _PLOTS,
+    show: str = typer.Option("main", "--show", help="Tables to print: main, all or none."),
+) -> None:
+    """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals.
+
+    Writes tables.md, tables.tex, csv/, analysis.json, plots/ and report.html to --out.
+    """
+    from ..analysis.render import analysis_grids, findings_grid
+    from ..analysis.report import write_outputs
+
+    from ..records import check_writable_dir
+
+    if show not in ("main", "all", "none"):
+        fail(f"--show must be main, all or none, not {show!r}")
+    check_writable_dir(out or run_dir / "analysis")
+    from ..ingest import is_ingested
+
+    if is_ingested(run_dir):  # engine logs: step-level figures only
+        from ..analysis.stepwise import analyze_ingested, write_ingested_analysis
+        from ..ingest import load_ingested
+
+        manifest, requests, _ = load_ingested(run_dir)
+        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence)
+        if show != "none":
+            typer.echo(stepwise.to_markdown())
+        md, js = write_ingested_analysis(stepwise, out or run_dir / "analysis")
+        typer.echo(f"wrote {md}, {js}")
+        return
+    (a,) = _analyses([run_dir], boot, seed, confidence)
+    grids = analysis_grids(a)
+    if show == "main":
+        keep = {"findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
+                "acceptance_vector", "effects", "paradox"}
+        grids = [findings_grid(a.findings, compact=True)] + [g for g in grids if g.key in keep - {"findings"}]
+    if show != "none":
+        _print_grids(grids)
+    for warning in a.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    outputs = write_outputs(a, out or run_dir / "analysis", plots=plots)
+    if plots and outputs.plot_message:
+        typer.secho(outputs.plot_message, fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"wrote {outputs.markdown}, {outputs.latex}, {outputs.csv_dir}/, {outputs.json}, "
+               f"{len(outputs.plots)} plots, {outputs.html}")
+
+
+@command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
+    plots: bool = _PLOTS,
+    paper: bool = typer.Option(True, "--paper/--no-paper", help="Include the comparison with the paper's published figures."),
+) -> None:
+    """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
+    from ..analysis.plots import plots_unavailable
+    from ..analysis.report import write_report
+
+    from ..records import check_writable_file
+
+    expanded, has_sweep = _expand_sweeps(run_dirs)
+    if out is None:
+        out = (run_dirs[0] / "report.html" if has_sweep and len(run_dirs) == 1
+               else run_dirs[0] / "analysis" / "report.html" if len(expanded) == 1
+               else Path("specscope-comparison.html"))
+    check_writable_file(out, (".html", ".htm"))
+    analyses = _analyses(expanded, boot, seed, confidence)
+    if plots and plots_unavailable():
+        typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots)}")
+
+
+@command()
+def compare(
+    run_dir: Path = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point)."),
+    other: Optional[Path] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
+) -> None:
+    """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
+    from ..analysis.render import findings_grid
+    from ..analysis.report import compare as compare_runs
+    from ..analysis.report import compare_with_paper, summary_grid, write_tables
+
+    from ..records import check_writable_dir
+
+    if out is not None:
+        check_writable_dir(out)
+    expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
+    analyses = _analyses(expanded, boot, seed, confidence)
+    if has_sweep:
+        grids = [summary_grid(analyses)]
+        title = f"{len(analyses)} runs of {', '.join(str(p) for p in (run_dir, other) if p)}"
+    elif other is None:
+        grids = [findings_grid(analyses[0].findings, compact=True)] + compare_with_paper(analyses[0])
+        title = f"{analyses[0].info.run_id} vs the paper"
+    else:
+        grids = compare_runs(*analyses)
+        title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
+    _print_grids(grids)
+    if out is not None:
+        md, tex, csv_dir = write_tables(grids, out, f"specscope comparison: {title}")
+        typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
+
+
+
+# --- certify ----------------------------------------------------------------------------------
+
+
+@command()
+def certify(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin (needs matplotlib, the plot extra)."),
+) -> None:
+    """Certificates of acceptance: distributions, certified steps, soundness, tree coverage (docs/theory.md)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..records import check_writable_dir, load_run
+
+    if out is not None:
+        check_writable_dir(out)
+    from ..analysis.certify import certify_run, plot_certificates
+
+    report = certify_run(load_run(run_dir))
+    console = Console()
+
+    def show(df, title: str, key: str) -> None:
+        if not len(df):
+            return
+        table = Table(title=title)
+        for col in ("domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max", "violations"):
+            table.add_column({"frac_ok": "accepted" if key == "criterion" else "covered"}.get(col, col),
+                             justify="left" if col in ("domain", key) else "right")
+        for row in df.itertuples(index=False):
+            r = row._asdict()
+            v = r["violations"]
+            table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in (
+                "domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max")),
+                "n/a" if v != v else (f"[red]{int(v)}[/]" if v else "0"))
+        console.print(table)
+
+    show(report.criteria, f"acceptance certificates per step (nats; source: {report.source})", "criterion")
+    show(report.trees, "tree coverage certificates per step (nats)", "tree")
+    pub = Table(title="published (Qwen3-1.7B, UltraChat, greedy) vs this run")
+    for col in report.published.columns:
+        pub.add_column(col, justify="left" if col in ("certificate", "statistic") else "right")
+    for row in report.published.itertuples(index=False):
+        pub.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+    console.print(pub)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in (("certificates", report.criteria), ("tree_certificates", report.trees),
+                         ("published_comparison", report.published)):
+            df.to_csv(out / f"{name}.csv", index=False)
+        if plot:
+            try:
+                for path in plot_certificates(report, out):
+                    console.print(f"wrote {path}")
+            except ImportError as e:
+                fail(f"{e} (or pass --no-plot)")
+    if report.violations:
+        console.print(f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]")
+        raise typer.Exit(1)
+    console.print("soundness: 0 steps certified but rejected")

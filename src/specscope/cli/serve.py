@@ -1,0 +1,131 @@
+"""`specscope export`, `ingest`, `llamacpp` and `doctor`: serving engines and this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import command
+
+
+# --- export (serving engines) -------------------------------------------------------------------
+
+
+@command()
+def export(
+    policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
+    to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path or hub id); vllm, sglang, trtllm and transformers need it."),
+    method: str = typer.Option("draft_model", "--method", help="vLLM speculative method: draft_model (chains), eagle or eagle3 (trees too)."),
+) -> None:
+    """Each domain's speculation setting in an engine's own format, and the routing rule."""
+    import json
+
+    from ..export import ExportOptions, export_policy, write_export
+    from ..tune.policy import PolicyFile
+
+    document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
+                             source=str(policy))
+    if out is None:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    write_export(document, out)
+    for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
+        typer.echo(f"{domain}: {setting['tree']}")
+    typer.echo(f"wrote {out}")
+
+
+
+# --- ingest (engine logs) -------------------------------------------------------------------------
+
+
+@command()
+def ingest(
+    log: Path = typer.Argument(..., help="Per-request speculation stats, one JSON object per line."),
+    fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
+    prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+) -> None:
+    """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
+
+    Each line is joined to its prompt by its `prompt_id` (a line may wrap the engine's response
+    as {"prompt_id": ..., "response": {...}}) or else by the engine's request id."""
+    from ..ingest import ingest as ingest_log
+
+    manifest = ingest_log(log, fmt, prompts, out)
+    counts = manifest["counts"]
+    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}), "
+               f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}")
+
+
+
+# --- llama.cpp --------------------------------------------------------------------------------------
+
+
+@command()
+def llamacpp(
+    run_dir: Path = typer.Argument(..., help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the policy, costs, requests and tables (default: RUN_DIR/llamacpp)."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target)."),
+    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft)."),
+    per_domain: int = typer.Option(5, "--per-domain", "-n", help="Held-out prompts per domain (from the run's sources, none of the run's prompts)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request."),
+    ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to time and tune over (repeat the option)."),
+    threads: int = typer.Option(2, "--threads", help="llama.cpp threads."),
+    n_boot: int = typer.Option(1000, "--n-boot", help="Prompt resamples for the intervals."),
+) -> None:
+    """llama.cpp end to end: tune K per domain from RUN_DIR and llama.cpp's measured pass costs,
+    then time plain, every fixed K and routed decoding side by side on held-out prompts."""
+    from ..serving import run_llamacpp_study
+
+    study = run_llamacpp_study(run_dir, out or run_dir / "llamacpp", target_gguf, draft_gguf,
+                               per_domain, max_new_tokens, tuple(ks), threads, n_boot,
+                               echo=lambda line: typer.echo(line, err=True))
+    typer.echo(study.render())
+
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+@command()
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for a bug report)."),
+) -> None:
+    """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    console = Console()
+    hw = report.hardware
+    console.print(f"Python {report.python} on {report.platform}")
+    console.print("  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items()))
+    extras = Table(title="extras")
+    for column in ("extra", "for", "installed"):
+        extras.add_column(column)
+    for e in report.extras:
+        extras.add_row(e.name, e.purpose, "[green]yes[/]" if e.ok else
+                       "[red]no[/]: " + escape(f"{', '.join(e.missing)} (pip install 'specscope[{e.name}]')"))
+    console.print(extras)
+    console.print(f"cache: {report.cache_dir}")
+    for d in report.demo:
+        console.print(f"demo {d.role}: {d.parts_installed}/{d.parts_needed} part packages; bf16 "
+                      f"cache {'built' if d.cache_built else 'not built'} at {d.cache}")
+    console.print(f"CPU: {hw.cpu}, {hw.cores} cores, torch threads {hw.torch_threads}, "
+                  f"AVX2 {hw.avx2}, AVX512-BF16 {hw.avx512_bf16}, AMX {hw.amx}, torch kernels "
+                  f"{hw.torch_cpu_capability}")
+    console.print("GPU: " + (", ".join(hw.gpus) if hw.gpus else "none"))
+    for r in report.recommendations:
+        console.print(f"recommendation: {escape(r)}")
