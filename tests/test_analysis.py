@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats as sps
-from typer.testing import CliRunner
-
 from specscope.analysis import (
     ALL,
     ClusterBootstrap,
@@ -45,7 +43,11 @@ from specscope.analysis.stats import (
     pearson_reps,
     spearman_reps,
 )
-from specscope.analysis.synthetic import ESCAPE_PROBE, DomainProfile, write_synthetic_run
+from specscope.analysis.synthetic import (
+    ESCAPE_PROBE,
+    DomainProfile,
+    write_synthetic_run,
+)
 from specscope.cli import app
 from specscope.records import (
     SCHEMA_VERSION,
@@ -56,6 +58,7 @@ from specscope.records import (
     write_json_atomic,
     write_table_atomic,
 )
+from typer.testing import CliRunner
 
 # --- a hand-computable run -------------------------------------------------------------------------
 # Tree per step: node 0 (root, rank 0), node 1 (root, rank 1), node 2 (child of node 0, rank 0).

@@ -5,11 +5,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from specscope.measure import batched as batch_module
-from specscope.records import RunWriter
 from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, load_run
+from specscope.records import TIMING_COLUMNS, RunWriter, load_run
 from specscope.run.config import PromptSpec, RunConfig, RunConfigError
 from specscope.run.study import run_study
 from specscope.trees import TreeConfig

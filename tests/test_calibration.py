@@ -7,10 +7,9 @@ sample that gets a verdict; the README's table comes from the same code with 200
 """
 
 import pytest
-
 from specscope.analysis.calibration import TRUTH, interval_coverage, verdict_rates
 from specscope.analysis.findings import Verdict
-from specscope.analysis.tables import Settings
+from specscope.analysis.results import Settings
 
 HOLDS, FAILS = Verdict.HOLDS.value, Verdict.FAILS.value
 

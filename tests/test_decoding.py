@@ -7,26 +7,46 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
-from typer.testing import CliRunner
-
-from conftest import make_model
 from specscope.cli import app
-from specscope.tune.bench import BenchConfig, summarize_bench
-from specscope.decode import DecodeConfig, DecodeError, SpeculativeDecoder, plain_generate
-from specscope.trees import bfs_prefix, contiguous_ranks, cut_depth
-from specscope.core.sampling import gumbel_topk_scores, speculative_sample, warp
 from specscope.core.passes import keep_positions
+from specscope.core.sampling import gumbel_topk_scores, speculative_sample, warp
+from specscope.decode import (
+    DecodeConfig,
+    DecodeError,
+    SpeculativeDecoder,
+    plain_generate,
+)
 from specscope.prompts.items import PromptItem
+from specscope.trees import (
+    DynamicTree,
+    TreeShape,
+    bfs_prefix,
+    contiguous_ranks,
+    cut_depth,
+)
 from specscope.tune.acceptance import AcceptanceVector, PolicyError, acceptance_vectors
+from specscope.tune.bench import BenchConfig, summarize_bench
 from specscope.tune.costs import CostModel
-from specscope.trees import DynamicTree
-from specscope.tune.policy import PolicyFile, TuneConfig, best_tree, make_speculation, tune
 from specscope.tune.optimal import optimal_tree
-from specscope.tune.router import LearnedRouter, RuleRouter, holdout_split, prompt_text, router_accuracy
-from specscope.trees import TreeShape
+from specscope.tune.policy import (
+    PolicyFile,
+    TuneConfig,
+    best_tree,
+    make_speculation,
+    tune,
+)
+from specscope.tune.router import (
+    LearnedRouter,
+    RuleRouter,
+    holdout_split,
+    prompt_text,
+    router_accuracy,
+)
+from typer.testing import CliRunner
 
 PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "x = [1, 2, 3]\nfor i in",
            "Once upon a time", "a"]
@@ -177,8 +197,8 @@ def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
     assisted generation give the same tokens, because a token's logits do not depend on the pass."""
-    from specscope.tune.bench import hf_generate
     from specscope.models import quantize_int8, use_rowwise_attention
+    from specscope.tune.bench import hf_generate
 
     draft, target = _pair(arch, tokenizer, 0.3, seed=7)
     quantize_int8(draft)
@@ -581,10 +601,9 @@ def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
     """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
-    from transformers import DynamicCache
-
     from specscope.core.passes import feed
     from specscope.models import quantize_int8, use_rowwise_attention
+    from transformers import DynamicCache
 
     target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))
     use_rowwise_attention(target)

@@ -11,14 +11,12 @@ from importlib import metadata
 import numpy as np
 import pytest
 import torch
-
+from specscope.models import DEMO_MODELS, PairConfig
 from specscope.prompts.items import SMOKE_PROMPTS
-from specscope.models import DEMO_MODELS
+from specscope.prompts.render import render_prompt
 from specscope.records import load_run
 from specscope.run.config import PromptSpec, RunConfig
-from specscope.prompts.render import render_prompt
 from specscope.run.study import run_study
-from specscope.models import PairConfig
 
 try:
     for spec in DEMO_MODELS.values():
@@ -87,8 +85,8 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
 def test_demo_pair_int8_speculation_equals_plain_greedy():
     """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
     from specscope.decode import DecodeConfig, make_decoder
-    from specscope.tune.bench import hf_generate
     from specscope.models import load_pair
+    from specscope.tune.bench import hf_generate
     from specscope.tune.policy import make_speculation
 
     pair = load_pair(PairConfig(dtype="float32", quantize="int8"))

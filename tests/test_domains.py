@@ -9,7 +9,6 @@ import random
 import zipfile
 
 import pytest
-
 from specscope.prompts import domains as D
 from specscope.prompts import items as I
 from specscope.prompts import sources as S
@@ -190,9 +189,8 @@ def test_list_domains_covers_the_registry():
 
 
 def test_domains_command():
-    from typer.testing import CliRunner
-
     from specscope.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["domains"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

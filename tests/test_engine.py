@@ -4,7 +4,6 @@ on tiny random Llama and Qwen2 models."""
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_model
 from specscope.core.draft import ChildRule
 from specscope.core.loop import Accepted, Speculator

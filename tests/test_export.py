@@ -3,12 +3,11 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from specscope.cli import app
 from specscope.export import ExportError, ExportOptions, export_policy
-from specscope.tune.policy import PolicyFile
 from specscope.trees import TreeShape
+from specscope.tune.policy import PolicyFile
+from typer.testing import CliRunner
 
 CHAIN3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
 TREE = TreeShape.from_paths([(0,), (1,), (0, 0)])

@@ -4,10 +4,9 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 from specscope.llamacpp import ChainAcceptance, PassCosts
-from specscope.tune.acceptance import ALL_DOMAINS
 from specscope.serving import break_even_table, chain, chain_k, tune_chains
+from specscope.tune.acceptance import ALL_DOMAINS
 
 COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
                   draft_s=((1, 0.010), (2, 0.015)), sample_s=0.001, context_len=100, threads=2)
@@ -66,7 +65,13 @@ def test_chain_shapes():
 @pytest.mark.slow
 def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     pytest.importorskip("llama_cpp")
-    from specscope.llamacpp import GreedyDraft, eos_ids, generate, load_llama, measure_pass_costs
+    from specscope.llamacpp import (
+        GreedyDraft,
+        eos_ids,
+        generate,
+        load_llama,
+        measure_pass_costs,
+    )
     from specscope.models import demo_gguf
 
     draft_llama = load_llama(demo_gguf("draft"), threads=2)

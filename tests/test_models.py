@@ -4,11 +4,16 @@ import hashlib
 from importlib import metadata
 
 import pytest
-
 from conftest import make_tokenizer
 from specscope import models
-from specscope.models import (DemoModel, ModelLoadError, PairConfig, check_vocabularies,
-                              load_pair, resolve_source)
+from specscope.models import (
+    DemoModel,
+    ModelLoadError,
+    PairConfig,
+    check_vocabularies,
+    load_pair,
+    resolve_source,
+)
 
 
 def test_same_vocabulary_passes(tokenizer):

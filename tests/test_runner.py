@@ -9,15 +9,14 @@ import time
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
-
-from specscope.measure import study as runner_module
 from specscope.cli import app
+from specscope.measure import study as runner_module
+from specscope.models import PairConfig
 from specscope.records import TIMING_COLUMNS, load_run
 from specscope.run.config import PromptSpec, RunConfig, RunConfigError
 from specscope.run.study import run_study
-from specscope.models import PairConfig
 from specscope.trees import TreeConfig
+from typer.testing import CliRunner
 
 cli = CliRunner()
 

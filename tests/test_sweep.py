@@ -10,16 +10,21 @@ import time
 import pandas as pd
 import pyarrow.fs as pafs
 import pytest
-from typer.testing import CliRunner
-
-from specscope.measure import study as measure_study
-from specscope.sweep import executors
 from specscope.cli import app
+from specscope.measure import study as measure_study
 from specscope.models import PairConfig
 from specscope.records import TIMING_COLUMNS, RunWriter, load_run, to_table
 from specscope.run.config import RunConfig
-from specscope.sweep import Execution, SweepError, parse_sweep, run_sweep, sweep_run_dirs
+from specscope.sweep import (
+    Execution,
+    SweepError,
+    executors,
+    parse_sweep,
+    run_sweep,
+    sweep_run_dirs,
+)
 from specscope.sweep.executors import gpus_needed, visible_devices
+from typer.testing import CliRunner
 
 cli = CliRunner()
 ONE_THREAD = Execution(prompts_per_shard=2, threads=1)  # same torch threads: identical floats

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
-
 from specscope import theory as T
 from specscope.analysis import certify as C
 from specscope.records import SCHEMAS, RunWriter, load_run, to_table, write_json_atomic
@@ -464,9 +463,8 @@ def test_run_lengths_and_quantiles():
 
 
 def test_certify_cli(tmp_path):
-    from typer.testing import CliRunner
-
     from specscope.cli import app
+    from typer.testing import CliRunner
 
     run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=4)
     result = CliRunner().invoke(app, ["certify", str(run_dir), "--out", str(tmp_path / "o"),

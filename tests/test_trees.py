@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from specscope.trees import TreeConfig, TreeConfigError, TreeShape, bfs_shape
 
 T, F = True, False

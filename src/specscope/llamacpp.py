@@ -263,11 +263,10 @@ class ChainAcceptance:
 
     @classmethod
     def from_nodes(cls, nodes) -> ChainAcceptance:
-        from .tune.acceptance import on_accepted_path
+        from .tune.acceptance import eligible_nodes
 
         nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
-        _, parent_ok = on_accepted_path(nodes)
-        top1 = nodes[parent_ok & (nodes["sibling_rank"].to_numpy() == 0)]
+        top1 = nodes[eligible_nodes(nodes) & (nodes["sibling_rank"].to_numpy() == 0)]
         prompts = np.array(sorted(nodes["prompt_id"].unique()))
         depth = int(nodes["depth"].max())
         row = {p: i for i, p in enumerate(prompts)}

@@ -40,6 +40,7 @@ from specscope.errors import SpecscopeError
 
 SCHEMA_VERSION = 1
 TABLES = ("nodes", "steps", "prompts")
+ALL_DOMAINS = "all"  # the pooled row of per-domain figures in files (policy, certify, bench)
 
 NODE_SCHEMA = pa.schema(
     [
@@ -127,8 +128,40 @@ class Run:
     prompts: pd.DataFrame
 
 
-def position_bin(step: int, bin_size: int = 32) -> int:
+def position_bin(step, bin_size: int = 32):
+    """The position bin of a step (or an array of steps): steps 0-31 are bin 0, and so on."""
     return step // bin_size
+
+
+@dataclass(frozen=True)
+class TreePaths:
+    """Where each node stands in its step's tree under greedy verification."""
+
+    eligible: np.ndarray  # a root, or its parent lies on the accepted path
+    accepted: np.ndarray  # on the accepted path: eligible and greedy-accepted
+    top1: np.ndarray  # on the top-1 chain: sibling rank 0 at every depth from the root
+
+
+def tree_paths(greedy: np.ndarray, depth: np.ndarray, rank: np.ndarray, is_root: np.ndarray,
+               parent_row: np.ndarray) -> TreePaths:
+    """The accepted path and the top-1 chain of every tree in a set of node rows, depth by depth.
+
+    ``parent_row`` is each node's parent's row (-1 for roots, and for a node whose parent is not
+    among the rows: it is then never eligible). The one definition of "accepted path" that
+    measurement, tuning and analysis use.
+    """
+    eligible = np.zeros(len(depth), bool)
+    accepted = np.zeros(len(depth), bool)
+    top1 = np.zeros(len(depth), bool)
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        at = np.flatnonzero(depth == d)
+        root, par = is_root[at], parent_row[at]
+        has_par = par >= 0
+        parent = np.where(has_par, par, 0)
+        eligible[at] = root | (has_par & accepted[parent])
+        accepted[at] = greedy[at] & eligible[at]
+        top1[at] = (rank[at] == 0) & (root | (has_par & top1[parent]))
+    return TreePaths(eligible, accepted, top1)
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:

@@ -23,8 +23,9 @@ from pathlib import Path
 from specscope.analysis.findings import Finding, Verdict, evaluate_findings
 from specscope.analysis.paper import expected_length, load_paper_tables
 from specscope.analysis.prepare import ALL, Records, prepare, read_run
+from specscope.analysis.results import Analysis, PaperTables, Settings
 from specscope.analysis.stats import EMPTY, ClusterBootstrap, Estimate
-from specscope.analysis.tables import Analysis, PaperTables, Settings, analyze_records
+from specscope.analysis.tables import analyze_records
 
 
 def analyze(run_dir: str | Path, settings: Settings | None = None) -> Analysis:

@@ -22,8 +22,9 @@ import pandas as pd
 
 from specscope.analysis.findings import Verdict
 from specscope.analysis.prepare import ALL, prepare
+from specscope.analysis.results import Analysis, Settings
 from specscope.analysis.synthetic import DomainProfile, synthetic_tables
-from specscope.analysis.tables import Analysis, Settings, analyze_records
+from specscope.analysis.tables import analyze_records
 from specscope.records import Run
 
 DOMAINS = ("chat", "code", "math", "reasoning")

@@ -17,9 +17,14 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingExtraError
-from ..records import Run
-from ..theory import (CRITERIA, CriteriaConfig, criteria_config_from_manifest, perspective,
-                      margin_bound)
+from ..records import ALL_DOMAINS, Run
+from ..theory import (
+    CRITERIA,
+    CriteriaConfig,
+    criteria_config_from_manifest,
+    margin_bound,
+    perspective,
+)
 
 # --- certify: reports over recorded runs --------------------------------------------------------
 
@@ -33,7 +38,6 @@ PUBLISHED: dict[tuple[str, str], float] = {
 }
 CEILINGS: dict[str, float] = {"greedy": math.log(2), **{
     f"tree_m{m}": math.log(m + 1) for m in (1, 2, 4, 8)}}
-ALL = "all"
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class CertifyReport:
         total = 0
         for df in (self.criteria, self.trees):
             if len(df):
-                total += int(df.loc[df["domain"] == ALL, "violations"].fillna(0).sum())
+                total += int(df.loc[df["domain"] == ALL_DOMAINS, "violations"].fillna(0).sum())
         return total
 
 
@@ -138,7 +142,7 @@ def run_lengths(flags: Any) -> list[int]:
 
 def _summaries(steps: pd.DataFrame, names: list[str], kind: str) -> pd.DataFrame:
     rows = []
-    groups = [(ALL, steps)] + list(steps.groupby("domain", sort=True))
+    groups = [(ALL_DOMAINS, steps)] + list(steps.groupby("domain", sort=True))
     for domain, df in groups:
         for name in names:
             cert = df[f"cert_{name}"].to_numpy(np.float64)

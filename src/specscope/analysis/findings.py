@@ -31,8 +31,8 @@ from enum import Enum
 
 from specscope.analysis.paper import paper_data
 from specscope.analysis.prepare import ALL
+from specscope.analysis.results import CONDITIONAL, DOMAIN_MINUS_DEPTH, Analysis
 from specscope.analysis.stats import Estimate, nan_estimate
-from specscope.analysis.tables import CONDITIONAL, DOMAIN_MINUS_DEPTH, Analysis
 
 
 class Verdict(str, Enum):

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
-from specscope.analysis.stats import Estimate, nan_estimate
-from specscope.analysis.tables import (
+from specscope.analysis.results import (
     CorrelationRow,
     DepthRow,
     LengthRow,
@@ -22,6 +21,7 @@ from specscope.analysis.tables import (
     PositionRow,
     SummaryRow,
 )
+from specscope.analysis.stats import Estimate, nan_estimate
 
 PAPER = "paper"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from specscope.analysis.prepare import ALL
+from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile
 from specscope.analysis.stats import Estimate
-from specscope.analysis.tables import CONDITIONAL, Analysis, BinnedProfile
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from specscope.records import Run, RunDirError, load_run
+from specscope.records import Run, RunDirError, load_run, tree_paths
 
-ALL = "All"  # the label of the pooled row
+ALL = "All"  # the pooled row of the analysis tables, labelled as in the paper's tables
 
 
 @dataclass(frozen=True)
@@ -206,16 +206,8 @@ def prepare(run: Run) -> Records:
         warnings.append("some nodes have depth 1 with a parent, or a parent at depth 1")
 
     max_depth = int(depth.max())
-    path_accepted = np.zeros(len(depth), bool)
-    eligible = np.zeros(len(depth), bool)
-    on_chain = np.zeros(len(depth), bool)
-    for d in range(1, max_depth + 1):
-        at = np.flatnonzero(depth == d)
-        root, par = is_root[at], parent_row[at]
-        has_par = par >= 0
-        eligible[at] = root | (has_par & path_accepted[np.where(has_par, par, 0)])
-        path_accepted[at] = greedy[at] & eligible[at]
-        on_chain[at] = (rank[at] == 0) & (root | (has_par & on_chain[np.where(has_par, par, 0)]))
+    paths = tree_paths(greedy, depth, rank, is_root, parent_row)
+    eligible, path_accepted, on_chain = paths.eligible, paths.accepted, paths.top1
 
     node_arrays = NodeArrays(prompt, domain, step, depth, rank, pos_bin, alpha,
                              greedy.astype(np.float64), entropy, eligible, path_accepted, on_chain)

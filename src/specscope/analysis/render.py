@@ -15,13 +15,8 @@ from dataclasses import dataclass
 
 from specscope.analysis.findings import Finding
 from specscope.analysis.prepare import ALL
+from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
 from specscope.analysis.stats import EMPTY, Estimate
-from specscope.analysis.tables import (
-    CONDITIONAL,
-    Analysis,
-    BinnedProfile,
-    PaperTables,
-)
 
 Cell = Estimate | int | float | str | None
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specscope.analysis.paper import PAPER, load_paper_tables, paper_data
-from specscope.analysis.prepare import ALL
 from specscope.analysis.plots import Plot, plots_unavailable, write_plots
+from specscope.analysis.prepare import ALL
 from specscope.analysis.render import (
     Column,
     Grid,
@@ -35,8 +35,8 @@ from specscope.analysis.render import (
     to_latex,
     to_markdown,
 )
+from specscope.analysis.results import Analysis, PaperTables
 from specscope.analysis.stats import EMPTY, Estimate
-from specscope.analysis.tables import Analysis, PaperTables
 
 # --- JSON ------------------------------------------------------------------------------------------
 

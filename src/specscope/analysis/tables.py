@@ -1,4 +1,5 @@
-"""The paper's Tables I-VI and the corrected metrics, as typed results with bootstrap intervals.
+"""The paper's Tables I-VI and the corrected metrics, computed with bootstrap intervals into the
+typed results of :mod:`specscope.analysis.results`.
 
 Every figure is computed for each domain and for all domains pooled (the row labelled "All"), with
 a percentile interval from the prompt-clustered bootstrap of :mod:`specscope.analysis.stats`. The
@@ -36,296 +37,50 @@ Corrected metrics:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from specscope.analysis.prepare import ALL, Records
+from specscope.analysis.results import (
+    CONDITIONAL,
+    DOMAIN_MINUS_DEPTH,
+    AcceptanceCell,
+    AcceptanceTable,
+    Analysis,
+    BinnedProfile,
+    CorrelationRow,
+    DepthProfile,
+    DepthProfileRow,
+    DepthRow,
+    EffectRow,
+    EffectSizes,
+    LengthRow,
+    PairLead,
+    PaperTables,
+    ParadoxCheck,
+    PositionRow,
+    ProfileRow,
+    PromptRow,
+    RunInfo,
+    Settings,
+    SummaryRow,
+    TauDistribution,
+    TauDistributionRow,
+    TauRow,
+)
 from specscope.analysis.stats import (
     ClusterBootstrap,
-    Estimate,
     Ranked,
     eta_squared_prompt_reps,
     eta_squared_reps,
     explained_share_reps,
-    nan_estimate,
     pearson_reps,
     ratio,
     spearman_reps,
 )
-
-CONDITIONAL = "greedy | parent accepted"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How an analysis is computed; recorded with its results."""
-
-    n_boot: int = 1000
-    seed: int = 0
-    confidence: float = 0.95
-    rank_bins: int = 32  # rank bins per variable in the Spearman bootstrap
-    entropy_bins: int = 10  # quantile bins of target entropy in the entropy profile
-    position_bucket: int = 8  # generation steps per bucket in the position profile
-    min_prompts: int = 10  # prompts per domain below which no verdict is given (calibrated)
-
-
-# --- the paper's tables ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SummaryRow:
-    """Table I: one domain's node statistics."""
-
-    domain: str
-    nodes: int
-    mean: Estimate
-    std: Estimate
-    target_entropy: Estimate
-
-
-@dataclass(frozen=True)
-class LengthRow:
-    """Table II: the paper's expected accepted length E[L] of one domain."""
-
-    domain: str
-    expected_length: Estimate
-
-
-@dataclass(frozen=True)
-class DepthRow:
-    """Tables III (cumulative products) and IV (means, delta from depth 1 to depth D)."""
-
-    domain: str
-    by_depth: tuple[Estimate, ...]
-    delta: Estimate = field(default_factory=nan_estimate)
-
-
-@dataclass(frozen=True)
-class PositionRow:
-    """Table V: mean acceptance at one depth per position bin, delta from first to last bin."""
-
-    domain: str
-    depth: int
-    by_bin: tuple[Estimate, ...]
-    delta: Estimate
-
-
-@dataclass(frozen=True)
-class CorrelationRow:
-    """Table VI: entropy-acceptance correlation of one domain."""
-
-    domain: str
-    nodes: int
-    spearman: Estimate
-    pearson: Estimate
-
-
-@dataclass(frozen=True)
-class PaperTables:
-    """The paper's Tables I-VI for one acceptance metric (``alpha`` or ``greedy_accept``)."""
-
-    source: str  # a run id, or "paper"
-    metric: str
-    depths: tuple[int, ...]
-    bins: tuple[int, ...]
-    table1: tuple[SummaryRow, ...]
-    table2: tuple[LengthRow, ...]
-    table3: tuple[DepthRow, ...]
-    table4: tuple[DepthRow, ...]
-    table5: tuple[PositionRow, ...]
-    table6: tuple[CorrelationRow, ...]
-
-    def row(self, table: str, domain: str):
-        """The row of ``table`` ("table1".."table6") for ``domain``, or None."""
-        return next((r for r in getattr(self, table) if r.domain == domain), None)
-
-
-# --- corrected metrics -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TauRow:
-    """Realized tokens per target pass of one domain."""
-
-    domain: str
-    steps: int
-    tau: Estimate  # mean tau = accepted_len + 1 of the recorded tree
-    chain_tau: Estimate  # mean tau the top-1 chain alone would have given
-    tree_gain: Estimate  # tau - chain_tau, over steps that have nodes
-    paper_expected_length: Estimate  # the paper's E[L] (Table II), for comparison
-    min_tau: int | None
-
-
-@dataclass(frozen=True)
-class TauDistributionRow:
-    domain: str
-    steps: int
-    shares: tuple[float, ...]  # share of steps with tau = taus[i]
-
-
-@dataclass(frozen=True)
-class TauDistribution:
-    taus: tuple[int, ...]
-    rows: tuple[TauDistributionRow, ...]
-
-
-@dataclass(frozen=True)
-class AcceptanceCell:
-    """Greedy acceptance at one (depth, sibling rank) of one domain."""
-
-    domain: str
-    depth: int
-    rank: int
-    nodes: int
-    eligible: int  # nodes whose parent path is accepted
-    unconditional: Estimate  # mean greedy_accept over all nodes of the cell
-    conditional: Estimate  # mean greedy_accept over eligible nodes
-
-
-@dataclass(frozen=True)
-class AcceptanceVector:
-    depths: tuple[int, ...]
-    ranks: tuple[int, ...]
-    cells: tuple[AcceptanceCell, ...]
-
-    def cell(self, domain: str, depth: int, rank: int) -> AcceptanceCell | None:
-        return next((c for c in self.cells
-                     if (c.domain, c.depth, c.rank) == (domain, depth, rank)), None)
-
-
-@dataclass(frozen=True)
-class DepthProfileRow:
-    domain: str
-    subset: str  # "all nodes", "sibling rank r", "top-1 chain"
-    metric: str  # "alpha" or CONDITIONAL
-    by_depth: tuple[Estimate, ...]
-    delta: Estimate  # mean over prompts of the within-prompt difference, depth D minus depth 1
-
-
-@dataclass(frozen=True)
-class DepthProfile:
-    depths: tuple[int, ...]
-    rows: tuple[DepthProfileRow, ...]
-
-    def row(self, domain: str, subset: str, metric: str) -> DepthProfileRow | None:
-        return next((r for r in self.rows
-                     if (r.domain, r.subset, r.metric) == (domain, subset, metric)), None)
-
-
-@dataclass(frozen=True)
-class EffectRow:
-    factor: str
-    alpha: Estimate
-    greedy: Estimate
-
-
-@dataclass(frozen=True)
-class EffectSizes:
-    """Eta squared of node-level acceptance per factor; the last row is domain minus depth."""
-
-    rows: tuple[EffectRow, ...]
-
-    def row(self, factor: str) -> EffectRow | None:
-        return next((r for r in self.rows if r.factor == factor), None)
-
-
-DOMAIN_MINUS_DEPTH = "domain − depth (noise-corrected)"
-
-
-@dataclass(frozen=True)
-class PairLead:
-    """The checked domain's mean minus one other domain's, per quantity."""
-
-    other: str
-    entropy: Estimate
-    alpha: Estimate
-    greedy: Estimate
-
-
-@dataclass(frozen=True)
-class ParadoxCheck:
-    """Is the highest-entropy domain also the highest-acceptance one?"""
-
-    domain: str  # the domain checked: chat when present, else the highest-entropy domain
-    entropy_top: str
-    alpha_top: str
-    greedy_top: str
-    entropy_lead: Estimate  # domain's mean entropy minus the highest other domain's
-    alpha_lead: Estimate
-    greedy_lead: Estimate
-    p_both: float  # share of resamples in which the domain tops both entropy and alpha
-    pairwise: tuple[PairLead, ...] = ()  # against each other domain (what the verdict tests)
-
-
-@dataclass(frozen=True)
-class ProfileRow:
-    domain: str
-    metric: str
-    values: tuple[Estimate, ...]
-
-
-@dataclass(frozen=True)
-class BinnedProfile:
-    """Mean acceptance per bin of some variable (target entropy, position in the generation)."""
-
-    name: str
-    axis: str
-    labels: tuple[str, ...]
-    centers: tuple[float, ...]
-    rows: tuple[ProfileRow, ...]
-
-
-@dataclass(frozen=True)
-class PromptRow:
-    prompt_id: str
-    domain: str
-    source: str
-    prompt_text: str
-    output_text: str
-    steps: int
-    mean_tau: float
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    run_id: str
-    path: str
-    status: str
-    nodes: int
-    steps: int
-    prompts: int
-    domains: tuple[str, ...]
-    max_depth: int
-    manifest: dict
-    domain_prompts: tuple[int, ...] = ()  # prompts with records, per domain (same order)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """Everything ``specscope analyze`` computes for one run."""
-
-    info: RunInfo
-    settings: Settings
-    paper: PaperTables  # Tables I-VI with alpha, as the paper defines them
-    greedy: PaperTables  # the same with greedy_accept in place of alpha
-    tau: tuple[TauRow, ...]
-    tau_distribution: TauDistribution
-    acceptance_vector: AcceptanceVector
-    depth_profile: DepthProfile
-    effects: EffectSizes
-    paradox: ParadoxCheck | None
-    entropy_profile: BinnedProfile
-    position_profile: BinnedProfile
-    findings: tuple  # tuple[Finding, ...], see specscope.analysis.findings
-    prompts: tuple[PromptRow, ...]
-    warnings: tuple[str, ...]
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """Row labels: the domains, then All."""
-        return self.info.domains + (ALL,)
-
 
 # --- computation -----------------------------------------------------------------------------------
 
@@ -347,7 +102,7 @@ class _Cells:
         return self.counts[0].astype(np.int64)
 
 
-class _Engine:
+class _Resampler:
     """Shared state of one analysis: the records and one bootstrap weight matrix."""
 
     def __init__(self, records: Records, settings: Settings):
@@ -419,7 +174,7 @@ def _depth_keys(rec: Records) -> tuple:
     return ((rec.nodes.depth - 1, rec.max_depth),)
 
 
-def paper_tables(eng: _Engine, metric: str) -> tuple[PaperTables, dict]:
+def paper_tables(eng: _Resampler, metric: str) -> tuple[PaperTables, dict]:
     """Tables I-VI for ``metric``; also returns the replicates the findings reuse."""
     rec = eng.rec
     v = rec.nodes.alpha if metric == "alpha" else rec.nodes.greedy
@@ -477,7 +232,7 @@ def paper_tables(eng: _Engine, metric: str) -> tuple[PaperTables, dict]:
     return tables, {"mean": c1.mean, "entropy": c_h.mean, "expected_length": el}
 
 
-def tau_metrics(eng: _Engine, paper: PaperTables) -> tuple[tuple[TauRow, ...], TauDistribution]:
+def tau_metrics(eng: _Resampler, paper: PaperTables) -> tuple[tuple[TauRow, ...], TauDistribution]:
     rec = eng.rec
     steps = rec.steps
     labels = rec.domains + (ALL,)
@@ -507,7 +262,7 @@ def tau_metrics(eng: _Engine, paper: PaperTables) -> tuple[tuple[TauRow, ...], T
     return tuple(rows), TauDistribution(taus, tuple(dist_rows))
 
 
-def acceptance_vector(eng: _Engine) -> AcceptanceVector:
+def acceptance_vector(eng: _Resampler) -> AcceptanceTable:
     rec = eng.rec
     nodes = rec.nodes
     keys = _depth_keys(rec) + ((nodes.rank, rec.n_ranks),)
@@ -521,10 +276,10 @@ def acceptance_vector(eng: _Engine) -> AcceptanceVector:
         for g, lab in enumerate(labels)
         for d in range(rec.max_depth) for r in range(rec.n_ranks)
         if unc.n[-1, d, r] > 0)
-    return AcceptanceVector(tuple(range(1, rec.max_depth + 1)), tuple(range(rec.n_ranks)), cells)
+    return AcceptanceTable(tuple(range(1, rec.max_depth + 1)), tuple(range(rec.n_ranks)), cells)
 
 
-def within_prompt_delta(eng: _Engine, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def within_prompt_delta(eng: _Resampler, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Estimates (G + 1,) of the mean over prompts of (mean at depth D - mean at depth 1).
 
     Each prompt is compared with itself, so a depth trend cannot come from prompts that
@@ -556,7 +311,7 @@ def within_prompt_delta(eng: _Engine, values: np.ndarray, mask: np.ndarray) -> n
     return eng.boot.estimates(ratio(num, den), n, prompts, strata)
 
 
-def depth_profile(eng: _Engine) -> DepthProfile:
+def depth_profile(eng: _Resampler) -> DepthProfile:
     rec = eng.rec
     nodes = rec.nodes
     labels = rec.domains + (ALL,)
@@ -582,7 +337,7 @@ def depth_profile(eng: _Engine) -> DepthProfile:
     return DepthProfile(tuple(range(1, rec.max_depth + 1)), tuple(rows))
 
 
-def effect_sizes(eng: _Engine) -> EffectSizes:
+def effect_sizes(eng: _Resampler) -> EffectSizes:
     """Raw eta^2 per factor (descriptive), then the noise-corrected shares of domain and depth
     and their difference, which the domain-vs-depth finding tests."""
     rec = eng.rec
@@ -612,7 +367,7 @@ def effect_sizes(eng: _Engine) -> EffectSizes:
     return EffectSizes(rows)
 
 
-def paradox_check(eng: _Engine, entropy: np.ndarray, alpha: np.ndarray,
+def paradox_check(eng: _Resampler, entropy: np.ndarray, alpha: np.ndarray,
                   greedy: np.ndarray) -> ParadoxCheck | None:
     """Leads of one domain over the best other domain, in entropy and acceptance."""
     rec = eng.rec
@@ -645,7 +400,7 @@ def paradox_check(eng: _Engine, entropy: np.ndarray, alpha: np.ndarray,
                         tuple(pairwise))
 
 
-def _profile(eng: _Engine, name: str, axis: str, codes: np.ndarray, n_bins: int,
+def _profile(eng: _Resampler, name: str, axis: str, codes: np.ndarray, n_bins: int,
              labels: tuple[str, ...], centers: tuple[float, ...]) -> BinnedProfile:
     rec = eng.rec
     rows = []
@@ -657,7 +412,7 @@ def _profile(eng: _Engine, name: str, axis: str, codes: np.ndarray, n_bins: int,
     return BinnedProfile(name, axis, labels, centers, tuple(rows))
 
 
-def entropy_profile(eng: _Engine) -> BinnedProfile:
+def entropy_profile(eng: _Resampler) -> BinnedProfile:
     h = eng.rec.nodes.entropy
     edges = np.unique(np.quantile(h, np.linspace(0, 1, eng.settings.entropy_bins + 1)))
     if len(edges) < 2:
@@ -670,7 +425,7 @@ def entropy_profile(eng: _Engine) -> BinnedProfile:
     return _profile(eng, "entropy", "target entropy (nats)", codes, n_bins, labels, centers)
 
 
-def position_profile(eng: _Engine) -> BinnedProfile:
+def position_profile(eng: _Resampler) -> BinnedProfile:
     size = eng.settings.position_bucket
     codes = eng.rec.nodes.step // size
     n_bins = int(codes.max()) + 1
@@ -704,7 +459,7 @@ def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
     from specscope.analysis.findings import evaluate_findings
 
     settings = Settings() if settings is None else settings
-    eng = _Engine(rec, settings)
+    eng = _Resampler(rec, settings)
     paper, reps = paper_tables(eng, "alpha")
     greedy, greedy_reps = paper_tables(eng, "greedy_accept")
     tau, tau_dist = tau_metrics(eng, paper)

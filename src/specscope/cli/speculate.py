@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..records import ALL_DOMAINS
 from .app import command, fail
 
 
@@ -113,9 +114,9 @@ def decode(
         vector = None
         if acceptance is not None:
             vectors = acceptance_vectors(load_run(acceptance).nodes)
-            if (domain or "all") not in vectors:
+            if (domain or ALL_DOMAINS) not in vectors:
                 fail(f"{acceptance} has no domain {domain!r}; it has {', '.join(vectors)}")
-            vector = vectors[domain or "all"]
+            vector = vectors[domain or ALL_DOMAINS]
         spec = make_speculation(policy, depth=depth, top_k=top_k, branch=branch,
                                 max_nodes=max_nodes, paths=paths, acceptance=vector)
     _set_threads(threads)
@@ -160,7 +161,6 @@ def tune(
 
     from ..decode import make_decoder
     from ..tune.costs import measure_costs
-    from ..tune.acceptance import ALL_DOMAINS
     from ..tune.costs import CostModel
     from ..tune.policy import TuneConfig, short_name, tune as tune_policy
     from ..records import load_run
@@ -239,7 +239,7 @@ def bench(
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     chosen = bench_prompts(names, per_domain, seed, policy)
     table = Table(title=f"router accuracy on {chosen.held_out} held-out prompts")
-    for col in ["router"] + names + ["all"]:
+    for col in ["router"] + names + [ALL_DOMAINS]:
         table.add_column(col, justify="left" if col == "router" else "right")
     for rep in chosen.reports:
         table.add_row(rep.router, *(f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"

@@ -16,6 +16,7 @@ import torch
 
 from ..core.draft import DraftTree
 from ..core.passes import greedy_token, softmax
+from ..records import tree_paths
 from ..theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
 from ..trees import TreeShape
 
@@ -60,16 +61,6 @@ def _rank(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return ((probs > p_t) | ((probs == p_t) & (ids < tokens.view(-1, 1)))).sum(-1)
 
 
-def accepted_path(greedy: np.ndarray | torch.Tensor, parents) -> np.ndarray | torch.Tensor:
-    """Which nodes lie on the target's accepted path: greedy-accepted, as are all ancestors.
-    Nodes are breadth-first, so parents are settled before their children."""
-    accepted = greedy.clone() if isinstance(greedy, torch.Tensor) else np.array(greedy, dtype=bool)
-    for n, parent in enumerate(parents):
-        if parent >= 0:
-            accepted[n] &= accepted[parent]
-    return accepted
-
-
 @dataclass
 class NodeRecords:
     """Column arrays of one step's node rows, and what the target accepts and emits."""
@@ -101,9 +92,10 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
     q_t = q_rows[node_ctx].gather(1, tok).squeeze(1).double()
     greedy = greedy_token(p_rows)[node_ctx] == scores.tokens
 
-    accepted = accepted_path(greedy, shape.parents)
-    depths = torch.tensor(shape.depths, device=accepted.device)
-    accepted_len = int(depths[accepted].max()) if bool(accepted.any()) else 0
+    parents, depths = np.asarray(shape.parents), np.asarray(shape.depths)
+    accepted = tree_paths(greedy.cpu().numpy(), depths, np.asarray(shape.ranks), parents < 0,
+                          parents).accepted
+    accepted_len = int(depths[accepted].max(initial=0))
 
     def host(x: torch.Tensor) -> np.ndarray:
         return x.cpu().numpy()

@@ -16,9 +16,9 @@ import pandas as pd
 from ..trees import TreeShape
 
 from ..errors import SpecscopeError
+from ..records import ALL_DOMAINS, tree_paths
 
 
-ALL_DOMAINS = "all"  # the pooled acceptance vector: the uniform tree's input
 
 
 class PolicyError(SpecscopeError, ValueError):
@@ -89,19 +89,14 @@ class AcceptanceVector:
         return cls(rates, np.zeros(rates.shape, dtype=int))
 
 
-def on_accepted_path(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: lies on its step's accepted path; its parent does (roots: True). Sorted input."""
-    accept = nodes["greedy_accept"].to_numpy(bool)
+def eligible_nodes(nodes: pd.DataFrame) -> np.ndarray:
+    """Per node of ``nodes`` (sorted by prompt, step and node id): a root, or its parent lies on
+    its step's accepted path (:func:`~specscope.records.tree_paths`)."""
     node_id = nodes["node_id"].to_numpy(np.int64)
     parent = nodes["parent_id"].to_numpy(np.int64)
-    depth = nodes["depth"].to_numpy(np.int64)
-    parent_row = np.arange(len(nodes)) - node_id + parent  # rows of one step are contiguous
-    on_path = accept.copy()
-    for d in range(2, int(depth.max(initial=1)) + 1):
-        rows = np.flatnonzero(depth == d)
-        on_path[rows] &= on_path[parent_row[rows]]
-    parent_ok = np.where(parent < 0, True, on_path[np.clip(parent_row, 0, None)])
-    return on_path, parent_ok
+    parent_row = np.where(parent < 0, -1, np.arange(len(nodes)) - node_id + parent)  # steps are contiguous
+    return tree_paths(nodes["greedy_accept"].to_numpy(bool), nodes["depth"].to_numpy(np.int64),
+                      nodes["sibling_rank"].to_numpy(np.int64), parent < 0, parent_row).eligible
 
 
 def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, AcceptanceVector]:
@@ -113,8 +108,7 @@ def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, Ac
     if nodes.empty:
         raise PolicyError("no node records to estimate acceptance from")
     nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
-    _, parent_ok = on_accepted_path(nodes)
-    eligible = nodes[parent_ok]
+    eligible = nodes[eligible_nodes(nodes)]
     shape = (int(nodes["depth"].max()), int(nodes["sibling_rank"].max()) + 1)
     out = {}
     groups = [(d, eligible[eligible["domain"] == d]) for d in sorted(nodes["domain"].unique())]

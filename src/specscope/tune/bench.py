@@ -17,6 +17,8 @@ from ..decode import SpeculativeDecoder
 from ..trees import DynamicTree, TreeShape
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
+from ..prompts.render import render_prompt
+from ..records import ALL_DOMAINS
 from .router import (LearnedRouter, RouterReport, RuleRouter, holdout_split, prompt_text,
                      router_accuracy)
 
@@ -68,7 +70,7 @@ class BenchRun:
 @dataclass(frozen=True)
 class BenchRow:
     method: str
-    domain: str  # or "all"
+    domain: str  # or ALL_DOMAINS
     prompts: int
     tokens: int
     time_s: float
@@ -173,8 +175,6 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
 def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
               config: BenchConfig = BenchConfig(), log=None) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
-    from ..prompts.render import render_prompt
-
     methods = bench_methods(decoder, policy, router, config)
     rendered = [render_prompt(tokenizer, item.messages, config.chat_template,
                               config.max_prompt_tokens).ids for item in items]
@@ -221,8 +221,8 @@ def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
                 later / decode_secs if decode_secs > 0 else float("nan"))
 
     rows = []
-    for domain in domains + ["all"]:
-        part = [r for r in runs if domain in ("all", r.domain)]
+    for domain in domains + [ALL_DOMAINS]:
+        part = [r for r in runs if domain in (ALL_DOMAINS, r.domain)]
         plain_tps, plain_decode = rates([r for r in part if r.method == "plain"])
         for method in dict.fromkeys(r.method for r in part):
             mine = [r for r in part if r.method == method]
