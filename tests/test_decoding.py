@@ -165,7 +165,7 @@ def test_bad_decode_settings_are_clear_errors(decoders, tokenizer):
 
 
 def test_int8_linear_is_batch_invariant_and_close():
-    from specscope.models import Int8Linear
+    from specscope.models.int8 import Int8Linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
@@ -182,7 +182,7 @@ def test_int8_linear_is_batch_invariant_and_close():
 def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
     # A prefill passes no mask: each query reads a prefix view of the keys instead of gathering
     # them through the mask; the results must be the same bits.
-    from specscope.models import rowwise_attention
+    from specscope.models.int8 import rowwise_attention
 
     torch.manual_seed(0)
     query = torch.randn(2, 4, 7, 16)
@@ -197,7 +197,7 @@ def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
     assisted generation give the same tokens, because a token's logits do not depend on the pass."""
-    from specscope.models import quantize_int8, use_rowwise_attention
+    from specscope.models.int8 import quantize_int8, use_rowwise_attention
     from specscope.tune.bench import hf_generate
 
     draft, target = _pair(arch, tokenizer, 0.3, seed=7)
@@ -217,7 +217,8 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
 
 
 def test_int8_needs_float32_on_the_cpu(tokenizer):
-    from specscope.models import ModelLoadError, PairConfig, quantize_int8
+    from specscope.models import ModelLoadError, PairConfig
+    from specscope.models.int8 import quantize_int8
 
     with pytest.raises(ModelLoadError, match="float32"):
         quantize_int8(make_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
@@ -602,7 +603,7 @@ def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
 def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
     """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
     from specscope.core.passes import feed
-    from specscope.models import quantize_int8, use_rowwise_attention
+    from specscope.models.int8 import quantize_int8, use_rowwise_attention
     from transformers import DynamicCache
 
     target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))

@@ -72,7 +72,7 @@ def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
         load_llama,
         measure_pass_costs,
     )
-    from specscope.models import demo_gguf
+    from specscope.models.demo import demo_gguf
 
     draft_llama = load_llama(demo_gguf("draft"), threads=2)
     draft = GreedyDraft(draft_llama, 0)

@@ -5,15 +5,9 @@ from importlib import metadata
 
 import pytest
 from conftest import make_tokenizer
-from specscope import models
-from specscope.models import (
-    DemoModel,
-    ModelLoadError,
-    PairConfig,
-    check_vocabularies,
-    load_pair,
-    resolve_source,
-)
+from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
+from specscope.models.config import DemoModel
+from specscope.models.load import check_vocabularies, load_gguf
 
 
 def test_same_vocabulary_passes(tokenizer):
@@ -73,34 +67,34 @@ def _fake_demo(tmp_path, monkeypatch, corrupt_part: int | None):
         import base64
         record.hash = metadata.FileHash("sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode())
         files[f"fake-part{i}"] = (path, record)
-    monkeypatch.setitem(models.DEMO_MODELS, "fake", spec)
-    monkeypatch.setattr(models, "_part_file", lambda package: files[package])
-    monkeypatch.setattr(models.metadata, "version", lambda package: "1.0")
+    monkeypatch.setitem(demo.DEMO_MODELS, "fake", spec)
+    monkeypatch.setattr(demo, "_part_file", lambda package: files[package])
+    monkeypatch.setattr(demo.metadata, "version", lambda package: "1.0")
     return chunks
 
 
 def test_demo_parts_assemble_and_verify(tmp_path, monkeypatch):
     chunks = _fake_demo(tmp_path, monkeypatch, corrupt_part=None)
-    out = models.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
+    out = demo.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
     assert out.read_bytes() == b"".join(chunks)
 
 
 def test_corrupt_demo_part_names_the_package_to_reinstall(tmp_path, monkeypatch):
     _fake_demo(tmp_path, monkeypatch, corrupt_part=2)
     with pytest.raises(ModelLoadError, match="reinstall: pip install --force-reinstall fake-part2$"):
-        models.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
+        demo.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
     assert not (tmp_path / "out" / "fake.gguf").exists()
 
 
 def test_missing_demo_part_names_the_extra(monkeypatch):
-    monkeypatch.setitem(models.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
+    monkeypatch.setitem(demo.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
     with pytest.raises(ModelLoadError, match=r"pip install 'specscope\[demo\]'"):
-        models.assemble_demo_gguf("fake", models.cache_dir() / "never.gguf")
+        demo.assemble_demo_gguf("fake", demo.cache_dir() / "never.gguf")
 
 
 def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
     # a missing optional package is a one-line error naming the extra, never a traceback
-    from specscope import errors, models
+    from specscope import errors
     from specscope.cli import app
     from typer.testing import CliRunner
 
@@ -109,7 +103,7 @@ def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(errors.MissingExtraError, match=r"accelerate: pip install 'specscope\[gguf\]'"):
-        models._load_gguf(gguf, "float32")
+        load_gguf(gguf, "float32")
     result = CliRunner().invoke(app, ["decode", "hi", "--draft", str(gguf), "--target", str(gguf)])
     assert result.exit_code == 2
     assert "specscope[gguf]" in result.output and "Traceback" not in result.output

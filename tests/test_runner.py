@@ -91,6 +91,7 @@ def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
     for col in floats:
         assert (nc[col] - nn[col]).abs().max() <= 1e-5, col
     pd.testing.assert_frame_equal(sc.drop(columns="run_id"), sn.drop(columns="run_id"))
+    pd.testing.assert_frame_equal(pc.drop(columns="run_id"), pn.drop(columns="run_id"))
 
 
 def test_interrupted_run_resumes_to_the_same_records(tiny_dirs, prompt_file, tmp_path, monkeypatch):

@@ -260,7 +260,8 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
                        max_new_tokens: int, ks: Sequence[int], threads: int, n_boot: int,
                        echo: Callable[[str], None] = print) -> LlamaCppStudy:
     from .llamacpp import eos_ids, load_llama, measure_pass_costs
-    from .models import demo_gguf, load_tokenizer
+    from .models import load_tokenizer
+    from .models.demo import demo_gguf
     from .records import load_run
     from .prompts.render import render_prompt
 

