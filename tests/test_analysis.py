@@ -53,10 +53,8 @@ from specscope.records import (
     SCHEMA_VERSION,
     SCHEMAS,
     RunDirError,
-    RunWriter,
+    RunDir,
     to_table,
-    write_json_atomic,
-    write_table_atomic,
 )
 from typer.testing import CliRunner
 
@@ -119,11 +117,11 @@ def prompt_columns(rows) -> dict[str, list]:
 def write_run(path: Path, nodes=TINY_NODES, steps=TINY_STEPS, prompts=TINY_PROMPTS,
               manifest: dict | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    write_table_atomic(to_table(node_columns(nodes), "nodes"), path / "nodes.parquet")
-    write_table_atomic(to_table(step_columns(steps), "steps"), path / "steps.parquet")
-    write_table_atomic(to_table(prompt_columns(prompts), "prompts"), path / "prompts.parquet")
-    write_json_atomic(manifest or {"schema_version": SCHEMA_VERSION, "run_id": "tiny",
-                                   "status": "complete", "config": {}}, path / "manifest.json")
+    RunDir(path).write_table("nodes", to_table(node_columns(nodes), "nodes"))
+    RunDir(path).write_table("steps", to_table(step_columns(steps), "steps"))
+    RunDir(path).write_table("prompts", to_table(prompt_columns(prompts), "prompts"))
+    RunDir(path).write_manifest(manifest or {"schema_version": SCHEMA_VERSION, "run_id": "tiny",
+                                             "status": "complete", "config": {}})
     return path
 
 
@@ -517,7 +515,7 @@ def test_corrupt_and_missing_parquet(tmp_path):
 def test_missing_column_and_bad_values(tmp_path):
     run = write_run(tmp_path / "nocol")
     table = to_table(node_columns(TINY_NODES), "nodes").drop_columns(["alpha"])
-    write_table_atomic(table, run / "nodes.parquet")
+    RunDir(run).write_table("nodes", table)
     with pytest.raises(RunDirError, match="alpha"):
         analyze(run)
     bad = [n[:7] + (float("nan"),) + n[8:] if i == 0 else n for i, n in enumerate(TINY_NODES)]
@@ -533,14 +531,14 @@ def test_no_nodes_is_a_clear_error(tmp_path):
 
 def test_interrupted_run_from_shards(tmp_path):
     run = tmp_path / "partial"
-    writer = RunWriter(run)
+    writer = RunDir(run)
     for order, pid in enumerate(["c1", "k1"]):
         nodes = to_table(node_columns([n for n in TINY_NODES if n[0] == pid]), "nodes")
         steps = to_table(step_columns([s for s in TINY_STEPS if s[0] == pid]), "steps")
         prompt = to_table(prompt_columns([p for p in TINY_PROMPTS if p[0] == pid]), "prompts")
         writer.commit_prompt(order, pid, nodes, steps, prompt)
-    write_json_atomic({"schema_version": SCHEMA_VERSION, "run_id": "p", "status": "running"},
-                      run / "manifest.json")
+    RunDir(run).write_manifest({"schema_version": SCHEMA_VERSION, "run_id": "p",
+                                "status": "running"})
     a = analyze(run, Settings(n_boot=20))
     assert a.paper.table1[-1].nodes == 9
     assert any("not 'complete'" in w for w in a.warnings)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from specscope.measure import batched as batch_module
 from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, RunWriter, load_run
+from specscope.records import TIMING_COLUMNS, RunDir, load_run
 from specscope.run.config import PromptSpec, RunConfig, RunConfigError
 from specscope.run.study import run_study
 from specscope.trees import TreeConfig
@@ -87,7 +87,7 @@ def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, promp
                                                                 monkeypatch):
     config = _config(tiny_dirs, prompts, "llama")
     run_study(config, tmp_path / "whole", progress=False, batch_size=3)
-    real = RunWriter.commit_prompt
+    real = RunDir.commit_prompt
     calls = {"n": 0}
 
     def dies_after_three(self, *args, **kwargs):
@@ -96,10 +96,10 @@ def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, promp
         calls["n"] += 1
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(RunWriter, "commit_prompt", dies_after_three)
+    monkeypatch.setattr(RunDir, "commit_prompt", dies_after_three)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "cut", progress=False, batch_size=3)
-    monkeypatch.setattr(RunWriter, "commit_prompt", real)
+    monkeypatch.setattr(RunDir, "commit_prompt", real)
     summary = run_study(config, tmp_path / "cut", progress=False, batch_size=3)
     assert summary.prompts_measured == 8 - 3
     whole, cut = load_run(tmp_path / "whole"), load_run(tmp_path / "cut")

@@ -13,7 +13,7 @@ import pytest
 from specscope.cli import app
 from specscope.measure import study as measure_study
 from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, RunWriter, load_run, to_table
+from specscope.records import TIMING_COLUMNS, RunDir, load_run, to_table
 from specscope.run.config import RunConfig
 from specscope.sweep import (
     Execution,
@@ -134,7 +134,7 @@ def test_gpu_resources_and_device_renumbering():
 def test_run_writer_on_an_object_store():
     """On a store without atomic renames the files are written in place, the prompt shard last."""
     fs, _ = pafs.FileSystem.from_uri("mock:///")
-    writer = RunWriter("bucket/run", filesystem=fs)
+    writer = RunDir("bucket/run", filesystem=fs)
     assert not writer.done_prompt_ids()
     for order, pid in enumerate(["a", "b"]):
         writer.commit_prompt(order, pid, to_table([], "nodes"), to_table([], "steps"),

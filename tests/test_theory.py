@@ -16,7 +16,7 @@ from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 from specscope import theory as T
 from specscope.analysis import certify as C
-from specscope.records import SCHEMAS, RunWriter, load_run, to_table, write_json_atomic
+from specscope.records import SCHEMAS, RunDir, load_run, to_table
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -380,7 +380,7 @@ def _complete(row: dict, table: str) -> dict:
 def _write_run(path, with_theory: bool, steps_per_prompt: int = 12):
     rng = np.random.default_rng(7)
     cfg = T.CriteriaConfig()
-    writer = RunWriter(path)
+    writer = RunDir(path)
     for order, (pid, domain) in enumerate([("c0", "code"), ("c1", "code"), ("h0", "chat")]):
         nodes, steps = [], []
         for step in range(steps_per_prompt):
@@ -413,7 +413,7 @@ def _write_run(path, with_theory: bool, steps_per_prompt: int = 12):
     manifest = {"schema_version": 1, "run_id": "r"}
     if with_theory:
         manifest["criteria"] = cfg.to_dict()
-    write_json_atomic(manifest, path / "manifest.json")
+    RunDir(path).write_manifest(manifest)
     return path
 
 

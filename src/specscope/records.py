@@ -14,7 +14,7 @@ shard exists. A killed run loses at most the prompt in flight; the consolidated 
 from the shards when the run finishes. Readers should use :func:`load_run`, which reads the
 consolidated files when present and the shards otherwise.
 
-:class:`RunWriter` writes through a pyarrow filesystem, so a run directory can also be any URI that
+:class:`RunDir` writes through a pyarrow filesystem, so a run directory can also be any URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/runs/a``, ``gs://...``, ``file:///...``)
 and workers on other machines can commit prompts to it. On a local disk every file is written under
 a hidden temporary name and renamed into place; object stores have no atomic rename but show each
@@ -164,20 +164,6 @@ def tree_paths(greedy: np.ndarray, depth: np.ndarray, rank: np.ndarray, is_root:
     return TreePaths(eligible, accepted, top1)
 
 
-def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file so that readers see either nothing or the whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(obj: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def to_table(rows: list[dict] | dict[str, list], name: str) -> pa.Table:
     """Build a table of the named schema from row dicts or column lists (extra columns allowed)."""
     schema = SCHEMAS[name]
@@ -245,11 +231,12 @@ def read_json(fs: pafs.FileSystem, path: str) -> dict | None:
             raise RunDirError(f"{path} is not valid JSON: {e}") from e
 
 
-class RunWriter:
-    """Commits one prompt's records at a time into ``run_dir/parts`` and consolidates at the end.
+class RunDir:
+    """The one reader and writer of a run directory: the manifest, one prompt's records at a time
+    into ``parts/`` (each prompt committed whole), the consolidated tables, and reading them back.
 
     ``run_dir`` is a local path or a URI; ``filesystem`` (optional) is the pyarrow filesystem that
-    ``run_dir`` is a path in.
+    ``run_dir`` is a path in. Every write lands whole or not at all (:func:`write_file`).
     """
 
     def __init__(self, run_dir: str | Path, filesystem: pafs.FileSystem | None = None):
@@ -268,6 +255,31 @@ class RunWriter:
 
     def _write(self, table: pa.Table, path: str) -> None:
         write_file(self.fs, path, table)
+
+    def write_table(self, name: str, table: pa.Table) -> None:
+        """Write a consolidated table (``nodes``, ``steps`` or ``prompts``)."""
+        self._write(table, f"{self.root}/{name}.parquet")
+
+    def read_table(self, name: str) -> pd.DataFrame:
+        """A table's records: the consolidated file, or else the committed parts (a run that is
+        still going or was interrupted), checked for the schema's columns."""
+        consolidated = f"{self.root}/{name}.parquet"
+        try:
+            if self.fs.get_file_info(consolidated).type == pafs.FileType.File:
+                table = pq.read_table(consolidated, filesystem=self.fs)
+            else:
+                done = {f.rpartition("/")[2] for f in self._files(f"{self.parts}/prompts")}
+                files = [f for f in self._files(f"{self.parts}/{name}")
+                         if f.rpartition("/")[2] in done]
+                table = (pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
+                                          promote_options="default")
+                         if files else SCHEMAS[name].empty_table())
+        except (pa.ArrowInvalid, OSError) as e:
+            raise RunDirError(f"{self.root}: cannot read {name} records: {e}") from e
+        missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
+        if missing:
+            raise RunDirError(f"{self.root}: {name} records lack columns {missing}")
+        return table.to_pandas()
 
     def done_prompt_ids(self) -> set[str]:
         return {pq.read_table(f, columns=["prompt_id"], filesystem=self.fs).column(0)[0].as_py()
@@ -290,7 +302,7 @@ class RunWriter:
                                  promote_options="default")
                 if files else SCHEMAS[name].empty_table()
             )
-            self._write(table, f"{self.root}/{name}.parquet")
+            self.write_table(name, table)
             counts[name] = table.num_rows
         return counts
 
@@ -365,14 +377,11 @@ def check_writable_file(path: Path, suffixes: tuple[str, ...] = ()) -> None:
     check_writable_dir(path.parent)
 
 
-def read_manifest(run_dir: Path) -> dict:
-    path = Path(run_dir) / "manifest.json"
-    if not path.is_file():
+def read_manifest(run_dir: str | Path) -> dict:
+    """A run's manifest, refused when there is none or its record schema is another version."""
+    manifest = RunDir(run_dir).read_manifest()
+    if manifest is None:
         raise RunDirError(f"{run_dir} is not a specscope run: no manifest.json")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{path} is not valid JSON: {e}") from e
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RunDirError(
@@ -382,26 +391,6 @@ def read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
-def _read_table(run_dir: Path, name: str) -> pd.DataFrame:
-    consolidated = run_dir / f"{name}.parquet"
-    try:
-        if consolidated.is_file():
-            table = pq.read_table(consolidated)
-        else:
-            done = {p.name for p in (run_dir / "parts" / "prompts").glob("*.parquet")}
-            files = sorted(f for f in (run_dir / "parts" / name).glob("*.parquet") if f.name in done)
-            table = (
-                pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
-                if files else SCHEMAS[name].empty_table()
-            )
-    except (pa.ArrowInvalid, OSError) as e:
-        raise RunDirError(f"{run_dir}: cannot read {name} records: {e}") from e
-    missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
-    if missing:
-        raise RunDirError(f"{run_dir}: {name} records lack columns {missing}")
-    return table.to_pandas()
-
-
 def load_run(run_dir: str | Path) -> Run:
     """Read a run directory (finished or interrupted) into DataFrames, checked by
     :func:`check_records`."""
@@ -409,7 +398,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory")
     manifest = read_manifest(run_dir)
-    run = Run(run_dir, manifest, *(_read_table(run_dir, name) for name in TABLES))
+    run = Run(run_dir, manifest, *(RunDir(run_dir).read_table(name) for name in TABLES))
     check_records(run)
     return run
 

@@ -20,8 +20,7 @@ from specscope.records import (
     SCHEMAS,
     position_bin,
     to_table,
-    write_json_atomic,
-    write_table_atomic,
+    RunDir,
 )
 
 # The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
@@ -193,7 +192,7 @@ def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     tables = synthetic_tables(**kwargs)
     for name, table in zip(("nodes", "steps", "prompts"), tables):
-        write_table_atomic(table, run_dir / f"{name}.parquet")
+        RunDir(run_dir).write_table(name, table)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "run_id": kwargs.get("run_id", "synthetic"),
@@ -203,5 +202,5 @@ def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
                    "prompts_per_domain": kwargs.get("prompts_per_domain", 50)},
         "counts": {name: t.num_rows for name, t in zip(("nodes", "steps", "prompts"), tables)},
     }
-    write_json_atomic(manifest, run_dir / "manifest.json")
+    RunDir(run_dir).write_manifest(manifest)
     return run_dir

@@ -18,11 +18,10 @@ from ..prompts.items import (
     PromptItem,
 )
 from ..records import (
-    RunWriter,
+    RunDir,
     check_writable_dir,
     read_manifest,
     remove_run,
-    write_json_atomic,
 )
 from ..trees import TreeShape
 from .config import RunConfig, RunConfigError
@@ -73,7 +72,7 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDir
         return RunDirState(None, True)
     manifest = read_manifest(out_dir)
     if manifest.get("run_id") != config.run_id:
-        if not RunWriter(out_dir).done_prompt_ids():
+        if not RunDir(out_dir).done_prompt_ids():
             return RunDirState(None, True)
         diff = config_differences(manifest, config)
         raise RunConfigError(
@@ -133,14 +132,14 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
         check_identity(out_dir, existing, hashes,
                        {"draft": model_identity(config.pair.draft),
                         "target": model_identity(config.pair.target)})
-    writer = RunWriter(out_dir)
+    writer = RunDir(out_dir)
     done = set() if state.replace else writer.done_prompt_ids()
     todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
     run_id = config.run_id
     if not todo and existing and existing.get("status") == "complete":
         if writer.damaged(existing.get("counts") or {}):
             existing.update(counts=writer.consolidate())
-            write_json_atomic(existing, out_dir / "manifest.json")
+            writer.write_manifest(existing)
             console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/")
         return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
                           time.perf_counter() - t_start, already_complete=True)
@@ -158,7 +157,7 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
     manifest["prompts"]["sha256"] = hashes
     manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(manifest, out_dir / "manifest.json")
+    writer.write_manifest(manifest)
     if empty:
         console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
 
@@ -184,6 +183,6 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
     manifest.update(status="complete", finished=now_utc(), counts=counts,
                     timings={"last_invocation_s": round(seconds, 3),
                              "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
-    write_json_atomic(manifest, out_dir / "manifest.json")
+    writer.write_manifest(manifest)
     return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)
 

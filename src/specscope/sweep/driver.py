@@ -50,7 +50,7 @@ import pyarrow.fs as pafs
 from .. import __version__
 from ..prompts.items import PromptItem
 from ..models import resolve_source
-from ..records import RunWriter, json_bytes, open_location, read_json, remove_run, write_file
+from ..records import RunDir, json_bytes, open_location, read_json, remove_run, write_file
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
 
 
@@ -66,7 +66,7 @@ class PointState:
 
     point: GridPoint
     run_dir: str
-    writer: RunWriter
+    writer: RunDir
     items: list[PromptItem]
     empty: list[str]
     manifest: dict | None  # the existing run manifest
@@ -120,7 +120,7 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
         for source in (point.config.pair.draft, point.config.pair.target):
             resolve_source(source)  # a mistyped model path fails here, before anything is removed
         run_path = _join(root, "runs", point.label)
-        writer = RunWriter(run_path, fs)
+        writer = RunDir(run_path, fs)
         manifest = None if fresh else writer.read_manifest()
         if manifest is not None and manifest.get("run_id") != point.config.run_id:
             diff = config_differences(manifest, point.config)

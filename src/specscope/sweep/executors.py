@@ -16,7 +16,7 @@ import torch
 
 from ..prompts.items import PromptItem
 from ..models import ModelPair, PairConfig, load_pair
-from ..records import RunWriter, json_bytes, open_location, write_file
+from ..records import RunDir, json_bytes, open_location, write_file
 from ..run.config import RunConfig
 from ..run.manifest import now_utc
 
@@ -118,7 +118,7 @@ def run_shard(shard: Shard, pairs: PairCache | None = None,
               "pid": os.getpid(), "host": socket.gethostname(), "started": now_utc(),
               "prompts": [item.id for _, item in shard.prompts]}
     write_file(status_fs, status_path, json_bytes(status))
-    writer = RunWriter(shard.run_dir)
+    writer = RunDir(shard.run_dir)
     done = writer.done_prompt_ids()
     todo = [(order, item) for order, item in shard.prompts if item.id not in done]
     config, nodes, models = shard.config, 0, {}
