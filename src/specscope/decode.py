@@ -33,13 +33,19 @@ __all__ = ["DecodeConfig", "DecodeError", "DecodeResult", "Step", "SpeculativeDe
 
 
 @dataclass
-class GreedyAcceptor:
-    """Follow the child equal to the target's argmax; the first miss is the bonus token."""
+class DecodingAcceptor:
+    """What decoding's acceptors share: the first token comes from the prefill (as plain decoding
+    does), trees are cut to the tokens still wanted, and every node's row is verified (a leaf's
+    row gives its bonus token)."""
 
     rule: ChildRule
     first_token_from_prefill: bool = True
     cut_tree_at_budget: bool = True
     verify_leaves: bool = True
+
+
+class GreedyAcceptor(DecodingAcceptor):
+    """Follow the child equal to the target's argmax; the first miss is the bonus token."""
 
     def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
         best = greedy_token(logits).tolist()  # [1 + N]
@@ -53,14 +59,8 @@ class GreedyAcceptor:
             path.append(node)
 
 
-@dataclass
-class SampledAcceptor:
+class SampledAcceptor(DecodingAcceptor):
     """Speculative sampling node by node, down the tree, until a round emits its own token."""
-
-    rule: ChildRule
-    first_token_from_prefill: bool = True
-    cut_tree_at_budget: bool = True
-    verify_leaves: bool = True
 
     def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
         p = warp(logits, self.rule.vocab, self.rule.temperature, self.rule.top_p).cpu()

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import SpecscopeError, require
+from .tune.costs import interpolate
 
 DEFAULT_KS = (1, 2, 3, 4)
 
@@ -165,16 +166,11 @@ class PassCosts:
     context_len: int
     threads: int
 
-    @staticmethod
-    def _at(table: tuple[tuple[int, float], ...], tokens: float) -> float:
-        xs, ys = zip(*table)
-        return float(np.interp(tokens, xs, ys))
-
     def target(self, tokens: float) -> float:
-        return self._at(self.target_s, tokens)
+        return interpolate(self.target_s, tokens)
 
     def draft(self, tokens: float) -> float:
-        return self._at(self.draft_s, tokens)
+        return interpolate(self.draft_s, tokens)
 
     @property
     def plain_token_s(self) -> float:
