@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -98,8 +98,8 @@ class PaperProtocol:
         return Accepted([], record.emitted_token, record.accepted_len)
 
 
-def _step_by_step(state: PromptState, scores: StepScores, shape: TreeShape, config,
-                  eos: set[int], step_time_s: float) -> bool:
+def commit_greedy_token(state: PromptState, scores: StepScores, shape: TreeShape, config,
+                        eos: set[int], step_time_s: float) -> bool:
     """Observe a step scored outside the loop (batched, naive) and commit the target's greedy
     token as the loop would; True when the prompt is finished."""
     record = observe(state, scores, shape, config.criteria)
@@ -149,14 +149,14 @@ def measure_prompt(pair: ModelPair, item: PromptItem, config, shape: TreeShape, 
     """Run the paper protocol on one prompt and return its node, step and prompt rows."""
     state = start_prompt(pair, item, config, order)
     if engine == "naive":
-        naive, eos = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size), eos_token_ids(pair)
+        naive = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size)
+        eos = eos_token_ids(pair)
         done = False
         while not done:
             t0 = time.perf_counter()
             scores = naive.score(state.context, shape)
-            done = _step_by_step(state, scores, shape, config, eos, 0.0)
-            state.steps[-1] = Step(**{**vars(state.steps[-1]),
-                                      "step_time_s": time.perf_counter() - t0})
+            done = commit_greedy_token(state, scores, shape, config, eos, 0.0)
+            state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
         return finish_prompt(state, pair, run_id)
     loop = Speculator(pair.draft.model, pair.target.model, pair.vocab_size,
                       frozenset(eos_token_ids(pair)))
@@ -193,7 +193,7 @@ def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config,
         scores = engine.score(shape)
         share = (time.perf_counter() - t0) / len(scores)
         finished = [i for i, (row, sc) in enumerate(zip(engine.rows, scores))
-                    if _step_by_step(row.payload, sc, shape, config, eos, share)]
+                    if commit_greedy_token(row.payload, sc, shape, config, eos, share)]
         for i in finished:
             state = engine.rows[i].payload
             commit(state, finish_prompt(state, pair, run_id))
