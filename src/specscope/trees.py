@@ -21,7 +21,6 @@ from specscope.errors import SpecscopeError
 
 Path = tuple[int, ...]
 
-POLICIES = ("paper", "paper-text", "chain", "static")
 
 
 class TreeConfigError(SpecscopeError, ValueError):
@@ -167,6 +166,22 @@ def bfs_shape(num_roots: int, branch: int, depth: int, max_nodes: int) -> TreeSh
     return TreeShape.from_paths(paths)
 
 
+def _breadth_first(config: TreeConfig) -> TreeShape:
+    return bfs_shape(config.num_roots, config.branch, config.depth, config.max_nodes)
+
+
+def _chain(config: TreeConfig) -> TreeShape:
+    return TreeShape.from_paths([(0,) * d for d in range(1, config.depth + 1)])
+
+
+def _static(config: TreeConfig) -> TreeShape:
+    return TreeShape.parse(config.paths)
+
+
+TREE_SHAPES = {"paper": _breadth_first, "paper-text": _breadth_first, "chain": _chain,
+               "static": _static}  # tree policy -> its shape
+POLICIES = tuple(TREE_SHAPES)
+
 # The tree options each policy reads; an option given for a policy that ignores it is an error.
 POLICY_OPTIONS = {
     "paper": ("top_k", "branch", "depth", "max_nodes"),
@@ -231,11 +246,7 @@ class TreeConfig:
         return 1
 
     def shape(self) -> TreeShape:
-        if self.policy == "static":
-            return TreeShape.parse(self.paths)
-        if self.policy == "chain":
-            return TreeShape.from_paths([(0,) * d for d in range(1, self.depth + 1)])
-        return bfs_shape(self.num_roots, self.branch, self.depth, self.max_nodes)
+        return TREE_SHAPES[self.policy](self)
 
 
 @lru_cache(maxsize=256)

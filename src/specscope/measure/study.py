@@ -33,9 +33,6 @@ from .naive import NaiveEngine
 from .records import (NodeRecords, StepScores, context_certificates, step_certificates,
                       step_record, tree_scores)
 
-ENGINES = ("cached", "naive")
-
-
 @dataclass
 class PromptRecords:
     nodes: pa.Table
@@ -144,26 +141,36 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     )
 
 
-def measure_prompt(pair: ModelPair, item: PromptItem, config, shape: TreeShape, order: int,
-                   run_id: str, engine: str = "cached") -> PromptRecords:
-    """Run the paper protocol on one prompt and return its node, step and prompt rows."""
-    state = start_prompt(pair, item, config, order)
-    if engine == "naive":
-        naive = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size)
-        eos = eos_token_ids(pair)
-        done = False
-        while not done:
-            t0 = time.perf_counter()
-            scores = naive.score(state.context, shape)
-            done = commit_greedy_token(state, scores, shape, config, eos, 0.0)
-            state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
-        return finish_prompt(state, pair, run_id)
+def _measure_in_loop(pair: ModelPair, state: PromptState, config, shape: TreeShape) -> None:
+    """The speculation loop with the paper protocol as its accept stage."""
     loop = Speculator(pair.draft.model, pair.target.model, pair.vocab_size,
                       frozenset(eos_token_ids(pair)))
     protocol = PaperProtocol(state, shape, config.criteria, ChildRule(pair.vocab_size, keep_q=True))
     result = loop.run(state.context, shape, DecodeConfig(max_new_tokens=config.max_new_tokens),
                       protocol)
     state.steps, state.output, state.stop_reason = result.steps, result.tokens, result.stop_reason
+
+
+def _measure_naive(pair: ModelPair, state: PromptState, config, shape: TreeShape) -> None:
+    """The paper's algorithm, every row recomputed: the oracle."""
+    naive = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size)
+    eos = eos_token_ids(pair)
+    done = False
+    while not done:
+        t0 = time.perf_counter()
+        scores = naive.score(state.context, shape)
+        done = commit_greedy_token(state, scores, shape, config, eos, 0.0)
+        state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
+
+
+ENGINES = {"cached": _measure_in_loop, "naive": _measure_naive}  # --engine: how one prompt is measured
+
+
+def measure_prompt(pair: ModelPair, item: PromptItem, config, shape: TreeShape, order: int,
+                   run_id: str, engine: str = "cached") -> PromptRecords:
+    """Run the paper protocol on one prompt and return its node, step and prompt rows."""
+    state = start_prompt(pair, item, config, order)
+    ENGINES[engine](pair, state, config, shape)
     return finish_prompt(state, pair, run_id)
 
 

@@ -83,7 +83,6 @@ def _optimal_tree(policy: str, given: dict, paths: str | None,
 SPECULATIONS = {"chain": _static_tree, "static": _static_tree, "paper": _static_tree,
                 "paper-text": _static_tree, "dynamic": _dynamic_tree, "optimal": _optimal_tree,
                 "none": lambda *_: None}
-DECODE_POLICIES = tuple(SPECULATIONS)
 
 
 
