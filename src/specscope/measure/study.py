@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -28,10 +29,15 @@ from ..models.int8 import use_rowwise_attention
 from ..prompts.items import PromptItem
 from ..prompts.render import RenderedPrompt, eos_token_ids, render_prompt
 from ..records import position_bin, to_table
+from ..theory import CriteriaConfig
 from ..trees import TreeShape
 from .naive import NaiveEngine
 from .records import (NodeRecords, StepScores, context_certificates, step_certificates,
                       step_record, tree_scores)
+
+if TYPE_CHECKING:
+    from ..run.config import RunConfig  # run.config imports this module's ENGINES
+
 
 @dataclass
 class PromptRecords:
@@ -56,13 +62,14 @@ class PromptState:
     stop_reason: str = "max_new_tokens"
 
 
-def start_prompt(pair: ModelPair, item: PromptItem, config, order: int) -> PromptState:
+def start_prompt(pair: ModelPair, item: PromptItem, config: RunConfig, order: int) -> PromptState:
     rendered = render_prompt(pair.tokenizer, item.messages, config.chat_template,
                              config.max_prompt_tokens)
     return PromptState(item, order, rendered, list(rendered.ids), time.perf_counter())
 
 
-def observe(state: PromptState, scores: StepScores, shape: TreeShape, criteria) -> NodeRecords:
+def observe(state: PromptState, scores: StepScores, shape: TreeShape,
+            criteria: CriteriaConfig | None) -> NodeRecords:
     """Record one step's nodes (and certificates) with the prompt."""
     record = step_record(scores, shape)
     record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
@@ -81,7 +88,7 @@ class PaperProtocol:
 
     state: PromptState
     shape: TreeShape
-    criteria: object
+    criteria: CriteriaConfig | None
     rule: ChildRule
     first_token_from_prefill: bool = False
     cut_tree_at_budget: bool = False  # the same tree at every step
@@ -95,8 +102,8 @@ class PaperProtocol:
         return Accepted([], record.emitted_token, record.accepted_len)
 
 
-def commit_greedy_token(state: PromptState, scores: StepScores, shape: TreeShape, config,
-                        eos: set[int], step_time_s: float) -> bool:
+def commit_greedy_token(state: PromptState, scores: StepScores, shape: TreeShape,
+                        config: RunConfig, eos: set[int], step_time_s: float) -> bool:
     """Observe a step scored outside the loop (batched, naive) and commit the target's greedy
     token as the loop would; True when the prompt is finished."""
     record = observe(state, scores, shape, config.criteria)
@@ -141,7 +148,8 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     )
 
 
-def _measure_in_loop(pair: ModelPair, state: PromptState, config, shape: TreeShape) -> None:
+def _measure_in_loop(pair: ModelPair, state: PromptState, config: RunConfig,
+                     shape: TreeShape) -> None:
     """The speculation loop with the paper protocol as its accept stage."""
     loop = Speculator(pair.draft.model, pair.target.model, pair.vocab_size,
                       frozenset(eos_token_ids(pair)))
@@ -151,7 +159,8 @@ def _measure_in_loop(pair: ModelPair, state: PromptState, config, shape: TreeSha
     state.steps, state.output, state.stop_reason = result.steps, result.tokens, result.stop_reason
 
 
-def _measure_naive(pair: ModelPair, state: PromptState, config, shape: TreeShape) -> None:
+def _measure_naive(pair: ModelPair, state: PromptState, config: RunConfig,
+                   shape: TreeShape) -> None:
     """The paper's algorithm, every row recomputed: the oracle."""
     naive = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size)
     eos = eos_token_ids(pair)
@@ -163,18 +172,19 @@ def _measure_naive(pair: ModelPair, state: PromptState, config, shape: TreeShape
         state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
 
 
-ENGINES = {"cached": _measure_in_loop, "naive": _measure_naive}  # --engine: how one prompt is measured
+# --engine: how one prompt is measured
+ENGINES = {"cached": _measure_in_loop, "naive": _measure_naive}
 
 
-def measure_prompt(pair: ModelPair, item: PromptItem, config, shape: TreeShape, order: int,
-                   run_id: str, engine: str = "cached") -> PromptRecords:
+def measure_prompt(pair: ModelPair, item: PromptItem, config: RunConfig, shape: TreeShape,
+                   order: int, run_id: str, engine: str = "cached") -> PromptRecords:
     """Run the paper protocol on one prompt and return its node, step and prompt rows."""
     state = start_prompt(pair, item, config, order)
     ENGINES[engine](pair, state, config, shape)
     return finish_prompt(state, pair, run_id)
 
 
-def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config,
+def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config: RunConfig,
                     shape: TreeShape, run_id: str, batch_size: int,
                     commit: Callable[[PromptState, PromptRecords], None]) -> None:
     """Measure ``todo`` ``batch_size`` prompts at a time (:mod:`specscope.measure.batched`); each
@@ -209,8 +219,8 @@ def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config,
             engine.replace_rows(keep, join(len(finished)))
 
 
-def measure_prompts(pair: ModelPair, config, todo: list[tuple[int, PromptItem]], run_id: str,
-                    commit: Callable[[int, PromptItem, PromptRecords], None],
+def measure_prompts(pair: ModelPair, config: RunConfig, todo: list[tuple[int, PromptItem]],
+                    run_id: str, commit: Callable[[int, PromptItem, PromptRecords], None],
                     batch_size: int = 1) -> None:
     """The prompt loop of ``run`` and ``sweep``: measure ``todo`` ((order, item) pairs) and hand
     each prompt's records to ``commit`` as it finishes."""
