@@ -122,12 +122,13 @@ def test_interrupted_run_resumes_to_the_same_records(tiny_dirs, prompt_file, tmp
 
 
 def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
-    """SIGKILL a real ``specscope run`` after its first committed prompt, then resume it."""
+    """SIGKILL a real ``specscope run`` after its first committed prompts, then resume it."""
     out = tmp_path / "killed"
     args = [sys.executable, "-m", "specscope.cli", "run", "--out", str(out), "--quiet",
             "--draft", str(tiny_dirs["qwen2", "draft"]), "--target", str(tiny_dirs["qwen2", "target"]),
             "--dtype", "float32", "--prompts", str(prompt_file), "--max-new-tokens", "120",
-            "--max-prompt-tokens", "64"]
+            "--max-prompt-tokens", "64",
+            "--batch-size", "2"]  # the default batch holds all 7 prompts: they would commit at once
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / "parts" / "prompts"
     deadline = time.time() + 600
