@@ -71,11 +71,12 @@ def feed(model, cache, ids: list[int] | torch.Tensor, positions: torch.Tensor,
     return out.logits[0]
 
 
-def feed_causal(model, cache, ids: Sequence[int], cached: int, last: int = 0) -> torch.Tensor:
+def feed_causal(model, cache, ids: Sequence[int] | torch.Tensor, cached: int,
+                last: int = 0) -> torch.Tensor:
     """Feed ``ids`` after ``cached`` cache entries, each seeing all of them and the ids before it."""
     causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
     past = torch.ones(len(ids), cached, dtype=torch.bool)
-    return feed(model, cache, list(ids), torch.arange(cached, cached + len(ids)), past, causal,
+    return feed(model, cache, ids, torch.arange(cached, cached + len(ids)), past, causal,
                 last=last)
 
 

@@ -130,18 +130,22 @@ class RunDir:
             if self.fs.get_file_info(consolidated).type == pafs.FileType.File:
                 table = pq.read_table(consolidated, filesystem=self.fs)
             else:
-                done = {f.rpartition("/")[2] for f in self._files(f"{self.parts}/prompts")}
-                files = [f for f in self._files(f"{self.parts}/{name}")
-                         if f.rpartition("/")[2] in done]
-                table = (pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
-                                          promote_options="default")
-                         if files else SCHEMAS[name].empty_table())
+                table = self._committed(name)
         except (pa.ArrowInvalid, OSError) as e:
             raise RunDirError(f"{self.root}: cannot read {name} records: {e}") from e
         missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
         if missing:
             raise RunDirError(f"{self.root}: {name} records lack columns {missing}")
         return table.to_pandas()
+
+    def _committed(self, name: str) -> pa.Table:
+        """One table's parts of the committed prompts (those whose prompt part exists), joined."""
+        done = {f.rpartition("/")[2] for f in self._files(f"{self.parts}/prompts")}
+        files = [f for f in self._files(f"{self.parts}/{name}") if f.rpartition("/")[2] in done]
+        if not files:
+            return SCHEMAS[name].empty_table()
+        return pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
+                                promote_options="default")
 
     def done_prompt_ids(self) -> set[str]:
         return {pq.read_table(f, columns=["prompt_id"], filesystem=self.fs).column(0)[0].as_py()
@@ -156,14 +160,8 @@ class RunDir:
     def consolidate(self) -> dict[str, int]:
         """Join the committed shards into nodes/steps/prompts.parquet; return row counts."""
         counts = {}
-        done = {f.rpartition("/")[2] for f in self._files(f"{self.parts}/prompts")}
         for name in TABLES:
-            files = [f for f in self._files(f"{self.parts}/{name}") if f.rpartition("/")[2] in done]
-            table = (
-                pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
-                                 promote_options="default")
-                if files else SCHEMAS[name].empty_table()
-            )
+            table = self._committed(name)
             self.write_table(name, table)
             counts[name] = table.num_rows
         return counts

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..core.loop import DecodeConfig, plain_generate
-from ..core.passes import crop, feed, prefill
+from ..core.passes import crop, feed_causal, prefill
 from ..decode import SpeculativeDecoder
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
@@ -112,8 +112,7 @@ def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> f
     for _ in range(repeats):
         ids = torch.randint(0, vocab, (k,))
         t0 = time.perf_counter()
-        feed(model, cache, ids, torch.arange(base, base + k), torch.ones(k, base, dtype=torch.bool),
-             torch.ones(k, k, dtype=torch.bool).tril())
+        feed_causal(model, cache, ids, base)
         times.append(time.perf_counter() - t0)
         crop(cache, base)
     return sorted(times)[len(times) // 2]
