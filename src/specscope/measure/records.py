@@ -3,8 +3,8 @@ tree, turned into one row per node (README: "Records") and the step's own figure
 
 :class:`StepScores` is what a step's draft and verify stages produced, whichever engine ran them
 (the speculation loop, the batched engine, or the naive oracle); :func:`step_record` turns it into
-node columns; :func:`observe_step` adds certificates and keeps them with the prompt. This module
-runs no model.
+node columns; :func:`certificate_records` gives the nodes' and the step's certificates. This
+module runs no model.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from ..core.draft import DraftTree
 from ..core.passes import greedy_token, softmax
 from ..records import tree_paths
-from ..theory import CriteriaConfig, node_certificate_columns, step_criteria_columns
+from ..theory import CriteriaConfig, certificate_columns
 from ..trees import TreeShape
 
 
@@ -53,12 +53,27 @@ def tree_scores(tree: DraftTree, logits: torch.Tensor, nodes: list[int], vocab: 
                       draft_time_s, verify_time_s).on(p.device)
 
 
-def _rank(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Each token's rank under its row (0 = the greedy token), ties ordered by token id as in
-    :func:`greedy_token`."""
-    p_t = probs.gather(1, tokens.view(-1, 1))
-    ids = torch.arange(probs.shape[-1], device=probs.device)
-    return ((probs > p_t) | ((probs == p_t) & (ids < tokens.view(-1, 1)))).sum(-1)
+RANK_WIDTH = 16  # a node's rank is read off its context's top 16 when its token is in them
+
+
+def _rank(probs: torch.Tensor, ctx: torch.Tensor, tokens: torch.Tensor, p_t: torch.Tensor,
+          top: torch.return_types.topk) -> torch.Tensor:
+    """Each node's token rank under its context's row of ``probs`` [C, V] (0 = the greedy token),
+    ties ordered by token id as in :func:`greedy_token`.
+
+    ``top`` holds each row's largest values and their ids. A token whose probability exceeds the
+    smallest of them is ranked among them alone: every token outside them is below it. Other
+    tokens are ranked over the whole row.
+    """
+    values, ids = top.values[ctx], top.indices[ctx]  # [N, W]
+    p_col, tok = p_t[:, None], tokens[:, None]
+    rank = ((values > p_col) | ((values == p_col) & (ids < tok))).sum(-1)
+    outside = (p_t <= values[:, -1]).nonzero().flatten()
+    if len(outside):
+        rows, p_o, tok_o = probs[ctx[outside]], p_col[outside], tok[outside]
+        vocab_ids = torch.arange(probs.shape[-1], device=probs.device)
+        rank[outside] = ((rows > p_o) | ((rows == p_o) & (vocab_ids < tok_o))).sum(-1)
+    return rank
 
 
 @dataclass
@@ -86,10 +101,11 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
     target_entropy = -(p_rows * log_p).sum(-1)
     draft_entropy = -(q_rows * log_q).sum(-1)
     kl = (p_rows * (log_p - log_q)).sum(-1)
-    top2 = torch.topk(p_rows, 2, dim=-1).values  # values only: ties are settled by greedy_token
-    tok = scores.tokens.view(N, 1)
-    p_t = p_rows[node_ctx].gather(1, tok).squeeze(1).double()
-    q_t = q_rows[node_ctx].gather(1, tok).squeeze(1).double()
+    top = torch.topk(p_rows, min(RANK_WIDTH, p_rows.shape[-1]), dim=-1)
+    top2 = top.values[:, :2]  # values only: ties are settled by greedy_token
+    p_node = p_rows[node_ctx, scores.tokens]
+    p_t = p_node.double()
+    q_t = q_rows[node_ctx, scores.tokens].double()
     greedy = greedy_token(p_rows)[node_ctx] == scores.tokens
 
     parents, depths = np.asarray(shape.parents), np.asarray(shape.depths)
@@ -115,21 +131,17 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
         "target_top1_prob": host(top2[node_ctx, 0].double()),
         "target_margin": host((top2[:, 0] - top2[:, 1])[node_ctx].double()),
         "kl_target_draft": host(kl[node_ctx].double()),
-        "target_rank": host(_rank(p_rows[node_ctx], scores.tokens)).astype(np.int32),
+        "target_rank": host(_rank(p_rows, node_ctx, scores.tokens, p_node, top)).astype(np.int32),
     }
     emitted = int(greedy_token(scores.p[0]))
     return NodeRecords(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)
 
 
-def context_certificates(scores: StepScores, shape: TreeShape,
-                         criteria: CriteriaConfig) -> dict[str, np.ndarray]:
-    """Each node's certificates at its context, computed once per distinct context."""
+def certificate_records(scores: StepScores, shape: TreeShape, criteria: CriteriaConfig
+                        ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Each node's certificates at its context (computed once per distinct context), and the step
+    row's at the root context (the node rows carry KL and margin)."""
     contexts, index = np.unique(np.asarray(shape.parents) + 1, return_inverse=True)
-    columns = node_certificate_columns(scores.p[torch.as_tensor(contexts)], criteria)
-    return {name: values[index] for name, values in columns.items()}
-
-
-def step_certificates(scores: StepScores, criteria: CriteriaConfig) -> dict[str, float]:
-    """The step row's certificates at the root context (the node rows carry KL and margin)."""
-    return {k: v[0] for k, v in step_criteria_columns(scores.p[0], scores.q[0], criteria).items()
-            if k not in ("kl_target_draft", "target_margin")}
+    nodes, step = certificate_columns(scores.p[torch.as_tensor(contexts)], scores.q[0], criteria)
+    return ({name: values[index] for name, values in nodes.items()},
+            {k: v[0] for k, v in step.items() if k not in ("kl_target_draft", "target_margin")})

@@ -32,7 +32,7 @@ from ..records import position_bin, to_table
 from ..theory import CriteriaConfig
 from ..trees import TreeShape
 from .naive import NaiveEngine
-from .records import (NodeRecords, StepScores, context_certificates, step_certificates,
+from .records import (NodeRecords, StepScores, certificate_records,
                       step_record, tree_scores)
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ def observe(state: PromptState, scores: StepScores, shape: TreeShape,
     record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
     certificates = {}
     if criteria is not None:
-        record.nodes.update(context_certificates(scores, shape, criteria))
-        certificates = step_certificates(scores, criteria)
+        node_certificates, certificates = certificate_records(scores, shape, criteria)
+        record.nodes.update(node_certificates)
     state.node_cols.append(record.nodes)
     state.certificates.append(certificates)
     return record

@@ -84,26 +84,27 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
                                       scaling=scaling, **kwargs)
     kv_heads, keys = key.shape[1], key.shape[2]
     scale = scaling if scaling is not None else dim ** -0.5
-    out = torch.empty(batch, queries, heads, dim, dtype=query.dtype, device=query.device)
+    out = torch.empty(batch, queries, kv_heads, heads // kv_heads, dim, dtype=query.dtype,
+                      device=query.device)
     for b in range(batch):
-        if attention_mask is None:  # causal, aligned to the end of the cache: key prefixes
-            allowed = None
-        elif attention_mask.dtype == torch.bool:
-            allowed = attention_mask[b, 0]
-        else:
-            allowed = attention_mask[b, 0] == 0
         q = query[b].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
-        for i in range(queries):
-            if allowed is None:  # a view of the first keys - queries + i + 1 keys, no copy
-                k = key[b, :, :keys - queries + i + 1]  # [kv_heads, n, dim]
-                v = value[b, :, :keys - queries + i + 1]
-            else:
-                index = allowed[i].nonzero().flatten()
-                k = key[b].index_select(1, index)
-                v = value[b].index_select(1, index)
-            weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)) * scale, dim=-1)
-            out[b, i] = torch.matmul(weights, v).reshape(heads, dim)
-    return out, None
+        if attention_mask is None:  # causal, aligned to the end of the cache: key prefixes
+            counts = range(keys - queries + 1, keys + 1)
+            k_rows, v_rows = key[b], value[b]  # query i reads a view of the first keys
+        else:
+            allowed = attention_mask[b, 0]
+            allowed = allowed if allowed.dtype == torch.bool else allowed == 0
+            counts = allowed.sum(1).tolist()
+            index = allowed.nonzero()[:, 1]  # row-major: each query's keys, in cache order
+            k_rows, v_rows = key[b].index_select(1, index), value[b].index_select(1, index)
+        start = 0
+        for i, n in enumerate(counts):
+            k = k_rows[:, start:start + n]  # [kv_heads, n, dim]
+            v = v_rows[:, start:start + n]
+            start += 0 if attention_mask is None else n
+            weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)).mul_(scale), dim=-1)
+            torch.matmul(weights, v, out=out[b, i])
+    return out.view(batch, queries, heads, dim), None
 
 
 def use_rowwise_attention(model) -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from .items import PromptItem, PromptSourceError, PromptSourceWarning, sample_items
 from .sources import (
+    load_items,
     MTBENCH_CHAT_CATEGORIES,
     MTBENCH_REQUIREMENT,
     ChampSource,
@@ -135,7 +136,7 @@ def resolve_source(domain: str, source: str | None = None) -> PromptSource:
 
 def load_source(source: PromptSource) -> list[PromptItem]:
     """All items of a source, checked: distinct ids and no empty prompts."""
-    items = source.load()
+    items = load_items(source)
     ids = [it.id for it in items]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

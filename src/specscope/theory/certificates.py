@@ -37,6 +37,9 @@ class Pool:
     c: torch.Tensor  # [B] float64: the pooled mass
     r: torch.Tensor  # [B] long: sorted position of the rejected token y (level sets), else m
 
+    def rows(self, index: slice) -> Pool:
+        return Pool(self.cert[index], self.k[index], self.c[index], self.r[index])
+
 
 def _pool_level_set(top: torch.Tensor, r: torch.Tensor, vocab: int) -> Pool:
     """Pool the most likely rejected token y (sorted position r) with the top tokens above c.
@@ -87,6 +90,9 @@ def _pool_tree(top: torch.Tensor, m: int, vocab: int) -> Pool:
     return Pool(cost, k, c, torch.full_like(k, m))
 
 
+TOP_WIDTH = 16  # the masses sorted up front; most rows' pools and accepted sets lie within them
+
+
 def _sorted_prefix(p: torch.Tensor, width: int) -> torch.Tensor:
     """[B, V] -> [B, W]: the W largest masses per row, descending."""
     width = max(1, min(width, p.shape[1]))
@@ -101,10 +107,13 @@ def certificate_pools(d: Target, specs: Sequence[Spec]) -> tuple[dict[str, Pool]
         empty = torch.zeros(0, dtype=p.dtype, device=p.device)
         idx = torch.zeros(0, dtype=torch.long, device=p.device)
         return {s.name: Pool(empty, idx, empty, idx) for s in specs}, p[:, :2]
-    counts = {s.name: s.n_accepted(d) for s in specs if isinstance(s, Criterion)}
+    tree_width = max([s.m + 1 for s in specs if isinstance(s, TreeCoverage)] + [2])
+    top = _sorted_prefix(p, max(tree_width, TOP_WIDTH))
+    counts = {s.name: s.n_accepted(d, top) for s in specs if isinstance(s, Criterion)}
     width = max([int(n[n < vocab].max()) + 1 for n in counts.values() if (n < vocab).any()]
-                + [s.m + 1 for s in specs if isinstance(s, TreeCoverage)] + [2])
-    top = _sorted_prefix(p, width)
+                + [tree_width])
+    if width > top.shape[1]:
+        top = _sorted_prefix(p, width)
     pools = {s.name: (_pool_level_set(top, counts[s.name], vocab) if isinstance(s, Criterion)
                       else _pool_tree(top, s.m, vocab)) for s in specs}
     return pools, top

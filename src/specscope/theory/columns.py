@@ -16,7 +16,7 @@ from ..errors import SpecscopeError
 
 Array = np.ndarray | torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
 
-from .certificates import certificate_pools
+from .certificates import Pool, certificate_pools
 from .criteria import (SUM_ATOL, rivals_at_or_above_x0, Additive, Criterion, Entropy, Greedy, Multiplicative, Target, TopM,
                        TreeCoverage, as_draft, as_probs)
 
@@ -103,10 +103,30 @@ def step_criteria_columns(p: torch.Tensor, q: torch.Tensor,
     top m, ties against coverage) and ``tree_certified_m<m>`` (KL < C_m).
     """
     pt, _ = as_probs(p, "p", config.atol)
-    qt = as_draft(q, pt, config.atol)
     d = Target(pt)
-    kl = d.kl(qt)
     pools, top = certificate_pools(d, config.criteria + config.trees)
+    return _draft_columns(d, as_draft(q, pt, config.atol), pools, top, config)
+
+
+def certificate_columns(p: torch.Tensor, q_root: torch.Tensor, config: CriteriaConfig
+                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """:func:`node_certificate_columns` at C contexts p [C, V] (row 0 the root) and
+    :func:`step_criteria_columns` at the root with the draft's q_root [V] ([1] arrays), from one
+    validation of p and one set of pools: the step's certificates are the root nodes' exactly."""
+    pt, _ = as_probs(p, "p", config.atol)
+    d = Target(pt)
+    pools, top = certificate_pools(d, config.criteria + config.trees)
+    nodes = {f"cert_{name}": pool.cert.cpu().numpy() for name, pool in pools.items()}
+    root = d.rows(slice(0, 1))
+    step = _draft_columns(root, as_draft(q_root, root.p, config.atol),
+                          {name: pool.rows(slice(0, 1)) for name, pool in pools.items()},
+                          top[:1], config)
+    return nodes, step
+
+
+def _draft_columns(d: Target, qt: torch.Tensor, pools: dict[str, Pool], top: torch.Tensor,
+                   config: CriteriaConfig) -> dict[str, np.ndarray]:
+    kl = d.kl(qt)
     margin = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
     cols: dict[str, torch.Tensor] = {"kl_target_draft": kl, "target_margin": margin}
     drafted = qt.argmax(-1)

@@ -64,6 +64,15 @@ class Target:
     def __init__(self, p: torch.Tensor):
         self.p = p
 
+    def rows(self, index: slice) -> Target:
+        """The distributions of some rows, keeping the statistics already computed (sliced)."""
+        sub = Target(self.p[index])
+        for name, value in self.__dict__.items():
+            if name != "p":
+                sub.__dict__[name] = tuple(v[index] for v in value) if isinstance(
+                    value, tuple) else value[index]
+        return sub
+
     @cached_property
     def _top1(self) -> tuple[torch.Tensor, torch.Tensor]:
         values, indices = self.p.max(-1)  # first maximiser
@@ -110,7 +119,9 @@ class Criterion:
 
     name: ClassVar[str]
 
-    def n_accepted(self, d: Target) -> torch.Tensor:  # -> [B] long
+    def n_accepted(self, d: Target, top: torch.Tensor | None = None) -> torch.Tensor:  # [B] long
+        """How many tokens are accepted; ``top`` [B, W], each row's W largest masses in
+        descending order, may spare a pass over the vocabulary."""
         raise NotImplementedError
 
     def accepts(self, d: Target, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B] bool
@@ -132,8 +143,16 @@ class _Threshold(Criterion):
     def _test(self, mass: torch.Tensor, thr: torch.Tensor) -> torch.Tensor:
         return mass > thr if self.strict else mass >= thr
 
-    def n_accepted(self, d: Target) -> torch.Tensor:
-        return self._test(d.p, self.threshold(d)[:, None]).sum(1)
+    def n_accepted(self, d: Target, top: torch.Tensor | None = None) -> torch.Tensor:
+        threshold = self.threshold(d)[:, None]
+        if top is None:
+            return self._test(d.p, threshold).sum(1)
+        # the test is monotone in the mass: unless every top mass passes, the rest of the row fails
+        n = self._test(top, threshold).sum(1)
+        rest = (n == top.shape[1]) & (top.shape[1] < d.p.shape[1])
+        if rest.any():
+            n[rest] = self._test(d.p[rest], threshold[rest]).sum(1)
+        return n
 
     def accepts(self, d: Target, tokens: torch.Tensor) -> torch.Tensor:
         return self._test(d.p.gather(1, tokens[:, None])[:, 0], self.threshold(d))
@@ -145,7 +164,7 @@ class Greedy(Criterion):
 
     name: ClassVar[str] = "greedy"
 
-    def n_accepted(self, d: Target) -> torch.Tensor:
+    def n_accepted(self, d: Target, top: torch.Tensor | None = None) -> torch.Tensor:
         return torch.ones_like(d.x0)
 
     def accepts(self, d: Target, tokens: torch.Tensor) -> torch.Tensor:
@@ -210,7 +229,7 @@ class TopM(Criterion):
         if isinstance(self.m, bool) or int(self.m) != self.m or self.m < 1:
             raise ValueError(f"m: top-m needs an integer m >= 1, got {self.m}")
 
-    def n_accepted(self, d: Target) -> torch.Tensor:
+    def n_accepted(self, d: Target, top: torch.Tensor | None = None) -> torch.Tensor:
         return torch.full_like(d.x0, min(self.m, d.p.shape[1]))
 
     def accepts(self, d: Target, tokens: torch.Tensor) -> torch.Tensor:
