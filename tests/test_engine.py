@@ -175,3 +175,24 @@ def test_one_tie_rule_for_records_and_decoder():
     assert list(rec.nodes["greedy_accept"]) == [False, True]
     assert list(rec.nodes["target_rank"]) == [1, 0]
     assert rec.accepted_len == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_target_rank_equals_a_full_ranking(seed):
+    """A node's target_rank, read off its context's top 16 when it can be: the rank in a stable
+    descending sort of the whole row (ties by token id), for tokens inside and far outside the
+    top 16, with many ties."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = SHAPES["six"]
+    V = 300
+    logits = torch.randn(len(shape) + 1, V, generator=gen) * 2
+    logits[:, ::3] = logits[:, ::3].round()  # ties
+    p = torch.softmax(logits, -1)
+    contexts = [parent + 1 for parent in shape.parents]
+    ranked = [torch.sort(-p[c], stable=True).indices for c in range(len(shape) + 1)]
+    picks = [0, 3, 15, 16, 40, 299]  # ranks to draft at: inside, at the edge and outside the top 16
+    tokens = torch.stack([ranked[c][picks[i]] for i, c in enumerate(contexts)])
+    q = torch.full((1, V), 1 / V)
+    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0)
+    expected = [int((ranked[c] == t).nonzero()) for c, t in zip(contexts, tokens.tolist())]
+    assert step_record(scores, shape).nodes["target_rank"].tolist() == expected == picks

@@ -338,6 +338,48 @@ def test_columns_for_the_engine():
     assert T.CriteriaConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
+def test_one_pass_columns_equal_the_separate_ones():
+    """certificate_columns: the nodes' columns are node_certificate_columns', and the step's are
+    step_criteria_columns' at the root, with the root row's certificates exactly."""
+    torch.manual_seed(1)
+    cfg = T.CriteriaConfig()
+    p = torch.softmax(torch.randn(5, 3000) * torch.tensor([[4.0], [0.1], [2], [6], [1]]), -1)
+    q = torch.softmax(torch.randn(3000) * 3, -1)
+    nodes, step = T.certificate_columns(p, q, cfg)
+    separate = T.node_certificate_columns(p, cfg)
+    assert nodes.keys() == separate.keys()
+    for name in nodes:
+        np.testing.assert_array_equal(nodes[name], separate[name])
+        np.testing.assert_array_equal(step[name], nodes[name][:1])
+    alone = T.step_criteria_columns(p[0], q, cfg)
+    assert step.keys() == alone.keys()
+    for name, values in alone.items():
+        if values.dtype == bool:
+            np.testing.assert_array_equal(step[name], values)
+        else:
+            np.testing.assert_allclose(step[name], values, rtol=1e-13)
+
+
+@pytest.mark.parametrize("scale", [0.02, 1.0, 8.0])
+def test_accepted_counts_from_the_sorted_top_equal_the_full_count(scale):
+    """n_accepted(d, top) reads the count off the W largest masses unless all of them pass, and
+    then counts the whole row: the same counts as a full pass, flat rows and ties included."""
+    from specscope.theory.certificates import TOP_WIDTH, _sorted_prefix
+    from specscope.theory.criteria import Target, as_probs
+
+    torch.manual_seed(2)
+    logits = torch.randn(64, 500) * scale
+    logits[:8] = (logits[:8] * 4).round() / 4  # ties
+    d = Target(as_probs(torch.softmax(logits, -1), "p")[0])
+    top = _sorted_prefix(d.p, TOP_WIDTH)
+    for crit in (T.Additive(0.1), T.Additive(0.01), T.Multiplicative(0.5), T.Entropy(0.09, 0.3),
+                 T.Greedy(), T.TopM(2)):
+        full = crit.n_accepted(d)
+        assert torch.equal(crit.n_accepted(d, top), full), crit
+    if scale < 1:
+        assert (T.Additive(0.1).n_accepted(d) > TOP_WIDTH).all()  # the whole-row path ran
+
+
 def test_columns_are_fast_for_a_real_vocabulary():
     import time
 
