@@ -42,8 +42,9 @@ def _append(entries: torch.Tensor, new: torch.Tensor, buffer: torch.Tensor | Non
     result is a view of the buffer's first n + k slots."""
     n = entries.shape[-2] if entries.dim() == 4 else 0
     end = n + new.shape[-2]
-    if not (buffer is not None and entries._base is buffer
-            and entries.data_ptr() == buffer.data_ptr() and buffer.shape[:2] == new.shape[:2]
+    # (the identity of a view's base is not kept under inference_mode: compare where they start)
+    if not (buffer is not None and entries.data_ptr() == buffer.data_ptr()
+            and entries.stride() == buffer.stride() and buffer.shape[:2] == new.shape[:2]
             and buffer.shape[-2] >= end):
         buffer = new.new_empty(*new.shape[:2], end + SPARE_SLOTS, new.shape[-1])
         if n:
