@@ -66,9 +66,11 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
                       **kwargs):
     """Attention computed query by query over exactly the keys that query may see.
 
-    A query's keys are gathered (in cache order) into one contiguous tensor, so a tree node that
-    sees the cache and its ancestors runs the same operations, on the same shapes and values, as
-    the same token decoded alone after those ancestors: the results agree bit for bit. Batched
+    Each query reads exactly its keys, in cache order, as one [kv_heads, n, dim] tensor (the
+    keys every query of a sequence may see are gathered once, and a query reads its slice; a
+    causal pass reads prefixes of the cache in place), so a tree node that sees the cache and its
+    ancestors runs the same operations, on the same shapes and values, as the same token decoded
+    alone after those ancestors: the results agree bit for bit. Batched
     kernels (SDPA, GEMMs over several queries) round differently as the number of queries changes,
     which int8 activation rounding then amplifies. Prefills run row-wise too (about 1.35x the
     time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted

@@ -34,6 +34,6 @@ from .criteria import (CRITERIA, Additive, Criterion, Entropy, Greedy, Multiplic
 
 __all__ = ["CRITERIA", "Additive", "CriteriaConfig", "CriteriaError", "Criterion", "Entropy",
            "Greedy", "Multiplicative", "TopM", "TreeCoverage", "accepted_mask", "accepts",
-           "certificate", "certificate_columns", "criteria_config_from_manifest", "kl_divergence", "margin_bound",
-           "node_certificate_columns", "perspective", "step_criteria_columns", "tree_covered",
-           "worst_case_drafter"]
+           "certificate", "certificate_columns", "criteria_config_from_manifest",
+           "kl_divergence", "margin_bound", "node_certificate_columns", "perspective",
+           "step_criteria_columns", "tree_covered", "worst_case_drafter"]
