@@ -3,7 +3,7 @@
 # domain, 64 tokens, paper tree, chat template) and a deeper tree for the acceptance vector (the
 # top-1 spine with 3 siblings at each of 6 depths, 10 prompts per domain), both on the int8 demo
 # pair in batches of 8, then the analysis, the certificates and a copy of what is small enough to
-# commit. Resumable: run it again after an interruption. About an hour on 2 CPU cores.
+# commit. Resumable: run it again after an interruption. About half an hour on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/demo-pair
