@@ -8,7 +8,6 @@ token sees. After a step, cache entries are cropped (measurement) or gathered al
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -32,60 +31,10 @@ def greedy_token(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
-SPARE_SLOTS = 64  # free cache slots kept after the entries, so that appends rarely copy
-
-
-def _append(entries: torch.Tensor, new: torch.Tensor, buffer: torch.Tensor | None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``entries`` [B, H, n, D] followed by ``new`` [B, H, k, D], written into ``buffer`` when the
-    entries are its first n slots and it has room (else into a new buffer with spare slots); the
-    result is a view of the buffer's first n + k slots."""
-    n = entries.shape[-2] if entries.dim() == 4 else 0
-    end = n + new.shape[-2]
-    # (the identity of a view's base is not kept under inference_mode: compare where they start)
-    if not (buffer is not None and entries.data_ptr() == buffer.data_ptr()
-            and entries.stride() == buffer.stride() and buffer.shape[:2] == new.shape[:2]
-            and buffer.shape[-2] >= end):
-        buffer = new.new_empty(*new.shape[:2], end + SPARE_SLOTS, new.shape[-1])
-        if n:
-            buffer[..., :n, :] = entries
-    buffer[..., n:end, :] = new
-    return buffer[..., :end, :], buffer
-
-
-@functools.cache
-def _spare_room_layer() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class SpareRoomLayer(DynamicLayer):
-        """A full-attention cache layer whose entries are the front of a buffer with spare slots:
-        a pass writes its new entries in place (``DynamicLayer`` concatenates, copying the whole
-        layer at every pass), and a crop is a view. Entries assigned from outside are copied into
-        a new buffer at the next pass."""
-
-        _buffers: tuple = (None, None)
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            self.keys, key_buffer = _append(self.keys, key_states, self._buffers[0])
-            self.values, value_buffer = _append(self.values, value_states, self._buffers[1])
-            self._buffers = (key_buffer, value_buffer)
-            return self.keys, self.values
-
-    return SpareRoomLayer
-
-
 def new_cache(model):
-    """An empty KV cache for ``model``: a ``DynamicCache`` whose full-attention layers append in
-    place (sliding-window layers are kept as they are)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
-    cache = DynamicCache(config=model.config)
-    cache.layers = [_spare_room_layer()() if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
-    return cache
+    return DynamicCache(config=model.config)
 
 
 def prefill(model, tokens: Sequence[int], logits: bool = False):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.draft import grow_tree
-from ..core.passes import SPARE_SLOTS, additive_mask, crop, new_cache, prefill, softmax
+from ..core.passes import additive_mask, crop, new_cache, prefill, softmax
 from ..trees import TreeShape
 from .records import StepScores
 
@@ -185,7 +185,7 @@ def check_batch_memory(pair, batch_size: int, tokens_per_row: int, tree_size: in
 
     per_row = 0
     for m in (pair.draft, pair.target):
-        per_row += kv_bytes_per_token(m.model) * (tokens_per_row + tree_size + SPARE_SLOTS)
+        per_row += kv_bytes_per_token(m.model) * (tokens_per_row + tree_size)
     per_row += 3 * (tree_size + 1) * pair.vocab_size * 4  # logits, softmax and p rows, float32
     free = _available_bytes(pair.target.device)
     budget = int(0.8 * free)
