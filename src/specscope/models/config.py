@@ -1,18 +1,14 @@
 """What a model pair is: its config (sources, dtype, devices, int8), the demo pair's identity,
-the loaded pair, and where specscope keeps files. Loads nothing.
+and the loaded pair. Loads nothing.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from ..errors import SpecscopeError
-
-
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
@@ -114,14 +110,3 @@ class ModelPair:
     @property
     def tokenizer(self):
         return self.target.tokenizer
-
-
-def cache_dir() -> Path:
-    """``$SPECSCOPE_CACHE``, else ``$XDG_CACHE_HOME/specscope``, else ``~/.cache/specscope``."""
-    if os.environ.get("SPECSCOPE_CACHE"):
-        return Path(os.environ["SPECSCOPE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specscope"
-
-
-

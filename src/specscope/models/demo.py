@@ -15,7 +15,8 @@ import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 
-from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError, cache_dir
+from ..cache import cache_dir
+from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
 
 # --- the demo pair ------------------------------------------------------------------------------
 

@@ -23,20 +23,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..cache import cache_dir
 from .items import PromptItem, PromptSourceError, user_message, read_jsonl
 
 # --- prompt sources -----------------------------------------------------------------------------
 
 DOMAINS_EXTRA = "pip install 'specscope[domains]'"
 HUB_EXTRA = "pip install 'specscope[hub]'"
-
-
-def _cache_dir() -> Path:
-    """Same rule as ``specscope.models.cache_dir`` (kept here so listing domains needs no torch)."""
-    if os.environ.get("SPECSCOPE_CACHE"):
-        return Path(os.environ["SPECSCOPE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specscope"
 
 
 def _dist_version(dist: str) -> str:
@@ -95,7 +88,7 @@ def load_items(source: PromptSource) -> list[PromptItem]:
     except metadata.PackageNotFoundError:
         return source.load()  # which names the extra to install
     key = hashlib.sha256(repr((source, version)).encode()).hexdigest()[:20]
-    path = _cache_dir() / "prompts" / f"{key}.jsonl"
+    path = cache_dir() / "prompts" / f"{key}.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
             return [PromptItem(**{**row, "messages": tuple(row["messages"])})
@@ -198,7 +191,7 @@ MTBENCH_CHAT_CATEGORIES = ("writing", "roleplay", "humanities", "stem", "extract
 
 
 def _mtbench_wheel_dir() -> Path:
-    return _cache_dir() / "mtbench"
+    return cache_dir() / "mtbench"
 
 
 def _mtbench_from_installed() -> bytes | None:
