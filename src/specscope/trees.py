@@ -22,7 +22,6 @@ from specscope.errors import SpecscopeError
 Path = tuple[int, ...]
 
 
-
 class TreeConfigError(SpecscopeError, ValueError):
     """A tree policy or parameter out of range; the message says what is allowed."""
 

@@ -11,11 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
-
-Array = np.ndarray | torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
-
-from .criteria import SUM_ATOL, Criterion, Spec, Target, TreeCoverage, as_draft, as_probs, to_numpy
+from .criteria import (SUM_ATOL, Array, Criterion, Spec, Target, TreeCoverage, as_draft, as_probs,
+                       to_numpy)
 
 # --- exact certificates -------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ per node at its context and per step at the root, and the criteria a manifest re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -12,13 +11,9 @@ import numpy as np
 import torch
 
 from ..errors import SpecscopeError
-
-
-Array = np.ndarray | torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
-
 from .certificates import Pool, certificate_pools
-from .criteria import (SUM_ATOL, rivals_at_or_above_x0, Additive, Criterion, Entropy, Greedy, Multiplicative, Target, TopM,
-                       TreeCoverage, as_draft, as_probs)
+from .criteria import (SUM_ATOL, Additive, Criterion, Entropy, Greedy, Multiplicative, Target,
+                       TopM, TreeCoverage, as_draft, as_probs, rivals_at_or_above_x0)
 
 # --- run columns (called by the engine) ---------------------------------------------------------
 

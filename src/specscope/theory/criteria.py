@@ -13,8 +13,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-
-
 Array = np.ndarray | torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
 
 SUM_ATOL = 1e-3  # how far a row of p may sum from 1 before it is rejected (then renormalised)

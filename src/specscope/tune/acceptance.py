@@ -13,12 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..trees import TreeShape
-
 from ..errors import SpecscopeError
 from ..records import ALL_DOMAINS, tree_paths
-
-
+from ..trees import TreeShape
 
 
 class PolicyError(SpecscopeError, ValueError):
