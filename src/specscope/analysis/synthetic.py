@@ -15,13 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.records import (
-    SCHEMA_VERSION,
-    SCHEMAS,
-    position_bin,
-    to_table,
-    RunDir,
-)
+from specscope.records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
 
 # The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
 PAPER_PARENTS = (-1, -1, 0, 0, 1, 1, 2, 2)
@@ -191,8 +185,9 @@ def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tables = synthetic_tables(**kwargs)
-    for name, table in zip(("nodes", "steps", "prompts"), tables):
-        RunDir(run_dir).write_table(name, table)
+    rundir = RunDir(run_dir)
+    for name, table in zip(TABLES, tables):
+        rundir.write_table(name, table)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "run_id": kwargs.get("run_id", "synthetic"),
@@ -200,7 +195,7 @@ def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": {"synthetic": True, "tree": "paper", "seed": kwargs.get("seed", 0),
                    "prompts_per_domain": kwargs.get("prompts_per_domain", 50)},
-        "counts": {name: t.num_rows for name, t in zip(("nodes", "steps", "prompts"), tables)},
+        "counts": {name: t.num_rows for name, t in zip(TABLES, tables)},
     }
-    RunDir(run_dir).write_manifest(manifest)
+    rundir.write_manifest(manifest)
     return run_dir

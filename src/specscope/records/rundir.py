@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-
 from .checks import check_records
 from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
@@ -258,7 +257,8 @@ def load_run(run_dir: str | Path) -> Run:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory")
     manifest = read_manifest(run_dir)
-    run = Run(run_dir, manifest, *(RunDir(run_dir).read_table(name) for name in TABLES))
+    rundir = RunDir(run_dir)
+    run = Run(run_dir, manifest, *(rundir.read_table(name) for name in TABLES))
     check_records(run)
     return run
 
