@@ -17,7 +17,7 @@ from .app import command, fail
 def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device: str,
                  trust_remote_code: bool, int8: bool = False, base: Optional[dict] = None):
     """Load a pair (``base``: a run's [pair] section) with command-line overrides."""
-    from ..models import ModelLoadError, PairConfig, load_pair
+    from ..models import PairConfig, load_pair
 
     fields = dict(base or {})
     fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype, device=device,
@@ -26,9 +26,9 @@ def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device
     if int8:
         fields["quantize"] = "int8"
         fields["dtype"] = dtype or "float32"
-    try:
+    try:  # a ModelLoadError is reported by the command decorator
         return load_pair(PairConfig(**fields))
-    except (ModelLoadError, TypeError) as e:
+    except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
         fail(str(e))
 
 
