@@ -22,6 +22,7 @@ import torch
 
 from specscope.measure.batched import BatchedEngine, Row, check_batch_memory
 from specscope.measure.records import certificate_records, step_record
+from specscope.models.config import LoadedModel, ModelPair
 from specscope.theory import CriteriaConfig
 from specscope.trees import TreeConfig
 
@@ -36,19 +37,6 @@ SHAPES = {
 }
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)
-
-
-class _Pair:
-    """What check_batch_memory reads of a model pair."""
-
-    def __init__(self, draft, target):
-        self.draft, self.target = _Role(draft), _Role(target)
-        self.vocab_size = target.config.vocab_size
-
-
-class _Role:
-    def __init__(self, model):
-        self.model, self.device = model, model.device
 
 
 def build(role: str, tiny: bool, device: str, dtype: torch.dtype):
@@ -94,6 +82,8 @@ def main() -> None:
 
     dtype = getattr(torch, args.dtype)
     draft, target = (build(role, args.tiny, args.device, dtype) for role in ("draft", "target"))
+    pair = ModelPair(LoadedModel(draft, None, "random", "random"),
+                     LoadedModel(target, None, "random", "random"), vocab_size=32000)
     shape, criteria = TreeConfig(policy="paper").shape(), CriteriaConfig()
     gen = torch.Generator().manual_seed(0)
     name = "tiny models" if args.tiny else "TinyLlama-1.1B -> Llama-2-7B shapes"
@@ -102,7 +92,7 @@ def main() -> None:
           f"prompts, {args.steps} steps, on {device}", flush=True)
     rows = []
     for size in args.sizes:
-        check_batch_memory(_Pair(draft, target), size, args.prompt_tokens + args.steps, len(shape))
+        check_batch_memory(pair, size, args.prompt_tokens + args.steps, len(shape))
         contexts = torch.randint(0, 32000, (size, args.prompt_tokens), generator=gen).tolist()
         engine = BatchedEngine(draft, target, 32000)
         with torch.inference_mode():
