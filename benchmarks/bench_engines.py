@@ -18,7 +18,7 @@ import torch
 
 from specscope.core.loop import Speculator
 from specscope.models import PairConfig, load_pair
-from specscope.measure.study import measure_prompt
+from specscope.measure.study import measure_prompt, start_prompts
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
 
@@ -76,8 +76,8 @@ def main() -> None:
         nodes = steps = 0
         step_time = 0.0
         t0 = time.perf_counter()
-        for order, item in enumerate(items):
-            records = measure_prompt(pair, item, config, shape, order, "bench", engine=name)
+        for state in start_prompts(pair, config, list(enumerate(items))):
+            records = measure_prompt(pair, state, config, shape, "bench", engine=name)
             nodes += records.nodes.num_rows
             steps += records.steps.num_rows
             step_time += sum(records.steps.column("step_time_s").to_pylist())

@@ -21,7 +21,7 @@ from specscope.trees import TreeConfig
 
 try:
     from specscope.decode import DecodeConfig, make_decoder
-    from specscope.measure.study import measure_prompts
+    from specscope.measure.study import measure_prompts, start_prompts
     from specscope.run.config import PromptSpec, RunConfig
     from specscope.tune.policy import make_speculation
     CHECKOUT = "core"
@@ -52,7 +52,8 @@ def main() -> None:
             units.append(records.nodes.num_rows)
 
         if CHECKOUT == "core":
-            measure_prompts(pair, config, todo, "bench", commit, batch_size=batch)
+            measure_prompts(pair, config, start_prompts(pair, config, todo), "bench", commit,
+                            batch_size=batch)
         elif batch == 1:
             engine = make_engine("cached", pair.draft.model, pair.target.model, pair.vocab_size)
             for order, item in todo:

@@ -156,6 +156,36 @@ def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
     assert summary.prompts_measured == 7
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_prompts_past_the_models_positions_are_refused_before_anything_is_written(
+        tiny_dirs, prompt_file, tmp_path, batch_size):
+    # The tiny models allow 1024 positions. Batched passes would otherwise run past them
+    # silently (RoPE extrapolates), and one prompt at a time would fail after the manifest.
+    long_file = tmp_path / "long.jsonl"
+    long_file.write_text(prompt_file.read_text() + json.dumps(
+        {"id": "long", "domain": "chat", "prompt": "x" * 1000}) + "\n")
+    long = _config(tiny_dirs, long_file, max_prompt_tokens=2000)
+    message = (r"prompt 'long' is 10\d\d tokens; with max_new_tokens 12 and the tree's depth 3 it "
+               r"needs 10\d\d positions, but the models allow 1024: lower --max-prompt-tokens to "
+               r"1009 or fewer")
+    with pytest.raises(RunConfigError, match=message):
+        run_study(long, tmp_path / "new", progress=False, batch_size=batch_size)
+    assert not (tmp_path / "new").exists()
+
+    # --overwrite of an earlier run keeps that run when the new one is refused
+    run_study(_config(tiny_dirs, prompt_file), tmp_path / "old", progress=False)
+    before = _records(tmp_path / "old")
+    with pytest.raises(RunConfigError, match=message):
+        run_study(long, tmp_path / "old", overwrite=True, progress=False, batch_size=batch_size)
+    for x, y in zip(before, _records(tmp_path / "old")):
+        pd.testing.assert_frame_equal(x, y)
+
+    # truncating prompts to what the message names is accepted
+    fits = run_study(long.replace(max_prompt_tokens=1009), tmp_path / "fits", progress=False,
+                     batch_size=batch_size)
+    assert fits.prompts_measured == 8
+
+
 def test_cli_run_end_to_end(tiny_dirs, prompt_file, tmp_path):
     out = tmp_path / "cli"
     args = ["run", "--out", str(out), "--draft", str(tiny_dirs["llama", "draft"]),

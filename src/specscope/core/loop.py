@@ -28,7 +28,7 @@ import torch
 from ..errors import SpecscopeError
 from ..trees import DynamicTree, TreeShape, cut_depth
 from .draft import ChildRule, DraftTree, draft_dynamic, draft_static, level_mask
-from .passes import feed, feed_causal, keep_positions, prefill
+from .passes import feed, feed_causal, keep_positions, position_limit, prefill
 from .sampling import next_token
 
 
@@ -146,8 +146,7 @@ class Speculator:
     def check_fits(self, prompt: Sequence[int], max_new_tokens: int, depth: int) -> None:
         if not prompt:
             raise DecodeError("the prompt has no tokens")
-        limit = min(getattr(m.config, "max_position_embeddings", 1 << 30)
-                    for m in (self.draft, self.target))
+        limit = position_limit(self.draft, self.target)
         need = len(prompt) + max_new_tokens + depth
         if need > limit:
             raise DecodeError(

@@ -31,6 +31,11 @@ def greedy_token(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
+def position_limit(*models: torch.nn.Module) -> int:
+    """The most positions every one of ``models`` was built for (``max_position_embeddings``)."""
+    return min(getattr(m.config, "max_position_embeddings", None) or 1 << 30 for m in models)
+
+
 def new_cache(model):
     from transformers import DynamicCache
 

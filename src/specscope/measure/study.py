@@ -24,6 +24,7 @@ import torch
 
 from ..core.draft import ChildRule, DraftTree
 from ..core.loop import Accepted, DecodeConfig, Session, Speculator, Step
+from ..core.passes import position_limit
 from ..models import ModelPair
 from ..models.int8 import use_rowwise_attention
 from ..prompts.items import PromptItem
@@ -62,10 +63,30 @@ class PromptState:
     stop_reason: str = "max_new_tokens"
 
 
-def start_prompt(pair: ModelPair, item: PromptItem, config: RunConfig, order: int) -> PromptState:
-    rendered = render_prompt(pair.tokenizer, item.messages, config.chat_template,
-                             config.max_prompt_tokens)
-    return PromptState(item, order, rendered, list(rendered.ids), time.perf_counter())
+def start_prompts(pair: ModelPair, config: RunConfig,
+                  todo: list[tuple[int, PromptItem]]) -> list[PromptState]:
+    """Render ``todo`` ((order, item) pairs) and check that every prompt, its new tokens and a
+    tree fit in the positions both models were built for, before any of them is measured."""
+    from ..run.config import RunConfigError  # run.config imports this module's ENGINES
+
+    states = []
+    for order, item in todo:
+        rendered = render_prompt(pair.tokenizer, item.messages, config.chat_template,
+                                 config.max_prompt_tokens)
+        states.append(PromptState(item, order, rendered, list(rendered.ids), time.perf_counter()))
+    if not states:
+        return states
+    limit = position_limit(pair.draft.model, pair.target.model)
+    extra = config.max_new_tokens + config.tree.shape().max_depth
+    longest = max(states, key=lambda s: len(s.context))
+    if len(longest.context) + extra > limit:
+        raise RunConfigError(
+            f"prompt {longest.item.id!r} is {len(longest.context)} tokens; with max_new_tokens "
+            f"{config.max_new_tokens} and the tree's depth {extra - config.max_new_tokens} it needs "
+            f"{len(longest.context) + extra} positions, but the models allow {limit}: lower "
+            f"--max-prompt-tokens to {limit - extra} or fewer (prompts keep their last tokens) "
+            "or --max-new-tokens")
+    return states
 
 
 def observe(state: PromptState, scores: StepScores, shape: TreeShape,
@@ -176,32 +197,31 @@ def _measure_naive(pair: ModelPair, state: PromptState, config: RunConfig,
 ENGINES = {"cached": _measure_in_loop, "naive": _measure_naive}
 
 
-def measure_prompt(pair: ModelPair, item: PromptItem, config: RunConfig, shape: TreeShape,
-                   order: int, run_id: str, engine: str = "cached") -> PromptRecords:
-    """Run the paper protocol on one prompt and return its node, step and prompt rows."""
-    state = start_prompt(pair, item, config, order)
+def measure_prompt(pair: ModelPair, state: PromptState, config: RunConfig, shape: TreeShape,
+                   run_id: str, engine: str = "cached") -> PromptRecords:
+    """Run the paper protocol on one started prompt and return its node, step and prompt rows."""
+    state.t_start = time.perf_counter()
     ENGINES[engine](pair, state, config, shape)
     return finish_prompt(state, pair, run_id)
 
 
-def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config: RunConfig,
+def measure_batched(pair: ModelPair, states: list[PromptState], config: RunConfig,
                     shape: TreeShape, run_id: str, batch_size: int,
                     commit: Callable[[PromptState, PromptRecords], None]) -> None:
-    """Measure ``todo`` ``batch_size`` prompts at a time (:mod:`specscope.measure.batched`); each
+    """Measure ``states`` ``batch_size`` prompts at a time (:mod:`specscope.measure.batched`); each
     prompt is committed as soon as it finishes and its row is refilled. Prompts of similar length
     run together (longest first, so the first batch is the largest), which wastes little padding."""
     from .batched import BatchedEngine, Row
 
     eos = eos_token_ids(pair)
-    pending = sorted((start_prompt(pair, item, config, order) for order, item in todo),
-                     key=lambda s: -len(s.context))
+    pending = sorted(states, key=lambda s: -len(s.context))
     pending.reverse()  # pop() takes the longest first
 
     def join(count: int) -> list[Row]:  # the next prompts; their clocks start as they join
-        states = [pending.pop() for _ in range(min(count, len(pending)))]
-        for s in states:
+        joining = [pending.pop() for _ in range(min(count, len(pending)))]
+        for s in joining:
             s.t_start = time.perf_counter()
-        return [Row(s.context, s) for s in states]
+        return [Row(s.context, s) for s in joining]
 
     engine = BatchedEngine(pair.draft.model, pair.target.model, pair.vocab_size)
     engine.replace_rows([], join(batch_size))
@@ -219,11 +239,11 @@ def measure_batched(pair: ModelPair, todo: list[tuple[int, PromptItem]], config:
             engine.replace_rows(keep, join(len(finished)))
 
 
-def measure_prompts(pair: ModelPair, config: RunConfig, todo: list[tuple[int, PromptItem]],
+def measure_prompts(pair: ModelPair, config: RunConfig, states: list[PromptState],
                     run_id: str, commit: Callable[[int, PromptItem, PromptRecords], None],
                     batch_size: int = 1) -> None:
-    """The prompt loop of ``run`` and ``sweep``: measure ``todo`` ((order, item) pairs) and hand
-    each prompt's records to ``commit`` as it finishes."""
+    """The prompt loop of ``run`` and ``sweep``: measure the prompts that :func:`start_prompts`
+    checked and hand each prompt's records to ``commit`` as it finishes."""
     if config.pair.quantize == "int8":
         # measurement records the draft's q too: make it batch-invariant like the target, so
         # that records do not depend on the batch size (decoding leaves the draft on SDPA)
@@ -231,9 +251,9 @@ def measure_prompts(pair: ModelPair, config: RunConfig, todo: list[tuple[int, Pr
     torch.manual_seed(config.seed)
     shape = config.tree.shape()
     if batch_size > 1:
-        measure_batched(pair, todo, config, shape, run_id, batch_size,
+        measure_batched(pair, states, config, shape, run_id, batch_size,
                         lambda state, records: commit(state.order, state.item, records))
         return
-    for order, item in todo:
-        commit(order, item, measure_prompt(pair, item, config, shape, order, run_id,
-                                           config.engine))
+    for state in states:
+        commit(state.order, state.item, measure_prompt(pair, state, config, shape, run_id,
+                                                       config.engine))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..measure.study import PromptRecords, measure_prompts
+from ..measure.study import PromptRecords, measure_prompts, start_prompts
 from ..models import ModelPair, load_pair, model_identity
 from ..prompts.items import (
     PromptItem,
@@ -146,6 +146,7 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
 
     pair = pair or load_pair(config.pair)
     check_tree_fits(shape, pair.vocab_size)
+    states = start_prompts(pair, config, todo)
     if batch_size > 1:
         from ..measure.batched import check_batch_memory
 
@@ -176,7 +177,7 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
             rate = nodes_total / (time.perf_counter() - t_loop)
             bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
 
-        measure_prompts(pair, config, todo, run_id, commit, batch_size)
+        measure_prompts(pair, config, states, run_id, commit, batch_size)
 
     counts = writer.consolidate()
     seconds = time.perf_counter() - t_start

@@ -21,7 +21,7 @@ from ..run.config import RunConfig
 from ..run.manifest import now_utc
 
 
-from ..measure.study import measure_prompts
+from ..measure.study import measure_prompts, start_prompts
 from .grid import RAY_EXTRA_HINT, Execution, SweepError
 
 # --- shards --------------------------------------------------------------------------------------
@@ -135,7 +135,8 @@ def run_shard(shard: Shard, pairs: PairCache | None = None,
                 if on_prompt is not None:
                     on_prompt(records.nodes.num_rows)
 
-            measure_prompts(pair, config, todo, config.run_id, commit)
+            measure_prompts(pair, config, start_prompts(pair, config, todo), config.run_id,
+                            commit)
     seconds = time.perf_counter() - t_start
     status.update(status="done", finished=now_utc(), measured=len(todo), nodes=nodes,
                   seconds=round(seconds, 3),
