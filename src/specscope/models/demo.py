@@ -22,13 +22,15 @@ from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
 # --- the demo pair ------------------------------------------------------------------------------
 
 
+_ROOM_HINT = "free some space or point SPECSCOPE_CACHE at a disk with room"
+
+
 def _ensure_room(directory: Path, needed: int, what: str) -> None:
     """Fail before writing ``needed`` bytes into a directory whose disk has less than that free."""
     free = shutil.disk_usage(directory).free
     if free < needed:
-        raise ModelLoadError(
-            f"{what} needs {needed / 1e9:.1f} GB free in {directory}, which has {free / 1e9:.1f} GB; "
-            "free some space or point SPECSCOPE_CACHE at a disk with room")
+        raise ModelLoadError(f"{what} needs {needed / 1e9:.1f} GB free in {directory}, which has "
+                             f"{free / 1e9:.1f} GB; {_ROOM_HINT}")
 
 
 def _part_file(package: str) -> tuple[Path, metadata.PackagePath]:
@@ -81,8 +83,7 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
             tmp.unlink(missing_ok=True)
             if err.errno == errno.ENOSPC:
                 raise ModelLoadError(f"the disk of {out.parent} filled up while assembling "
-                                     f"{spec.name}; free some space or point SPECSCOPE_CACHE at "
-                                     "a disk with room") from None
+                                     f"{spec.name}; {_ROOM_HINT}") from None
             raise
     if digest.hexdigest() != spec.sha256:
         tmp.unlink(missing_ok=True)
