@@ -1,13 +1,17 @@
 """The ``specscope`` application, and how every command fails: a thin layer over the library.
 
 Every command turns specscope's expected failures (:class:`specscope.errors.SpecscopeError`) into
-one line on stderr and exit status 2; exit status 1 is a finding the command reports (certify's
-soundness violation); anything else with a traceback is a bug.
+one line on stderr and exit status 2, and so too the failures of the machine and of files that
+the library did not name itself (a full disk, a read-only or missing path, bytes that are not
+UTF-8, JSON nested too deeply): :func:`describe` words them. Exit status 1 is a finding the
+command reports (certify's soundness violation); anything else with a traceback is a bug.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 
 import typer
 
@@ -34,14 +38,35 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def describe(error: BaseException) -> str:
+    """One line for an expected failure that escaped the library without a specscope message."""
+    if isinstance(error, OSError):
+        where = " -> ".join(str(f) for f in (error.filename, error.filename2) if f is not None)
+        reason = error.strerror or os.strerror(error.errno) if error.errno else str(error)
+        hint = {errno.ENOSPC: " (free space, or write elsewhere)",
+                errno.EROFS: " (the file system is read-only)",
+                errno.ENAMETOOLONG: " (shorten the name)"}.get(error.errno, "")
+        return f"{where}: {reason}{hint}" if where else f"{reason}{hint}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"input is not UTF-8 text ({error.reason} at byte {error.start})"
+    if isinstance(error, RecursionError):
+        return "input is nested too deeply to be read"
+    return str(error)
+
+
+# Failures of the machine or of a file that are not bugs in specscope.
+EXPECTED = (SpecscopeError, OSError, UnicodeDecodeError, RecursionError)
+
+
 def command(*args, **kwargs):
-    """``app.command`` whose function turns any SpecscopeError into :func:`fail`."""
+    """``app.command`` whose function turns any expected failure (:data:`EXPECTED`) into
+    :func:`fail`."""
     def register(function):
         @functools.wraps(function)
         def guarded(*a, **k):
             try:
                 return function(*a, **k)
-            except SpecscopeError as e:
-                fail(str(e))
+            except EXPECTED as e:
+                fail(describe(e))
         return app.command(*args, **kwargs)(guarded)
     return register

@@ -17,9 +17,9 @@ consolidated files when present and the shards otherwise.
 :class:`RunDir` writes through a pyarrow filesystem, so a run directory can also be any URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/runs/a``, ``gs://...``, ``file:///...``)
 and workers on other machines can commit prompts to it. On a local disk every file is written under
-a hidden temporary name and renamed into place; object stores have no atomic rename but show each
-object whole or not at all, so there files are written in place, and the prompt shard, written
-last, is still the commit marker (write, then marker).
+a hidden temporary name of its own (two writers never share one) and renamed into place; object
+stores have no atomic rename but show each object whole or not at all, so there files are written
+in place, and the prompt shard, written last, is still the commit marker (write, then marker).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..files import temporary_name
 from .checks import check_records
 from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
@@ -67,7 +68,7 @@ def write_file(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None:
     """
     parent, _, name = path.rpartition("/")
     fs.create_dir(parent, recursive=True)
-    target = f"{parent}/.{name}.tmp" if renames_atomically(fs) else path
+    target = temporary_name(path) if renames_atomically(fs) else path
     if isinstance(data, pa.Table):
         pq.write_table(data, target, filesystem=fs)
     else:

@@ -1,0 +1,211 @@
+"""Reading the JSON files users hand specscope, and writing files without harm.
+
+Reading: :func:`read_json_object` turns every way a JSON file can be unusable (missing, unreadable,
+not UTF-8, not JSON, nested too deep, not an object) into one error naming the file.
+
+Every file specscope writes on a local disk goes through :func:`write_output`:
+
+- **Whole or not at all.** The bytes go to a temporary file with a unique name in the target's
+  directory (two writers never share a temporary) and are renamed over the target. A rename
+  replaces a symbolic link planted at the target instead of writing through it.
+- **No writes through planted links.** With ``inside=ROOT`` (a run or sweep directory that may have
+  come from someone else) every directory from ROOT down to the file must be a real directory, not
+  a link; a link there is refused, naming it.
+- **A named output that is not a regular file** (``-o /dev/stdout``, a FIFO, a device) is written
+  in place, as the user asked, never replaced by a regular file.
+- **Modes follow the umask**, and a file that is replaced keeps its mode.
+
+:func:`check_output` refuses, before any work, an output path that is also an input of the command
+or one of the files specscope owns inside a run directory, and :func:`local_path` refuses a URI
+where an option takes only local paths.
+
+This module knows nothing of models, records or analysis; RunDir's pyarrow writes (which also
+reach object stores) use the same unique temporaries (``records.rundir.write_file``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import uuid
+from pathlib import Path
+
+from .errors import SpecscopeError
+
+
+class OutputError(SpecscopeError):
+    """An output path that would overwrite an input, a run's own file, or write through a link."""
+
+
+def umask() -> int:
+    """The process's umask (read without changing it for longer than one call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temporary_name(path: str | Path) -> str:
+    """A hidden temporary name beside ``path`` that no other writer uses."""
+    path = str(path)
+    parent, _, name = path.rpartition("/")
+    return f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def check_no_links(path: Path, inside: Path) -> None:
+    """Refuse ``path`` if any directory from ``inside`` down to it, or ``path`` itself, is a
+    symbolic link (a link planted in a run directory could point anywhere)."""
+    root, path = Path(inside).absolute(), Path(path).absolute()
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        raise OutputError(f"{path} is outside {root}") from None
+    probe = root
+    if probe.is_symlink():
+        raise OutputError(f"{probe} is a symbolic link; specscope writes only into real directories")
+    for part in relative.parts:
+        probe = probe / part
+        if probe.is_symlink():
+            raise OutputError(f"{probe} is a symbolic link; specscope does not write through links "
+                              "in a run directory (remove the link)")
+
+
+def make_dirs(path: Path, inside: Path | None = None) -> None:
+    """``mkdir -p`` with the umask's mode, refusing links below ``inside``."""
+    path = Path(path)
+    if inside is not None:
+        check_no_links(path, inside)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def write_output(path: str | Path, data: bytes | str, inside: Path | None = None) -> Path:
+    """Write ``data`` to ``path`` whole or not at all (see the module docstring).
+
+    ``inside``: the run or sweep directory the file belongs to; links below it are refused.
+    Without ``inside`` (an output the user named), an existing path that is not a regular file
+    (a FIFO, a device, a link to one such as /dev/stdout) is written in place.
+    """
+    path = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    if inside is not None:
+        check_no_links(path, inside)
+    elif path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        if path.is_dir():
+            raise OutputError(f"{path} is a directory; give a file name")
+        with open(path, "wb") as sink:  # the user named a stream: write into it
+            sink.write(raw)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() and not path.is_symlink() else None
+    except OSError:
+        mode = None
+    tmp = temporary_name(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            sink.write(raw)
+            if mode is not None:
+                os.fchmod(sink.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = "") -> dict:
+    """A JSON file whose root is an object, or ``error`` naming the file and what was wrong."""
+    path = Path(path)
+    label = f"{what} {path}".strip()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise error(f"{label} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{label} is a directory, not a JSON file") from None
+    except OSError as e:
+        raise error(f"cannot read {label}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{label} is not UTF-8 text (byte {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{label} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{label} is nested too deeply to be a specscope file") from None
+    if not isinstance(data, dict):
+        raise error(f"{label} must hold a JSON object, got a {type(data).__name__}")
+    return data
+
+
+def finite_json(obj):
+    """``obj`` with every NaN or infinite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Strict JSON text: NaN and infinities become null, never the literal ``NaN``."""
+    return json.dumps(finite_json(obj), indent=indent, allow_nan=False, default=str,
+                      ensure_ascii=False) + "\n"
+
+
+def write_json(path: str | Path, obj, inside: Path | None = None) -> Path:
+    """:func:`write_output` of strict JSON (see :func:`json_text`)."""
+    return write_output(path, json_text(obj), inside)
+
+
+# What specscope owns in a run or sweep directory: never an output named with -o.
+RUN_OWNED = ("manifest.json", "nodes.parquet", "steps.parquet", "prompts.parquet",
+             "requests.parquet", "sweep.json", "parts")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(path: str | Path, inputs: tuple[str | Path, ...] = (),
+                 option: str = "-o") -> Path:
+    """Refuse an output path that is one of the command's ``inputs`` or a file specscope owns in
+    a run directory (a manifest, records, parts); return it as a Path."""
+    text = str(path)
+    if "://" in text:
+        raise OutputError(f"{option} {text}: this option writes a local file; URIs are not "
+                          "supported here")
+    path = Path(text)
+    for source in inputs:
+        if source is None:
+            continue
+        source = Path(source)
+        if path.absolute() == source.absolute() or _same_file(path, source):
+            raise OutputError(f"{option} {path} is also this command's input {source}; "
+                              "give another output file")
+    resolved = path.absolute()
+    for parent in resolved.parents:
+        if (parent / "manifest.json").is_file() or (parent / "sweep.json").is_file():
+            if resolved.relative_to(parent).parts[0] in RUN_OWNED:
+                raise OutputError(f"{option} {path} is a file specscope owns in the run "
+                                  f"directory {parent}; give a path outside it")
+            break
+    return path
+
+
+def local_path(value: str | Path | None, option: str) -> Path | None:
+    """``value`` as a local Path, refusing a URI (``s3://``, ``file://``) with the option's name."""
+    if value is None:
+        return None
+    text = str(value)
+    if "://" in text:
+        raise OutputError(f"{option} {text}: this option takes a local path, not a URI")
+    return Path(text)
