@@ -117,3 +117,147 @@ def test_remote_code_still_comes_from_the_command_line(tmp_path):
     assert load_config(str(toml)).replace(**{"pair.trust_remote_code": True}).pair.trust_remote_code
     kept = RunConfig().replace(**{"pair.trust_remote_code": True}).replace(seed=1)
     assert kept.pair.trust_remote_code is True
+
+
+# --- case 3: one writer per run -------------------------------------------------------------------
+
+PAUSED_RUN = textwrap.dedent("""
+    import sys
+    import specscope.run.study as study
+    measure = study.measure_prompts
+
+    def paused(*args, **kwargs):  # the manifest is written, no prompt is committed yet
+        print("measuring", flush=True)
+        sys.stdin.readline()
+        return measure(*args, **kwargs)
+
+    study.measure_prompts = paused
+    from specscope.cli import app
+    app(sys.argv[1:])
+""")
+
+
+def test_a_second_run_on_a_live_run_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
+    # Before: a second `run` with another config, started while the first had written its
+    # manifest but committed no prompt, took the live run for a failed start and replaced it;
+    # both exited 0 and only one's records remained (or a mix of both).
+    out = tmp_path / "live"
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_RUN, *_run_args(tiny_dirs, prompt_file, out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**__import__("os").environ, "PYTHONPATH": SRC})
+    try:
+        assert first.stdout.readline() == "measuring\n", first.stderr.read()
+        manifest = (out / "manifest.json").read_bytes()
+        second = cli.invoke(app, _run_args(tiny_dirs, prompt_file, out, "--seed", "7"))
+        assert second.exit_code == 2
+        assert second.output.count("\n") == 1 and second.output.startswith("error: ")
+        assert f"pid {first.pid}" in second.output and str(out) in second.output
+        assert (out / "manifest.json").read_bytes() == manifest
+        assert not (out / "parts").exists()
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.wait(timeout=300) == 0, first.stderr.read()
+    finally:
+        first.kill()
+        first.wait()
+    from specscope.records import load_run
+
+    run = load_run(out)
+    assert len(run.prompts) == 3 and set(run.nodes.run_id) == {run.manifest["run_id"]}
+    assert not list(out.glob(".specscope*.lock"))  # released with the run
+
+
+def test_a_failed_start_whose_owner_is_gone_is_still_replaced(tiny_dirs, prompt_file, tmp_path):
+    # A `running` run with no committed prompt and no live lock holder (its process was killed:
+    # the lock file names a dead pid) is a failed start, replaced as before.
+    out = tmp_path / "stale"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps(
+        {"schema_version": 1, "run_id": "older", "status": "running", "config": {}}))
+    (out / ".specscope.lock").write_text(json.dumps(
+        {"pid": 999999, "host": "gone", "started": "2020-01-01T00:00:00+00:00"}))
+    result = cli.invoke(app, _run_args(tiny_dirs, prompt_file, out))
+    assert result.exit_code == 0, result.output
+    from specscope.records import load_run
+
+    assert len(load_run(out).prompts) == 3
+
+
+def test_a_sweep_shard_takes_the_run_lock(tiny_dirs, prompt_file, tmp_path):
+    # Before: nothing stopped Ray from running a retried shard beside its still-live first
+    # attempt, nor a `run` and a sweep shard from writing one run directory together.
+    from specscope.records import RunDirError, run_lock
+    from specscope.sweep.executors import Shard, run_shard
+
+    config = _config(tiny_dirs, prompt_file)
+    items = tuple(enumerate(config.prompts.select(config.seed)))
+    run_dir = tmp_path / "point"
+    shard = Shard("point/0", "point", str(run_dir), str(tmp_path / "shards" / "point.0000.json"),
+                  config, items)
+    with run_lock(run_dir, shard="point/0"):  # the first attempt, still alive
+        with pytest.raises(RunDirError, match=r"shard point/0 .*pid \d+"):
+            run_shard(shard)
+    with run_lock(run_dir):  # a `run` writing the directory
+        with pytest.raises(RunDirError, match="being written by another specscope process"):
+            run_shard(shard)
+    with run_lock(run_dir, shard="point/1"):  # shards of one run measure side by side
+        result = run_shard(shard)
+        with pytest.raises(RunDirError, match="a sweep's shards"):
+            with run_lock(run_dir):
+                pass
+    assert result.prompts == 3 and result.error is None
+
+
+def test_records_of_another_run_are_refused(tiny_dirs, prompt_file, tmp_path):
+    # Before: a directory with the manifest of one run and the records of another was analysed.
+    from specscope.run.study import run_study
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_study(_config(tiny_dirs, prompt_file), a, progress=False)
+    run_study(_config(tiny_dirs, prompt_file, seed=7), b, progress=False)
+    shutil.copy(b / "prompts.parquet", a / "prompts.parquet")
+    ids = [json.loads((d / "manifest.json").read_text())["run_id"] for d in (a, b)]
+    result = cli.invoke(app, ["analyze", str(a), "--boot", "0"])
+    assert result.exit_code == 2 and result.output.startswith("error: ")
+    assert ids[0] in result.output and ids[1] in result.output
+
+
+# --- case 4: two writers of one record file -------------------------------------------------------
+
+
+def test_two_writers_of_one_part_never_tear_it(tmp_path, monkeypatch):
+    # Before: both writers used the temporary `.NAME.tmp`: the second overwrote the first's
+    # temporary while it was being written, and one rename failed (the file was gone).
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specscope.records import rundir
+
+    write = pq.write_table
+    both_written = threading.Barrier(2, timeout=30)
+
+    def write_then_wait(table, where, **kwargs):  # both temporaries exist before either rename
+        write(table, where, **kwargs)
+        both_written.wait()
+
+    monkeypatch.setattr(rundir.pq, "write_table", write_then_wait)
+    fs, path = rundir.open_location(tmp_path / "part.parquet")
+    tables = [pa.table({"x": list(range(i * 1000, i * 1000 + 5000))}) for i in range(2)]
+    errors = []
+
+    def writer(table):
+        try:
+            rundir.write_file(fs, path, table)
+        except Exception as e:  # noqa: BLE001 - recorded for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in tables]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert pq.read_table(path) in tables
+    assert [p.name for p in tmp_path.iterdir()] == ["part.parquet"]  # no temporaries left
