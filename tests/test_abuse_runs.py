@@ -261,3 +261,160 @@ def test_two_writers_of_one_part_never_tear_it(tmp_path, monkeypatch):
     assert errors == []
     assert pq.read_table(path) in tables
     assert [p.name for p in tmp_path.iterdir()] == ["part.parquet"]  # no temporaries left
+
+
+# --- case 11: a run that grew after it was consolidated ----------------------------------------
+
+
+def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(tiny_dirs, prompt_file,
+                                                                   tmp_path, monkeypatch):
+    # Before: the consolidated files of the first, complete run were read and the prompts
+    # committed after it grew (appended, resumed, killed) were ignored.
+    from specscope.measure import study as measure_study
+    from specscope.records import load_run
+    from specscope.run.study import run_study
+
+    out = tmp_path / "grown"
+    run_study(_config(tiny_dirs, prompt_file), out, progress=False)
+    with prompt_file.open("a") as f:
+        for i in (3, 4):
+            f.write(json.dumps({"id": f"p{i}", "domain": "code", "prompt": f"More {i}?"}) + "\n")
+    measure = measure_study.measure_prompt
+    calls = []
+
+    def killed_on_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(measure_study, "measure_prompt", killed_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_config(tiny_dirs, prompt_file), out, progress=False)
+    run = load_run(out)
+    assert sorted(run.prompts.prompt_id) == ["p0", "p1", "p2", "p3"]
+    assert set(run.nodes.prompt_id) == set(run.steps.prompt_id) == set(run.prompts.prompt_id)
+    result = cli.invoke(app, ["analyze", str(out), "--boot", "0"])
+    assert result.exit_code == 0, result.output
+
+
+# --- tracebacks that became one-line errors ---------------------------------------------------------
+
+
+def _one_error_line(result, *names):
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+    for name in names:
+        assert str(name) in result.output, result.output
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EACCES"])
+def test_a_failed_write_mid_run_is_one_line_and_loses_nothing(code, tiny_dirs, prompt_file,
+                                                              tmp_path, monkeypatch):
+    # Before: a full disk (or read-only parts/, or no permission) mid-run gave an error without
+    # the file, or a traceback. (As root, chmod does not stop writes: the write fails here.)
+    import errno
+
+    import pyarrow.parquet as pq
+    from specscope.records import load_run, rundir
+
+    out = tmp_path / "full"
+    write, calls = pq.write_table, []
+
+    def fails_on_the_second_prompt(table, where, **kwargs):
+        calls.append(where)
+        if len(calls) == 4:  # the first prompt's three parts are committed
+            raise OSError(getattr(errno, code), f"simulated {code}")
+        return write(table, where, **kwargs)
+
+    monkeypatch.setattr(rundir.pq, "write_table", fails_on_the_second_prompt)
+    result = cli.invoke(app, _run_args(tiny_dirs, prompt_file, out))
+    _one_error_line(result, out / "parts" / "nodes", f"simulated {code}")
+    assert len(load_run(out).prompts) == 1
+    assert not [p for p in out.rglob(".*") if not p.name.startswith(".specscope")]
+    monkeypatch.setattr(rundir.pq, "write_table", write)
+    again = cli.invoke(app, _run_args(tiny_dirs, prompt_file, out))
+    assert again.exit_code == 0 and "measured 2 prompt(s)" in again.output, again.output
+
+
+def test_any_prompt_id_is_stored(tiny_dirs, tmp_path):
+    # Before: an id of 256 bytes or more failed with ENAMETOOLONG after every prompt was measured.
+    from specscope.records import load_run
+
+    ids = ["x" * 300, "é" * 200, "../../a/b", ".hidden", "p"]
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "domain": "chat", "prompt": f"Hi {n}"}) + "\n"
+                               for n, i in enumerate(ids)))
+    out = tmp_path / "long"
+    result = cli.invoke(app, _run_args(tiny_dirs, prompts, out))
+    assert result.exit_code == 0, result.output
+    assert sorted(load_run(out).prompts.prompt_id) == sorted(ids)
+    assert all(len(p.name.encode()) < 128 for p in (out / "parts" / "prompts").iterdir())
+    assert {p.parent for p in out.rglob("*.parquet")} <= {out, *(out / "parts").iterdir()}
+
+
+def test_a_prompt_id_records_cannot_hold_is_refused_up_front(tiny_dirs, tmp_path):
+    prompts = tmp_path / "surrogate.jsonl"
+    prompts.write_text('{"id": "a\\ud800", "domain": "chat", "prompt": "Hi"}\n')
+    out = tmp_path / "s"
+    result = cli.invoke(app, _run_args(tiny_dirs, prompts, out))
+    _one_error_line(result, "not valid Unicode")
+    assert not out.exists()  # nothing written, not even the directory
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'{"run_id": "\xff\xfe"}',
+                                     b"[" * 100_000 + b"]" * 100_000])
+def test_an_unusable_manifest_is_one_line(content, tiny_dirs, prompt_file, tmp_path):
+    # Before: a manifest.json that is a list, not UTF-8 or nested 100,000 deep gave a traceback
+    # (or an error that did not name the file).
+    from specscope.analysis.synthetic import write_synthetic_run
+
+    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=2, steps=2)
+    (run / "manifest.json").write_bytes(content)
+    _one_error_line(cli.invoke(app, ["certify", str(run)]), run / "manifest.json")
+    _one_error_line(cli.invoke(app, _run_args(tiny_dirs, prompt_file, run)), run / "manifest.json")
+
+
+@pytest.mark.parametrize("content", [b"[]", b"\xff\xfe not utf-8", b'{"x": 5, "y": [1]}'])
+def test_an_unusable_fingerprint_cache_costs_only_rehashing(content, tiny_dirs, prompt_file,
+                                                            tmp_path, monkeypatch):
+    # Before: a fingerprints.json holding [] or non-UTF-8 bytes failed every run with a local model.
+    from specscope.models.load import model_identity
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(cache))
+    (cache / "fingerprints.json").write_bytes(content)
+    result = cli.invoke(app, _run_args(tiny_dirs, prompt_file, tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    assert isinstance(json.loads((cache / "fingerprints.json").read_text()), dict)
+    source = tiny_dirs["qwen2", "draft"]
+    key = str(next(p for p in source.iterdir() if p.suffix == ".json").resolve())
+    (cache / "fingerprints.json").write_text(json.dumps({key: "not an entry"}))
+    assert model_identity(str(source))["fingerprint"]
+
+
+def test_a_pickle_checkpoint_weights_only_refuses_is_a_model_error(tiny_dirs, prompt_file,
+                                                                   tmp_path, capfd):
+    # Before: torch's UnpicklingError escaped as a traceback instead of the model-loading error.
+    import torch
+    from safetensors.torch import load_file
+
+    model = tmp_path / "pickled"
+    shutil.copytree(tiny_dirs["qwen2", "draft"], model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    weights["extra"] = Exploit()
+    torch.save(weights, model / "pytorch_model.bin")
+    args = _run_args(tiny_dirs, prompt_file, tmp_path / "o")
+    args[args.index("--draft") + 1] = str(model)
+    result = cli.invoke(app, args)
+    _one_error_line(result, model / "pytorch_model.bin", "safetensors")
+    assert "pickle code ran" not in capfd.readouterr().out
+
+
+class Exploit:
+    """A pickled object that would run code when unpickled without weights_only."""
+
+    def __reduce__(self):
+        return print, ("pickle code ran",)
