@@ -298,7 +298,7 @@ def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(tiny_dirs, pr
     assert result.exit_code == 0, result.output
 
 
-# --- tracebacks that became one-line errors ---------------------------------------------------------
+# --- tracebacks that became one-line errors -----------------------------------------------------
 
 
 def _one_error_line(result, *names):

@@ -170,13 +170,14 @@ class RunDir:
         self._write(table, f"{self.root}/{name}.parquet")
 
     def consolidated_is_current(self) -> bool:
-        """Whether the consolidated files hold the run's records: there are no committed parts
-        (an ingested or synthetic run), or the run is complete and its consolidated prompts are
-        as many as its committed prompts. A run that grew after it was consolidated (prompts
+        """Whether the consolidated files hold the run's records: all three exist, and there are
+        no committed parts (a synthetic run) or the run is complete and its consolidated prompts
+        are as many as its committed prompts. A run that grew after it was consolidated (prompts
         appended, resumed, interrupted) is read from its parts."""
-        prompts = f"{self.root}/prompts.parquet"
-        if self.fs.get_file_info(prompts).type != pafs.FileType.File:
+        files = [f"{self.root}/{name}.parquet" for name in TABLES]
+        if any(info.type != pafs.FileType.File for info in self.fs.get_file_info(files)):
             return False
+        prompts = f"{self.root}/prompts.parquet"
         committed = len(self._files(f"{self.parts}/prompts"))
         if committed == 0:
             return True
@@ -306,7 +307,7 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
             os.close(fd)
             try:
                 holder = json.loads(owner)
-                holder = (f"pid {holder['pid']} on {holder['host']}, since {holder['started']}")
+                holder = f"pid {holder['pid']} on {holder['host']}, since {holder['started']}"
             except (ValueError, TypeError, KeyError):
                 holder = "a sweep's shards, or a process starting"
             raise RunDirError(f"{what} is being written by another specscope process ({holder}); "
@@ -318,11 +319,15 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
         if same:
             break
         os.close(fd)  # the holder released and unlinked it between our open and our lock
-    os.ftruncate(fd, 0)  # what a killed holder left names nobody
-    if not shared:
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "started": started}).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)  # what a killed holder left names nobody
+        if not shared:
+            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": started}).encode(), 0)
+    except OSError as e:  # a full disk
+        _release_lock(fd, path, shared)
+        raise RunDirError(f"cannot lock {what}: {path}: {e.strerror or e}") from None
     return fd
 
 
@@ -438,7 +443,8 @@ def check_run_ids(run: Run) -> None:
         others = sorted(set(frame["run_id"].unique()) - {expected}, key=str)
         if others:
             raise RunDirError(f"{run.path}: its manifest is run {expected}, but its {name} "
-                              f"records are of run {', '.join(map(str, others[:3]))}: the directory "
-                              "mixes two runs; measure again into a new directory, or --overwrite")
+                              f"records are of run {', '.join(map(str, others[:3]))}: the "
+                              "directory mixes two runs; measure again into a new directory, "
+                              "or --overwrite")
 
 
