@@ -537,7 +537,7 @@ def test_interrupted_run_from_shards(tmp_path):
         steps = to_table(step_columns([s for s in TINY_STEPS if s[0] == pid]), "steps")
         prompt = to_table(prompt_columns([p for p in TINY_PROMPTS if p[0] == pid]), "prompts")
         writer.commit_prompt(order, pid, nodes, steps, prompt)
-    RunDir(run).write_manifest({"schema_version": SCHEMA_VERSION, "run_id": "p",
+    RunDir(run).write_manifest({"schema_version": SCHEMA_VERSION, "run_id": "tiny",
                                 "status": "running"})
     a = analyze(run, Settings(n_boot=20))
     assert a.paper.table1[-1].nodes == 9

@@ -121,13 +121,21 @@ def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = 
     path = Path(path)
     label = f"{what} {path}".strip()
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise error(f"{label} does not exist") from None
     except IsADirectoryError:
         raise error(f"{label} is a directory, not a JSON file") from None
     except OSError as e:
         raise error(f"cannot read {label}: {e.strerror or e}") from None
+    return parse_json_object(raw, error, label)
+
+
+def parse_json_object(raw: bytes, error: type[SpecscopeError], label: str) -> dict:
+    """The JSON object in ``raw`` (the bytes of the file ``label`` names), or ``error`` naming it
+    and what was wrong: not UTF-8, not JSON, nested too deep, or not an object."""
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{label} is not UTF-8 text (byte {e.start})") from None
     try:

@@ -6,15 +6,19 @@ each prompt a sha256 of its messages. Resuming a run compares them and refuses w
 
 Hashing a 14 GB checkpoint takes minutes, so file digests are cached in
 ``cache_dir()/fingerprints.json``, keyed by absolute path, size and modification time: a file is
-hashed again only when one of those changes. This module does not load models.
+hashed again only when one of those changes. A cache that cannot be used (unreadable, not UTF-8,
+not a JSON object, entries of another shape) only costs hashing again. This module does not load
+models.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from .errors import SpecscopeError
+from .files import read_json_object, write_output
 
 # Files that decide a checkpoint's outputs; README, licences and hidden files do not.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt",
@@ -28,20 +32,17 @@ def _cache_file() -> Path:
 
 
 def _load_cache() -> dict:
+    """The cached digests; empty where the cache is missing or unusable (it is rebuilt)."""
     try:
-        return json.loads(_cache_file().read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json_object(_cache_file(), SpecscopeError, "fingerprint cache")
+    except SpecscopeError:
         return {}
 
 
 def _save_cache(cache: dict) -> None:
-    path = _cache_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(cache, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
+        write_output(_cache_file(), json.dumps(cache, sort_keys=True))
+    except (OSError, SpecscopeError):
         pass  # a read-only cache only costs re-hashing next time
 
 
@@ -51,8 +52,10 @@ def file_sha256(path: Path, cache: dict | None = None) -> str:
     stat = path.stat()
     key = str(path)
     stamp = [stat.st_size, stat.st_mtime_ns]
-    if cache is not None and cache.get(key, {}).get("stamp") == stamp:
-        return cache[key]["sha256"]
+    entry = cache.get(key) if cache is not None else None
+    if (isinstance(entry, dict) and entry.get("stamp") == stamp
+            and isinstance(entry.get("sha256"), str)):
+        return entry["sha256"]
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):

@@ -16,13 +16,15 @@ from .app import command, fail
 
 def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device: str,
                  trust_remote_code: bool, int8: bool = False, base: Optional[dict] = None):
-    """Load a pair (``base``: a run's [pair] section) with command-line overrides."""
+    """Load a pair (``base``: a run's [pair] section) with command-line overrides; remote code
+    runs only with ``--trust-remote-code``, whatever the run's manifest says."""
     from ..models import PairConfig, load_pair
+    from ..run.config import remote_code_from_command_line
 
-    fields = dict(base or {})
-    fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype, device=device,
-                                          trust_remote_code=trust_remote_code or None).items()
-                   if v is not None})
+    fields = remote_code_from_command_line(dict(base or {}), trust_remote_code,
+                                           "the run's manifest.json")
+    fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype,
+                                          device=device).items() if v is not None})
     if int8:
         fields["quantize"] = "int8"
         fields["dtype"] = dtype or "float32"

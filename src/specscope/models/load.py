@@ -17,6 +17,7 @@ models' linear layers in int8 on the CPU (:class:`Int8Linear`).
 
 from __future__ import annotations
 
+import pickle
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -108,6 +109,15 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         raise ModelLoadError(f"cannot load the tokenizer of {source}: {e}") from None
 
 
+def _refused_pickle(source: str, where: Path | str) -> str:
+    """Why a pickle checkpoint did not load, naming its file(s), and what to do instead."""
+    files = sorted(str(p) for p in Path(where).glob("*.bin")) if Path(where).is_dir() else []
+    named = ", ".join(files[:3]) if files else f"the .bin checkpoint of {source}"
+    return (f"cannot load model {source}: {named} is a pickle checkpoint holding more than "
+            "tensors, which a safe load (torch weights_only) refuses; convert it to safetensors "
+            "(where you trust its source) or use a safetensors checkpoint")
+
+
 def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
                trust_remote_code: bool = False, tokenizer=None) -> LoadedModel:
     from transformers import AutoModelForCausalLM
@@ -129,6 +139,8 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
                     trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot load model {source}: {e}") from None
+        except pickle.UnpicklingError:
+            raise ModelLoadError(_refused_pickle(source, where)) from None
         tok = tokenizer or load_tokenizer(source, trust_remote_code)
     model.to(device).eval()
     model.requires_grad_(False)

@@ -12,7 +12,9 @@ Records are committed prompt by prompt: the node and step shards of a prompt are
 its prompt shard last, each by an atomic rename, so a prompt counts as done exactly when its prompt
 shard exists. A killed run loses at most the prompt in flight; the consolidated files are (re)built
 from the shards when the run finishes. Readers should use :func:`load_run`, which reads the
-consolidated files when present and the shards otherwise.
+consolidated files when they are current and the shards otherwise, and refuses records whose run
+id is not the manifest's. A part's file name is the prompt's order and its id, hashed where the id
+is long or not a safe file name (:func:`part_name`).
 
 :class:`RunDir` writes through a pyarrow filesystem, so a run directory can also be any URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts (``s3://bucket/runs/a``, ``gs://...``, ``file:///...``)
@@ -20,12 +22,26 @@ and workers on other machines can commit prompts to it. On a local disk every fi
 a hidden temporary name of its own (two writers never share one) and renamed into place; object
 stores have no atomic rename but show each object whole or not at all, so there files are written
 in place, and the prompt shard, written last, is still the commit marker (write, then marker).
+
+One writer per run: :func:`run_lock` holds an exclusive lock (``flock`` on ``.specscope.lock`` in
+the run directory) for a run's life, so a second ``run`` on a live run directory is refused naming
+the process that holds it, and a run left ``running`` is taken for a failed start only when no
+process holds its lock. A sweep's shards hold the run's lock shared (the shards of one run measure
+side by side) and their own shard's lock exclusively (one attempt of a shard at a time). Object
+stores offer no lock: on a URI the caller is the only guard against two writers.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +49,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..files import temporary_name
+from ..files import parse_json_object, temporary_name
 from .checks import check_records
 from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
@@ -64,18 +80,32 @@ def write_file(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None:
     """Write a Parquet table or raw bytes so that readers see either nothing or the whole file.
 
     Renamed into place from a hidden temporary where ``fs`` renames atomically (a local disk);
-    written in place on object stores, where an object appears whole or not at all.
+    written in place on object stores, where an object appears whole or not at all. A write that
+    fails (a full disk, a read-only directory) leaves no temporary behind and raises RunDirError
+    naming the file; what was committed before stays.
     """
     parent, _, name = path.rpartition("/")
-    fs.create_dir(parent, recursive=True)
     target = temporary_name(path) if renames_atomically(fs) else path
-    if isinstance(data, pa.Table):
-        pq.write_table(data, target, filesystem=fs)
-    else:
-        with fs.open_output_stream(target) as f:
-            f.write(data)
-    if target != path:
-        fs.move(target, path)
+    try:
+        fs.create_dir(parent, recursive=True)
+        if isinstance(data, pa.Table):
+            pq.write_table(data, target, filesystem=fs)
+        else:
+            with fs.open_output_stream(target) as f:
+                f.write(data)
+        if target != path:
+            fs.move(target, path)
+    except OSError as e:  # pyarrow's I/O errors are OSErrors too
+        if target != path:
+            try:
+                fs.delete_file(target)
+            except OSError:
+                pass  # never created
+        hint = {errno.ENOSPC: " (free space, or write elsewhere; committed prompts are kept "
+                              "and the same command resumes)",
+                errno.EROFS: " (the file system is read-only)",
+                errno.EACCES: " (permission denied)"}.get(e.errno, "")
+        raise RunDirError(f"cannot write {path}: {e.strerror or e}{hint}") from None
 
 
 def json_bytes(obj: dict) -> bytes:
@@ -83,14 +113,32 @@ def json_bytes(obj: dict) -> bytes:
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> dict | None:
-    """A JSON file through ``fs``, or None where there is none."""
+    """A JSON object file through ``fs``, or None where there is none; RunDirError naming it
+    where it is unreadable, not UTF-8, not JSON, nested too deep or not an object."""
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
-    with fs.open_input_stream(path) as f:
-        try:
-            return json.loads(f.read().decode())
-        except json.JSONDecodeError as e:
-            raise RunDirError(f"{path} is not valid JSON: {e}") from e
+    try:
+        with fs.open_input_stream(path) as f:
+            raw = f.read()
+    except OSError as e:
+        raise RunDirError(f"cannot read {path}: {e.strerror or e}") from None
+    return parse_json_object(raw, RunDirError, path)
+
+
+# Prompt ids that are not file names (too long, or holding other characters than these) are
+# hashed into their part's name.
+PART_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+PART_NAME_MAX = 64
+
+
+def part_name(order: int, prompt_id: str) -> str:
+    """The file name of a prompt's part: its order, then the id where it is a short safe name,
+    else a readable prefix of it and a sha256 of the whole id (any id gives a valid name)."""
+    if len(prompt_id) <= PART_NAME_MAX and set(prompt_id) <= PART_NAME_CHARS:
+        return f"{order:06d}-{prompt_id}.parquet"
+    prefix = "".join(c if c in PART_NAME_CHARS else "_" for c in prompt_id[:32])
+    digest = hashlib.sha256(prompt_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{order:06d}-{prefix}-{digest}.parquet"
 
 
 class RunDir:
@@ -106,8 +154,7 @@ class RunDir:
         self.parts = f"{self.root}/parts"
 
     def _part(self, table: str, order: int, prompt_id: str) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prompt_id)
-        return f"{self.parts}/{table}/{order:06d}-{safe}.parquet"
+        return f"{self.parts}/{table}/{part_name(order, prompt_id)}"
 
     def _files(self, folder: str) -> list[str]:
         """The committed-looking Parquet files of a folder (no hidden temporaries), sorted."""
@@ -122,13 +169,36 @@ class RunDir:
         """Write a consolidated table (``nodes``, ``steps`` or ``prompts``)."""
         self._write(table, f"{self.root}/{name}.parquet")
 
-    def read_table(self, name: str) -> pd.DataFrame:
-        """A table's records: the consolidated file, or else the committed parts (a run that is
-        still going or was interrupted), checked for the schema's columns."""
-        consolidated = f"{self.root}/{name}.parquet"
+    def consolidated_is_current(self) -> bool:
+        """Whether the consolidated files hold the run's records: all three exist, and there are
+        no committed parts (a synthetic run) or the run is complete and its consolidated prompts
+        are as many as its committed prompts. A run that grew after it was consolidated (prompts
+        appended, resumed, interrupted) is read from its parts."""
+        files = [f"{self.root}/{name}.parquet" for name in TABLES]
+        if any(info.type != pafs.FileType.File for info in self.fs.get_file_info(files)):
+            return False
+        prompts = f"{self.root}/prompts.parquet"
+        committed = len(self._files(f"{self.parts}/prompts"))
+        if committed == 0:
+            return True
+        if (self.read_manifest() or {}).get("status") != "complete":
+            return False
         try:
-            if self.fs.get_file_info(consolidated).type == pafs.FileType.File:
-                table = pq.read_table(consolidated, filesystem=self.fs)
+            rows = pq.ParquetFile(prompts, filesystem=self.fs).metadata.num_rows
+        except (pa.ArrowException, OSError):
+            return False  # damaged: the parts hold the records
+        return rows == committed
+
+    def read_table(self, name: str, consolidated: bool | None = None) -> pd.DataFrame:
+        """A table's records, checked for the schema's columns: the consolidated file where it is
+        current (``consolidated``; default :meth:`consolidated_is_current`), else the committed
+        parts (a run that is still going, was interrupted, or grew since it was consolidated)."""
+        if consolidated is None:
+            consolidated = self.consolidated_is_current()
+        path = f"{self.root}/{name}.parquet"
+        try:
+            if consolidated:
+                table = pq.read_table(path, filesystem=self.fs)
             else:
                 table = self._committed(name)
         except (pa.ArrowInvalid, OSError) as e:
@@ -210,6 +280,106 @@ def remove_run(location: str | Path, filesystem: pafs.FileSystem | None = None) 
         fs.delete_dir(root)
 
 
+LOCK_FILE = ".specscope.lock"
+
+
+def is_lock_file(name: str) -> bool:
+    """Whether ``name`` is one of the lock files :func:`run_lock` keeps in a run directory."""
+    return name.startswith(".specscope.") and name.endswith(".lock")
+
+
+def _take_lock(path: Path, shared: bool, what: str) -> int:
+    """An open descriptor of ``path`` holding its flock (shared or exclusive), or RunDirError
+    naming the process that holds it. The file a descriptor locks is checked to still be the one
+    at ``path`` (a releasing holder unlinks it), so two holders never lock different files."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            if path.is_symlink():
+                raise RunDirError(f"{path} is a symbolic link; remove it (specscope's lock file "
+                                  "is a plain file)") from None
+            raise RunDirError(f"cannot lock {what}: {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            try:
+                holder = json.loads(owner)
+                holder = f"pid {holder['pid']} on {holder['host']}, since {holder['started']}"
+            except (ValueError, TypeError, KeyError):
+                holder = "a sweep's shards, or a process starting"
+            raise RunDirError(f"{what} is being written by another specscope process ({holder}); "
+                              "wait for it to finish, or write elsewhere") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder released and unlinked it between our open and our lock
+    try:
+        os.ftruncate(fd, 0)  # what a killed holder left names nobody
+        if not shared:
+            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": started}).encode(), 0)
+    except OSError as e:  # a full disk
+        _release_lock(fd, path, shared)
+        raise RunDirError(f"cannot lock {what}: {path}: {e.strerror or e}") from None
+    return fd
+
+
+def _release_lock(fd: int, path: Path, shared: bool) -> None:
+    """Unlink the lock file (if no one else holds it) and release the lock."""
+    try:
+        if shared:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last holder removes the file
+        os.unlink(path)
+    except OSError:
+        pass  # another holder remains, or the file is gone: it stays theirs
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def run_lock(location: str | Path, filesystem: pafs.FileSystem | None = None,
+             shard: str | None = None) -> Iterator[None]:
+    """Hold the run directory's lock while the block runs: exclusively for a run, or, with
+    ``shard`` (a sweep shard's id), the run's lock shared and the shard's own lock exclusively.
+
+    The directory is created where it does not exist, and removed again on the way out if it is
+    then empty (a run that failed before writing anything). On a URI (an object store) there is
+    no lock and the block runs unguarded.
+    """
+    fs, root = open_location(location, filesystem)
+    if not renames_atomically(fs):
+        yield
+        return
+    root_path = Path(root)
+    created = [p for p in (root_path, *root_path.parents) if not p.exists()]
+    root_path.mkdir(parents=True, exist_ok=True)
+    held: list[tuple[int, Path, bool]] = []
+    try:
+        locks = [(root_path / LOCK_FILE, shard is not None, f"run directory {root}")]
+        if shard is not None:
+            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in shard)
+            locks.append((root_path / f".specscope.shard-{name}.lock", False,
+                          f"shard {shard} of run directory {root}"))
+        for path, shared, what in locks:
+            held.append((_take_lock(path, shared, what), path, shared))
+        yield
+    finally:
+        for fd, path, shared in reversed(held):
+            _release_lock(fd, path, shared)
+        for path in created:  # innermost first
+            try:
+                path.rmdir()
+            except OSError:
+                break  # not empty: something was written
+
+
 def check_writable_dir(path: Path) -> None:
     """Raise RunDirError unless ``path`` is, or can be created as, a directory we may write."""
     path = Path(path)
@@ -259,8 +429,22 @@ def load_run(run_dir: str | Path) -> Run:
         raise RunDirError(f"{run_dir} is not a directory")
     manifest = read_manifest(run_dir)
     rundir = RunDir(run_dir)
-    run = Run(run_dir, manifest, *(rundir.read_table(name) for name in TABLES))
+    consolidated = rundir.consolidated_is_current()
+    run = Run(run_dir, manifest, *(rundir.read_table(name, consolidated) for name in TABLES))
+    check_run_ids(run)
     check_records(run)
     return run
+
+
+def check_run_ids(run: Run) -> None:
+    """Refuse records of another run than the manifest's (a directory that two runs wrote)."""
+    expected = run.manifest.get("run_id")
+    for name, frame in zip(TABLES, (run.nodes, run.steps, run.prompts)):
+        others = sorted(set(frame["run_id"].unique()) - {expected}, key=str)
+        if others:
+            raise RunDirError(f"{run.path}: its manifest is run {expected}, but its {name} "
+                              f"records are of run {', '.join(map(str, others[:3]))}: the "
+                              "directory mixes two runs; measure again into a new directory, "
+                              "or --overwrite")
 
 

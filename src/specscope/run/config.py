@@ -2,6 +2,11 @@
 seed, certificates), its content hash (the run id), presets and TOML/manifest loading.
 
 Validates every field on construction; loads no model and reads no prompt.
+
+Nothing read from a file enables code execution: ``pair.trust_remote_code`` comes only from the
+command line (``--trust-remote-code``). A config, sweep file or run manifest asking for it (a run
+directory may come from anyone) gets one warning on stderr and is treated as false
+(:func:`remote_code_from_command_line`).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -33,6 +39,21 @@ PRESETS = ("paper", "demo")
 
 class RunConfigError(SpecscopeError, ValueError):
     """A run config that cannot be used; the message names the field and what is allowed."""
+
+
+_WARNED: set[str] = set()  # each file's request for remote code is warned about once
+
+
+def remote_code_from_command_line(pair: dict, given: bool, where: str) -> dict:
+    """``pair`` (a [pair] section read from ``where``) with ``trust_remote_code`` set to ``given``,
+    the command line's choice; a section asking for remote code that the command line did not
+    allow gets one warning on stderr naming the flag."""
+    if pair.get("trust_remote_code") is True and not given and where not in _WARNED:
+        _WARNED.add(where)
+        print(f"warning: {where} asks for trust_remote_code; ignored: model code from a file "
+              "never runs, give --trust-remote-code on the command line to allow it",
+              file=sys.stderr)
+    return {**pair, "trust_remote_code": given}
 
 
 @dataclass(frozen=True)
@@ -98,8 +119,11 @@ class RunConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @classmethod
-    def from_dict(cls, data: dict) -> RunConfig:
-        """A config from TOML- or JSON-like data; every value's type is checked, by field."""
+    def from_dict(cls, data: dict, trust_remote_code: bool = False,
+                  where: str = "the config") -> RunConfig:
+        """A config from TOML- or JSON-like data read from ``where``; every value's type is
+        checked, by field. ``pair.trust_remote_code`` is ``trust_remote_code`` (the command
+        line's choice) whatever the data says (:func:`remote_code_from_command_line`)."""
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -128,18 +152,23 @@ class RunConfig:
                     if name in section and section[name] is not None:
                         section[name] = tuple(tuple(x) if isinstance(x, list) else x
                                               for x in section[name])
+                if kind is PairConfig:
+                    section = remote_code_from_command_line(section, trust_remote_code, where)
                 data[key] = kind(**section)
+        if "pair" not in data and trust_remote_code:
+            data["pair"] = PairConfig(trust_remote_code=True)
         return cls(**data)
 
     def replace(self, **overrides) -> RunConfig:
-        """A copy with top-level or ``section.key`` overrides (None values are ignored)."""
+        """A copy with top-level or ``section.key`` overrides (None values are ignored); an
+        override ``pair.trust_remote_code`` is the command line's choice."""
         data = self.to_dict()
         for key, value in overrides.items():
             if value is None:
                 continue
             section, _, name = key.rpartition(".")
             (data[section] if section else data)[name] = value
-        return RunConfig.from_dict(data)
+        return RunConfig.from_dict(data, trust_remote_code=data["pair"]["trust_remote_code"])
 
 
 def load_config(source: str | Path | None) -> RunConfig:
@@ -160,8 +189,8 @@ def load_config(source: str | Path | None) -> RunConfig:
             manifest = json.loads(text)
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
                 raise RunConfigError(f"{source}: not a run manifest (it has no 'config' object)")
-            return RunConfig.from_dict(manifest["config"])
-        return RunConfig.from_dict(tomllib.loads(text))
+            return RunConfig.from_dict(manifest["config"], where=str(source))
+        return RunConfig.from_dict(tomllib.loads(text), where=str(source))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise RunConfigError(f"{source}: invalid {'JSON' if str(source).endswith('.json') else 'TOML'}: {e}") from None
     except TypeError as e:

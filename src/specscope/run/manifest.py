@@ -56,7 +56,10 @@ def _flatten(data: dict, prefix: str = "") -> dict:
 
 def config_differences(manifest: dict, config: RunConfig) -> list[str]:
     """The ``section.key`` names in which ``config`` differs from a run manifest's config."""
-    old = _flatten(RunConfig.from_dict(manifest["config"]).to_dict())
+    recorded = manifest["config"]
+    asked = (recorded.get("pair") or {}).get("trust_remote_code") is True
+    # compared, never loaded: the recorded choice is kept (and not warned about)
+    old = _flatten(RunConfig.from_dict(recorded, trust_remote_code=asked).to_dict())
     return [key for key, value in _flatten(config.to_dict()).items() if old.get(key) != value]
 
 

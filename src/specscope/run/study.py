@@ -1,6 +1,9 @@
 """``specscope run``: measure every selected prompt into a run directory, resuming what an earlier
 call left, refusing what would mix two configs, and never deleting what is not a run.
 
+A run holds its directory's lock (:func:`specscope.records.run_lock`) from its first look at the
+directory to its last write: a second run on a live directory is refused, never replaced.
+
 The measuring itself is :func:`specscope.measure.study.measure_prompts`, shared with the sweep.
 """
 
@@ -20,8 +23,10 @@ from ..prompts.items import (
 from ..records import (
     RunDir,
     check_writable_dir,
+    is_lock_file,
     read_manifest,
     remove_run,
+    run_lock,
 )
 from ..trees import TreeShape
 from .config import RunConfig, RunConfigError
@@ -59,11 +64,11 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDir
 
     A directory that is not a specscope run is never touched (``--overwrite`` only replaces a
     run); a run with another config is refused unless ``overwrite``, or unless it never committed
-    a prompt (a failed start loses nothing by being replaced).
+    a prompt (a failed start loses nothing by being replaced). The caller holds the directory's
+    lock (:func:`run_lock`), so a run found here has no live writer.
     """
-    check_writable_dir(out_dir)
     if not (out_dir / "manifest.json").is_file():
-        if out_dir.exists() and any(out_dir.iterdir()):
+        if out_dir.exists() and any(not is_lock_file(p.name) for p in out_dir.iterdir()):
             raise RunConfigError(f"{out_dir} exists and is not a specscope run (no manifest.json); "
                                  "choose an empty or new directory (--overwrite only replaces a "
                                  "specscope run)")
@@ -79,6 +84,18 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDir
             f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
             "use another directory, or --overwrite to start over")
     return RunDirState(manifest, False)
+
+
+def check_prompt_ids(items: list[PromptItem]) -> None:
+    """Refuse, before anything is measured, a prompt id that records cannot hold (text that is
+    not Unicode, such as a lone surrogate from a JSON escape); any other id, however long, is
+    stored (its part's file name is hashed where needed)."""
+    for item in items:
+        try:
+            item.id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RunConfigError(f"prompt id {item.id!r} ({item.source}) is not valid Unicode "
+                                 "text; give the prompt another id") from None
 
 
 def check_tree_fits(shape: TreeShape, vocab: int) -> None:
@@ -120,70 +137,75 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
     items = config.prompts.select(config.seed)
     empty = [item.id for item in items if item.is_empty]
     items = [item for item in items if not item.is_empty]
+    check_prompt_ids(items)
     if batch_size < 1:
         raise RunConfigError(f"batch size must be >= 1, got {batch_size}")
     if batch_size > 1 and config.engine != "cached":
         raise RunConfigError(f"--batch-size {batch_size} needs the cached engine; the naive "
                              "engine (the paper's algorithm) measures one prompt at a time")
-    state = prepare_run_dir(out_dir, config, overwrite)
-    existing = state.manifest
-    hashes = prompt_hashes(items)
-    if existing is not None:
-        check_identity(out_dir, existing, hashes,
-                       {"draft": model_identity(config.pair.draft),
-                        "target": model_identity(config.pair.target)})
-    writer = RunDir(out_dir)
-    done = set() if state.replace else writer.done_prompt_ids()
-    todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
-    run_id = config.run_id
-    if not todo and existing and existing.get("status") == "complete":
-        if writer.damaged(existing.get("counts") or {}):
-            existing.update(counts=writer.consolidate())
-            writer.write_manifest(existing)
-            console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/")
-        return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
-                          time.perf_counter() - t_start, already_complete=True)
+    check_writable_dir(out_dir)
+    with run_lock(out_dir):  # held until the last write
+        state = prepare_run_dir(out_dir, config, overwrite)
+        existing = state.manifest
+        hashes = prompt_hashes(items)
+        if existing is not None:
+            check_identity(out_dir, existing, hashes,
+                           {"draft": model_identity(config.pair.draft),
+                            "target": model_identity(config.pair.target)})
+        writer = RunDir(out_dir)
+        done = set() if state.replace else writer.done_prompt_ids()
+        todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
+        run_id = config.run_id
+        if not todo and existing and existing.get("status") == "complete":
+            if writer.damaged(existing.get("counts") or {}):
+                existing.update(counts=writer.consolidate())
+                writer.write_manifest(existing)
+                console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records "
+                              "from parts/")
+            return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
+                              time.perf_counter() - t_start, already_complete=True)
 
-    pair = pair or load_pair(config.pair)
-    check_tree_fits(shape, pair.vocab_size)
-    states = start_prompts(pair, config, todo)
-    if batch_size > 1:
-        from ..measure.batched import check_batch_memory
+        pair = pair or load_pair(config.pair)
+        check_tree_fits(shape, pair.vocab_size)
+        states = start_prompts(pair, config, todo)
+        if batch_size > 1:
+            from ..measure.batched import check_batch_memory
 
-        check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
-                           len(shape))
-    if state.replace:
-        remove_run(out_dir)
-    manifest = run_manifest(config, items, empty, pair.provenance, (existing or {}).get("created"))
-    manifest["prompts"]["sha256"] = hashes
-    manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    writer.write_manifest(manifest)
-    if empty:
-        console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
+            check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
+                               len(shape))
+        if state.replace:
+            remove_run(out_dir)
+        manifest = run_manifest(config, items, empty, pair.provenance,
+                                (existing or {}).get("created"))
+        manifest["prompts"]["sha256"] = hashes
+        manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        writer.write_manifest(manifest)
+        if empty:
+            console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
 
-    nodes_total = 0
-    t_loop = time.perf_counter()
-    with Progress(TextColumn("[bold]measuring"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("prompts  {task.fields[nodes]} nodes  {task.fields[rate]} nodes/s"),
-                  TimeElapsedColumn(), console=console, disable=not progress) as bar:
-        task = bar.add_task("run", total=len(items), completed=len(items) - len(todo),
-                            nodes=0, rate="-")
+        nodes_total = 0
+        t_loop = time.perf_counter()
+        with Progress(TextColumn("[bold]measuring"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("prompts  {task.fields[nodes]} nodes  "
+                                 "{task.fields[rate]} nodes/s"),
+                      TimeElapsedColumn(), console=console, disable=not progress) as bar:
+            task = bar.add_task("run", total=len(items), completed=len(items) - len(todo),
+                                nodes=0, rate="-")
 
-        def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
-            nonlocal nodes_total
-            writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
-            nodes_total += records.nodes.num_rows
-            rate = nodes_total / (time.perf_counter() - t_loop)
-            bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
+            def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
+                nonlocal nodes_total
+                writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
+                nodes_total += records.nodes.num_rows
+                rate = nodes_total / (time.perf_counter() - t_loop)
+                bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
 
-        measure_prompts(pair, config, states, run_id, commit, batch_size)
+            measure_prompts(pair, config, states, run_id, commit, batch_size)
 
-    counts = writer.consolidate()
-    seconds = time.perf_counter() - t_start
-    manifest.update(status="complete", finished=now_utc(), counts=counts,
-                    timings={"last_invocation_s": round(seconds, 3),
-                             "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
-    writer.write_manifest(manifest)
-    return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)
-
+        counts = writer.consolidate()
+        seconds = time.perf_counter() - t_start
+        manifest.update(status="complete", finished=now_utc(), counts=counts,
+                        timings={"last_invocation_s": round(seconds, 3),
+                                 "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
+        writer.write_manifest(manifest)
+        return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)

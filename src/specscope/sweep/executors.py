@@ -16,7 +16,7 @@ import torch
 
 from ..prompts.items import PromptItem
 from ..models import ModelPair, PairConfig, load_pair
-from ..records import RunDir, json_bytes, open_location, write_file
+from ..records import RunDir, json_bytes, open_location, run_lock, write_file
 from ..run.config import RunConfig
 from ..run.manifest import now_utc
 
@@ -110,7 +110,15 @@ def visible_devices(pair: PairConfig) -> PairConfig:
 
 def run_shard(shard: Shard, pairs: PairCache | None = None,
               on_prompt: Callable[[int], None] | None = None, remap_gpus: bool = False) -> ShardResult:
-    """Measure the shard's prompts that are not yet committed, committing each as it finishes."""
+    """Measure the shard's prompts that are not yet committed, committing each as it finishes,
+    holding the shard's lock (:func:`run_lock`): an attempt of a shard whose earlier attempt is
+    still alive (a Ray retry) is refused, and so is a shard of a run that a `run` is writing."""
+    with run_lock(shard.run_dir, shard=shard.shard_id):
+        return _run_shard(shard, pairs, on_prompt, remap_gpus)
+
+
+def _run_shard(shard: Shard, pairs: PairCache | None,
+               on_prompt: Callable[[int], None] | None, remap_gpus: bool) -> ShardResult:
     t_start, cpu_start = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     status_fs, status_path = open_location(shard.status_path)
