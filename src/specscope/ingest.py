@@ -362,7 +362,7 @@ def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path) -> dict:
                 out_dir.rmdir()  # empty, checked above
             os.replace(tmp, out_dir)
         except OSError as e:
-            raise IngestError(f"cannot write {out_dir}: {e.strerror or e}") from None
+            raise IngestError(f"cannot ingest {log} into {out_dir}: {e.strerror or e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
