@@ -19,11 +19,19 @@ Formats (:data:`FORMATS`), each as the engine documents it:
 - ``spec-bench``: a Spec-Bench answer line: ``question_id`` and ``choices[].accept_lengths``
   (tokens per step, the target's own token included).
 
+Every line is checked before it is kept: counts are non-negative integers that fit int64, and
+they must be possible (:func:`check_counts`: accepted <= drafted; no verify step, no accepted
+draft; accepted + verify steps <= tokens generated where the engine logs them). A line that fails
+is refused naming the log file, its line, the field and the rule, and nothing is written. The log
+is read one line at a time and written in batches: memory grows with the prompt file, not with
+the log.
+
 Node-level figures (alpha, entropies, trees) cannot come from these logs and are not invented.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -286,6 +294,12 @@ class _ParquetRows:
             self.writer.close()
         return self.rows
 
+    def abandon(self) -> None:
+        """Close the file without caring what it holds (its folder is about to be removed)."""
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
 
 def _prompts(path: Path) -> dict[str, tuple[str, str] | None]:
     """id -> (domain, prompt text) of a prompt file, read one line at a time."""
@@ -310,6 +324,22 @@ def _write_run(tmp: Path, log: Path, fmt: str, items: dict[str, tuple[str, str] 
     once a line has joined it)."""
     requests = _ParquetRows(tmp / "requests.parquet", REQUEST_SCHEMA)
     steps = _ParquetRows(tmp / "steps.parquet", STEP_SCHEMA)
+    try:
+        domains = _join_and_write(log, fmt, items, prompts_file, requests, steps)
+        n_steps, n_requests = steps.close(), requests.close()
+    except BaseException:
+        requests.abandon()
+        steps.abandon()
+        raise
+    if not n_requests:
+        raise IngestError(f"{log} holds no requests")
+    return n_requests, n_steps, domains
+
+
+def _join_and_write(log: Path, fmt: str, items: dict[str, tuple[str, str] | None],
+                    prompts_file: Path, requests: _ParquetRows, steps: _ParquetRows) -> set[str]:
+    """Each line of ``log`` joined to its prompt and added to ``requests`` (and ``steps``); the
+    domains seen."""
     domains: set[str] = set()
     for where, prompt_id, stats in iter_log(log, fmt):
         if prompt_id not in items:
@@ -327,11 +357,7 @@ def _write_run(tmp: Path, log: Path, fmt: str, items: dict[str, tuple[str, str] 
             for i, a in enumerate(stats.per_step_accepted):
                 steps.add(prompt_id, domain, i, a, a + 1, stats.per_step_drafted[i]
                           if stats.per_step_drafted is not None else None)
-    n_steps = steps.close()
-    n_requests = requests.close()
-    if not n_requests:
-        raise IngestError(f"{log} holds no requests")
-    return n_requests, n_steps, domains
+    return domains
 
 
 def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path) -> dict:
