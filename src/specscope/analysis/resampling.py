@@ -134,6 +134,8 @@ def stratum_totals(strata: np.ndarray, values: np.ndarray, n_boot: int, seed: in
     stratum after stratum, each drawn row after row) and so the same figures, but drawn at most
     ``max_weights`` (default :data:`CHUNK_WEIGHTS`) weights at a time instead of as one
     ``(B + 1) x P`` matrix."""
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
     max_weights = max_weights or CHUNK_WEIGHTS
     strata = np.asarray(strata)
     values = np.asarray(values, dtype=float).reshape(len(strata), -1)

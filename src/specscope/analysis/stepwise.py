@@ -117,11 +117,13 @@ def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000,
                      confidence: float = 0.95, min_prompts: int = 10) -> StepwiseAnalysis:
     """Each domain's figures, bootstrapped in chunks (:func:`stratum_totals`): memory does not
     grow with the number of requests beyond their columns."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     requests = requests.sort_values(["domain", "prompt_id"], kind="stable").reset_index(drop=True)
     columns = ["steps", "accepted"] + (["drafted"] if "drafted" in requests else [])
     values = requests[columns].to_numpy(float)
-    boot = stratum_totals(requests["domain"].to_numpy(), values, n_boot, seed)
     domains = requests["domain"].to_numpy()
+    boot = stratum_totals(domains, values, n_boot, seed)
     rows, tps = [], {}
     for g, domain in enumerate(boot.strata):
         keep = domains == domain
