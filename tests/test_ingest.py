@@ -24,8 +24,9 @@ VLLM_DETAILED = {
         "acceptance_histogram": [1, 1, 0, 1], "num_spec_steps": 3,
         "num_accepted_draft_tokens": 4, "num_draft_tokens": 9, "num_spec_tokens": 3,
         "per_step_accepted": [0, 1, 3], "per_step_drafted": [3, 3, 3]}}}
-# the same in summary mode, inside a streaming chunk's "data" envelope
-VLLM_SUMMARY = {"data": {"id": "chatcmpl-2", "choices": [], "usage": {"completion_tokens": 35},
+# the same in summary mode, inside a streaming chunk's "data" envelope (54 tokens: 1 from the
+# prefill + 43 verify steps x (accepted + 1); fewer would be refused as impossible)
+VLLM_SUMMARY = {"data": {"id": "chatcmpl-2", "choices": [], "usage": {"completion_tokens": 54},
                          "metrics": {"speculative_decoding": {
                              "mean_acceptance_length": 1.2325581395348837,
                              "draft_acceptance_rate": 0.07751937984496124,

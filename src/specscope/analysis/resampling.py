@@ -1,6 +1,11 @@
 """The state one analysis shares: the prompt-clustered bootstrap weights of the run, applied to
 any node or step metric, so that every figure and every difference gets its interval from the
 same resamples.
+
+:class:`Resampler` holds the whole ``(B + 1) x prompts`` weight matrix (a measurement run has as
+many prompts as were measured with a model). :func:`stratum_totals` gives the per-domain totals
+of the same resamples in chunks, for runs of any number of prompts (an ingested engine log of
+millions of requests): its memory does not grow with the number of prompts.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from specscope.analysis.stats import (
     Ranked,
     ratio,
 )
+
+CHUNK_WEIGHTS = 1 << 20  # bootstrap weights :func:`stratum_totals` holds at once (8 MiB)
 
 
 @dataclass(frozen=True)
@@ -110,4 +117,41 @@ class Resampler:
 def depth_keys(rec: Records) -> tuple:
     return ((rec.nodes.depth - 1, rec.max_depth),)
 
+
+@dataclass(frozen=True)
+class StratumTotals:
+    """Bootstrap totals of per-prompt values within each stratum (domain)."""
+
+    strata: np.ndarray  # (G,) the strata, sorted
+    totals: np.ndarray  # (B + 1, G, k): row 0 the plain sums, rows 1..B the resamples'
+    varies: np.ndarray  # (G,) whether any resample drew the stratum's prompts other than once each
+
+
+def stratum_totals(strata: np.ndarray, values: np.ndarray, n_boot: int, seed: int,
+                   max_weights: int | None = None) -> StratumTotals:
+    """Each stratum's totals of ``values`` (P, k) under the resamples of
+    ``ClusterBootstrap.draw(strata, n_boot, seed)``: the same random stream (multinomial draws,
+    stratum after stratum, each drawn row after row) and so the same figures, but drawn at most
+    ``max_weights`` (default :data:`CHUNK_WEIGHTS`) weights at a time instead of as one
+    ``(B + 1) x P`` matrix."""
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be >= 0, got {n_boot}")
+    max_weights = max_weights or CHUNK_WEIGHTS
+    strata = np.asarray(strata)
+    values = np.asarray(values, dtype=float).reshape(len(strata), -1)
+    labels = np.unique(strata)  # sorted: the draw order is fixed by the seed alone
+    totals = np.empty((n_boot + 1, len(labels), values.shape[1]))
+    varies = np.zeros(len(labels), bool)
+    rng = np.random.default_rng(seed)
+    for g, stratum in enumerate(labels):
+        cols = np.flatnonzero(strata == stratum)
+        block = values[cols]
+        totals[0, g] = np.ones(len(cols)) @ block
+        rows = max(1, max_weights // len(cols))
+        pvals = np.full(len(cols), 1.0 / len(cols))
+        for start in range(1, n_boot + 1, rows):
+            draws = rng.multinomial(len(cols), pvals, size=min(rows, n_boot + 1 - start))
+            varies[g] |= bool(np.any(draws != 1))
+            totals[start:start + len(draws), g] = draws.astype(float) @ block
+    return StratumTotals(labels, totals, varies)
 

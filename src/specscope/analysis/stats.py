@@ -153,37 +153,46 @@ class ClusterBootstrap:
         ``prompts`` and ``strata`` say how many prompts, from how many domains, stand behind each
         figure: they set the small-sample correction and the t interval's degrees of freedom.
         """
-        reps = np.asarray(reps, dtype=float)
-        shape = reps.shape[1:]
-        n = np.broadcast_to(np.asarray(n), shape)
-        prompts = np.broadcast_to(np.asarray(prompts), shape).astype(float)
-        strata = np.broadcast_to(np.maximum(np.asarray(strata), 1), shape).astype(float)
-        value = reps[0]
-        se = np.full(shape, np.nan)
-        df = prompts - strata
         # Stratified by domain, resamples never vary where every domain has a single prompt:
         # then there is no interval to give.
-        if self.n_boot >= 2 and np.any(self.weights[1:] != 1):
-            boot = reps[1:]
-            finite = np.isfinite(boot)
-            ok = np.isfinite(value) & (finite.mean(axis=0) >= 0.5) & (df >= 1)
-            if ok.any():
-                per_stratum = prompts[ok] / strata[ok]
-                sd = np.nanstd(boot[:, ok], axis=0, ddof=1)
-                se[ok] = sd * np.sqrt(per_stratum / (per_stratum - 1))
-        half = sps.t.ppf(0.5 + self.confidence / 2, np.where(df >= 1, df, 1)) * se
-        lo, hi = value - half, value + half
-        out = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            out[idx] = Estimate(float(value[idx]), float(lo[idx]), float(hi[idx]),
-                                int(n[idx]), int(prompts[idx]), float(se[idx]),
-                                float(df[idx]) if math.isfinite(se[idx]) else math.nan)
-        return out
+        return interval_estimates(reps, bool(np.any(self.weights[1:] != 1)), self.confidence,
+                                  n, prompts, strata)
 
     def estimate(self, reps: np.ndarray, n: int = 0, prompts: int = 0,
                  strata: int = 1) -> Estimate:
         """One :class:`Estimate` from ``(B + 1,)`` replicates."""
         return self.estimates(np.asarray(reps, dtype=float)[:, None], n, prompts, strata)[0]
+
+
+def interval_estimates(reps: np.ndarray, varies: bool, confidence: float = 0.95,
+                       n: np.ndarray | int = 0, prompts: np.ndarray | int = 0,
+                       strata: np.ndarray | int = 1) -> np.ndarray:
+    """:meth:`ClusterBootstrap.estimates` from the replicates alone: ``varies`` says whether any
+    resample differs from the sample (for replicates drawn without keeping the weights)."""
+    reps = np.asarray(reps, dtype=float)
+    shape = reps.shape[1:]
+    n = np.broadcast_to(np.asarray(n), shape)
+    prompts = np.broadcast_to(np.asarray(prompts), shape).astype(float)
+    strata = np.broadcast_to(np.maximum(np.asarray(strata), 1), shape).astype(float)
+    value = reps[0]
+    se = np.full(shape, np.nan)
+    df = prompts - strata
+    if varies and reps.shape[0] >= 3:
+        boot = reps[1:]
+        finite = np.isfinite(boot)
+        ok = np.isfinite(value) & (finite.mean(axis=0) >= 0.5) & (df >= 1)
+        if ok.any():
+            per_stratum = prompts[ok] / strata[ok]
+            sd = np.nanstd(boot[:, ok], axis=0, ddof=1)
+            se[ok] = sd * np.sqrt(per_stratum / (per_stratum - 1))
+    half = sps.t.ppf(0.5 + confidence / 2, np.where(df >= 1, df, 1)) * se
+    lo, hi = value - half, value + half
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        out[idx] = Estimate(float(value[idx]), float(lo[idx]), float(hi[idx]),
+                            int(n[idx]), int(prompts[idx]), float(se[idx]),
+                            float(df[idx]) if math.isfinite(se[idx]) else math.nan)
+    return out
 
 
 # --- estimators: each returns (B + 1,) replicates, row 0 the point estimate -------------------------

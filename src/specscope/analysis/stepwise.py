@@ -17,14 +17,15 @@ depth, the acceptance vector) need node records and are listed as unavailable.
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .stats import ClusterBootstrap, Estimate, ratio
+from ..files import make_dirs, write_json, write_output
+from .resampling import stratum_totals
+from .stats import Estimate, interval_estimates, ratio
 
 NODE_LEVEL = ("Tables I-VI (alpha, entropy, depth, sibling rank)", "acceptance vector",
               "the paper's findings on alpha, E[L], depth and entropy", "certificates")
@@ -81,9 +82,10 @@ class StepwiseAnalysis:
                 "finding": vars(self.finding), "unavailable": list(self.unavailable)}
 
 
-def domain_difference(boot: ClusterBootstrap, requests: pd.DataFrame, estimates: dict,
+def domain_difference(varies: bool, requests: pd.DataFrame, estimates: dict,
                       min_prompts: int, confidence: float) -> StepwiseFinding:
-    """The calibrated test of :data:`CLAIM` (see the module docstring)."""
+    """The calibrated test of :data:`CLAIM` (see the module docstring); ``estimates``: each
+    domain's (B + 1,) replicates, ``varies``: whether any resample differs from the sample."""
     counts = requests.groupby("domain")["prompt_id"].nunique()
     if len(counts) < 2:
         return StepwiseFinding(CLAIM, "not testable", "the run has one domain")
@@ -95,8 +97,8 @@ def domain_difference(boot: ClusterBootstrap, requests: pd.DataFrame, estimates:
     level = (1 - confidence) / 2 / len(pairs)
     significant = []
     for a, b in pairs:
-        diff = boot.estimate(estimates[a] - estimates[b], prompts=int(counts[a] + counts[b]),
-                             strata=2)
+        diff = _estimate(estimates[a] - estimates[b], varies, confidence,
+                         prompts=int(counts[a] + counts[b]), strata=2)
         if min(diff.p_above(0), diff.p_below(0)) < level:
             significant.append(f"{a} - {b} = {diff.format(3, signed=True)}")
     if significant:
@@ -105,36 +107,47 @@ def domain_difference(boot: ClusterBootstrap, requests: pd.DataFrame, estimates:
                            f"no pair of {len(counts)} domains differs significantly")
 
 
+def _estimate(reps: np.ndarray, varies: bool, confidence: float, prompts: int,
+              strata: int = 1) -> Estimate:
+    return interval_estimates(np.asarray(reps, dtype=float)[:, None], varies, confidence,
+                              prompts=prompts, strata=strata)[0]
+
+
 def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000, seed: int = 0,
                      confidence: float = 0.95, min_prompts: int = 10) -> StepwiseAnalysis:
+    """Each domain's figures, bootstrapped in chunks (:func:`stratum_totals`): memory does not
+    grow with the number of requests beyond their columns."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     requests = requests.sort_values(["domain", "prompt_id"], kind="stable").reset_index(drop=True)
-    boot = ClusterBootstrap.draw(requests["domain"].to_numpy(), n_boot, seed, confidence)
-    steps = requests["steps"].to_numpy(float)
-    accepted = requests["accepted"].to_numpy(float)
-    drafted = requests["drafted"].to_numpy(float) if "drafted" in requests else None
+    columns = ["steps", "accepted"] + (["drafted"] if "drafted" in requests else [])
+    values = requests[columns].to_numpy(float)
+    domains = requests["domain"].to_numpy()
+    boot = stratum_totals(domains, values, n_boot, seed)
     rows, tps = [], {}
-    for domain in sorted(requests["domain"].unique()):
-        keep = (requests["domain"] == domain).to_numpy()
-        sub = boot.subset(np.flatnonzero(keep))
-        s, a = sub.total(steps[keep]), sub.total(accepted[keep])
-        n = int(keep.sum())
+    for g, domain in enumerate(boot.strata):
+        keep = domains == domain
+        s, a = boot.totals[:, g, 0], boot.totals[:, g, 1]
+        n, varies = int(keep.sum()), bool(boot.varies[g])
         tps[domain] = ratio(a + s, s)
         acc_rate = None
-        if drafted is not None and np.isfinite(drafted[keep]).all():
-            acc_rate = sub.estimate(ratio(a, sub.total(drafted[keep])), prompts=n)
-        rows.append(DomainStats(domain, n, int(steps[keep].sum()),
-                                sub.estimate(tps[domain], prompts=n),
-                                sub.estimate(ratio(a, s), prompts=n), acc_rate))
-    finding = domain_difference(boot, requests, tps, min_prompts, confidence)
+        if "drafted" in columns and np.isfinite(values[keep, 2]).all():
+            acc_rate = _estimate(ratio(a, boot.totals[:, g, 2]), varies, confidence, n)
+        rows.append(DomainStats(domain, n, int(values[keep, 0].sum()),
+                                _estimate(tps[domain], varies, confidence, n),
+                                _estimate(ratio(a, s), varies, confidence, n), acc_rate))
+    finding = domain_difference(bool(boot.varies.any()), requests, tps, min_prompts, confidence)
     return StepwiseAnalysis(manifest.get("engine_format", "?"), tuple(rows), finding)
 
 
 def write_ingested_analysis(a: StepwiseAnalysis, out_dir: Path) -> tuple[Path, Path]:
+    """tables.md and analysis.json (strict JSON: an undefined figure is null) in ``out_dir``,
+    each written whole, never through a link planted there."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     md, js = out_dir / "tables.md", out_dir / "analysis.json"
-    md.write_text(a.to_markdown())
-    js.write_text(json.dumps(a.to_dict(), indent=2) + "\n")
+    write_output(md, a.to_markdown(), inside=out_dir)
+    write_json(js, a.to_dict(), inside=out_dir)
     return md, js
 
 

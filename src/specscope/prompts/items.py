@@ -89,36 +89,55 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
 def jsonl_objects(path: str | Path, error: type[SpecscopeError],
                   what: str = "prompt file") -> Iterator[tuple[str, object]]:
     """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
-    ``path:line``; a missing file, bad bytes or bad JSON raise ``error`` naming the line."""
+    ``path:line``; a missing file, bad bytes, bad JSON or JSON nested too deeply raise ``error``
+    naming the line.
+
+    The file is read one line at a time (memory does not grow with its length). Lines end at
+    ``\\n`` only (a trailing ``\\r`` is JSON whitespace): U+2028, U+2029, U+0085 and the other
+    separators ``str.splitlines`` also splits on are legal, unescaped, inside JSON strings.
+    """
     path = Path(path)
     if not path.is_file():
-        raise error(f"{what} {path} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b"\n") + 1
-        raise error(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} "
-                    f"at offset {e.start}); save the file as UTF-8") from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            yield where, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise error(f"{where}: not valid JSON ({e.msg})") from None
+        raise error(f"{what} {path} does not exist" if not path.exists()
+                    else f"{what} {path} is not a file")
+    with path.open("rb") as lines:
+        offset = 0
+        for lineno, raw in enumerate(lines, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at offset "
+                            f"{offset + e.start}); save the file as UTF-8") from None
+            offset += len(raw)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{where}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise error(f"{where}: JSON nested too deeply") from None
+            except ValueError as e:  # e.g. an integer of more digits than Python converts
+                raise error(f"{where}: not usable JSON ({e})") from None
+            yield where, obj
 
 
-def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
-    """Read ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines."""
-    items, seen = [], set()
+def iter_jsonl(path: str | Path, domain: str | None = None) -> Iterator[PromptItem]:
+    """The items of ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines,
+    one line at a time (a duplicate id raises when its line is reached)."""
+    seen: set[str] = set()
     for where, obj in jsonl_objects(path, PromptSourceError):
-        item = _item_from_json(obj, where, domain, len(items), str(path))
+        item = _item_from_json(obj, where, domain, len(seen), str(path))
         if item.id in seen:
             raise PromptSourceError(f"{where}: duplicate id {item.id!r}")
         seen.add(item.id)
-        items.append(item)
-    return items
+        yield item
+
+
+def read_jsonl(path: str | Path, domain: str | None = None) -> list[PromptItem]:
+    """All the items of a JSONL prompt file (see :func:`iter_jsonl`)."""
+    return list(iter_jsonl(path, domain))
 
 
 # --- sampling -----------------------------------------------------------------------------------

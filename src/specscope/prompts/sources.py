@@ -253,7 +253,9 @@ def mtbench_questions() -> list[MTBenchQuestion]:
     if digest != MTBENCH_SHA256:
         raise PromptSourceError(f"MT-Bench question.jsonl has sha256 {digest}, "
                                 f"expected {MTBENCH_SHA256} (from {MTBENCH_REQUIREMENT})")
-    rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    # JSONL lines end at "\n" only: splitlines() also splits on U+2028 and other characters
+    # that JSON strings may hold unescaped
+    rows = [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
     return [MTBenchQuestion(r["question_id"], r["category"], tuple(r["turns"])) for r in rows]
 
 
