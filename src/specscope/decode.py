@@ -26,10 +26,10 @@ from .core.loop import (Accepted, DecodeConfig, DecodeError, DecodeResult, Sessi
                         Step, plain_generate)
 from .core.passes import greedy_token
 from .core.sampling import speculative_sample, warp
-from .trees import Speculation
+from .trees import DynamicTree, Speculation
 
 __all__ = ["DecodeConfig", "DecodeError", "DecodeResult", "Step", "SpeculativeDecoder",
-           "make_decoder", "plain_generate", "steps_frame"]
+           "check_spec_fits", "make_decoder", "plain_generate", "steps_frame"]
 
 
 @dataclass
@@ -86,10 +86,24 @@ class SpeculativeDecoder(Speculator):
                  config: DecodeConfig = DecodeConfig()) -> DecodeResult:
         if spec is None:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
+        check_spec_fits(spec, self.vocab)
         rule = ChildRule(self.vocab, config.temperature, config.top_p,
                          min_path_prob=config.min_path_prob)
         acceptor = GreedyAcceptor(rule) if config.greedy else SampledAcceptor(rule)
         return self.run(prompt, spec, config, acceptor)
+
+
+def check_spec_fits(spec: Speculation, vocab: int) -> None:
+    """Refuse a tree that asks for draft tokens of ranks the vocabulary does not have (``run``
+    makes the same check), or a dynamic tree that expands more children than there are tokens."""
+    from .run.study import check_tree_fits
+
+    if isinstance(spec, DynamicTree):
+        if spec.top_k > vocab:
+            raise DecodeError(f"dynamic tree top_k {spec.top_k} exceeds the vocabulary of {vocab} "
+                              f"tokens; give top_k from 1 to {vocab}")
+    elif spec is not None:
+        check_tree_fits(spec, vocab)
 
 
 def make_decoder(pair) -> SpeculativeDecoder:

@@ -14,17 +14,15 @@ that picks the domain of a request, written in each engine's own field names:
 - ``transformers``: ``generate`` keyword arguments of assisted generation.
 
 Engines that draft a chain (llama.cpp, transformers, vLLM's ``draft_model`` method) refuse a tree
-with branches rather than approximate it. Nothing here talks to an engine.
+with branches rather than approximate it. Nothing here talks to an engine or writes a file (the
+command writes the document with :func:`specscope.files.write_json`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import SpecscopeError
 from .tune.policy import PolicyFile
@@ -152,17 +150,3 @@ def export_policy(policy: PolicyFile, engine: str, options: ExportOptions = Expo
                 **exporter(policy.uniform, options, "the uniform tree (other domains)")}
     return {"format": EXPORT_FORMAT, "engine": engine, "policy": source, "domains": domains,
             "fallback": fallback, "routing": routing_rule()}
-
-
-def write_export(document: dict, path: Path) -> Path:
-    """Write atomically: a complete file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(document, indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

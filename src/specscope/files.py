@@ -209,6 +209,31 @@ def check_output(path: str | Path, inputs: tuple[str | Path, ...] = (),
     return path
 
 
+def check_output_file(path: str | Path, inputs: tuple[str | Path, ...] = (),
+                      option: str = "-o") -> Path:
+    """:func:`check_output` for an output that is one file: also refuse a directory, and a path
+    whose parent cannot be a directory (a path under a file), before any work is done."""
+    path = check_output(path, inputs, option)
+    if path.is_dir():
+        raise OutputError(f"{option} {path} is a directory; give a file name")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{option} {path}: {parent} is a file, not a directory")
+            break
+    return path
+
+
+def inside_of(path: str | Path, root: str | Path) -> Path | None:
+    """``root`` if ``path`` lies in it (an output written into a run directory, whose links
+    :func:`write_output` then refuses), else None (an output elsewhere that the user named)."""
+    try:
+        Path(path).absolute().relative_to(Path(root).absolute())
+    except ValueError:
+        return None
+    return Path(root)
+
+
 def local_path(value: str | Path | None, option: str) -> Path | None:
     """``value`` as a local Path, refusing a URI (``s3://``, ``file://``) with the option's name."""
     if value is None:

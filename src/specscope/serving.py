@@ -18,7 +18,6 @@ It does not measure node-level acceptance (``specscope run``) or talk to a serve
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from .analysis.stats import ClusterBootstrap
 from .prompts.items import PromptItem
 from .prompts.domains import select_prompts
 from .errors import SpecscopeError
+from .files import check_no_links, inside_of, write_json, write_output
 from .llamacpp import DEFAULT_KS, ChainAcceptance, GreedyDraft, PassCosts, generate
 from .tune.acceptance import ALL_DOMAINS
 from .tune.policy import Choice, PolicyFile
@@ -265,6 +265,10 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     from .records import load_run
     from .prompts.render import render_prompt
 
+    out = Path(out_dir)
+    inside = inside_of(out, run_dir)  # outputs in the run directory: its links are refused
+    if inside is not None:
+        check_no_links(out, inside)
     run = load_run(run_dir)
     acceptance = ChainAcceptance.from_nodes(run.nodes)
     ks = tuple(k for k in ks if 0 < k <= acceptance.max_k)
@@ -286,9 +290,7 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     costs = measure_pass_costs(target, draft_llama, prompts[0][1], max(ks), threads=threads)
     policy = tune_chains(acceptance, costs, ks, source={"run_dir": str(run_dir),
                                                         "run_id": run.manifest.get("run_id")})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    policy.save(out / "policy.json")
+    policy.save(out / "policy.json", inside)
     total = len(prompts) * (len(ks) + 2)
     done = 0
 
@@ -301,11 +303,11 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     rows = bench_requests(target, draft, prompts, policy, ks, max_new_tokens, eos_ids(target),
                           on_request=progress)
     requests = requests_frame(rows)
-    requests.to_parquet(out / "requests.parquet", index=False)
+    write_output(out / "requests.parquet", requests.to_parquet(None, index=False), inside)
     study = LlamaCppStudy(costs, policy,
                           speed_table(requests, policy, costs, acceptance, n_boot),
                           acceptance_table(requests, acceptance, n_boot),
                           break_even_table(costs, ks), out)
-    (out / "costs.json").write_text(json.dumps(costs.to_dict(), indent=2) + "\n")
-    (out / "summary.md").write_text(study.render())
+    write_json(out / "costs.json", costs.to_dict(), inside)
+    write_output(out / "summary.md", study.render(), inside)
     return study

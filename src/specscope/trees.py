@@ -12,6 +12,7 @@ The policies of this module give static shapes: the tokens change every step, th
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -24,6 +25,16 @@ Path = tuple[int, ...]
 
 class TreeConfigError(SpecscopeError, ValueError):
     """A tree policy or parameter out of range; the message says what is allowed."""
+
+
+def _rank(value) -> int:
+    """A sibling rank: an integer, never a boolean (``True`` is not rank 1) or a float."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TreeConfigError(f"sibling ranks must be integers >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,7 @@ class TreeShape:
     @classmethod
     def from_paths(cls, paths: list[Path] | tuple[Path, ...]) -> TreeShape:
         """Build a shape from path tuples; every prefix of a path must itself be a path."""
-        paths = [tuple(int(r) for r in p) for p in paths]
+        paths = [tuple(_rank(r) for r in p) for p in paths]
         if any(len(p) == 0 or min(p) < 0 for p in paths):
             raise TreeConfigError("paths must be non-empty tuples of sibling ranks >= 0")
         ordered = sorted(set(paths), key=lambda p: (len(p), p))

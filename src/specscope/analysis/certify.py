@@ -8,6 +8,7 @@ bounds from the node records); computes no certificate of its own.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingExtraError
+from ..files import write_output
 from ..records import ALL_DOMAINS, Run
 from ..theory import (
     CRITERIA,
@@ -199,9 +201,11 @@ def certify_run(run: Run) -> CertifyReport:
     return CertifyReport(criteria, trees, pd.DataFrame(rows), steps, source, config, tuple(notes))
 
 
-def plot_certificates(report: CertifyReport, out_dir: str | Path) -> list[Path]:
+def plot_certificates(report: CertifyReport, out_dir: str | Path,
+                      inside: Path | None = None) -> list[Path]:
     """Certificate vs target margin per criterion and tree m, with the margin-only bound and the
-    ceiling; writes certificates_vs_margin.png and .svg into out_dir (needs matplotlib)."""
+    ceiling; writes certificates_vs_margin.png and .svg into out_dir (needs matplotlib) through
+    :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -241,10 +245,11 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path) -> list[Path]:
     axes.flat[0].legend(fontsize=7, markerscale=2)
     fig.tight_layout()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "certificates_vs_margin.png", out_dir / "certificates_vs_margin.svg"]
     for path in paths:
-        fig.savefig(path, dpi=150)
+        image = io.BytesIO()
+        fig.savefig(image, format=path.suffix[1:], dpi=150)
+        write_output(path, image.getvalue(), inside)
     plt.close(fig)
     return paths
 

@@ -7,6 +7,7 @@ backend or pyplot state is touched. Without matplotlib, :func:`write_plots` retu
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from specscope.analysis.prepare import ALL
+from specscope.files import write_output
 from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile
 from specscope.analysis.stats import Estimate
 
@@ -176,17 +178,19 @@ PLOTS = {
 }
 
 
-def write_plots(a: Analysis, out_dir: str | Path) -> list[Plot]:
-    """Draw every plot into ``out_dir`` as PNG and SVG; [] when matplotlib is missing."""
+def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) -> list[Plot]:
+    """Draw every plot into ``out_dir`` as PNG and SVG; [] when matplotlib is missing. Files go
+    through :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     if plots_unavailable():
         return []
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
     for name, (title, draw) in PLOTS.items():
         fig = draw(a)
         png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-        fig.savefig(png)
-        fig.savefig(svg)
+        for path in (png, svg):
+            image = io.BytesIO()
+            fig.savefig(image, format=path.suffix[1:])
+            write_output(path, image.getvalue(), inside)
         plots.append(Plot(name, title, png, svg))
     return plots

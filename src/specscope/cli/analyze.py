@@ -64,12 +64,17 @@ def analyze(
     """
     from ..analysis.render import analysis_grids, findings_grid
     from ..analysis.report import write_outputs
+    from ..files import check_no_links, check_output, inside_of
 
     from ..records import check_writable_dir
 
     if show not in ("main", "all", "none"):
         fail(f"--show must be main, all or none, not {show!r}")
-    check_writable_dir(out or run_dir / "analysis")
+    out_dir = check_output(out or run_dir / "analysis")
+    inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
+    if inside is not None:
+        check_no_links(out_dir, inside)
+    check_writable_dir(out_dir)
     from ..ingest import is_ingested
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
@@ -80,7 +85,7 @@ def analyze(
         stepwise = analyze_ingested(manifest, requests, boot, seed, confidence)
         if show != "none":
             typer.echo(stepwise.to_markdown())
-        md, js = write_ingested_analysis(stepwise, out or run_dir / "analysis")
+        md, js = write_ingested_analysis(stepwise, out_dir)
         typer.echo(f"wrote {md}, {js}")
         return
     (a,) = _analyses([run_dir], boot, seed, confidence)
@@ -93,7 +98,7 @@ def analyze(
         _print_grids(grids)
     for warning in a.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
-    outputs = write_outputs(a, out or run_dir / "analysis", plots=plots)
+    outputs = write_outputs(a, out_dir, plots=plots, inside=inside)
     if plots and outputs.plot_message:
         typer.secho(outputs.plot_message, fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {outputs.markdown}, {outputs.latex}, {outputs.csv_dir}/, {outputs.json}, "
@@ -113,6 +118,7 @@ def report(
     """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
     from ..analysis.plots import plots_unavailable
     from ..analysis.report import write_report
+    from ..files import check_no_links, check_output, inside_of
 
     from ..records import check_writable_file
 
@@ -122,10 +128,14 @@ def report(
                else run_dirs[0] / "analysis" / "report.html" if len(expanded) == 1
                else Path("specscope-comparison.html"))
     check_writable_file(out, (".html", ".htm"))
+    check_output(out, tuple(run_dirs))
+    inside = inside_of(out, run_dirs[0])
+    if inside is not None:
+        check_no_links(out, inside)
     analyses = _analyses(expanded, boot, seed, confidence)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
-    typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots)}")
+    typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots, inside=inside)}")
 
 
 @command()
@@ -142,9 +152,11 @@ def compare(
     from ..analysis.report import compare as compare_runs
     from ..analysis.report import compare_with_paper, summary_grid, write_tables
 
+    from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
     if out is not None:
+        check_output(out)
         check_writable_dir(out)
     expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
     analyses = _analyses(expanded, boot, seed, confidence)
@@ -159,7 +171,8 @@ def compare(
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
     if out is not None:
-        md, tex, csv_dir = write_tables(grids, out, f"specscope comparison: {title}")
+        md, tex, csv_dir = write_tables(grids, out, f"specscope comparison: {title}",
+                                        inside_of(out, run_dir))
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
 
 
@@ -177,9 +190,11 @@ def certify(
     from rich.console import Console
     from rich.table import Table
 
+    from ..files import check_output, inside_of, write_output
     from ..records import check_writable_dir, load_run
 
     if out is not None:
+        check_output(out)
         check_writable_dir(out)
     from ..analysis.certify import certify_run, plot_certificates
 
@@ -212,13 +227,13 @@ def certify(
     for note in report.notes:
         console.print(f"note: {note}")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        inside = inside_of(out, run_dir)
         for name, df in (("certificates", report.criteria), ("tree_certificates", report.trees),
                          ("published_comparison", report.published)):
-            df.to_csv(out / f"{name}.csv", index=False)
+            write_output(out / f"{name}.csv", df.to_csv(index=False), inside)
         if plot:
             try:
-                for path in plot_certificates(report, out):
+                for path in plot_certificates(report, out, inside):
                     console.print(f"wrote {path}")
             except ImportError as e:
                 fail(f"{e} (or pass --no-plot)")

@@ -21,18 +21,22 @@ def export(
     draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path or hub id); vllm, sglang, trtllm and transformers need it."),
     method: str = typer.Option("draft_model", "--method", help="vLLM speculative method: draft_model (chains), eagle or eagle3 (trees too)."),
 ) -> None:
-    """Each domain's speculation setting in an engine's own format, and the routing rule."""
-    import json
+    """Each domain's speculation setting in an engine's own format, and the routing rule.
 
-    from ..export import ExportOptions, export_policy, write_export
+    -o is written whole or not at all; a FIFO or /dev/stdout is written in place, a link to a
+    regular file is replaced by the file (the link's target is left alone)."""
+    from ..export import ExportOptions, export_policy
+    from ..files import check_output_file, json_text, write_json
     from ..tune.policy import PolicyFile
 
+    if out is not None:
+        check_output_file(out, inputs=(policy,), option="--out")
     document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
                              source=str(policy))
     if out is None:
-        typer.echo(json.dumps(document, indent=2))
+        typer.echo(json_text(document), nl=False)
         return
-    write_export(document, out)
+    write_json(out, document)
     for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
         typer.echo(f"{domain}: {setting['tree']}")
     typer.echo(f"wrote {out}")

@@ -34,15 +34,43 @@ def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device
         fail(str(e))
 
 
+RECORD_SUFFIXES = (".parquet", ".csv", ".jsonl")
+
+
+def _check_records(path: Path, inputs: tuple) -> None:
+    """Refuse a --records path before any work: its suffix, a directory, an input, a run's file."""
+    from ..files import check_output_file
+
+    if path.suffix not in RECORD_SUFFIXES:
+        fail(f"--records must end in {', '.join(RECORD_SUFFIXES)}, not {path.name!r}")
+    check_output_file(path, inputs, option="--records")
+
+
 def _write_records(frame, path: Path) -> None:
+    """The per-step records as parquet, CSV or JSONL, written whole (missing directories made)."""
+    from ..files import write_output
+
     if path.suffix == ".parquet":
-        frame.to_parquet(path, index=False)
+        data = frame.to_parquet(None, index=False)
     elif path.suffix == ".csv":
-        frame.to_csv(path, index=False)
-    elif path.suffix == ".jsonl":
-        frame.to_json(path, orient="records", lines=True)
+        data = frame.to_csv(index=False)
     else:
-        fail(f"--records must end in .parquet, .csv or .jsonl, not {path.name!r}")
+        data = frame.to_json(orient="records", lines=True)
+    write_output(path, data)
+
+
+def _read_prompt_file(path: Path) -> str:
+    """The prompt in ``path`` as UTF-8 text, or one error naming the file."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        fail(f"--prompt-file {path} does not exist")
+    except IsADirectoryError:
+        fail(f"--prompt-file {path} is a directory; give a text file")
+    except OSError as e:
+        fail(f"cannot read --prompt-file {path}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        fail(f"--prompt-file {path} is not UTF-8 text (byte {e.start})")
 
 
 _D_DRAFT = typer.Option(None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default).")
@@ -66,10 +94,10 @@ def decode(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
     policy: str = typer.Option("chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."),
-    depth: Optional[int] = typer.Option(None, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
-    top_k: Optional[int] = typer.Option(None, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4)."),
-    branch: Optional[int] = typer.Option(None, help="paper: children per node."),
-    max_nodes: Optional[int] = typer.Option(None, help="Node budget (paper 8, dynamic 16, optimal 16)."),
+    depth: Optional[int] = typer.Option(None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
+    top_k: Optional[int] = typer.Option(None, min=1, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary."),
+    branch: Optional[int] = typer.Option(None, min=1, help="paper: children per node."),
+    max_nodes: Optional[int] = typer.Option(None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."),
     paths: Optional[str] = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
     acceptance: Optional[Path] = typer.Option(None, "--acceptance", help="optimal: run directory whose node records give the acceptance vector."),
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree."),
@@ -78,9 +106,9 @@ def decode(
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: int = typer.Option(0, help="Seed of the sampling."),
     min_path_prob: float = typer.Option(0.0, help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree)."),
-    max_new_tokens: int = typer.Option(64, help="Tokens to generate."),
+    max_new_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
     chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
-    max_prompt_tokens: int = typer.Option(512, help="Keep the last N prompt tokens."),
+    max_prompt_tokens: int = typer.Option(512, min=1, help="Keep the last N prompt tokens."),
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."),
     draft: Optional[str] = _D_DRAFT,
     target: Optional[str] = _D_TARGET,
@@ -100,7 +128,9 @@ def decode(
 
     if (prompt is None) == (prompt_file is None):
         fail("give a prompt, or --prompt-file (one of them)")
-    text = prompt if prompt is not None else prompt_file.read_text()
+    if records is not None:
+        _check_records(records, (prompt_file, policy_file))
+    text = prompt if prompt is not None else _read_prompt_file(prompt_file)
     config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           seed=seed, min_path_prob=min_path_prob)
     routed = None
@@ -141,14 +171,14 @@ def tune(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
     costs: Optional[Path] = typer.Option(None, "--costs", help="Use this cost model (JSON) instead of measuring one now."),
     save_costs: Optional[Path] = typer.Option(None, "--save-costs", help="Also write the measured cost model here."),
-    max_nodes: int = typer.Option(32, help="Largest tree considered."),
-    max_depth: int = typer.Option(8, help="Deepest tree considered (capped by the run's tree)."),
-    max_rank: Optional[int] = typer.Option(None, help="Highest sibling rank + 1 considered."),
-    min_count: int = typer.Option(20, help="Acceptance cells seen fewer times count as 0."),
-    min_speedup: float = typer.Option(1.0, help="Speculate only where the predicted speed-up exceeds this."),
+    max_nodes: int = typer.Option(32, min=1, help="Largest tree considered."),
+    max_depth: int = typer.Option(8, min=1, help="Deepest tree considered (capped by the run's tree)."),
+    max_rank: Optional[int] = typer.Option(None, min=1, help="Highest sibling rank + 1 considered."),
+    min_count: int = typer.Option(20, min=0, help="Acceptance cells seen fewer times count as 0."),
+    min_speedup: float = typer.Option(1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."),
     extrapolate: bool = typer.Option(False, "--extrapolate", help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth)."),
-    context_len: int = typer.Option(256, help="Context length of the cost measurement."),
-    repeats: int = typer.Option(3, help="Timings per point of the cost measurement (median)."),
+    context_len: int = typer.Option(256, min=1, help="Context length of the cost measurement."),
+    repeats: int = typer.Option(3, min=1, help="Timings per point of the cost measurement (median)."),
     draft: Optional[str] = _D_DRAFT,
     target: Optional[str] = _D_TARGET,
     dtype: Optional[str] = _D_DTYPE,
@@ -162,14 +192,18 @@ def tune(
     from rich.table import Table
 
     from ..decode import make_decoder
+    from ..files import check_output_file, inside_of
     from ..tune.costs import measure_costs
     from ..tune.costs import CostModel
     from ..tune.policy import TuneConfig, short_name, tune as tune_policy
     from ..records import load_run
 
-    run = load_run(run_dir)
     config = TuneConfig(max_nodes=max_nodes, max_depth=max_depth, max_rank=max_rank,
                         min_count=min_count, min_speedup=min_speedup, extrapolate=extrapolate)
+    policy_path = check_output_file(out or run_dir / "policy.json", (run_dir, costs), "--out")
+    if save_costs is not None:
+        check_output_file(save_costs, (run_dir, costs, policy_path), "--save-costs")
+    run = load_run(run_dir)
     model = CostModel.load(costs) if costs else None
     if model is None:
         base = run.manifest.get("config", {}).get("pair", {})
@@ -179,11 +213,11 @@ def tune(
         model = measure_costs(make_decoder(pair), context_len=context_len,
                               repeats=repeats)
         if save_costs:
-            model.save(save_costs)
+            model.save(save_costs, inside_of(save_costs, run_dir))
     ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
     source = {"run_dir": str(run_dir), "run_id": run.manifest.get("run_id"), "prompt_ids": list(ids)}
     policy = tune_policy(run.nodes, model, config, source)
-    path = policy.save(out or run_dir / "policy.json")
+    path = policy.save(policy_path, inside_of(policy_path, run_dir))
     table = Table(title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)")
     for col in ("domain", "tree", "nodes", "expected tau", "step ms", "predicted speed-up"):
         table.add_column(col, justify="left" if col in ("domain", "tree") else "right")
@@ -202,10 +236,10 @@ def bench(
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
     per_domain: int = typer.Option(2, min=1, help="Prompts per domain (held out from the tuning run)."),
-    max_new_tokens: int = typer.Option(48, help="Tokens to generate per prompt."),
-    warmup: int = typer.Option(1, help="Untimed rounds of every method on the first prompt."),
-    repeats: int = typer.Option(3, help="Timed runs per method and prompt (the median is kept)."),
-    chain_depth: int = typer.Option(4, help="Depth of the 'chain' method."),
+    max_new_tokens: int = typer.Option(48, min=1, help="Tokens to generate per prompt."),
+    warmup: int = typer.Option(1, min=0, help="Untimed rounds of every method on the first prompt."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per method and prompt (the median is kept)."),
+    chain_depth: int = typer.Option(4, min=1, help="Depth of the 'chain' method."),
     min_path_prob: float = typer.Option(0.0, help="specscope methods: stop growing a tree when no frontier path has this draft probability."),
     methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),
     router_name: str = typer.Option("rules", "--router", help="rules or learned (TF-IDF + logistic regression, trained on a held-out split)."),
@@ -221,7 +255,6 @@ def bench(
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree and routed decoding, per domain."""
     import dataclasses
-    import json
 
     import torch
     from rich.console import Console
@@ -229,8 +262,11 @@ def bench(
 
     from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
     from ..decode import make_decoder
+    from ..files import check_output_file, write_json
     from ..tune.policy import PolicyFile
 
+    if out is not None:
+        check_output_file(out, (policy_file,), "--out")
     console = Console(width=None if Console().is_terminal else 140)  # full tables in logs too
     config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
                          chain_depth=chain_depth, min_path_prob=min_path_prob,
@@ -239,7 +275,7 @@ def bench(
     names = [d.strip() for d in domains.split(",") if d.strip()]
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
-    chosen = bench_prompts(names, per_domain, seed, policy)
+    chosen = bench_prompts(names, per_domain, seed, policy, router_name)
     table = Table(title=f"router accuracy on {chosen.held_out} held-out prompts")
     for col in ["router"] + names + [ALL_DOMAINS]:
         table.add_column(col, justify="left" if col == "router" else "right")
@@ -266,12 +302,12 @@ def bench(
                       "yes" if r.exact else "[red]no[/]")
     console.print(table)
     if out is not None:
-        out.write_text(json.dumps({
+        write_json(out, {
             "config": dataclasses.asdict(config), "policy_file": str(policy_file or ""),
             "router": router_name, "dtype": str(pair.target.model.dtype), "int8": int8,
             "threads": torch.get_num_threads(),
             "router_accuracy": [{"router": r.router, "per_domain": r.per_domain,
                                  "accuracy": r.accuracy} for r in chosen.reports],
             "rows": [dataclasses.asdict(r) for r in rows],
-            "runs": [dataclasses.asdict(r) for r in runs]}, indent=1) + "\n")
+            "runs": [dataclasses.asdict(r) for r in runs]})
         typer.echo(f"wrote {out}")

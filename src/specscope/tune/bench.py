@@ -49,8 +49,12 @@ class BenchConfig:
             raise DecodeError(f"unknown bench method(s) {unknown}; choose from {', '.join(BENCH_METHODS)}")
         if "plain" not in self.methods:
             raise DecodeError("the bench needs the 'plain' method: it is the reference")
-        if self.repeats < 1 or self.warmup < 0 or self.max_new_tokens < 1 or self.chain_depth < 1:
-            raise DecodeError("repeats, max_new_tokens and chain_depth must be >= 1, warmup >= 0")
+        if (self.repeats < 1 or self.warmup < 0 or self.max_new_tokens < 1 or self.chain_depth < 1
+                or self.max_prompt_tokens < 1):
+            raise DecodeError("repeats, max_new_tokens, chain_depth and max_prompt_tokens must be "
+                              ">= 1, warmup >= 0")
+        if not 0 <= self.min_path_prob < 1:  # NaN fails too
+            raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
 
 
 @dataclass(frozen=True)
@@ -125,16 +129,22 @@ class BenchPrompts:
     held_out: int  # prompts in the held-out half
 
 
-def bench_prompts(domains: list[str], per_domain: int, seed: int, policy) -> BenchPrompts:
+def bench_prompts(domains: list[str], per_domain: int, seed: int, policy,
+                  router: str = "rules") -> BenchPrompts:
     """Every prompt of ``domains`` except the tuning run's (``policy``'s source), split in half:
-    one half trains the learned router; the other scores both routers and gives ``per_domain``
-    prompts per domain to time."""
+    one half trains the learned router; the other scores the routers and gives ``per_domain``
+    prompts per domain to time. The learned router is trained only where its training half has
+    two domains or more (a classifier needs two classes); asking for it with fewer is refused."""
     tuned = set((policy.info.get("source", {}) if policy else {}).get("prompt_ids", []))
     pool = [it for it in select_prompts(domains, None, seed=seed) if it.id not in tuned]
     train, test = holdout_split(pool, 0.5, seed)
-    routers = {"rules": RuleRouter(),
-               "learned": LearnedRouter().fit([prompt_text(i) for i in train],
-                                              [i.domain for i in train])}
+    routers: dict[str, object] = {"rules": RuleRouter()}
+    if len({i.domain for i in train}) >= 2:
+        routers["learned"] = LearnedRouter().fit([prompt_text(i) for i in train],
+                                                 [i.domain for i in train])
+    elif router == "learned":
+        raise DecodeError("--router learned needs prompts of two domains or more to train on; "
+                          f"got {', '.join(domains)} (use --router rules, or give more domains)")
     items = [it for d in domains
              for it in sample_items([i for i in test if i.domain == d], per_domain, seed)]
     return BenchPrompts(items, routers, [router_accuracy(r, test) for r in routers.values()],

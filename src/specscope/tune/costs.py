@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import platform
 import time
 from collections.abc import Sequence
@@ -17,6 +17,7 @@ import torch
 from ..core.loop import DecodeConfig, plain_generate
 from ..core.passes import crop, feed_causal, prefill
 from ..decode import SpeculativeDecoder
+from ..files import read_json_object, write_json
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 
@@ -50,6 +51,22 @@ class CostModel:
     context_len: int = 0
     hardware: str = ""
 
+    def __post_init__(self) -> None:
+        for name in ("draft_s", "target_s"):
+            table = getattr(self, name)
+            if not table:
+                raise PolicyError(f"cost model: {name} is empty; it needs (tokens, seconds) pairs")
+            for tokens, seconds in table:
+                _check_number(f"{name} tokens", tokens, integer=True, low=1)
+                _check_number(f"{name} seconds at {tokens} tokens", seconds, positive=True)
+            sizes = [tokens for tokens, _ in table]
+            if sizes != sorted(set(sizes)):
+                raise PolicyError(f"cost model: {name} must list increasing token counts, got {sizes}")
+        _check_number("plain_token_s", self.plain_token_s, positive=True)
+        _check_number("overhead_s", self.overhead_s, low=0)
+        _check_number("root_tokens", self.root_tokens, integer=True, low=1)
+        _check_number("context_len", self.context_len, integer=True, low=0)
+
     def draft_time(self, shape: TreeShape) -> float:
         calls = [self.root_tokens] + [
             sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
@@ -76,27 +93,49 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
-        try:
-            return cls(draft_s=tuple((int(k), float(s)) for k, s in data["draft_s"]),
-                       target_s=tuple((int(k), float(s)) for k, s in data["target_s"]),
-                       plain_token_s=float(data["plain_token_s"]),
-                       overhead_s=float(data.get("overhead_s", 0.0)),
-                       root_tokens=int(data.get("root_tokens", 2)),
-                       context_len=int(data.get("context_len", 0)),
-                       hardware=str(data.get("hardware", "")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise PolicyError(f"malformed cost model: {e}") from None
+        """A cost model from its JSON form; values are checked by type and range (numbers, not
+        strings or booleans; times finite and positive)."""
+        def table(name: str) -> tuple[tuple[int, float], ...]:
+            rows = data[name]
+            if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 2
+                                                     for r in rows):
+                raise PolicyError(f"cost model: {name} must be a list of [tokens, seconds] pairs")
+            return tuple((k, s) for k, s in rows)
 
-    def save(self, path: str | Path) -> Path:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return Path(path)
+        try:
+            return cls(draft_s=table("draft_s"), target_s=table("target_s"),
+                       plain_token_s=data["plain_token_s"],
+                       overhead_s=data.get("overhead_s", 0.0),
+                       root_tokens=data.get("root_tokens", 2),
+                       context_len=data.get("context_len", 0),
+                       hardware=str(data.get("hardware", "")))
+        except KeyError as e:
+            raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
+
+    def save(self, path: str | Path, inside: Path | None = None) -> Path:
+        """Write as strict JSON (see :func:`specscope.files.write_output` for ``inside``)."""
+        return write_json(path, self.to_dict(), inside)
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise PolicyError(f"cannot read cost model {path}: {e}") from None
+            return cls.from_dict(read_json_object(path, PolicyError, "cost model"))
+        except PolicyError as e:
+            message = str(e)
+            raise PolicyError(message if str(path) in message else f"{path}: {message}") from None
+
+
+def _check_number(name: str, value, *, integer: bool = False, low: float | None = None,
+                  positive: bool = False) -> None:
+    """Refuse a cost-model value that is not a number of the right kind and range."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        raise PolicyError(f"cost model: {name} must be a finite "
+                          f"{'integer' if integer else 'number'}, got {value!r}")
+    if positive and value <= 0:
+        raise PolicyError(f"cost model: {name} must be > 0 seconds, got {value!r}")
+    if low is not None and value < low:
+        raise PolicyError(f"cost model: {name} must be >= {low}, got {value!r}")
 
 
 

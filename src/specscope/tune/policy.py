@@ -5,13 +5,13 @@ predicted speed-up per domain (``tune``), and that choice as a validated JSON or
 
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from ..files import read_json_object, write_json
 from ..trees import TreeConfig, TreeConfigError, TreeShape
 
 
@@ -141,6 +141,12 @@ class TuneConfig:
     def __post_init__(self) -> None:
         if self.max_nodes < 1 or self.max_depth < 1:
             raise PolicyError("tune needs max_nodes >= 1 and max_depth >= 1")
+        if self.max_rank is not None and self.max_rank < 1:
+            raise PolicyError(f"tune needs max_rank >= 1 (or none), got {self.max_rank}")
+        if self.min_count < 0:
+            raise PolicyError(f"tune needs min_count >= 0, got {self.min_count}")
+        if not 0 <= self.min_speedup < float("inf"):  # NaN fails too
+            raise PolicyError(f"tune needs a finite min_speedup >= 0, got {self.min_speedup}")
 
 
 def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(),
@@ -186,22 +192,26 @@ class PolicyFile:
                 "domains": {d: entry(d, s) for d, s in self.trees.items()},
                 "uniform": entry(ALL_DOMAINS, self.uniform), **self.info}
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+    def save(self, path: str | Path, inside: Path | None = None) -> Path:
+        """Write as strict JSON (no NaN literals); ``inside``: the run directory the file lies in,
+        whose links are refused (see :func:`specscope.files.write_output`)."""
+        return write_json(path, self.to_dict(), inside)
 
     @classmethod
     def load(cls, path: str | Path) -> PolicyFile:
         path = Path(path)
+        if path.suffix != ".toml":
+            return cls.from_dict(read_json_object(path, PolicyError, "policy file"), where=str(path))
         try:
-            text = path.read_text()
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+            data = tomllib.loads(path.read_bytes().decode("utf-8"))
         except OSError as e:
-            raise PolicyError(f"cannot read policy file {path}: {e}") from None
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-            raise PolicyError(f"policy file {path} is not valid {path.suffix[1:] or 'JSON'}: {e}") from None
+            raise PolicyError(f"cannot read policy file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise PolicyError(f"policy file {path} is not UTF-8 text (byte {e.start})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise PolicyError(f"policy file {path} is not valid TOML: {e}") from None
+        except RecursionError:
+            raise PolicyError(f"policy file {path} is nested too deeply to be a policy") from None
         return cls.from_dict(data, where=str(path))
 
     @classmethod
@@ -227,8 +237,7 @@ def _parse_tree(entry, where: str) -> TreeShape | None:
     try:
         if isinstance(tree, str):
             return None if tree.strip().lower() == "none" else TreeShape.parse(tree)
-        if isinstance(tree, list) and all(isinstance(p, list) and all(isinstance(r, int) for r in p)
-                                          for p in tree):
+        if isinstance(tree, list) and all(isinstance(p, list) for p in tree):
             return TreeShape.from_paths([tuple(p) for p in tree])
     except TreeConfigError as e:
         raise PolicyError(f"{where}: malformed tree: {e}") from None
