@@ -130,3 +130,16 @@ def test_failures_of_the_machine_are_one_line():
                               "(free space, or write elsewhere)")
     assert "not UTF-8" in describe(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
     assert describe(RecursionError()) == "input is nested too deeply to be read"
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_into_not_replaced(tmp_path):
+    # before: -o /dev/stdout went through a temporary in /dev and replaced the link (as root)
+    import subprocess
+    import sys
+
+    captured = tmp_path / "captured.json"
+    code = "from specscope.files import write_output; write_output('/dev/stdout', '{}\\n')"
+    with open(captured, "wb") as sink:
+        subprocess.run([sys.executable, "-c", code], stdout=sink, check=True)
+    assert captured.read_text() == "{}\n"
+    assert os.path.islink("/dev/stdout")

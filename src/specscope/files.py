@@ -11,8 +11,8 @@ Every file specscope writes on a local disk goes through :func:`write_output`:
 - **No writes through planted links.** With ``inside=ROOT`` (a run or sweep directory that may have
   come from someone else) every directory from ROOT down to the file must be a real directory, not
   a link; a link there is refused, naming it.
-- **A named output that is not a regular file** (``-o /dev/stdout``, a FIFO, a device) is written
-  in place, as the user asked, never replaced by a regular file.
+- **A named output that is a stream** (``-o /dev/stdout``, anything under /dev or /proc, a FIFO)
+  is written in place, as the user asked, never replaced by a regular file.
 - **Modes follow the umask**, and a file that is replaced keeps its mode.
 
 :func:`check_output` refuses, before any work, an output path that is also an input of the command
@@ -79,18 +79,26 @@ def make_dirs(path: Path, inside: Path | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
+def _is_stream(path: Path) -> bool:
+    """Whether a user-named output is a stream to write into rather than a file to replace."""
+    if path.absolute().parts[1:2] in (("dev",), ("proc",)):
+        return True
+    return path.exists() and not stat.S_ISREG(path.stat().st_mode)
+
+
 def write_output(path: str | Path, data: bytes | str, inside: Path | None = None) -> Path:
     """Write ``data`` to ``path`` whole or not at all (see the module docstring).
 
     ``inside``: the run or sweep directory the file belongs to; links below it are refused.
-    Without ``inside`` (an output the user named), an existing path that is not a regular file
-    (a FIFO, a device, a link to one such as /dev/stdout) is written in place.
+    Without ``inside`` (an output the user named), a path under /dev or /proc (``/dev/stdout``,
+    even when the shell redirected it to a file) or an existing path that is not a regular file
+    (a FIFO, a device) is written in place, as a stream.
     """
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
     if inside is not None:
         check_no_links(path, inside)
-    elif path.exists() and not stat.S_ISREG(path.stat().st_mode):
+    elif _is_stream(path):
         if path.is_dir():
             raise OutputError(f"{path} is a directory; give a file name")
         with open(path, "wb") as sink:  # the user named a stream: write into it
