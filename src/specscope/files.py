@@ -17,7 +17,7 @@ Every file specscope writes on a local disk goes through :func:`write_output`:
 
 :func:`check_output` refuses, before any work, an output path that is also an input of the command
 or one of the files specscope owns inside a run directory, and :func:`local_path` refuses a URI
-where an option takes only local paths.
+where an option takes only local paths (:func:`local_location` also takes a ``file://`` URI).
 
 This module knows nothing of models, records or analysis; RunDir's pyarrow writes (which also
 reach object stores) use the same unique temporaries (``records.rundir.write_file``).
@@ -31,6 +31,7 @@ import os
 import stat
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
 from .errors import SpecscopeError
 
@@ -121,13 +122,21 @@ def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = 
     path = Path(path)
     label = f"{what} {path}".strip()
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise error(f"{label} does not exist") from None
     except IsADirectoryError:
         raise error(f"{label} is a directory, not a JSON file") from None
     except OSError as e:
         raise error(f"cannot read {label}: {e.strerror or e}") from None
+    return parse_json_object(raw, error, label)
+
+
+def parse_json_object(raw: bytes, error: type[SpecscopeError], label: str) -> dict:
+    """The JSON object in ``raw`` (a file's bytes, read from any filesystem), or ``error``
+    naming ``label`` and what was wrong (not UTF-8, not JSON, nested too deep, not an object)."""
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{label} is not UTF-8 text (byte {e.start})") from None
     try:
@@ -209,3 +218,24 @@ def local_path(value: str | Path | None, option: str) -> Path | None:
     if "://" in text:
         raise OutputError(f"{option} {text}: this option takes a local path, not a URI")
     return Path(text)
+
+
+
+def local_location(value: str | Path | None, option: str) -> Path | None:
+    """``value`` as a local Path: a path, or a ``file://`` URI read as RunDir reads it
+    (``file:///data/run`` is ``/data/run``); any other URI (``s3://``, ``hdfs://``) is refused
+    with the option's name, never taken for a local directory named ``s3:``."""
+    if value is None:
+        return None
+    text = str(value)
+    scheme, found, rest = text.partition("://")
+    if not found:
+        return Path(text)
+    if scheme.lower() == "file":
+        host, _, path = rest.partition("/")
+        if host in ("", "localhost"):
+            return Path("/" + unquote(path))
+        raise OutputError(f"{option} {text}: a file:// URI names a path on this machine "
+                          f"(file:///PATH), not on host {host!r}")
+    raise OutputError(f"{option} {text}: this command reads and writes local directories; "
+                      "give a local path or a file:// URI (copy the data here first)")
