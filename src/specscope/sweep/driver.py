@@ -26,15 +26,21 @@ A sweep file (TOML) names a base run config and the axes of a grid::
     prompts_per_shard = 8
 
 Every grid point is an ordinary run directory, ``SWEEP_DIR/runs/<label>`` (label = the axis names
-joined by dots), and ``SWEEP_DIR/sweep.json`` is the sweep manifest. Work is cut into shards (one
-grid point x a block of its prompts). A shard loads its pair once, measures its prompts and commits
-each one to the run directory as it finishes, so a finished prompt is never measured again, a
-finished shard is never redone, and a shard retried after its worker died overwrites the prompt it
-had in flight instead of duplicating it. Executors: ``local`` runs the shards one after another in
-this process; ``ray`` submits each shard as a Ray task that declares the GPUs (a cuda pair) or CPUs
-it needs, so Ray packs shards onto a cluster. When every shard of a run is done, the run is
-consolidated and its manifest marked complete. The sweep directory may be a URI that pyarrow's
-filesystems accept (``s3://bucket/sweeps/x``), so workers on other machines can write to it.
+joined by dots; a label that cannot be a file name gets a readable prefix and a digest, see
+``GridPoint.dir_name``), and ``SWEEP_DIR/sweep.json`` is the sweep manifest, whose run
+directories are confined to ``runs/`` when read. ``--overwrite`` removes only the runs of the
+grid points the old sweep manifest lists whose own manifest names that sweep and point, and no
+symbolic link in the sweep directory is followed, for writing or removing.
+
+Work is cut into shards (one grid point x a block of its prompts). A shard loads its pair once,
+measures its prompts and commits each one to the run directory as it finishes, so a finished prompt
+is never measured again, a finished shard is never redone, and a shard retried after its worker died
+overwrites the prompt it had in flight instead of duplicating it. Executors: ``local`` runs the
+shards one after another in this process; ``ray`` submits each shard as a Ray task that declares the
+GPUs (a cuda pair) or CPUs it needs, so Ray packs shards onto a cluster. When every shard of a run
+is done, the run is consolidated and its manifest marked complete. The sweep directory may be a URI
+that pyarrow's filesystems accept (``s3://bucket/sweeps/x``), so workers on other machines can write
+to it.
 """
 
 from __future__ import annotations
@@ -135,11 +141,16 @@ def _names_point(manifest: dict | None, sweep_id: str | None, label: str) -> boo
 
 
 def _read_manifest(writer: RunDir) -> dict | None:
-    """A run's manifest, with an unreadable one refused as a SweepError naming its file."""
+    """A run's manifest (None where there is none), one that is not a readable JSON object
+    refused as a SweepError naming its file."""
     try:
-        return writer.read_manifest()
+        manifest = writer.read_manifest()
     except (RunDirError, UnicodeDecodeError, RecursionError) as e:
         raise SweepError(f"{writer.root}/manifest.json cannot be read: {e}") from None
+    if manifest is not None and not isinstance(manifest, dict):
+        raise SweepError(f"{writer.root}/manifest.json must hold a JSON object, got a "
+                         f"{type(manifest).__name__}")
+    return manifest
 
 
 def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
@@ -152,11 +163,11 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
     """
     states = []
     old_id = (replaced or {}).get("sweep_id")
+    _refuse_links(fs, root, "shards")
     for point in spec.points():
         for source in (point.config.pair.draft, point.config.pair.target):
             resolve_source(source)  # a mistyped model path fails here, before anything is removed
         _refuse_links(fs, root, "runs", point.dir_name)
-        _refuse_links(fs, root, "shards")
         run_path = _join(root, "runs", point.dir_name)
         writer = RunDir(run_path, fs)
         manifest = _read_manifest(writer)
@@ -184,7 +195,8 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
             if todo:
                 shards.append(Shard(
                     f"{point.label}/{block}", point.label, _location(fs, run_path),
-                    _location(fs, _join(root, "shards", f"{point.dir_name}.{block:04d}.json")),
+                    _location(fs, _join(root, "shards",
+                                        f"{point.dir_name}.{block:04d}.json")),
                     point.config, todo, threads))
         states.append(PointState(point, run_path, writer, items, empty, manifest, done, shards,
                                  complete))
@@ -266,8 +278,8 @@ def remove_sweep(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
         if fs.get_file_info(path).type != pafs.FileType.Directory:
             continue
         try:
-            point_manifest = RunDir(path, fs).read_manifest()
-        except (RunDirError, UnicodeDecodeError, RecursionError):
+            point_manifest = _read_manifest(RunDir(path, fs))
+        except SweepError:
             point_manifest = None
         if _names_point(point_manifest, sweep_id, label):
             remove_run(path, fs)

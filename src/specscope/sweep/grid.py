@@ -1,6 +1,8 @@
 """The sweep file: a base run config and the axes of a grid, expanded into labelled grid points.
 
-Reads and validates TOML; runs nothing.
+Reads and validates TOML; runs nothing. The grid's size (the product of its axes' lengths) is
+computed before anything is expanded and a grid of more than ``max_points`` points is refused;
+the grid is then expanded once (``SweepSpec.points``).
 """
 
 from __future__ import annotations
