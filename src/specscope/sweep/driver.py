@@ -400,7 +400,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
         from rich.console import Console
 
         for warning in remove_sweep(fs, root, existing):
-            Console(stderr=True).print(f"[yellow]warning: {warning}", markup=True, highlight=False)
+            Console(stderr=True).print(f"warning: {warning}", style="yellow", markup=False,
+                                       highlight=False)
         existing = None
     created = (existing or {}).get("created", now_utc())
     shards = [shard for s in states for shard in s.shards]
