@@ -17,7 +17,7 @@ Every file specscope writes on a local disk goes through :func:`write_output`:
 
 :func:`check_output` refuses, before any work, an output path that is also an input of the command
 or one of the files specscope owns inside a run directory, and :func:`local_path` refuses a URI
-where an option takes only local paths.
+where an option takes only local paths (:func:`local_location` also takes a ``file://`` URI).
 
 This module knows nothing of models, records or analysis; RunDir's pyarrow writes (which also
 reach object stores) use the same unique temporaries (``records.rundir.write_file``).
@@ -31,6 +31,7 @@ import os
 import stat
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
 from .errors import SpecscopeError
 
@@ -250,3 +251,24 @@ def local_path(value: str | Path | None, option: str) -> Path | None:
     if "://" in text:
         raise OutputError(f"{option} {text}: this option takes a local path, not a URI")
     return Path(text)
+
+
+
+def local_location(value: str | Path | None, option: str) -> Path | None:
+    """``value`` as a local Path: a path, or a ``file://`` URI read as RunDir reads it
+    (``file:///data/run`` is ``/data/run``); any other URI (``s3://``, ``hdfs://``) is refused
+    with the option's name, never taken for a local directory named ``s3:``."""
+    if value is None:
+        return None
+    text = str(value)
+    scheme, found, rest = text.partition("://")
+    if not found:
+        return Path(text)
+    if scheme.lower() == "file":
+        host, _, path = rest.partition("/")
+        if host in ("", "localhost"):
+            return Path("/" + unquote(path))
+        raise OutputError(f"{option} {text}: a file:// URI names a path on this machine "
+                          f"(file:///PATH), not on host {host!r}")
+    raise OutputError(f"{option} {text}: this command reads and writes local directories; "
+                      "give a local path or a file:// URI (copy the data here first)")

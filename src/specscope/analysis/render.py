@@ -53,20 +53,33 @@ def cell_text(cell: Cell, col: Column, interval: bool = True) -> str:
 
 # --- output formats --------------------------------------------------------------------------------
 
+_MARKDOWN_SPECIAL = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "|": "\\|",
+                     "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
+                     "\r": " ", "\n": " "}
+
+
+def markdown_escape(text: str) -> str:
+    """``text`` shown as itself in Markdown: HTML tags and entities, emphasis, links, code spans
+    and table pipes escaped, newlines folded (ids and domain names come from user files)."""
+    return "".join(_MARKDOWN_SPECIAL.get(ch, ch) for ch in text)
+
+
 def to_markdown(grid: Grid) -> str:
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|").replace("\n", " ")
-    lines = [f"### {grid.title}", ""]
-    lines.append("| " + " | ".join(esc(c.name) for c in grid.columns) + " |")
+    def esc(v: Cell, c: Column) -> str:  # figures as they are; text escaped
+        text = cell_text(v, c)
+        if isinstance(v, (Estimate, int, float)):
+            return text.replace("|", "\\|")
+        return markdown_escape(text)
+    lines = [f"### {markdown_escape(grid.title)}", ""]
+    lines.append("| " + " | ".join(markdown_escape(c.name) for c in grid.columns) + " |")
     numeric = [any(isinstance(r[i], (Estimate, int, float)) for r in grid.rows)
                for i in range(len(grid.columns))]
     lines.append("|" + "|".join("---:" if numeric[i] and i else "---"
                                 for i in range(len(grid.columns))) + "|")
     for row in grid.rows:
-        lines.append("| " + " | ".join(esc(cell_text(v, c)) for v, c in zip(row, grid.columns))
-                     + " |")
+        lines.append("| " + " | ".join(esc(v, c) for v, c in zip(row, grid.columns)) + " |")
     if grid.note:
-        lines += ["", esc(grid.note)]
+        lines += ["", markdown_escape(grid.note)]
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,8 @@
-"""`specscope analyze`, `report`, `compare` and `certify`: reading run directories."""
+"""`specscope analyze`, `report`, `compare` and `certify`: reading run directories.
+
+Every path argument and option is a local path or a ``file://`` URI (``files.local_location``);
+another URI (``s3://``) is refused in one line, never taken for a local directory named ``s3:``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..files import local_location
 from .app import command, fail
 
 
@@ -50,8 +55,8 @@ def _print_grids(grids) -> None:
 
 @command()
 def analyze(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
+    run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -68,6 +73,7 @@ def analyze(
 
     from ..records import check_writable_dir
 
+    run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
     if show not in ("main", "all", "none"):
         fail(f"--show must be main, all or none, not {show!r}")
     out_dir = check_output(out or run_dir / "analysis")
@@ -107,8 +113,8 @@ def analyze(
 
 @command()
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
+    run_dirs: list[str] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs. Paths or file:// URIs."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -122,6 +128,8 @@ def report(
 
     from ..records import check_writable_file
 
+    run_dirs = [local_location(path, "RUN_DIRS") for path in run_dirs]
+    out = local_location(out, "--out")
     expanded, has_sweep = _expand_sweeps(run_dirs)
     if out is None:
         out = (run_dirs[0] / "report.html" if has_sweep and len(run_dirs) == 1
@@ -140,9 +148,9 @@ def report(
 
 @command()
 def compare(
-    run_dir: Path = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point)."),
-    other: Optional[Path] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
+    run_dir: str = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point); a path or a file:// URI."),
+    other: Optional[str] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -155,6 +163,8 @@ def compare(
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
+    run_dir, other = local_location(run_dir, "RUN_DIR"), local_location(other, "OTHER")
+    out = local_location(out, "--out")
     if out is not None:
         check_output(out)
         check_writable_dir(out)
@@ -182,8 +192,8 @@ def compare(
 
 @command()
 def certify(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `specscope run`."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
+    run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin (needs matplotlib, the plot extra)."),
 ) -> None:
     """Certificates of acceptance: distributions, certified steps, soundness, tree coverage (docs/theory.md)."""
@@ -193,6 +203,7 @@ def certify(
     from ..files import check_output, inside_of, write_output
     from ..records import check_writable_dir, load_run
 
+    run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
     if out is not None:
         check_output(out)
         check_writable_dir(out)

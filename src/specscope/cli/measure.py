@@ -15,7 +15,7 @@ from .app import command
 
 @command()
 def run(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Run directory to write (or resume)."),
+    out: str = typer.Option("runs/demo", "--out", "-o", help="Run directory to write (or resume): a local path or a file:// URI."),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
     draft: Optional[str] = typer.Option(None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."),
     target: Optional[str] = typer.Option(None, help="Target model: hub id, local dir, .gguf file, or demo:target."),
@@ -45,10 +45,12 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
+    from ..files import local_location
     from ..run.config import RunConfigError, load_config
     from ..run.study import default_batch_size, run_study
     from ..trees import check_policy_options
 
+    out = local_location(out, "--out")
     prompt_file = str(prompts) if prompts else None
     domain_list = tuple(d.strip() for d in domains.split(",") if d.strip()) if domains else None
     overrides = tuple(tuple(s.split("=", 1)) for s in source or ())
@@ -93,8 +95,8 @@ def run(
 
 @command()
 def sweep(
-    sweep_file: Path = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x (default: sweeps/NAME)."),
+    sweep_file: str = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME)."),
     executor: str = typer.Option("local", "--executor", "-e", help="local (one process) or ray (shards as Ray tasks; needs the ray extra)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine)."),
     prompts_per_shard: Optional[int] = typer.Option(None, help="Prompts per shard (a worker loads its pair once per shard)."),
@@ -102,6 +104,7 @@ def sweep(
     cpus_per_shard: Optional[float] = typer.Option(None, help="CPUs a shard reserves on Ray."),
     gpus_per_shard: Optional[float] = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
+    max_points: Optional[int] = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the sweep directory holds and start over."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -111,18 +114,20 @@ def sweep(
     Each grid point is a run directory under OUT/runs/; re-running the same command resumes.
     `specscope compare OUT` and `specscope report OUT` cover the whole sweep.
     """
+    from ..files import local_location
     from ..sweep import load_sweep, run_sweep
 
-    spec = load_sweep(sweep_file)
+    spec = load_sweep(local_location(sweep_file, "SWEEP_FILE"), max_points=max_points)
     execution = spec.execution.replace(
         prompts_per_shard=prompts_per_shard, max_retries=max_retries,
         cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads)
     out = out or str(Path("sweeps") / spec.name)
     if dry_run:
-        for point in spec.points():
+        points = spec.points()
+        for point in points:
             typer.echo(f"{point.label}  run {point.config.run_id}  "
                        + "  ".join(f"{axis}={name}" for axis, name in point.axes))
-        typer.echo(f"{len(spec.points())} grid point(s); sweep {spec.sweep_id} -> {out}")
+        typer.echo(f"{len(points)} grid point(s); sweep {spec.sweep_id} -> {out}")
         return
     summary = run_sweep(spec, out, executor=executor, address=address, execution=execution,
                         overwrite=overwrite, progress=not quiet)
@@ -136,7 +141,11 @@ def sweep(
                f"({summary.shards_skipped} done before), {summary.prompts_measured} prompt(s), "
                f"{summary.nodes} nodes in {summary.seconds:.1f} s ({rate:.1f} nodes/s) "
                f"with the {summary.executor} executor")
-    typer.echo(f"compare the grid points: specscope compare {out}")
+    if "://" in out and not out.lower().startswith("file://"):
+        typer.echo("compare the grid points: copy the sweep to a local directory DIR, then "
+                   "specscope compare DIR")
+    else:
+        typer.echo(f"compare the grid points: specscope compare {out}")
 
 
 

@@ -26,21 +26,28 @@ A sweep file (TOML) names a base run config and the axes of a grid::
     prompts_per_shard = 8
 
 Every grid point is an ordinary run directory, ``SWEEP_DIR/runs/<label>`` (label = the axis names
-joined by dots), and ``SWEEP_DIR/sweep.json`` is the sweep manifest. Work is cut into shards (one
-grid point x a block of its prompts). A shard loads its pair once, measures its prompts and commits
-each one to the run directory as it finishes, so a finished prompt is never measured again, a
-finished shard is never redone, and a shard retried after its worker died overwrites the prompt it
-had in flight instead of duplicating it. Executors: ``local`` runs the shards one after another in
-this process; ``ray`` submits each shard as a Ray task that declares the GPUs (a cuda pair) or CPUs
-it needs, so Ray packs shards onto a cluster. When every shard of a run is done, the run is
-consolidated and its manifest marked complete. The sweep directory may be a URI that pyarrow's
-filesystems accept (``s3://bucket/sweeps/x``), so workers on other machines can write to it.
+joined by dots; a label that cannot be a file name gets a readable prefix and a digest, see
+``GridPoint.dir_name``), and ``SWEEP_DIR/sweep.json`` is the sweep manifest, whose run
+directories are confined to ``runs/`` when read. ``--overwrite`` removes only the runs of the
+grid points the old sweep manifest lists whose own manifest names that sweep and point, and no
+symbolic link in the sweep directory is followed, for writing or removing.
+
+Work is cut into shards (one grid point x a block of its prompts). A shard loads its pair once,
+measures its prompts and commits each one to the run directory as it finishes, so a finished prompt
+is never measured again, a finished shard is never redone, and a shard retried after its worker died
+overwrites the prompt it had in flight instead of duplicating it. Executors: ``local`` runs the
+shards one after another in this process; ``ray`` submits each shard as a Ray task that declares the
+GPUs (a cuda pair) or CPUs it needs, so Ray packs shards onto a cluster. When every shard of a run
+is done, the run is consolidated and its manifest marked complete. The sweep directory may be a URI
+that pyarrow's filesystems accept (``s3://bucket/sweeps/x``), so workers on other machines can write
+to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +55,10 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from .. import __version__
+from ..files import parse_json_object, read_json_object
 from ..prompts.items import PromptItem
 from ..models import resolve_source
-from ..records import RunDir, json_bytes, open_location, read_json, remove_run, write_file
+from ..records import RunDir, RunDirError, json_bytes, open_location, remove_run, write_file
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
 
 
@@ -109,19 +117,66 @@ def _location(fs: pafs.FileSystem, path: str) -> str:
     return f"{scheme}://{path}"
 
 
+def _is_link(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether ``path`` is a symbolic link on a local disk (object stores have none)."""
+    return isinstance(fs, pafs.LocalFileSystem) and os.path.islink(path)
+
+
+def _refuse_links(fs: pafs.FileSystem, root: str, *parts: str) -> None:
+    """Refuse a symbolic link at ``root/parts[0]``, ``root/parts[0]/parts[1]``, ...: a link
+    planted in a sweep directory could point anywhere, and specscope writes and removes only
+    what lies in the sweep directory itself."""
+    for depth in range(1, len(parts) + 1):
+        path = _join(root, *parts[:depth])
+        if _is_link(fs, path):
+            raise SweepError(f"{path} is a symbolic link; specscope neither writes nor removes "
+                             "through links in a sweep directory (remove the link)")
+
+
+def _names_point(manifest: dict | None, sweep_id: str | None, label: str) -> bool:
+    """Whether a run manifest says it is grid point ``label`` of sweep ``sweep_id``."""
+    sweep = manifest.get("sweep") if isinstance(manifest, dict) else None
+    return (isinstance(sweep, dict) and sweep_id is not None
+            and sweep.get("sweep_id") == sweep_id and sweep.get("label") == label)
+
+
+def _read_manifest(writer: RunDir) -> dict | None:
+    """A run's manifest (None where there is none), one that is not a readable JSON object
+    refused as a SweepError naming its file."""
+    try:
+        manifest = writer.read_manifest()
+    except (RunDirError, UnicodeDecodeError, RecursionError) as e:
+        raise SweepError(f"{writer.root}/manifest.json cannot be read: {e}") from None
+    if manifest is not None and not isinstance(manifest, dict):
+        raise SweepError(f"{writer.root}/manifest.json must hold a JSON object, got a "
+                         f"{type(manifest).__name__}")
+    return manifest
+
+
 def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
-                threads: int | None, fresh: bool = False) -> list[PointState]:
+                threads: int | None, fresh: bool = False,
+                replaced: dict | None = None) -> list[PointState]:
     """Check every grid point's run directory and cut what is left into shards (no writes).
 
-    ``fresh``: plan as if the directory were empty (it is about to be overwritten).
+    ``fresh``: plan as if the directory were empty (it is about to be overwritten); ``replaced``:
+    the manifest of the sweep being overwritten, whose own runs alone may be in the way.
     """
     states = []
+    old_id = (replaced or {}).get("sweep_id")
+    _refuse_links(fs, root, "shards")
     for point in spec.points():
         for source in (point.config.pair.draft, point.config.pair.target):
             resolve_source(source)  # a mistyped model path fails here, before anything is removed
-        run_path = _join(root, "runs", point.label)
+        _refuse_links(fs, root, "runs", point.dir_name)
+        run_path = _join(root, "runs", point.dir_name)
         writer = RunDir(run_path, fs)
-        manifest = None if fresh else writer.read_manifest()
+        manifest = _read_manifest(writer)
+        if fresh:
+            if manifest is not None and not _names_point(manifest, old_id, point.label):
+                raise SweepError(f"{run_path} holds a run that is not grid point {point.label} "
+                                 "of the sweep being overwritten; --overwrite removes only the "
+                                 "sweep's own runs: move it away first")
+            manifest = None
         if manifest is not None and manifest.get("run_id") != point.config.run_id:
             diff = config_differences(manifest, point.config)
             raise SweepError(f"{run_path} holds a run with another config (differs in: "
@@ -140,7 +195,8 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
             if todo:
                 shards.append(Shard(
                     f"{point.label}/{block}", point.label, _location(fs, run_path),
-                    _location(fs, _join(root, "shards", f"{point.label}.{block:04d}.json")),
+                    _location(fs, _join(root, "shards",
+                                        f"{point.dir_name}.{block:04d}.json")),
                     point.config, todo, threads))
         states.append(PointState(point, run_path, writer, items, empty, manifest, done, shards,
                                  complete))
@@ -154,7 +210,7 @@ def _blocks(state: PointState, size: int) -> int:
 def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, executor: str,
                     execution: Execution, status: str) -> dict:
     points = [{"label": s.point.label, "run_id": s.point.config.run_id,
-               "run_dir": f"runs/{s.point.label}", "axes": dict(s.point.axes),
+               "run_dir": f"runs/{s.point.dir_name}", "axes": dict(s.point.axes),
                "prompts": len(s.items), "status": "complete" if s.complete else "running"}
               for s in states]
     return {
@@ -182,7 +238,7 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.File:
         raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
-    existing = read_json(fs, _join(root, SWEEP_MANIFEST))
+    existing = read_sweep_manifest(fs, root)
     if existing is None:
         if info.type == pafs.FileType.Directory and fs.get_file_info(
                 pafs.FileSelector(root, allow_not_found=True)):
@@ -192,9 +248,10 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
         return None
     if existing.get("kind") != "specscope-sweep":
         raise SweepError(f"{root}/{SWEEP_MANIFEST} is not a specscope sweep manifest")
+    sweep_points(existing, _join(root, SWEEP_MANIFEST))  # every run_dir confined to the sweep
     if overwrite:
         return existing
-    old = {p["label"]: p["run_id"] for p in existing.get("points", [])}
+    old = {p["label"]: p.get("run_id") for p in existing["points"]}
     changed = [p.label for p in spec.points() if p.label in old and old[p.label] != p.config.run_id]
     if changed:
         raise SweepError(f"{root} holds a sweep whose grid points {', '.join(changed)} had another "
@@ -202,19 +259,44 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
     return existing
 
 
-def remove_sweep(fs: pafs.FileSystem, root: str) -> None:
-    """Remove what specscope wrote in a sweep directory: its manifest, shard records and every
-    grid point's run (see :func:`remove_run`), leaving any other file."""
-    for info in fs.get_file_info(pafs.FileSelector(_join(root, "runs"), allow_not_found=True)):
-        if info.type == pafs.FileType.Directory:
-            remove_run(info.path, fs)
-    for sub in ("runs", "shards"):
-        path = _join(root, sub)
-        if fs.get_file_info(path).type == pafs.FileType.Directory and (
-                sub == "shards" or not fs.get_file_info(pafs.FileSelector(path))):
-            fs.delete_dir(path)
+def remove_sweep(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
+    """Remove what specscope wrote in the sweep directory ``root`` whose sweep manifest is
+    ``manifest``: its shard records, the manifest, and the run (see :func:`remove_run`) of each
+    grid point the manifest lists whose own manifest names this sweep and that point. Any other
+    file or directory stays, and no symbolic link is followed: a link is left where it is.
+    Returns one warning per grid point directory that was left, naming it and why."""
+    left = []
+    sweep_id = manifest.get("sweep_id")
+    runs = _join(root, "runs")
+    if _is_link(fs, runs):
+        left.append(f"left {runs}: a symbolic link (never followed)")
+    for label, run_dir in ([] if left else sweep_points(manifest, _join(root, SWEEP_MANIFEST))):
+        path = _join(root, run_dir)
+        if _is_link(fs, path):
+            left.append(f"left {path}: a symbolic link (never followed)")
+            continue
+        if fs.get_file_info(path).type != pafs.FileType.Directory:
+            continue
+        try:
+            point_manifest = _read_manifest(RunDir(path, fs))
+        except SweepError:
+            point_manifest = None
+        if _names_point(point_manifest, sweep_id, label):
+            remove_run(path, fs)
+        else:
+            left.append(f"left {path}: its manifest does not name grid point {label} of sweep "
+                        f"{sweep_id}")
+    shards = _join(root, "shards")
+    if _is_link(fs, shards):
+        left.append(f"left {shards}: a symbolic link (never followed)")
+    elif fs.get_file_info(shards).type == pafs.FileType.Directory:
+        fs.delete_dir(shards)
+    if (not _is_link(fs, runs) and fs.get_file_info(runs).type == pafs.FileType.Directory
+            and not fs.get_file_info(pafs.FileSelector(runs))):
+        fs.delete_dir(runs)
     if fs.get_file_info(_join(root, SWEEP_MANIFEST)).type == pafs.FileType.File:
         fs.delete_file(_join(root, SWEEP_MANIFEST))
+    return left
 
 
 class SweepBoard:
@@ -312,9 +394,14 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
     backend = make_executor(executor, execution, address)
     fs, root = open_location(out_dir)
     existing = _check_sweep_dir(fs, root, spec, overwrite)
-    states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite)
+    states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite,
+                         replaced=existing if overwrite else None)
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
-        remove_sweep(fs, root)
+        from rich.console import Console
+
+        for warning in remove_sweep(fs, root, existing):
+            Console(stderr=True).print(f"warning: {warning}", style="yellow", markup=False,
+                                       highlight=False)
         existing = None
     created = (existing or {}).get("created", now_utc())
     shards = [shard for s in states for shard in s.shards]
@@ -353,18 +440,56 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
 # --- reading a sweep -----------------------------------------------------------------------------
 
 
+def read_sweep_manifest(fs: pafs.FileSystem, root: str) -> dict | None:
+    """The sweep manifest (``sweep.json``) of ``root``, or None where there is none; one that is
+    not a readable JSON object is refused, naming the file."""
+    path = _join(root, SWEEP_MANIFEST)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        return parse_json_object(f.read(), SweepError, f"sweep manifest {path}")
+
+
+def sweep_points(manifest: dict, where: str) -> list[tuple[str, str]]:
+    """The (label, run_dir) of every grid point a sweep manifest lists, each run_dir a relative
+    path ``runs/NAME`` inside the sweep; anything else (absolute, ``..``, a URI, a deeper path) is
+    refused in one line naming ``where``: a crafted manifest must not point outside the sweep."""
+    points = manifest.get("points")
+    if not isinstance(points, list):
+        raise SweepError(f"{where}: 'points' must be a list of grid points")
+    out = []
+    for i, point in enumerate(points):
+        label = point.get("label") if isinstance(point, dict) else None
+        run_dir = point.get("run_dir") if isinstance(point, dict) else None
+        if not isinstance(label, str) or not isinstance(run_dir, str):
+            raise SweepError(f"{where}: points[{i}] needs a string label and run_dir")
+        parts = run_dir.split("/")
+        if len(parts) != 2 or parts[0] != "runs" or parts[1] in ("", ".", "..") or "\\" in run_dir:
+            raise SweepError(f"{where}: points[{i}].run_dir {run_dir!r} is not a directory "
+                             "runs/NAME inside the sweep; specscope reads no run outside it")
+        out.append((label, run_dir))
+    return out
+
+
 def is_sweep_dir(path: str | Path) -> bool:
     return (Path(path) / SWEEP_MANIFEST).is_file()
 
 
 def sweep_run_dirs(sweep_dir: str | Path) -> list[Path]:
-    """The run directories of a (local) sweep's grid points that hold records, in grid order."""
+    """The run directories of a (local) sweep's grid points that hold records, in grid order;
+    each confined to the sweep directory (see :func:`sweep_points`; a link there that leads
+    outside the sweep is refused)."""
     sweep_dir = Path(sweep_dir)
-    try:
-        manifest = json.loads((sweep_dir / SWEEP_MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SweepError(f"{sweep_dir}: cannot read {SWEEP_MANIFEST}: {e}") from e
-    dirs = [sweep_dir / p["run_dir"] for p in manifest.get("points", [])]
+    where = str(sweep_dir / SWEEP_MANIFEST)
+    manifest = read_json_object(where, SweepError, "sweep manifest")
+    inside = sweep_dir.resolve()
+    dirs = []
+    for _, run_dir in sweep_points(manifest, where):
+        path = sweep_dir / run_dir
+        if not path.resolve().is_relative_to(inside):
+            raise SweepError(f"{where}: {path} is a link to {path.resolve()}, outside the sweep; "
+                             "specscope reads no run outside it")
+        dirs.append(path)
     dirs = [d for d in dirs if (d / "manifest.json").is_file()]
     if not dirs:
         raise SweepError(f"{sweep_dir}: the sweep has no run directories yet; run "

@@ -192,6 +192,33 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[-1] if text else ''}"
 
 
+RAY_PROBE_S = 5.0  # seconds a Ray head has to accept a connection before the sweep is refused
+RAY_GCS_PORT = 6379  # Ray's default head (GCS) port, for an address given without one
+
+
+def probe_ray_head(address: str, timeout: float = RAY_PROBE_S) -> None:
+    """Refuse a Ray head that does not accept a TCP connection within ``timeout`` seconds.
+
+    ``address``: ``HOST:PORT`` (or ``ray://HOST:PORT``, or ``HOST`` for the default port).
+    ``auto`` and a local Ray (None) are left to Ray. Without this, ``ray.init`` retries an
+    unreachable head for minutes with no error.
+    """
+    text = address.partition("://")[2] if "://" in address else address
+    host, colon, port = text.rpartition(":") if ":" in text else (text, "", "")
+    host = host.strip("[]") if colon else text
+    try:
+        port_number = int(port) if colon else RAY_GCS_PORT
+    except ValueError:
+        raise SweepError(f"--address {address}: expected auto or HOST:PORT") from None
+    try:
+        socket.create_connection((host, port_number), timeout=timeout).close()
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise SweepError(f"cannot reach the Ray head at {address} ({reason} within "
+                         f"{timeout:g} s); start it with `ray start --head` or check the "
+                         "address") from None
+
+
 def import_ray():
     """The ray module, or a SweepError naming the extra that installs it."""
     try:
@@ -214,6 +241,8 @@ class RayExecutor:
         self.execution = execution
         self.address = address
         self.ray = import_ray()
+        if address not in (None, "auto", "local"):
+            probe_ray_head(address)  # before anything is written
 
     def threads(self) -> int | None:
         return self.execution.threads or max(1, int(self.execution.cpus_per_shard))

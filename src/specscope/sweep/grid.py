@@ -1,6 +1,8 @@
 """The sweep file: a base run config and the axes of a grid, expanded into labelled grid points.
 
-Reads and validates TOML; runs nothing.
+Reads and validates TOML; runs nothing. The grid's size (the product of its axes' lengths) is
+computed before anything is expanded and a grid of more than ``max_points`` points is refused;
+the grid is then expanded once (``SweepSpec.points``).
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,8 @@ from ..errors import SpecscopeError
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
+MAX_GRID_POINTS = 10_000  # a larger grid is refused before it is expanded ([execution] max_points)
+DIR_NAME_MAX = 200  # bytes of a run directory's name; a longer label gets a hashed name
 RAY_EXTRA_HINT = "pip install 'specscope[ray]'"
 AXES = {"pairs": "pair", "trees": "tree", "domains": "domain", "decode": "decode"}  # file key: axis
 
@@ -57,6 +63,7 @@ class Execution:
     cpus_per_shard: float = 1.0  # Ray num_cpus of a shard
     gpus_per_shard: float | None = None  # Ray num_gpus of a cuda shard; None: one per cuda device
     threads: int | None = None  # torch threads per shard; None: cpus_per_shard on Ray, default locally
+    max_points: int = MAX_GRID_POINTS  # the largest grid this sweep may expand
 
     def __post_init__(self) -> None:
         if self.prompts_per_shard < 1:
@@ -69,6 +76,8 @@ class Execution:
             raise SweepError(f"gpus_per_shard must be > 0, got {self.gpus_per_shard}")
         if self.threads is not None and self.threads < 1:
             raise SweepError(f"threads must be >= 1, got {self.threads}")
+        if self.max_points < 1:
+            raise SweepError(f"max_points must be >= 1, got {self.max_points}")
 
     def replace(self, **overrides) -> Execution:
         """A copy with the given fields set (None values are ignored)."""
@@ -82,6 +91,16 @@ class GridPoint:
     label: str
     axes: tuple[tuple[str, str], ...]  # (axis, variant name), axis one of pair, tree, domain, decode
     config: RunConfig
+
+    @property
+    def dir_name(self) -> str:
+        """The name of the point's run directory under ``runs/``: the label itself, or, where the
+        label cannot be a directory name (longer than DIR_NAME_MAX bytes, or only dots), a
+        readable prefix of it and a digest."""
+        if len(self.label.encode()) <= DIR_NAME_MAX and self.label.strip("."):
+            return self.label
+        digest = hashlib.sha256(self.label.encode()).hexdigest()[:16]
+        return f"{self.label[:64].strip('.') or 'point'}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,11 @@ class SweepSpec:
 
     def points(self) -> list[GridPoint]:
         """The grid: every combination of one variant per given axis, in file order."""
+        return list(self._points)
+
+    @cached_property
+    def _points(self) -> tuple[GridPoint, ...]:
+        """The grid, expanded once."""
         axes = [(axis, getattr(self, axis)) for axis in AXES if getattr(self, axis)]
         points, seen = [], {}
         base = self.base.to_dict()
@@ -118,9 +142,9 @@ class SweepSpec:
             seen[label] = config
             points.append(GridPoint(label, tuple((AXES[key], v.name) for (key, _), v in
                                                  zip(axes, combo)), config))
-        return points
+        return tuple(points)
 
-    @property
+    @cached_property
     def sweep_id(self) -> str:
         text = json.dumps([(p.label, p.config.run_id) for p in self.points()])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -195,6 +219,31 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
+def _variant_count(axis: str, entries: Any) -> int:
+    """How many variants an axis of the sweep file expands into, counted without expanding it
+    (an entry that is not a table counts once; :func:`_axis` and :func:`_decode` refuse it)."""
+    if axis == "decode":
+        if not isinstance(entries, dict):
+            return 1
+        return math.prod(len(v) if isinstance(v, list) else 1 for v in entries.values())
+    if not isinstance(entries, list):
+        return 1
+    return sum(math.prod(len(v) for k, v in entry.items()
+                         if isinstance(v, list) and k not in ("name", "domains", "sources"))
+               if isinstance(entry, dict) else 1 for entry in entries)
+
+
+def check_grid_size(data: dict, limit: int) -> int:
+    """The number of grid points the sweep file describes (the product of its axes' lengths),
+    refused above ``limit`` before anything is expanded."""
+    size = math.prod(_variant_count(axis, data[axis]) for axis in AXES if axis in data)
+    if size > limit:
+        raise SweepError(f"the grid has {size:,} points, more than the limit of {limit:,}; "
+                         "shrink an axis, or raise the limit with [execution] max_points or "
+                         "--max-points")
+    return size
+
+
 def _decode(table: Any) -> tuple[Variant, ...]:
     """The decode axis: the product of every setting's values (a scalar is one value)."""
     if not isinstance(table, dict):
@@ -219,8 +268,12 @@ def _decode(table: Any) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
-def parse_sweep(data: dict, name: str = "sweep") -> SweepSpec:
-    """A sweep spec from the parsed contents of a sweep file."""
+def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None) -> SweepSpec:
+    """A sweep spec from the parsed contents of a sweep file.
+
+    ``max_points`` (default: ``[execution] max_points``, else MAX_GRID_POINTS): a grid of more
+    points is refused before it is expanded.
+    """
     allowed = {"name", "base", "defaults", "execution", *AXES}
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -235,18 +288,20 @@ def parse_sweep(data: dict, name: str = "sweep") -> SweepSpec:
     if unknown:
         raise SweepError(f"[execution]: unknown keys {unknown}; allowed: "
                          f"{', '.join(f.name for f in dataclasses.fields(Execution))}")
+    execution = Execution(**execution).replace(max_points=max_points)
+    check_grid_size(data, execution.max_points)
     spec = SweepSpec(
         name=str(data.get("name", name)), base=base,
         pairs=_axis("pairs", data["pairs"]) if "pairs" in data else (),
         trees=_axis("trees", data["trees"]) if "trees" in data else (),
         domains=_axis("domains", data["domains"]) if "domains" in data else (),
         decode=_decode(data["decode"]) if "decode" in data else (),
-        execution=Execution(**execution), source=data)
+        execution=execution, source=data)
     spec.points()  # every grid point must be a valid run config
     return spec
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
+def load_sweep(path: str | Path, max_points: int | None = None) -> SweepSpec:
     """Read and check a sweep file (TOML); the error names what is wrong."""
     path = Path(path)
     if not path.is_file():
@@ -256,7 +311,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{path}: invalid TOML: {e}") from None
     try:
-        return parse_sweep(data, name=path.stem)
+        return parse_sweep(data, name=path.stem, max_points=max_points)
     except SweepError as e:
         raise SweepError(f"{path}: {e}") from None
 
