@@ -131,14 +131,19 @@ PART_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY
 PART_NAME_MAX = 64
 
 
+def safe_name(text: str) -> str:
+    """``text`` where it is a short safe file name, else a readable prefix of it and a sha256 of
+    the whole (any text gives a valid name, and different texts different names)."""
+    if len(text) <= PART_NAME_MAX and set(text) <= PART_NAME_CHARS:
+        return text
+    prefix = "".join(c if c in PART_NAME_CHARS else "_" for c in text[:32])
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{prefix}-{digest}"
+
+
 def part_name(order: int, prompt_id: str) -> str:
-    """The file name of a prompt's part: its order, then the id where it is a short safe name,
-    else a readable prefix of it and a sha256 of the whole id (any id gives a valid name)."""
-    if len(prompt_id) <= PART_NAME_MAX and set(prompt_id) <= PART_NAME_CHARS:
-        return f"{order:06d}-{prompt_id}.parquet"
-    prefix = "".join(c if c in PART_NAME_CHARS else "_" for c in prompt_id[:32])
-    digest = hashlib.sha256(prompt_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{order:06d}-{prefix}-{digest}.parquet"
+    """The file name of a prompt's part: its order, then the id as a :func:`safe_name`."""
+    return f"{order:06d}-{safe_name(prompt_id)}.parquet"
 
 
 class RunDir:
@@ -364,8 +369,7 @@ def run_lock(location: str | Path, filesystem: pafs.FileSystem | None = None,
     try:
         locks = [(root_path / LOCK_FILE, shard is not None, f"run directory {root}")]
         if shard is not None:
-            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in shard)
-            locks.append((root_path / f".specscope.shard-{name}.lock", False,
+            locks.append((root_path / f".specscope.shard-{safe_name(shard)}.lock", False,
                           f"shard {shard} of run directory {root}"))
         for path, shared, what in locks:
             held.append((_take_lock(path, shared, what), path, shared))
