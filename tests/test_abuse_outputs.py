@@ -392,3 +392,25 @@ def test_decode_records_into_a_missing_directory_are_written(tiny_dirs, tmp_path
     assert result.exit_code == 0, result.output
     assert records.read_text().count("\n") >= 1
     _one_line_error(_cli("decode", "hi", "--records", tmp_path / "steps.txt", *NO_PAIR), ".parquet")
+
+
+@pytest.mark.parametrize("args", [
+    ["decode", "--prompt-file", "s3://bucket/p.jsonl"],
+    ["export", "policy.json", "--to", "vllm", "-o", "s3://bucket/x.json"],
+    ["ingest", "s3://bucket/log.jsonl", "--format", "vllm", "--prompts", "p.jsonl", "--out", "x"],
+    ["llamacpp", "hdfs://head/run"],
+])
+def test_a_uri_given_for_a_local_path_is_one_line(tmp_path, monkeypatch, args):
+    # before: click folded s3://bucket/p into the local relative path s3:/bucket/p and
+    # read or wrote there (or named the mangled path as missing)
+    monkeypatch.chdir(tmp_path)
+    result = _cli(*args)
+    assert result.exit_code == 2, result.output
+    assert "not a URI" in result.output and "://" in result.output, result.output
+    assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--threads", "--per-domain", "--max-new-tokens"])
+def test_llamacpp_counts_must_be_positive(tmp_path, option):
+    result = _cli("llamacpp", tmp_path, option, "0")
+    assert result.exit_code == 2 and "Invalid value" in result.output, result.output

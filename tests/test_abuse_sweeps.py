@@ -254,11 +254,11 @@ def expansions(monkeypatch):
     calls = {"n": 0}
     real = RunConfig.from_dict.__func__
 
-    def counted(cls, data):
+    def counted(cls, data, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] > 1000:
             raise AssertionError("the grid is being expanded")
-        return real(cls, data)
+        return real(cls, data, *args, **kwargs)
 
     monkeypatch.setattr(RunConfig, "from_dict", classmethod(counted))
     return calls
@@ -343,3 +343,29 @@ def test_a_damaged_sweep_json_is_one_line(tiny_dirs, tmp_path, content, message)
                  ["sweep", str(toml), "--out", str(sweep), "-q"]):
         _one_line_error(cli.invoke(app, args), "sweep.json", message)
     assert (sweep / "sweep.json").read_bytes() == content
+
+
+def test_a_second_sweep_on_a_live_sweep_directory_is_refused(tiny_dirs, tmp_path):
+    # before: two sweeps on one OUT wrote the same grid points' manifests and parts at once
+    from specscope.records import run_lock
+
+    spec = parse_sweep(_sweep_data(tiny_dirs, tmp_path))
+    out = tmp_path / "sweep"
+    with run_lock(out):  # a live first sweep holds the directory (deterministic: no timing)
+        with pytest.raises(Exception, match="being written by another specscope process") as e:
+            run_sweep(spec, out, progress=False)
+        assert "Traceback" not in str(e.value)
+        assert not (out / "sweep.json").exists()
+    summary = run_sweep(spec, out, progress=False)  # the owner is gone: the sweep runs
+    assert summary.prompts_measured == 1
+
+
+def test_a_sweep_file_asking_for_remote_code_gets_none(tiny_dirs, tmp_path, capsys):
+    # before: a sweep file's [pair] trust_remote_code = true reached every shard's model loading
+    data = _sweep_data(tiny_dirs, tmp_path)
+    data["defaults"]["pair"]["trust_remote_code"] = True
+    spec = parse_sweep(data)
+    assert all(not p.config.pair.trust_remote_code for p in spec.points())
+    assert "--trust-remote-code" in capsys.readouterr().err
+    allowed = parse_sweep(data, trust_remote_code=True)
+    assert all(p.config.pair.trust_remote_code for p in allowed.points())

@@ -271,9 +271,10 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
         check_no_links(out, inside)
     run = load_run(run_dir)
     acceptance = ChainAcceptance.from_nodes(run.nodes)
-    ks = tuple(k for k in ks if 0 < k <= acceptance.max_k)
-    if not ks:
-        raise SpecscopeError(f"--k must lie in 1..{acceptance.max_k}, the depth of {run_dir}'s tree")
+    outside = [k for k in ks if not 0 < k <= acceptance.max_k]
+    if outside or not ks:
+        raise SpecscopeError(f"--k {outside[0] if outside else '(none)'}: every K must lie in "
+                             f"1..{acceptance.max_k}, the depth of {run_dir}'s tree")
     target_path = Path(target_gguf) if target_gguf else demo_gguf("target")
     draft_path = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
     items = held_out_prompts(run.manifest, per_domain)

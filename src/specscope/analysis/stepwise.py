@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..files import make_dirs, write_json, write_output
+from .render import markdown_escape
 from .resampling import stratum_totals
 from .stats import Estimate, interval_estimates, ratio
 
@@ -62,7 +63,7 @@ class StepwiseAnalysis:
                  "|---|---:|---:|---|---|---|"]
         for d in self.domains:
             acc = d.draft_acceptance.format(3) if d.draft_acceptance else "not logged"
-            lines.append(f"| {d.domain} | {d.prompts} | {d.steps} | {d.tokens_per_step.format(3)} "
+            lines.append(f"| {markdown_escape(d.domain)} | {d.prompts} | {d.steps} | {d.tokens_per_step.format(3)} "
                          f"| {d.accepted_per_step.format(3)} | {acc} |")
         lines += ["", f"Finding: {self.finding.claim}: **{self.finding.verdict}** "
                       f"({self.finding.detail})", "",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
+from pathlib import Path
 
 import typer
 
@@ -58,12 +60,29 @@ def describe(error: BaseException) -> str:
 EXPECTED = (SpecscopeError, OSError, UnicodeDecodeError, RecursionError)
 
 
+# What a URI becomes once click has made it a Path: "s3://b/x" -> "s3:/b/x".
+_URI_AS_PATH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def refuse_uris(options: dict) -> None:
+    """Fail on a URI given to an option that takes a local path (a ``Path`` parameter): click
+    folds ``s3://b/x`` into the local relative path ``s3:/b/x``, which must not be written to or
+    read from. Options that take URIs are ``str`` parameters and are not checked here."""
+    for name, value in options.items():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, Path) and _URI_AS_PATH.match(str(item)):
+                uri = _URI_AS_PATH.sub(lambda m: m.group(0) + "/", str(item), count=1)
+                fail(f"--{name.replace('_', '-')} {uri}: takes a local path, not a URI "
+                     "(copy the file here first)")
+
+
 def command(*args, **kwargs):
-    """``app.command`` whose function turns any expected failure (:data:`EXPECTED`) into
-    :func:`fail`."""
+    """``app.command`` whose function refuses URIs given for local paths (:func:`refuse_uris`)
+    and turns any expected failure (:data:`EXPECTED`) into :func:`fail`."""
     def register(function):
         @functools.wraps(function)
         def guarded(*a, **k):
+            refuse_uris(k)
             try:
                 return function(*a, **k)
             except EXPECTED as e:

@@ -105,6 +105,7 @@ def sweep(
     gpus_per_shard: Optional[float] = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
     max_points: Optional[int] = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub for every pair (never taken from the sweep file)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the sweep directory holds and start over."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -117,7 +118,8 @@ def sweep(
     from ..files import local_location
     from ..sweep import load_sweep, run_sweep
 
-    spec = load_sweep(local_location(sweep_file, "SWEEP_FILE"), max_points=max_points)
+    spec = load_sweep(local_location(sweep_file, "SWEEP_FILE"), max_points=max_points,
+                      trust_remote_code=trust_remote_code)
     execution = spec.execution.replace(
         prompts_per_shard=prompts_per_shard, max_retries=max_retries,
         cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads)

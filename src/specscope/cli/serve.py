@@ -75,11 +75,11 @@ def llamacpp(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the policy, costs, requests and tables (default: RUN_DIR/llamacpp)."),
     target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target)."),
     draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft)."),
-    per_domain: int = typer.Option(5, "--per-domain", "-n", help="Held-out prompts per domain (from the run's sources, none of the run's prompts)."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens generated per request."),
+    per_domain: int = typer.Option(5, "--per-domain", "-n", min=1, help="Held-out prompts per domain (from the run's sources, none of the run's prompts)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Tokens generated per request."),
     ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to time and tune over (repeat the option)."),
-    threads: int = typer.Option(2, "--threads", help="llama.cpp threads."),
-    n_boot: int = typer.Option(1000, "--n-boot", help="Prompt resamples for the intervals."),
+    threads: int = typer.Option(2, "--threads", min=1, help="llama.cpp threads."),
+    n_boot: int = typer.Option(1000, "--n-boot", min=0, help="Prompt resamples for the intervals."),
 ) -> None:
     """llama.cpp end to end: tune K per domain from RUN_DIR and llama.cpp's measured pass costs,
     then time plain, every fixed K and routed decoding side by side on held-out prompts."""

@@ -58,7 +58,8 @@ from .. import __version__
 from ..files import parse_json_object, read_json_object
 from ..prompts.items import PromptItem
 from ..models import resolve_source
-from ..records import RunDir, RunDirError, json_bytes, open_location, remove_run, write_file
+from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, remove_run,
+                       run_lock, write_file)
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
 
 
@@ -240,8 +241,9 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
         raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
     existing = read_sweep_manifest(fs, root)
     if existing is None:
-        if info.type == pafs.FileType.Directory and fs.get_file_info(
-                pafs.FileSelector(root, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and any(
+                not is_lock_file(i.base_name)
+                for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))):
             raise SweepError(f"{root} exists and is not a specscope sweep (no {SWEEP_MANIFEST}); "
                              "choose an empty or new directory (--overwrite only replaces a "
                              "specscope sweep)")
@@ -387,8 +389,18 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
 
     ``out_dir`` is a local directory or a URI (``s3://bucket/sweeps/x``). Raises SweepError when
     a shard failed (after Ray's retries); the finished shards stay committed and the same call
-    resumes the rest.
+    resumes the rest. On a local disk the sweep holds its directory's lock (:func:`run_lock`) for
+    its life: a second sweep on the same directory is refused, naming the live one.
     """
+    fs, root = open_location(out_dir)
+    if fs.get_file_info(root).type == pafs.FileType.File:
+        raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
+    with run_lock(out_dir):
+        return _run_sweep(spec, out_dir, executor, address, execution, overwrite, progress)
+
+
+def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str | None,
+               execution: Execution | None, overwrite: bool, progress: bool) -> SweepSummary:
     t_start = time.perf_counter()
     execution = execution or spec.execution
     backend = make_executor(executor, execution, address)

@@ -115,6 +115,7 @@ class SweepSpec:
     decode: tuple[Variant, ...] = ()
     execution: Execution = field(default_factory=Execution)
     source: dict = field(default_factory=dict, compare=False)  # the file's contents
+    trust_remote_code: bool = False  # the command line's choice, never the file's
 
     def points(self) -> list[GridPoint]:
         """The grid: every combination of one variant per given axis, in file order."""
@@ -133,7 +134,7 @@ class SweepSpec:
                 for key, value in variant.settings:
                     _set(data, key, value)
             try:
-                config = RunConfig.from_dict(data)
+                config = RunConfig.from_dict(data, self.trust_remote_code, "the sweep file")
             except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
                 raise SweepError(f"grid point {label}: {e}") from None
             if label in seen:
@@ -268,8 +269,12 @@ def _decode(table: Any) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
-def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None) -> SweepSpec:
+def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None,
+                trust_remote_code: bool = False) -> SweepSpec:
     """A sweep spec from the parsed contents of a sweep file.
+
+    ``trust_remote_code`` is the command line's choice: a sweep file asking for remote code gets
+    a warning and is ignored (:func:`specscope.run.config.remote_code_from_command_line`).
 
     ``max_points`` (default: ``[execution] max_points``, else MAX_GRID_POINTS): a grid of more
     points is refused before it is expanded.
@@ -280,7 +285,8 @@ def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None) 
         raise SweepError(f"unknown sweep keys {unknown}; allowed: {sorted(allowed)}")
     try:
         base = load_config(data.get("base"))
-        base = RunConfig.from_dict(_merge(base.to_dict(), data.get("defaults", {}), "defaults"))
+        base = RunConfig.from_dict(_merge(base.to_dict(), data.get("defaults", {}), "defaults"),
+                                   trust_remote_code, "the sweep file")
     except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
         raise SweepError(f"base config: {e}") from None
     execution = data.get("execution", {})
@@ -296,22 +302,26 @@ def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None) 
         trees=_axis("trees", data["trees"]) if "trees" in data else (),
         domains=_axis("domains", data["domains"]) if "domains" in data else (),
         decode=_decode(data["decode"]) if "decode" in data else (),
-        execution=execution, source=data)
+        execution=execution, source=data, trust_remote_code=trust_remote_code)
     spec.points()  # every grid point must be a valid run config
     return spec
 
 
-def load_sweep(path: str | Path, max_points: int | None = None) -> SweepSpec:
+def load_sweep(path: str | Path, max_points: int | None = None,
+               trust_remote_code: bool = False) -> SweepSpec:
     """Read and check a sweep file (TOML); the error names what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"sweep file {path} does not exist")
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"{path}: invalid TOML: {e}") from None
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{path} is not UTF-8 text (byte {e.start})") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise SweepError(f"{path}: invalid TOML: {e or 'nested too deeply'}") from None
     try:
-        return parse_sweep(data, name=path.stem, max_points=max_points)
+        return parse_sweep(data, name=path.stem, max_points=max_points,
+                           trust_remote_code=trust_remote_code)
     except SweepError as e:
         raise SweepError(f"{path}: {e}") from None
 
