@@ -329,7 +329,7 @@ def test_a_300_character_label_gets_a_hashed_directory_name(tiny_dirs, tmp_path)
 
 @pytest.mark.parametrize("content, message", [
     (b"[]", "must hold a JSON object, got a list"),
-    (b'{"kind": "specscope-sweep", "points": "\xff\xfe"}', "is not UTF-8 text"),
+    (b'{"kind": "specscope-sweep", "points": "\xff\xfe"}', "not UTF-8 text"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_a_damaged_sweep_json_is_one_line(tiny_dirs, tmp_path, content, message):

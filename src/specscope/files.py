@@ -140,19 +140,27 @@ def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = 
     return parse_json_object(raw, error, label)
 
 
-def parse_json_object(raw: bytes, error: type[SpecscopeError], label: str) -> dict:
-    """The JSON object in ``raw`` (the bytes of the file ``label`` names), or ``error`` naming it
-    and what was wrong: not UTF-8, not JSON, nested too deep, or not an object."""
+def parse_json(raw: bytes, error: type[SpecscopeError], label: str) -> object:
+    """The JSON value in ``raw`` (the bytes of the file or line ``label`` names), or ``error``
+    naming it and what was wrong: not UTF-8, not JSON, nested too deep, or numbers Python cannot
+    convert (an integer of thousands of digits)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise error(f"{label} is not UTF-8 text (byte {e.start})") from None
+        raise error(f"{label}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{label} is not valid JSON: {e}") from None
+        raise error(f"{label}: not valid JSON ({e})") from None
     except RecursionError:
-        raise error(f"{label} is nested too deeply to be a specscope file") from None
+        raise error(f"{label}: JSON nested too deeply to be a specscope file") from None
+    except ValueError as e:
+        raise error(f"{label}: not usable JSON ({e})") from None
+
+
+def parse_json_object(raw: bytes, error: type[SpecscopeError], label: str) -> dict:
+    """:func:`parse_json` of a file whose root must be an object."""
+    data = parse_json(raw, error, label)
     if not isinstance(data, dict):
         raise error(f"{label} must hold a JSON object, got a {type(data).__name__}")
     return data

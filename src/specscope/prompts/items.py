@@ -7,13 +7,13 @@ Knows nothing of where sources come from (:mod:`specscope.prompts.sources`) or o
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specscope.errors import SpecscopeError
+from specscope.files import parse_json
 
 
 class PromptSourceError(SpecscopeError, ValueError):
@@ -101,25 +101,11 @@ def jsonl_objects(path: str | Path, error: type[SpecscopeError],
         raise error(f"{what} {path} does not exist" if not path.exists()
                     else f"{what} {path} is not a file")
     with path.open("rb") as lines:
-        offset = 0
         for lineno, raw in enumerate(lines, start=1):
             where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise error(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at offset "
-                            f"{offset + e.start}); save the file as UTF-8") from None
-            offset += len(raw)
-            if not line.strip():
+            if not raw.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise error(f"{where}: not valid JSON ({e.msg})") from None
-            except RecursionError:
-                raise error(f"{where}: JSON nested too deeply") from None
-            except ValueError as e:  # e.g. an integer of more digits than Python converts
-                raise error(f"{where}: not usable JSON ({e})") from None
+            obj = parse_json(raw, error, where)
             yield where, obj
 
 
