@@ -14,7 +14,7 @@ from specscope.files import (
     OutputError,
     check_output,
     json_text,
-    local_path,
+    local_location,
     read_json_object,
     temporary_name,
     write_json,
@@ -120,8 +120,9 @@ def test_an_output_equal_to_an_input_or_a_runs_own_file_is_refused(tmp_path):
     assert check_output(run / "my-policy.json") == run / "my-policy.json"
     with pytest.raises(OutputError, match="URI"):
         check_output("s3://bucket/x.json")
-    with pytest.raises(OutputError, match="local path"):
-        local_path("file:///tmp/x", "--prompt-file")
+    assert str(local_location("file:///tmp/x", "--out")) == "/tmp/x"
+    with pytest.raises(OutputError, match="s3://"):
+        local_location("s3://bucket/x", "--out")
 
 
 def test_failures_of_the_machine_are_one_line():

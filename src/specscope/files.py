@@ -16,8 +16,8 @@ Every file specscope writes on a local disk goes through :func:`write_output`:
 - **Modes follow the umask**, and a file that is replaced keeps its mode.
 
 :func:`check_output` refuses, before any work, an output path that is also an input of the command
-or one of the files specscope owns inside a run directory, and :func:`local_path` refuses a URI
-where an option takes only local paths (:func:`local_location` also takes a ``file://`` URI).
+or one of the files specscope owns inside a run directory, and :func:`local_location` reads a
+``file://`` URI as a local path and refuses any other URI where an option takes local paths.
 
 This module knows nothing of models, records or analysis; RunDir's pyarrow writes (which also
 reach object stores) use the same unique temporaries (``records.rundir.write_file``).
@@ -249,17 +249,6 @@ def inside_of(path: str | Path, root: str | Path) -> Path | None:
     except ValueError:
         return None
     return Path(root)
-
-
-def local_path(value: str | Path | None, option: str) -> Path | None:
-    """``value`` as a local Path, refusing a URI (``s3://``, ``file://``) with the option's name."""
-    if value is None:
-        return None
-    text = str(value)
-    if "://" in text:
-        raise OutputError(f"{option} {text}: this option takes a local path, not a URI")
-    return Path(text)
-
 
 
 def local_location(value: str | Path | None, option: str) -> Path | None:
