@@ -242,12 +242,16 @@ def check_output_file(path: str | Path, inputs: tuple[str | Path, ...] = (),
 
 
 def inside_of(path: str | Path, root: str | Path) -> Path | None:
-    """``root`` if ``path`` lies in it (an output written into a run directory, whose links
-    :func:`write_output` then refuses), else None (an output elsewhere that the user named)."""
+    """``root`` if ``path`` lies in it, else None (an output elsewhere, which the user named).
+
+    An output inside a run directory is checked at once (:func:`check_no_links`), before any work:
+    a link planted between ``root`` and ``path`` is refused; pass the returned root on as
+    :func:`write_output`'s ``inside`` so that each write checks again."""
     try:
         Path(path).absolute().relative_to(Path(root).absolute())
     except ValueError:
         return None
+    check_no_links(path, root)
     return Path(root)
 
 

@@ -29,7 +29,7 @@ from .analysis.stats import ClusterBootstrap
 from .prompts.items import PromptItem
 from .prompts.domains import select_prompts
 from .errors import SpecscopeError
-from .files import check_no_links, inside_of, write_json, write_output
+from .files import inside_of, write_json, write_output
 from .llamacpp import DEFAULT_KS, ChainAcceptance, GreedyDraft, PassCosts, generate
 from .tune.acceptance import ALL_DOMAINS
 from .tune.policy import Choice, PolicyFile
@@ -267,8 +267,6 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
 
     out = Path(out_dir)
     inside = inside_of(out, run_dir)  # outputs in the run directory: its links are refused
-    if inside is not None:
-        check_no_links(out, inside)
     run = load_run(run_dir)
     acceptance = ChainAcceptance.from_nodes(run.nodes)
     outside = [k for k in ks if not 0 < k <= acceptance.max_k]

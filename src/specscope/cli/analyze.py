@@ -69,7 +69,7 @@ def analyze(
     """
     from ..analysis.render import analysis_grids, findings_grid
     from ..analysis.report import write_outputs
-    from ..files import check_no_links, check_output, inside_of
+    from ..files import check_output, inside_of
 
     from ..records import check_writable_dir
 
@@ -78,8 +78,6 @@ def analyze(
         fail(f"--show must be main, all or none, not {show!r}")
     out_dir = check_output(out or run_dir / "analysis")
     inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
-    if inside is not None:
-        check_no_links(out_dir, inside)
     check_writable_dir(out_dir)
     from ..ingest import is_ingested
 
@@ -124,7 +122,7 @@ def report(
     """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
     from ..analysis.plots import plots_unavailable
     from ..analysis.report import write_report
-    from ..files import check_no_links, check_output, inside_of
+    from ..files import check_output, inside_of
 
     from ..records import check_writable_file
 
@@ -138,8 +136,6 @@ def report(
     check_writable_file(out, (".html", ".htm"))
     check_output(out, tuple(run_dirs))
     inside = inside_of(out, run_dirs[0])
-    if inside is not None:
-        check_no_links(out, inside)
     analyses = _analyses(expanded, boot, seed, confidence)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
@@ -204,8 +200,10 @@ def certify(
     from ..records import check_writable_dir, load_run
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
+    inside = None
     if out is not None:
         check_output(out)
+        inside = inside_of(out, run_dir)  # a downloaded run's links are refused, not followed
         check_writable_dir(out)
     from ..analysis.certify import certify_run, plot_certificates
 
@@ -238,7 +236,6 @@ def certify(
     for note in report.notes:
         console.print(f"note: {note}")
     if out is not None:
-        inside = inside_of(out, run_dir)
         for name, df in (("certificates", report.criteria), ("tree_certificates", report.trees),
                          ("published_comparison", report.published)):
             write_output(out / f"{name}.csv", df.to_csv(index=False), inside)
