@@ -373,3 +373,16 @@ def test_analyze_of_a_damaged_ingested_run_is_one_line(tmp_path, damage, message
     result = CliRunner().invoke(app, ["analyze", str(tmp_path / "run"), "--boot", "10"])
     line = _one_error_line(result)
     assert str(tmp_path / "run") in line and message in line
+
+
+def test_tables_md_of_an_ingested_run_escapes_domain_names(tmp_path):
+    # Before: the ingested run's tables.md wrote a domain named with HTML as raw HTML.
+    hostile = "<img src=x onerror=alert(1)>"
+    prompts = json.dumps({"id": "p0", "domain": hostile, "prompt": "question 0"}) + "\n"
+    _files(tmp_path, "vllm", GOOD["vllm"], prompts=prompts)
+    assert _ingest_cli(tmp_path, "vllm").exit_code == 0
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "run"), "--boot", "0",
+                                      "--show", "none"])
+    assert result.exit_code == 0, result.output
+    tables = (tmp_path / "run" / "analysis" / "tables.md").read_text()
+    assert hostile not in tables and "&lt;img" in tables
