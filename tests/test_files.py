@@ -144,3 +144,20 @@ def test_dev_stdout_redirected_to_a_file_is_written_into_not_replaced(tmp_path):
         subprocess.run([sys.executable, "-c", code], stdout=sink, check=True)
     assert captured.read_text() == "{}\n"
     assert os.path.islink("/dev/stdout")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'name = "caf\xe9"', "not UTF-8"),
+    (b"name = ", "not valid TOML"),
+    (b"a = " + b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+])
+def test_unusable_toml_files_are_named(tmp_path, content, message):
+    from specscope.files import read_toml_table
+
+    path = tmp_path / "sweep.toml"
+    path.write_bytes(content)
+    with pytest.raises(_Error, match=message) as e:
+        read_toml_table(path, _Error, "sweep file")
+    assert str(path) in str(e.value)
+    (tmp_path / "ok.toml").write_text('name = "x"')
+    assert read_toml_table(tmp_path / "ok.toml", _Error) == {"name": "x"}

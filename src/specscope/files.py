@@ -1,7 +1,8 @@
 """Reading the JSON files users hand specscope, and writing files without harm.
 
-Reading: :func:`read_json_object` turns every way a JSON file can be unusable (missing, unreadable,
-not UTF-8, not JSON, nested too deep, not an object) into one error naming the file.
+Reading: :func:`read_json_object` and :func:`read_toml_table` turn every way a JSON or TOML file
+can be unusable (missing, unreadable, not UTF-8, not JSON or TOML, nested too deep, not an object)
+into one error naming the file.
 
 Every file specscope writes on a local disk goes through :func:`write_output`:
 
@@ -25,10 +26,12 @@ reach object stores) use the same unique temporaries (``records.rundir.write_fil
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import stat
+import tomllib
 import uuid
 from pathlib import Path
 from urllib.parse import unquote
@@ -38,6 +41,21 @@ from .errors import SpecscopeError
 
 class OutputError(SpecscopeError):
     """An output path that would overwrite an input, a run's own file, or write through a link."""
+
+
+# What to do about the failures of a disk that users meet most.
+_OS_ERROR_HINTS = {errno.ENOSPC: "free space, or write elsewhere",
+                   errno.EROFS: "the file system is read-only",
+                   errno.EACCES: "permission denied",
+                   errno.ENAMETOOLONG: "shorten the name"}
+
+
+def os_error_reason(error: OSError) -> str:
+    """An OSError's reason in words, with what to do where that is known:
+    ``No space left on device (free space, or write elsewhere)``."""
+    reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
+    hint = _OS_ERROR_HINTS.get(error.errno)
+    return f"{reason} ({hint})" if hint else reason
 
 
 def umask() -> int:
@@ -125,19 +143,45 @@ def write_output(path: str | Path, data: bytes | str, inside: Path | None = None
     return path
 
 
+def _read_bytes(path: Path, error: type[SpecscopeError], label: str, kind: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{label} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{label} is a directory, not a {kind} file") from None
+    except OSError as e:
+        raise error(f"cannot read {label}: {e.strerror or e}") from None
+
+
+def read_json(path: str | Path, error: type[SpecscopeError], what: str = "") -> object:
+    """A JSON file's value, or ``error`` naming the file and what was wrong."""
+    path = Path(path)
+    label = f"{what} {path}".strip()
+    return parse_json(_read_bytes(path, error, label, "JSON"), error, label)
+
+
 def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = "") -> dict:
     """A JSON file whose root is an object, or ``error`` naming the file and what was wrong."""
     path = Path(path)
     label = f"{what} {path}".strip()
+    return parse_json_object(_read_bytes(path, error, label, "JSON"), error, label)
+
+
+def read_toml_table(path: str | Path, error: type[SpecscopeError], what: str = "") -> dict:
+    """A TOML file's table, or ``error`` naming the file and what was wrong (unreadable, not
+    UTF-8, not TOML, nested too deeply)."""
+    path = Path(path)
+    label = f"{what} {path}".strip()
+    raw = _read_bytes(path, error, label, "TOML")
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{label} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{label} is a directory, not a JSON file") from None
-    except OSError as e:
-        raise error(f"cannot read {label}: {e.strerror or e}") from None
-    return parse_json_object(raw, error, label)
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{label}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{label}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise error(f"{label}: TOML nested too deeply to be a specscope file") from None
 
 
 def parse_json(raw: bytes, error: type[SpecscopeError], label: str) -> object:

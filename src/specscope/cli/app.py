@@ -9,15 +9,14 @@ command reports (certify's soundness violation); anything else with a traceback 
 
 from __future__ import annotations
 
-import errno
 import functools
-import os
 import re
 from pathlib import Path
 
 import typer
 
 from ..errors import SpecscopeError
+from ..files import os_error_reason
 
 
 app = typer.Typer(
@@ -44,11 +43,7 @@ def describe(error: BaseException) -> str:
     """One line for an expected failure that escaped the library without a specscope message."""
     if isinstance(error, OSError):
         where = " -> ".join(str(f) for f in (error.filename, error.filename2) if f is not None)
-        reason = error.strerror or os.strerror(error.errno) if error.errno else str(error)
-        hint = {errno.ENOSPC: " (free space, or write elsewhere)",
-                errno.EROFS: " (the file system is read-only)",
-                errno.ENAMETOOLONG: " (shorten the name)"}.get(error.errno, "")
-        return f"{where}: {reason}{hint}" if where else f"{reason}{hint}"
+        return f"{where}: {os_error_reason(error)}" if where else os_error_reason(error)
     if isinstance(error, UnicodeDecodeError):
         return f"input is not UTF-8 text ({error.reason} at byte {error.start})"
     if isinstance(error, RecursionError):

@@ -33,7 +33,6 @@ stores offer no lock: on a URI the caller is the only guard against two writers.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -49,7 +48,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..files import parse_json_object, temporary_name
+from ..files import os_error_reason, parse_json_object, temporary_name
 from .checks import check_records
 from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
@@ -101,11 +100,8 @@ def write_file(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None:
                 fs.delete_file(target)
             except OSError:
                 pass  # never created
-        hint = {errno.ENOSPC: " (free space, or write elsewhere; committed prompts are kept "
-                              "and the same command resumes)",
-                errno.EROFS: " (the file system is read-only)",
-                errno.EACCES: " (permission denied)"}.get(e.errno, "")
-        raise RunDirError(f"cannot write {path}: {e.strerror or e}{hint}") from None
+        kept = "; committed prompts are kept and the same command resumes"
+        raise RunDirError(f"cannot write {path}: {os_error_reason(e)}{kept}") from None
 
 
 def json_bytes(obj: dict) -> bytes:

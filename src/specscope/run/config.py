@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import SpecscopeError
+from ..files import read_json, read_toml_table
 from ..measure.study import ENGINES
 from ..models import PairConfig
 from ..prompts.items import (
@@ -178,21 +179,21 @@ def load_config(source: str | Path | None) -> RunConfig:
         return RunConfig()
     if str(source) in PRESETS:
         text = resources.files("specscope").joinpath("presets", f"{source}.toml").read_text()
+        data = tomllib.loads(text)
     else:
         path = Path(source)
         if not path.is_file():
             raise RunConfigError(f"config {source} is neither a preset ({', '.join(PRESETS)}) "
                                  "nor a TOML file or a run's manifest.json")
-        text = path.read_text()
-    try:
-        if str(source).endswith(".json"):
-            manifest = json.loads(text)
+        if path.suffix == ".json":
+            manifest = read_json(path, RunConfigError, "config")
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
                 raise RunConfigError(f"{source}: not a run manifest (it has no 'config' object)")
-            return RunConfig.from_dict(manifest["config"], where=str(source))
-        return RunConfig.from_dict(tomllib.loads(text), where=str(source))
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise RunConfigError(f"{source}: invalid {'JSON' if str(source).endswith('.json') else 'TOML'}: {e}") from None
+            data = manifest["config"]
+        else:
+            data = read_toml_table(path, RunConfigError, "config")
+    try:
+        return RunConfig.from_dict(data, where=str(source))
     except TypeError as e:
         raise RunConfigError(f"{source}: {e}") from None
 

@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +23,7 @@ from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
 from ..trees import TreeConfig
 
 from ..errors import SpecscopeError
+from ..files import read_toml_table
 
 
 SWEEP_MANIFEST = "sweep.json"
@@ -311,14 +311,7 @@ def load_sweep(path: str | Path, max_points: int | None = None,
                trust_remote_code: bool = False) -> SweepSpec:
     """Read and check a sweep file (TOML); the error names what is wrong."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file {path} does not exist")
-    try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise SweepError(f"{path} is not UTF-8 text (byte {e.start})") from None
-    except (tomllib.TOMLDecodeError, RecursionError) as e:
-        raise SweepError(f"{path}: invalid TOML: {e or 'nested too deeply'}") from None
+    data = read_toml_table(path, SweepError, "sweep file")
     try:
         return parse_sweep(data, name=path.stem, max_points=max_points,
                            trust_remote_code=trust_remote_code)

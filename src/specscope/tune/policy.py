@@ -5,13 +5,12 @@ predicted speed-up per domain (``tune``), and that choice as a validated JSON or
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ..files import read_json_object, write_json
+from ..files import read_json_object, read_toml_table, write_json
 from ..trees import TreeConfig, TreeConfigError, TreeShape
 
 
@@ -202,16 +201,7 @@ class PolicyFile:
         path = Path(path)
         if path.suffix != ".toml":
             return cls.from_dict(read_json_object(path, PolicyError, "policy file"), where=str(path))
-        try:
-            data = tomllib.loads(path.read_bytes().decode("utf-8"))
-        except OSError as e:
-            raise PolicyError(f"cannot read policy file {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:
-            raise PolicyError(f"policy file {path} is not UTF-8 text (byte {e.start})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise PolicyError(f"policy file {path} is not valid TOML: {e}") from None
-        except RecursionError:
-            raise PolicyError(f"policy file {path} is nested too deeply to be a policy") from None
+        data = read_toml_table(path, PolicyError, "policy file")
         return cls.from_dict(data, where=str(path))
 
     @classmethod
