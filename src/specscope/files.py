@@ -168,16 +168,23 @@ def read_json_object(path: str | Path, error: type[SpecscopeError], what: str = 
     return parse_json_object(_read_bytes(path, error, label, "JSON"), error, label)
 
 
+def read_text(path: str | Path, error: type[SpecscopeError], what: str = "") -> str:
+    """A UTF-8 text file, or ``error`` naming it (missing, a directory, unreadable, not UTF-8)."""
+    path = Path(path)
+    label = f"{what} {path}".strip()
+    try:
+        return _read_bytes(path, error, label, "text").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{label}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
 def read_toml_table(path: str | Path, error: type[SpecscopeError], what: str = "") -> dict:
     """A TOML file's table, or ``error`` naming the file and what was wrong (unreadable, not
     UTF-8, not TOML, nested too deeply)."""
-    path = Path(path)
     label = f"{what} {path}".strip()
-    raw = _read_bytes(path, error, label, "TOML")
+    text = read_text(path, error, what)
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise error(f"{label}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise error(f"{label}: not valid TOML ({e})") from None
     except RecursionError:

@@ -59,20 +59,6 @@ def _write_records(frame, path: Path) -> None:
     write_output(path, data)
 
 
-def _read_prompt_file(path: Path) -> str:
-    """The prompt in ``path`` as UTF-8 text, or one error naming the file."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        fail(f"--prompt-file {path} does not exist")
-    except IsADirectoryError:
-        fail(f"--prompt-file {path} is a directory; give a text file")
-    except OSError as e:
-        fail(f"cannot read --prompt-file {path}: {e.strerror or e}")
-    except UnicodeDecodeError as e:
-        fail(f"--prompt-file {path} is not UTF-8 text (byte {e.start})")
-
-
 _D_DRAFT = typer.Option(None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default).")
 _D_TARGET = typer.Option(None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default).")
 _D_DTYPE = typer.Option(None, "--dtype", help="bfloat16, float16, float32 or auto (default: bfloat16, or the run's).")
@@ -119,7 +105,8 @@ def decode(
     int8: bool = _D_INT8,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
-    from ..decode import DecodeConfig, make_decoder, steps_frame
+    from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
+    from ..files import read_text
     from ..tune.acceptance import PolicyError, acceptance_vectors
     from ..tune.policy import PolicyFile, describe, make_speculation
     from ..records import load_run
@@ -130,7 +117,7 @@ def decode(
         fail("give a prompt, or --prompt-file (one of them)")
     if records is not None:
         _check_records(records, (prompt_file, policy_file))
-    text = prompt if prompt is not None else _read_prompt_file(prompt_file)
+    text = prompt if prompt is not None else read_text(prompt_file, DecodeError, "--prompt-file")
     config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           seed=seed, min_path_prob=min_path_prob)
     routed = None
