@@ -55,11 +55,11 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from .. import __version__
-from ..files import parse_json_object, read_json_object
+from ..files import read_json_object
 from ..prompts.items import PromptItem
 from ..models import resolve_source
-from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, remove_run,
-                       run_lock, write_file)
+from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, read_json,
+                       remove_run, run_lock, write_file)
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
 
 
@@ -145,13 +145,9 @@ def _read_manifest(writer: RunDir) -> dict | None:
     """A run's manifest (None where there is none), one that is not a readable JSON object
     refused as a SweepError naming its file."""
     try:
-        manifest = writer.read_manifest()
-    except (RunDirError, UnicodeDecodeError, RecursionError) as e:
+        return writer.read_manifest()
+    except RunDirError as e:
         raise SweepError(f"{writer.root}/manifest.json cannot be read: {e}") from None
-    if manifest is not None and not isinstance(manifest, dict):
-        raise SweepError(f"{writer.root}/manifest.json must hold a JSON object, got a "
-                         f"{type(manifest).__name__}")
-    return manifest
 
 
 def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
@@ -455,11 +451,10 @@ def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str
 def read_sweep_manifest(fs: pafs.FileSystem, root: str) -> dict | None:
     """The sweep manifest (``sweep.json``) of ``root``, or None where there is none; one that is
     not a readable JSON object is refused, naming the file."""
-    path = _join(root, SWEEP_MANIFEST)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as f:
-        return parse_json_object(f.read(), SweepError, f"sweep manifest {path}")
+    try:
+        return read_json(fs, _join(root, SWEEP_MANIFEST))
+    except RunDirError as e:
+        raise SweepError(f"sweep manifest {e}") from None
 
 
 def sweep_points(manifest: dict, where: str) -> list[tuple[str, str]]:
