@@ -140,7 +140,8 @@ def decode(
                                 max_nodes=max_nodes, paths=paths, acceptance=vector)
     _set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
-    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}], chat_template,
+    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}],
+                        "chat" if chat_template else "raw",
                         max_prompt_tokens).ids
     result = make_decoder(pair).generate(ids, spec, config)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))

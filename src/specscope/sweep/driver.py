@@ -20,7 +20,7 @@ A sweep file (TOML) names a base run config and the axes of a grid::
     depth = [2, 4]                    # -> trees "chain-depth2" and "chain-depth4"
 
     [decode]                          # top-level or ``section.key`` settings; lists expand
-    chat_template = [true, false]
+    rendering = ["task", "raw"]
 
     [execution]                       # how, not what: never part of a run's identity
     prompts_per_shard = 8
