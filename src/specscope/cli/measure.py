@@ -157,7 +157,7 @@ def sweep(
 @command()
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
-    from rich.console import Console
+    from ..console import make_console
     from rich.table import Table
 
     from ..prompts.domains import list_domains
@@ -169,5 +169,6 @@ def domains() -> None:
         table.add_row(row.domain, row.source + (" *" if row.is_default else ""), row.dataset,
                       "?" if row.items is None else str(row.items),
                       "[green]yes[/]" if row.ready_offline else "[red]no[/]", row.note)
-    Console().print(table)
-    Console().print("* the domain's default source; a run can name another source, or jsonl:PATH")
+    console = make_console()
+    console.print(table)
+    console.print("* the domain's default source; a run can name another source, or jsonl:PATH")
