@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from rich.table import Table
+
 from specscope.console import LOG_WIDTH, make_console
 
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
 from specscope.analysis.echo import HIGH_SHARE, WARN_SHARE, echo_table, prompt_echo
 from specscope.analysis.stats import ClusterBootstrap
 
@@ -64,6 +65,7 @@ def test_echo_table_per_domain_with_intervals_and_warnings():
     assert code.verbatim.value == pytest.approx(2 / 3) and chat.verbatim.value == 0
     for r in (code, chat, pooled):
         assert r.share.has_interval and r.share.lo <= r.share.value <= r.share.hi
+        assert 0 <= r.share.lo and r.share.hi <= 1  # a share's interval stays a share
     assert pooled.share.df == 6 - 2 and code.share.df == 2
     warnings = table.warnings
     assert WARN_SHARE == 0.5 and len(warnings) == 1 and warnings[0].startswith("code: 83%")
@@ -94,6 +96,7 @@ def synthetic_echo_run(tmp_path):
     """A synthetic run whose code outputs repeat their prompts and whose chat outputs do not."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from specscope.analysis.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=3, steps=(4, 8))

@@ -569,6 +569,7 @@ def test_certified_fraction_by_margin_bin(tmp_path):
     assert pooled and any(e.has_interval for e in pooled)
     assert all(e.lo <= e.value <= e.hi for e in pooled if e.has_interval)
     assert not any(e.has_interval for r in m.rows if r.domain == "chat" for e in r.fractions)
+    assert all(0 <= e.lo and e.hi <= 1 for r in m.rows for e in r.fractions if e.has_interval)
     # the per-domain summary has intervals too, and the same figures as before
     crit = report.criteria.set_index(["domain", "criterion"])
     row = crit.loc[("all", "top_m")]

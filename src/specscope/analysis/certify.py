@@ -11,6 +11,7 @@ bounds from the node records); computes no certificate of its own.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,6 @@ import pandas as pd
 from ..errors import MissingExtraError, SpecscopeError
 from ..files import write_output
 from ..records import ALL_DOMAINS, Run
-from .render import Column, Grid
-from .stats import ClusterBootstrap, Estimate, ratio
 from ..theory import (
     CRITERIA,
     CriteriaConfig,
@@ -31,6 +30,8 @@ from ..theory import (
     margin_bound,
     perspective,
 )
+from .render import Column, Grid
+from .stats import ClusterBootstrap, Estimate, bounded, ratio
 
 # --- certify: reports over recorded runs --------------------------------------------------------
 
@@ -95,7 +96,7 @@ def check_margin_bins(edges: tuple[float, ...] | list[float]) -> tuple[float, ..
     if bad is not None:
         raise MarginBinsError(f"--margin-bins {shown}: {bad:g} lies outside [0, 1] (a margin is a "
                               f"difference of probabilities); give {MARGIN_BINS_ALLOWED}")
-    for a, b in zip(edges, edges[1:]):
+    for a, b in itertools.pairwise(edges):
         if b <= a:
             raise MarginBinsError(f"--margin-bins {shown}: {a:g} then {b:g} make an empty or "
                                   f"overlapping bin; give {MARGIN_BINS_ALLOWED}")
@@ -120,7 +121,7 @@ def margin_bin_labels(edges: tuple[float, ...]) -> tuple[str, ...]:
     """``[0, 0.1)``, ..., ``[0.9, 1]``: every bin half-open but the last, which is closed."""
     last = len(edges) - 2
     return tuple(f"[{a:g}, {b:g}{']' if i == last else ')'}"
-                 for i, (a, b) in enumerate(zip(edges, edges[1:])))
+                 for i, (a, b) in enumerate(itertools.pairwise(edges)))
 
 
 def margin_bin_codes(margin: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
@@ -153,7 +154,8 @@ class StepClusters:
                   n_cells: int) -> tuple[np.ndarray, np.ndarray]:
         """The mean of each column of ``flags`` (S, N; NaN: not counted) over the steps of each
         cell (``cell``: (S,) codes, -1 for none), as an (n_cells, N) array of :class:`Estimate`
-        (a ratio of prompt-clustered totals), and the (n_cells,) steps per cell."""
+        (a ratio of prompt-clustered totals, its interval kept within [0, 1]), and the
+        (n_cells,) steps per cell."""
         flags = np.asarray(flags, dtype=np.float64).reshape(len(cell), -1)
         P, N = self.boot.n_prompts, flags.shape[1]
         keep = cell >= 0
@@ -167,6 +169,8 @@ class StepClusters:
         strata = np.array([len(np.unique(self.stratum[present[:, j]])) for j in range(present.shape[1])])
         t_num, t_den = self.boot.total(num), self.boot.total(den)
         ests = self.boot.estimates(ratio(t_num, t_den), t_den[0].astype(np.int64), prompts, strata)
+        for i, e in enumerate(ests):  # a fraction's interval ends within [0, 1]
+            ests[i] = bounded(e)
         steps = np.bincount(cell[keep], minlength=n_cells)
         return ests.reshape(n_cells, N), steps
 

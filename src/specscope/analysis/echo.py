@@ -10,8 +10,9 @@ split into whitespace-separated words, so it needs no tokenizer and gives the sa
 model pair (prompt token ids are not recorded). An output word counts as *copied* when it lies
 inside a run of at least :data:`RUN_WORDS` consecutive output words that also occurs, word for
 word, somewhere in the prompt. The prompt's share is copied words / output words; a domain's is
-the mean over its prompts (each prompt weighs the same). It does not judge whether copying is the
-right answer (a completion may rightly restate a signature), nor look below the word level.
+the mean over its prompts (each prompt weighs the same), its interval kept within [0, 1]. It does
+not judge whether copying is the right answer (a completion may rightly restate a signature), nor
+look below the word level.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from specscope.analysis.prepare import ALL
-from specscope.analysis.stats import ClusterBootstrap, Estimate, ratio
+from specscope.analysis.stats import ClusterBootstrap, Estimate, bounded, ratio
 
 RUN_WORDS = 8  # shortest run of consecutive output words, found verbatim in the prompt, that counts
 HIGH_SHARE = 0.9  # a prompt whose share reaches this is "mostly copied"
@@ -110,7 +111,7 @@ def echo_table(prompt_ids: tuple[str, ...], prompt_domain: np.ndarray, domains: 
     if len(prompts) and {"prompt_id", "prompt_text", "output_text"} <= set(prompts.columns):
         for pid, p, o in zip(prompts["prompt_id"], prompts["prompt_text"], prompts["output_text"]):
             texts[str(pid)] = (str(p or ""), str(o or ""))
-    P, G = len(prompt_ids), len(domains)
+    P = len(prompt_ids)
     values = np.zeros((P, 4))  # has output, share, mostly copied, verbatim
     for i, pid in enumerate(prompt_ids):
         if pid not in texts:
@@ -125,8 +126,8 @@ def echo_table(prompt_ids: tuple[str, ...], prompt_domain: np.ndarray, domains: 
         counted = member & (values[:, 0] > 0)
         n = int(counted.sum())
         strata = len(np.unique(np.asarray(prompt_domain)[counted])) if n else 1
-        ests = [boot.estimate(ratio(totals[:, k], totals[:, 0]), n=n, prompts=n, strata=strata)
-                for k in (1, 2, 3)]
+        ests = [bounded(boot.estimate(ratio(totals[:, k], totals[:, 0]), n=n, prompts=n,
+                                      strata=strata)) for k in (1, 2, 3)]
         rows.append(EchoRow(label, n, *ests))
     return EchoTable(run_words, HIGH_SHARE, WARN_SHARE, tuple(rows))
 

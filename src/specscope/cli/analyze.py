@@ -196,15 +196,16 @@ def certify(
     confidence: float = _CONFIDENCE,
 ) -> None:
     """Certificates of acceptance: distributions, certified steps, soundness, tree coverage, and certified fraction by target-margin bin (docs/theory.md)."""
-    from rich.table import Table
+    import math
 
-    from ..console import make_console
-    from ..files import check_output, inside_of, write_output
-    from ..records import check_writable_dir, load_run
+    from rich.table import Table
 
     from ..analysis.certify import (DEFAULT_MARGIN_BINS, certify_run, parse_margin_bins,
                                     plot_certificates, plot_margin_table)
     from ..analysis.render import to_csv, to_markdown, to_rich
+    from ..console import make_console
+    from ..files import check_output, inside_of, write_output
+    from ..records import check_writable_dir, load_run
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
     edges = DEFAULT_MARGIN_BINS if margin_bins is None else parse_margin_bins(margin_bins)
@@ -220,9 +221,9 @@ def certify(
 
     def fraction(r: dict, col: str) -> str:
         value, lo, hi = r[col], r[f"{col}_lo"], r[f"{col}_hi"]
-        if value != value:
+        if not math.isfinite(value):
             return "—"
-        return f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo == lo and hi == hi else "")
+        return f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
     def show(df, title: str, key: str) -> None:
         if not len(df):

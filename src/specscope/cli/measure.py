@@ -157,9 +157,9 @@ def sweep(
 @command()
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
-    from ..console import make_console
     from rich.table import Table
 
+    from ..console import make_console
     from ..prompts.domains import list_domains
 
     table = Table(title="prompt domains and sources")

@@ -102,10 +102,10 @@ def doctor(
     """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
     import json
 
-    from ..console import make_console
     from rich.markup import escape
     from rich.table import Table
 
+    from ..console import make_console
     from ..doctor import diagnose
 
     report = diagnose()
