@@ -343,7 +343,7 @@ def _run_section(i: int, a: Analysis, plots: list[Plot], paper: bool,
     grids = analysis_grids(a)
     heads = {"findings": "Findings", "table1": "The paper's tables (alpha)",
              "tau": "Corrected metrics", "greedy_table1": "The paper's tables with greedy_accept",
-             "entropy_profile": "Profiles"}
+             "entropy_profile": "Profiles", "echo": "Prompt echo"}
     for g in grids:
         if g.key in heads:
             parts.append(f"<h3>{esc(heads[g.key])}</h3>")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscope.analysis.echo import EchoTable
 from specscope.analysis.prepare import ALL
 from specscope.analysis.stats import Estimate, nan_estimate
 
@@ -277,6 +278,7 @@ class Analysis:
     findings: tuple  # tuple[Finding, ...], see specscope.analysis.findings
     prompts: tuple[PromptRow, ...]
     warnings: tuple[str, ...]
+    echo: EchoTable | None = None  # share of output words copied from the prompt, per domain
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specscope.analysis.echo import echo_table
 from specscope.analysis.prepare import ALL, Records
 from specscope.analysis.results import (
     AcceptanceCell,
@@ -218,9 +219,12 @@ def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
         depth_profile=depth_profile(eng), effects=effect_sizes(eng),
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
         entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
-        findings=(), prompts=prompt_rows(rec), warnings=rec.warnings)
+        findings=(), prompts=prompt_rows(rec), warnings=rec.warnings,
+        echo=echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains, rec.run.prompts,
+                        eng.boot))
     return replace(analysis, findings=evaluate_findings(analysis),
-                   warnings=analysis.warnings + small_sample_warnings(analysis))
+                   warnings=analysis.warnings + small_sample_warnings(analysis)
+                   + tuple(f"prompt echo: {w}" for w in analysis.echo.warnings))
 
 
 def small_sample_warnings(a: Analysis) -> tuple[str, ...]:

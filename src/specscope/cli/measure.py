@@ -157,9 +157,9 @@ def sweep(
 @command()
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
-    from rich.console import Console
     from rich.table import Table
 
+    from ..console import make_console
     from ..prompts.domains import list_domains
 
     table = Table(title="prompt domains and sources")
@@ -169,5 +169,6 @@ def domains() -> None:
         table.add_row(row.domain, row.source + (" *" if row.is_default else ""), row.dataset,
                       "?" if row.items is None else str(row.items),
                       "[green]yes[/]" if row.ready_offline else "[red]no[/]", row.note)
-    Console().print(table)
-    Console().print("* the domain's default source; a run can name another source, or jsonl:PATH")
+    console = make_console()
+    console.print(table)
+    console.print("* the domain's default source; a run can name another source, or jsonl:PATH")

@@ -102,17 +102,17 @@ def doctor(
     """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
     import json
 
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from ..console import make_console
     from ..doctor import diagnose
 
     report = diagnose()
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
-    console = Console()
+    console = make_console()
     hw = report.hardware
     console.print(f"Python {report.python} on {report.platform}")
     console.print("  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items()))
