@@ -253,3 +253,19 @@ def test_unknown_versions_joins_and_formats_are_one_line_and_write_nothing(tmp_p
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "prompts.jsonl"]
+
+
+def test_a_domain_that_never_drafted_shows_no_tokens_per_step_and_leaves_the_test():
+    # the "none" domains specscope exports are served without drafting: llama-server omits
+    # draft_n for all their requests
+    from specscope.analysis.stepwise import analyze_ingested
+    rows = [{"prompt_id": f"a{i}", "domain": "code", "steps": 10, "accepted": 15 + i % 3,
+             "drafted": 30} for i in range(12)]
+    rows += [{"prompt_id": f"b{i}", "domain": "none", "steps": 0, "accepted": 0, "drafted": 0}
+             for i in range(12)]
+    got = analyze_ingested({}, pd.DataFrame(rows), n_boot=50)
+    none = {d.domain: d for d in got.domains}["none"]
+    assert (none.prompts, none.drafting, none.steps) == (12, 0, 0)
+    assert not none.tokens_per_step.defined
+    assert (got.finding.verdict, got.finding.detail) == ("not testable",
+                                                         "1 of 2 domains drafted anything")

@@ -195,7 +195,12 @@ def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000,
                                 _estimate(tps[domain], varies, confidence, n),
                                 _estimate(ratio(a, s), varies, confidence, n), acc_rate,
                                 int((values[keep, 0] > 0).sum())))
-    finding = domain_difference(bool(boot.varies.any()), requests, tps, min_prompts, confidence)
+    drafted = {r.domain for r in rows if r.steps > 0}  # a domain without verify steps has no tokens/step
+    finding = domain_difference(bool(boot.varies.any()), requests[requests["domain"].isin(drafted)],
+                                {d: tps[d] for d in drafted}, min_prompts, confidence)
+    if len(drafted) < len(rows) and finding.verdict == "not testable" and len(drafted) < 2:
+        finding = StepwiseFinding(CLAIM, "not testable",
+                                  f"{len(drafted)} of {len(rows)} domains drafted anything")
     derived = manifest.get("derived") if isinstance(manifest.get("derived"), dict) else {}
     return StepwiseAnalysis(manifest.get("engine_format", "?"), tuple(rows), finding,
                             engine=_engine(manifest),
