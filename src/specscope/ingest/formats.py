@@ -366,9 +366,9 @@ def _vllm_version(version: str) -> None:
 
 
 def _llamacpp_version(version: str) -> None:
-    if not re.match(r"^b\d+(-[0-9a-f]+)?$", version) and not re.match(r"^\d+\.\d+", version):
+    if not re.match(r"^b\d+(-\w+)?$", version) and not re.match(r"^\d+\.\d+", version):
         raise IngestError(f"--engine-version {version!r} is not a llama.cpp build; allowed: "
-                          "bNNNN or bNNNN-COMMIT (its system_fingerprint), or the "
+                          "bNNNN or bNNNN-COMMIT (llama-server's system_fingerprint), or the "
                           "llama-cpp-python version (e.g. 0.3.36) whose llama.cpp it vendors")
 
 
