@@ -5,6 +5,7 @@ values filled in by the code path the comment cites; expected figures are worked
 """
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -269,3 +270,47 @@ def test_a_domain_that_never_drafted_shows_no_tokens_per_step_and_leaves_the_tes
     assert not none.tokens_per_step.defined
     assert (got.finding.verdict, got.finding.detail) == ("not testable",
                                                          "1 of 2 domains drafted anything")
+
+
+# --- real llama-server responses -------------------------------------------------------------------
+# Captured with tests/fixtures/llama_server/capture.py from llama-server built from the llama.cpp
+# that llama-cpp-python 0.3.36 vendors (server.txt: build 1, commit 0c1e570), demo pair Q4_K_M,
+# --spec-type draft-simple --spec-draft-n-max 3. The drafting replies: 16 tokens = the prefill's +
+# 4 verify steps (3 + 3 + 3 drafts, then 2 as max_tokens nears: get_n_draft_max caps the draft at
+# n_remaining - 1), all 11 accepted. The short replies (1 token) drafted nothing and carry no draft_n.
+
+FIXTURES = Path(__file__).parent / "fixtures" / "llama_server"
+
+
+def _fixture(name):
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def test_real_llama_server_responses_ingest_with_derived_steps(tmp_path):
+    prompts = _prompts(tmp_path, [{"id": "fib", "domain": "code", "prompt": "def fibonacci(n):"},
+                                  {"id": "paris", "domain": "chat", "prompt": "The capital"}])
+    completion = _write(tmp_path / "completion.jsonl", [_fixture("completion_drafts"),
+                                                        _fixture("completion_short")])
+    manifest = ingest(completion, "llama.cpp", prompts, tmp_path / "completion", join="order")
+    assert manifest["engine_version"] is None  # /completion states no build
+    chat = _write(tmp_path / "chat.jsonl", [
+        {"prompt_id": "fib", "response": _fixture("chat_drafts")},
+        {"prompt_id": "paris", "response": _fixture("chat_short")}])
+    manifest = ingest(chat, "llama.cpp", prompts, tmp_path / "chat")
+    assert manifest["engine_version"] == "b1-0c1e570" and manifest["engine_version_from"] == "log"
+    for run in ("completion", "chat"):
+        rows = pd.read_parquet(tmp_path / run / "requests.parquet")
+        assert rows[["prompt_id", "steps", "accepted", "drafted", "generated", "derived"]] \
+            .values.tolist() == [["fib", 4, 11, 11, 16, "steps"], ["paris", 0, 0, 0, 1, ""]], run
+        assert rows["tokens_per_step"][0] == 15 / 4
+
+
+def test_a_real_llama_server_sse_capture_reads_its_final_chunk(tmp_path):
+    # chat_stream.sse: 8 tokens = the prefill's + 2 verify steps (3 drafts, then 2), 5 accepted
+    stream = FIXTURES / "chat_stream.sse"
+    request_id = json.loads(stream.read_text().split("\n", 1)[0][len("data: "):])["id"]
+    prompts = _prompts(tmp_path, [{"id": request_id, "domain": "code", "prompt": "sum"}])
+    manifest = ingest(stream, "llama.cpp", prompts, tmp_path / "run")
+    assert manifest["engine_version"] == "b1-0c1e570"
+    rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert rows[["steps", "accepted", "drafted", "generated"]].values.tolist() == [[2, 5, 5, 8]]
