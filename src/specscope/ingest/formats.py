@@ -92,10 +92,11 @@ def check_counts(where: str, names: dict[str, str], steps: int, accepted: int,
     Accepted drafts never exceed drafted ones; no verify step, no accepted draft. The first
     token comes from the prefill and every verify step but the last yields all its accepted
     drafts and one token of the target; the last may be cut short by a stop (EOS, stop string,
-    max_tokens) after its accepted drafts were counted: llama-server adds ``n_accepted`` before
-    its per-token stop checks (tools/server/server-context.cpp, llama.cpp vendored by
-    llama-cpp-python 0.3.36), vLLM counts ``num_accepted`` before ``_update_request_with_output``
-    trims at a stop. So ``accepted + steps + 1 <= generated + (drafts the last step accepted)``,
+    max_tokens) after its accepted drafts were counted: llama-server adds ``n_accepted`` to
+    ``n_draft_accepted`` before the ``process_token`` loop that stops at EOS, a stop string or
+    ``n_predict`` (tools/server/server-context.cpp, in the llama.cpp that llama-cpp-python 0.3.36
+    vendors and on master @001d906a); vLLM's scheduler counts ``num_accepted`` before
+    ``_update_request_with_output`` trims the tokens after a stop. So ``accepted + steps + 1 <= generated + (drafts the last step accepted)``,
     which is at most ``last_step_max`` (the draft length, where logged; else ``accepted``).
     ``names``: each count's field as the log spells it (keys steps, accepted, drafted,
     generated)."""
