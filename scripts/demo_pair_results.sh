@@ -15,7 +15,7 @@ specscope run --config demo --int8 --batch-size 8 --per-domain 10 --policy stati
 
 mkdir -p "$out/paper-protocol" "$out/deep-tree"
 specscope analyze runs/demo-full --out "$out/paper-protocol/analysis" --show none
-COLUMNS=160 specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
+specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
 rm -f "$out/paper-protocol/certify/certificates_vs_margin.svg"  # a 17 MB scatter: the PNG is kept
 specscope analyze runs/demo-deep --out "$out/deep-tree/analysis" --show none
 # Every record is shipped: the manifest and the prompt records as written, the step and node
