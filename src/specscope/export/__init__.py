@@ -56,8 +56,9 @@ def engines_table() -> str:
     rows = ["| engine | versions checked | what is exported | what is refused and why |",
             "|---|---|---|---|"]
     for e in ENGINES.values():
-        rows.append(f"| {e.name} | {', '.join(v.version for v in e.versions)} | {e.exports} | "
-                    f"{e.refuses} |")
+        versions = "; ".join(f"{v.version} ({v.about})" if v.about else v.version
+                             for v in e.versions)
+        rows.append(f"| {e.name} | {versions} | {e.exports} | {e.refuses} |")
     return "\n".join(rows)
 
 

@@ -19,6 +19,7 @@ TRANSFORMERS = "huggingface/transformers"
 
 V5_23_0 = EngineVersion(
     engine="transformers", version="5.23.0",
+    about="the release; specscope's tests run its assisted generation",
     checked_against=(f"{TRANSFORMERS}:src/transformers/generation/candidate_generator.py@v5.23.0",
                      f"{TRANSFORMERS}:src/transformers/generation/configuration_utils.py@v5.23.0"),
     fields=(Field("num_assistant_tokens", int, low=1, required=True),

@@ -27,6 +27,7 @@ SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash
 
 B11312 = EngineVersion(
     engine="llama.cpp", version="b11312",
+    about="commit 0c1e57098, 2026-10-01: the llama.cpp that llama-cpp-python 0.3.36 vendors",
     checked_against=(f"{LLAMA_CPP}:common/arg.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
                      f"{LLAMA_CPP}:common/preset.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
                      f"{LLAMA_CPP}:tools/server/server-models.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",

@@ -74,6 +74,7 @@ class EngineVersion:
     takes_trees: bool = False
     notes: tuple[str, ...] = ()  # what a user must know (refusals, approximations)
     approximation: str | None = None  # set when the engine approximates the exported shape
+    about: str = ""  # what the version names (the README table)
     field_names: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ APPROXIMATION = ("SGLang approximates trees: with --speculative-eagle-topk > 1 i
 
 MAIN_469C63E5 = EngineVersion(
     engine="sglang", version="main@469c63e5",
+    about="SGLang main at commit 469c63e5",
     checked_against=(f"{SGLANG}:python/sglang/srt/server_args.py@469c63e54e7d94591617ef9590c6aa26d54dc1bb",
                      f"{SGLANG}:python/sglang/srt/speculative/eagle_utils.py@263bc85d64baa38d82ec20f58a61f2982c78075d"),
     fields=(Field("--speculative-algorithm", str, choices=ALGORITHMS, required=True),

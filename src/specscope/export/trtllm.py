@@ -18,6 +18,7 @@ TRTLLM = "NVIDIA/TensorRT-LLM"
 
 MAIN_00043967 = EngineVersion(
     engine="trtllm", version="main@00043967",
+    about="TensorRT-LLM main at commit 00043967",
     checked_against=(f"{TRTLLM}:tensorrt_llm/llmapi/llm_args.py@0004396720054fd8e205cbf616f21f0b57c6b412",),
     fields=(Field("decoding_type", str, choices=("Draft_Target",), required=True),
             Field("max_draft_len", int, low=1, required=True),

@@ -54,6 +54,7 @@ def _schedule_ok(s: dict) -> bool:
 
 MAIN_002E77C1 = EngineVersion(
     engine="vllm", version="main@002e77c1",
+    about="vLLM main at commit 002e77c1, after tree removal (PR #42121)",
     checked_against=(f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
                      f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc"),
     fields=(Field("method", str, choices=METHODS, required=True),
