@@ -19,12 +19,19 @@ import itertools
 import json
 
 import pytest
+from typer.testing import CliRunner
+
 from specscope.cli import app
-from specscope.export import ENGINES, ExportError, ExportOptions, engines_table, export_policy
+from specscope.export import (
+    ENGINES,
+    ExportError,
+    ExportOptions,
+    engines_table,
+    export_policy,
+)
 from specscope.trees import TreeShape
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import PolicyFile
-from typer.testing import CliRunner
 
 CHAIN3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
 TREE = TreeShape.from_paths([(0,), (1,), (0, 0)])

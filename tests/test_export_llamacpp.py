@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from specscope.export import ENGINES, ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile

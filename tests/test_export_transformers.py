@@ -10,14 +10,14 @@ by accident.
 
 import pytest
 import torch
+from conftest import make_model
+
 from specscope.export import ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 
-from conftest import make_model
-
 transformers = pytest.importorskip("transformers")
-from transformers.generation.candidate_generator import AssistedCandidateGenerator  # noqa: E402
+from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 VOCAB = 64
 MAX_NEW = 13
