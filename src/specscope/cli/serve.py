@@ -19,8 +19,8 @@ def export(
     to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF)."),
-    target: Optional[str] = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
+    target: Optional[str] = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
     poll: int = typer.Option(0, "--poll", min=0, max=100, help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU)."),
 ) -> None:
     """Each routed domain's speculation setting in an engine's own format, checked against that
@@ -39,6 +39,11 @@ def export(
         if to == "llama.cpp" and not str(out.absolute()).startswith(("/dev/", "/proc/")):
             presets = presets_path(out)
             check_output_file(presets, inputs=(policy, out), option="--out (presets file)")
+    if to == "llama.cpp":  # the demo pair's GGUF files, where specscope llamacpp keeps them
+        from ..models.demo import _kept_gguf
+
+        draft = draft or str(_kept_gguf("draft"))
+        target = target or str(_kept_gguf("target"))
     options = ExportOptions(draft=draft, target=target, poll=poll,
                             presets_file=str(presets) if presets else "presets.ini")
     document = export_policy(PolicyFile.load(policy), to, options, source=str(policy),
