@@ -146,6 +146,10 @@ def test_llamacpp_refuses_trees_and_needs_both_ggufs():
     with pytest.raises(ExportError, match=r"^domain 'math': tree \[\(0,\), \(1,\), \(0, 0\)\] has "
                                           r"branches, but llama.cpp drafts a chain"):
         export_policy(_policy(), "llama.cpp", GGUF)
+    with pytest.raises(ExportError, match=r"^domain 'code': llama.cpp b11312: breaks the rule no ';', "
+                                          r"'#' or line break in a value"):
+        export_policy(_policy(math=CHAIN2), "llama.cpp",
+                      ExportOptions(draft="/m/d#1.gguf", target="/m/t.gguf"))
     with pytest.raises(ExportError, match=r"^llama.cpp needs the target GGUF file: pass --target$"):
         export_policy(_policy(math=CHAIN2), "llama.cpp", ExportOptions(draft="/m/d.gguf"))
 

@@ -18,6 +18,8 @@ on the router's command line). It writes text; it starts no server.
 
 from __future__ import annotations
 
+import re
+
 from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
 from .rules import EngineVersion, Field, Rule
 
@@ -46,7 +48,11 @@ B11312 = EngineVersion(
     rules=(Rule("--spec-type draft-simple needs --spec-draft-model (-md)",
                 lambda s: s.get("--spec-type") != "draft-simple" or "--spec-draft-model" in s),
            Rule("--spec-draft-n-min <= --spec-draft-n-max (a draft shorter than n_min is dropped)",
-                lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3))),
+                lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3)),
+           Rule("no ';', '#' or line break in a value (the presets parser, common/preset.cpp, "
+                "ends the value there: rename the file)",
+                lambda s: not any(isinstance(v, str) and re.search(r"[;#\r\n]", v)
+                                  for v in s.values()))),
     notes=("request fields speculative.n_max/n_min/p_min are compiled out of llama-server "
            "(#if 0 in tools/server/server-schema.cpp) and ignored: speculation is set per server "
            "(per preset), never per request",),
@@ -94,7 +100,7 @@ def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) 
     """The router-mode presets file: one section per domain, keys are flag names without dashes
     (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``)."""
     lines = [f"; specscope export for llama-server router mode ({version.engine} {version.version})",
-             f"; policy: {source or '-'}",
+             f"; policy: {' '.join((source or '-').splitlines())}",
              "; start: llama-server --models-preset THIS_FILE; a request's \"model\" names its domain",
              ""]
     for name, flags in sections.items():
