@@ -185,7 +185,7 @@ def test_vllm_main_refuses_trees_with_the_dated_reason():
     with pytest.raises(ExportError, match=r"^domain 'math': tree .* has branches, but vLLM \(method "
                                           r"draft_model\) drafts a chain of top-1 tokens; tune "
                                           r"chains only .*removed speculative_token_tree \(PR "
-                                          r"#42121, 2026\)$"):
+                                          r"#42121, merged 2026-05\)$"):
         export_policy(_policy(), "vllm", ExportOptions(draft=DRAFT))
     version = ENGINES["vllm"].version(None)
     with pytest.raises(ExportError, match="refuses field 'speculative_token_tree'"):

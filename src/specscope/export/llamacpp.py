@@ -99,7 +99,8 @@ def server_args(flags: dict) -> list[str]:
 def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) -> str:
     """The router-mode presets file: one section per domain, keys are flag names without dashes
     (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``)."""
-    lines = [f"; specscope export for llama-server router mode ({version.engine} {version.version})",
+    lines = [f"; specscope export for llama-server router mode "
+             f"({version.engine} {version.version})",
              f"; policy: {' '.join((source or '-').splitlines())}",
              "; start: llama-server --models-preset THIS_FILE; a request's \"model\" names its domain",
              ""]

@@ -1,8 +1,8 @@
 """vLLM: one ``--speculative-config`` per domain, method ``draft_model`` (a standalone draft chain),
 and where the policy was tuned, ``num_speculative_tokens_per_batch_size`` from its cost model.
 
-Trees are refused: vLLM removed ``speculative_token_tree`` and tree attention (PR #42121, closed
-as "tree attention is no longer supported" in 2026-06) and its ``SpeculativeConfig`` forbids
+Trees are refused: vLLM removed ``speculative_token_tree`` and tree attention (PR #42121, merged
+2026-05; tree PRs were closed in 2026-06 as "no longer supported") and its ``SpeculativeConfig`` forbids
 unknown keys, so a tree makes the server refuse to start; before that, trees were drafted only by
 EAGLE heads (``method`` eagle/eagle3), not by the standalone draft model specscope measures.
 
@@ -54,7 +54,7 @@ def _schedule_ok(s: dict) -> bool:
 
 MAIN_002E77C1 = EngineVersion(
     engine="vllm", version="main@002e77c1",
-    about="vLLM main at commit 002e77c1, after tree removal (PR #42121)",
+    about="vLLM main at commit 002e77c1, after PR #42121 removed trees",
     checked_against=(f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
                      f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc"),
     fields=(Field("method", str, choices=METHODS, required=True),
@@ -64,8 +64,8 @@ MAIN_002E77C1 = EngineVersion(
     forbid_extra=True,  # @config: pydantic extra="forbid"; speculative_token_tree is gone
     rules=(Rule("num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
                 "sorted, not overlapping, 0 <= K <= num_speculative_tokens", _schedule_ok),),
-    notes=("trees refused: speculative_token_tree was removed (vLLM PR #42121, 2026) and unknown "
-           "keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
+    notes=("trees refused: speculative_token_tree was removed (vLLM PR #42121, merged 2026-05) "
+           "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
            "measured",
            "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)"),
 )
@@ -74,8 +74,8 @@ VERSIONS = (MAIN_002E77C1,)
 EXPORTS = ("per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
            "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
            "policy's cost model (tuned policies)")
-REFUSES = ("trees: `speculative_token_tree` removed (PR #42121, 2026) and extra keys forbidden; "
-           "earlier trees needed an EAGLE head, not a standalone draft")
+REFUSES = ("trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
+           "forbidden; earlier trees needed an EAGLE head, not a standalone draft")
 
 
 def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[list[int]] | None:
@@ -129,7 +129,7 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             continue
         k = chain_length(domain.shape, "vLLM (method draft_model)", where,
                          "tune chains only (specscope tune --max-rank 1): vLLM removed "
-                         "speculative_token_tree (PR #42121, 2026)")
+                         "speculative_token_tree (PR #42121, merged 2026-05)")
         config = {"method": "draft_model",
                   "model": need(options.draft, "--draft", "vllm", "the draft model it should "
                                 "load (a local path or a hub id)"),
