@@ -209,6 +209,9 @@ def test_vllm_batch_schedule_from_the_cost_model():
         "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 2], [3, 3, 1], [4, 4, 0]]}
     # math has no acceptance vector in the policy: no schedule
     assert "num_speculative_tokens_per_batch_size" not in doc["domains"]["math"]["speculative_config"]
+    broken = _policy(math=CHAIN2, cost_model=costs.to_dict(), acceptance={"code": {"rates": "x"}})
+    with pytest.raises(ExportError, match=r"^policy acceptance\['code'\] needs 'rates'"):
+        export_policy(broken, "vllm", ExportOptions(draft=DRAFT))
     version = ENGINES["vllm"].version(None)
     for bad in ([[2, 4, 1]], [[1, 4, 2], [3, 8, 1]], [[1, 4, 5]]):  # not from 1, overlap, K > 3
         with pytest.raises(ExportError, match="breaks the rule num_speculative_tokens_per_batch"):

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from ..records.schema import ALL_DOMAINS
 from ..trees import TreeShape
 from ..tune.acceptance import AcceptanceVector
 from ..tune.costs import CostModel, interpolate
 from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
-from .rules import EngineVersion, Field, Rule
+from .rules import EngineVersion, ExportError, Field, Rule
 
 VLLM = "vllm-project/vllm"
 METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
@@ -111,12 +109,20 @@ def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[
 def _tuned(plan: DeploymentPlan, domain: DomainPlan) -> tuple[CostModel, AcceptanceVector] | None:
     if not plan.cost_model or not plan.acceptance:
         return None
-    entry = plan.acceptance.get(domain.domain if domain.source == "policy" else ALL_DOMAINS)
+    if not isinstance(plan.cost_model, dict):
+        raise ExportError("policy cost_model must be a table (as specscope tune writes it)")
+    key = domain.domain if domain.source == "policy" else ALL_DOMAINS
+    entry = plan.acceptance.get(key) if isinstance(plan.acceptance, dict) else None
     if not entry:
         return None
-    return (CostModel.from_dict(plan.cost_model),
-            AcceptanceVector(np.asarray(entry["rates"], dtype=float),
-                             np.asarray(entry["counts"], dtype=int)))
+    if not isinstance(entry, dict) or not isinstance(entry.get("rates"), list):
+        raise ExportError(f"policy acceptance[{key!r}] needs 'rates', a [depth][rank] list in "
+                          "[0, 1] (as specscope tune writes it)")
+    try:
+        acc = AcceptanceVector.from_rates(entry["rates"])
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"policy acceptance[{key!r}]: {e}") from None
+    return CostModel.from_dict(plan.cost_model), acc
 
 
 def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
