@@ -66,7 +66,7 @@ def test_every_document_names_its_engine_version_and_sources():
 
 def test_unknown_engine_version_lists_the_checked_ones():
     with pytest.raises(ExportError, match=r"^vllm version '0.9.0' was not checked; checked: "
-                                          r"main@002e77c1 \(--engine-version\)$"):
+                                          r"main@002e77c1, main@f19b16d9 \(--engine-version\)$"):
         export_policy(_policy(math=CHAIN2), "vllm", ExportOptions(draft=DRAFT),
                       engine_version="0.9.0")
 
@@ -219,6 +219,24 @@ def test_vllm_batch_schedule_from_the_cost_model():
                               "num_speculative_tokens_per_batch_size": bad}, "x")
 
 
+def test_vllm_f19b16d9_chains_without_a_schedule():
+    # vllm/config/speculative.py@f19b16d95e43: speculative_token_tree still a field, no
+    # num_speculative_tokens_per_batch_size (so a tuned policy gets none)
+    costs = CostModel(draft_s=((1, 0.01), (16, 0.08)), target_s=((1, 0.1), (16, 0.32)),
+                      plain_token_s=0.1)
+    policy = _policy(math=CHAIN2, cost_model=costs.to_dict(),
+                     acceptance={"code": {"rates": [[0.9], [0.8], [0.5]], "counts": [[1], [1], [1]]}})
+    doc = export_policy(policy, "vllm", ExportOptions(draft=DRAFT), engine_version="main@f19b16d9")
+    assert doc["engine_version"] == "main@f19b16d9"
+    assert doc["checked_against"] == [
+        "vllm-project/vllm:vllm/config/speculative.py@f19b16d95e4395790661f4835e4436bc3dd5d9c7"]
+    assert doc["domains"]["code"]["speculative_config"] == {
+        "method": "draft_model", "model": DRAFT, "num_speculative_tokens": 3}
+    with pytest.raises(ExportError, match=r"tune chains only \(specscope tune --max-rank 1\): at "
+                                          r"this version vLLM drafted trees only with an EAGLE head"):
+        export_policy(_policy(), "vllm", ExportOptions(draft=DRAFT), engine_version="main@f19b16d9")
+
+
 # --- SGLang main@469c63e5 ----------------------------------------------------------------------
 
 
@@ -300,6 +318,12 @@ def test_export_command_writes_json_and_presets(tmp_path):
     assert ini.read_text() == doc["presets_ini"]
     assert doc["router_args"] == ["llama-server", "--models-preset", str(ini)]
     assert sorted(p.name for p in out.parent.iterdir()) == ["llamacpp.ini", "llamacpp.json"]
+    vllm = tmp_path / "vllm.json"
+    result = CliRunner().invoke(app, ["export", str(policy), "--to", "vllm", "--draft", DRAFT,
+                                      "--engine-version", "main@f19b16d9", "-o", str(vllm)])
+    assert result.exit_code == 0, result.output
+    assert "(vllm main@f19b16d9)" in result.output
+    assert json.loads(vllm.read_text())["engine_version"] == "main@f19b16d9"
 
 
 def test_bad_exports_are_one_line_errors_and_write_nothing(tmp_path):

@@ -75,6 +75,7 @@ class EngineVersion:
     notes: tuple[str, ...] = ()  # what a user must know (refusals, approximations)
     approximation: str | None = None  # set when the engine approximates the exported shape
     about: str = ""  # what the version names (the README table)
+    tree_reason: str = ""  # why a tree with branches is refused, for chain-only versions
     field_names: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

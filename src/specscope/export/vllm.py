@@ -11,7 +11,9 @@ batch of ``b`` sequences drafting a chain of ``K`` feeds about ``b`` times the t
 every batch size whose verify pass stays within the measured token counts, the K of best predicted
 speed-up (0: no speculation) up to the domain's K; vLLM carries the last range's K to larger
 batches and caps every K at ``num_speculative_tokens`` (vllm/v1/spec_decode/dynamic/utils.py).
-This module writes settings; it starts no server.
+Two versions are checked: main@002e77c1 (trees removed, the schedule field present) and
+main@f19b16d9 (``speculative_token_tree`` still a field, no schedule). This module writes
+settings; it starts no server.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
 from .rules import EngineVersion, ExportError, Field, Rule
 
 VLLM = "vllm-project/vllm"
+# SpeculativeMethod at 002e77c1, less its MTP model types (specscope exports draft_model only)
 METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
            "eagle3", "extract_hidden_states", "dflash", "ngram_gpu", "dspark")
 
@@ -53,6 +56,7 @@ def _schedule_ok(s: dict) -> bool:
 MAIN_002E77C1 = EngineVersion(
     engine="vllm", version="main@002e77c1",
     about="vLLM main at commit 002e77c1, after PR #42121 removed trees",
+    tree_reason="vLLM removed speculative_token_tree (PR #42121, merged 2026-05)",
     checked_against=(f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
                      f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc"),
     fields=(Field("method", str, choices=METHODS, required=True),
@@ -68,7 +72,26 @@ MAIN_002E77C1 = EngineVersion(
            "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)"),
 )
 
-VERSIONS = (MAIN_002E77C1,)
+F19B16D9 = EngineVersion(
+    engine="vllm", version="main@f19b16d9",
+    about="vLLM main at commit f19b16d9, before PR #42121: speculative_token_tree still there, "
+          "no batch-size schedule",
+    tree_reason="at this version vLLM drafted trees only with an EAGLE head (method eagle/eagle3) "
+                "and the tree-attention backend, not with the standalone draft specscope measured",
+    checked_against=(f"{VLLM}:vllm/config/speculative.py@f19b16d95e4395790661f4835e4436bc3dd5d9c7",),
+    fields=(Field("method", str, choices=("ngram", "medusa", "mlp_speculator", "draft_model",
+                                          "suffix", "eagle", "eagle3", "mtp", "ngram_gpu"),  # less MTP types
+                  required=True),
+            Field("model", str, required=True),
+            Field("num_speculative_tokens", int, low=1, required=True)),
+    forbid_extra=True,  # @config: pydantic extra="forbid"
+    notes=("trees refused: speculative_token_tree needed an EAGLE head (eagle/eagle3) and the "
+           "tree-attention backend, and drafted only trees with the same branching per level; "
+           "specscope measured a standalone draft",
+           "one vLLM server per domain (no per-request speculation length)"),
+)
+
+VERSIONS = (MAIN_002E77C1, F19B16D9)
 EXPORTS = ("per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
            "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
            "policy's cost model (tuned policies)")
@@ -134,13 +157,13 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             domains[domain.domain] = {**entry, "speculative_config": None, "serve_args": []}
             continue
         k = chain_length(domain.shape, "vLLM (method draft_model)", where,
-                         "tune chains only (specscope tune --max-rank 1): vLLM removed "
-                         "speculative_token_tree (PR #42121, merged 2026-05)")
+                         f"tune chains only (specscope tune --max-rank 1): {version.tree_reason}")
         config = {"method": "draft_model",
                   "model": need(options.draft, "--draft", "vllm", "the draft model it should "
                                 "load (a local path or a hub id)"),
                   "num_speculative_tokens": k}
-        tuned = _tuned(plan, domain)
+        tuned = (_tuned(plan, domain)
+                 if "num_speculative_tokens_per_batch_size" in version.field_names else None)
         if tuned is not None:
             table = batch_schedule(*tuned, k)
             if table is not None:
