@@ -236,11 +236,12 @@ def _demo_or_skip():
     return tools, draft
 
 
+@pytest.mark.slow
 def test_llama_server_speculates_with_a_model_as_its_own_draft():
     from specscope.llamaserver import LlamaServer
 
     tools, gguf = _demo_or_skip()
-    ids = [785, 2326, 6028, 7987, 525]  # "The three primary colours are" in Qwen2.5's vocabulary
+    ids = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
     with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0)) as plain:
         base = plain.complete(ids, 8)
     with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0, k=2, draft_poll=0),

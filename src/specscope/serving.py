@@ -190,15 +190,16 @@ def plan_benchmark(choices: dict[str, SettingChoice], grid: CostGrid, acceptance
 
 def policy_from_choices(choices: dict[str, SettingChoice], plan: BenchPlan, grid: CostGrid,
                         ks: Sequence[int], source: dict) -> PolicyFile:
-    """The policy file: each domain's chain (or none), its predicted figures against plain
-    decoding with default flags, and under ``llama_server`` the exact server flags measured."""
-    ref = plan.methods[PLAIN].candidate
-    ref_speed = (1 / ref.costs().plain_token_s) if ref else None
-    out = {}
-    for d, c in choices.items():
-        step = 1 / c.tokens_per_s * c.tau
-        out[d] = Choice(chain(c.k), c.tau, c.tokens_per_s / ref_speed if ref_speed else
-                        float("nan"), step)
+    """The policy file: each domain's chain (or none), its predicted speed-up over plain
+    decoding with default flags (else the fastest plain setting priced), and under
+    ``llama_server`` the exact server flags measured."""
+    ref = plan.methods[PLAIN].candidate or plan.methods.get(PLAIN_BEST, plan.methods[PLAIN]
+                                                            ).candidate
+    if ref is None:  # the grid priced no plain setting
+        ref = next(c for c in grid.candidates() if c.draft is None)
+    ref_speed = 1 / ref.costs().plain_token_s
+    out = {d: Choice(chain(c.k), c.tau, c.tokens_per_s / ref_speed, c.tau / c.tokens_per_s)
+           for d, c in choices.items()}
     server = {"domains": {d: plan.routed[d].to_dict() for d in choices if d != ALL_DOMAINS},
               "fallback": plan.routed[ALL_DOMAINS].to_dict(),
               "reference": plan.methods[PLAIN].to_dict()}
@@ -319,6 +320,8 @@ def speed_table(requests: pd.DataFrame, n_boot: int = 1000, seed: int = 0,
             steps = wide["steps"][method].sum()
             out.append({
                 "domain": domain, "method": method,
+                "kind": "speculative" if (rows["k"] > 0).all() else "plain" if (
+                    rows["k"] == 0).all() else "mixed",
                 "setting": ", ".join(sorted(set(rows["setting"]))),
                 "k": ", ".join(str(k) for k in sorted(set(rows["k"]))),
                 "prompts": len(rows), "tok_s": float(rate[method][0]), "speedup": speedup,
@@ -363,8 +366,7 @@ def prediction_bias(speed: pd.DataFrame, confidence: float = 0.99) -> list[Bias]
     positives at 99%, 12% at 95%, in tests/test_llamaserver.py's worlds)."""
     out = []
     fixed = speed[(speed["method"] != ROUTED) & speed["predicted_tok_s"].notna()]
-    for kind, part in fixed.groupby(fixed["method"].str.startswith("k").map(
-            {True: "speculative", False: "plain"}), sort=True):
+    for kind, part in fixed.groupby("kind", sort=True):
         logs = np.mean([np.log(b) for b in part["_ratio_boot"]], axis=0)
         factor, lo, hi = _interval(np.exp(logs), confidence)
         out.append(Bias(kind, len(part), int((part["ratio_lo"] > 1).sum()),
@@ -427,9 +429,8 @@ class LlamaCppStudy:
         s["measured/predicted [95% CI]"] = [ci(r.ratio, r.ratio_lo, r.ratio_hi)
                                             if r.predicted_tok_s == r.predicted_tok_s else "-"
                                             for r in s.itertuples()]
-        s["corrected prediction"] = [
-            r.predicted_tok_s * corr.get("speculative" if r.method.startswith("k") else
-                                         "plain", 1.0) for r in s.itertuples()]
+        s["corrected prediction"] = [r.predicted_tok_s * corr.get(r.kind, 1.0)
+                                     for r in s.itertuples()]
         s = s.rename(columns={"tok_s": "tok/s", "predicted_tok_s": "predicted tok/s",
                               "tokens_per_step": "tokens/step", "equal_plain": "equal to plain"})
         cols = ["domain", "method", "setting", "k", "prompts", "tok/s",
