@@ -514,15 +514,22 @@ def measure_grid(tools, target: Path, draft: Path, opts: GridOptions, echo) -> C
     from .llamaserver import BenchGrid
 
     targets = quantised_variants(tools, target, opts.quants or (gguf_quant(target),), echo)
-    batches = sorted({b for b, _ in opts.batches})
-    ubatches = sorted({u for _, u in opts.batches})
-    grid = BenchGrid(opts.threads, opts.polls, tuple(batches), tuple(ubatches),
-                     tuple(range(1, opts.tokens + 1)), (opts.depth,), opts.repetitions)
-    dgrid = BenchGrid(opts.draft_threads, opts.polls, tuple(batches), tuple(ubatches),
-                      tuple(range(1, opts.tokens + 1)), (opts.depth,), opts.repetitions)
-    full = measure_cost_grid(tools, targets, {gguf_quant(draft): draft}, grid, dgrid, echo)
-    keep = set(opts.batches)
-    return CostGrid(tuple(c for c in full.curves if (c.batch, c.ubatch) in keep), full.info)
+    curves, info = [], {}
+    for batch, ubatch in opts.batches:  # one llama-bench call per pair: it would cross b and ub
+        def bench(threads):
+            return BenchGrid(threads, opts.polls, (batch,), (ubatch,),
+                             tuple(range(1, opts.tokens + 1)), (opts.depth,), opts.repetitions)
+
+        part = measure_cost_grid(tools, targets, {gguf_quant(draft): draft},
+                                 bench(opts.threads), bench(opts.draft_threads), echo)
+        curves += part.curves
+        info = info or part.info
+    info["grid"] = {"threads": list(opts.threads), "polls": list(opts.polls),
+                    "draft_threads": list(opts.draft_threads),
+                    "batches": [list(b) for b in opts.batches], "quants": list(opts.quants),
+                    "tokens": opts.tokens, "depth": opts.depth,
+                    "repetitions": opts.repetitions}
+    return CostGrid(tuple(curves), info)
 
 
 def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: int,
@@ -531,7 +538,7 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
                        echo: Callable[[str], None] = print) -> LlamaCppStudy:
     from contextlib import ExitStack
 
-    from .llamacpp import plot_cost_curves, quantised_variants
+    from .llamacpp import gguf_quant, plot_cost_curves, quantised_variants
     from .llamaserver import LlamaServer, build_llama_tools
     from .models import load_tokenizer
     from .models.demo import demo_gguf
