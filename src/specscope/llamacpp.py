@@ -555,7 +555,7 @@ def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], 
             curves += curves_from_bench(run_llama_bench(tools, path, grid), role, quant)
     info = {"llama_cpp_python": tools.version, "bin_dir": str(tools.bin_dir),
             "cpu": platform.processor() or platform.machine(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "target_grid": asdict_grid(target_grid), "draft_grid": asdict_grid(draft_grid),
             "models": {f"target {q}": str(p) for q, p in targets.items()}
             | {f"draft {q}": str(p) for q, p in drafts.items()}}

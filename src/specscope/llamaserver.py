@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
+from typing import Self
 
 from .cache import cache_dir
 from .errors import SpecscopeError
@@ -323,7 +324,7 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LlamaServer:
+    def start(self) -> Self:
         for path in (self.model, self.draft):
             if path is not None and not Path(path).is_file():
                 raise LlamaToolsError(f"GGUF file {path} does not exist")
@@ -373,7 +374,7 @@ class LlamaServer:
             proc.kill()
             proc.wait()
 
-    def __enter__(self) -> LlamaServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -490,7 +491,7 @@ def run_llama_bench(tools: LlamaTools, model: str | Path, grid: BenchGrid = Benc
         raise LlamaToolsError(f"GGUF file {model} does not exist")
     try:
         done = subprocess.run(grid.argv(tools, model), capture_output=True, text=True,
-                              env=tools.env(), timeout=timeout_s)
+                              env=tools.env(), timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise LlamaToolsError(f"llama-bench ran past {timeout_s:.0f} s on {model}") from None
     if done.returncode:
@@ -510,7 +511,7 @@ def quantize(tools: LlamaTools, source: str | Path, out: str | Path, qtype: str,
     tmp = out.with_name(out.name + ".part")
     argv = [str(tools.quantize), *(["--allow-requantize"] if allow_requantize else []),
             str(source), str(tmp), qtype, str(threads)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=tools.env())
+    done = subprocess.run(argv, capture_output=True, text=True, env=tools.env(), check=False)
     if done.returncode:
         tmp.unlink(missing_ok=True)
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])

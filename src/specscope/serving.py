@@ -32,17 +32,25 @@ import numpy as np
 import pandas as pd
 
 from .analysis.stats import ClusterBootstrap
-from .prompts.items import PromptItem
-from .prompts.domains import select_prompts
 from .errors import SpecscopeError
 from .files import inside_of, write_json, write_output
-from .llamacpp import (DEFAULT_KS, Candidate, ChainAcceptance, CostGrid, PassCosts,
-                       SettingChoice, break_even_rows, choose_setting)
+from .llamacpp import (
+    DEFAULT_KS,
+    Candidate,
+    ChainAcceptance,
+    CostGrid,
+    PassCosts,
+    SettingChoice,
+    break_even_rows,
+    choose_setting,
+)
 from .llamaserver import Completion, ServerSetting
+from .prompts.domains import select_prompts
+from .prompts.items import PromptItem
+from .trees import TreeShape
 from .tune.acceptance import ALL_DOMAINS
 from .tune.policy import Choice, PolicyFile
 from .tune.router import RuleRouter, prompt_text
-from .trees import TreeShape
 
 PLAIN, PLAIN_BEST, ROUTED = "plain", "plain-best", "routed"
 DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads, --poll 50
@@ -456,7 +464,9 @@ class LlamaCppStudy:
                                                                    server["fallback"])]]
         lines = [
             "## Pass-cost curves (llama-bench, llama.cpp's own loop)", "",
-            "A pass of n tokens in units of a one-token pass, per model and setting.", "",
+            ("A pass of n tokens in units of a one-token pass, per model and setting "
+             "(plot: pass_costs.png). Each model timed alone: two models competing for the "
+             "cores show only in the llama-server tables below."), "",
             self.grid.curve_table().to_markdown(index=False, floatfmt=".2f"),
             "", "## Break-even tokens per step (per setting and K)", "",
             self.break_even.to_markdown(index=False, floatfmt=".2f")
@@ -516,7 +526,7 @@ def measure_grid(tools, target: Path, draft: Path, opts: GridOptions, echo) -> C
     targets = quantised_variants(tools, target, opts.quants or (gguf_quant(target),), echo)
     curves, info = [], {}
     for batch, ubatch in opts.batches:  # one llama-bench call per pair: it would cross b and ub
-        def bench(threads):
+        def bench(threads, batch=batch, ubatch=ubatch):
             return BenchGrid(threads, opts.polls, (batch,), (ubatch,),
                              tuple(range(1, opts.tokens + 1)), (opts.depth,), opts.repetitions)
 
