@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specscope.export import ENGINES, ExportOptions, export_policy
+from specscope.export import ENGINES, ExportError, ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 
@@ -138,3 +138,34 @@ def test_llama_server_accepts_presets(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
+    """`specscope llamacpp` writes each domain's measured setting (short flags, models apart)
+    into the policy; the export turns them into the long names presets take, with the models."""
+    from specscope.llamaserver import ServerSetting
+
+    code = ServerSetting(threads=2, poll=0, batch=512, ubatch=128).with_k(3)
+    plain = ServerSetting(threads=2, poll=50, batch=2048, ubatch=512)
+    entry = {"setting": code.name, "k": 3, "flags": code.flags(), "target_gguf": "/m/t-q4_0.gguf",
+             "draft_gguf": "/m/d.gguf"}
+    none = {"setting": plain.name, "k": 0, "flags": plain.flags(), "target_gguf": "/m/t.gguf",
+            "draft_gguf": None}
+    policy = PolicyFile(trees={"code": CHAIN3, "chat": None}, uniform=None,
+                        info={"llama_server": {"domains": {"code": entry, "chat": none},
+                                               "fallback": none}})
+    doc = export_policy(policy, "llama.cpp", ExportOptions(target="/m/other.gguf"))
+    sections = parse_presets(doc["presets_ini"])
+    keys = _preset_keys()
+    for name, options in sections.items():
+        assert all(k in keys for k in options), name
+    flags = doc["domains"]["code"]["flags"]
+    assert flags["--model"] == "/m/t-q4_0.gguf" and flags["--spec-draft-model"] == "/m/d.gguf"
+    assert (flags["--threads"], flags["--batch-size"], flags["--ubatch-size"], flags["--poll"],
+            flags["--spec-draft-n-max"], flags["--spec-type"]) == (2, 512, 128, 0, 3, "draft-simple")
+    chat = doc["domains"]["chat"]["flags"]
+    assert chat["--model"] == "/m/t.gguf" and chat["--poll"] == 50 and "--spec-type" not in chat
+    # the measured K must be the policy's chain
+    policy = PolicyFile(trees={"code": CHAIN1}, uniform=None, info=policy.info)
+    with pytest.raises(ExportError, match="K = 1 but its llama_server setting was measured with K = 3"):
+        export_policy(policy, "llama.cpp", ExportOptions())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
-from .rules import EngineVersion, Field, Rule
+from .rules import EngineVersion, ExportError, Field, Rule
 
 LLAMA_CPP = "ggml-org/llama.cpp"
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
@@ -41,7 +41,18 @@ B11312 = EngineVersion(
             Field("--spec-draft-n-min", int, low=0, high=2**31 - 1),
             Field("--spec-draft-p-min", float, low=0.0, high=1.0),
             Field("--poll", int, low=0, high=100),
-            Field("--spec-draft-poll", int, low=0, high=1)),
+            Field("--spec-draft-poll", int, low=0, high=1),
+            # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
+            Field("--threads", int, low=1, high=1024),
+            Field("--threads-batch", int, low=1, high=1024),
+            Field("--batch-size", int, low=1, high=2**31 - 1),
+            Field("--ubatch-size", int, low=1, high=2**31 - 1),
+            Field("--ctx-size", int, low=0, high=2**31 - 1),
+            Field("--parallel", int, low=1, high=1024),
+            Field("--n-gpu-layers", int, low=0, high=2**31 - 1),
+            Field("--spec-draft-threads", int, low=1, high=1024),
+            Field("--spec-draft-threads-batch", int, low=1, high=1024),
+            Field("--spec-draft-ngl", int, low=0, high=2**31 - 1)),
     # llama-server exits on an unknown flag; common/preset.cpp throws "option '...' not recognized
     # in preset" on an unknown key
     forbid_extra=True,
@@ -61,12 +72,54 @@ B11312 = EngineVersion(
 VERSIONS = (B11312,)
 EXPORTS = ("per domain: llama-server flags (`--spec-type draft-simple`, `--spec-draft-model`, "
            "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
-           "and a router-mode presets file (`--models-preset`), one section per domain")
+           "and a router-mode presets file (`--models-preset`), one section per domain; from a "
+           "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
+           "polling, batch sizes, quantised GGUF)")
 REFUSES = ("trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
            "of llama-server, so not exported)")
 
 
-def _flags(domain: DomainPlan, options: ExportOptions, poll: int | None) -> dict:
+# short names in a measured setting's flags -> the long names presets take (common/arg.cpp)
+LONG_NAMES = {"-t": "--threads", "-tb": "--threads-batch", "-b": "--batch-size",
+              "-ub": "--ubatch-size", "-c": "--ctx-size", "-np": "--parallel",
+              "-ngl": "--n-gpu-layers", "-md": "--spec-draft-model", "-td": "--spec-draft-threads",
+              "-tbd": "--spec-draft-threads-batch"}
+
+
+def _typed(name: str, text: str):
+    """A flag's value as the field's type (an unknown flag stays text: validation names it)."""
+    field = B11312.field_names.get(name)
+    kind = field.kind if field is not None and field.kind in (int, float) else None
+    try:
+        return kind(text) if kind else text
+    except ValueError:
+        return text
+
+
+def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> dict:
+    """The exact flags of the setting `specscope llamacpp` measured for the domain (its policy
+    file's ``llama_server`` entry), with the models; the tree must be the chain measured."""
+    where = f"domain {domain.domain!r}"
+    k = 0 if domain.shape is None else chain_length(
+        domain.shape, "llama.cpp", where, "tune chains only (specscope tune --max-rank 1)")
+    if entry.get("k") != k:
+        raise ExportError(f"{where}: the policy's chain has K = {k} but its llama_server setting "
+                          f"was measured with K = {entry.get('k')}; re-run specscope llamacpp")
+    # the GGUF files measured (a quantisation the grid made may differ from --target's)
+    flags: dict = {"--model": entry["target_gguf"]}
+    if k:
+        flags["--spec-draft-model"] = entry["draft_gguf"]
+    args = entry["flags"]
+    for name, value in zip(args[::2], args[1::2]):
+        name = LONG_NAMES.get(name, name)
+        flags[name] = _typed(name, value)
+    return flags
+
+
+def _flags(domain: DomainPlan, options: ExportOptions, poll: int | None,
+           measured: dict | None = None) -> dict:
+    if measured is not None:
+        return _measured_flags(domain, measured, options)
     flags: dict = {"--model": need(options.target, "--target", "llama.cpp",
                                    "the target GGUF file")}
     if domain.shape is None:
@@ -113,8 +166,12 @@ def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) 
 
 def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
     domains, sections = {}, {}
+    server = plan.llama_server or {}
     for domain in plan.domains:
-        flags = version.validate(_flags(domain, options, options.poll), f"domain {domain.domain!r}")
+        measured = (server.get("domains", {}).get(domain.domain) if domain.source == "policy"
+                    else server.get("fallback"))
+        flags = version.validate(_flags(domain, options, options.poll, measured),
+                                 f"domain {domain.domain!r}")
         sections[domain.domain] = flags
         domains[domain.domain] = {"tree": domain.tree, "source": domain.source,
                                   "model": domain.domain, "flags": flags,

@@ -48,6 +48,7 @@ class DeploymentPlan:
     policy_source: str = ""
     cost_model: dict | None = None  # the policy's cost model, if it was tuned (vLLM schedule)
     acceptance: dict | None = None  # the policy's acceptance vectors, if tuned
+    llama_server: dict | None = None  # the settings `specscope llamacpp` measured, per domain
 
     @classmethod
     def from_policy(cls, policy: PolicyFile, source: str = "",
@@ -60,8 +61,8 @@ class DeploymentPlan:
         domains = tuple(
             DomainPlan(d, policy.trees[d], "policy") if d in policy.trees
             else DomainPlan(d, policy.uniform, "uniform") for d in produced)
-        return cls(domains, policy.uniform, router, source,
-                   policy.info.get("cost_model"), policy.info.get("acceptance"))
+        return cls(domains, policy.uniform, router, source, policy.info.get("cost_model"),
+                   policy.info.get("acceptance"), policy.info.get("llama_server"))
 
 
 def is_chain(shape: TreeShape) -> bool:
