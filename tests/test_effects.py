@@ -250,7 +250,8 @@ def test_levels_combine_as_documented():
 
 @pytest.fixture(scope="module")
 def stratified_rates() -> pd.DataFrame:
-    return verdict_rates(prompts_per_domain=10, reps=16, steps=24, n_boot=150, stratified=True)
+    # 10 runs per world (about 2 minutes); docs/calibration.md has the figures of longer runs
+    return verdict_rates(prompts_per_domain=10, reps=10, steps=32, n_boot=150, stratified=True)
 
 
 def test_every_stratified_claim_is_calibrated(stratified_rates):
@@ -260,19 +261,23 @@ def test_every_stratified_claim_is_calibrated(stratified_rates):
 
 def test_stratified_false_positives_stay_low(stratified_rates):
     false = stratified_rates[stratified_rates["claim is"] == "false"]
-    # 16 runs: 3 or more "holds" at a nominal 2.5% has p < 0.01
-    bad = false[false[Verdict.HOLDS.value] > 2 / 16]
+    # 10 runs: 3 or more "holds" at a nominal 2.5% has p < 0.002
+    bad = false[false[Verdict.HOLDS.value] > 2 / 10]
     assert bad.empty, bad[["claim", "world", Verdict.HOLDS.value]].to_string()
 
 
 def test_stratified_claims_are_found_where_true(stratified_rates):
     true = stratified_rates[stratified_rates["claim is"] == "true"]
-    assert (true[Verdict.FAILS.value] <= 2 / 16).all(), true.to_string()
-    rho = true[true["claim"].str.startswith("rho_negative")]
-    assert (rho[Verdict.HOLDS.value] >= 0.8).all(), rho.to_string()
+    assert (true[Verdict.FAILS.value] <= 2 / 10).all(), true.to_string()
+    for claim in ("rho_negative", "rises_with_depth_top1_chain", "task_type_over_depth_greedy"):
+        found = true[true["claim"].str.startswith(claim + " |")]
+        assert (found[Verdict.HOLDS.value] >= 0.5).all(), found.to_string()
 
 
 def test_simpson_worlds_are_caught(stratified_rates):
-    # pooled or at rank 0 the effect is there; at rank 1 it runs the other way
+    # pooled, rho < 0 holds in this world (rank 0 dominates); within rank 1 rho > 0
     r = stratified_rates.set_index(["claim", "world"])
-    assert r.loc[("rho_negative | by sibling_rank", "entropy"), Verdict.FAILS.value] >= 0.8
+    row = r.loc[("rho_negative | by sibling_rank", "entropy_simpson")]
+    assert row[Verdict.HOLDS.value] == 0 and row[Verdict.FAILS.value] >= 0.5
+    depth = r.loc[("rises_with_depth | by sibling_rank", "depth")]
+    assert depth[Verdict.HOLDS.value] == 0

@@ -53,6 +53,7 @@ class World:
     prompt_sd: float = 0.35
     second_depth_effect: float = 0.0  # the same effects on the rank-1 token's log-odds
     second_entropy_effect: float = 0.0
+    shared_context: bool = False  # siblings share their target entropy (as real siblings do)
 
 
 WORLDS = {
@@ -73,14 +74,17 @@ WORLDS = {
                            profiles=_same(DomainProfile(1e-9, 0.0, 1.0))),
     # worlds where an effect holds at every sibling rank (the stratified claims are true)
     "entropy_every_rank": World("acceptance falls with entropy at rank 0 and at rank 1",
-                                entropy_effect=2.0, second_entropy_effect=4.0),
+                                entropy_effect=2.0, second_entropy_effect=8.0,
+                                shared_context=True),
+    "entropy_simpson": World("acceptance falls with entropy at rank 0, rises at rank 1 (siblings "
+                             "share the entropy)", entropy_effect=2.0, shared_context=True),
     "depth_every_rank": World("acceptance rises with depth at rank 0 and at rank 1",
                               depth_effect=0.6, second_depth_effect=1.5),
     "domain_every_rank": World("domains differ at rank 0 and at rank 1", profiles={
         "chat": DomainProfile(0.70, 0.60, 1.0), "code": DomainProfile(0.60, 0.30, 1.0),
         "math": DomainProfile(0.45, 0.10, 1.0), "reasoning": DomainProfile(0.55, 0.20, 1.0)}),
     "paradox_every_rank": World("chat has the highest entropy and acceptance at every rank",
-                                profiles={"chat": DomainProfile(0.70, 0.50, 1.3),
+                                profiles={"chat": DomainProfile(0.70, 0.80, 1.3),
                                           **{d: FLAT for d in DOMAINS[1:]}}),
 }
 
@@ -101,7 +105,8 @@ TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 # The same for each claim checked within every sibling rank (its stratified verdict). Simpson
 # worlds: "entropy", "depth" and "paradox" have their effect at rank 0 and the opposite one at
-# rank 1, so the claim is false within rank 1. below_one_no_speedup is never stratified (tau is a
+# rank 1, so the claim is false within rank 1 ("entropy_simpson" rather than "entropy", whose
+# siblings are drawn with unrelated entropies). below_one_no_speedup is never stratified (tau is a
 # per-step figure: the stratified verdict is always "not testable").
 STRATIFIED = "sibling_rank"
 STRATIFIED_TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -111,8 +116,8 @@ STRATIFIED_TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rises_with_depth": (("depth_every_rank",), ("null", "depth", "domain_every_rank")),
     "rises_with_depth_top1_chain": (("depth", "depth_every_rank"), ("null",)),
     "rises_with_depth_greedy_chain": (("depth", "depth_every_rank"), ("null",)),
-    "rho_negative": (("entropy_every_rank",), ("null", "entropy")),
-    "rho_weak_range": ((), ("null", "entropy")),
+    "rho_negative": (("entropy_every_rank",), ("null", "entropy_simpson")),
+    "rho_weak_range": ((), ("null", "entropy_simpson")),
     "chat_paradox": (("paradox_every_rank",), ("null", "paradox")),
 }
 
@@ -124,7 +129,7 @@ def simulate(world: World, prompts_per_domain: int, seed: int, steps: int = 32,
         prompts_per_domain=prompts_per_domain, steps=steps, seed=seed, profiles=world.profiles,
         depth_effect=world.depth_effect, entropy_effect=world.entropy_effect,
         prompt_sd=world.prompt_sd, second_depth_effect=world.second_depth_effect,
-        second_entropy_effect=world.second_entropy_effect)
+        second_entropy_effect=world.second_entropy_effect, shared_context=world.shared_context)
     run = Run(Path(f"synthetic-{seed}"), {"run_id": "calibration", "status": "complete"},
               nodes.to_pandas(), step_table.to_pandas(), prompts.to_pandas())
     return analyze_records(prepare(run), settings or Settings(n_boot=200, seed=seed), stratify)

@@ -62,7 +62,7 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
                      ranks: tuple[int, ...] = PAPER_RANKS, run_id: str = "synthetic",
                      prompt_sd: float = 0.35, depth_effect: float = 0.0,
                      entropy_effect: float = 0.6, second_depth_effect: float = 0.0,
-                     second_entropy_effect: float = 0.0):
+                     second_entropy_effect: float = 0.0, shared_context: bool = False):
     """(nodes, steps, prompts) pyarrow tables of a synthetic run.
 
     ``steps`` is the number of generation steps per prompt, or a (low, high) range to draw from
@@ -74,7 +74,9 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
     token does not, so these effects run the *other* way at rank 1 (a Simpson's paradox across
     sibling ranks); ``second_depth_effect`` and ``second_entropy_effect`` act likewise on the
     log-odds of the rank-1 token (given rank 0 is not the greedy token), so that an effect can
-    hold at every rank.
+    hold at every rank. Siblings are drawn with their own target entropy unless
+    ``shared_context`` (then they share it, as real siblings share their parent's context: the
+    rank-1 node's acceptance then depends on its own recorded entropy).
     """
     profiles = PROFILES if profiles is None else profiles
     rng = np.random.default_rng(seed)
@@ -99,14 +101,16 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
 
     # Per (step, node): target entropy, then which child of each parent is the greedy token.
     entropy = rng.gamma(2.0, 1.0, size=(S, K)) * (mean_h / 2.0)[:, None]
-    logit = ((np.log(top / (1 - top)) + prompt_effect)[:, None] + depth_effect * (depth - 1)[None, :]
-             - entropy_effect * (entropy - mean_h[:, None]))
-    p0 = 1 / (1 + np.exp(-logit))
-    u = rng.random((S, K))  # one draw per (step, parent group); indexed by the group's first child
     group_first = {}
     for k, p in enumerate(parents):
         group_first.setdefault(p, k)
     first = np.array([group_first[p] for p in parents])
+    if shared_context:
+        entropy = entropy[:, first]
+    logit = ((np.log(top / (1 - top)) + prompt_effect)[:, None] + depth_effect * (depth - 1)[None, :]
+             - entropy_effect * (entropy - mean_h[:, None]))
+    p0 = 1 / (1 + np.exp(-logit))
+    u = rng.random((S, K))  # one draw per (step, parent group); indexed by the group's first child
     draw, p0g = u[:, first], p0[:, first]
     second_g = second[:, None]
     if second_depth_effect or second_entropy_effect:

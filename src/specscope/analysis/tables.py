@@ -285,7 +285,7 @@ def _analysis(rec: Records, settings: Settings, stratum: str = "") -> Analysis:
         depth_profile=depth_profile(eng), effects=effect_sizes(eng),
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
         entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
-        findings=(), prompts=prompt_rows(rec), warnings=rec.warnings,
+        findings=(), prompts=() if stratum else prompt_rows(rec), warnings=rec.warnings,
         variance=None if stratum else variance_decomposition(eng), stratum=stratum)
     return replace(analysis, findings=evaluate_findings(analysis),
                    warnings=analysis.warnings + small_sample_warnings(analysis))
