@@ -165,7 +165,8 @@ def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
             continue
         total = sum(c.values())
         claim = f"{key} | by {STRATIFIED}" if stratified else key
-        rows.append({"claim": claim, "world": name, "claim is": "true" if name in true_in else "false",
+        rows.append({"claim": claim, "world": name,
+                     "claim is": "true" if name in true_in else "false",
                      "prompts per domain": prompts_per_domain, "runs": total,
                      **{v.value: c[v] / total for v in Verdict}})
     return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)

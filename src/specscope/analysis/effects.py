@@ -255,7 +255,8 @@ def _within_ss(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray, z: np.
 
     The within-prompt least-squares fit (each prompt's mean removed from x and z), from
     per-prompt sums, so that every resample's fit is exact: ``b' A^+ b`` with
-    ``A = sum_p w_p (Z_p'Z_p - Z_p'1 1'Z_p / n_p)`` and ``b = sum_p w_p (Z_p'x_p - Z_p'1 s_p / n_p)``.
+    ``A = sum_p w_p (Z_p'Z_p - Z_p'1 1'Z_p / n_p)`` and
+    ``b = sum_p w_p (Z_p'x_p - Z_p'1 s_p / n_p)``.
     """
     P, k = boot.n_prompts, z.shape[1]
     if k == 0:

@@ -171,7 +171,8 @@ def sample_shortfall(a: Analysis, domains: Sequence[str] | None = None) -> str |
 
 
 def _untestable(key: str, claim: str, paper: str, measure: str, estimate: Estimate,
-                why: str, detail: str = "", figures: Sequence[tuple[str, Estimate]] = ()) -> Finding:
+                why: str, detail: str = "",
+                figures: Sequence[tuple[str, Estimate]] = ()) -> Finding:
     return Finding(key, claim, paper, measure, estimate, Verdict.UNTESTABLE,
                    why + (f"; {detail}" if detail else ""), tuple(figures))
 
@@ -342,7 +343,7 @@ def below_one_no_speedup(a: Analysis) -> Finding:
     lengths = tuple((f"{r.domain} E[L]", r.expected_length) for r in rows)
     if a.stratum:
         return _untestable("below_one_no_speedup", claim, paper, measure, nan_estimate(),
-                           f"tau is a per-step figure: it has no value within one {a.stratum}")
+                           f"tau is a per-step figure: it has no value within {a.stratum}")
     if all(e.value >= 1 for _, e in lengths if e.defined):
         none = "no domain has E[L] < 1"
         return _untestable("below_one_no_speedup", claim, paper, none, nan_estimate(), none,

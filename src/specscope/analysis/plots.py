@@ -180,7 +180,8 @@ def variance_plot(a: Analysis):
         rows = [v.row(metric, f) for f in factors]
         vals, err = _values(tuple(r.sequential for r in rows))
         ax.bar(x + (i - 0.5) * 0.38, vals, width=0.38, yerr=err, capsize=3, label=label)
-    ax.set_xticks(x, [f.replace("_", " ") for f in factors])
+    names = {"prompt": "prompt (within domain)"}
+    ax.set_xticks(x, [names.get(f, f.replace("_", " ")) for f in factors])
     ax.set_ylabel("share of node-level variance (95% CI)")
     ax.set_title("Variance explained, in sequence: domain → prompt → sibling rank → depth → "
                  "position", fontsize=10)

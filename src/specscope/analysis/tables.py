@@ -35,9 +35,9 @@ Corrected metrics:
   domain, prompt, sibling rank, depth and position bin, alone and in sequence;
 - the chat paradox: does the domain with the highest entropy also have the highest acceptance?
 
-Stratification (:func:`stratified_analysis`): the per-domain tables and the findings again within each level
-of a node-level factor (by default the sibling rank, which drives acceptance far more than domain
-or depth), each level analysed exactly like a whole run on the same prompt resamples.
+Stratification (:func:`stratified_analysis`): the per-domain tables and the findings again within
+each level of a node-level factor (by default the sibling rank, which drives acceptance far more
+than domain or depth), each level analysed exactly like a whole run on the same prompt resamples.
 """
 
 from __future__ import annotations
