@@ -255,7 +255,7 @@ def stratified_rates() -> pd.DataFrame:
 
 
 def test_every_stratified_claim_is_calibrated(stratified_rates):
-    claims = {c.split(" | ")[0] for c in stratified_rates["claim"]}
+    claims = {c.split(" (by ")[0] for c in stratified_rates["claim"]}
     assert claims == set(STRATIFIED_TRUTH)
 
 
@@ -269,15 +269,17 @@ def test_stratified_false_positives_stay_low(stratified_rates):
 def test_stratified_claims_are_found_where_true(stratified_rates):
     true = stratified_rates[stratified_rates["claim is"] == "true"]
     assert (true[Verdict.FAILS.value] <= 2 / 10).all(), true.to_string()
-    for claim in ("rho_negative", "rises_with_depth_top1_chain", "task_type_over_depth_greedy"):
-        found = true[true["claim"].str.startswith(claim + " |")]
-        assert (found[Verdict.HOLDS.value] >= 0.5).all(), found.to_string()
+    # power at 10 prompts per domain, 40 runs: 0.98, 0.83, 0.75, 0.58 (docs/calibration.md)
+    for claim, power in (("rises_with_depth_top1_chain", 0.8), ("task_type_over_depth_greedy", 0.5),
+                         ("chat_paradox", 0.4), ("rho_negative", 0.3)):
+        found = true[true["claim"] == f"{claim} (by sibling_rank)"]
+        assert (found[Verdict.HOLDS.value] >= power).all(), found.to_string()
 
 
 def test_simpson_worlds_are_caught(stratified_rates):
     # pooled, rho < 0 holds in this world (rank 0 dominates); within rank 1 rho > 0
     r = stratified_rates.set_index(["claim", "world"])
-    row = r.loc[("rho_negative | by sibling_rank", "entropy_simpson")]
+    row = r.loc[("rho_negative (by sibling_rank)", "entropy_simpson")]
     assert row[Verdict.HOLDS.value] == 0 and row[Verdict.FAILS.value] >= 0.5
-    depth = r.loc[("rises_with_depth | by sibling_rank", "depth")]
+    depth = r.loc[("rises_with_depth (by sibling_rank)", "depth")]
     assert depth[Verdict.HOLDS.value] == 0

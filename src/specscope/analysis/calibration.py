@@ -141,7 +141,7 @@ def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
     """One row per (claim, world): whether the claim is true there, and the share of each verdict.
 
     ``stratified``: count the verdicts after stratifying by sibling rank instead (claims named
-    "<claim> | by sibling_rank", truth from :data:`STRATIFIED_TRUTH`).
+    "<claim> (by sibling_rank)", truth from :data:`STRATIFIED_TRUTH`).
     """
     truth = STRATIFIED_TRUTH if stratified else TRUTH
     if worlds is None:
@@ -164,7 +164,7 @@ def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
         if name not in true_in + false_in:
             continue
         total = sum(c.values())
-        claim = f"{key} | by {STRATIFIED}" if stratified else key
+        claim = f"{key} (by {STRATIFIED})" if stratified else key
         rows.append({"claim": claim, "world": name,
                      "claim is": "true" if name in true_in else "false",
                      "prompts per domain": prompts_per_domain, "runs": total,
