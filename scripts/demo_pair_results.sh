@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The demo pair's study, as shipped in results/demo-pair/: the paper protocol (50 prompts per
-# domain, 64 tokens, paper tree, chat template) and a deeper tree for the acceptance vector (the
-# top-1 spine with 3 siblings at each of 6 depths, 10 prompts per domain), both on the int8 demo
-# pair in batches of 8, then the analysis, the certificates and a copy of what is small enough to
-# commit. Resumable: run it again after an interruption. About half an hour on 2 CPU cores.
+# domain, 64 tokens, paper tree, the "task" rendering) and a deeper tree for the acceptance vector
+# (the top-1 spine with 3 siblings at each of 6 depths, 10 prompts per domain), both on the int8
+# demo pair in batches of 8, then the analysis, the certificates and every record. Resumable: run
+# it again after an interruption. About half an hour on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/demo-pair
@@ -15,12 +15,18 @@ specscope run --config demo --int8 --batch-size 8 --per-domain 10 --policy stati
 
 mkdir -p "$out/paper-protocol" "$out/deep-tree"
 specscope analyze runs/demo-full --out "$out/paper-protocol/analysis" --show none
-COLUMNS=160 specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
+specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
 rm -f "$out/paper-protocol/certify/certificates_vs_margin.svg"  # a 17 MB scatter: the PNG is kept
 specscope analyze runs/demo-deep --out "$out/deep-tree/analysis" --show none
+# Every record is shipped: the manifest and the prompt records as written, the step and node
+# records re-encoded with zstd (same columns, same types, same values: load_run reads them as is).
 for run in demo-full:paper-protocol demo-deep:deep-tree; do
   src=runs/${run%%:*} dst=$out/${run##*:}
-  cp "$src/manifest.json" "$src/prompts.parquet" "$src/steps.parquet" "$dst/"
-  # node records only where they stay under 5 MB
-  if [ "$(stat -c %s "$src/nodes.parquet")" -lt 5000000 ]; then cp "$src/nodes.parquet" "$dst/"; fi
+  cp "$src/manifest.json" "$src/prompts.parquet" "$dst/"
+  for table in steps nodes; do
+    python -c 'import sys, pyarrow.parquet as pq
+pq.write_table(pq.read_table(sys.argv[1]), sys.argv[2], compression="zstd", compression_level=19)' \
+      "$src/$table.parquet" "$dst/$table.parquet"
+    echo "$dst/$table.parquet: $(stat -c %s "$dst/$table.parquet") bytes"
+  done
 done

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -647,13 +649,19 @@ CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "goog
                  if shutil.which(b)), None)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install "
+                    "-y chromium; .ci/run installs it)")
 def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
+    """The report opened in a real browser: every table there, every plot decoded with a natural
+    width (a script run after load records it), and the plots visible in a screenshot."""
     pytest.importorskip("matplotlib")
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_chromium.sh"
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     result = subprocess.run([str(script), str(synthetic_run), str(tmp_path)], capture_output=True,
-                            text=True, timeout=300, check=False)
+                            text=True, timeout=300, check=False, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "plots rendered" in result.stdout
     assert (tmp_path / "report.png").stat().st_size > 50_000
 
 

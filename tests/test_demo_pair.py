@@ -13,7 +13,7 @@ import pytest
 import torch
 from specscope.models import DEMO_MODELS, PairConfig
 from specscope.prompts.items import SMOKE_PROMPTS
-from specscope.prompts.render import render_prompt
+from specscope.prompts.render import render_item, render_prompt
 from specscope.records import load_run
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.run.study import run_study
@@ -73,7 +73,7 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
     run, pair, chosen = demo_run
     model, tok = pair.target.model, pair.tokenizer
     for item in chosen:
-        ids = render_prompt(tok, item.messages, True, 512).ids
+        ids = render_item(tok, item, "task", 512).ids
         with torch.inference_mode():
             plain = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                    max_new_tokens=MAX_NEW, do_sample=False, top_p=None, top_k=None,
@@ -92,7 +92,7 @@ def test_demo_pair_int8_speculation_equals_plain_greedy():
     pair = load_pair(PairConfig(dtype="float32", quantize="int8"))
     decoder = make_decoder(pair)
     for prompt in [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]:
-        ids = render_prompt(pair.tokenizer, list(prompt.messages), True, 512).ids
+        ids = render_prompt(pair.tokenizer, list(prompt.messages), "chat", 512).ids
         plain, _ = hf_generate(decoder.target, ids, 16, decoder.eos)
         assert len(plain) == 16 or plain[-1] in decoder.eos
         for spec in (make_speculation("chain", depth=4), make_speculation("paper")):

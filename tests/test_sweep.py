@@ -84,22 +84,22 @@ def test_grid_expansion(tmp_path):
                   {"name": "big", "draft": "a", "target": "c", "dtype": "float32"}],
         "trees": ["paper", {"policy": "chain", "depth": [2, 4]}],
         "domains": ["code", {"name": "mine", "file": "my.jsonl"}],
-        "decode": {"chat_template": [True, False], "max_prompt_tokens": 256},
+        "decode": {"rendering": ["task", "raw"], "max_prompt_tokens": 256},
     })
     points = spec.points()
     assert len(points) == 2 * 3 * 2 * 2
-    assert points[0].label == "small.paper.code.chat_template=true"
+    assert points[0].label == "small.paper.code.rendering=task"
     assert [p.label for p in points if p.label.startswith("big.chain-depth4.mine")] == [
-        "big.chain-depth4.mine.chat_template=true", "big.chain-depth4.mine.chat_template=false"]
+        "big.chain-depth4.mine.rendering=task", "big.chain-depth4.mine.rendering=raw"]
     last = points[-1].config
     assert (last.pair.target, last.pair.dtype, last.tree.policy, last.tree.depth) == (
         "c", "float32", "chain", 4)
     # a prompt set replaces the base's prompts but keeps per_domain; decode settings apply to all
     assert (last.prompts.file, last.prompts.domains, last.prompts.per_domain) == ("my.jsonl", (), 3)
     assert points[0].config.prompts.domains == ("code",) and points[0].config.prompts.file is None
-    assert (last.chat_template, last.max_prompt_tokens, last.max_new_tokens) == (False, 256, 4)
+    assert (last.rendering, last.max_prompt_tokens, last.max_new_tokens) == ("raw", 256, 4)
     assert dict(points[0].axes) == {"pair": "small", "tree": "paper", "domain": "code",
-                                    "decode": "chat_template=true"}
+                                    "decode": "rendering=task"}
     assert len({p.config.run_id for p in points}) == len(points)
     assert spec.sweep_id == parse_sweep(spec.source).sweep_id
 

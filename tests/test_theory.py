@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
@@ -516,3 +518,137 @@ def test_certify_cli(tmp_path):
     assert (tmp_path / "o" / "certificates.csv").is_file()
     bad = CliRunner().invoke(app, ["certify", str(tmp_path / "missing")])
     assert bad.exit_code == 2 and "error:" in bad.output
+
+
+# --- certify: certified fraction by target-margin bin ----------------------------------------------
+
+def test_margin_bins_are_checked_and_coded():
+    edges = C.parse_margin_bins("0,0.1,0.25,0.5,0.75,0.9,1")
+    assert edges == C.DEFAULT_MARGIN_BINS
+    assert C.margin_bin_labels((0.0, 0.1, 1.0)) == ("[0, 0.1)", "[0.1, 1]")
+    codes = C.margin_bin_codes(np.array([0.0, 0.05, 0.1, 0.9999, 1.0, 1.2, -0.1, np.nan]), edges)
+    assert codes.tolist() == [0, 0, 1, 5, 5, -1, -1, -1]
+    for text, part in (("", "is empty"), ("0", "make no bin"), ("0,0.5,0.5", "0.5 then 0.5"),
+                       ("0.5,0.1", "0.5 then 0.1"), ("0,1.5", "1.5 lies outside"),
+                       ("-0.1,1", "-0.1 lies outside"), ("0,,1", "'' is not a number"),
+                       ("0,a,1", "'a' is not a number"), ("0,nan", "nan lies outside")):
+        with pytest.raises(C.MarginBinsError) as e:
+            C.parse_margin_bins(text)
+        message = str(e.value)
+        assert part in message and "strictly increasing" in message and "\n" not in message
+
+
+def test_certified_fraction_by_margin_bin(tmp_path):
+    run = load_run(_write_run(tmp_path / "run", with_theory=True))
+    edges = (0.0, 0.2, 0.6, 1.0)
+    report = C.certify_run(run, edges, n_boot=200, seed=1)
+    m = report.margins
+    assert m is not None and m.source == "steps" and m.edges == edges
+    # tree_m1 certifies what greedy does: left out
+    assert m.names == ("greedy", "additive", "multiplicative", "top_m", "entropy", "tree_m2",
+                       "tree_m4", "tree_m8")
+    steps = run.steps
+    codes = C.margin_bin_codes(steps["target_margin"].to_numpy(), edges)
+    for domain in ("all", "code", "chat"):
+        rows = [r for r in m.rows if r.domain == domain]
+        assert [r.bin for r in rows] == ["[0, 0.2)", "[0.2, 0.6)", "[0.6, 1]"]
+        sel = np.ones(len(steps), bool) if domain == "all" else (steps["domain"] == domain).to_numpy()
+        for b, r in enumerate(rows):
+            in_bin = sel & (codes == b)
+            assert r.steps == in_bin.sum()
+            assert r.prompts == steps.loc[in_bin, "prompt_id"].nunique()
+            for name, est in zip(m.names, r.fractions):
+                flag = C._flag_column(name)
+                if r.steps:
+                    assert est.value == pytest.approx(steps.loc[in_bin, flag].mean())
+                else:
+                    assert not est.defined
+    assert sum(r.steps for r in m.rows if r.domain == "all") + m.outside == len(steps)
+    # intervals: over all domains (3 prompts, 2 domains: 1 degree of freedom) they exist and
+    # contain the figure; chat has one prompt, so none there
+    pooled = [e for r in m.rows if r.domain == "all" and r.prompts == 3 for e in r.fractions]
+    assert pooled and any(e.has_interval for e in pooled)
+    assert all(e.lo <= e.value <= e.hi for e in pooled if e.has_interval)
+    assert not any(e.has_interval for r in m.rows if r.domain == "chat" for e in r.fractions)
+    assert all(0 <= e.lo and e.hi <= 1 for r in m.rows for e in r.fractions if e.has_interval)
+    # the per-domain summary has intervals too, and the same figures as before
+    crit = report.criteria.set_index(["domain", "criterion"])
+    row = crit.loc[("all", "top_m")]
+    assert row["frac_certified"] == pytest.approx(steps["certified_top_m"].mean())
+    assert row["frac_certified_lo"] <= row["frac_certified"] <= row["frac_certified_hi"]
+    assert row["frac_ok_lo"] <= row["frac_ok"] <= row["frac_ok_hi"]
+    pytest.importorskip("matplotlib")
+    paths = C.plot_margin_table(report, tmp_path / "plots")
+    assert [p.name for p in paths] == ["certified_by_margin.png", "certified_by_margin.svg"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_margins_of_older_runs_come_from_root_nodes_or_are_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    # steps without target_margin: the root nodes' context is the step's root context
+    path = _write_run(tmp_path / "run", with_theory=True)  # read from its parts/
+    full = C.certify_run(load_run(path), n_boot=50)
+    for part in (path / "parts" / "steps").iterdir():
+        pq.write_table(pq.read_table(part).drop_columns(["target_margin"]), part)
+    older = C.certify_run(load_run(path), n_boot=50)
+    assert "target_margin" not in load_run(path).steps
+    assert older.margins.source == "root nodes"
+    assert [r.steps for r in older.margins.rows] == [r.steps for r in full.margins.rows]
+    assert [e.value for r in older.margins.rows for e in r.fractions] == pytest.approx(
+        [e.value for r in full.margins.rows for e in r.fractions], nan_ok=True)
+    # and without nodes either: a note by default, an error naming the column on request
+    for part in (path / "parts" / "nodes").iterdir():
+        part.unlink()
+    report = C.certify_run(load_run(path), n_boot=50)
+    assert report.margins is None and any("target_margin" in n for n in report.notes)
+    assert not report.criteria.empty  # the rest of certify still works
+    with pytest.raises(C.MarginDataError, match="no target_margin"):
+        C.certify_run(load_run(path), n_boot=50, require_margins=True)
+
+
+def test_certify_cli_margin_table(tmp_path):
+    from specscope.cli import app
+    from typer.testing import CliRunner
+
+    run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=6)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["certify", str(run_dir), "--out", str(out), "--boot", "50",
+                                      "--margin-bins", "0,0.3,1"])
+    assert result.exit_code == 0, result.output
+    assert "certified fraction of steps by target margin (all)" in result.output
+    assert "[0.3, 1]" in result.output and "multiplicative" in result.output
+    assert "…" not in result.output  # nothing cut to the width of a terminal
+    csv = (out / "certified_by_margin.csv").read_text().splitlines()
+    assert csv[0].startswith("domain,margin,lo,hi,steps,prompts,greedy,greedy lo,greedy hi")
+    assert len(csv) == 1 + 3 * 2  # all, chat, code x 2 bins
+    md = (out / "certified_by_margin.md").read_text()
+    assert "| \\[0, 0.3) |" in md and "(chat)" in md  # brackets escaped for Markdown
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "certified_by_margin.png").stat().st_size > 1000
+    for bins in ("0,0.5,0.5", "", "0.2"):
+        bad = CliRunner().invoke(app, ["certify", str(run_dir), "--margin-bins", bins])
+        assert bad.exit_code == 2, bad.output
+        lines = bad.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --margin-bins")
+
+
+def test_certified_fraction_intervals_cover_the_truth():
+    """Calibration of the certified-fraction intervals on worlds of known truth: 4 domains of 10
+    prompts, each prompt with its own certification rate (Beta(2, 2), mean 0.5) and 20 steps;
+    the 95% intervals must cover 0.5 about 95% of the time."""
+    rng = np.random.default_rng(11)
+    worlds, covered, widths = 300, 0, []
+    prompts, steps = 40, 20
+    frame = pd.DataFrame({"prompt_id": np.repeat([f"p{i:02d}" for i in range(prompts)], steps),
+                          "domain": np.repeat([f"d{i % 4}" for i in range(prompts)], steps)})
+    cell = np.zeros(len(frame), np.int64)
+    for world in range(worlds):
+        rates = np.repeat(rng.beta(2, 2, prompts), steps)
+        flags = (rng.random(len(frame)) < rates).astype(float)
+        clusters = C.StepClusters.of(frame, 300, world, 0.95)
+        est = clusters.fractions(flags, cell, 1)[0][0, 0]
+        covered += est.contains(0.5)
+        widths.append(est.hi - est.lo)
+    assert 0.91 <= covered / worlds <= 0.985, covered / worlds
+    assert 0.1 < np.mean(widths) < 0.3

@@ -263,7 +263,7 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     from .models import load_tokenizer
     from .models.demo import demo_gguf
     from .records import load_run
-    from .prompts.render import render_prompt
+    from .prompts.render import render_item, rendering_of
 
     out = Path(out_dir)
     inside = inside_of(out, run_dir)  # outputs in the run directory: its links are refused
@@ -278,9 +278,8 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
     items = held_out_prompts(run.manifest, per_domain)
     tokenizer = load_tokenizer(str(target_path))
     config = run.manifest.get("config", {})
-    prompts = [(item, list(render_prompt(tokenizer, item.messages,
-                                         config.get("chat_template", True),
-                                         config.get("max_prompt_tokens", 512)).ids))
+    prompts = [(item, list(render_item(tokenizer, item, rendering_of(config),
+                                       config.get("max_prompt_tokens", 512)).ids))
                for item in items]
     draft_llama = load_llama(draft_path, threads)
     draft = GreedyDraft(draft_llama, 0)

@@ -1,6 +1,8 @@
 """``specscope certify``: certificates of acceptance over a recorded run: their distributions per
-domain, the steps they certify, soundness (no certified step rejected), tree coverage, the
-published figures beside this run's, and a plot of certificate against target margin.
+domain, the steps they certify (with prompt-clustered intervals), soundness (no certified step
+rejected), tree coverage, the certified fraction of each criterion and tree width by bin of the
+target's margin (the theory's headline: relaxed criteria and trees certify most where the margin
+is small), the published figures beside this run's, and plots.
 
 Reads the columns :mod:`specscope.theory` wrote during measurement (or recomputes the margin-only
 bounds from the node records); computes no certificate of its own.
@@ -9,6 +11,7 @@ bounds from the node records); computes no certificate of its own.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import MissingExtraError
+from ..errors import MissingExtraError, SpecscopeError
 from ..files import write_output
 from ..records import ALL_DOMAINS, Run
 from ..theory import (
@@ -27,6 +30,8 @@ from ..theory import (
     margin_bound,
     perspective,
 )
+from .render import Column, Grid
+from .stats import ClusterBootstrap, Estimate, bounded, ratio
 
 # --- certify: reports over recorded runs --------------------------------------------------------
 
@@ -53,6 +58,7 @@ class CertifyReport:
     source: str  # where the certificates came from
     config: CriteriaConfig  # the criteria behind the columns (for bounds and plots)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    margins: MarginTable | None = None  # certified fractions by target-margin bin
 
     @property
     def violations(self) -> int:
@@ -62,6 +68,188 @@ class CertifyReport:
             if len(df):
                 total += int(df.loc[df["domain"] == ALL_DOMAINS, "violations"].fillna(0).sum())
         return total
+
+
+# --- certified fractions with prompt-clustered intervals ----------------------------------------
+
+DEFAULT_MARGIN_BINS: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+MARGIN_BINS_ALLOWED = ("at least 2 comma-separated edges in [0, 1], strictly increasing (sorted, "
+                       "no duplicates), e.g. 0,0.1,0.25,0.5,0.75,0.9,1")
+
+
+class MarginBinsError(SpecscopeError, ValueError):
+    """A margin bin specification that does not define consecutive, non-empty bins in [0, 1]."""
+
+
+class MarginDataError(SpecscopeError, ValueError):
+    """A run that records no target margin for its steps (needed for the margin bins)."""
+
+
+def check_margin_bins(edges: tuple[float, ...] | list[float]) -> tuple[float, ...]:
+    """The bin edges, checked: at least 2, each in [0, 1], strictly increasing."""
+    edges = tuple(float(e) for e in edges)
+    shown = ",".join(f"{e:g}" for e in edges)
+    if len(edges) < 2:
+        raise MarginBinsError(f"--margin-bins {shown or repr('')}: {len(edges)} edge(s) make no "
+                              f"bin; give {MARGIN_BINS_ALLOWED}")
+    bad = next((e for e in edges if not 0.0 <= e <= 1.0), None)  # NaN fails too
+    if bad is not None:
+        raise MarginBinsError(f"--margin-bins {shown}: {bad:g} lies outside [0, 1] (a margin is a "
+                              f"difference of probabilities); give {MARGIN_BINS_ALLOWED}")
+    for a, b in itertools.pairwise(edges):
+        if b <= a:
+            raise MarginBinsError(f"--margin-bins {shown}: {a:g} then {b:g} make an empty or "
+                                  f"overlapping bin; give {MARGIN_BINS_ALLOWED}")
+    return edges
+
+
+def parse_margin_bins(text: str) -> tuple[float, ...]:
+    """``"0,0.1,0.5,1"`` as checked bin edges (:func:`check_margin_bins`)."""
+    if not text.strip():
+        raise MarginBinsError(f"--margin-bins is empty; give {MARGIN_BINS_ALLOWED}")
+    edges = []
+    for item in text.split(","):
+        try:
+            edges.append(float(item))
+        except ValueError:
+            raise MarginBinsError(f"--margin-bins {text}: {item.strip()!r} is not a number; give "
+                                  f"{MARGIN_BINS_ALLOWED}") from None
+    return check_margin_bins(edges)
+
+
+def margin_bin_labels(edges: tuple[float, ...]) -> tuple[str, ...]:
+    """``[0, 0.1)``, ..., ``[0.9, 1]``: every bin half-open but the last, which is closed."""
+    last = len(edges) - 2
+    return tuple(f"[{a:g}, {b:g}{']' if i == last else ')'}"
+                 for i, (a, b) in enumerate(itertools.pairwise(edges)))
+
+
+def margin_bin_codes(margin: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
+    """Each margin's bin (0..len(edges)-2), -1 when it is NaN or outside the edges."""
+    margin = np.asarray(margin, dtype=np.float64)
+    codes = np.searchsorted(np.asarray(edges), margin, side="right") - 1
+    codes[margin == edges[-1]] = len(edges) - 2
+    codes[~((margin >= edges[0]) & (margin <= edges[-1]))] = -1
+    return codes
+
+
+@dataclass(frozen=True)
+class StepClusters:
+    """The steps' prompts as bootstrap clusters, stratified by domain (as ``analyze`` draws them)."""
+
+    boot: ClusterBootstrap
+    prompt: np.ndarray  # (S,) each step's prompt column
+    stratum: np.ndarray  # (P,) each prompt's domain code
+
+    @classmethod
+    def of(cls, steps: pd.DataFrame, n_boot: int, seed: int,
+           confidence: float) -> StepClusters:
+        prompt, prompt_ids = pd.factorize(steps["prompt_id"].astype(str), sort=True)
+        domain_codes, _ = pd.factorize(steps["domain"].astype(str), sort=True)
+        stratum = np.zeros(len(prompt_ids), np.int64)
+        stratum[prompt] = domain_codes
+        return cls(ClusterBootstrap.draw(stratum, n_boot, seed, confidence), prompt, stratum)
+
+    def fractions(self, flags: np.ndarray, cell: np.ndarray,
+                  n_cells: int) -> tuple[np.ndarray, np.ndarray]:
+        """The mean of each column of ``flags`` (S, N; NaN: not counted) over the steps of each
+        cell (``cell``: (S,) codes, -1 for none), as an (n_cells, N) array of :class:`Estimate`
+        (a ratio of prompt-clustered totals, its interval kept within [0, 1]), and the
+        (n_cells,) steps per cell."""
+        flags = np.asarray(flags, dtype=np.float64).reshape(len(cell), -1)
+        P, N = self.boot.n_prompts, flags.shape[1]
+        keep = cell >= 0
+        index = self.prompt[keep] * n_cells + cell[keep]
+        num, den = np.zeros((P * n_cells, N)), np.zeros((P * n_cells, N))
+        np.add.at(num, index, np.nan_to_num(flags[keep]))
+        np.add.at(den, index, ~np.isnan(flags[keep]))
+        num, den = num.reshape(P, n_cells * N), den.reshape(P, n_cells * N)
+        present = den > 0
+        prompts = present.sum(axis=0)
+        strata = np.array([len(np.unique(self.stratum[present[:, j]])) for j in range(present.shape[1])])
+        t_num, t_den = self.boot.total(num), self.boot.total(den)
+        ests = self.boot.estimates(ratio(t_num, t_den), t_den[0].astype(np.int64), prompts, strata)
+        for i, e in enumerate(ests):  # a fraction's interval ends within [0, 1]
+            ests[i] = bounded(e)
+        steps = np.bincount(cell[keep], minlength=n_cells)
+        return ests.reshape(n_cells, N), steps
+
+
+def _flag_column(name: str) -> str:
+    return f"tree_certified_m{name[6:]}" if name.startswith("tree_m") else f"certified_{name}"
+
+
+@dataclass(frozen=True)
+class MarginRow:
+    """One margin bin of one domain (or of all): its steps and each certified fraction."""
+
+    domain: str
+    bin: str
+    lo: float
+    hi: float
+    steps: int
+    prompts: int
+    fractions: tuple[Estimate, ...]  # one per :attr:`MarginTable.names`
+
+
+@dataclass(frozen=True)
+class MarginTable:
+    """Certified fraction of steps per criterion and tree width, by bin of the target margin
+    (top-1 minus top-2 probability at the step's root context), with prompt-clustered intervals."""
+
+    edges: tuple[float, ...]
+    names: tuple[str, ...]  # criteria, then tree widths (tree_m1 left out: it is greedy)
+    rows: tuple[MarginRow, ...]  # all domains' bins first, then each domain's
+    outside: int  # steps whose margin is missing or outside the edges (in no bin)
+    source: str  # where the margins came from: "steps" or "root nodes"
+
+    def grid(self, domain: str = ALL_DOMAINS) -> Grid:
+        """The rows of one domain (or of all) as a table (terminal, Markdown, CSV)."""
+        rows = tuple((r.bin, r.steps, r.prompts, *r.fractions) for r in self.rows
+                     if r.domain == domain)
+        key = "certified_by_margin" + ("" if domain == ALL_DOMAINS else f"_{domain}")
+        return Grid(key, f"certified fraction of steps by target margin ({domain})",
+                    (Column("margin"), Column("steps"), Column("prompts"),
+                     *(Column(n) for n in self.names)), rows, self.note)
+
+    def all_grid(self) -> Grid:
+        """Every domain's rows in one table (the CSV)."""
+        return Grid("certified_by_margin", "certified fraction of steps by target margin",
+                    (Column("domain"), Column("margin"), Column("lo"), Column("hi"),
+                     Column("steps"), Column("prompts"), *(Column(n) for n in self.names)),
+                    tuple((r.domain, r.bin, r.lo, r.hi, r.steps, r.prompts, *r.fractions)
+                          for r in self.rows), self.note)
+
+    @property
+    def note(self) -> str:
+        return (f"margin: target top-1 minus top-2 probability at the step's root context (from "
+                f"{self.source}); a step is certified when KL(target || draft) < the criterion's "
+                f"certificate; tree_m<m>: the m-wide tree covers the target's token. "
+                f"Intervals: prompt-clustered bootstrap, stratified by domain."
+                + (f" {self.outside} step(s) without a margin in the edges are in no bin."
+                   if self.outside else ""))
+
+
+def margin_table(steps: pd.DataFrame, clusters: StepClusters, edges: tuple[float, ...],
+                 names: list[str], source: str) -> MarginTable:
+    """Certified fractions by margin bin, over all domains and per domain."""
+    names = [n for n in names if n != "tree_m1" or "greedy" not in names]
+    names = [n for n in names if _flag_column(n) in steps.columns]
+    flags = np.column_stack([steps[_flag_column(n)].astype("float64").to_numpy(np.float64)
+                             for n in names]) if names else np.zeros((len(steps), 0))
+    codes = margin_bin_codes(steps["target_margin"].to_numpy(np.float64), edges)
+    labels = margin_bin_labels(edges)
+    domain = steps["domain"].astype(str).to_numpy()
+    rows = []
+    for label in [ALL_DOMAINS, *sorted(set(domain))]:
+        cell = codes if label == ALL_DOMAINS else np.where(domain == label, codes, -1)
+        ests, counts = clusters.fractions(flags, cell, len(labels))
+        keep = cell >= 0
+        for b, text in enumerate(labels):
+            prompts = len(np.unique(clusters.prompt[keep & (codes == b)]))
+            rows.append(MarginRow(label, text, edges[b], edges[b + 1], int(counts[b]), prompts,
+                                  tuple(ests[b])))
+    return MarginTable(edges, tuple(names), tuple(rows), int((codes < 0).sum()), source)
 
 
 def _criterion_order(name: str) -> tuple[int, str]:
@@ -142,10 +330,13 @@ def run_lengths(flags: Any) -> list[int]:
     return out
 
 
-def _summaries(steps: pd.DataFrame, names: list[str], kind: str) -> pd.DataFrame:
+def _summaries(steps: pd.DataFrame, names: list[str], kind: str,
+               clusters: StepClusters) -> pd.DataFrame:
     rows = []
     groups = [(ALL_DOMAINS, steps)] + list(steps.groupby("domain", sort=True))
     for domain, df in groups:
+        cell = np.full(len(steps), -1)
+        cell[df.index.to_numpy()] = 0
         for name in names:
             cert = df[f"cert_{name}"].to_numpy(np.float64)
             cert = cert[~np.isnan(cert)]  # +inf (nothing can be rejected) stays in
@@ -158,8 +349,12 @@ def _summaries(steps: pd.DataFrame, names: list[str], kind: str) -> pd.DataFrame
                 ok_col, cert_flag = f"tree_covered_m{m}", f"tree_certified_m{m}"
             ok = df[ok_col].astype("boolean") if ok_col in df else None
             certified = df[cert_flag].astype("boolean") if cert_flag in df else None
-            row["frac_ok"] = float(ok.mean()) if ok is not None else math.nan
-            row["frac_certified"] = float(certified.mean()) if certified is not None else math.nan
+            for col, flag in (("frac_ok", ok_col), ("frac_certified", cert_flag)):
+                est = (clusters.fractions(steps[flag].astype("float64").to_numpy(np.float64),
+                                          cell, 1)[0][0, 0] if flag in df else None)
+                row[col] = est.value if est is not None else math.nan
+                row[f"{col}_lo"] = est.lo if est is not None else math.nan
+                row[f"{col}_hi"] = est.hi if est is not None else math.nan
             row["violations"] = (int((certified & ~ok).sum()) if ok is not None and certified
                                  is not None else math.nan)
             if certified is not None:
@@ -173,18 +368,46 @@ def _summaries(steps: pd.DataFrame, names: list[str], kind: str) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def certify_run(run: Run) -> CertifyReport:
-    """Certificate distributions, certified fractions and run lengths, soundness, tree coverage.
+def certify_run(run: Run, margin_bins: tuple[float, ...] | None = DEFAULT_MARGIN_BINS,
+                n_boot: int = 1000, seed: int = 0, confidence: float = 0.95,
+                require_margins: bool = False) -> CertifyReport:
+    """Certificate distributions, certified fractions (with prompt-clustered intervals) and run
+    lengths, soundness, tree coverage, and certified fractions by target-margin bin.
 
     ``run`` comes from :func:`specscope.records.load_run`. Statistics are over steps (the root
-    context of each step's tree), per domain and over all domains (``domain == "all"``).
+    context of each step's tree), per domain and over all domains (``domain == "all"``). The
+    margin of a step comes from the steps table, or for older runs from its root nodes; a run with
+    neither gets no margin table (a note says why), or a :class:`MarginDataError` naming the
+    missing columns when ``require_margins``. ``margin_bins`` None: no margin table.
     """
+    if margin_bins is not None:
+        margin_bins = check_margin_bins(margin_bins)
     steps, source, notes = certify_steps(run)
     names = [c[5:] for c in steps.columns if c.startswith("cert_")]
     crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=_criterion_order)
     tree_names = sorted((n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
-    criteria = _summaries(steps, crit_names, "criterion") if crit_names else pd.DataFrame()
-    trees = _summaries(steps, tree_names, "tree") if tree_names else pd.DataFrame()
+    clusters = StepClusters.of(steps, n_boot, seed, confidence)
+    criteria = (_summaries(steps, crit_names, "criterion", clusters) if crit_names
+                else pd.DataFrame())
+    trees = _summaries(steps, tree_names, "tree", clusters) if tree_names else pd.DataFrame()
+    margins = None
+    if margin_bins is not None:
+        flags = [c for c in map(_flag_column, crit_names + tree_names) if c in steps.columns]
+        missing = [c for c in ("target_margin",)
+                   if c not in steps.columns or steps[c].isna().all()]
+        if not flags:
+            missing.append("kl_target_draft (or certified_<criterion> flags)")
+        if missing:
+            why = (f"{run.path}: no margin table: the steps record no {' and no '.join(missing)}"
+                   f" and there are no node records to take them from (root nodes share the "
+                   f"step's context); measure the run again with this version")
+            if require_margins:
+                raise MarginDataError(why)
+            notes.append(why)
+        else:
+            margin_source = "steps" if "target_margin" in run.steps.columns else "root nodes"
+            margins = margin_table(steps, clusters, margin_bins, crit_names + tree_names,
+                                   margin_source)
     rows = []
     for (name, stat), value in PUBLISHED.items():
         table, col = (trees, "tree") if name.startswith("tree_m") else (criteria, "criterion")
@@ -198,7 +421,8 @@ def certify_run(run: Run) -> CertifyReport:
     if not crit_names and not tree_names:
         notes.append("no certificates found in this run")
     config = criteria_config_from_manifest(run.manifest)
-    return CertifyReport(criteria, trees, pd.DataFrame(rows), steps, source, config, tuple(notes))
+    return CertifyReport(criteria, trees, pd.DataFrame(rows), steps, source, config, tuple(notes),
+                         margins)
 
 
 def plot_certificates(report: CertifyReport, out_dir: str | Path,
@@ -254,3 +478,17 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     return paths
 
 
+
+
+def plot_margin_table(report: CertifyReport, out_dir: str | Path,
+                      inside: Path | None = None) -> list[Path]:
+    """The certified fraction by margin bin (:func:`specscope.analysis.plots.certified_by_margin_plot`)
+    as certified_by_margin.png and .svg in out_dir; [] without a margin table."""
+    from .plots import certified_by_margin_plot, plots_unavailable, write_figure
+
+    if report.margins is None:
+        return []
+    if plots_unavailable():
+        raise MissingExtraError("plots need matplotlib: pip install 'specscope[plot]'")
+    return write_figure(certified_by_margin_plot(report.margins), out_dir, "certified_by_margin",
+                        inside)

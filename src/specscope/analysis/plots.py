@@ -217,3 +217,44 @@ def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) ->
             write_output(path, image.getvalue(), inside)
         plots.append(Plot(name, title, png, svg))
     return plots
+
+
+# --- certify: certified fraction by target-margin bin ------------------------------------------
+
+def certified_by_margin_plot(table):
+    """Certified fraction of steps (all domains) per margin bin, one line per criterion (solid)
+    and tree width (dashed), with the intervals as whiskers; below, the steps per bin.
+    ``table`` is a :class:`specscope.analysis.certify.MarginTable`."""
+    from specscope.records import ALL_DOMAINS
+
+    rows = [r for r in table.rows if r.domain == ALL_DOMAINS]
+    fig = _figure(9, 5.5)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    x = np.arange(len(rows), dtype=float)
+    spread = 0.5 / max(len(table.names), 1)
+    for j, name in enumerate(table.names):
+        v, err = _values(tuple(r.fractions[j] for r in rows))
+        tree = name.startswith("tree_m")
+        top.errorbar(x + (j - (len(table.names) - 1) / 2) * spread, v, yerr=err, marker="o",
+                     markersize=4, capsize=2, linestyle="--" if tree else "-", label=name)
+    top.set_ylim(-0.02, 1.02)
+    top.set_ylabel("certified fraction of steps (95% CI)")
+    top.set_title("Certified fraction by target margin (all domains)")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, ncol=2, loc="lower right")
+    bottom.bar(x, [r.steps for r in rows], color="grey")
+    bottom.set_ylabel("steps")
+    bottom.set_xticks(x, [r.bin for r in rows])
+    bottom.set_xlabel("target margin p0 − p1 at the step's root context")
+    return fig
+
+
+def write_figure(fig, out_dir: str | Path, name: str, inside: Path | None = None,
+                 formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Save a figure as ``out_dir/name.<format>`` through :func:`specscope.files.write_output`."""
+    paths = []
+    for fmt in formats:
+        image = io.BytesIO()
+        fig.savefig(image, format=fmt)
+        paths.append(write_output(Path(out_dir) / f"{name}.{fmt}", image.getvalue(), inside))
+    return paths

@@ -448,6 +448,21 @@ def profile_grid(p: BinnedProfile) -> Grid:
                 tuple((r.domain, r.metric) + r.values for r in p.rows))
 
 
+def echo_grid(a: Analysis) -> Grid | None:
+    """Prompt echo per domain (:mod:`specscope.analysis.echo`); None for an analysis without it."""
+    e = a.echo
+    if e is None:
+        return None
+    return Grid("echo", "Prompt echo: output words copied from the prompt",
+                (Column("Domain"), Column("Prompts"), Column("Echo share"),
+                 Column(f"Prompts >= {e.high_share:.0%} copied"), Column("Whole output in prompt")),
+                tuple((r.domain, r.prompts, r.share, r.mostly_copied, r.verbatim) for r in e.rows),
+                f"Echo share: mean over prompts of the share of output words lying inside a run of "
+                f">= {e.run_words} consecutive output words that occurs word for word in the "
+                f"prompt (whitespace-separated words). A domain at >= {e.warn_share:.0%} gets a "
+                f"warning: its acceptance largely measures copying.")
+
+
 def analysis_grids(a: Analysis) -> list[Grid]:
     """Every table of an analysis, in report order."""
     stratified = a.stratification.findings if a.stratification is not None else ()
@@ -458,6 +473,7 @@ def analysis_grids(a: Analysis) -> list[Grid]:
                depth_profile_grid(a), effects_grid(a)]
             + ([variance] if variance is not None else []) + stratified_grids(a)
             + [paradox_grid(a)]
+            + [g for g in (echo_grid(a),) if g is not None]
             + paper_grids(a.greedy)
             + [profile_grid(a.entropy_profile), profile_grid(a.position_profile)])
 

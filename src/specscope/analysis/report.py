@@ -344,7 +344,7 @@ def _run_section(i: int, a: Analysis, plots: list[Plot], paper: bool,
     heads = {"findings": "Findings", "table1": "The paper's tables (alpha)",
              "tau": "Corrected metrics", "greedy_table1": "The paper's tables with greedy_accept",
              "variance": "What drives acceptance", "stratified_rho": "Stratified tables",
-             "entropy_profile": "Profiles"}
+             "entropy_profile": "Profiles", "echo": "Prompt echo"}
     folded = {"findings_figures", "stratified_findings"}  # long listings: one click away
     for g in grids:
         if g.key in heads:

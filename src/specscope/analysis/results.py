@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscope.analysis.echo import EchoTable
 from specscope.analysis.prepare import ALL
 from specscope.analysis.stats import Estimate, nan_estimate
 
@@ -325,6 +326,7 @@ class Analysis:
     findings: tuple  # tuple[Finding, ...], see specscope.analysis.findings
     prompts: tuple[PromptRow, ...]
     warnings: tuple[str, ...]
+    echo: EchoTable | None = None  # share of output words copied from the prompt, per domain
     variance: VarianceDecomposition | None = None
     stratification: Stratification | None = None
     stratum: str = ""  # set when this analysis covers one level of a stratification factor

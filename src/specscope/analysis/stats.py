@@ -27,6 +27,7 @@ other levels (one-sided, multiplicity-corrected) use the same figures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -90,6 +91,13 @@ class Estimate:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def bounded(e: Estimate, lo: float = 0.0, hi: float = 1.0) -> Estimate:
+    """``e`` with its interval cut to [lo, hi], the range the quantity can take (a share)."""
+    if not e.has_interval:
+        return e
+    return dataclasses.replace(e, lo=max(e.lo, lo), hi=min(e.hi, hi))
 
 
 def nan_estimate(n: int = 0, prompts: int = 0) -> Estimate:

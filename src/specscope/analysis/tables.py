@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specscope.analysis.echo import echo_table
 from specscope.analysis.prepare import ALL, NodeArrays, Records
 from specscope.analysis.results import (
     AcceptanceCell,
@@ -286,9 +287,13 @@ def _analysis(rec: Records, settings: Settings, stratum: str = "") -> Analysis:
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
         entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
         findings=(), prompts=() if stratum else prompt_rows(rec), warnings=rec.warnings,
+        echo=None if stratum else echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains,
+                                             rec.run.prompts, eng.boot),
         variance=None if stratum else variance_decomposition(eng), stratum=stratum)
     return replace(analysis, findings=evaluate_findings(analysis),
-                   warnings=analysis.warnings + small_sample_warnings(analysis))
+                   warnings=analysis.warnings + small_sample_warnings(analysis)
+                   + (tuple(f"prompt echo: {w}" for w in analysis.echo.warnings)
+                      if analysis.echo is not None else ()))
 
 
 def small_sample_warnings(a: Analysis) -> tuple[str, ...]:

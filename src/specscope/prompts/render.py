@@ -1,12 +1,27 @@
-"""A prompt item as the models see it: chat template, tokens, truncation, and when to stop.
+"""A prompt item as the models see it: the rendering, tokens, truncation, and when to stop.
 
-Shared by measurement, decoding and the benchmarks; knows nothing of runs or records.
+A *rendering* (:data:`RENDERINGS`) is a named, recorded choice of how a prompt item becomes the
+text the models read:
+
+- ``task`` (the default): what the domain's task needs. The chat template with the generation
+  prompt, then the item's ``reply_prefix`` as the start of the model's reply: a HumanEval item's
+  reply opens with its function signature and docstring in a code block, so the target writes the
+  function body (as instruct-model code evaluations prefill it) rather than copying the prompt.
+  Items without a reply prefix (math, reasoning, chat) render as ``chat``.
+- ``chat``: the chat template with the generation prompt; the model writes its whole reply.
+- ``raw``: the turns' texts joined by blank lines, no template (the paper's code fed raw prompts).
+
+A tokenizer without a chat template renders ``task`` and ``chat`` as ``raw`` (``task`` then
+appends the reply prefix after a blank line). Shared by measurement, decoding and the benchmarks;
+knows nothing of runs or records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from .items import PromptSourceError
 
 
 @dataclass(frozen=True)
@@ -16,17 +31,48 @@ class RenderedPrompt:
     truncated: bool
 
 
-def render_prompt(tokenizer, messages: Sequence[dict], chat_template: bool,
-                  max_tokens: int) -> RenderedPrompt:
-    """Apply the chat template (or join the turns), tokenise, keep the last ``max_tokens``."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                             tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        text = "\n\n".join(str(m["content"]) for m in messages)
-        ids = tokenizer(text)["input_ids"]
+def _raw(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, bool]:
+    return "\n\n".join(str(m["content"]) for m in messages), True
+
+
+def _chat(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, bool]:
+    if not getattr(tokenizer, "chat_template", None):
+        return _raw(tokenizer, messages, reply_prefix)
+    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                         tokenize=False), False
+
+
+def _task(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, bool]:
+    text, raw = _chat(tokenizer, messages, reply_prefix)
+    if reply_prefix:
+        text = f"{text}\n\n{reply_prefix}" if raw else text + reply_prefix
+    return text, raw
+
+
+# name -> (tokenizer, messages, reply prefix) -> (text, whether the tokenizer adds special tokens)
+RENDERINGS: dict[str, Callable[..., tuple[str, bool]]] = {
+    "task": _task, "chat": _chat, "raw": _raw,
+}
+
+
+def check_rendering(name: str) -> str:
+    if name not in RENDERINGS:
+        raise PromptSourceError(f"unknown rendering {name!r}; allowed: {', '.join(RENDERINGS)}")
+    return name
+
+
+def render_prompt(tokenizer, messages: Sequence[dict], rendering: str, max_tokens: int,
+                  reply_prefix: str = "") -> RenderedPrompt:
+    """Render the turns (and the reply's start) as ``rendering`` says, tokenise, keep the last
+    ``max_tokens``."""
+    text, special = RENDERINGS[check_rendering(rendering)](tokenizer, messages, reply_prefix)
+    ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     return RenderedPrompt(text, ids[-max_tokens:], len(ids) > max_tokens)
+
+
+def render_item(tokenizer, item, rendering: str, max_tokens: int) -> RenderedPrompt:
+    """:func:`render_prompt` of a :class:`~specscope.prompts.items.PromptItem`."""
+    return render_prompt(tokenizer, item.messages, rendering, max_tokens, item.reply_prefix)
 
 
 def eos_token_ids(pair) -> set[int]:
@@ -39,3 +85,11 @@ def eos_token_ids(pair) -> set[int]:
         elif value:
             ids.update(value)
     return ids
+
+
+def rendering_of(config: dict) -> str:
+    """The rendering a run's manifest config names (runs made before renderings: ``chat`` or
+    ``raw`` from their ``chat_template``)."""
+    if "rendering" in config:
+        return check_rendering(config["rendering"])
+    return "chat" if config.get("chat_template", True) else "raw"

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
@@ -87,7 +87,8 @@ def load_items(source: PromptSource) -> list[PromptItem]:
         version = metadata.version(source.package)
     except metadata.PackageNotFoundError:
         return source.load()  # which names the extra to install
-    key = hashlib.sha256(repr((source, version)).encode()).hexdigest()[:20]
+    item_fields = tuple(f.name for f in fields(PromptItem))  # a new field makes a new cache
+    key = hashlib.sha256(repr((source, version, item_fields)).encode()).hexdigest()[:20]
     path = cache_dir() / "prompts" / f"{key}.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
@@ -116,6 +117,12 @@ def _humaneval_messages(prompt: str) -> tuple[dict, ...]:
                  f"{prompt.rstrip()}\n```")
 
 
+def _humaneval_reply(prompt: str) -> str:
+    """The reply's start under the "task" rendering: the function up to its body, in a code block
+    (as instruct-model code evaluations such as EvalPlus prefill it), so the model writes the body."""
+    return f"```python\n{prompt}"
+
+
 def _humaneval_id(task_id: str) -> str:
     return "humaneval/" + task_id.replace("/", "-")  # "HumanEval/0" -> "humaneval/HumanEval-0"
 
@@ -135,6 +142,7 @@ class HumanEvalSource(PromptSource):
         return [PromptItem(id=_humaneval_id(task_id), domain=self.domain,
                            messages=_humaneval_messages(problem["prompt"]), source=self.name,
                            source_index=i, dataset=dataset, split="test",
+                           reply_prefix=_humaneval_reply(problem["prompt"]),
                            metadata={"entry_point": problem["entry_point"]})
                 for i, (task_id, problem) in enumerate(read_problems().items())]
 
@@ -339,7 +347,8 @@ class HubHumanEval(HubSource):
     def item(self, row: Mapping[str, Any], index: int, dataset: str) -> PromptItem:
         return PromptItem(id=_humaneval_id(row["task_id"]), domain=self.domain,
                           messages=_humaneval_messages(row["prompt"]), source=self.name,
-                          source_index=index, dataset=dataset, split=self.split)
+                          source_index=index, dataset=dataset, split=self.split,
+                          reply_prefix=_humaneval_reply(row["prompt"]))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from ..prompts.items import (
     read_jsonl,
     sample_items,
 )
+from ..prompts.render import RENDERINGS
 from ..theory import CriteriaConfig
 from ..trees import TreeConfig
 from ..validate import check_fields
@@ -98,7 +99,7 @@ class RunConfig:
     engine: str = "cached"
     max_new_tokens: int = 64
     max_prompt_tokens: int = 512
-    chat_template: bool = True
+    rendering: str = "task"  # how prompts become text: specscope.prompts.render.RENDERINGS
     seed: int = 42
     criteria: CriteriaConfig | None = field(default_factory=CriteriaConfig)  # None: no certificates
 
@@ -109,6 +110,9 @@ class RunConfig:
             raise RunConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_prompt_tokens < 1:
             raise RunConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.rendering not in RENDERINGS:
+            raise RunConfigError(f"unknown rendering {self.rendering!r}; allowed: "
+                                 f"{', '.join(RENDERINGS)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -126,6 +130,12 @@ class RunConfig:
         checked, by field. ``pair.trust_remote_code`` is ``trust_remote_code`` (the command
         line's choice) whatever the data says (:func:`remote_code_from_command_line`)."""
         data = dict(data)
+        if "chat_template" in data:  # configs written before renderings: chat or raw
+            legacy = data.pop("chat_template")
+            if not isinstance(legacy, bool):
+                raise RunConfigError(f"chat_template must be true or false, got {legacy!r} "
+                                     "(or use rendering = \"task\", \"chat\" or \"raw\")")
+            data["rendering"] = "chat" if legacy else "raw"
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:

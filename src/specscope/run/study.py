@@ -120,7 +120,6 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
     ``batch_size`` > 1 measures that many prompts together (cached engine only); it changes how
     fast, not what: it is not part of the run's identity.
     """
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -129,9 +128,11 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
         TimeElapsedColumn,
     )
 
+    from ..console import make_console
+
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     # Every input is checked before a model loads or a file is written or removed.
     shape = config.tree.shape()
     items = config.prompts.select(config.seed)

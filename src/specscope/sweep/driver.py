@@ -20,7 +20,7 @@ A sweep file (TOML) names a base run config and the axes of a grid::
     depth = [2, 4]                    # -> trees "chain-depth2" and "chain-depth4"
 
     [decode]                          # top-level or ``section.key`` settings; lists expand
-    chat_template = [true, false]
+    rendering = ["task", "raw"]
 
     [execution]                       # how, not what: never part of a run's identity
     prompts_per_shard = 8
@@ -301,11 +301,12 @@ class SweepBoard:
     """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
 
     def __init__(self, shards_total: int, shards_done: int, enabled: bool):
-        from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)
 
-        self.console = Console(stderr=True)
+        from ..console import make_console
+
+        self.console = make_console(stderr=True)
         self.bar = Progress(
             TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
             TextColumn("shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
@@ -405,11 +406,11 @@ def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str
     states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite,
                          replaced=existing if overwrite else None)
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
-        from rich.console import Console
+        from ..console import make_console
 
         for warning in remove_sweep(fs, root, existing):
-            Console(stderr=True).print(f"warning: {warning}", style="yellow", markup=False,
-                                       highlight=False)
+            make_console(stderr=True).print(f"warning: {warning}", style="yellow",
+                                            markup=False, highlight=False)
         existing = None
     created = (existing or {}).get("created", now_utc())
     shards = [shard for s in states for shard in s.shards]

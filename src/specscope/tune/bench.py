@@ -17,7 +17,7 @@ from ..decode import SpeculativeDecoder
 from ..trees import DynamicTree, TreeShape
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
-from ..prompts.render import render_prompt
+from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
 from .router import (LearnedRouter, RouterReport, RuleRouter, holdout_split, prompt_text,
                      router_accuracy)
@@ -40,7 +40,7 @@ class BenchConfig:
     min_path_prob: float = 0.0  # see DecodeConfig; for the specscope methods
     methods: tuple[str, ...] = ("plain", "assisted", "chain", "uniform", "routed")
     dynamic: DynamicTree = DynamicTree()
-    chat_template: bool = True
+    rendering: str = "task"  # see specscope.prompts.render
     max_prompt_tokens: int = 512
 
     def __post_init__(self) -> None:
@@ -186,8 +186,8 @@ def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
               config: BenchConfig = BenchConfig(), log=None) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
     methods = bench_methods(decoder, policy, router, config)
-    rendered = [render_prompt(tokenizer, item.messages, config.chat_template,
-                              config.max_prompt_tokens).ids for item in items]
+    rendered = [render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+                for item in items]
     for _ in range(config.warmup if items else 0):
         for fn in methods.values():
             fn(rendered[0], prompt_text(items[0]))

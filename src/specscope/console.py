@@ -1,0 +1,23 @@
+"""The one place specscope makes a rich ``Console``: tables whole in terminals, files and pipes.
+
+rich sizes its output to the terminal; when stdout is a file or a pipe it has no terminal to ask
+and falls back to 80 columns, folding or cutting every wider table ("certi…", "stati…"). A console
+made here keeps rich's behaviour on a terminal and, anywhere else, is :data:`LOG_WIDTH` columns
+wide, so that ``specscope analyze RUN > log.txt`` keeps every header and cell whole (tables take
+their natural width; nothing is padded to the full width). It does not decide what is printed.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+LOG_WIDTH = 1000  # columns of a console that writes to a file or a pipe
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr): the terminal's width, or :data:`LOG_WIDTH` when the
+    stream is not a terminal."""
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=LOG_WIDTH)
