@@ -573,7 +573,8 @@ def test_write_outputs_and_html_escaping(synthetic, tmp_path):
     assert (out.csv_dir / "table2.csv").is_file() and (out.csv_dir / "tau.csv").is_file()
     page = out.html.read_text()
     for key in ("findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
-                "acceptance_vector", "effects", "paradox", "greedy_table1"):
+                "acceptance_vector", "effects", "paradox", "greedy_table1", "variance",
+                "stratified_rho", "stratified_findings", "findings_figures"):
         assert f'id="r0-{key}"' in page
     assert "<script" not in page  # the probe in the prompt text is escaped, and no JS is used
     assert "&lt;script&gt;" in page
@@ -581,7 +582,8 @@ def test_write_outputs_and_html_escaping(synthetic, tmp_path):
     data = json.loads(out.json.read_text())
     assert data["paper"]["table1"][0]["domain"] == "chat"
     if out.plots:
-        assert page.count("data:image/png;base64,") == len(out.plots) == 5
+        from specscope.analysis.plots import PLOTS
+        assert page.count("data:image/png;base64,") == len(out.plots) == len(PLOTS)
         assert all(p.svg.is_file() for p in out.plots)
 
 

@@ -28,9 +28,15 @@ from specscope.analysis.stats import EMPTY, ClusterBootstrap, Estimate
 from specscope.analysis.tables import analyze_records
 
 
-def analyze(run_dir: str | Path, settings: Settings | None = None) -> Analysis:
-    """Read a run directory and compute its analysis (raises RunDirError on unusable records)."""
-    return analyze_records(prepare(read_run(run_dir)), settings)
+def analyze(run_dir: str | Path, settings: Settings | None = None,
+            stratify: str | None = "auto") -> Analysis:
+    """Read a run directory and compute its analysis (raises RunDirError on unusable records).
+
+    ``stratify``: the node-level factor to repeat the per-domain tables and findings within
+    (sibling_rank, depth, position_bin), "auto" (sibling_rank when the trees have several) or
+    None; a factor the run lacks raises StratifyError, naming what is allowed.
+    """
+    return analyze_records(prepare(read_run(run_dir)), settings, stratify)
 
 
 def __getattr__(name: str):  # report helpers import matplotlib/rich lazily

@@ -7,6 +7,11 @@ verdicts: the share of "holds" where the claim is false is the false-positive ra
 true the power. It also measures how often the 95% interval of a domain's mean alpha covers the
 true mean at small numbers of prompts per domain.
 
+The stratified verdicts (each claim checked within every sibling rank, ``analyze --stratify``) are
+calibrated the same way on worlds where the claim holds at every rank, and on Simpson's-paradox
+worlds where it holds pooled (or at rank 0) but runs the other way at rank 1
+(:data:`STRATIFIED_TRUTH`).
+
 ``tests/test_calibration.py`` runs a small version in CI; the full table of the README comes from
 ``python -m specscope.analysis.calibration``. Nothing here reads a model.
 """
@@ -46,6 +51,9 @@ class World:
     depth_effect: float = 0.0
     entropy_effect: float = 0.0
     prompt_sd: float = 0.35
+    second_depth_effect: float = 0.0  # the same effects on the rank-1 token's log-odds
+    second_entropy_effect: float = 0.0
+    shared_context: bool = False  # siblings share their target entropy (as real siblings do)
 
 
 WORLDS = {
@@ -64,6 +72,20 @@ WORLDS = {
         **{d: DomainProfile(0.42, 0.20, 1.0) for d in DOMAINS[1:]}}),
     "no_acceptance": World("the target never accepts a draft token (tau = 1)",
                            profiles=_same(DomainProfile(1e-9, 0.0, 1.0))),
+    # worlds where an effect holds at every sibling rank (the stratified claims are true)
+    "entropy_every_rank": World("acceptance falls with entropy at rank 0 and at rank 1",
+                                entropy_effect=2.0, second_entropy_effect=8.0,
+                                shared_context=True),
+    "entropy_simpson": World("acceptance falls with entropy at rank 0, rises at rank 1 (siblings "
+                             "share the entropy)", entropy_effect=2.0, shared_context=True),
+    "depth_every_rank": World("acceptance rises with depth at rank 0 and at rank 1",
+                              depth_effect=0.6, second_depth_effect=1.5),
+    "domain_every_rank": World("domains differ at rank 0 and at rank 1", profiles={
+        "chat": DomainProfile(0.70, 0.60, 1.0), "code": DomainProfile(0.60, 0.30, 1.0),
+        "math": DomainProfile(0.45, 0.10, 1.0), "reasoning": DomainProfile(0.55, 0.20, 1.0)}),
+    "paradox_every_rank": World("chat has the highest entropy and acceptance at every rank",
+                                profiles={"chat": DomainProfile(0.70, 0.80, 1.3),
+                                          **{d: FLAT for d in DOMAINS[1:]}}),
 }
 
 # For each claim: the worlds where it is true, and where it is false.
@@ -81,39 +103,70 @@ TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+# The same for each claim checked within every sibling rank (its stratified verdict). Simpson
+# worlds: "entropy", "depth" and "paradox" have their effect at rank 0 and the opposite one at
+# rank 1, so the claim is false within rank 1 ("entropy_simpson" rather than "entropy", whose
+# siblings are drawn with unrelated entropies). below_one_no_speedup is never stratified (tau is a
+# per-step figure: the stratified verdict is always "not testable").
+STRATIFIED = "sibling_rank"
+STRATIFIED_TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "task_type_over_depth": (("domain_every_rank",), ("null", "depth_every_rank")),
+    "task_type_over_depth_greedy": (("domain_every_rank",), ("null", "depth_every_rank")),
+    "only_chat_above_one": ((), ("null",)),
+    "rises_with_depth": (("depth_every_rank",), ("null", "depth", "domain_every_rank")),
+    "rises_with_depth_top1_chain": (("depth", "depth_every_rank"), ("null",)),
+    "rises_with_depth_greedy_chain": (("depth", "depth_every_rank"), ("null",)),
+    "rho_negative": (("entropy_every_rank",), ("null", "entropy_simpson")),
+    "rho_weak_range": ((), ("null", "entropy_simpson")),
+    "chat_paradox": (("paradox_every_rank",), ("null", "paradox")),
+}
+
+
 def simulate(world: World, prompts_per_domain: int, seed: int, steps: int = 32,
-             settings: Settings | None = None) -> Analysis:
-    """Analyse one synthetic run of ``world``."""
+             settings: Settings | None = None, stratify: str | None = None) -> Analysis:
+    """Analyse one synthetic run of ``world`` (stratified by ``stratify`` if given)."""
     nodes, step_table, prompts = synthetic_tables(
         prompts_per_domain=prompts_per_domain, steps=steps, seed=seed, profiles=world.profiles,
         depth_effect=world.depth_effect, entropy_effect=world.entropy_effect,
-        prompt_sd=world.prompt_sd)
+        prompt_sd=world.prompt_sd, second_depth_effect=world.second_depth_effect,
+        second_entropy_effect=world.second_entropy_effect, shared_context=world.shared_context)
     run = Run(Path(f"synthetic-{seed}"), {"run_id": "calibration", "status": "complete"},
               nodes.to_pandas(), step_table.to_pandas(), prompts.to_pandas())
-    return analyze_records(prepare(run), settings or Settings(n_boot=200, seed=seed))
+    return analyze_records(prepare(run), settings or Settings(n_boot=200, seed=seed), stratify)
 
 
 def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
                   worlds: tuple[str, ...] | None = None, n_boot: int = 200,
-                  min_prompts: int | None = None) -> pd.DataFrame:
-    """One row per (claim, world): whether the claim is true there, and the share of each verdict."""
+                  min_prompts: int | None = None, stratified: bool = False) -> pd.DataFrame:
+    """One row per (claim, world): whether the claim is true there, and the share of each verdict.
+
+    ``stratified``: count the verdicts after stratifying by sibling rank instead (claims named
+    "<claim> (by sibling_rank)", truth from :data:`STRATIFIED_TRUTH`).
+    """
+    truth = STRATIFIED_TRUTH if stratified else TRUTH
+    if worlds is None:
+        worlds = tuple(dict.fromkeys(w for t, f in truth.values() for w in t + f))
     counts: dict[tuple[str, str], dict[Verdict, int]] = {}
-    for name in worlds or tuple(WORLDS):
+    for name in worlds:
         for r in range(reps):
             settings = Settings(n_boot=n_boot, seed=r)
             if min_prompts is not None:
                 settings = Settings(n_boot=n_boot, seed=r, min_prompts=min_prompts)
             a = simulate(WORLDS[name], prompts_per_domain, seed=1000 * r + 7, steps=steps,
-                         settings=settings)
-            for f in a.findings:
+                         settings=settings, stratify=STRATIFIED if stratified else None)
+            found = (a.stratification.findings if stratified and a.stratification is not None
+                     else () if stratified else a.findings)
+            for f in found:
                 counts.setdefault((f.key, name), {v: 0 for v in Verdict})[f.verdict] += 1
     rows = []
     for (key, name), c in counts.items():
-        true_in, false_in = TRUTH.get(key, ((), ()))
+        true_in, false_in = truth.get(key, ((), ()))
         if name not in true_in + false_in:
             continue
         total = sum(c.values())
-        rows.append({"claim": key, "world": name, "claim is": "true" if name in true_in else "false",
+        claim = f"{key} (by {STRATIFIED})" if stratified else key
+        rows.append({"claim": claim, "world": name,
+                     "claim is": "true" if name in true_in else "false",
                      "prompts per domain": prompts_per_domain, "runs": total,
                      **{v.value: c[v] / total for v in Verdict}})
     return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)
@@ -164,14 +217,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=[10, 50],
                         help="prompts per domain (one table each)")
     parser.add_argument("--steps", type=int, default=32, help="generation steps per prompt")
+    parser.add_argument("--stratified-only", action="store_true",
+                        help="only the verdicts stratified by sibling rank")
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60)
     for n in args.prompts:
-        rates = verdict_rates(n, args.reps, args.steps)
-        print(f"\n## {n} prompts per domain, {args.reps} runs per world, {args.steps} steps\n")
-        print(summary(rates).to_markdown(index=False))
-        print()
-        print(rates.to_markdown(index=False, floatfmt=".3f"))
+        for stratified in ((True,) if args.stratified_only else (False, True)):
+            rates = verdict_rates(n, args.reps, args.steps, stratified=stratified)
+            what = ", stratified by sibling rank" if stratified else ""
+            print(f"\n## {n} prompts per domain, {args.reps} runs per world, {args.steps} "
+                  f"steps{what}\n")
+            print(summary(rates).to_markdown(index=False))
+            print()
+            print(rates.to_markdown(index=False, floatfmt=".3f"))
+    if args.stratified_only:
+        return
     print("\n## below the minimum: verdicts forced at 2 and 5 prompts per domain\n")
     for n in (2, 5):
         forced = verdict_rates(n, args.reps, args.steps, min_prompts=0)

@@ -169,12 +169,35 @@ def acceptance_heatmap(a: Analysis):
     return fig
 
 
+def variance_plot(a: Analysis):
+    """Sequential variance shares of alpha and greedy acceptance per factor, 95% whiskers."""
+    fig = _figure(9, 4)
+    ax = fig.subplots()
+    v = a.variance
+    factors = list(v.order) if v is not None else []
+    x = np.arange(len(factors))
+    for i, (metric, label) in enumerate((("alpha", "alpha"), ("greedy_accept", "greedy accept"))):
+        rows = [v.row(metric, f) for f in factors]
+        vals, err = _values(tuple(r.sequential for r in rows))
+        ax.bar(x + (i - 0.5) * 0.38, vals, width=0.38, yerr=err, capsize=3, label=label)
+    names = {"prompt": "prompt (within domain)"}
+    ax.set_xticks(x, [names.get(f, f.replace("_", " ")) for f in factors])
+    ax.set_ylabel("share of node-level variance (95% CI)")
+    ax.set_title("Variance explained, in sequence: domain → prompt → sibling rank → depth → "
+                 "position", fontsize=10)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
 PLOTS = {
     "acceptance_by_depth": ("Acceptance by depth per domain", depth_plot),
     "tau_distribution": ("Distribution of tau per domain", tau_plot),
     "acceptance_vs_entropy": ("Acceptance vs target entropy", entropy_plot),
     "acceptance_by_position": ("Acceptance by position in the generation", position_plot),
     "acceptance_vector": ("Acceptance vector heat map", acceptance_heatmap),
+    "variance_decomposition": ("What drives acceptance: variance shares", variance_plot),
 }
 
 

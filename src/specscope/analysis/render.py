@@ -13,7 +13,8 @@ import io
 import math
 from dataclasses import dataclass
 
-from specscope.analysis.findings import Finding
+from specscope.analysis.findings import (LABELS, STRATIFIED_RULE, Finding, StratifiedFinding,
+                                         figures_text)
 from specscope.analysis.prepare import ALL
 from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
 from specscope.analysis.stats import EMPTY, Estimate
@@ -254,23 +255,119 @@ def _vs_one(e: Estimate) -> str:
 # --- grids of the corrected metrics ----------------------------------------------------------------
 
 def findings_grid(findings: tuple[Finding, ...], key: str = "findings",
-                  compact: bool = False) -> Grid:
+                  compact: bool = False,
+                  stratified: tuple[StratifiedFinding, ...] = ()) -> Grid:
+    """The claims with the figures their verdicts use (per domain, with intervals) and, when the
+    run was stratified, each claim's verdict within the levels of the factor."""
     note = ("Verdicts come from t tests on prompt-clustered bootstrap standard errors, whose "
             "error rates were measured on synthetic runs of known truth: holds (significant on "
             "the claimed side, in every domain the claim covers), does not hold (significant on "
             "the other side somewhere, Bonferroni-corrected over domains), inconclusive, not "
             "testable (fewer than the minimum prompts per domain, or the run lacks what the "
-            "claim needs).")
+            "claim needs). 'Figures the verdict uses': the per-domain figures (or comparisons) "
+            "the test is decided on, with 95% intervals.")
+    by_key = {s.key: s for s in stratified}
+    strat_cols: tuple[Column, ...] = ()
+    if stratified:
+        factor = stratified[0].factor
+        strat_cols = (Column(f"After stratifying by {factor}"),)
+        note += f" After stratifying by {factor}: {STRATIFIED_RULE}"
+
+    def strat(f: Finding) -> tuple:
+        if not stratified:
+            return ()
+        s = by_key.get(f.key)
+        return (s.summary() if s else None,)
     if compact:
         return Grid(key, "Findings: the paper's claims checked against this run",
-                    (Column("Claim"), Column("Figure [95% CI]"), Column("Verdict")),
-                    tuple((f.label, f.estimate, f.verdict.value) for f in findings),
+                    (Column("Claim"), Column("Figures the verdict uses [95% CI]"),
+                     Column("Verdict")) + strat_cols,
+                    tuple((f.label, f.figures_text(), f.verdict.value) + strat(f)
+                          for f in findings),
                     note + " Each claim's rule and details: tables.md / report.html.")
     return Grid(key, "Findings: the paper's claims checked against this run",
                 (Column("Claim"), Column("Paper"), Column("This run: measure"),
-                 Column("Figure [95% CI]"), Column("Verdict"), Column("Rule"), Column("Detail")),
-                tuple((f.claim, f.paper, f.measure, f.estimate, f.verdict.value, f.rule, f.detail)
+                 Column("Figure [95% CI]"), Column("Figures the verdict uses [95% CI]"),
+                 Column("Verdict")) + strat_cols + (Column("Rule"), Column("Detail")),
+                tuple((f.claim, f.paper, f.measure, f.estimate, f.figures_text(),
+                       f.verdict.value) + strat(f) + (f.rule, f.detail)
                       for f in findings), note)
+
+
+def findings_figures_grid(a: Analysis) -> Grid:
+    """One row per figure a verdict uses (CSV-friendly: value, lo, hi), whole run and levels."""
+    rows = [(f.key, "whole run", name, e, f.verdict.value)
+            for f in a.findings for name, e in f.figures]
+    if a.stratification is not None:
+        rows += [(s.key, lv.stratum, name, e, lv.verdict.value)
+                 for s in a.stratification.findings for lv in s.levels
+                 for name, e in lv.figures]
+    return Grid("findings_figures", "Findings: the figures each verdict uses",
+                (Column("Claim"), Column("Scope"), Column("Figure"), Column("Value [95% CI]"),
+                 Column("Verdict")), tuple(rows),
+                "Scope 'whole run': the verdict of the findings table; a stratum: the claim "
+                "checked within that level only (its verdict as the stratified rule counts it).")
+
+
+def variance_grid(a: Analysis) -> Grid | None:
+    v = a.variance
+    if v is None:
+        return None
+    return Grid("variance", "Variance decomposition: what drives acceptance (share of node-level "
+                "variance)",
+                (Column("Metric"), Column("Factor"), Column("Levels"),
+                 Column("alone (η²)", 4), Column("alone, noise-corrected", 4),
+                 Column("sequential", 4), Column("unique", 4)),
+                tuple((r.metric, r.factor, r.levels or None, r.one_way, r.corrected,
+                       r.sequential, r.unique) for r in v.rows),
+                "alone: η² of a one-way grouping by the factor (raw; noise-corrected removes the "
+                "share sampling noise of the group means adds, about 0 for a factor without "
+                "effect). sequential: the share each factor adds in the order "
+                + " → ".join(v.order) + " (least squares, prompts as fixed effects; domain + "
+                "prompt is the prompt-level variance), with the residual the rows sum to 1. "
+                "unique: the share lost when a within-prompt factor is dropped from the full "
+                "model. Intervals: prompt-clustered bootstrap.")
+
+
+def stratified_grids(a: Analysis) -> list[Grid]:
+    """The per-domain tables within each level of the stratification factor."""
+    st = a.stratification
+    if st is None:
+        return []
+    labels = a.labels
+    lv_cols = tuple(Column(s.label) for s in st.strata)
+
+    def by_domain(rows, attr):
+        return [{r.domain: getattr(r, attr) for r in getattr(s, rows)} for s in st.strata]
+    rho = by_domain("table6", "spearman")
+    mean = by_domain("table1", "mean")
+    delta = [dict(s.depth_delta) for s in st.strata]
+    prompts = "; ".join(f"{s.label}: " + ", ".join(f"{d} {n}" for d, n in
+                                                     zip(a.info.domains, s.domain_prompts))
+                        for s in st.strata)
+    return [
+        Grid("stratified_rho", f"ρ(target entropy, alpha) within each {st.factor}",
+             (Column("Domain"),) + lv_cols, tuple((d,) + tuple(m.get(d) for m in rho)
+                                                  for d in labels),
+             "Spearman ρ over the nodes of one level only. A pooled ρ mixes levels whose "
+             "acceptance differs: its sign can differ from every level's (Simpson's paradox)."),
+        Grid("stratified_alpha", f"Mean alpha by domain within each {st.factor}",
+             (Column("Domain"),) + tuple(Column(c.name, 4) for c in lv_cols),
+             tuple((d,) + tuple(m.get(d) for m in mean) for d in labels),
+             f"Prompts with nodes per level and domain: {prompts}."),
+        Grid("stratified_depth", f"Depth trend of alpha within each {st.factor}",
+             (Column("Domain"),) + tuple(Column(c.name, signed=True) for c in lv_cols),
+             tuple((d,) + tuple(m.get(d) for m in delta) for d in labels),
+             "Within-prompt change of mean alpha from depth 1 to the deepest depth, nodes of "
+             "the level only (— where no prompt has such nodes at both depths)."),
+        Grid("stratified_findings", f"Findings within each {st.factor}",
+             (Column("Claim"), Column("Level"), Column("Verdict"),
+              Column("Figures the verdict uses [95% CI]")),
+             tuple((LABELS.get(s.key, s.key), lv.stratum, lv.verdict.value,
+                    figures_text(lv.figures) if lv.figures else lv.detail)
+                   for s in st.findings for lv in s.levels),
+             STRATIFIED_RULE[0].upper() + STRATIFIED_RULE[1:]),
+    ]
 
 
 def tau_grid(a: Analysis) -> Grid:
@@ -368,9 +465,14 @@ def echo_grid(a: Analysis) -> Grid | None:
 
 def analysis_grids(a: Analysis) -> list[Grid]:
     """Every table of an analysis, in report order."""
-    return ([findings_grid(a.findings)] + paper_grids(a.paper)
+    stratified = a.stratification.findings if a.stratification is not None else ()
+    variance = variance_grid(a)
+    return ([findings_grid(a.findings, stratified=stratified), findings_figures_grid(a)]
+            + paper_grids(a.paper)
             + [tau_grid(a), tau_distribution_grid(a), acceptance_vector_grid(a),
-               depth_profile_grid(a), effects_grid(a), paradox_grid(a)]
+               depth_profile_grid(a), effects_grid(a)]
+            + ([variance] if variance is not None else []) + stratified_grids(a)
+            + [paradox_grid(a)]
             + [g for g in (echo_grid(a),) if g is not None]
             + paper_grids(a.greedy)
             + [profile_grid(a.entropy_profile), profile_grid(a.position_profile)])

@@ -343,11 +343,16 @@ def _run_section(i: int, a: Analysis, plots: list[Plot], paper: bool,
     grids = analysis_grids(a)
     heads = {"findings": "Findings", "table1": "The paper's tables (alpha)",
              "tau": "Corrected metrics", "greedy_table1": "The paper's tables with greedy_accept",
+             "variance": "What drives acceptance", "stratified_rho": "Stratified tables",
              "entropy_profile": "Profiles", "echo": "Prompt echo"}
+    folded = {"findings_figures", "stratified_findings"}  # long listings: one click away
     for g in grids:
         if g.key in heads:
             parts.append(f"<h3>{esc(heads[g.key])}</h3>")
-        parts.append(to_html(g, pre))
+        if g.key in folded:
+            parts.append(f"<details><summary>{esc(g.title)}</summary>{to_html(g, pre)}</details>")
+        else:
+            parts.append(to_html(g, pre))
     parts.append(f'<h3 id="{pre}plots">Plots</h3>')
     if plots:
         parts += [_img(p) for p in plots]

@@ -192,6 +192,54 @@ DOMAIN_MINUS_DEPTH = "domain − depth (noise-corrected)"
 
 
 @dataclass(frozen=True)
+class VarianceRow:
+    """One factor's share of the variance of one acceptance metric (node level)."""
+
+    metric: str  # "alpha" or "greedy_accept"
+    factor: str  # a key of effects.FACTORS, or "residual"
+    levels: int  # levels the factor has in the run
+    one_way: Estimate  # raw eta^2 of the factor alone
+    corrected: Estimate  # noise-corrected eta^2 of the factor alone (NaN for the prompt)
+    sequential: Estimate  # share added in the decomposition's order (the rows sum to 1)
+    unique: Estimate  # share lost when the factor is dropped last (within-prompt factors)
+
+
+@dataclass(frozen=True)
+class VarianceDecomposition:
+    """Shares of node-level variance of alpha and greedy acceptance explained by each factor."""
+
+    order: tuple[str, ...]  # the sequential order (then the residual)
+    rows: tuple[VarianceRow, ...]
+
+    def row(self, metric: str, factor: str) -> VarianceRow | None:
+        return next((r for r in self.rows if (r.metric, r.factor) == (metric, factor)), None)
+
+
+@dataclass(frozen=True)
+class StratumResult:
+    """The tables and findings of one level of the stratification factor (e.g. sibling rank 1)."""
+
+    label: str  # e.g. "sibling_rank 1"
+    level: int
+    nodes: int
+    domain_prompts: tuple[int, ...]  # prompts with nodes at this level, per domain
+    table1: tuple[SummaryRow, ...]  # mean alpha by domain within the level
+    table6: tuple[CorrelationRow, ...]  # rho(target entropy, alpha) within the level
+    depth_delta: tuple[tuple[str, Estimate], ...]  # within-prompt change of alpha, depth 1 -> D
+    findings: tuple  # tuple[Finding, ...]: the paper's claims checked within the level
+    strict_findings: tuple  # the same at the Bonferroni-corrected level over the strata
+
+
+@dataclass(frozen=True)
+class Stratification:
+    """Every per-domain table and finding again within each level of one node-level factor."""
+
+    factor: str  # a key of effects.STRATIFIERS
+    strata: tuple[StratumResult, ...]
+    findings: tuple  # tuple[StratifiedFinding, ...], see specscope.analysis.findings
+
+
+@dataclass(frozen=True)
 class PairLead:
     """The checked domain's mean minus one other domain's, per quantity."""
 
@@ -279,6 +327,9 @@ class Analysis:
     prompts: tuple[PromptRow, ...]
     warnings: tuple[str, ...]
     echo: EchoTable | None = None  # share of output words copied from the prompt, per domain
+    variance: VarianceDecomposition | None = None
+    stratification: Stratification | None = None
+    stratum: str = ""  # set when this analysis covers one level of a stratification factor
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -61,7 +61,8 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
                      parents: tuple[int, ...] = PAPER_PARENTS,
                      ranks: tuple[int, ...] = PAPER_RANKS, run_id: str = "synthetic",
                      prompt_sd: float = 0.35, depth_effect: float = 0.0,
-                     entropy_effect: float = 0.6):
+                     entropy_effect: float = 0.6, second_depth_effect: float = 0.0,
+                     second_entropy_effect: float = 0.0, shared_context: bool = False):
     """(nodes, steps, prompts) pyarrow tables of a synthetic run.
 
     ``steps`` is the number of generation steps per prompt, or a (low, high) range to draw from
@@ -69,7 +70,13 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
     greedy token are the domain's, plus a prompt effect ~ N(0, ``prompt_sd``), plus
     ``depth_effect`` per depth below the roots, minus ``entropy_effect`` per nat of target entropy
     above the domain's mean: every effect is known, which is what the calibration of the findings'
-    verdicts needs (``tests/test_calibration.py``).
+    verdicts needs (``tests/test_calibration.py``). The rank-1 token wins only where the rank-0
+    token does not, so these effects run the *other* way at rank 1 (a Simpson's paradox across
+    sibling ranks); ``second_depth_effect`` and ``second_entropy_effect`` act likewise on the
+    log-odds of the rank-1 token (given rank 0 is not the greedy token), so that an effect can
+    hold at every rank. Siblings are drawn with their own target entropy unless
+    ``shared_context`` (then they share it, as real siblings share their parent's context: the
+    rank-1 node's acceptance then depends on its own recorded entropy).
     """
     profiles = PROFILES if profiles is None else profiles
     rng = np.random.default_rng(seed)
@@ -94,16 +101,24 @@ def synthetic_tables(prompts_per_domain: int = 50, steps: int | tuple[int, int] 
 
     # Per (step, node): target entropy, then which child of each parent is the greedy token.
     entropy = rng.gamma(2.0, 1.0, size=(S, K)) * (mean_h / 2.0)[:, None]
-    logit = ((np.log(top / (1 - top)) + prompt_effect)[:, None] + depth_effect * (depth - 1)[None, :]
-             - entropy_effect * (entropy - mean_h[:, None]))
-    p0 = 1 / (1 + np.exp(-logit))
-    u = rng.random((S, K))  # one draw per (step, parent group); indexed by the group's first child
     group_first = {}
     for k, p in enumerate(parents):
         group_first.setdefault(p, k)
     first = np.array([group_first[p] for p in parents])
+    if shared_context:
+        entropy = entropy[:, first]
+    logit = ((np.log(top / (1 - top)) + prompt_effect)[:, None] + depth_effect * (depth - 1)[None, :]
+             - entropy_effect * (entropy - mean_h[:, None]))
+    p0 = 1 / (1 + np.exp(-logit))
+    u = rng.random((S, K))  # one draw per (step, parent group); indexed by the group's first child
     draw, p0g = u[:, first], p0[:, first]
-    winner = np.where(draw < p0g, 0, np.where(draw < p0g + (1 - p0g) * second[:, None], 1, -1))
+    second_g = second[:, None]
+    if second_depth_effect or second_entropy_effect:
+        second_logit = (np.log(second / (1 - second))[:, None]
+                        + second_depth_effect * (depth - 1)[None, :]
+                        - second_entropy_effect * (entropy - mean_h[:, None]))
+        second_g = (1 / (1 + np.exp(-second_logit)))[:, first]
+    winner = np.where(draw < p0g, 0, np.where(draw < p0g + (1 - p0g) * second_g, 1, -1))
     greedy = winner == ranks_a[None, :]
 
     accept_draw = rng.random((S, K))

@@ -31,20 +31,26 @@ Corrected metrics:
   depth" survive when the same kind of node is compared at every depth (a selection effect?);
 - effect sizes: eta squared (variance share of node-level acceptance explained) of domain, depth,
   sibling rank, position bin and prompt, and domain minus depth;
+- the variance decomposition: shares of the variance of alpha and greedy acceptance explained by
+  domain, prompt, sibling rank, depth and position bin, alone and in sequence;
 - the chat paradox: does the domain with the highest entropy also have the highest acceptance?
+
+Stratification (:func:`stratified_analysis`): the per-domain tables and the findings again within
+each level of a node-level factor (by default the sibling rank, which drives acceptance far more
+than domain or depth), each level analysed exactly like a whole run on the same prompt resamples.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from specscope.analysis.echo import echo_table
-from specscope.analysis.prepare import ALL, Records
+from specscope.analysis.prepare import ALL, NodeArrays, Records
 from specscope.analysis.results import (
     AcceptanceCell,
     AcceptanceTable,
@@ -57,6 +63,8 @@ from specscope.analysis.results import (
     PromptRow,
     RunInfo,
     Settings,
+    Stratification,
+    StratumResult,
     SummaryRow,
     TauDistribution,
     TauDistributionRow,
@@ -68,8 +76,9 @@ from specscope.analysis.stats import (
     spearman_reps,
 )
 
-from specscope.analysis.effects import (depth_profile, effect_sizes, entropy_profile, paradox_check,
-                                        position_profile)
+from specscope.analysis.effects import (FACTORS, check_stratifier, depth_profile, effect_sizes,
+                                        entropy_profile, paradox_check, position_profile,
+                                        variance_decomposition)
 from specscope.analysis.resampling import Resampler, depth_keys
 
 
@@ -198,20 +207,78 @@ def prompt_rows(rec: Records) -> tuple[PromptRow, ...]:
     return tuple(rows)
 
 
-def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
-    """Compute every table, metric and finding of one run's records."""
+AUTO = "auto"  # stratify by sibling rank when the trees have more than one
+
+
+def analyze_records(rec: Records, settings: Settings | None = None,
+                    stratify: str | None = AUTO) -> Analysis:
+    """Compute every table, metric and finding of one run's records.
+
+    ``stratify``: a node-level factor (``effects.STRATIFIERS``) to repeat the per-domain tables
+    and findings within each level of; "auto" (sibling rank when the trees have more than one),
+    or None / "none" for no stratification. A factor the run lacks raises StratifyError.
+    """
+    settings = Settings() if settings is None else settings
+    if stratify == AUTO:
+        factor = "sibling_rank" if rec.n_ranks > 1 else None
+    elif stratify is None or stratify == "none":
+        factor = None
+    else:
+        factor = check_stratifier(rec, stratify)
+    analysis = _analysis(rec, settings)
+    if factor is None:
+        return analysis
+    return replace(analysis, stratification=stratified_analysis(rec, settings, factor))
+
+
+def subset_records(rec: Records, mask: np.ndarray) -> Records:
+    """The same run with only the nodes of ``mask`` (steps, prompts and shapes unchanged)."""
+    nodes = NodeArrays(**{f.name: getattr(rec.nodes, f.name)[mask] for f in fields(NodeArrays)})
+    return replace(rec, nodes=nodes, warnings=())
+
+
+def stratified_analysis(rec: Records, settings: Settings, factor: str) -> Stratification:
+    """Tables I and VI, the depth trend and the findings within each level of ``factor``.
+
+    Every level is analysed like a whole run (the same prompt resamples, the same verdict rules);
+    its findings are also evaluated at the level Bonferroni-corrected over the levels, which the
+    stratified "does not hold" uses (:data:`.findings.STRATIFIED_RULE`).
+    """
+    from specscope.analysis.findings import evaluate_findings, stratified_findings
+
+    codes, n_levels = FACTORS[factor].codes(rec)
+    present = [lv for lv in range(n_levels) if (codes == lv).any()]
+    strict = replace(settings, confidence=1 - (1 - settings.confidence) / max(len(present), 1))
+    strata = []
+    for lv in present:
+        sub = _analysis(subset_records(rec, codes == lv), settings, stratum=f"{factor} {lv}")
+        strict_findings = evaluate_findings(replace(sub, settings=strict))
+        delta = tuple((r.domain, r.delta) for r in sub.depth_profile.rows
+                      if r.subset == "all nodes" and r.metric == "alpha")
+        strata.append(StratumResult(sub.stratum, lv, sub.info.nodes, sub.info.domain_prompts,
+                                    sub.paper.table1, sub.paper.table6, delta, sub.findings,
+                                    strict_findings))
+    combined = stratified_findings(factor, [(s.label, s.findings, s.strict_findings)
+                                            for s in strata])
+    return Stratification(factor, tuple(strata), combined)
+
+
+def _analysis(rec: Records, settings: Settings, stratum: str = "") -> Analysis:
+    """Every table, metric and finding of some records (one level of a factor: ``stratum``)."""
     from specscope.analysis.findings import evaluate_findings
 
-    settings = Settings() if settings is None else settings
     eng = Resampler(rec, settings)
     paper, reps = paper_tables(eng, "alpha")
     greedy, greedy_reps = paper_tables(eng, "greedy_accept")
     tau, tau_dist = tau_metrics(eng, paper)
     manifest = rec.run.manifest
+    with_records = np.ones(rec.n_prompts, bool)
+    if stratum:  # a level counts the prompts that have nodes in it
+        with_records = np.bincount(rec.nodes.prompt, minlength=rec.n_prompts) > 0
     info = RunInfo(str(manifest.get("run_id", rec.run.path.name)), str(rec.run.path),
                    str(manifest.get("status", "unknown")), len(rec.nodes), len(rec.steps),
                    rec.n_prompts, rec.domains, rec.max_depth, manifest,
-                   tuple(int(c) for c in np.bincount(rec.prompt_domain,
+                   tuple(int(c) for c in np.bincount(rec.prompt_domain[with_records],
                                                      minlength=len(rec.domains))))
     analysis = Analysis(
         info=info, settings=settings, paper=paper, greedy=greedy, tau=tau,
@@ -219,12 +286,14 @@ def analyze_records(rec: Records, settings: Settings | None = None) -> Analysis:
         depth_profile=depth_profile(eng), effects=effect_sizes(eng),
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
         entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
-        findings=(), prompts=prompt_rows(rec), warnings=rec.warnings,
-        echo=echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains, rec.run.prompts,
-                        eng.boot))
+        findings=(), prompts=() if stratum else prompt_rows(rec), warnings=rec.warnings,
+        echo=None if stratum else echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains,
+                                             rec.run.prompts, eng.boot),
+        variance=None if stratum else variance_decomposition(eng), stratum=stratum)
     return replace(analysis, findings=evaluate_findings(analysis),
                    warnings=analysis.warnings + small_sample_warnings(analysis)
-                   + tuple(f"prompt echo: {w}" for w in analysis.echo.warnings))
+                   + (tuple(f"prompt echo: {w}" for w in analysis.echo.warnings)
+                      if analysis.echo is not None else ()))
 
 
 def small_sample_warnings(a: Analysis) -> tuple[str, ...]:

@@ -23,13 +23,14 @@ _CONFIDENCE = typer.Option(0.95, "--confidence", min=0.5, max=0.999, help="Confi
 _PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).")
 
 
-def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float):
+def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float,
+              stratify: str = "auto"):
     from ..analysis import Settings, analyze as analyze_run
 
     settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
     out = []
     for run_dir in run_dirs:
-        out.append(analyze_run(run_dir, settings))
+        out.append(analyze_run(run_dir, settings, stratify))
     return out
 
 
@@ -61,6 +62,7 @@ def analyze(
     confidence: float = _CONFIDENCE,
     plots: bool = _PLOTS,
     show: str = typer.Option("main", "--show", help="Tables to print: main, all or none."),
+    stratify: str = typer.Option("auto", "--stratify", help="Repeat the per-domain tables and findings within each level of a node-level factor: sibling_rank, depth or position_bin; auto (sibling_rank when the trees have more than one) or none."),
 ) -> None:
     """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals.
 
@@ -92,12 +94,15 @@ def analyze(
         md, js = write_ingested_analysis(stepwise, out_dir)
         typer.echo(f"wrote {md}, {js}")
         return
-    (a,) = _analyses([run_dir], boot, seed, confidence)
+    (a,) = _analyses([run_dir], boot, seed, confidence, stratify)
     grids = analysis_grids(a)
     if show == "main":
         keep = {"findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
-                "acceptance_vector", "effects", "paradox", "echo"}
-        grids = [findings_grid(a.findings, compact=True)] + [g for g in grids if g.key in keep - {"findings"}]
+                "acceptance_vector", "effects", "paradox", "echo", "variance", "stratified_rho",
+                "stratified_alpha", "stratified_depth"}
+        stratified = a.stratification.findings if a.stratification is not None else ()
+        grids = ([findings_grid(a.findings, compact=True, stratified=stratified)]
+                 + [g for g in grids if g.key in keep - {"findings"}])
     if show != "none":
         _print_grids(grids)
     for warning in a.warnings:
