@@ -178,8 +178,8 @@ def test_an_empty_sweep_axis_is_an_error():
         parse_sweep({"trees": []})
     with pytest.raises(SweepError, match=r"trees\[0\].depth: an empty list"):
         parse_sweep({"trees": [{"policy": "chain", "depth": []}]})
-    with pytest.raises(SweepError, match=r"\[decode\].chat_template: an empty list"):
-        parse_sweep({"decode": {"chat_template": []}})
+    with pytest.raises(SweepError, match=r"\[decode\].rendering: an empty list"):
+        parse_sweep({"decode": {"rendering": []}})
 
 
 def test_policy_file_with_an_unknown_domain(tmp_path):
