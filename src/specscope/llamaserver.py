@@ -1,0 +1,501 @@
+"""llama.cpp's own programs: build them, time their passes, run llama-server.
+
+:func:`build_llama_tools` compiles llama-server, llama-bench and llama-quantize offline from the
+source distribution of the *installed* llama-cpp-python (its sdist vendors llama.cpp whole), into
+specscope's cache, once: a finished build is reused. ``$SPECSCOPE_LLAMA_BIN`` names a directory of
+already built programs instead.
+
+:class:`ServerSetting` is one way of starting llama-server (threads and polling of each model,
+batch sizes, chain length K or no speculation); :meth:`ServerSetting.flags` are exactly the
+flags specscope runs and exports. :class:`LlamaServer` starts one (a free port, waits for
+``/health``, its output in a log file) and stops it on exit or interrupt; :meth:`LlamaServer.complete`
+returns a request's :class:`Completion` with the server's own timings and draft counts.
+
+:func:`run_llama_bench` times passes of 1..N tokens in llama.cpp's own loop (llama-bench's
+prompt-processing tests at a context depth) and :func:`parse_llama_bench` reads its JSON output.
+
+This module knows nothing of acceptance or policies (:mod:`specscope.llamacpp` and
+:mod:`specscope.serving` do) and needs no Python binding of llama.cpp.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+
+from .cache import cache_dir
+from .errors import SpecscopeError
+
+PROGRAMS = ("llama-server", "llama-bench", "llama-quantize")
+BIN_ENV = "SPECSCOPE_LLAMA_BIN"
+BUILD_MARKER = "specscope-build.json"  # written last: its presence means the build finished
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON")
+
+
+class LlamaToolsError(SpecscopeError, RuntimeError):
+    """llama.cpp's programs could not be built, found or run; the message says why."""
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaTools:
+    """A directory holding llama-server, llama-bench and llama-quantize, and their version."""
+
+    bin_dir: Path
+    version: str  # the llama-cpp-python version whose vendored llama.cpp built them ("" unknown)
+
+    def path(self, program: str) -> Path:
+        return self.bin_dir / program
+
+    @property
+    def server(self) -> Path:
+        return self.path("llama-server")
+
+    @property
+    def bench(self) -> Path:
+        return self.path("llama-bench")
+
+    @property
+    def quantize(self) -> Path:
+        return self.path("llama-quantize")
+
+    def env(self) -> dict[str, str]:
+        """The environment to run them in: their shared libraries lie beside them."""
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            x for x in (str(self.bin_dir), env.get("LD_LIBRARY_PATH", "")) if x)
+        return env
+
+    def missing(self) -> list[str]:
+        return [p for p in PROGRAMS if not os.access(self.path(p), os.X_OK)]
+
+
+def installed_llama_cpp_version() -> str:
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        raise LlamaToolsError("llama-cpp-python is not installed, and its version names the "
+                              "llama.cpp source to build; pip install 'specscope[llamacpp]'"
+                              ) from None
+
+
+def build_root(version: str) -> Path:
+    return cache_dir() / "llama.cpp" / version
+
+
+def find_llama_tools() -> LlamaTools | None:
+    """``$SPECSCOPE_LLAMA_BIN`` if set (it must hold all three programs), else a finished build
+    in the cache for the installed llama-cpp-python, else None."""
+    if os.environ.get(BIN_ENV):
+        tools = LlamaTools(Path(os.environ[BIN_ENV]).expanduser(), "")
+        if tools.missing():
+            raise LlamaToolsError(f"${BIN_ENV}={tools.bin_dir} lacks {', '.join(tools.missing())};"
+                                  f" it must hold {', '.join(PROGRAMS)}")
+        return tools
+    try:
+        version = installed_llama_cpp_version()
+    except LlamaToolsError:
+        return None
+    root = build_root(version)
+    tools = LlamaTools(root / "build" / "bin", version)
+    if (root / BUILD_MARKER).is_file() and not tools.missing():
+        return tools
+    return None
+
+
+def _require_build_tools() -> None:
+    missing = [name for name in ("cmake", "ninja") if shutil.which(name) is None]
+    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+            or shutil.which("clang++")):
+        missing.append("a C++ compiler (c++, g++ or clang++)")
+    if missing:
+        raise LlamaToolsError(f"building llama.cpp needs {', '.join(missing)}; install them "
+                              f"(e.g. apt-get install cmake ninja-build g++) or set ${BIN_ENV} to "
+                              "a directory of built llama.cpp programs")
+
+
+def _run_logged(cmd: Sequence[str], log: Path, echo: Callable[[str], None], what: str,
+                cwd: Path | None = None) -> None:
+    """Run ``cmd``, appending its output to ``log`` and echoing ninja's [n/m] progress lines."""
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=cwd)
+        last = 0.0
+        for line in proc.stdout:
+            f.write(line)
+            if line.startswith("[") and time.monotonic() - last > 5:  # ninja: [12/220] Building
+                echo(f"  {what} {line.split(']', 1)[0]}]")
+                last = time.monotonic()
+        if proc.wait():
+            raise LlamaToolsError(f"{what} failed (exit {proc.returncode}); see {log}")
+
+
+def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = None) -> LlamaTools:
+    """llama-server, llama-bench and llama-quantize of the installed llama-cpp-python's llama.cpp,
+    built once into the cache (minutes on a small CPU); a finished build is returned at once."""
+    found = find_llama_tools()
+    if found is not None:
+        return found
+    version = installed_llama_cpp_version()
+    _require_build_tools()
+    root = build_root(version)
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "build.log"
+    source = root / f"llama_cpp_python-{version}"
+    if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        echo(f"downloading the llama-cpp-python {version} source (vendored llama.cpp) ...")
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            _run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                         ":all:", f"llama-cpp-python=={version}", "-d", tmp], log, echo,
+                        "pip download")
+            archives = list(Path(tmp).glob("*.tar.gz"))
+            if not archives:
+                raise LlamaToolsError(f"pip downloaded no source archive of llama-cpp-python "
+                                      f"{version}; see {log}")
+            with tarfile.open(archives[0]) as tar:
+                tar.extractall(root, filter="data")
+        if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise LlamaToolsError(f"the llama-cpp-python {version} source has no vendored "
+                                  f"llama.cpp at {source / 'vendor' / 'llama.cpp'}")
+    build = root / "build"
+    echo(f"building {', '.join(PROGRAMS)} (log: {log}) ...")
+    _run_logged(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build),
+                 "-G", "Ninja", *CMAKE_FLAGS], log, echo, "cmake configure")
+    _run_logged(["cmake", "--build", str(build), "-j", str(jobs or os.cpu_count() or 1),
+                 "--target", *PROGRAMS], log, echo, "cmake build")
+    tools = LlamaTools(build / "bin", version)
+    if tools.missing():
+        raise LlamaToolsError(f"the build finished without {', '.join(tools.missing())}; see {log}")
+    (root / BUILD_MARKER).write_text(json.dumps({"version": version, "programs": PROGRAMS,
+                                                 "cmake_flags": CMAKE_FLAGS}) + "\n")
+    echo(f"built llama.cpp programs in {tools.bin_dir}")
+    return tools
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    """One way of running llama-server on a CPU: what the pass-cost grid varies and what export
+    writes. ``k`` = 0 is plain decoding (no draft model loaded)."""
+
+    threads: int = 2
+    poll: int = 50  # llama.cpp's default: busy-wait this long for work before sleeping
+    batch: int = 2048
+    ubatch: int = 512
+    k: int = 0  # --spec-draft-n-max
+    draft_threads: int | None = None  # default: the same as threads
+    draft_poll: int | None = None  # default: the same as poll
+    p_min: float = 0.0  # --spec-draft-p-min: 0 drafts all K tokens every step
+    ctx: int = 4096
+
+    @property
+    def name(self) -> str:
+        spec = (f"k{self.k}" + (f"-td{self.draft_threads}" if self.draft_threads else "")
+                + (f"-dpoll{self.draft_poll}" if self.draft_poll is not None else "")
+                ) if self.k else "plain"
+        return f"{spec}-t{self.threads}-poll{self.poll}-b{self.batch}-ub{self.ubatch}"
+
+    def with_k(self, k: int) -> ServerSetting:
+        return replace(self, k=k)
+
+    def flags(self, draft_model: str | Path | None = None) -> list[str]:
+        """llama-server's flags for this setting, models excepted (``-m`` goes first), with
+        ``-md`` when speculating: all of them, defaults included, so that nothing is implicit."""
+        out = ["-t", str(self.threads), "-tb", str(self.threads), "--poll", str(self.poll),
+               "-b", str(self.batch), "-ub", str(self.ubatch), "-c", str(self.ctx),
+               "-np", "1", "-ngl", "0"]
+        if self.k > 0:
+            td = self.draft_threads or self.threads
+            dp = self.poll if self.draft_poll is None else self.draft_poll
+            if draft_model is not None:
+                out += ["-md", str(draft_model)]
+            out += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(self.k),
+                    "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{self.p_min:g}",
+                    "-td", str(td), "-tbd", str(td), "--spec-draft-poll", str(dp),
+                    "--spec-draft-ngl", "0"]
+        return out
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ServerSetting:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+# --- llama-server -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One /completion response: the text, and the server's timings of the request."""
+
+    content: str
+    tokens: list[int]
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    prompt_n: int
+    prompt_ms: float
+    draft_n: int  # absent from the response when nothing was drafted: 0
+    draft_n_accepted: int
+    stop_type: str
+
+    @classmethod
+    def from_response(cls, r: dict) -> Completion:
+        t = r.get("timings") or {}
+        return cls(r.get("content", ""), [int(x) for x in r.get("tokens") or []],
+                   int(t.get("predicted_n", 0)), float(t.get("predicted_ms", 0.0)),
+                   float(t.get("predicted_per_second", 0.0)), int(t.get("prompt_n", 0)),
+                   float(t.get("prompt_ms", 0.0)), int(t.get("draft_n", 0)),
+                   int(t.get("draft_n_accepted", 0)), str(r.get("stop_type", "")))
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+@dataclass
+class LlamaServer:
+    """A llama-server process: ``with LlamaServer(tools, target, setting, draft) as s: s.complete(...)``.
+
+    Started on a free local port; ready once ``/health`` answers 200; its output goes to ``log``
+    (a temporary file unless named); stopped on leaving the block, on interrupt and at exit."""
+
+    tools: LlamaTools
+    model: Path
+    setting: ServerSetting
+    draft: Path | None = None
+    log: Path | None = None
+    startup_timeout_s: float = 300.0
+    port: int = 0
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def __hash__(self) -> int:  # lives in a WeakSet
+        return id(self)
+
+    @property
+    def argv(self) -> list[str]:
+        if self.setting.k > 0 and self.draft is None:
+            raise LlamaToolsError(f"setting {self.setting.name} speculates but no draft model "
+                                  "was given")
+        return [str(self.tools.server), "-m", str(self.model),
+                *self.setting.flags(self.draft), "--host", "127.0.0.1", "--port", str(self.port)]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LlamaServer:
+        for path in (self.model, self.draft):
+            if path is not None and not Path(path).is_file():
+                raise LlamaToolsError(f"GGUF file {path} does not exist")
+        self.port = self.port or free_port()
+        if self.log is None:
+            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(fd)
+            self.log = Path(name)
+        with open(self.log, "ab") as out:
+            self._proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.tools.env())
+        _LIVE.add(self)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                rc, self._proc = self._proc.returncode, None
+                raise LlamaToolsError(f"llama-server exited with status {rc} while starting "
+                                      f"(log {self.log}): {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LlamaToolsError(f"llama-server was not ready within "
+                                      f"{self.startup_timeout_s:.0f} s; log {self.log}")
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 1) -> str:
+        try:
+            text = Path(self.log).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        _LIVE.discard(self)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)  # llama-server shuts down cleanly on SIGINT
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
+                 ) -> Completion:
+        """Greedy completion of ``prompt`` (text or token ids), no prompt cache reuse, so every
+        request starts cold as a new conversation does."""
+        if self._proc is None:
+            raise LlamaToolsError("llama-server is not running")
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                "samplers": ["top_k"], "cache_prompt": False, "return_tokens": True,
+                "seed": 0}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return Completion.from_response(json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            raise LlamaToolsError(f"llama-server answered {e.code} to /completion: "
+                                  f"{e.read()[:300]!r}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise LlamaToolsError(f"llama-server did not answer /completion ({e}); log "
+                                  f"{self.log}: {self.log_tail()}") from None
+
+
+# --- llama-bench ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One llama-bench test: ``n_prompt`` tokens processed in one pass after ``n_depth`` tokens
+    of context (or ``n_gen`` one-token passes), with its settings and per-repetition times."""
+
+    model: str
+    model_type: str
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    n_threads: int
+    poll: int
+    n_batch: int
+    n_ubatch: int
+    avg_ns: int
+    stddev_ns: int
+    samples_ns: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.n_prompt or self.n_gen
+
+    @property
+    def seconds(self) -> float:
+        """Mean seconds of one pass (a generation test's time over its passes)."""
+        return self.avg_ns / 1e9 / (1 if self.n_prompt else max(self.n_gen, 1))
+
+
+def parse_llama_bench(text: str) -> list[BenchRow]:
+    """llama-bench's ``-o json`` output (a JSON array of tests)."""
+    try:
+        tests = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LlamaToolsError(f"llama-bench printed no JSON array ({e.msg} at line {e.lineno})"
+                              ) from None
+    if not isinstance(tests, list):
+        raise LlamaToolsError("llama-bench's JSON output is not an array of tests")
+    rows = []
+    for t in tests:
+        try:
+            rows.append(BenchRow(
+                Path(str(t["model_filename"])).name, str(t.get("model_type", "")),
+                int(t["n_prompt"]), int(t["n_gen"]), int(t.get("n_depth", 0)),
+                int(t["n_threads"]), int(t.get("poll", 0)), int(t["n_batch"]),
+                int(t["n_ubatch"]), int(t["avg_ns"]), int(t.get("stddev_ns", 0)),
+                tuple(int(x) for x in t.get("samples_ns") or ())))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LlamaToolsError(f"a llama-bench test lacks or garbles field {e}") from None
+    return rows
+
+
+def bench_argv(tools: LlamaTools, model: str | Path, setting: ServerSetting,
+               tokens: Sequence[int], depth: int, repetitions: int) -> list[str]:
+    return [str(tools.bench), "-m", str(model), "-p", ",".join(str(n) for n in tokens),
+            "-n", "0", "-d", str(depth), "-t", str(setting.threads), "--poll", str(setting.poll),
+            "-b", str(setting.batch), "-ub", str(setting.ubatch), "-r", str(repetitions),
+            "-ngl", "0", "-o", "json"]
+
+
+def run_llama_bench(tools: LlamaTools, model: str | Path, setting: ServerSetting,
+                    tokens: Sequence[int] = tuple(range(1, 9)), depth: int = 192,
+                    repetitions: int = 5, timeout_s: float = 3600.0) -> list[BenchRow]:
+    """Passes of each of ``tokens`` tokens after ``depth`` tokens of context, in llama-bench."""
+    if not Path(model).is_file():
+        raise LlamaToolsError(f"GGUF file {model} does not exist")
+    argv = bench_argv(tools, model, setting, tokens, depth, repetitions)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=tools.env(),
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise LlamaToolsError(f"llama-bench ran past {timeout_s:.0f} s on {model}") from None
+    if done.returncode:
+        tail = " | ".join(done.stderr.strip().splitlines()[-2:])
+        raise LlamaToolsError(f"llama-bench failed (exit {done.returncode}) on {model}: {tail}")
+    return parse_llama_bench(done.stdout)
+
+
+def quantize(tools: LlamaTools, source: str | Path, out: str | Path, qtype: str,
+             threads: int = 2, allow_requantize: bool = False) -> Path:
+    """``llama-quantize`` of ``source`` to ``qtype`` (Q8_0, Q4_0, ...); requantising an already
+    quantised file needs ``allow_requantize`` (and loses more than quantising F16 would)."""
+    out = Path(out)
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    argv = [str(tools.quantize), *(["--allow-requantize"] if allow_requantize else []),
+            str(source), str(tmp), qtype, str(threads)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=tools.env())
+    if done.returncode:
+        tmp.unlink(missing_ok=True)
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
+        raise LlamaToolsError(f"llama-quantize {qtype} of {source} failed: {tail}")
+    tmp.replace(out)
+    return out
