@@ -268,3 +268,25 @@ def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):
     result = CliRunner().invoke(app, ["gateway", str(path), "--log", str(tmp_path / "g.jsonl")])
     assert result.exit_code == 2 and message in result.output
     assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_an_export_document_deploys_with_its_own_routing_rule(tmp_path):
+    from specscope.export import export_policy
+    from specscope.trees import TreeShape
+    from specscope.tune.policy import PolicyFile
+
+    policy = PolicyFile({"code": TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)]), "math": None,
+                         "reasoning": None, "chat": None})
+    document = export_policy(policy, "llama.cpp")
+    document["routing"]["threshold"] = 99.0  # nothing reaches it: every prompt is the fallback's
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(document))
+    plan = Deployment.load(path, {"*": "http://127.0.0.1:8080"})
+    assert {d: b.model for d, b in plan.domains.items()} == {
+        "code": "code", "math": "math", "reasoning": "reasoning", "chat": "chat"}
+    assert plan.fallback == Backend("http://127.0.0.1:8080", "chat")
+    assert plan.route(CODE) == ("chat", plan.fallback)
+    with pytest.raises(DeploymentError, match="no backend URL for domain 'code'"):
+        Deployment.load(path, {"math": "http://h:1"})
+    result = CliRunner().invoke(app, ["gateway", str(path), "--log", str(tmp_path / "g.jsonl")])
+    assert result.exit_code == 2 and "--backend code=URL" in result.output

@@ -119,8 +119,67 @@ class Deployment:
                    _backend(table["fallback"], f"{where}: fallback"))
 
     @classmethod
-    def load(cls, path: str | Path) -> Deployment:
+    def from_export(cls, document: Mapping, backends: Mapping[str, str],
+                    where: str = "export") -> Deployment:
+        """From a ``specscope export`` document: its engine, its routing rule (the gateway
+        routes exactly as exported) and each domain's ``model`` (llama.cpp: the preset named
+        after the domain). ``backends``: domain -> base URL, ``"*"`` for every domain not named
+        (one llama-server in router mode serves them all)."""
+        engine, domains = document.get("engine"), document.get("domains")
+        if not isinstance(domains, Mapping) or not domains:
+            raise DeploymentError(f"{where}: not a specscope export document (no 'domains')")
+        router = _router(document.get("routing"), where)
+
+        def backend(domain: str, entry) -> Backend:
+            url = backends.get(domain, backends.get("*"))
+            if url is None:
+                raise DeploymentError(f"{where}: no backend URL for domain {domain!r}; pass "
+                                      f"--backend {domain}=URL (or --backend URL for all)")
+            model = entry.get("model") if isinstance(entry, Mapping) else None
+            if model is None and engine == "llama.cpp":
+                model = domain  # the router-mode preset is named after its domain
+            return _backend({"url": url, **({"model": model} if model else {})},
+                            f"{where}: domains.{domain}")
+
+        named = {str(d): backend(str(d), e) for d, e in domains.items()}
+        # the router's fallback domain is itself a domain of the export: its backend serves
+        # prompts no rule claims
+        if router.fallback in named:
+            fallback = named[router.fallback]
+        elif "fallback" in document:
+            fallback = backend("fallback", document["fallback"])
+        else:
+            raise DeploymentError(f"{where}: no setting for the router's fallback domain "
+                                  f"{router.fallback!r}")
+        return cls(engine if isinstance(engine, str) else "", named, fallback, router)
+
+    @classmethod
+    def load(cls, path: str | Path, backends: Mapping[str, str] | None = None) -> Deployment:
+        """A deployment file (TOML), or an export document (JSON) with ``backends``."""
+        if Path(path).suffix == ".json":
+            from .files import read_json_object
+
+            return cls.from_export(read_json_object(path, DeploymentError, "export document"),
+                                   backends or {}, str(path))
+        if backends:
+            raise DeploymentError(f"{path}: a deployment file names its backends itself; "
+                                  "--backend is for an export document (JSON)")
         return cls.from_table(read_toml_table(path, DeploymentError, "deployment file"), str(path))
+
+
+def _router(routing, where: str) -> RuleRouter:
+    """The router an export document's routing rule describes (specscope's by default)."""
+    from .tune.router import Rule
+
+    if routing is None:
+        return RuleRouter()
+    try:
+        rules = tuple(Rule(str(r["domain"]), str(r["pattern"]), float(r["weight"]))
+                      for r in routing["rules"])
+        return RuleRouter(rules, float(routing["threshold"]), str(routing["fallback"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DeploymentError(f"{where}: routing rule unreadable (missing or bad {e}); export "
+                              "the policy again") from None
 
 
 def routable_domains(router: RuleRouter) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ from .app import command
 
 @command()
 def gateway(
-    deployment: Path = typer.Argument(..., help="Deployment file (TOML): engine, [fallback] and [domains.NAME] tables of url and model."),
+    deployment: Path = typer.Argument(..., help="Deployment file (TOML: engine, [fallback] and [domains.NAME] tables of url and model), or a specscope export document (JSON) with --backend."),
+    backend: list[str] = typer.Option([], "--backend", help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat)."),
     log: Path = typer.Option(Path("gateway.jsonl"), "--log", help="Request log that specscope ingest reads (appended to)."),
     errors_log: Optional[Path] = typer.Option(None, "--errors-log", help="Log of failed requests (default: LOG with .errors before its suffix)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
@@ -25,8 +26,12 @@ def gateway(
     client's X-Prompt-Id header names the request in the log (for specscope ingest --prompts)."""
     from ..gateway import Deployment, serve
 
-    plan = Deployment.load(deployment)
-    for domain, backend in [*plan.domains.items(), ("other", plan.fallback)]:
-        typer.echo(f"{domain}: {backend.name}", err=True)
+    backends = {}
+    for value in backend:
+        domain, sep, url = value.partition("=")
+        backends.update({domain: url} if sep and "://" not in domain else {"*": value})
+    plan = Deployment.load(deployment, backends)
+    for domain, server in [*plan.domains.items(), ("other", plan.fallback)]:
+        typer.echo(f"{domain}: {server.name}", err=True)
     typer.echo(f"specscope gateway on http://{host}:{port} ({plan.engine}); log {log}", err=True)
     serve(plan, log, host, port, errors_log)
