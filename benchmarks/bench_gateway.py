@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     routes = parse_routes(args)
-    ks = sorted(set(range(0, args.max_k + 1)) | set(routes.values()))
+    ks = sorted(set(range(args.max_k + 1)) | set(routes.values()))
     name = {k: f"k{k}" if k else "plain" for k in ks}
 
     import httpx

@@ -22,16 +22,23 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from starlette.applications import Starlette  # noqa: E402
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import JSONResponse, StreamingResponse  # noqa: E402
-from starlette.routing import Route  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from typer.testing import CliRunner
 
-from specscope.cli import app  # noqa: E402
-from specscope.gateway import (Backend, Deployment, DeploymentError, errors_path,  # noqa: E402
-                               make_app, request_text, sse_events)
-from specscope.ingest import ingest  # noqa: E402
+from specscope.cli import app
+from specscope.gateway import (
+    Backend,
+    Deployment,
+    DeploymentError,
+    errors_path,
+    make_app,
+    request_text,
+    sse_events,
+)
+from specscope.ingest import ingest
 
 CODE = "Write a python function that returns the sum of a list."
 MATH = "Find all real numbers x such that x^2 - 5x + 6 = 0."
@@ -251,8 +258,8 @@ def test_a_deployment_file_loads():
 
 @pytest.mark.parametrize("text, message", [
     (DEPLOYMENT + '[domains.legal]\nurl = "http://h:1"\n',
-     "domain 'legal': specscope's router never routes to it (it produces code, math, reasoning, "
-     "chat)"),
+     ("domain 'legal': specscope's router never routes to it (it produces code, math, "
+      "reasoning, chat)")),
     ('[domains.code]\nurl = "http://h:1"\n', "no [fallback] table"),
     (DEPLOYMENT.replace('url = "http://127.0.0.1:8080/"', 'url = "127.0.0.1:8080"'),
      "fallback: url must be an http:// or https:// base URL with a host, got '127.0.0.1:8080'"),

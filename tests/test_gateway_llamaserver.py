@@ -4,10 +4,10 @@ mode (one preset per domain) behind specscope gateway.
 Held-out prompts of every domain go through the gateway; the test checks that each reached its
 domain's preset (the log names it; the server's timings show drafting only where the preset
 speculates, at most K per verify step), that every output equals the plain preset's greedy output
-token for token, that the draft counts are exactly what greedy chains of K give on the draft's
+token for token or leaves it only at a near-tie of the target, that the draft counts are exactly what greedy chains of K give on the draft's
 agreement with those outputs (llamarouter.chain_counts), and that specscope ingest of the
-gateway's log gives per-domain tokens per step inside the interval that a measurement on other
-prompts predicts for the same K.
+gateway's log gives per-domain tokens per step whose interval meets the one that a measurement of
+the draft's agreement on other prompts predicts for the same K.
 
 Cost: about 2 minutes of 2 CPU cores once llama-server is built (the first run builds it from
 the llama-cpp-python sdist: cmake and a C++ compiler, many minutes; the build is cached).
@@ -16,7 +16,6 @@ the llama-cpp-python sdist: cmake and a C++ compiler, many minutes; the build is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -28,12 +27,25 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from specscope.gateway import Backend, Deployment, make_app  # noqa: E402
-from specscope.llamarouter import (GREEDY, LlamaRouter, chain_acceptance, chain_counts,  # noqa: E402
-                                   draft_agreement, preset_section, presets_ini)
-from specscope.llamaserver import (LlamaToolsError, ServerSetting, build_llama_tools,  # noqa: E402
-                                   find_llama_tools)
-from specscope.tune.router import RuleRouter, prompt_text  # noqa: E402
+from specscope.gateway import Backend, Deployment, make_app
+from specscope.llamarouter import (
+    GREEDY,
+    LlamaRouter,
+    chain_acceptance,
+    chain_counts,
+    draft_agreement,
+    first_difference,
+    preset_section,
+    presets_ini,
+    top_logprobs,
+)
+from specscope.llamaserver import (
+    LlamaToolsError,
+    ServerSetting,
+    build_llama_tools,
+    find_llama_tools,
+)
+from specscope.tune.router import RuleRouter, prompt_text
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +53,9 @@ N_PREDICT = 16
 PER_DOMAIN = 2  # held-out prompts per domain (and as many measured, for drafting domains)
 KS = {"code": 3, "math": 2}  # the presets that speculate; reasoning and chat decode plainly
 DOMAINS = ("code", "math", "reasoning", "chat")
+# a near-tie: the target's two most likely tokens within this many nats; llama.cpp's K+1-token
+# and 1-token passes of the demo target differ by up to 0.4 in a logit here (README)
+NEAR_TIE = 0.5
 
 
 def _tools():
@@ -148,7 +163,7 @@ def test_llama_server_router_behind_the_gateway(deployment):
     lines = {x["prompt_id"]: x for x in map(json.loads, (tmp / "gateway.jsonl").read_text().splitlines())}
     assert set(lines) == {it.id for it in held_out}
 
-    counts, agreements = {}, {}
+    counts, agreements, differs = {}, {}, []
     for item in held_out:
         line, routed = lines[item.id], domain_of(prompt_text(item))
         preset = routed if routed in KS else "plain"
@@ -159,17 +174,29 @@ def test_llama_server_router_behind_the_gateway(deployment):
             assert "draft_n" not in timings
         else:
             assert 0 < timings["draft_n"] <= KS[preset] * (timings["predicted_n"] - 1)
-        # 2. the output equals the plain preset's greedy output, token for token
+        # 2. the output equals the plain preset's greedy output, token for token, or leaves it
+        #    at a near-tie of the target: llama.cpp verifies K + 1 tokens in one pass, whose
+        #    rounding differs from a one-token pass (no bitwise guarantee across batch sizes)
         prompt_tokens = _tokens(router, prompt_text(item))
         assert timings["prompt_n"] == len(prompt_tokens)
-        plain = _plain(router, prompt_tokens)
-        assert line["response"]["tokens"] == plain, f"{item.id}: speculation changed the output"
-        # 3. the draft counts are exactly greedy chains of K over the draft's agreement
+        plain, routed_tokens = _plain(router, prompt_tokens), line["response"]["tokens"]
+        assert len(routed_tokens) == timings["predicted_n"]
+        t = first_difference(routed_tokens, plain)
+        if t is not None:
+            (top, lp1), (second, lp2) = top_logprobs(router, "plain", prompt_tokens + plain[:t])
+            assert {top, second} == {plain[t], routed_tokens[t]} and lp1 - lp2 < NEAR_TIE, (
+                f"{item.id}: speculation left plain greedy at token {t}, not at a near-tie "
+                f"(log-probabilities {lp1:.3f} and {lp2:.3f})")
+            differs.append(item.id)
+        # 3. the draft counts are exactly greedy chains of K over the draft's agreement with
+        #    the output that was produced
         if preset != "plain":
-            agreements[item.id] = draft_agreement(router, "draft", prompt_tokens, plain)
+            agreements[item.id] = draft_agreement(router, "draft", prompt_tokens, routed_tokens)
             counts[item.id] = chain_counts(agreements[item.id], KS[preset])
             assert (timings["predicted_n"], timings["draft_n"], timings["draft_n_accepted"]) == (
                 counts[item.id].generated, counts[item.id].drafted, counts[item.id].accepted), item.id
+    print(f"outputs equal to plain greedy: {len(held_out) - len(differs)}/{len(held_out)} "
+          f"(near-ties: {differs or 'none'})")
 
     # 4. ingest of the gateway's log (the drafting presets: main's ingest still refuses timings
     #    without draft_n) against the prediction of a measurement on other prompts
@@ -193,15 +220,20 @@ def test_llama_server_router_behind_the_gateway(deployment):
         seen = requests[requests["domain"] == domain]
         if seen.empty:
             continue
-        tokens_per_step = (seen["accepted"].sum() + seen["steps"].sum()) / seen["steps"].sum()
+        # tokens per step seen (ingest), and predicted for the same K, each with a 95% interval
+        # from resampling its own prompts
+        acc, steps = seen["accepted"].to_numpy(float), seen["steps"].to_numpy(float)
+        draws = rng.integers(0, len(seen), size=(1000, len(seen)))
+        seen_tps = (acc.sum() + steps.sum()) / steps.sum()
+        seen_low, seen_high = np.quantile((acc[draws].sum(1) + steps[draws].sum(1))
+                                          / steps[draws].sum(1), [0.025, 0.975])
         sub = acceptance.subset(domain)
         weights = rng.multinomial(len(sub.prompts), np.full(len(sub.prompts), 1 / len(sub.prompts)),
                                   size=1000)
         low, high = np.quantile(sub.tau(k, weights), [0.025, 0.975])
         predicted = float(sub.tau(k)[0])
-        print(f"{domain} K={k}: tokens/step seen {tokens_per_step:.2f} over {len(seen)} requests, "
-              f"predicted {predicted:.2f} [{low:.2f}, {high:.2f}]")
-        # the measured figure, with the held-out prompts' own sampling error, meets the interval
-        own = [counts[p].tokens_per_step for p in seen["prompt_id"]]
-        assert min(own) <= high + 1e-9 and max(own) >= low - 1e-9 or low <= tokens_per_step <= high
-    assert os.path.exists(tmp / "ingested" / "manifest.json")
+        print(f"{domain} K={k}: tokens/step seen {seen_tps:.2f} [{seen_low:.2f}, {seen_high:.2f}] "
+              f"over {len(seen)} requests; predicted {predicted:.2f} [{low:.2f}, {high:.2f}] "
+              f"from {len(sub.prompts)} other prompts")
+        assert seen_low <= high + 1e-9 and low <= seen_high + 1e-9, (
+            f"{domain}: tokens per step seen and predicted disagree")

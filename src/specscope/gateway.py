@@ -103,7 +103,7 @@ class Deployment:
         ``url`` and optional ``model`` (see the README)."""
         unknown = set(table) - {"engine", "fallback", "domains"}
         if unknown:
-            raise DeploymentError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: "
+            raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: "
                                   "engine, fallback, domains")
         engine = table.get("engine", "llama.cpp")
         if not isinstance(engine, str):
@@ -192,7 +192,7 @@ def _backend(entry, where: str) -> Backend:
         raise DeploymentError(f"{where}: must be a table with url (and optionally model)")
     unknown = set(entry) - {"url", "model"}
     if unknown:
-        raise DeploymentError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: url, model")
+        raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: url, model")
     url, model = entry.get("url"), entry.get("model")
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
@@ -392,5 +392,17 @@ def serve(deployment: Deployment, log: str | Path, host: str = "127.0.0.1", port
     uvicorn.run(make_app(deployment, log, errors_log), host=host, port=port, log_level="warning")
 
 
-__all__ = ["Backend", "Deployment", "DeploymentError", "ENGINE_STATS_KEY", "ROUTES", "RequestLog",
-           "errors_path", "make_app", "request_text", "routable_domains", "serve", "sse_events"]
+__all__ = [
+    "ENGINE_STATS_KEY",
+    "ROUTES",
+    "Backend",
+    "Deployment",
+    "DeploymentError",
+    "RequestLog",
+    "errors_path",
+    "make_app",
+    "request_text",
+    "routable_domains",
+    "serve",
+    "sse_events",
+]

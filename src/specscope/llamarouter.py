@@ -91,6 +91,24 @@ def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
     return agree
 
 
+def top_logprobs(server: LlamaRouter, preset: str, prompt: list[int], n: int = 2
+                 ) -> list[tuple[int, float]]:
+    """The ``n`` most likely next tokens after ``prompt`` and their log-probabilities (before
+    sampling), as the preset's model gives them."""
+    answer = server.post("/completion", {"model": preset, "prompt": prompt, "n_predict": 1,
+                                         "n_probs": n, "cache_prompt": True, **GREEDY})
+    (first,) = answer["completion_probabilities"]
+    return [(int(x["id"]), float(x["logprob"])) for x in first["top_logprobs"]]
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (the shorter one's end included)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 @dataclass(frozen=True)
 class ChainCounts:
     """What greedy chain speculation did on one request, in llama-server's terms."""
