@@ -137,12 +137,12 @@ def test_tune_refuses_a_planted_policy_link(run_dir, costs, victim):
 def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
     # before: RUN_DIR/llamacpp -> elsewhere received policy.json, costs.json, requests, summary
     from specscope.files import OutputError
-    from specscope.serving import run_llamacpp_study
+    from specscope.serving import GridOptions, run_llamacpp_study
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
     with pytest.raises(OutputError, match="symbolic link"):
         run_llamacpp_study(run_dir, run_dir / "llamacpp", tmp_path / "t.gguf", tmp_path / "d.gguf",
-                           1, 4, (1,), 1, 0)
+                           1, 4, (1,), GridOptions(), None, 0)
     assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from specscope.llamacpp import ChainAcceptance, PassCosts
-from specscope.serving import break_even_table, chain, chain_k, tune_chains
+from specscope.serving import chain, chain_k, tune_chains
 from specscope.tune.acceptance import ALL_DOMAINS
 
 COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
@@ -22,8 +22,6 @@ def test_pass_costs_predict_speedup_and_break_even():
     assert COSTS.break_even_tau(2) == pytest.approx((0.020 + 0.060) / 0.040)
     # perfect acceptance (3 tokens per step, 3 draft tokens) pays while 3 d + 0.060 < 3 * 0.040
     assert COSTS.break_even_draft_s(2) == pytest.approx(0.020)
-    table = break_even_table(COSTS, [1, 2])
-    assert list(table["max_tau"]) == [2, 3]
 
 
 def _nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50) -> pd.DataFrame:

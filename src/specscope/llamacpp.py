@@ -302,3 +302,298 @@ class ChainAcceptance:
         keep = self.domains == domain
         return ChainAcceptance(self.prompts[keep], self.domains[keep], self.eligible[keep],
                                self.hits[keep])
+
+
+# --- pass costs in llama.cpp's own loop (llama-bench), per setting -----------------------------------
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one pass of n tokens after ``depth`` tokens of context, as llama-bench timed
+    one model alone under one setting (threads, polling, batch and micro-batch sizes)."""
+
+    role: str  # target or draft
+    quant: str  # the GGUF's quantisation label (Q4_K_M, Q8_0, ...)
+    model: str  # the GGUF's file name
+    threads: int
+    poll: int
+    batch: int
+    ubatch: int
+    depth: int
+    seconds: tuple[tuple[int, float], ...]  # (tokens in the pass, mean seconds)
+    stddev: tuple[tuple[int, float], ...]
+
+    def at(self, tokens: float) -> float:
+        return interpolate(self.seconds, tokens)
+
+    def relative(self, tokens: int) -> float:
+        """A pass of ``tokens`` in units of a one-token pass."""
+        return self.at(tokens) / self.at(1)
+
+    @property
+    def key(self) -> tuple:
+        return (self.role, self.quant, self.threads, self.poll, self.batch, self.ubatch,
+                self.depth)
+
+    def to_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in ("role", "quant", "model", "threads", "poll",
+                                                   "batch", "ubatch", "depth")},
+                "seconds": [list(x) for x in self.seconds],
+                "stddev": [list(x) for x in self.stddev]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostCurve:
+        return cls(d["role"], d["quant"], d["model"], int(d["threads"]), int(d["poll"]),
+                   int(d["batch"]), int(d["ubatch"]), int(d["depth"]),
+                   tuple((int(n), float(s)) for n, s in d["seconds"]),
+                   tuple((int(n), float(s)) for n, s in d["stddev"]))
+
+
+def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
+    """llama-bench's prompt tests (:func:`specscope.llamaserver.parse_llama_bench`) grouped into
+    one curve per model and setting."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        if r.n_prompt and not r.n_gen:
+            groups.setdefault((r.model, r.n_threads, r.poll, r.n_batch, r.n_ubatch, r.n_depth),
+                              []).append(r)
+    out = []
+    for (model, threads, poll, batch, ubatch, depth), part in groups.items():
+        part = sorted(part, key=lambda r: r.n_prompt)
+        out.append(CostCurve(role, quant, model, threads, poll, batch, ubatch, depth,
+                             tuple((r.n_prompt, r.seconds) for r in part),
+                             tuple((r.n_prompt, r.stddev_ns / 1e9) for r in part)))
+    return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the pair in llama-server, with its pass costs: the models' quantisations
+    and a :class:`~specscope.llamaserver.ServerSetting` (K aside). Plain decoding uses only the
+    target's curve (``draft`` is None)."""
+
+    setting: object  # ServerSetting with k = 0; typed loosely to keep this module's imports light
+    target: CostCurve
+    draft: CostCurve | None
+
+    @property
+    def name(self) -> str:
+        base = self.setting.name.replace("plain-", "")
+        if self.draft is None:
+            return f"plain {self.target.quant} {base}"
+        return (f"{self.target.quant}+{self.draft.quant} {base} td{self.draft.threads}")
+
+    def costs(self) -> PassCosts:
+        """:class:`PassCosts` from the curves (llama-bench times no sampling: ``sample_s`` 0; a
+        greedy sample is about 0.1 ms here, under 1% of a pass)."""
+        draft = self.draft.seconds if self.draft else ((1, 0.0), (2, 0.0))
+        return PassCosts(self.target.seconds, draft, 0.0, self.target.depth, self.target.threads)
+
+    def tokens_per_s(self, k: int, tau: float, p_all: float) -> float:
+        """Predicted decoding speed: plain (K = 0), or a chain of K at the given acceptance."""
+        c = self.costs()
+        return 1 / c.plain_token_s if k <= 0 else tau / c.step_s(k, tau, p_all)
+
+
+def candidates(curves: list[CostCurve]) -> list[Candidate]:
+    """Every plain setting (one per target curve) and every speculative one: a target curve with
+    a draft curve at the same context depth, polling and batch sizes, with any draft threads."""
+    from .llamaserver import ServerSetting
+
+    targets = [c for c in curves if c.role == "target"]
+    drafts = [c for c in curves if c.role == "draft"]
+    out = []
+    for t in targets:
+        base = ServerSetting(threads=t.threads, poll=t.poll, batch=t.batch, ubatch=t.ubatch)
+        out.append(Candidate(base, t, None))
+        for d in drafts:
+            if (d.depth, d.poll, d.batch, d.ubatch) == (t.depth, t.poll, t.batch, t.ubatch):
+                out.append(Candidate(ServerSetting(threads=t.threads, poll=t.poll, batch=t.batch,
+                                                   ubatch=t.ubatch, draft_threads=d.threads,
+                                                   draft_poll=d.poll), t, d))
+    return out
+
+
+@dataclass(frozen=True)
+class SettingChoice:
+    """The fastest predicted (candidate, K) for one domain; K = 0 is plain decoding."""
+
+    candidate: Candidate
+    k: int
+    tau: float
+    p_all: float
+    tokens_per_s: float
+
+
+def choose_setting(acceptance: ChainAcceptance, options: list[Candidate], ks) -> SettingChoice:
+    """Of every candidate and K in ``ks`` (and plain decoding in every candidate), the one of
+    highest predicted tokens per second for this acceptance."""
+    best = None
+    for cand in options:
+        for k in [0] if cand.draft is None else [k for k in ks if 0 < k <= acceptance.max_k]:
+            tau, p_all = ((float(acceptance.tau(k)[0]), float(acceptance.p_all(k)[0]))
+                          if k else (1.0, 1.0))
+            speed = cand.tokens_per_s(k, tau, p_all)
+            if best is None or speed > best.tokens_per_s:
+                best = SettingChoice(cand, k, tau, p_all, speed)
+    if best is None:
+        raise SpecscopeError("no llama.cpp setting was measured: the cost grid is empty")
+    return best
+
+
+def break_even_rows(options: list[Candidate], ks) -> list[dict]:
+    """Per speculative candidate and K: the pass costs relative to one target token, the tokens
+    per step needed to pay (at most K + 1 are possible) and the largest draft cost that pays at
+    perfect acceptance."""
+    rows = []
+    for cand in options:
+        if cand.draft is None:
+            continue
+        c = cand.costs()
+        for k in ks:
+            rows.append({"setting": cand.name, "k": k, "target_1_ms": 1000 * c.target(1),
+                         "target_k1_ms": 1000 * c.target(k + 1),
+                         "target_k1_rel": c.target(k + 1) / c.target(1),
+                         "draft_1_ms": 1000 * c.draft(1),
+                         "break_even_tau": c.break_even_tau(k), "max_tau": k + 1,
+                         "pays_at_all": c.break_even_tau(k) < k + 1,
+                         "break_even_draft_ms": 1000 * c.break_even_draft_s(k)})
+    return rows
+
+
+@dataclass(frozen=True)
+class CostGrid:
+    """Pass-cost curves of the target and draft under every measured setting, with provenance."""
+
+    curves: tuple[CostCurve, ...]
+    info: dict = field(default_factory=dict)  # llama.cpp build, CPU, date, the llama-bench grids
+
+    def to_dict(self) -> dict:
+        return {"format": "specscope-llama-costs/1", "info": self.info,
+                "curves": [c.to_dict() for c in self.curves]}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "cost grid") -> CostGrid:
+        if d.get("format") != "specscope-llama-costs/1":
+            raise SpecscopeError(f"{where} is not a specscope llama.cpp cost grid (format "
+                                 f"{d.get('format')!r}, expected 'specscope-llama-costs/1')")
+        try:
+            return cls(tuple(CostCurve.from_dict(c) for c in d["curves"]), d.get("info") or {})
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecscopeError(f"{where}: a curve lacks or garbles field {e}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostGrid:
+        from .files import read_json_object
+
+        return cls.from_dict(read_json_object(path, SpecscopeError, "cost grid"), str(path))
+
+    def candidates(self) -> list[Candidate]:
+        return candidates(list(self.curves))
+
+    def curve_table(self):
+        """One row per curve: each pass size's cost in ms and relative to a one-token pass."""
+        import pandas as pd
+
+        rows = []
+        for c in self.curves:
+            row = {"role": c.role, "quant": c.quant, "threads": c.threads, "poll": c.poll,
+                   "batch": c.batch, "ubatch": c.ubatch, "depth": c.depth,
+                   "1 tok ms": 1000 * c.at(1)}
+            row.update({f"x{n}": c.relative(n) for n, _ in c.seconds if n > 1})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def gguf_quant(path: Path) -> str:
+    """A GGUF's quantisation as llama.cpp names it (``Q4_K_M``, ``Q8_0``, ``F16``), from its
+    ``general.file_type``; ``given`` when the file does not say."""
+    require("llamacpp", "reading a GGUF's quantisation")
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+        kind = gguf.LlamaFileType(int(field.parts[field.data[0]][0]))
+    except (KeyError, ValueError, AttributeError, TypeError, IndexError):
+        return "given"
+    return kind.name.removeprefix("MOSTLY_") if kind.name != "ALL_F32" else "F32"
+
+
+def quantised_variants(tools, source: Path, quants, echo=print) -> dict[str, Path]:
+    """``source`` requantised to each of ``quants`` with llama-quantize, cached beside the other
+    builds (requantising a Q4_K_M: the weights keep its rounding, the costs are the new format's).
+    The source's own quantisation maps to the source itself."""
+    from .cache import cache_dir
+    from .llamaserver import quantize
+
+    own = gguf_quant(source)
+    out = {}
+    for q in quants:
+        if q in (own, "given"):
+            out[q] = source
+            continue
+        path = cache_dir() / "llama.cpp" / "quant" / f"{source.stem}-{q}.gguf"
+        if not path.is_file():
+            echo(f"llama-quantize {source.name} -> {q} ...")
+        out[q] = quantize(tools, source, path, q, allow_requantize=own != "F16")
+    return out
+
+
+def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], target_grid,
+                      draft_grid, echo=print) -> CostGrid:
+    """llama-bench over ``target_grid`` for each target GGUF and ``draft_grid`` for each draft
+    GGUF (keyed by quantisation label): the curves every candidate setting is priced with."""
+    import datetime
+    import platform
+
+    from .llamaserver import run_llama_bench
+
+    curves: list[CostCurve] = []
+    for role, models, grid in (("target", targets, target_grid), ("draft", drafts, draft_grid)):
+        for quant, path in models.items():
+            echo(f"llama-bench {role} {quant}: {grid.tests} tests x {grid.repetitions} ...")
+            curves += curves_from_bench(run_llama_bench(tools, path, grid), role, quant)
+    info = {"llama_cpp_python": tools.version, "bin_dir": str(tools.bin_dir),
+            "cpu": platform.processor() or platform.machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "target_grid": asdict_grid(target_grid), "draft_grid": asdict_grid(draft_grid),
+            "models": {f"target {q}": str(p) for q, p in targets.items()}
+            | {f"draft {q}": str(p) for q, p in drafts.items()}}
+    return CostGrid(tuple(curves), info)
+
+
+def asdict_grid(grid) -> dict:
+    from dataclasses import asdict
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()}
+
+
+def plot_cost_curves(grid: CostGrid, path: Path, inside: Path | None = None) -> Path | None:
+    """Pass cost relative to a one-token pass against tokens in the pass, one line per curve
+    (target solid, draft dashed), with the ideal flat line 1 and the linear line n. None when
+    matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    import io
+
+    from .files import write_output
+
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    top = max((n for c in grid.curves for n, _ in c.seconds), default=1)
+    ax.plot([1, top], [1, top], color="grey", lw=0.8, ls=":", label="n one-token passes")
+    for c in grid.curves:
+        ns = [n for n, _ in c.seconds]
+        ax.plot(ns, [c.relative(n) for n in ns], ls="-" if c.role == "target" else "--",
+                marker="o", ms=3, label=f"{c.role} {c.quant} t{c.threads} poll{c.poll} "
+                f"b{c.batch}/{c.ubatch} ({1000 * c.at(1):.0f} ms)")
+    ax.set_xlabel("tokens in one pass")
+    ax.set_ylabel("cost / cost of a one-token pass")
+    ax.set_title("llama.cpp pass costs (llama-bench, context depth "
+                 f"{', '.join(sorted({str(c.depth) for c in grid.curves}))})")
+    ax.legend(fontsize=6, loc="upper left")
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120, bbox_inches="tight")
+    return write_output(path, image.getvalue(), inside)

@@ -455,24 +455,42 @@ def parse_llama_bench(text: str) -> list[BenchRow]:
     return rows
 
 
-def bench_argv(tools: LlamaTools, model: str | Path, setting: ServerSetting,
-               tokens: Sequence[int], depth: int, repetitions: int) -> list[str]:
-    return [str(tools.bench), "-m", str(model), "-p", ",".join(str(n) for n in tokens),
-            "-n", "0", "-d", str(depth), "-t", str(setting.threads), "--poll", str(setting.poll),
-            "-b", str(setting.batch), "-ub", str(setting.ubatch), "-r", str(repetitions),
-            "-ngl", "0", "-o", "json"]
+@dataclass(frozen=True)
+class BenchGrid:
+    """What one llama-bench call crosses: every value of every axis (llama-bench runs the
+    product), passes of each of ``tokens`` tokens after each ``depths`` tokens of context."""
+
+    threads: tuple[int, ...] = (2,)
+    polls: tuple[int, ...] = (50,)
+    batches: tuple[int, ...] = (2048,)
+    ubatches: tuple[int, ...] = (512,)
+    tokens: tuple[int, ...] = tuple(range(1, 9))
+    depths: tuple[int, ...] = (192,)
+    repetitions: int = 5
+
+    def argv(self, tools: LlamaTools, model: str | Path) -> list[str]:
+        def csv(xs):
+            return ",".join(str(x) for x in xs)
+
+        return [str(tools.bench), "-m", str(model), "-p", csv(self.tokens), "-n", "0",
+                "-d", csv(self.depths), "-t", csv(self.threads), "--poll", csv(self.polls),
+                "-b", csv(self.batches), "-ub", csv(self.ubatches), "-r", str(self.repetitions),
+                "-ngl", "0", "-o", "json"]
+
+    @property
+    def tests(self) -> int:
+        return (len(self.threads) * len(self.polls) * len(self.batches) * len(self.ubatches)
+                * len(self.tokens) * len(self.depths))
 
 
-def run_llama_bench(tools: LlamaTools, model: str | Path, setting: ServerSetting,
-                    tokens: Sequence[int] = tuple(range(1, 9)), depth: int = 192,
-                    repetitions: int = 5, timeout_s: float = 3600.0) -> list[BenchRow]:
-    """Passes of each of ``tokens`` tokens after ``depth`` tokens of context, in llama-bench."""
+def run_llama_bench(tools: LlamaTools, model: str | Path, grid: BenchGrid = BenchGrid(),
+                    timeout_s: float = 7200.0) -> list[BenchRow]:
+    """llama-bench's timing of one model over ``grid``."""
     if not Path(model).is_file():
         raise LlamaToolsError(f"GGUF file {model} does not exist")
-    argv = bench_argv(tools, model, setting, tokens, depth, repetitions)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=tools.env(),
-                              timeout=timeout_s)
+        done = subprocess.run(grid.argv(tools, model), capture_output=True, text=True,
+                              env=tools.env(), timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise LlamaToolsError(f"llama-bench ran past {timeout_s:.0f} s on {model}") from None
     if done.returncode:

@@ -72,21 +72,34 @@ def ingest(
 @command()
 def llamacpp(
     run_dir: Path = typer.Argument(..., help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the policy, costs, requests and tables (default: RUN_DIR/llamacpp)."),
-    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target)."),
-    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft)."),
-    per_domain: int = typer.Option(5, "--per-domain", "-n", min=1, help="Held-out prompts per domain (from the run's sources, none of the run's prompts)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp)."),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."),
+    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."),
+    per_domain: int = typer.Option(10, "--per-domain", "-n", min=1, help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Tokens generated per request."),
-    ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to time and tune over (repeat the option)."),
-    threads: int = typer.Option(2, "--threads", min=1, help="llama.cpp threads."),
+    ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to price and benchmark (repeat the option)."),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench."),
+    threads: list[int] = typer.Option([2], "--threads", min=1, help="Target threads to price (repeat the option)."),
+    draft_threads: list[int] = typer.Option([2], "--draft-threads", min=1, help="Draft threads to price (repeat the option)."),
+    poll: list[int] = typer.Option([0, 50], "--poll", min=0, max=100, help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default)."),
+    quant: list[str] = typer.Option([], "--quant", help="Target quantisations to price (Q4_0, Q8_0, ...), made from the target GGUF with llama-quantize (repeat the option; default: the GGUF as given)."),
+    max_pass: int = typer.Option(8, "--max-pass", min=2, help="Price passes of 1..N tokens."),
+    repetitions: int = typer.Option(5, "--repetitions", min=1, help="llama-bench repetitions per pass size."),
     n_boot: int = typer.Option(1000, "--n-boot", min=0, help="Prompt resamples for the intervals."),
 ) -> None:
-    """llama.cpp end to end: tune K per domain from RUN_DIR and llama.cpp's measured pass costs,
-    then time plain, every fixed K and routed decoding side by side on held-out prompts."""
-    from ..serving import run_llamacpp_study
+    """llama-server end to end: price settings with llama-bench, choose the fastest per domain
+    (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
+    held-out prompts. Builds llama.cpp's programs first if needed (once, minutes)."""
+    from ..errors import SpecscopeError
+    from ..serving import GridOptions, run_llamacpp_study
 
+    if max(ks) >= max_pass:
+        raise SpecscopeError(f"--max-pass {max_pass} must exceed the largest --k "
+                                 f"({max(ks)}): a step of K verifies K + 1 tokens")
+    grid = GridOptions(tuple(threads), tuple(poll), tuple(draft_threads), ((2048, 512),),
+                       tuple(quant), max_pass, 192, repetitions)
     study = run_llamacpp_study(run_dir, out or run_dir / "llamacpp", target_gguf, draft_gguf,
-                               per_domain, max_new_tokens, tuple(ks), threads, n_boot,
+                               per_domain, max_new_tokens, tuple(ks), grid, costs, n_boot,
                                echo=lambda line: typer.echo(line, err=True))
     typer.echo(study.render())
 

@@ -1,0 +1,251 @@
+"""llama.cpp's own programs: llama-bench's JSON (a captured real output), pass-cost curves and
+break-even points with exact values, the choice of setting per domain, the exact server flags,
+the speed/bias/acceptance tables (with a calibration of the bias verdict), and one real
+llama-server request when the programs and the demo pair are on this machine."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from specscope.llamacpp import (
+    Candidate,
+    ChainAcceptance,
+    CostCurve,
+    CostGrid,
+    candidates,
+    choose_setting,
+    curves_from_bench,
+)
+from specscope.llamaserver import (
+    BenchGrid,
+    Completion,
+    LlamaTools,
+    LlamaToolsError,
+    ServerSetting,
+    parse_llama_bench,
+)
+from specscope.serving import (
+    PLAIN,
+    acceptance_table,
+    break_even_table,
+    prediction_bias,
+    speed_table,
+)
+
+DATA = Path(__file__).parent / "data"
+
+
+def curve(role, quant, threads, poll, seconds, depth=192):
+    return CostCurve(role, quant, f"{role}.gguf", threads, poll, 2048, 512, depth,
+                     tuple(enumerate(seconds, start=1)), tuple((n, 0.0) for n in
+                                                                range(1, len(seconds) + 1)))
+
+
+# a target whose 2-token pass costs 1.35x a one-token pass, and a cheap draft
+TARGET = curve("target", "Q4_K_M", 2, 0, [0.040, 0.054, 0.070, 0.088, 0.112])
+DRAFT = curve("draft", "Q4_K_M", 2, 0, [0.012, 0.016, 0.020, 0.024, 0.028])
+# the same pair with busy polling: a one-token target pass 5% cheaper, every other pass dearer
+TARGET50 = curve("target", "Q4_K_M", 2, 50, [0.038, 0.060, 0.077, 0.097, 0.123])
+DRAFT50 = curve("draft", "Q4_K_M", 2, 50, [0.018, 0.024, 0.030, 0.036, 0.042])
+
+
+def test_llama_bench_json_is_parsed_into_curves():
+    rows = parse_llama_bench((DATA / "llama_bench.json").read_text())
+    assert [r.n_prompt for r in rows] == [1, 2, 3]
+    assert all(r.n_gen == 0 and r.n_depth == 16 and r.n_threads == 1 and r.poll == 0
+               for r in rows)
+    assert all(len(r.samples_ns) == 2 for r in rows)
+    assert rows[0].seconds == pytest.approx(rows[0].avg_ns / 1e9)
+    [c] = curves_from_bench(rows, "draft", "Q4_K_M")
+    assert [n for n, _ in c.seconds] == [1, 2, 3] and c.depth == 16 and c.threads == 1
+    assert c.relative(1) == 1.0 and c.at(2) == pytest.approx(rows[1].avg_ns / 1e9)
+
+
+def test_llama_bench_output_that_is_not_a_test_array_is_named():
+    with pytest.raises(LlamaToolsError, match="no JSON array"):
+        parse_llama_bench("main: error: failed to load model")
+    with pytest.raises(LlamaToolsError, match="field 'avg_ns'"):
+        parse_llama_bench('[{"model_filename": "m.gguf", "n_prompt": 1, "n_gen": 0, '
+                          '"n_threads": 2, "n_batch": 1, "n_ubatch": 1}]')
+
+
+def test_bench_grid_argv_crosses_every_axis():
+    tools = LlamaTools(Path("/bin"), "0")
+    grid = BenchGrid(threads=(1, 2), polls=(0, 50), tokens=(1, 2, 3), depths=(0, 192),
+                     repetitions=3)
+    argv = grid.argv(tools, "m.gguf")
+    assert argv[:3] == ["/bin/llama-bench", "-m", "m.gguf"]
+    assert argv[argv.index("-p") + 1] == "1,2,3" and argv[argv.index("-t") + 1] == "1,2"
+    assert argv[argv.index("--poll") + 1] == "0,50" and argv[argv.index("-d") + 1] == "0,192"
+    assert argv[-2:] == ["-o", "json"] and grid.tests == 2 * 2 * 3 * 2
+
+
+def test_server_flags_are_exact_and_complete():
+    plain = ServerSetting()
+    assert plain.flags() == ["-t", "2", "-tb", "2", "--poll", "50", "-b", "2048", "-ub", "512",
+                             "-c", "4096", "-np", "1", "-ngl", "0"]
+    spec = ServerSetting(poll=0, k=3, draft_threads=1, draft_poll=0)
+    assert spec.flags("d.gguf")[16:] == [
+        "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "3",
+        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "1", "-tbd", "1",
+        "--spec-draft-poll", "0", "--spec-draft-ngl", "0"]
+    assert spec.name == "k3-td1-dpoll0-t2-poll0-b2048-ub512"
+    assert ServerSetting.from_dict(spec.to_dict()) == spec
+
+
+def test_break_even_from_curves():
+    cand = Candidate(ServerSetting(poll=0, draft_threads=2, draft_poll=0), TARGET, DRAFT)
+    c = cand.costs()
+    assert c.plain_token_s == pytest.approx(0.040)
+    # K = 1: one draft token and a 2-token target pass must be paid by tau tokens of 40 ms
+    assert c.break_even_tau(1) == pytest.approx((0.012 + 0.054) / 0.040)  # 1.65
+    assert c.break_even_tau(3) == pytest.approx((3 * 0.012 + 0.088) / 0.040)  # 3.1
+    assert c.break_even_tau(4) == pytest.approx((4 * 0.012 + 0.112) / 0.040)  # 4.0 < 5
+    # perfect acceptance with K = 1 pays while 2 d + 0.054 < 2 * 0.040
+    assert c.break_even_draft_s(1) == pytest.approx((0.080 - 0.054) / 2)
+    grid = CostGrid((TARGET, DRAFT))
+    table = break_even_table(grid, [1, 4])
+    assert list(table["break_even_tau"]) == pytest.approx([1.65, 4.0])
+    assert list(table["pays_at_all"]) == [True, True]
+    assert list(table["target_k1_rel"]) == pytest.approx([1.35, 2.8])
+    # a target whose passes grow linearly never pays, whatever the acceptance
+    linear = curve("target", "Q8_0", 2, 0, [0.04, 0.08, 0.12, 0.16, 0.20])
+    lin = CostGrid((linear, DRAFT))
+    assert not any(break_even_table(lin, [1, 2, 3, 4])["pays_at_all"])
+
+
+def _nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50) -> pd.DataFrame:
+    rows = []
+    for domain, r in rates.items():
+        for p in range(prompts):
+            for s in range(steps):
+                for d, rate in enumerate(r, start=1):
+                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
+                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
+                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
+    return pd.DataFrame(rows)
+
+
+def test_setting_choice_includes_plain_and_every_setting():
+    acc = ChainAcceptance.from_nodes(_nodes({"code": [0.9, 0.8, 0.5, 0.4],
+                                             "chat": [0.3, 0.2, 0.2, 0.2]}))
+    options = candidates([TARGET, DRAFT, TARGET50, DRAFT50])
+    # two plain settings (poll 0 and 50), each with its own draft curve
+    assert sorted(c.name for c in options) == [
+        "Q4_K_M+Q4_K_M t2-poll0-b2048-ub512 td2", "Q4_K_M+Q4_K_M t2-poll50-b2048-ub512 td2",
+        "plain Q4_K_M t2-poll0-b2048-ub512", "plain Q4_K_M t2-poll50-b2048-ub512"]
+    code = choose_setting(acc.subset("code"), options, (1, 2, 3, 4))
+    spec0 = Candidate(ServerSetting(poll=0, draft_threads=2, draft_poll=0), TARGET, DRAFT)
+    per_k = {k: spec0.tokens_per_s(k, float(acc.subset("code").tau(k)[0]),
+                                   float(acc.subset("code").p_all(k)[0])) for k in (1, 2, 3, 4)}
+    # a step of K: a draft eval of 1 + P(all accepted) tokens, K - 1 more, a K + 1 target pass
+    assert per_k[1] == pytest.approx(1.9 / (0.012 + 0.9 * 0.004 + 0.054))
+    assert per_k[2] == pytest.approx(2.7 / (0.012 + 0.8 * 0.004 + 0.012 + 0.070))
+    assert code.k == max(per_k, key=per_k.get) and code.candidate.target.poll == 0
+    assert code.tokens_per_s == pytest.approx(max(per_k.values()))
+    assert code.tokens_per_s > 1 / 0.038  # faster than the fastest plain setting
+    chat = choose_setting(acc.subset("chat"), options, (1, 2, 3, 4))
+    # 1.3 tokens per step pays for nothing: plain, in its fastest setting (poll 50, 38 ms)
+    assert chat.k == 0 and chat.candidate.draft is None and chat.candidate.target.poll == 50
+    assert chat.tokens_per_s == pytest.approx(1 / 0.038)
+
+
+def _requests(rate_plain, rate_k2, predicted_plain, predicted_k2, domains=("code", "chat"),
+              prompts=10, tokens=64, seed=0, noise=0.0):
+    """Requests whose decode times give known rates (per prompt noise optional)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in domains:
+        for p in range(prompts):
+            for method, k, rate, pred in ((PLAIN, 0, rate_plain, predicted_plain),
+                                          ("k2", 2, rate_k2, predicted_k2)):
+                r = rate * float(np.exp(rng.normal(0, noise))) if noise else rate
+                accepted = 30 if k else 0
+                rows.append({"prompt_id": f"{d}{p}", "domain": d, "routed_domain": d,
+                             "method": method, "setting": method, "k": k, "tokens": tokens,
+                             "decode_s": tokens / r, "prompt_s": 0.1,
+                             "draft_n": 44 if k else 0, "accepted": accepted,
+                             "steps": tokens - 1 - accepted if k else 0, "equal_plain": True,
+                             "predicted_tok_s": pred})
+    return pd.DataFrame(rows)
+
+
+def test_speed_table_and_bias_exact():
+    requests = _requests(30.0, 36.0, 32.0, 40.0)
+    speed = speed_table(requests, n_boot=50)
+    code = speed[speed["domain"] == "code"].set_index("method")
+    assert code.loc[PLAIN, "tok_s"] == pytest.approx(30.0)
+    assert code.loc["k2", "speedup"] == pytest.approx(1.2)
+    assert code.loc["k2", "ratio"] == pytest.approx(0.9)
+    assert code.loc[PLAIN, "ratio"] == pytest.approx(30 / 32)
+    # 63 tokens after the first over 33 steps
+    assert code.loc["k2", "tokens_per_step"] == pytest.approx(63 / 33)
+    bias = {b.kind: b for b in prediction_bias(speed)}
+    assert bias["speculative"].factor == pytest.approx(0.9) and bias["speculative"].systematic
+    assert bias["speculative"].over_predicted == 2 and bias["plain"].cells == 2
+
+
+def test_bias_verdict_is_calibrated():
+    """Synthetic worlds of known truth: predictions right on average (false positives) or 10%
+    too high (power), per-prompt speed noise of 15%, 10 prompts in each of 3 domains. Over 300
+    worlds: 5% false positives and 93% power at the default 99% (12% and 98.5% at 95%)."""
+    def systematic(true_ratio, seed):
+        req = _requests(30.0 * true_ratio, 36.0 * true_ratio, 30.0, 36.0,
+                        domains=("code", "chat", "math"), seed=seed, noise=0.15)
+        return {b.kind: b.systematic for b in prediction_bias(speed_table(req, n_boot=200))}
+
+    worlds = 40
+    false_pos = np.mean([systematic(1.0, s)["speculative"] for s in range(worlds)])
+    power = np.mean([systematic(0.9, s)["speculative"] for s in range(worlds)])
+    assert false_pos <= 0.15, false_pos
+    assert power >= 0.8, power
+
+
+def test_acceptance_table_lists_every_cell_with_overlap():
+    nodes = _nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
+    acc = ChainAcceptance.from_nodes(nodes)
+    table = acceptance_table(_requests(30, 36, 30, 36), acc, n_boot=50)
+    assert [(r.domain, r.k) for r in table.itertuples()] == [("chat", 2), ("code", 2)]
+    code = table.set_index("domain").loc["code"]
+    assert code["measured_tau"] == pytest.approx(63 / 33)
+    assert code["predicted_tau"] == pytest.approx(2.7)
+    assert not code["overlap"]  # every prompt sees 1.91 where the run predicts 2.7
+
+
+def test_completion_without_drafts_counts_zero():
+    done = Completion.from_response({"content": "x", "tokens": [1, 2], "stop_type": "limit",
+                                     "timings": {"predicted_n": 2, "predicted_ms": 50.0,
+                                                 "predicted_per_second": 40.0,
+                                                 "prompt_n": 5, "prompt_ms": 20.0}})
+    assert done.draft_n == 0 and done.draft_n_accepted == 0 and done.tokens == [1, 2]
+
+
+def _demo_or_skip():
+    from specscope.llamaserver import find_llama_tools
+    from specscope.models.demo import _kept_gguf
+
+    tools = find_llama_tools()
+    if tools is None:
+        pytest.skip("llama.cpp's programs are not built (specscope.llamaserver."
+                    "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)")
+    draft = _kept_gguf("draft")
+    if not draft.is_file():
+        pytest.skip(f"the demo draft GGUF is not assembled at {draft} (specscope.models.demo."
+                    "demo_gguf('draft') assembles it from the demo extra's part packages)")
+    return tools, draft
+
+
+def test_llama_server_speculates_with_a_model_as_its_own_draft():
+    from specscope.llamaserver import LlamaServer
+
+    tools, gguf = _demo_or_skip()
+    ids = [785, 2326, 6028, 7987, 525]  # "The three primary colours are" in Qwen2.5's vocabulary
+    with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0)) as plain:
+        base = plain.complete(ids, 8)
+    with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0, k=2, draft_poll=0),
+                     draft=gguf) as spec:
+        out = spec.complete(ids, 8)
+    assert base.predicted_n == out.predicted_n == 8 and base.draft_n == 0
+    assert out.draft_n > 0 and out.draft_n_accepted >= out.draft_n // 2
+    assert out.tokens[:4] == base.tokens[:4] and out.predicted_per_second > 0
