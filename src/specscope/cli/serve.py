@@ -17,29 +17,49 @@ from .app import command
 def export(
     policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
     to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path or hub id); vllm, sglang, trtllm and transformers need it."),
-    method: str = typer.Option("draft_model", "--method", help="vLLM speculative method: draft_model (chains), eagle or eagle3 (trees too)."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
+    target: Optional[str] = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
+    poll: int = typer.Option(0, "--poll", min=0, max=100, help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU)."),
 ) -> None:
-    """Each domain's speculation setting in an engine's own format, and the routing rule.
+    """Each routed domain's speculation setting in an engine's own format, checked against that
+    engine version's rules, with the routing rule.
 
-    -o is written whole or not at all; a FIFO or /dev/stdout is written in place, a link to a
-    regular file is replaced by the file (the link's target is left alone)."""
+    -o is written whole or not at all (and for llama.cpp, its presets file -o with .ini); a FIFO
+    or /dev/stdout is written in place, a link to a regular file is replaced by the file."""
     from ..export import ExportOptions, export_policy
-    from ..files import check_output_file, json_text, write_json
+    from ..export.plan import presets_path
+    from ..files import check_output_file, json_text, write_json, write_output
     from ..tune.policy import PolicyFile
 
+    presets = None
     if out is not None:
         check_output_file(out, inputs=(policy,), option="--out")
-    document = export_policy(PolicyFile.load(policy), to, ExportOptions(draft=draft, method=method),
-                             source=str(policy))
+        if to == "llama.cpp" and not str(out.absolute()).startswith(("/dev/", "/proc/")):
+            presets = presets_path(out)
+            check_output_file(presets, inputs=(policy, out), option="--out (presets file)")
+    if to == "llama.cpp":  # the demo pair's GGUF files, where specscope llamacpp keeps them
+        from ..models.demo import _kept_gguf
+
+        draft = draft or str(_kept_gguf("draft"))
+        target = target or str(_kept_gguf("target"))
+    options = ExportOptions(draft=draft, target=target, poll=poll,
+                            presets_file=str(presets) if presets else "presets.ini")
+    document = export_policy(PolicyFile.load(policy), to, options, source=str(policy),
+                             engine_version=engine_version)
     if out is None:
         typer.echo(json_text(document), nl=False)
         return
+    if presets is not None:
+        write_output(presets, document["presets_ini"])
     write_json(out, document)
-    for domain, setting in [*document["domains"].items(), ("other", document["fallback"])]:
-        typer.echo(f"{domain}: {setting['tree']}")
-    typer.echo(f"wrote {out}")
+    for domain, setting in document["domains"].items():
+        typer.echo(f"{domain}: {setting['tree']} ({setting['source']})")
+    if document["approximation"]:
+        typer.echo(f"approximation: {document['approximation']}")
+    typer.echo(f"wrote {out}" + (f" and {presets}" if presets else "") +
+               f" ({to} {document['engine_version']})")
 
 
 

@@ -1,0 +1,66 @@
+"""Export a tuned policy (``specscope tune``) as the settings of the engines people serve with,
+checked against the engine versions they fit.
+
+One engine configuration per domain the router produces (no engine takes a speculation setting
+per request), and the routing rule that picks the domain of a request. Each engine module holds
+its checked versions (:class:`~specscope.export.rules.EngineVersion`: the engine files and commits
+the rules were read from, the fields and values allowed, the length and budget rules) and validates
+its own output against the chosen version before returning it. A setting an engine cannot express
+is refused with the reason and what to do instead; an engine that approximates the exported shape
+says so in the document's ``approximation``.
+
+Nothing here talks to an engine or writes a file (the command writes the document with
+:func:`specscope.files.write_json`, and llama.cpp's presets file beside it).
+"""
+
+from __future__ import annotations
+
+from ..tune.policy import PolicyFile
+from ..tune.router import RuleRouter
+from . import hf_transformers, llamacpp, sglang, trtllm, vllm
+from .plan import DeploymentPlan, ExportOptions, is_chain, routing_rule
+from .rules import Engine, EngineVersion, ExportError
+
+EXPORT_FORMAT = "specscope-export/2"
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("vllm", vllm.VERSIONS, vllm.export, vllm.EXPORTS, vllm.REFUSES),
+    Engine("sglang", sglang.VERSIONS, sglang.export, sglang.EXPORTS, sglang.REFUSES),
+    Engine("llama.cpp", llamacpp.VERSIONS, llamacpp.export, llamacpp.EXPORTS, llamacpp.REFUSES),
+    Engine("trtllm", trtllm.VERSIONS, trtllm.export, trtllm.EXPORTS, trtllm.REFUSES),
+    Engine("transformers", hf_transformers.VERSIONS, hf_transformers.export,
+           hf_transformers.EXPORTS, hf_transformers.REFUSES),
+)}
+
+
+def export_policy(policy: PolicyFile, engine: str, options: ExportOptions = ExportOptions(),
+                  source: str = "", engine_version: str | None = None,
+                  router: RuleRouter = RuleRouter()) -> dict:
+    """Every routed domain's setting for ``engine`` at ``engine_version`` (default: the newest
+    checked), the routing rule, and where the engine's rules were read from."""
+    if engine not in ENGINES:
+        raise ExportError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+    spec = ENGINES[engine]
+    version = spec.version(engine_version)
+    plan = DeploymentPlan.from_policy(policy, source, router)
+    body = spec.export(plan, options, version)
+    approximation = body.pop("approximation", version.approximation)
+    return {"format": EXPORT_FORMAT, "engine": engine, "engine_version": version.version,
+            "checked_against": list(version.checked_against),
+            "approximation": approximation, "notes": list(version.notes),
+            "policy": source, **body, "routing": routing_rule(router)}
+
+
+def engines_table() -> str:
+    """The README table: engine | versions checked | what is exported | refused and why."""
+    rows = ["| engine | versions checked | what is exported | what is refused and why |",
+            "|---|---|---|---|"]
+    for e in ENGINES.values():
+        versions = "; ".join(f"{v.version} ({v.about})" if v.about else v.version
+                             for v in e.versions)
+        rows.append(f"| {e.name} | {versions} | {e.exports} | {e.refuses} |")
+    return "\n".join(rows)
+
+
+__all__ = ["ENGINES", "EXPORT_FORMAT", "Engine", "EngineVersion", "ExportError", "ExportOptions",
+           "engines_table", "export_policy", "is_chain"]

@@ -1,0 +1,128 @@
+"""llama.cpp (llama-server): speculation as server flags, and a router-mode presets file.
+
+llama-server takes no speculation setting per request: the ``speculative.n_max``/``n_min``/
+``p_min`` request fields are compiled out (``#if 0`` in tools/server/server-schema.cpp) and unknown
+request keys are ignored. A per-domain policy is therefore one server configuration per domain.
+This module writes each domain's flags (``--spec-type draft-simple``, ``--spec-draft-model`` (-md),
+``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``) and the presets file of
+llama-server's router mode (``llama-server --models-preset FILE``): one ``[domain]`` section per
+domain over the same target GGUF, started on demand and chosen by the request's ``model`` field.
+
+Facts below were read from llama.cpp's own source as llama-cpp-python 0.3.36 vendors it (llama.cpp
+b11312, commit 0c1e57098): common/arg.cpp (flag names, ranges), common/preset.cpp (the INI parser:
+``[section]`` headers, ``key = value`` lines whose key is a flag name without its dashes, unknown
+keys an error, ``[*]`` applies to every section), tools/server/server-models.cpp (the router adds
+its own command-line flags on top of every preset, so speculation flags belong in the presets, not
+on the router's command line). It writes text; it starts no server.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
+from .rules import EngineVersion, Field, Rule
+
+LLAMA_CPP = "ggml-org/llama.cpp"
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+              "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+B11312 = EngineVersion(
+    engine="llama.cpp", version="b11312",
+    about="commit 0c1e57098, 2026-10-01: the llama.cpp that llama-cpp-python 0.3.36 vendors",
+    checked_against=(f"{LLAMA_CPP}:common/arg.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+                     f"{LLAMA_CPP}:common/preset.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+                     f"{LLAMA_CPP}:tools/server/server-models.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+                     f"{LLAMA_CPP}:tools/server/server-schema.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f"),
+    fields=(Field("--model", str, required=True),
+            Field("--spec-type", str, choices=SPEC_TYPES),
+            Field("--spec-draft-model", str),
+            Field("--spec-draft-n-max", int, low=0, high=2**31 - 1),
+            Field("--spec-draft-n-min", int, low=0, high=2**31 - 1),
+            Field("--spec-draft-p-min", float, low=0.0, high=1.0),
+            Field("--poll", int, low=0, high=100),
+            Field("--spec-draft-poll", int, low=0, high=1)),
+    # llama-server exits on an unknown flag; common/preset.cpp throws "option '...' not recognized
+    # in preset" on an unknown key
+    forbid_extra=True,
+    rules=(Rule("--spec-type draft-simple needs --spec-draft-model (-md)",
+                lambda s: s.get("--spec-type") != "draft-simple" or "--spec-draft-model" in s),
+           Rule("--spec-draft-n-min <= --spec-draft-n-max (a draft shorter than n_min is dropped)",
+                lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3)),
+           Rule("no ';', '#' or line break in a value (the presets parser, common/preset.cpp, "
+                "ends the value there: rename the file)",
+                lambda s: not any(isinstance(v, str) and re.search(r"[;#\r\n]", v)
+                                  for v in s.values()))),
+    notes=("request fields speculative.n_max/n_min/p_min are compiled out of llama-server "
+           "(#if 0 in tools/server/server-schema.cpp) and ignored: speculation is set per server "
+           "(per preset), never per request",),
+)
+
+VERSIONS = (B11312,)
+EXPORTS = ("per domain: llama-server flags (`--spec-type draft-simple`, `--spec-draft-model`, "
+           "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
+           "and a router-mode presets file (`--models-preset`), one section per domain")
+REFUSES = ("trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
+           "of llama-server, so not exported)")
+
+
+def _flags(domain: DomainPlan, options: ExportOptions, poll: int | None) -> dict:
+    flags: dict = {"--model": need(options.target, "--target", "llama.cpp",
+                                   "the target GGUF file")}
+    if domain.shape is None:
+        return flags  # no --spec-type: llama-server decodes plainly (type defaults to none)
+    k = chain_length(domain.shape, "llama.cpp", f"domain {domain.domain!r}",
+                     "tune chains only (specscope tune --max-rank 1)")
+    flags.update({"--spec-type": "draft-simple",
+                  "--spec-draft-model": need(options.draft, "--draft", "llama.cpp",
+                                             "the draft GGUF file"),
+                  "--spec-draft-n-max": k,
+                  "--spec-draft-n-min": 0,
+                  # p_min 0: always draft n_max tokens, as the tuned chain assumes (llama.cpp
+                  # stops drafting when the draft's top probability falls below p_min)
+                  "--spec-draft-p-min": 0.0})
+    if poll is not None:
+        # two models on the same cores: with busy-waiting threads (llama.cpp's default) the idle
+        # model's threads take the cores from the working one
+        flags.update({"--poll": poll, "--spec-draft-poll": min(poll, 1)})
+    return flags
+
+
+def _value(value) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def server_args(flags: dict) -> list[str]:
+    return [x for name, value in flags.items() for x in (name, _value(value))]
+
+
+def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) -> str:
+    """The router-mode presets file: one section per domain, keys are flag names without dashes
+    (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``)."""
+    lines = [f"; specscope export for llama-server router mode "
+             f"({version.engine} {version.version})",
+             f"; policy: {' '.join((source or '-').splitlines())}",
+             "; start: llama-server --models-preset THIS_FILE; a request's \"model\" names its domain",
+             ""]
+    for name, flags in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{flag.lstrip('-')} = {_value(value)}" for flag, value in flags.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
+    domains, sections = {}, {}
+    for domain in plan.domains:
+        flags = version.validate(_flags(domain, options, options.poll), f"domain {domain.domain!r}")
+        sections[domain.domain] = flags
+        domains[domain.domain] = {"tree": domain.tree, "source": domain.source,
+                                  "model": domain.domain, "flags": flags,
+                                  "server_args": ["llama-server", *server_args(flags)]}
+    return {"deployment": "llama-server router mode: one preset per domain over the same target "
+                          "GGUF; the client (or specscope's router) sets each request's \"model\" "
+                          "to its domain; pass no speculation flags on the router's command line "
+                          "(they override every preset)",
+            "router_args": ["llama-server", "--models-preset", options.presets_file],
+            "presets_ini": presets_ini(sections, version, plan.policy_source),
+            "domains": domains}

@@ -1,0 +1,147 @@
+"""vLLM: one ``--speculative-config`` per domain, method ``draft_model`` (a standalone draft chain),
+and where the policy was tuned, ``num_speculative_tokens_per_batch_size`` from its cost model.
+
+Trees are refused: vLLM removed ``speculative_token_tree`` and tree attention (PR #42121, merged
+2026-05; tree PRs were closed in 2026-06 as "no longer supported") and its ``SpeculativeConfig`` forbids
+unknown keys, so a tree makes the server refuse to start; before that, trees were drafted only by
+EAGLE heads (``method`` eagle/eagle3), not by the standalone draft model specscope measures.
+
+The batch-size schedule: specscope's cost model times draft and target passes by tokens fed; a
+batch of ``b`` sequences drafting a chain of ``K`` feeds about ``b`` times the tokens of one. For
+every batch size whose verify pass stays within the measured token counts, the K of best predicted
+speed-up (0: no speculation) up to the domain's K; vLLM carries the last range's K to larger
+batches and caps every K at ``num_speculative_tokens`` (vllm/v1/spec_decode/dynamic/utils.py).
+This module writes settings; it starts no server.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..records.schema import ALL_DOMAINS
+from ..trees import TreeShape
+from ..tune.acceptance import AcceptanceVector
+from ..tune.costs import CostModel, interpolate
+from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
+from .rules import EngineVersion, Field, Rule
+
+VLLM = "vllm-project/vllm"
+METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
+           "eagle3", "extract_hidden_states", "dflash", "ngram_gpu", "dspark")
+
+
+def _schedule_ok(s: dict) -> bool:
+    """vLLM's validate_and_normalize_dynamic_sd_schedule, and K <= num_speculative_tokens."""
+    table = s.get("num_speculative_tokens_per_batch_size")
+    if table is None:
+        return True
+    if not isinstance(table, list) or not table:
+        return False
+    previous_end = 0
+    for entry in sorted(table, key=lambda e: e[0]):
+        if len(entry) != 3 or not all(isinstance(x, int) for x in entry):
+            return False
+        start, end, k = entry
+        if start <= 0 or start > end or k < 0 or start <= previous_end:
+            return False
+        if k > s["num_speculative_tokens"]:
+            return False
+        previous_end = end
+    return min(e[0] for e in table) == 1
+
+
+MAIN_002E77C1 = EngineVersion(
+    engine="vllm", version="main@002e77c1",
+    about="vLLM main at commit 002e77c1, after PR #42121 removed trees",
+    checked_against=(f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
+                     f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc"),
+    fields=(Field("method", str, choices=METHODS, required=True),
+            Field("model", str, required=True),
+            Field("num_speculative_tokens", int, low=1, required=True),
+            Field("num_speculative_tokens_per_batch_size", list)),
+    forbid_extra=True,  # @config: pydantic extra="forbid"; speculative_token_tree is gone
+    rules=(Rule("num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
+                "sorted, not overlapping, 0 <= K <= num_speculative_tokens", _schedule_ok),),
+    notes=("trees refused: speculative_token_tree was removed (vLLM PR #42121, merged 2026-05) "
+           "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
+           "measured",
+           "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)"),
+)
+
+VERSIONS = (MAIN_002E77C1,)
+EXPORTS = ("per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
+           "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
+           "policy's cost model (tuned policies)")
+REFUSES = ("trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
+           "forbidden; earlier trees needed an EAGLE head, not a standalone draft")
+
+
+def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[list[int]] | None:
+    """``[[start, end, K], ...]`` over the batch sizes whose verify pass of ``k_max + 1`` tokens per
+    sequence lies within the measured token counts; None if not even batch size 1 does."""
+    measured = costs.target_s[-1][0]
+    b_max = measured // (k_max + 1)
+    if b_max < 1:
+        return None
+    one = interpolate(costs.target_s, 1)
+    best = []
+    for b in range(1, b_max + 1):
+        plain = costs.plain_token_s * interpolate(costs.target_s, b) / one  # b tokens per pass
+        choice, speedup = 0, 1.0
+        for k in range(1, k_max + 1):
+            chain = TreeShape.from_paths([(0,) * d for d in range(1, k + 1)])
+            step = (interpolate(costs.draft_s, b * costs.root_tokens)
+                    + (k - 1) * interpolate(costs.draft_s, b)
+                    + interpolate(costs.target_s, b * (k + 1)) + costs.overhead_s)
+            s = acc.expected_tau(chain) * plain / step
+            if s > speedup:
+                choice, speedup = k, s
+        best.append(choice)
+    ranges: list[list[int]] = []
+    for b, k in enumerate(best, start=1):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = b
+        else:
+            ranges.append([b, b, k])
+    return ranges
+
+
+def _tuned(plan: DeploymentPlan, domain: DomainPlan) -> tuple[CostModel, AcceptanceVector] | None:
+    if not plan.cost_model or not plan.acceptance:
+        return None
+    entry = plan.acceptance.get(domain.domain if domain.source == "policy" else ALL_DOMAINS)
+    if not entry:
+        return None
+    return (CostModel.from_dict(plan.cost_model),
+            AcceptanceVector(np.asarray(entry["rates"], dtype=float),
+                             np.asarray(entry["counts"], dtype=int)))
+
+
+def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
+    domains = {}
+    for domain in plan.domains:
+        where = f"domain {domain.domain!r}"
+        entry = {"tree": domain.tree, "source": domain.source}
+        if domain.shape is None:
+            domains[domain.domain] = {**entry, "speculative_config": None, "serve_args": []}
+            continue
+        k = chain_length(domain.shape, "vLLM (method draft_model)", where,
+                         "tune chains only (specscope tune --max-rank 1): vLLM removed "
+                         "speculative_token_tree (PR #42121, merged 2026-05)")
+        config = {"method": "draft_model",
+                  "model": need(options.draft, "--draft", "vllm", "the draft model it should "
+                                "load (a local path or a hub id)"),
+                  "num_speculative_tokens": k}
+        tuned = _tuned(plan, domain)
+        if tuned is not None:
+            table = batch_schedule(*tuned, k)
+            if table is not None:
+                config["num_speculative_tokens_per_batch_size"] = table
+        version.validate(config, where)
+        domains[domain.domain] = {**entry, "speculative_config": config,
+                                  "serve_args": ["--speculative-config", json.dumps(config)]}
+    return {"deployment": "one vLLM server per domain (vllm serve TARGET --speculative-config "
+                          "...); route each request to its domain's server",
+            "domains": domains}

@@ -1,0 +1,140 @@
+"""The llama.cpp export read the way llama-server b11312 reads it, from llama.cpp's own code.
+
+Fixtures under tests/data/engines/ are excerpts of ggml-org/llama.cpp at
+0c1e57098bba43ac29e6e3b677cdceebdd22334f (b11312, vendored by llama-cpp-python 0.3.36):
+- llama.cpp-b11312-arg-names.txt: every option's alias list from common/arg.cpp;
+- llama.cpp-b11312-spec-types.txt: the --spec-type names from common/speculative.cpp.
+The presets file is parsed with the grammar of common/preset.cpp ``parse_ini_from_file`` (header
+``[ name ]``, ``ident = value`` with ident ``[a-zA-Z_][a-zA-Z0-9_.-]*``, ``;``/``#`` comments) and
+its keys are matched as ``load_from_ini`` does: a flag alias without its leading dashes, anything
+else "not recognized in preset". When a built llama-server is given (SPECSCOPE_LLAMA_SERVER, or
+llama-server on PATH), its --help and a router-mode start with the presets file are checked too.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from specscope.export import ENGINES, ExportOptions, export_policy
+from specscope.trees import TreeShape
+from specscope.tune.policy import PolicyFile
+
+DATA = Path(__file__).parent / "data" / "engines"
+CHAIN3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+CHAIN1 = TreeShape.from_paths([(0,)])
+
+
+def _aliases() -> list[list[str]]:
+    rows = []
+    for line in (DATA / "llama.cpp-b11312-arg-names.txt").read_text().splitlines():
+        if line.startswith("{"):
+            rows.append(re.findall(r'"(-[^"]*)"', line.split("}")[0]))
+    return rows
+
+
+def _preset_keys() -> dict[str, str]:
+    """preset key -> the option's last alias (common/preset.cpp get_map_key_opt, to_args)."""
+    return {alias.lstrip("-"): names[-1] for names in _aliases() for alias in names}
+
+
+def parse_presets(text: str) -> dict[str, dict[str, str]]:
+    """common/preset.cpp parse_ini_from_file: sections of key = value; a bad line is an error."""
+    sections: dict[str, dict[str, str]] = {}
+    current = "default"
+    for line in text.splitlines():
+        if re.fullmatch(r"[ \t]*([;#].*)?", line):
+            continue
+        header = re.fullmatch(r"\[[ \t]*([^\]]+?)[ \t]*\][ \t]*([;#].*)?", line)
+        if header:
+            current = header.group(1)
+            sections[current] = {}
+            continue
+        kv = re.fullmatch(r"([a-zA-Z_][a-zA-Z0-9_.-]*)[ \t]*=[ \t]*(.*?)[ \t]*([;#].*)?", line)
+        if not kv:
+            raise ValueError(f"failed to parse server config file at {line!r}")
+        sections.setdefault(current, {})[kv.group(1)] = kv.group(2)
+    return sections
+
+
+def _export():
+    policy = PolicyFile(trees={"code": CHAIN3, "math": CHAIN1, "chat": None}, uniform=CHAIN1)
+    return export_policy(policy, "llama.cpp",
+                         ExportOptions(draft="/m/draft.gguf", target="/m/target.gguf"))
+
+
+def test_every_exported_flag_is_a_llama_server_b11312_option():
+    aliases = {a for names in _aliases() for a in names}
+    assert {"--spec-draft-n-max", "-md", "--spec-type", "--models-preset"} <= aliases
+    version = ENGINES["llama.cpp"].version("b11312")
+    assert set(version.field_names) <= aliases
+    for domain in _export()["domains"].values():
+        flags = [a for a in domain["server_args"][1:] if a.startswith("--")]
+        assert set(flags) <= aliases
+
+
+def test_presets_file_parses_as_llama_server_b11312_reads_it():
+    doc = _export()
+    sections = parse_presets(doc["presets_ini"])
+    keys = _preset_keys()
+    assert list(sections) == ["code", "math", "reasoning", "chat"]
+    for name, options in sections.items():
+        for key in options:
+            assert key in keys, f"option '{key}' not recognized in preset '{name}'"
+    assert {keys[k]: v for k, v in sections["code"].items()} == {
+        "--model": "/m/target.gguf", "--spec-type": "draft-simple",
+        "--model-draft": "/m/draft.gguf", "--spec-draft-n-max": "3", "--spec-draft-n-min": "0",
+        "--draft-p-min": "0.0", "--poll": "0", "--poll-draft": "0"}
+    assert sections["chat"] == {"model": "/m/target.gguf"}
+
+
+def test_spec_type_names_are_llama_cpp_b11312s():
+    text = (DATA / "llama.cpp-b11312-spec-types.txt").read_text()
+    names = re.findall(r'\{"([a-z0-9-]+)",\s+COMMON_SPECULATIVE_TYPE', text)
+    version = ENGINES["llama.cpp"].version("b11312")
+    assert tuple(names) == version.field_names["--spec-type"].choices
+
+
+def _server() -> str | None:
+    path = os.environ.get("SPECSCOPE_LLAMA_SERVER") or shutil.which("llama-server")
+    return path if path and Path(path).is_file() else None
+
+
+@pytest.mark.skipif(_server() is None, reason="no llama-server (set SPECSCOPE_LLAMA_SERVER)")
+def test_llama_server_accepts_presets(tmp_path):
+    server = _server()
+    help_text = subprocess.run([server, "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    for flag in ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+                 "--spec-type", "--models-preset", "-md,"):
+        assert flag in help_text
+    presets = tmp_path / "presets.ini"
+    presets.write_text(_export()["presets_ini"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--models-preset", str(presets), "--no-models-autoload",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        import urllib.request
+
+        deadline, models = time.monotonic() + 60, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=2) as r:
+                    models = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert models is not None, proc.communicate(timeout=5)[0] if proc.poll() is not None else ""
+        for domain in ("code", "math", "reasoning", "chat"):
+            assert f'"{domain}"' in models
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
