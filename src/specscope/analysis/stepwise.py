@@ -12,6 +12,12 @@ show that domains are equal); it is *not testable* with fewer than two domains o
 ``min_prompts`` prompts in a domain. Its false-positive rate is measured on synthetic logs of
 known truth in ``tests/test_ingest.py``. The node-level tables and findings (alpha, entropy,
 depth, the acceptance vector) need node records and are listed as unavailable.
+
+Steps are verify steps (steps where something was drafted); requests that drafted nothing add
+none and are counted apart. Where the engine logs no count and ingest derived it, the derivation
+is printed beside the table. Where the run has a histogram (vLLM summary ``acceptance_histogram``,
+SGLang ``spec_accept_histogram``, or per-step logs), each domain's distribution of accepted
+drafts per step is tabulated, pooled over its steps.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ class DomainStats:
     tokens_per_step: Estimate
     accepted_per_step: Estimate
     draft_acceptance: Estimate | None  # accepted / drafted, where drafted was logged
+    drafting: int = 0  # requests with at least one verify step
+
+
+@dataclass(frozen=True)
+class StepDistribution:
+    """A domain's verify steps by accepted drafts: ``shares[j]`` of its ``steps`` accepted j."""
+
+    domain: str
+    steps: int
+    shares: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -56,15 +72,29 @@ class StepwiseAnalysis:
     domains: tuple[DomainStats, ...]
     finding: StepwiseFinding
     unavailable: tuple[str, ...] = NODE_LEVEL
+    engine: str = ""  # engine and version as the manifest records them
+    derived: tuple[tuple[str, str], ...] = ()  # (count, how ingest derived it)
+    distributions: tuple[StepDistribution, ...] = ()
 
     def to_markdown(self) -> str:
-        lines = [f"# Ingested run ({self.engine_format} logs)", "",
-                 "| domain | prompts | steps | tokens/step | accepted/step | draft acceptance |",
-                 "|---|---:|---:|---|---|---|"]
+        title = f"# Ingested run ({self.engine_format} logs{', ' + self.engine if self.engine else ''})"
+        lines = [title, "",
+                 "| domain | prompts | drafting | verify steps | tokens/step | accepted/step "
+                 "| draft acceptance |", "|---|---:|---:|---:|---|---|---|"]
         for d in self.domains:
             acc = d.draft_acceptance.format(3) if d.draft_acceptance else "not logged"
-            lines.append(f"| {markdown_escape(d.domain)} | {d.prompts} | {d.steps} | {d.tokens_per_step.format(3)} "
-                         f"| {d.accepted_per_step.format(3)} | {acc} |")
+            lines.append(f"| {markdown_escape(d.domain)} | {d.prompts} | {d.drafting} | {d.steps} "
+                         f"| {d.tokens_per_step.format(3)} | {d.accepted_per_step.format(3)} | {acc} |")
+        lines += [f"\nDerived, not logged: {name} = {markdown_escape(how)}."
+                  for name, how in self.derived]
+        if self.distributions:
+            width = max(len(d.shares) for d in self.distributions)
+            lines += ["", "Verify steps by accepted drafts (share of the domain's steps, pooled):",
+                      "", "| domain | steps | " + " | ".join(f"{j}" for j in range(width)) + " |",
+                      "|---|---:|" + "---:|" * width]
+            for d in self.distributions:
+                cells = [f"{x:.3f}" for x in d.shares] + ["0.000"] * (width - len(d.shares))
+                lines.append(f"| {markdown_escape(d.domain)} | {d.steps} | " + " | ".join(cells) + " |")
         lines += ["", f"Finding: {self.finding.claim}: **{self.finding.verdict}** "
                       f"({self.finding.detail})", "",
                   "Unavailable from engine logs (they need node records, `specscope run`): "
@@ -75,8 +105,12 @@ class StepwiseAnalysis:
         def est(e: Estimate | None):
             return None if e is None else {"value": e.value, "lo": e.lo, "hi": e.hi, "se": e.se}
 
-        return {"engine_format": self.engine_format,
-                "domains": [{"domain": d.domain, "prompts": d.prompts, "steps": d.steps,
+        return {"engine_format": self.engine_format, "engine": self.engine,
+                "derived": dict(self.derived),
+                "step_distributions": {d.domain: {"steps": d.steps, "shares": list(d.shares)}
+                                       for d in self.distributions},
+                "domains": [{"domain": d.domain, "prompts": d.prompts, "drafting": d.drafting,
+                             "steps": d.steps,
                              "tokens_per_step": est(d.tokens_per_step),
                              "accepted_per_step": est(d.accepted_per_step),
                              "draft_acceptance": est(d.draft_acceptance)} for d in self.domains],
@@ -114,10 +148,33 @@ def _estimate(reps: np.ndarray, varies: bool, confidence: float, prompts: int,
                               prompts=prompts, strata=strata)[0]
 
 
+def step_distributions(histogram: pd.DataFrame | None) -> tuple[StepDistribution, ...]:
+    """Each domain's verify steps by accepted drafts, from a histogram table (prompt_id, domain,
+    accepted_len, steps)."""
+    if histogram is None or histogram.empty:
+        return ()
+    out = []
+    for domain, rows in histogram.groupby("domain", sort=True):
+        counts = rows.groupby("accepted_len")["steps"].sum()
+        total = int(counts.sum())
+        shares = np.zeros(int(counts.index.max()) + 1)
+        shares[counts.index.to_numpy(int)] = counts.to_numpy(float) / total
+        out.append(StepDistribution(str(domain), total, tuple(float(x) for x in shares)))
+    return tuple(out)
+
+
+def _engine(manifest: dict) -> str:
+    engine = manifest.get("engine") or ""
+    version = manifest.get("engine_version")
+    return f"{engine} {version}" if engine and version else engine
+
+
 def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000, seed: int = 0,
-                     confidence: float = 0.95, min_prompts: int = 10) -> StepwiseAnalysis:
+                     confidence: float = 0.95, min_prompts: int = 10,
+                     histogram: pd.DataFrame | None = None) -> StepwiseAnalysis:
     """Each domain's figures, bootstrapped in chunks (:func:`stratum_totals`): memory does not
-    grow with the number of requests beyond their columns."""
+    grow with the number of requests beyond their columns. ``histogram``: the run's histogram
+    table, if it has one."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     requests = requests.sort_values(["domain", "prompt_id"], kind="stable").reset_index(drop=True)
@@ -136,9 +193,19 @@ def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000,
             acc_rate = _estimate(ratio(a, boot.totals[:, g, 2]), varies, confidence, n)
         rows.append(DomainStats(domain, n, int(values[keep, 0].sum()),
                                 _estimate(tps[domain], varies, confidence, n),
-                                _estimate(ratio(a, s), varies, confidence, n), acc_rate))
-    finding = domain_difference(bool(boot.varies.any()), requests, tps, min_prompts, confidence)
-    return StepwiseAnalysis(manifest.get("engine_format", "?"), tuple(rows), finding)
+                                _estimate(ratio(a, s), varies, confidence, n), acc_rate,
+                                int((values[keep, 0] > 0).sum())))
+    drafted = {r.domain for r in rows if r.steps > 0}  # a domain without verify steps has no tokens/step
+    finding = domain_difference(bool(boot.varies.any()), requests[requests["domain"].isin(drafted)],
+                                {d: tps[d] for d in drafted}, min_prompts, confidence)
+    if len(drafted) < len(rows) and finding.verdict == "not testable" and len(drafted) < 2:
+        finding = StepwiseFinding(CLAIM, "not testable",
+                                  f"{len(drafted)} of {len(rows)} domains drafted anything")
+    derived = manifest.get("derived") if isinstance(manifest.get("derived"), dict) else {}
+    return StepwiseAnalysis(manifest.get("engine_format", "?"), tuple(rows), finding,
+                            engine=_engine(manifest),
+                            derived=tuple((str(k), str(v)) for k, v in sorted(derived.items())),
+                            distributions=step_distributions(histogram))
 
 
 def write_ingested_analysis(a: StepwiseAnalysis, out_dir: Path) -> tuple[Path, Path]:

@@ -83,10 +83,11 @@ def analyze(
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
         from ..analysis.stepwise import analyze_ingested, write_ingested_analysis
-        from ..ingest import load_ingested
+        from ..ingest import load_histogram, load_ingested
 
         manifest, requests, _ = load_ingested(run_dir)
-        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence)
+        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence,
+                                    histogram=load_histogram(run_dir))
         if show != "none":
             typer.echo(stepwise.to_markdown())
         md, js = write_ingested_analysis(stepwise, out_dir)

@@ -68,21 +68,27 @@ def export(
 
 @command()
 def ingest(
-    log: Path = typer.Argument(..., help="Per-request speculation stats, one JSON object per line."),
+    log: Path = typer.Argument(..., help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line."),
     fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
     prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+    join: str = typer.Option("id", "--join", help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id)."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint)."),
 ) -> None:
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
-    Each line is joined to its prompt by its `prompt_id` (a line may wrap the engine's response
-    as {"prompt_id": ..., "response": {...}}) or else by the engine's request id."""
+    A line may wrap the engine's response as {"prompt_id": ..., "response": {...}} (the client's
+    own id). Counts the engine does not log are derived and named in the run's manifest."""
     from ..ingest import ingest as ingest_log
 
-    manifest = ingest_log(log, fmt, prompts, out)
+    manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     counts = manifest["counts"]
-    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}), "
+    version = manifest["engine_version"] or "version not stated (--engine-version)"
+    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}) "
+               f"from {manifest['engine']} {version}, "
                f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}")
+    for name, how in manifest["derived"].items():
+        typer.echo(f"derived, not logged: {name} = {how}")
 
 
 

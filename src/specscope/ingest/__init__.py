@@ -1,0 +1,24 @@
+"""Import the per-request speculation statistics that serving engines already emit.
+
+:mod:`~specscope.ingest.formats` reads each engine's request record (vLLM per-request metrics,
+SGLang ``meta_info``, llama-server ``timings``, Spec-Bench ``accept_lengths``);
+:mod:`~specscope.ingest.logs` reads a log of them (JSON lines, SSE captures, stream chunks);
+:mod:`~specscope.ingest.run` joins them to prompts and writes an ingested run that
+``specscope analyze`` reads. Nothing here measures or invents node-level figures.
+"""
+
+from .formats import FORMATS, EngineFormat, IngestError, RequestStats, check_counts
+from .logs import iter_requests
+from .run import (
+    JOINS,
+    ingest,
+    is_ingested,
+    iter_log,
+    load_histogram,
+    load_ingested,
+    read_log,
+)
+
+__all__ = ["FORMATS", "JOINS", "EngineFormat", "IngestError", "RequestStats", "check_counts",
+           "ingest", "is_ingested", "iter_log", "iter_requests", "load_histogram",
+           "load_ingested", "read_log"]
