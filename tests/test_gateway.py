@@ -156,19 +156,19 @@ def test_requests_reach_their_domains_preset_and_the_log_ingests(setup, tmp_path
         ("h1", "chat", "plain", "/v1/chat/completions"), ("c2", "code", "code", "/completion")]
     assert lines[0]["response"] == answers["c1"].json()  # the engine's answer, as it came
 
-    # ingest joins each line by its prompt_id; the drafted requests only (the plain preset's
-    # timings have no draft_n, which main's ingest still refuses)
-    drafted = tmp_path / "drafted.jsonl"
-    drafted.write_text("".join(json.dumps(x) + "\n" for x in lines if x["model"] != "plain"))
+    # ingest joins each line by its prompt_id (a request of the plain preset: nothing drafted)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "domain": d, "prompt": t}) + "\n" for i, d, t in
-                               (("c1", "code", CODE), ("m1", "math", MATH), ("c2", "code", CODE))))
-    manifest = ingest(drafted, "llama.cpp", prompts, tmp_path / "run")
-    assert manifest["counts"] == {"requests": 3, "steps_logged": 0, "domains": ["code", "math"]}
+                               (("c1", "code", CODE), ("m1", "math", MATH), ("h1", "chat", CHAT),
+                                ("c2", "code", CODE))))
+    manifest = ingest(log, "llama.cpp", prompts, tmp_path / "run")
+    assert manifest["counts"]["requests"] == 4
+    assert manifest["counts"]["domains"] == ["chat", "code", "math"]
     import pandas as pd
-    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet").set_index("prompt_id")
     # predicted_n 10, 6 accepted: 10 - 1 - 6 = 3 verify steps, (6 + 3) / 3 tokens per step
-    assert requests["tokens_per_step"].tolist() == [3.0, 3.0, 3.0]
+    assert requests.loc[["c1", "m1", "c2"], "tokens_per_step"].tolist() == [3.0, 3.0, 3.0]
+    assert requests.loc["h1", "accepted"] == 0 and requests.loc["h1", "drafted"] == 0
 
 
 def test_a_stream_passes_through_chunk_by_chunk_and_its_last_stats_are_logged(setup):
@@ -279,20 +279,22 @@ def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):
 
 def test_an_export_document_deploys_with_its_own_routing_rule(tmp_path):
     from specscope.export import export_policy
-    from specscope.trees import TreeShape
+    from specscope.export.plan import ExportOptions
+    from specscope.serving import chain
     from specscope.tune.policy import PolicyFile
 
-    policy = PolicyFile({"code": TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)]), "math": None,
-                         "reasoning": None, "chat": None})
-    document = export_policy(policy, "llama.cpp")
-    document["routing"]["threshold"] = 99.0  # nothing reaches it: every prompt is the fallback's
+    policy = PolicyFile({"code": chain(3), "math": None, "reasoning": None, "chat": None})
+    document = export_policy(policy, "llama.cpp", ExportOptions(draft="d.gguf", target="t.gguf"))
     path = tmp_path / "export.json"
     path.write_text(json.dumps(document))
     plan = Deployment.load(path, {"*": "http://127.0.0.1:8080"})
     assert {d: b.model for d, b in plan.domains.items()} == {
         "code": "code", "math": "math", "reasoning": "reasoning", "chat": "chat"}
     assert plan.fallback == Backend("http://127.0.0.1:8080", "chat")
-    assert plan.route(CODE) == ("chat", plan.fallback)
+    assert plan.route(CODE)[0] == "code"
+    document["routing"]["threshold"] = 99.0  # no rule reaches it: every prompt is the fallback's
+    path.write_text(json.dumps(document))
+    assert Deployment.load(path, {"*": "http://h:1"}).route(CODE)[0] == "chat"
     with pytest.raises(DeploymentError, match="no backend URL for domain 'code'"):
         Deployment.load(path, {"math": "http://h:1"})
     result = CliRunner().invoke(app, ["gateway", str(path), "--log", str(tmp_path / "g.jsonl")])

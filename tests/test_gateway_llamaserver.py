@@ -27,7 +27,9 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from specscope.gateway import Backend, Deployment, make_app
+from specscope.export import export_policy
+from specscope.export.plan import ExportOptions
+from specscope.gateway import Deployment, make_app
 from specscope.llamarouter import (
     GREEDY,
     LlamaRouter,
@@ -35,7 +37,6 @@ from specscope.llamarouter import (
     chain_counts,
     draft_agreement,
     first_difference,
-    preset_section,
     presets_ini,
     top_logprobs,
 )
@@ -45,6 +46,8 @@ from specscope.llamaserver import (
     build_llama_tools,
     find_llama_tools,
 )
+from specscope.serving import chain
+from specscope.tune.policy import PolicyFile
 from specscope.tune.router import RuleRouter, prompt_text
 
 pytestmark = pytest.mark.slow
@@ -118,16 +121,18 @@ def deployment(tmp_path_factory):
     target, draft = _demo_pair()
     measured, held_out = _prompts()
     tmp = tmp_path_factory.mktemp("llama-router")
-    base = ServerSetting(threads=2, poll=0, draft_poll=0, ctx=1024)
-    sections = {name: preset_section(target, base.with_k(k), draft) for name, k in KS.items()}
-    sections["plain"] = preset_section(target, base, None)
-    sections["draft"] = preset_section(draft, base, None)  # the draft alone: its greedy tokens
+    # the presets specscope export writes for this policy (one per routed domain), and two more
+    # for the checks: the target alone (plain greedy) and the draft alone (its greedy tokens)
+    policy = PolicyFile({d: chain(KS.get(d, 0)) for d in DOMAINS})
+    document = export_policy(policy, "llama.cpp", ExportOptions(draft=str(draft),
+                                                                target=str(target)))
+    extra = {"plain": {"model": target}, "draft": {"model": draft}, "*": {"c": 1024}}
     presets = tmp / "presets.ini"
-    presets.write_text(presets_ini(sections))
-    router = LlamaRouter(tools, presets, base, log=tmp / "llama-server.log", models_max=4)
+    presets.write_text(document["presets_ini"] + "\n" + presets_ini(extra).split("\n", 1)[1])
+    router = LlamaRouter(tools, presets, ServerSetting(), log=tmp / "llama-server.log",
+                         models_max=len(DOMAINS) + 2)
     with router:
-        plan = Deployment("llama.cpp", {d: Backend(router.url, d) for d in KS},
-                          Backend(router.url, "plain"))
+        plan = Deployment.from_export(document, {"*": router.url})
         gateway = Served(make_app(plan, tmp / "gateway.jsonl"))
         try:
             yield router, gateway.url, tmp, measured, held_out
@@ -166,10 +171,11 @@ def test_llama_server_router_behind_the_gateway(deployment):
     counts, agreements, differs = {}, {}, []
     for item in held_out:
         line, routed = lines[item.id], domain_of(prompt_text(item))
-        preset = routed if routed in KS else "plain"
         timings = line["response"]["timings"]
-        # each request reached its domain's preset, and drafted only there, at most K a step
-        assert (line["domain"], line["model"]) == (routed, preset)
+        # each request reached its domain's preset (the exported one, named after the domain),
+        # and drafted only where that preset speculates, at most K a step
+        assert (line["domain"], line["model"]) == (routed, routed)
+        preset = routed if routed in KS else "plain"
         if preset == "plain":
             assert "draft_n" not in timings
         else:
@@ -198,17 +204,17 @@ def test_llama_server_router_behind_the_gateway(deployment):
     print(f"outputs equal to plain greedy: {len(held_out) - len(differs)}/{len(held_out)} "
           f"(near-ties: {differs or 'none'})")
 
-    # 4. ingest of the gateway's log (the drafting presets: main's ingest still refuses timings
-    #    without draft_n) against the prediction of a measurement on other prompts
-    drafted_log = tmp / "drafted.jsonl"
-    drafted_log.write_text("".join(json.dumps(lines[p]) + "\n" for p in counts))
+    # 4. ingest of the gateway's log against the prediction of a measurement on other prompts
     prompts_file = tmp / "prompts.jsonl"
     prompts_file.write_text("".join(
         json.dumps({"id": it.id, "domain": domain_of(prompt_text(it)),
                     "prompt": prompt_text(it)}) + "\n" for it in held_out))
-    ingest(drafted_log, "llama.cpp", prompts_file, tmp / "ingested")
+    manifest = ingest(tmp / "gateway.jsonl", "llama.cpp", prompts_file, tmp / "ingested")
+    assert manifest["counts"]["requests"] == len(held_out)
     import pandas as pd
     requests = pd.read_parquet(tmp / "ingested" / "requests.parquet")
+    plain_rows = requests[~requests["domain"].isin(list(KS))]
+    assert (plain_rows["accepted"] == 0).all()
 
     measure = {}
     for item in measured:
