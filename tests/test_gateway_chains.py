@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specscope.llamarouter import (ChainCounts, chain_acceptance, chain_counts, first_difference,
-                                   preset_section, presets_ini)
+from specscope.llamarouter import (
+    ChainCounts,
+    chain_acceptance,
+    chain_counts,
+    first_difference,
+    preset_section,
+    presets_ini,
+)
 from specscope.llamaserver import ServerSetting
 
 AGREE = [True, True, True, False, True, True, True, True, False, False]
