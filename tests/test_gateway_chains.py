@@ -54,3 +54,32 @@ def test_a_preset_holds_the_settings_exact_flags():
     assert "md" not in preset_section("t.gguf", ServerSetting(), "d.gguf")  # plain: no draft
     assert presets_ini({"plain": {"model": "t.gguf", "t": 2}}) == (
         "version = 1\n\n[plain]\nmodel = t.gguf\nt = 2\n")
+
+
+class RuleDraft:
+    """A stand-in for a draft preset of llama-server: greedy continuation by a fixed rule (the
+    next token is the last one + 1, except that 7 is followed by 0)."""
+
+    def __init__(self):
+        self.requests = 0
+
+    def post(self, path, body):
+        self.requests += 1
+        seq, out = list(body["prompt"]), []
+        for _ in range(body["n_predict"]):
+            out.append(0 if seq[-1] == 7 else seq[-1] + 1)
+            seq.append(out[-1])
+        return {"tokens": out}
+
+
+@pytest.mark.parametrize("window", [1, 2, 8])
+def test_draft_agreement_asks_once_per_disagreement_and_matches_position_by_position(window):
+    from specscope.llamarouter import draft_agreement
+
+    output = [5, 6, 7, 8, 9, 10]
+    draft = RuleDraft()
+    agree = draft_agreement(draft, "draft", [4], output, window=window)
+    brute = [(0 if ([4] + output[:t])[-1] == 7 else ([4] + output[:t])[-1] + 1) == output[t]
+             for t in range(len(output))]
+    assert agree.tolist() == brute == [True, True, True, False, True, True]
+    assert draft.requests == {1: 6, 2: 3, 8: 2}[window]

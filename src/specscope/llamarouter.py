@@ -8,7 +8,8 @@
   server per preset when a request names it in ``model``), started and stopped as
   :class:`~specscope.llamaserver.LlamaServer` is.
 - :func:`draft_agreement`: at each position of the target's greedy output, whether the draft's
-  greedy token equals the target's (asked of a plain preset serving the draft model).
+  greedy token equals the target's (asked of a plain preset serving the draft model, one request
+  per disagreement).
 - :func:`chain_counts`: what greedy chain speculation of K tokens does on such an output, step by
   step as llama-server does it (K drafts, capped at the tokens left minus one; accepted drafts
   plus the target's token per verify step), and :func:`chain_acceptance`: the per-depth
@@ -79,15 +80,28 @@ GREEDY = {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0}
 
 
 def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
-                    output: Sequence[int]) -> np.ndarray:
-    """``a[t]``: whether the draft's greedy token after ``prompt + output[:t]`` is ``output[t]``
-    (one single-token request per position, the prompt cache reused between them)."""
-    agree = np.zeros(len(output), bool)
-    for t in range(len(output)):
-        answer = server.post("/completion", {"model": draft_preset, "prompt": prompt + list(output[:t]),
-                                             "n_predict": 1, "return_tokens": True,
-                                             "cache_prompt": True, **GREEDY})
-        agree[t] = list(answer.get("tokens") or [])[:1] == [output[t]]
+                    output: Sequence[int], window: int = 8) -> np.ndarray:
+    """``a[t]``: whether the draft's greedy token after ``prompt + output[:t]`` is ``output[t]``.
+
+    One request per disagreement: from position t the draft continues greedily for up to
+    ``window`` tokens; the first r agree with the output, and (if the output goes on) the next
+    one does not, so the following request starts at t + r + 1 (the prompt cache reused)."""
+    n, t = len(output), 0
+    agree = np.zeros(n, bool)
+    while t < n:
+        answer = server.post("/completion", {
+            "model": draft_preset, "prompt": prompt + list(output[:t]),
+            "n_predict": min(window, n - t), "return_tokens": True, "cache_prompt": True,
+            **GREEDY})
+        drafted = list(answer.get("tokens") or [])
+        run = 0
+        while run < min(len(drafted), n - t) and drafted[run] == output[t + run]:
+            run += 1
+        agree[t:t + run] = True
+        if run == min(window, n - t) and run == len(drafted):
+            t += run  # the whole window agreed: the next one is not known yet
+        else:
+            t += run + 1  # output[t + run] is not the draft's token there
     return agree
 
 
