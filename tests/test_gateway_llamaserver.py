@@ -243,3 +243,23 @@ def test_llama_server_router_behind_the_gateway(deployment):
               f"from {len(sub.prompts)} other prompts")
         assert seen_low <= high + 1e-9 and low <= seen_high + 1e-9, (
             f"{domain}: tokens per step seen and predicted disagree")
+
+
+def test_a_streamed_chat_request_through_the_gateway(deployment):
+    _, url, tmp, _, held_out = deployment
+    code = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "code")
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=600,
+                      headers={"X-Prompt-Id": "stream-" + code.id},
+                      json={"messages": list(code.messages), "max_tokens": 8, "stream": True,
+                            **GREEDY}) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["x-specscope-domain"] == "code"
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+    last = json.loads(events[-2][len("data: "):])
+    lines = [json.loads(x) for x in (tmp / "gateway.jsonl").read_text().splitlines()]
+    (line,) = [x for x in lines if x["prompt_id"] == "stream-" + code.id]
+    assert line["stream"] is True and line["model"] == "code"
+    # the logged event is the engine's last one with its timings: it drafted (K = 3 preset)
+    assert line["response"] == last and line["response"]["timings"]["draft_n"] > 0
+

@@ -347,7 +347,7 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
         buffer, last, stats = bytearray(), None, None
         complete = False
         try:
-            async for chunk in answer.aiter_raw():
+            async for chunk in answer.aiter_bytes():  # decoded: content-encoding is not relayed
                 buffer += chunk
                 for event in sse_events(buffer):
                     last = event
