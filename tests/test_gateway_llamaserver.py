@@ -4,13 +4,18 @@ mode (one preset per domain) behind specscope gateway.
 Held-out prompts of every domain go through the gateway; the test checks that each reached its
 domain's preset (the log names it; the server's timings show drafting only where the preset
 speculates, at most K per verify step), that every output equals the plain preset's greedy output
-token for token or leaves it only at a near-tie of the target, that the draft counts are exactly what greedy chains of K give on the draft's
-agreement with those outputs (llamarouter.chain_counts), and that specscope ingest of the
+token for token or leaves it only at a near-tie of the target, that the draft counts are exactly
+what greedy chains of K give on the draft's agreement with those outputs
+(llamarouter.chain_counts), that a streamed chat answer passes through, and that specscope
+ingest of the
 gateway's log gives per-domain tokens per step whose interval meets the one that a measurement of
 the draft's agreement on other prompts predicts for the same K.
 
-Cost: about 2 minutes of 2 CPU cores once llama-server is built (the first run builds it from
-the llama-cpp-python sdist: cmake and a C++ compiler, many minutes; the build is cached).
+Cost: 8 held-out and 4 measured prompts x 16 tokens on the demo pair, six presets loaded (mmap).
+Measured here: 14 min wall, 9 min 20 s CPU, with the 2 cores shared by other jobs (llama-server's
+own timings showed 0.6 tok/s, against about 30 alone); not yet measured on an idle machine. The
+first run builds llama-server from the llama-cpp-python sdist (cmake and a C++ compiler, many
+minutes; the build is cached, or set SPECSCOPE_LLAMA_BIN).
 """
 
 from __future__ import annotations
