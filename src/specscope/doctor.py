@@ -25,6 +25,7 @@ EXTRA_PURPOSES = {
     "gguf": "loading .gguf model files",
     "llamacpp": "llama.cpp end to end (specscope llamacpp; compiles llama.cpp)",
     "gptq": "the paper's 4-bit GPTQ target (GPU)",
+    "gateway": "one endpoint routing requests to per-domain engines (specscope gateway)",
     "ray": "sweeps on Ray",
     "dev": "the test suite",
 }

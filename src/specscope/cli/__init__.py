@@ -4,6 +4,6 @@ the order ``specscope --help`` lists them."""
 # isort: skip_file
 
 from .app import app
-from . import measure, analyze, speculate, serve  # noqa: F401,E402  (register the commands)
+from . import measure, analyze, speculate, serve, gateway  # noqa: F401,E402  (register the commands)
 
 __all__ = ["app"]

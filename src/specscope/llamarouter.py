@@ -1,0 +1,174 @@
+"""llama-server in router mode as a per-domain deployment, and what greedy chains predict for it.
+
+- :func:`presets_ini`: a router-mode presets file (``llama-server --models-preset FILE``), one
+  section per preset over the same target GGUF, each section the exact flags of a
+  :class:`~specscope.llamaserver.ServerSetting` (keys are flag names without dashes, as
+  llama.cpp's common/preset.cpp reads them; short forms such as ``t`` or ``md`` are allowed there).
+- :class:`LlamaRouter`: that llama-server process (no model of its own: it starts one child
+  server per preset when a request names it in ``model``), started and stopped as
+  :class:`~specscope.llamaserver.LlamaServer` is.
+- :func:`draft_agreement`: at each position of the target's greedy output, whether the draft's
+  greedy token equals the target's (asked of a plain preset serving the draft model, one request
+  per disagreement).
+- :func:`chain_counts`: what greedy chain speculation of K tokens does on such an output, step by
+  step as llama-server does it (K drafts, capped at the tokens left minus one; accepted drafts
+  plus the target's token per verify step), and :func:`chain_acceptance`: the per-depth
+  acceptance (:class:`~specscope.llamacpp.ChainAcceptance`) that predicts tokens per step for any
+  K, with prompt-resampled intervals.
+
+It does not route requests (:mod:`specscope.gateway`) or build llama.cpp
+(:mod:`specscope.llamaserver`).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .llamacpp import ChainAcceptance
+from .llamaserver import LlamaServer, LlamaToolsError, ServerSetting
+
+
+def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path | None) -> dict:
+    """One preset: the target model and the setting's flags (``-md`` when it speculates)."""
+    flags = setting.flags(draft if setting.k > 0 else None)
+    return {"model": str(target), **{flags[i].lstrip("-"): flags[i + 1]
+                                     for i in range(0, len(flags), 2)}}
+
+
+def presets_ini(sections: Mapping[str, Mapping[str, object]]) -> str:
+    """The presets file of llama-server's router mode, one ``[name]`` section per preset."""
+    lines = ["version = 1", ""]
+    for name, keys in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {value}" for key, value in keys.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+@dataclass(eq=False)
+class LlamaRouter(LlamaServer):
+    """llama-server in router mode over a presets file (``model`` here is that file)."""
+
+    models_max: int = 4  # presets loaded at once (llama-server's default)
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(self.tools.server), "--models-preset", str(self.model),
+                "--models-max", str(self.models_max), "--host", "127.0.0.1",
+                "--port", str(self.port)]
+
+    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
+        """POST a JSON body to this server; its JSON answer."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise LlamaToolsError(f"llama-server answered {e.code} to {path}: "
+                                  f"{e.read()[:300]!r}") from None
+
+
+GREEDY = {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0}
+
+
+def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
+                    output: Sequence[int], window: int = 8) -> np.ndarray:
+    """``a[t]``: whether the draft's greedy token after ``prompt + output[:t]`` is ``output[t]``.
+
+    One request per disagreement: from position t the draft continues greedily for up to
+    ``window`` tokens; the first r agree with the output, and (if the output goes on) the next
+    one does not, so the following request starts at t + r + 1 (the prompt cache reused)."""
+    n, t = len(output), 0
+    agree = np.zeros(n, bool)
+    while t < n:
+        answer = server.post("/completion", {
+            "model": draft_preset, "prompt": prompt + list(output[:t]),
+            "n_predict": min(window, n - t), "return_tokens": True, "cache_prompt": True,
+            **GREEDY})
+        drafted = list(answer.get("tokens") or [])
+        run = 0
+        while run < min(len(drafted), n - t) and drafted[run] == output[t + run]:
+            run += 1
+        agree[t:t + run] = True
+        if run == min(window, n - t) and run == len(drafted):
+            t += run  # the whole window agreed: the next one is not known yet
+        else:
+            t += run + 1  # output[t + run] is not the draft's token there
+    return agree
+
+
+def top_logprobs(server: LlamaRouter, preset: str, prompt: list[int], n: int = 2
+                 ) -> list[tuple[int, float]]:
+    """The ``n`` most likely next tokens after ``prompt`` and their log-probabilities (before
+    sampling), as the preset's model gives them."""
+    answer = server.post("/completion", {"model": preset, "prompt": prompt, "n_predict": 1,
+                                         "n_probs": n, "cache_prompt": True, **GREEDY})
+    (first,) = answer["completion_probabilities"]
+    return [(int(x["id"]), float(x["logprob"])) for x in first["top_logprobs"]]
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (the shorter one's end included)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class ChainCounts:
+    """What greedy chain speculation did on one request, in llama-server's terms."""
+
+    generated: int  # predicted_n
+    drafted: int  # draft_n
+    accepted: int  # draft_n_accepted
+    steps: int  # verify steps
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+
+def chain_counts(agree: Sequence[bool], k: int) -> ChainCounts:
+    """Greedy chains of ``k`` drafts over an output of ``len(agree)`` tokens: the first token
+    comes from the prompt's pass; then each step drafts min(k, tokens left - 1) tokens and
+    accepts the run of agreeing ones, plus the target's own token."""
+    n = len(agree)
+    t, drafted, accepted, steps = 1 if n else 0, 0, 0, 0
+    while t < n:
+        left = n - t
+        width = min(k, left - 1)
+        run = 0
+        while run < width and agree[t + run]:
+            run += 1
+        drafted += width
+        accepted += run
+        steps += 1
+        t += run + 1
+    return ChainCounts(n, drafted, accepted, steps)
+
+
+def chain_acceptance(agreements: Mapping[str, np.ndarray], domains: Mapping[str, str],
+                     max_k: int) -> ChainAcceptance:
+    """Per prompt and depth d (1..max_k): steps whose first d - 1 drafts agreed (eligible) and
+    those whose first d agreed (hits), one step per output position as in a measurement run."""
+    prompts = np.array(sorted(agreements))
+    eligible = np.zeros((len(prompts), max_k))
+    hits = np.zeros((len(prompts), max_k))
+    for i, p in enumerate(prompts):
+        a = np.asarray(agreements[p], bool)
+        for t in range(1, len(a)):  # every position after the prompt's own token
+            for d in range(min(max_k, len(a) - t)):
+                eligible[i, d] += 1
+                if not a[t + d]:
+                    break
+                hits[i, d] += 1
+    return ChainAcceptance(prompts, np.array([domains[p] for p in prompts]), eligible, hits)
