@@ -36,11 +36,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--depth", type=int, default=192)
+    parser.add_argument("--repetitions", type=int, help="llama-bench repetitions per pass size")
     args = parser.parse_args()
     opts = QUICK if args.quick else FULL
     from dataclasses import replace
 
-    opts = replace(opts, depth=args.depth)
+    opts = replace(opts, depth=args.depth,
+                   repetitions=args.repetitions or opts.repetitions)
     tools = build_llama_tools()
     grid = measure_grid(tools, demo_gguf("target"), demo_gguf("draft"), opts, print)
     write_json(args.out / "cost_grid.json", grid.to_dict())

@@ -72,3 +72,19 @@ def tiny_dirs(tmp_path_factory, tokenizer):
             tokenizer.save_pretrained(path)
             dirs[arch, role] = path
     return dirs
+
+
+def spine_nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50):
+    """A spine of depth D per step whose top-1 node at depth d is accepted with the given
+    rate (deterministically: the first round(rate * steps) steps of each prompt)."""
+    rows = []
+    for domain, r in rates.items():
+        for p in range(prompts):
+            for s in range(steps):
+                for d, rate in enumerate(r, start=1):
+                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
+                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
+                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
+    import pandas as pd
+
+    return pd.DataFrame(rows)

@@ -7,6 +7,7 @@ import pytest
 from specscope.llamacpp import ChainAcceptance, PassCosts
 from specscope.serving import chain, chain_k, tune_chains
 from specscope.tune.acceptance import ALL_DOMAINS
+from conftest import spine_nodes
 
 COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
                   draft_s=((1, 0.010), (2, 0.015)), sample_s=0.001, context_len=100, threads=2)
@@ -24,22 +25,9 @@ def test_pass_costs_predict_speedup_and_break_even():
     assert COSTS.break_even_draft_s(2) == pytest.approx(0.020)
 
 
-def _nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50) -> pd.DataFrame:
-    """A spine of depth D per step whose top-1 node at depth d is accepted with the given
-    rate (deterministically: the first round(rate * steps) steps of each prompt)."""
-    rows = []
-    for domain, r in rates.items():
-        for p in range(prompts):
-            for s in range(steps):
-                for d, rate in enumerate(r, start=1):
-                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
-                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
-                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
-    return pd.DataFrame(rows)
-
 
 def test_chain_acceptance_and_tuning():
-    acc = ChainAcceptance.from_nodes(_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]}))
+    acc = ChainAcceptance.from_nodes(spine_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]}))
     code = acc.subset("code")
     # accepted prefixes: 90% reach depth 1, and of those 80/90 reach depth 2 (nested by step)
     assert code.tau(1)[0] == pytest.approx(1.9)

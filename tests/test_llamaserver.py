@@ -33,6 +33,7 @@ from specscope.serving import (
     prediction_bias,
     speed_table,
 )
+from conftest import spine_nodes
 
 DATA = Path(__file__).parent / "data"
 
@@ -116,20 +117,9 @@ def test_break_even_from_curves():
     assert not any(break_even_table(lin, [1, 2, 3, 4])["pays_at_all"])
 
 
-def _nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50) -> pd.DataFrame:
-    rows = []
-    for domain, r in rates.items():
-        for p in range(prompts):
-            for s in range(steps):
-                for d, rate in enumerate(r, start=1):
-                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
-                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
-                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
-    return pd.DataFrame(rows)
-
 
 def test_setting_choice_includes_plain_and_every_setting():
-    acc = ChainAcceptance.from_nodes(_nodes({"code": [0.9, 0.8, 0.5, 0.4],
+    acc = ChainAcceptance.from_nodes(spine_nodes({"code": [0.9, 0.8, 0.5, 0.4],
                                              "chat": [0.3, 0.2, 0.2, 0.2]}))
     options = candidates([TARGET, DRAFT, TARGET50, DRAFT50])
     # two plain settings (poll 0 and 50), each with its own draft curve
@@ -204,7 +194,7 @@ def test_bias_verdict_is_calibrated():
 
 
 def test_acceptance_table_lists_every_cell_with_overlap():
-    nodes = _nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
+    nodes = spine_nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
     acc = ChainAcceptance.from_nodes(nodes)
     table = acceptance_table(_requests(30, 36, 30, 36), acc, n_boot=50)
     assert [(r.domain, r.k) for r in table.itertuples()] == [("chat", 2), ("code", 2)]
