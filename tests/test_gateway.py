@@ -184,8 +184,10 @@ def test_a_stream_passes_through_chunk_by_chunk_and_its_last_stats_are_logged(se
             received += chunk
     events = [e for e in received.decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]" and len(events) == 5
-    # the first event reached the client while the engine was still generating (0.9 s in all)
-    assert arrivals[0] < 0.25 and arrivals[-1] > 0.8
+    # the first event reached the client while the engine was still generating: the engine
+    # paces its 4 events 0.3 s apart, so a buffered relay would deliver them all at once (the
+    # spread between arrivals, not their absolute times, so that a busy machine does not matter)
+    assert len(arrivals) > 1 and arrivals[-1] - arrivals[0] > 0.5
     (line,) = read_lines(log)
     assert line["stream"] is True and line["prompt_id"] == "s1" and line["domain"] == "code"
     assert line["response"]["timings"] == DRAFTED
