@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..files import parse_json
+from ..prompts.items import jsonl_objects
 from .formats import EngineFormat, IngestError, RequestStats, engine_format, shown
 
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
@@ -36,24 +36,19 @@ class LoggedRequest:
     stats: RequestStats
 
 
+def _unframe(raw: bytes) -> bytes:
+    """A log line's JSON: SSE framing removed (``data:`` unwrapped; ``[DONE]`` and the other SSE
+    fields carry none)."""
+    raw = raw.strip()
+    if raw.startswith(b"data:"):
+        raw = raw[5:].strip()
+        return b"" if raw == b"[DONE]" else raw
+    return b"" if raw.startswith(SSE_FIELDS) else raw
+
+
 def _objects(path: Path) -> Iterator[tuple[str, object]]:
     """``(path:line, JSON value)`` of each line holding JSON, SSE framing removed."""
-    if not path.is_file():
-        raise IngestError(f"log file {path} does not exist" if not path.exists()
-                          else f"log file {path} is not a file")
-    with path.open("rb") as lines:
-        for lineno, raw in enumerate(lines, start=1):
-            where = f"{path}:{lineno}"
-            raw = raw.strip()
-            if not raw:
-                continue
-            if raw.startswith(b"data:"):
-                raw = raw[5:].strip()
-                if raw == b"[DONE]" or not raw:
-                    continue
-            elif raw.startswith(SSE_FIELDS):
-                continue
-            yield where, parse_json(raw, IngestError, where)
+    return jsonl_objects(path, IngestError, "log file", _unframe)
 
 
 def _client_id(line: dict, where: str) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,11 +93,13 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
                       reply_prefix=reply_prefix)
 
 
-def jsonl_objects(path: str | Path, error: type[SpecscopeError],
-                  what: str = "prompt file") -> Iterator[tuple[str, object]]:
+def jsonl_objects(path: str | Path, error: type[SpecscopeError], what: str = "prompt file",
+                  unframe: Callable[[bytes], bytes] | None = None
+                  ) -> Iterator[tuple[str, object]]:
     """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
     ``path:line``; a missing file, bad bytes, bad JSON or JSON nested too deeply raise ``error``
-    naming the line.
+    naming the line. ``unframe`` maps each line's bytes to the JSON they carry (empty: none),
+    e.g. to read server-sent events.
 
     The file is read one line at a time (memory does not grow with its length). Lines end at
     ``\\n`` only (a trailing ``\\r`` is JSON whitespace): U+2028, U+2029, U+0085 and the other
@@ -110,6 +112,8 @@ def jsonl_objects(path: str | Path, error: type[SpecscopeError],
     with path.open("rb") as lines:
         for lineno, raw in enumerate(lines, start=1):
             where = f"{path}:{lineno}"
+            if unframe is not None:
+                raw = unframe(raw)
             if not raw.strip():
                 continue
             obj = parse_json(raw, error, where)
