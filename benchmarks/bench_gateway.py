@@ -6,8 +6,8 @@
 One llama-server in router mode serves one preset per setting (plain, and K = 1..--max-k drafts of
 the demo pair's 0.5B for its 1.5B target, each with --poll 0 for both models); specscope gateway
 routes each domain to the preset of its K (from the policy, or --route; unnamed domains decode
-plainly). Every held-out prompt (--per-domain of each domain, from the offline sources, seed
---seed) is sent, interleaved prompt by prompt, through the gateway and to every preset directly,
+plainly). Every held-out prompt (--per-domain of each domain: with --run, the run's held-out
+prompts as ``specscope llamacpp`` picks them; otherwise from the offline sources, seed --seed) is sent, interleaved prompt by prompt, through the gateway and to every preset directly,
 all greedy with --n-predict tokens. Speed is llama-server's own: generated tokens over
 ``timings.predicted_ms`` (its C++ loop, no HTTP or Python time).
 
@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=4, help="single settings: plain and K=1..this")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--run", type=Path,
+                        help="a measurement run: its held-out prompts (its sources, none of its "
+                             "prompts; what specscope llamacpp sends) instead of a seeded sample")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     routes = parse_routes(args)
@@ -97,7 +100,13 @@ def main() -> None:
 
     tools = build_llama_tools()
     target, draft = demo_gguf("target"), demo_gguf("draft")
-    items = select_prompts(list(DOMAINS), args.per_domain, seed=args.seed)
+    if args.run:
+        from specscope.records import load_run
+        from specscope.serving import held_out_prompts
+
+        items = held_out_prompts(load_run(args.run).manifest, args.per_domain)
+    else:
+        items = select_prompts(list(DOMAINS), args.per_domain, seed=args.seed)
     domain_of = RuleRouter().classify
     base = ServerSetting(threads=args.threads, poll=0, draft_poll=0, ctx=2048)
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
