@@ -10,10 +10,11 @@ import time
 import pandas as pd
 import pyarrow.fs as pafs
 import pytest
+from conftest import read_records
 from specscope.cli import app
 from specscope.measure import study as measure_study
 from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, RunDir, load_run, to_table
+from specscope.records import RunDir, load_run, to_table
 from specscope.run.config import RunConfig
 from specscope.sweep import (
     Execution,
@@ -50,18 +51,12 @@ def _spec(tiny_dirs, folder, domains=("code", "chat"), prompts=3, max_new_tokens
     })
 
 
-def _records(run_dir):
-    run = load_run(run_dir)
-    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
-            for t in (run.nodes, run.steps, run.prompts)]
-
-
 def _assert_same_sweeps(a, b):
     runs_a, runs_b = sweep_run_dirs(a), sweep_run_dirs(b)
     assert [d.name for d in runs_a] == [d.name for d in runs_b]
     for x_dir, y_dir in zip(runs_a, runs_b):
         assert load_run(y_dir).manifest["status"] == "complete"
-        for x, y in zip(_records(x_dir), _records(y_dir)):
+        for x, y in zip(read_records(x_dir), read_records(y_dir)):
             pd.testing.assert_frame_equal(x, y)
 
 
@@ -173,16 +168,16 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
 def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, tiny_dirs,
                                                                    tmp_path, monkeypatch):
     spec, reference, _ = local_sweep
-    real = measure_study.measure_prompt
+    real = measure_study.finish_prompt
     calls = {"n": 0}
 
-    def dies_on_sixth(*args, **kwargs):
+    def dies_on_sixth(*args, **kwargs):  # as the sixth prompt finishes
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(measure_study, "measure_prompt", dies_on_sixth)
+    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_sixth)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
     assert json.loads((tmp_path / "cut" / "sweep.json").read_text())["status"] == "running"
@@ -280,7 +275,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
+def test_ray_sweep_gives_the_localread_records(ray_cluster, local_sweep, tmp_path):
     spec, reference, _ = local_sweep
     out = tmp_path / "ray"
     summary = run_sweep(spec, f"file://{out}", executor="ray", execution=ONE_THREAD,
@@ -293,9 +288,9 @@ def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
 
 def test_ray_shard_resources(ray_cluster):
     executor = executors.RayExecutor(Execution(gpus_per_shard=0.5))
-    cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), ())
+    cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), (), 1)
     gpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig().replace(
-        **{"pair.device": "cuda:0"}), ())
+        **{"pair.device": "cuda:0"}), (), 1)
     assert executor.resources(cpu) == {"num_cpus": 1.0}
     assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}
 
