@@ -10,7 +10,8 @@ many trees and decode settings (greedy, early stops, sampling with seeds), writi
 steps as JSON. The tiny pairs are built from fixed seeds (tests/conftest.py) and saved under
 OUT/../models once, so both checkouts read the same weights. ``compare`` prints, per config, whether
 the records are the same bits, else the largest difference of each float column and the rows whose
-other columns differ; and how many decodes gave other tokens or steps.
+other columns differ; and how many decodes gave other tokens or steps. It compares any two folders
+of run directories (``runs/NAME``), e.g. scripts/demo_pair_before_after.sh's.
 """
 
 from __future__ import annotations
@@ -117,37 +118,48 @@ def write(out: Path) -> None:
     print(f"decoded {len(decoded)} requests", flush=True)
 
 
-def compare(before: Path, after: Path) -> None:
+def differences(a_dir: Path, b_dir: Path) -> list[str]:
+    """What differs between two runs' records (every column but timings and the run id)."""
     from specscope.records import TIMING_COLUMNS, load_run
 
-    identical = 0
-    names = [n for n, *_ in configs()]
-    for name in names:
-        tables = []
-        for root in (before, after):
-            run = load_run(root / "runs" / name)
-            tables.append([t.drop(columns=[c for c in TIMING_COLUMNS if c in t] + ["run_id"])
-                           .sort_values([c for c in ("prompt_id", "step", "node_id") if c in t])
-                           .reset_index(drop=True) for t in (run.nodes, run.steps, run.prompts)])
-        notes = []
-        for kind, a, b in zip(("nodes", "steps", "prompts"), *tables):
-            if a.shape != b.shape:
-                notes.append(f"{kind}: {a.shape} vs {b.shape} rows x columns")
-                continue
-            for column in a.columns:
-                x, y = a[column], b[column]
-                if x.dtype.kind == "f":
+    tables = []
+    for root in (a_dir, b_dir):
+        run = load_run(root)
+        tables.append([t.drop(columns=[c for c in TIMING_COLUMNS if c in t] + ["run_id"])
+                       .sort_values([c for c in ("prompt_id", "step", "node_id") if c in t])
+                       .reset_index(drop=True) for t in (run.nodes, run.steps, run.prompts)])
+    notes = []
+    for kind, a, b in zip(("nodes", "steps", "prompts"), *tables):
+        if a.shape != b.shape:
+            notes.append(f"{kind}: {a.shape} vs {b.shape} rows x columns")
+            continue
+        for column in a.columns:
+            x, y = a[column], b[column]
+            if x.dtype.kind == "f":
+                if not np.array_equal(x.to_numpy(), y.to_numpy(), equal_nan=True):
                     diff = np.nanmax(np.abs(x.to_numpy() - y.to_numpy()), initial=0.0)
-                    same = np.array_equal(x.to_numpy(), y.to_numpy(), equal_nan=True)
-                    if not same:
-                        notes.append(f"{kind}.{column} max |diff| {diff:.2e}")
-                elif not x.astype(str).equals(y.astype(str)):
-                    rows = int((x.astype(str) != y.astype(str)).sum())
-                    notes.append(f"{kind}.{column}: {rows} rows differ")
+                    notes.append(f"{kind}.{column} max |diff| {diff:.2e}")
+            elif not x.astype(str).equals(y.astype(str)):
+                rows = int((x.astype(str) != y.astype(str)).sum())
+                notes.append(f"{kind}.{column}: {rows} rows differ")
+    return notes
+
+
+def compare(before: Path, after: Path) -> None:
+    """Every run under both ``runs/`` folders, and the decoded requests where both have them."""
+    from specscope.records import load_run
+
+    names = sorted({p.name for p in (before / "runs").iterdir()}
+                   & {p.name for p in (after / "runs").iterdir()})
+    identical = 0
+    for name in names:
+        notes = differences(before / "runs" / name, after / "runs" / name)
         identical += not notes
-        nodes = len(tables[0][0])
+        nodes = len(load_run(after / "runs" / name).nodes)
         print(f"{name:<34} {nodes:5d} nodes  " + ("identical" if not notes else "; ".join(notes)))
     print(f"{identical}/{len(names)} configs give identical records (every column but timings)")
+    if not ((before / "decoded.json").is_file() and (after / "decoded.json").is_file()):
+        return
     a = json.loads((before / "decoded.json").read_text())
     b = json.loads((after / "decoded.json").read_text())
     assert a.keys() == b.keys()

@@ -16,6 +16,7 @@ from specscope.measure import study as measure_study
 from specscope.models import PairConfig
 from specscope.records import RunDir, load_run, to_table
 from specscope.run.config import RunConfig
+from specscope.run.study import run_study
 from specscope.sweep import (
     Execution,
     SweepError,
@@ -106,12 +107,33 @@ def test_grid_expansion(tmp_path):
     ({"decode": {"speed": [1, 2]}}, "[decode]: unknown setting 'speed'"),
     ({"defaults": {"max_new_token": 3}}, "unknown key 'max_new_token'"),
     ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
+    ({"execution": {"batch_size": 0}}, "batch_size must be >= 1, got 0"),
+    ({"execution": {"batch_size": "8"}}, "execution.batch_size must be an integer or none"),
     ({"grid": {}}, "unknown sweep keys ['grid']"),
 ])
 def test_bad_sweep_files_get_clear_errors(data, message):
     with pytest.raises(SweepError) as e:
         parse_sweep(data)
     assert message in str(e.value)
+
+
+def test_run_and_sweep_measure_one_config_through_the_same_code(tiny_dirs, tmp_path):
+    """A grid point measured by ``sweep`` at batch size 3 and by ``run`` at batch size 3 (same
+    torch threads): the same records, bit for bit; a naive grid point cannot batch."""
+    spec = _spec(tiny_dirs, tmp_path, domains=("code",), trees=[{"name": "paper",
+                                                                 "policy": "paper"}])
+    execution = Execution(prompts_per_shard=8, threads=1, batch_size=3)
+    run_sweep(spec, tmp_path / "sweep", execution=execution, progress=False)
+    with executors.torch_threads(1):
+        run_study(spec.points()[0].config, tmp_path / "run", progress=False, batch_size=3)
+    for x, y in zip(read_records(sweep_run_dirs(tmp_path / "sweep")[0]),
+                    read_records(tmp_path / "run")):
+        pd.testing.assert_frame_equal(x, y)
+    naive = parse_sweep({**spec.source, "defaults": {**spec.source["defaults"],
+                                                     "engine": "naive"}})
+    with pytest.raises(SweepError, match="grid point paper.code: --batch-size 3 needs the "
+                                         "cached engine"):
+        run_sweep(naive, tmp_path / "naive", execution=execution, progress=False)
 
 
 def test_gpu_resources_and_device_renumbering():
