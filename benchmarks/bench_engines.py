@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from specscope.core.loop import Speculator
+from specscope.core.batch import Batch
 from specscope.models import PairConfig, load_pair
-from specscope.measure.study import measure_prompt, start_prompts
+from specscope.measure.study import measure_prompts, start_prompts
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
 
@@ -65,9 +65,8 @@ def main() -> None:
                        max_new_tokens=args.max_new_tokens)
     items = config.prompts.select(config.seed)
     pair = load_pair(config.pair)
-    shape = config.tree.shape()
     timer = ForwardTimer(pair.draft.model, pair.target.model)
-    Speculator.prefill = timer.paused(Speculator.prefill)
+    Batch.refill = timer.paused(Batch.refill)
     rates = {}
     for name in ("cached", "naive"):
         if name == "naive":
@@ -76,11 +75,14 @@ def main() -> None:
         nodes = steps = 0
         step_time = 0.0
         t0 = time.perf_counter()
-        for state in start_prompts(pair, config, list(enumerate(items))):
-            records = measure_prompt(pair, state, config, shape, "bench", engine=name)
-            nodes += records.nodes.num_rows
-            steps += records.steps.num_rows
-            step_time += sum(records.steps.column("step_time_s").to_pylist())
+        config = config.replace(engine=name)
+        records = []
+        measure_prompts(pair, config, start_prompts(pair, config, list(enumerate(items))),
+                        "bench", lambda order, item, r: records.append(r), batch_size=1)
+        for r in records:
+            nodes += r.nodes.num_rows
+            steps += r.steps.num_rows
+            step_time += sum(r.steps.column("step_time_s").to_pylist())
         wall = time.perf_counter() - t0
         rates[name] = nodes / wall
         print(f"{name:>6}: {nodes} nodes, {steps} steps in {wall:.1f} s = {rates[name]:.2f} nodes/s; "

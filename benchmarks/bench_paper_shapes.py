@@ -5,7 +5,7 @@
 
 A TinyLlama-1.1B config drafts for a Llama-2-7B config (bf16, the paper tree, 512-token prompts of
 random ids, 64 steps per prompt). For each batch size B, B prompts are measured together by the
-batched engine exactly as ``specscope run`` measures them (one batched draft call per depth, one
+batched measurement exactly as ``specscope run`` measures them (one batched draft call per depth, one
 target pass per step, each row's node records and certificates), and the script prints nodes per
 second and the projected time of the paper's study (99,768 nodes; the paper took 11,027 s on two
 T4s). Weights do not change the time: every pass does the same arithmetic whatever the values (no
@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from specscope.measure.batched import BatchedEngine, Row, check_batch_memory
+from specscope.core.batch import Batch, Row
+from specscope.measure.checks import check_batch_memory
 from specscope.measure.records import certificate_records, step_record
 from specscope.models.config import LoadedModel, ModelPair
 from specscope.theory import CriteriaConfig
@@ -56,10 +57,10 @@ def build(role: str, tiny: bool, device: str, dtype: torch.dtype):
     return model.eval()
 
 
-def measure(engine: BatchedEngine, contexts: list[list[int]], steps: int, shape,
+def measure(engine: Batch, contexts: list[list[int]], steps: int, shape,
             criteria: CriteriaConfig) -> int:
     """``steps`` steps of every row, with each row's records; returns the nodes measured."""
-    engine.replace_rows([], [Row(list(c), None) for c in contexts])
+    engine.refill([], [Row(list(c), None) for c in contexts])
     nodes = 0
     for _ in range(steps):
         for row, scores in zip(engine.rows, engine.score(shape)):
@@ -94,7 +95,7 @@ def main() -> None:
     for size in args.sizes:
         check_batch_memory(pair, size, args.prompt_tokens + args.steps, len(shape))
         contexts = torch.randint(0, 32000, (size, args.prompt_tokens), generator=gen).tolist()
-        engine = BatchedEngine(draft, target, 32000)
+        engine = Batch(draft, target, 32000)
         with torch.inference_mode():
             measure(engine, contexts, 1, shape, criteria)  # warm-up: kernels, allocator
             if args.device.startswith("cuda"):

@@ -1,9 +1,24 @@
-"""Tiny random models of real architectures and a tiny byte-level tokenizer, built in code."""
+"""Shared test helpers: tiny random models of real architectures and a tiny byte-level tokenizer,
+built in code; a draft near to (or far from) its target; run configs over the tiny saved pairs;
+records read back without their timings.
+
+Where a new test goes: a bug a user hit (a case a careful user tried; the comment says what
+happened before) -> test_safety.py, or test_abuse_*.py for hostile input; otherwise the file named
+after the package or module it tests: core/ -> test_core.py, decode.py -> test_decode.py,
+measure/ -> test_measure.py, run/ -> test_run.py, sweep/ -> test_sweep.py, tune/ -> test_tune.py,
+models/ -> test_models.py, trees.py -> test_trees.py, theory/ -> test_theory.py, and so on.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from specscope.models import PairConfig
+from specscope.records import TIMING_COLUMNS, load_run
+from specscope.run.config import PromptSpec, RunConfig
+from specscope.trees import TreeConfig
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -49,6 +64,41 @@ def make_model(arch: str, vocab_size: int, seed: int, layers: int = 2, hidden: i
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     return model
+
+
+def near_pair(arch: str, tokenizer, noise: float = 0.05, seed: int = 7):
+    """(draft, target): a tiny target and a draft made from it by multiplicative noise on every
+    weight, near it (noise 0.05: many nodes accepted) or far from it (noise 1.0)."""
+    target = make_model(arch, len(tokenizer), seed=2, layers=2)
+    draft = make_model(arch, len(tokenizer), seed=2, layers=2)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.mul_(1 + noise * torch.randn_like(p))
+    return draft, target
+
+
+def run_config(tiny_dirs, prompts, arch: str = "qwen2", pair: dict | None = None,
+               **fields) -> RunConfig:
+    """A run of the tiny saved ``arch`` pair in float32 over the JSONL file ``prompts``: the paper
+    tree and 12 new tokens unless ``fields`` say otherwise; ``pair`` overrides [pair] fields."""
+    pair_config = PairConfig(draft=str(tiny_dirs[arch, "draft"]),
+                             target=str(tiny_dirs[arch, "target"]),
+                             **{"dtype": "float32", **(pair or {})})
+    return RunConfig(**{"pair": pair_config, "tree": TreeConfig(policy="paper"),
+                        "prompts": PromptSpec(file=str(prompts)), "max_new_tokens": 12, **fields})
+
+
+# the smallest run a user-story test needs: a chain of 2, 3 new tokens, no certificates
+small_run_config = functools.partial(run_config, tree=TreeConfig(policy="chain", depth=2),
+                                     max_new_tokens=3, criteria=None)
+
+
+def read_records(run_dir):
+    """A run's node, step and prompt tables without their timing columns."""
+    run = load_run(run_dir)
+    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
+            for t in (run.nodes, run.steps, run.prompts)]
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import small_run_config
 from specscope.cli import app
-from specscope.models import PairConfig
-from specscope.run.config import PromptSpec, RunConfig, load_config
-from specscope.trees import TreeConfig
+from specscope.run.config import RunConfig, load_config
 
 cli = CliRunner()
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -37,14 +36,6 @@ def prompt_file(tmp_path):
              for i in range(3)]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return path
-
-
-def _config(tiny_dirs, prompt_file, **overrides) -> RunConfig:
-    return RunConfig(
-        pair=PairConfig(draft=str(tiny_dirs["qwen2", "draft"]),
-                        target=str(tiny_dirs["qwen2", "target"]), dtype="float32"),
-        tree=TreeConfig(policy="chain", depth=2),
-        prompts=PromptSpec(file=str(prompt_file)), max_new_tokens=3, criteria=None, **overrides)
 
 
 def _run_args(tiny_dirs, prompt_file, out, *extra) -> list[str]:
@@ -80,7 +71,7 @@ def test_a_shared_run_manifest_runs_no_model_code_in_tune(evil_model, tiny_dirs,
 
     model, marker = evil_model
     run = tmp_path / "shared-run"
-    run_study(_config(tiny_dirs, prompt_file), run, progress=False)
+    run_study(small_run_config(tiny_dirs, prompt_file), run, progress=False)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["config"]["pair"].update(draft=str(tiny_dirs["qwen2", "draft"]), target=str(model),
                                       trust_remote_code=True)
@@ -98,7 +89,7 @@ def test_a_config_file_asking_for_remote_code_runs_none(evil_model, tiny_dirs, p
     # trust_remote_code from the file and imported evil.py.
     model, marker = evil_model
     other = tmp_path / "other.json"
-    config = _config(tiny_dirs, prompt_file).to_dict()
+    config = small_run_config(tiny_dirs, prompt_file).to_dict()
     config["pair"].update(target=str(model), trust_remote_code=True)
     other.write_text(json.dumps({"config": config}))
     result = cli.invoke(app, ["run", "--config", str(other), "--out", str(tmp_path / "o"),
@@ -190,7 +181,7 @@ def test_a_sweep_shard_takes_the_run_lock(tiny_dirs, prompt_file, tmp_path):
     from specscope.records import RunDirError, run_lock
     from specscope.sweep.executors import Shard, run_shard
 
-    config = _config(tiny_dirs, prompt_file)
+    config = small_run_config(tiny_dirs, prompt_file)
     items = tuple(enumerate(config.prompts.select(config.seed)))
     run_dir = tmp_path / "point"
     shard = Shard("point/0", "point", str(run_dir), str(tmp_path / "shards" / "point.0000.json"),
@@ -214,8 +205,8 @@ def test_records_of_another_run_are_refused(tiny_dirs, prompt_file, tmp_path):
     from specscope.run.study import run_study
 
     a, b = tmp_path / "a", tmp_path / "b"
-    run_study(_config(tiny_dirs, prompt_file), a, progress=False)
-    run_study(_config(tiny_dirs, prompt_file, seed=7), b, progress=False)
+    run_study(small_run_config(tiny_dirs, prompt_file), a, progress=False)
+    run_study(small_run_config(tiny_dirs, prompt_file, seed=7), b, progress=False)
     shutil.copy(b / "prompts.parquet", a / "prompts.parquet")
     ids = [json.loads((d / "manifest.json").read_text())["run_id"] for d in (a, b)]
     result = cli.invoke(app, ["analyze", str(a), "--boot", "0"])
@@ -275,22 +266,22 @@ def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(tiny_dirs, pr
     from specscope.run.study import run_study
 
     out = tmp_path / "grown"
-    run_study(_config(tiny_dirs, prompt_file), out, progress=False)
+    run_study(small_run_config(tiny_dirs, prompt_file), out, progress=False)
     with prompt_file.open("a") as f:
         for i in (3, 4):
             f.write(json.dumps({"id": f"p{i}", "domain": "code", "prompt": f"More {i}?"}) + "\n")
-    measure = measure_study.measure_prompt
+    measure = measure_study.finish_prompt
     calls = []
 
-    def killed_on_second(*args, **kwargs):
+    def killed_on_second(*args, **kwargs):  # as the second prompt finishes
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(measure_study, "measure_prompt", killed_on_second)
+    monkeypatch.setattr(measure_study, "finish_prompt", killed_on_second)
     with pytest.raises(KeyboardInterrupt):
-        run_study(_config(tiny_dirs, prompt_file), out, progress=False)
+        run_study(small_run_config(tiny_dirs, prompt_file), out, progress=False)
     run = load_run(out)
     assert sorted(run.prompts.prompt_id) == ["p0", "p1", "p2", "p3"]
     assert set(run.nodes.prompt_id) == set(run.steps.prompt_id) == set(run.prompts.prompt_id)

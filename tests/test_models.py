@@ -1,13 +1,17 @@
-"""Pairs: vocabulary check, source resolution, demo-part assembly and its errors."""
+"""Pairs: vocabulary check, source resolution, demo-part assembly and its errors; int8 on the CPU."""
 
 import hashlib
 from importlib import metadata
 
 import pytest
-from conftest import make_tokenizer
+import torch
+from conftest import make_model, make_tokenizer, near_pair
+from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
 from specscope.models.config import DemoModel
 from specscope.models.load import check_vocabularies, load_gguf
+from specscope.trees import DynamicTree, TreeShape
+from specscope.tune.policy import make_speculation
 
 
 def test_same_vocabulary_passes(tokenizer):
@@ -144,3 +148,96 @@ def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["decode", "hi", "--draft", str(gguf), "--target", str(gguf)])
     assert result.exit_code == 2
     assert "specscope[gguf]" in result.output and "Traceback" not in result.output
+
+
+# --- int8 on the CPU ----------------------------------------------------------------------------
+
+INT8_PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "x = [1, 2, 3]\nfor i in"]
+
+
+def test_int8_linear_is_batch_invariant_and_close():
+    from specscope.models.int8 import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    int8 = Int8Linear(linear)
+    x = torch.randn(2, 9, 64) * torch.rand(2, 9, 1) * 10
+    with torch.inference_mode():
+        together = int8(x)
+        alone = torch.stack([torch.cat([int8(x[b, i:i + 1]) for i in range(9)]) for b in range(2)])
+        exact = linear(x)
+    assert torch.equal(together, alone)  # bit for bit, whatever else is in the batch
+    assert ((together - exact).norm() / exact.norm()) < 0.03
+
+def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
+    # A prefill passes no mask: each query reads a prefix view of the keys instead of gathering
+    # them through the mask; the results must be the same bits.
+    from specscope.models.int8 import rowwise_attention
+
+    torch.manual_seed(0)
+    query = torch.randn(2, 4, 7, 16)
+    key, value = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    causal = torch.ones(7, 10, dtype=torch.bool).tril(3)[None, None].expand(2, 1, 7, 10)
+    no_mask, _ = rowwise_attention(None, query, key, value, None)
+    masked, _ = rowwise_attention(None, query, key, value, causal)
+    assert torch.equal(no_mask, masked)
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
+    """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
+    assisted generation give the same tokens, because a token's logits do not depend on the pass."""
+    from specscope.models.int8 import quantize_int8, use_rowwise_attention
+    from specscope.tune.bench import hf_generate
+
+    draft, target = near_pair(arch, tokenizer, 0.3, seed=7)
+    quantize_int8(draft)
+    use_rowwise_attention(quantize_int8(target))
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    config = DecodeConfig(max_new_tokens=24)
+    for prompt in INT8_PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        plain, _ = hf_generate(target, ids, 24, frozenset())
+        assert plain_generate(target, ids, config, len(tokenizer)).tokens == plain
+        for spec in (make_speculation("paper"), make_speculation("chain", depth=6),
+                     TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"),
+                     DynamicTree(12, 4, 3)):
+            assert decoder.generate(ids, spec, config).tokens == plain, (prompt, spec)
+        assert hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
+
+def test_int8_needs_float32_on_the_cpu(tokenizer):
+    from specscope.models import ModelLoadError, PairConfig
+    from specscope.models.int8 import quantize_int8
+
+    with pytest.raises(ModelLoadError, match="float32"):
+        quantize_int8(make_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
+    with pytest.raises(ModelLoadError, match="float32"):
+        PairConfig(quantize="int8")  # dtype defaults to bfloat16
+    with pytest.raises(ModelLoadError, match="unknown quantization"):
+        PairConfig(dtype="float32", quantize="int4")
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
+    """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
+    from specscope.core.passes import feed
+    from specscope.models.int8 import quantize_int8, use_rowwise_attention
+    from transformers import DynamicCache
+
+    target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))
+    use_rowwise_attention(target)
+    ids = tokenizer(INT8_PROMPTS[1])["input_ids"]
+    shape = TreeShape.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]")
+    nodes = torch.tensor([11, 12, 13, 14, 15, 16])
+    with torch.inference_mode():
+        cache = DynamicCache(config=target.config)
+        target(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        L = len(ids)
+        tree = feed(target, cache, nodes[None], L + torch.tensor(shape.depths)[None] - 1,
+                    torch.ones(1, len(shape), L, dtype=torch.bool), shape.ancestor_mask())[0]
+        for n in range(len(shape)):
+            path = [a for a in range(len(shape)) if shape.ancestor_mask()[n, a]]  # root first
+            alone = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([ids]), past_key_values=alone, use_cache=True)
+            for a in path:
+                logits = target(input_ids=nodes[a].view(1, 1), past_key_values=alone,
+                                use_cache=True).logits[0, -1]
+            assert torch.equal(tree[n], logits), n

@@ -12,14 +12,13 @@ import torch
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
 from specscope.analysis.synthetic import write_synthetic_run
+from conftest import small_run_config
 from specscope.cli import app
 from specscope.errors import SpecscopeError
-from specscope.models import PairConfig
 from specscope.records import RunDirError, load_run
-from specscope.run.config import PromptSpec, RunConfig, RunConfigError
+from specscope.run.config import RunConfigError
 from specscope.run.study import run_study
 from specscope.sweep import SweepError, parse_sweep, run_sweep
-from specscope.trees import TreeConfig
 from typer.testing import CliRunner
 
 cli = CliRunner()
@@ -31,14 +30,6 @@ def prompts(tmp_path):
     path.write_text("".join(json.dumps({"id": f"q{i}", "domain": "code", "prompt": f"Say {i}."})
                             + "\n" for i in range(3)))
     return path
-
-
-def _config(tiny_dirs, prompts, **overrides) -> RunConfig:
-    fields = dict(pair=PairConfig(draft=str(tiny_dirs["qwen2", "draft"]),
-                                  target=str(tiny_dirs["qwen2", "target"]), dtype="float32"),
-                  tree=TreeConfig(policy="chain", depth=2), prompts=PromptSpec(file=str(prompts)),
-                  max_new_tokens=3, criteria=None)
-    return RunConfig(**{**fields, **overrides})
 
 
 def _run_args(tiny_dirs, prompts, out, *extra):
@@ -73,14 +64,14 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_run(tiny_dirs, prompt
 
 def test_overwrite_removes_a_run_only_after_every_input_is_checked(tiny_dirs, prompts, tmp_path):
     out = tmp_path / "r"
-    run_study(_config(tiny_dirs, prompts), out, progress=False)
+    run_study(small_run_config(tiny_dirs, prompts), out, progress=False)
     (out / "notes.txt").write_text("mine")
     before = (out / "nodes.parquet").read_bytes()
     with pytest.raises(SpecscopeError):
-        run_study(_config(tiny_dirs, prompts, max_new_tokens=2).replace(
+        run_study(small_run_config(tiny_dirs, prompts, max_new_tokens=2).replace(
             **{"pair.device": "cuda:7"}), out, overwrite=True, progress=False)
     assert (out / "nodes.parquet").read_bytes() == before  # untouched by the failed overwrite
-    run_study(_config(tiny_dirs, prompts, max_new_tokens=2), out, overwrite=True, progress=False)
+    run_study(small_run_config(tiny_dirs, prompts, max_new_tokens=2), out, overwrite=True, progress=False)
     assert load_run(out).steps.step.max() == 1
     assert (out / "notes.txt").read_text() == "mine"  # only what specscope wrote was replaced
 
@@ -111,13 +102,13 @@ def test_a_failed_start_does_not_block_the_corrected_command(tiny_dirs, prompts,
     # corrected command as "a different config"
     out = tmp_path / "r"
     with pytest.raises(RunConfigError, match="rank"):
-        run_study(_config(tiny_dirs, prompts).replace(
+        run_study(small_run_config(tiny_dirs, prompts).replace(
             **{"tree.policy": "static", "tree.paths": "[(0,), (5000,)]"}), out, progress=False)
     assert not (out / "manifest.json").exists()  # refused before anything was written
     out.mkdir(exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(
         {"schema_version": 1, "run_id": "older", "status": "running", "config": {}}))
-    run_study(_config(tiny_dirs, prompts), out, progress=False)  # nothing committed: replaced
+    run_study(small_run_config(tiny_dirs, prompts), out, progress=False)  # nothing committed: replaced
     assert len(load_run(out).prompts) == 3
 
 
@@ -125,16 +116,16 @@ def test_a_failed_start_does_not_block_the_corrected_command(tiny_dirs, prompts,
 
 def test_resume_refuses_an_edited_prompt(tiny_dirs, prompts, tmp_path):
     out = tmp_path / "r"
-    run_study(_config(tiny_dirs, prompts), out, progress=False)
+    run_study(small_run_config(tiny_dirs, prompts), out, progress=False)
     prompts.write_text(prompts.read_text().replace("Say 1.", "Say one hundred."))
     with pytest.raises(RunConfigError, match="prompt.*q1 changed"):
-        run_study(_config(tiny_dirs, prompts), out, progress=False)
+        run_study(small_run_config(tiny_dirs, prompts), out, progress=False)
 
 
 def test_resume_refuses_new_weights_under_the_same_path(tiny_dirs, prompts, tmp_path):
     model = tmp_path / "target"
     shutil.copytree(tiny_dirs["qwen2", "target"], model)
-    config = _config(tiny_dirs, prompts).replace(**{"pair.target": str(model)})
+    config = small_run_config(tiny_dirs, prompts).replace(**{"pair.target": str(model)})
     out = tmp_path / "r"
     run_study(config, out, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -207,7 +198,7 @@ def test_overwritten_bytes_are_detected_when_read(tiny_dirs, prompts, tmp_path):
     out = tmp_path / "r"
     from specscope.theory import CriteriaConfig
 
-    run_study(_config(tiny_dirs, prompts, criteria=CriteriaConfig()), out, progress=False)
+    run_study(small_run_config(tiny_dirs, prompts, criteria=CriteriaConfig()), out, progress=False)
     steps = out / "steps.parquet"
     data = bytearray(steps.read_bytes())
     data[100:300] = bytes([0x7f]) * 200
@@ -230,13 +221,13 @@ def test_values_out_of_range_are_named(tmp_path):
 def test_a_truncated_consolidated_file_is_rebuilt_from_parts(tiny_dirs, prompts, tmp_path):
     # before: the rerun said "complete" and analysis read the damaged file
     out = tmp_path / "r"
-    run_study(_config(tiny_dirs, prompts), out, progress=False)
+    run_study(small_run_config(tiny_dirs, prompts), out, progress=False)
     good = load_run(out).nodes
     nodes = out / "nodes.parquet"
     nodes.write_bytes(nodes.read_bytes()[: nodes.stat().st_size // 2])
     with pytest.raises(RunDirError, match="nodes"):
         load_run(out)
-    summary = run_study(_config(tiny_dirs, prompts), out, progress=False)
+    summary = run_study(small_run_config(tiny_dirs, prompts), out, progress=False)
     assert summary.already_complete
     assert load_run(out).nodes.equals(good)
 

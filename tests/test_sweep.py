@@ -10,11 +10,13 @@ import time
 import pandas as pd
 import pyarrow.fs as pafs
 import pytest
+from conftest import read_records
 from specscope.cli import app
 from specscope.measure import study as measure_study
 from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, RunDir, load_run, to_table
+from specscope.records import RunDir, load_run, to_table
 from specscope.run.config import RunConfig
+from specscope.run.study import run_study
 from specscope.sweep import (
     Execution,
     SweepError,
@@ -50,18 +52,12 @@ def _spec(tiny_dirs, folder, domains=("code", "chat"), prompts=3, max_new_tokens
     })
 
 
-def _records(run_dir):
-    run = load_run(run_dir)
-    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
-            for t in (run.nodes, run.steps, run.prompts)]
-
-
 def _assert_same_sweeps(a, b):
     runs_a, runs_b = sweep_run_dirs(a), sweep_run_dirs(b)
     assert [d.name for d in runs_a] == [d.name for d in runs_b]
     for x_dir, y_dir in zip(runs_a, runs_b):
         assert load_run(y_dir).manifest["status"] == "complete"
-        for x, y in zip(_records(x_dir), _records(y_dir)):
+        for x, y in zip(read_records(x_dir), read_records(y_dir)):
             pd.testing.assert_frame_equal(x, y)
 
 
@@ -111,12 +107,33 @@ def test_grid_expansion(tmp_path):
     ({"decode": {"speed": [1, 2]}}, "[decode]: unknown setting 'speed'"),
     ({"defaults": {"max_new_token": 3}}, "unknown key 'max_new_token'"),
     ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
+    ({"execution": {"batch_size": 0}}, "batch_size must be >= 1, got 0"),
+    ({"execution": {"batch_size": "8"}}, "execution.batch_size must be an integer or none"),
     ({"grid": {}}, "unknown sweep keys ['grid']"),
 ])
 def test_bad_sweep_files_get_clear_errors(data, message):
     with pytest.raises(SweepError) as e:
         parse_sweep(data)
     assert message in str(e.value)
+
+
+def test_run_and_sweep_measure_one_config_through_the_same_code(tiny_dirs, tmp_path):
+    """A grid point measured by ``sweep`` at batch size 3 and by ``run`` at batch size 3 (same
+    torch threads): the same records, bit for bit; a naive grid point cannot batch."""
+    spec = _spec(tiny_dirs, tmp_path, domains=("code",), trees=[{"name": "paper",
+                                                                 "policy": "paper"}])
+    execution = Execution(prompts_per_shard=8, threads=1, batch_size=3)
+    run_sweep(spec, tmp_path / "sweep", execution=execution, progress=False)
+    with executors.torch_threads(1):
+        run_study(spec.points()[0].config, tmp_path / "run", progress=False, batch_size=3)
+    for x, y in zip(read_records(sweep_run_dirs(tmp_path / "sweep")[0]),
+                    read_records(tmp_path / "run")):
+        pd.testing.assert_frame_equal(x, y)
+    naive = parse_sweep({**spec.source, "defaults": {**spec.source["defaults"],
+                                                     "engine": "naive"}})
+    with pytest.raises(SweepError, match="grid point paper.code: --batch-size 3 needs the "
+                                         "cached engine"):
+        run_sweep(naive, tmp_path / "naive", execution=execution, progress=False)
 
 
 def test_gpu_resources_and_device_renumbering():
@@ -173,16 +190,16 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
 def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, tiny_dirs,
                                                                    tmp_path, monkeypatch):
     spec, reference, _ = local_sweep
-    real = measure_study.measure_prompt
+    real = measure_study.finish_prompt
     calls = {"n": 0}
 
-    def dies_on_sixth(*args, **kwargs):
+    def dies_on_sixth(*args, **kwargs):  # as the sixth prompt finishes
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(measure_study, "measure_prompt", dies_on_sixth)
+    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_sixth)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "cut", execution=ONE_THREAD, progress=False)
     assert json.loads((tmp_path / "cut" / "sweep.json").read_text())["status"] == "running"
@@ -280,7 +297,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
+def test_ray_sweep_gives_the_localread_records(ray_cluster, local_sweep, tmp_path):
     spec, reference, _ = local_sweep
     out = tmp_path / "ray"
     summary = run_sweep(spec, f"file://{out}", executor="ray", execution=ONE_THREAD,
@@ -293,9 +310,9 @@ def test_ray_sweep_gives_the_local_records(ray_cluster, local_sweep, tmp_path):
 
 def test_ray_shard_resources(ray_cluster):
     executor = executors.RayExecutor(Execution(gpus_per_shard=0.5))
-    cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), ())
+    cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), (), 1)
     gpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig().replace(
-        **{"pair.device": "cuda:0"}), ())
+        **{"pair.device": "cuda:0"}), (), 1)
     assert executor.resources(cpu) == {"num_cpus": 1.0}
     assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}
 

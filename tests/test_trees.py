@@ -2,7 +2,16 @@
 
 import pytest
 import torch
-from specscope.trees import TreeConfig, TreeConfigError, TreeShape, bfs_shape
+from specscope.trees import (
+    TreeConfig,
+    TreeConfigError,
+    TreeShape,
+    ancestor_mask,
+    bfs_prefix,
+    bfs_shape,
+    contiguous_ranks,
+    cut_depth,
+)
 
 T, F = True, False
 
@@ -87,3 +96,30 @@ def test_mask_rows_are_parent_rows_plus_self():
 def test_bad_tree_parameters(kwargs, message):
     with pytest.raises(TreeConfigError, match=message.replace("(", r"\(")):
         TreeConfig(**kwargs).shape()
+
+
+def test_shape_helpers():
+    shape = TreeShape.parse("[(0,), (2,), (0, 1), (0, 3), (2, 2), (0, 1, 0)]")
+    assert contiguous_ranks(shape).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert cut_depth(shape, 2).paths == shape.paths[:5]
+    assert cut_depth(shape, 9) is shape and bfs_prefix(shape, 2).paths == ((0,), (2,))
+
+
+def test_ancestor_mask_of_a_growing_parents_array():
+    # a dynamic tree as it grows: parents come before children, not in breadth-first order
+    parents = [-1, -1, 0, 1, 0, 2]
+    assert ancestor_mask(parents).tolist() == [
+        [T, F, F, F, F, F],
+        [F, T, F, F, F, F],
+        [T, F, T, F, F, F],
+        [F, T, F, T, F, F],
+        [T, F, F, F, T, F],
+        [T, F, T, F, F, T],
+    ]
+    shape = TreeShape.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
+    assert torch.equal(shape.ancestor_mask(), ancestor_mask(shape.parents))
+
+
+def test_dynamic_trees_are_refused_for_measurement_with_the_reason():
+    with pytest.raises(TreeConfigError, match="'dynamic' .* is for decoding"):
+        TreeConfig(policy="dynamic")

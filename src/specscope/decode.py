@@ -11,7 +11,8 @@ Greedy verification is lossless: the output is the target's plain greedy output,
 tree's children are drawn from the draft without replacement (Gumbel-top-k) and verified against
 the draft's distribution; a dynamic tree's children are the draft's top tokens, verified as
 point-mass proposals, which keeps it lossless although its shape depends on the draft.
-This module does not time methods against each other (:mod:`specscope.bench`) or measure costs.
+This module does not time methods against each other (:mod:`specscope.tune.bench`) or measure
+costs (:mod:`specscope.tune.costs`).
 """
 
 from __future__ import annotations
@@ -33,36 +34,30 @@ __all__ = ["DecodeConfig", "DecodeError", "DecodeResult", "Step", "SpeculativeDe
 
 
 @dataclass
-class DecodingAcceptor:
-    """What decoding's acceptors share: the first token comes from the prefill (as plain decoding
-    does), trees are cut to the tokens still wanted, and every node's row is verified (a leaf's
-    row gives its bonus token)."""
-
-    rule: ChildRule
-    first_token_from_prefill: bool = True
-    cut_tree_at_budget: bool = True
-    verify_leaves: bool = True
-
-
-class GreedyAcceptor(DecodingAcceptor):
+class GreedyAcceptor:
     """Follow the child equal to the target's argmax; the first miss is the bonus token."""
 
-    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
+    rule: ChildRule
+
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor) -> Accepted:
         best = greedy_token(logits).tolist()  # [1 + N]
         tokens = tree.tokens.tolist()
         path, node = [], -1
         while True:
             match = [c for c in tree.shape.children_of(node) if tokens[c] == best[node + 1]]
             if not match:
-                return Accepted(path, best[node + 1], len(path))
+                return Accepted(path, best[node + 1])
             node = match[0]
             path.append(node)
 
 
-class SampledAcceptor(DecodingAcceptor):
+@dataclass
+class SampledAcceptor:
     """Speculative sampling node by node, down the tree, until a round emits its own token."""
 
-    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor, *_) -> Accepted:
+    rule: ChildRule
+
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor) -> Accepted:
         p = warp(logits, self.rule.vocab, self.rule.temperature, self.rule.top_p).cpu()
         tokens = tree.tokens.tolist()
         path, node = [], -1
@@ -73,7 +68,7 @@ class SampledAcceptor(DecodingAcceptor):
             index, token = speculative_sample(p[node + 1], [tokens[c] for c in kids], q,
                                               s.generator)
             if index is None:
-                return Accepted(path, token, len(path))
+                return Accepted(path, token)
             node = kids[index]
             path.append(node)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -35,6 +36,18 @@ def _rank(value) -> int:
         except TypeError:
             pass
     raise TreeConfigError(f"sibling ranks must be integers >= 0, got {value!r}")
+
+
+def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
+    """[N, N] bool over a parents array whose parents come before their children (a static shape,
+    or a dynamic tree as it grows): mask[i, j] is True iff j is i or an ancestor of i. Built as
+    EAGLE-2 does, each node's row the union of its parent's row and itself. The one tree mask of
+    specscope: drafting and verification read their attention masks off it."""
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
 
 
 @dataclass(frozen=True)
@@ -136,12 +149,7 @@ class TreeShape:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: mask[i, j] is True iff j is i or an ancestor of i (i may attend to j)."""
-        n = len(self)
-        mask = torch.eye(n, dtype=torch.bool)
-        for i, p in enumerate(self.parents):
-            if p >= 0:
-                mask[i] |= mask[p]
-        return mask
+        return ancestor_mask(self.parents)
 
     def position_offsets(self) -> torch.Tensor:
         """[N] long: depth - 1; a node's position id is prefix length + its offset."""
@@ -229,6 +237,11 @@ class TreeConfig:
     paths: str | None = None
 
     def __post_init__(self) -> None:
+        if self.policy == "dynamic":
+            raise TreeConfigError(
+                "tree policy 'dynamic' (EAGLE-2) is for decoding (specscope decode, bench): "
+                "measurement drafts one static shape for every prompt of a batch, its children "
+                f"the draft's top tokens; choose one of {', '.join(POLICIES)}")
         if self.policy not in POLICIES:
             raise TreeConfigError(
                 f"unknown tree policy {self.policy!r}; choose one of {', '.join(POLICIES)}")

@@ -47,7 +47,8 @@ def run(
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
     from ..files import local_location
     from ..run.config import RunConfigError, load_config
-    from ..run.study import default_batch_size, run_study
+    from ..measure.checks import default_batch_size
+    from ..run.study import run_study
     from ..trees import check_policy_options
 
     out = local_location(out, "--out")
@@ -104,6 +105,7 @@ def sweep(
     cpus_per_shard: Optional[float] = typer.Option(None, help="CPUs a shard reserves on Ray."),
     gpus_per_shard: Optional[float] = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster."),
     max_points: Optional[int] = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub for every pair (never taken from the sweep file)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
@@ -122,7 +124,8 @@ def sweep(
                       trust_remote_code=trust_remote_code)
     execution = spec.execution.replace(
         prompts_per_shard=prompts_per_shard, max_retries=max_retries,
-        cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads)
+        cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads,
+        batch_size=batch_size)
     out = out or str(Path("sweeps") / spec.name)
     if dry_run:
         points = spec.points()

@@ -1,5 +1,8 @@
-"""The speculation core: one loop of named stages (prefill -> draft -> verify -> accept ->
-commit) and the small shared pieces it is made of: the cached 4D-masked forward and cache surgery
-(passes), distributions and draws (sampling), tree growth (draft), and the loop (loop).
-Decoding (:mod:`specscope.decode`) and measurement (:mod:`specscope.measure`) differ only in the
-accept stage they plug in."""
+"""The speculation core: each stage written once, for B rows (B = 1: one prompt), and the two
+drivers that run them.
+
+passes (the cached 4D-masked forward and cache surgery, the one place that runs a model over a
+KV cache) -> sampling (distributions and draws) -> draft (which token each tree node takes) ->
+stages (the draft, verify and commit passes of one step) -> loop (decoding: B = 1, commits the
+accepted path) and batch (measurement: B rows, commits one token per row, the target's greedy
+token, through :mod:`specscope.measure`)."""

@@ -7,18 +7,21 @@ static :class:`~specscope.trees.TreeShape` fixes which nodes exist; a
 :class:`~specscope.trees.DynamicTree` grows the likeliest paths (EAGLE-2).
 
 The functions here take the draft's forward as a callable, so they know nothing of caches or
-sessions; :mod:`specscope.core.loop` binds them to one prompt, :mod:`specscope.core.batch` to B.
+sessions. :func:`grow_tree` chooses the tokens of B rows that share one shape (batched
+measurement, :mod:`specscope.core.batch`, and the naive oracle); :func:`draft_static` and
+:func:`draft_dynamic` grow one prompt's tree with decoding's options (sampled children, early
+stops, EAGLE-2 growth), bound to a prompt by :mod:`specscope.core.loop`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..trees import DynamicTree, TreeShape, bfs_prefix, contiguous_ranks
+from ..trees import DynamicTree, TreeShape, ancestor_mask, bfs_prefix, contiguous_ranks
 from .sampling import gumbel_topk_scores, warp
 
 # (frontier nodes, tokens so far [B, N]) -> the draft's scores at the frontier [B, F, V]
@@ -60,22 +63,6 @@ class ChildRule:
         return self.temperature == 0
 
 
-def level_mask(parents: Sequence[int], nodes: list[int], fed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """What each of ``nodes`` (one tree level) sees: [F, len(fed)] over the tree entries already in
-    the cache and [F, F] over the level itself: itself and its ancestors, nothing else."""
-    def ancestors(n: int) -> set[int]:
-        out = set()
-        while n >= 0:
-            out.add(n)
-            n = parents[n]
-        return out
-
-    anc = [ancestors(n) for n in nodes]
-    seen = torch.tensor([[f in a for f in fed] for a in anc], dtype=torch.bool).view(len(nodes), len(fed))
-    block = torch.tensor([[m in a for m in nodes] for a in anc], dtype=torch.bool)
-    return seen, block
-
-
 def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand: Expand,
               stop: Callable[[list[int], torch.Tensor], bool] | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,8 +95,8 @@ def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand: Expand,
     return tokens, q, torch.tensor([row[p] for p in shape.parents])
 
 
-# (nodes of one level, all tokens so far [N'], parents [N'], depths [N']) -> draft logits [F, V]
-FeedLevel = Callable[[list[int], torch.Tensor, list[int], list[int]], torch.Tensor]
+# (nodes of one level, all tokens so far [N'], the ancestor mask [N', N']) -> draft logits [F, V]
+FeedLevel = Callable[[list[int], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLevel,
@@ -128,8 +115,7 @@ def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLe
         return q if rule.greedy else gumbel_topk_scores(q, generator)
 
     def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        return scores(feed_level(frontier, tokens[0].cpu(), list(shape.parents),
-                                 list(shape.depths)))[None]
+        return scores(feed_level(frontier, tokens[0].cpu(), anc))[None]
 
     def unlikely(frontier: list[int], tokens: torch.Tensor) -> bool:
         for n in frontier:
@@ -140,6 +126,7 @@ def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLe
 
     if not rule.greedy:  # draws are taken in order: a node's children are draws 0..k-1
         shape = contiguous_ranks(shape)
+    anc = shape.ancestor_mask()
     tokens, _, q_index = grow_tree(shape, scores(root_logits[None]), expand,
                                    stop=unlikely if rule.min_path_prob > 0 else None)
     shape = bfs_prefix(shape, tokens.shape[1])
@@ -178,8 +165,8 @@ def draft_dynamic(policy: DynamicTree, root_logits: torch.Tensor, feed_level: Fe
         frontier = sorted(level, key=lambda n: -score[n])[:policy.top_k]
         if math.exp(score[frontier[0]]) < rule.min_path_prob:
             break
-        rows = torch.log_softmax(feed_level(frontier, torch.tensor(token_list), parents, depths)
-                                 / temp, -1)
+        rows = torch.log_softmax(feed_level(frontier, torch.tensor(token_list),
+                                            ancestor_mask(parents)) / temp, -1)
         level = [c for n, row in zip(frontier, rows) for c in add_children(n, row)]
     kept = sorted(range(len(parents)), key=lambda n: (-score[n], depths[n], n))[:policy.max_nodes]
     order = sorted(kept, key=lambda n: (depths[n], n))

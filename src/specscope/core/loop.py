@@ -1,4 +1,5 @@
-"""The speculation loop: prefill -> draft -> verify -> accept -> commit, one prompt at a time.
+"""Speculative decoding's loop: prefill -> draft -> verify -> accept -> commit the accepted path,
+one request at a time (B = 1, as gpt-fast and Medusa do).
 
 One step, for a context of L tokens whose first L - 1 sit in the target's KV cache:
 
@@ -6,13 +7,13 @@ One step, for a context of L tokens whose first L - 1 sit in the target's KV cac
                level's frontier in ONE batched call (4D tree mask, positions L + depth - 1)
     verify  -> the target scores the last context token and the tree's nodes in ONE pass
     accept  -> an :class:`Acceptor` picks the accepted path and the token after it
-    commit  -> keep the accepted path's cache entries, drop the rest; append the emitted tokens
+    commit  -> keep the accepted path's cache entries, drop the rest; append the path and the
+               token after it (:meth:`Speculator.commit_path`)
 
-Decoding and measurement are the same loop with different acceptors: greedy and sampled
-verification (:mod:`specscope.decode`) emit the accepted path and a bonus token; the paper's
-measurement protocol (:mod:`specscope.measure`) records every node of the tree and commits only
-the target's greedy token, so that the trajectory is the target's plain greedy output.
-This module does not write records or time whole requests.
+The stages' model passes are :mod:`specscope.core.stages`, which batched measurement
+(:mod:`specscope.core.batch`) runs with B rows; the two drivers differ in their commit: decoding
+commits a path per request, measurement the target's greedy token per row. The acceptors, greedy
+and sampled verification, are :mod:`specscope.decode`'s. This module does not write records.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 
 from ..errors import SpecscopeError
 from ..trees import DynamicTree, TreeShape, cut_depth
-from .draft import ChildRule, DraftTree, draft_dynamic, draft_static, level_mask
-from .passes import feed, feed_causal, keep_positions, position_limit, prefill
+from . import stages
+from .draft import ChildRule, DraftTree, draft_dynamic, draft_static
+from .passes import feed_one, keep_positions, position_limit, prefill
 from .sampling import next_token
 
 
@@ -111,25 +113,19 @@ class Session:
 
 @dataclass(frozen=True)
 class Accepted:
-    """What the accept stage decided: the accepted nodes, root to deepest, the token committed
-    after them, and how many nodes the target accepts (``len(path)`` unless the acceptor
-    commits less than it accepts, as measurement does)."""
+    """What the accept stage decided: the accepted nodes, root to deepest, and the token committed
+    after them."""
 
     path: list[int]
     bonus: int
-    accepted_len: int
 
 
 class Acceptor(Protocol):
-    """The accept stage, and the few ways a loop's protocol differs with it."""
+    """The accept stage: how children are drafted, and which path the target accepts."""
 
-    first_token_from_prefill: bool  # decoding: the first token is plain decoding's
-    cut_tree_at_budget: bool  # decoding: draft no deeper than the tokens still wanted
-    verify_leaves: bool  # decoding needs the leaves' rows (their bonus tokens)
-    rule: ChildRule  # how children are drafted
+    rule: ChildRule
 
-    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor,
-               draft_time_s: float, verify_time_s: float) -> Accepted: ...
+    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor) -> Accepted: ...
 
 
 @dataclass
@@ -153,38 +149,36 @@ class Speculator:
                 f"the prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + "
                 f"the tree's depth ({depth}) need {need} positions; the models allow {limit}")
 
-    def prefill(self, prompt: Sequence[int], seed: int,
-                with_logits: bool) -> tuple[Session, torch.Tensor | None]:
-        """Both caches for ``prompt``: the draft holds all but the last token; the target too, or
-        (``with_logits``) all of it, returning its logits [vocab] at the prompt's end."""
+    def prefill(self, prompt: Sequence[int], seed: int) -> tuple[Session, torch.Tensor]:
+        """Both caches for ``prompt`` (the draft's without the last token) and the target's
+        logits [vocab] at the prompt's end."""
         prompt = list(prompt)
-        target_cache, logits = prefill(self.target, prompt if with_logits else prompt[:-1],
-                                       logits=with_logits)
+        target_cache, logits = prefill(self.target, prompt, logits=True)
         draft_cache, _ = prefill(self.draft, prompt[:-1])
         s = Session(prompt, target_cache, draft_cache, len(prompt) - 1,
                     torch.Generator().manual_seed(seed))
-        return s, None if logits is None else logits[:self.vocab]
+        return s, logits[:self.vocab]
 
     # draft --------------------------------------------------------------------------------------
 
     def draft_root(self, s: Session) -> torch.Tensor:
         """Feed the draft the tokens its cache lacks; logits [vocab] at the whole context."""
-        logits = feed_causal(self.draft, s.draft_cache, s.tokens[s.draft_len:], s.draft_len,
-                             last=1)
+        ids = torch.tensor([s.tokens[s.draft_len:]])
+        logits = stages.draft_context(self.draft, s.draft_cache, ids,
+                                      torch.ones(1, s.draft_len, dtype=torch.bool), self.vocab)
         s.draft_len = len(s.tokens)
         s.fed = []
-        return logits[-1, :self.vocab].float()
+        return logits[0]
 
     def draft_level(self, s: Session, nodes: list[int], tokens: torch.Tensor,
-                    parents: Sequence[int], depths: Sequence[int]) -> torch.Tensor:
+                    anc: torch.Tensor) -> torch.Tensor:
         """Feed ``nodes`` (one tree level) to the draft in one call; their logits [F, vocab]."""
         L = len(s.tokens)
-        seen, block = level_mask(parents, nodes, s.fed)
-        visible = torch.cat([torch.ones(len(nodes), L, dtype=torch.bool), seen], dim=1)
-        positions = torch.tensor([L + depths[n] - 1 for n in nodes])
-        logits = feed(self.draft, s.draft_cache, tokens[nodes], positions, visible, block)
+        logits = stages.draft_level(self.draft, s.draft_cache, tokens[None], nodes, s.fed, anc,
+                                    torch.ones(1, L, dtype=torch.bool), torch.tensor([L]),
+                                    self.vocab)
         s.fed.extend(nodes)
-        return logits[:, :self.vocab].float()
+        return logits[0]
 
     def draft_tree(self, s: Session, spec: TreeShape | DynamicTree, rule: ChildRule) -> DraftTree:
         root = self.draft_root(s)
@@ -195,26 +189,20 @@ class Speculator:
 
     # verify -------------------------------------------------------------------------------------
 
-    def verify(self, s: Session, tree: DraftTree, nodes: list[int] | None = None) -> torch.Tensor:
-        """Target logits [1 + len(nodes), vocab]: at the context, and at the context extended by
-        each of ``nodes`` (default: every node), in one pass over the target's cache."""
+    def verify(self, s: Session, tree: DraftTree) -> torch.Tensor:
+        """Target logits [1 + N, vocab]: at the context, and at the context extended by each
+        node, in one pass over the target's cache."""
         L = len(s.tokens)
         assert s.target_cache.get_seq_length() == L - 1, "the target cache must hold tokens[:-1]"
-        nodes = list(range(len(tree.shape))) if nodes is None else nodes
-        anc = tree.shape.ancestor_mask()[nodes][:, nodes]
-        visible = torch.ones(1 + len(nodes), L - 1, dtype=torch.bool)
-        block = torch.zeros(1 + len(nodes), 1 + len(nodes), dtype=torch.bool)
-        block[:, 0] = True  # the newest context token is seen by itself and every node
-        block[1:, 1:] = anc
-        ids = torch.cat([torch.tensor(s.tokens[-1:]), tree.tokens[nodes]])
-        depths = torch.tensor(tree.shape.depths)[nodes]
-        positions = torch.cat([torch.tensor([L - 1]), L + depths - 1])
-        logits = feed(self.target, s.target_cache, ids, positions, visible, block)
-        return logits[:, :self.vocab]
+        logits = stages.verify(self.target, s.target_cache, torch.tensor([s.tokens[-1:]]),
+                               tree.tokens[None], list(range(len(tree.shape))),
+                               tree.shape.ancestor_mask(), torch.ones(1, L - 1, dtype=torch.bool),
+                               torch.tensor([L]), self.vocab)
+        return logits[0]
 
     # commit -------------------------------------------------------------------------------------
 
-    def commit(self, s: Session, tree: DraftTree, accepted: Accepted) -> list[int]:
+    def commit_path(self, s: Session, tree: DraftTree, accepted: Accepted) -> list[int]:
         """Keep the accepted path in both caches; append its tokens and the bonus token."""
         L = len(s.tokens)
         keep_positions(s.target_cache, list(range(L)) + [L + n for n in accepted.path])
@@ -234,36 +222,30 @@ class Speculator:
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], spec: TreeShape | DynamicTree, config: DecodeConfig,
             acceptor: Acceptor) -> DecodeResult:
-        """Speculate over ``prompt`` until EOS or ``config.max_new_tokens``."""
+        """Speculate over ``prompt`` until EOS or ``config.max_new_tokens``. The first token comes
+        from the prefill, as in plain decoding; trees are cut to the tokens still wanted."""
         t_start = time.perf_counter()
         self.check_fits(prompt, config.max_new_tokens, spec.max_depth)
-        s, first_logits = self.prefill(prompt, config.seed, acceptor.first_token_from_prefill)
-        steps: list[Step] = []
-        out: list[int] = []
-        stop = "max_new_tokens"
-        if acceptor.first_token_from_prefill:  # as plain decoding does
-            first = next_token(first_logits, self.vocab, config.temperature, config.top_p,
-                               s.generator)
-            s.tokens.append(first)
-            prefill_s = time.perf_counter() - t_start
-            steps.append(Step(0, len(prompt), 0, 0, 1, first, 0.0, prefill_s, prefill_s))
-            out, stop = _append(out, [first], config.max_new_tokens, self.eos)
+        s, first_logits = self.prefill(prompt, config.seed)
+        first = next_token(first_logits, self.vocab, config.temperature, config.top_p, s.generator)
+        s.tokens.append(first)
+        prefill_s = time.perf_counter() - t_start
+        steps = [Step(0, len(prompt), 0, 0, 1, first, 0.0, prefill_s, prefill_s)]
+        out, stop = _append([], [first], config.max_new_tokens, self.eos)
         while len(out) < config.max_new_tokens and stop != "eos":
             t0 = time.perf_counter()
-            tree_spec = spec
-            if acceptor.cut_tree_at_budget:
-                depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
-                tree_spec = (replace(spec, depth=min(spec.depth, depth))
-                             if isinstance(spec, DynamicTree) else cut_depth(spec, depth))
+            depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
+            tree_spec = (replace(spec, depth=min(spec.depth, depth))
+                         if isinstance(spec, DynamicTree) else cut_depth(spec, depth))
             tree = self.draft_tree(s, tree_spec, acceptor.rule)
             t1 = time.perf_counter()
-            logits = self.verify(s, tree, None if acceptor.verify_leaves else tree.non_leaves)
+            logits = self.verify(s, tree)
             t2 = time.perf_counter()
-            accepted = acceptor.accept(s, tree, logits, t1 - t0, t2 - t1)
+            accepted = acceptor.accept(s, tree, logits)
             context_len = len(s.tokens)
-            emitted = self.commit(s, tree, accepted)
-            steps.append(Step(len(steps), context_len, len(tree.shape), accepted.accepted_len,
-                              accepted.accepted_len + 1, emitted[0], t1 - t0, t2 - t1,
+            emitted = self.commit_path(s, tree, accepted)
+            steps.append(Step(len(steps), context_len, len(tree.shape), len(accepted.path),
+                              len(accepted.path) + 1, emitted[0], t1 - t0, t2 - t1,
                               time.perf_counter() - t0))
             out, stop = _append(out, emitted, config.max_new_tokens, self.eos)
         return DecodeResult(out, steps, stop, time.perf_counter() - t_start, len(prompt))
@@ -304,6 +286,5 @@ def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: Decode
         if len(out) == config.max_new_tokens:
             break
         t0 = time.perf_counter()
-        logits = model(input_ids=torch.tensor([[token]], device=model.device),
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = feed_one(model, cache, token)
     return DecodeResult(out, steps, stop, time.perf_counter() - t_start, len(prompt))

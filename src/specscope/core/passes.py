@@ -1,9 +1,13 @@
-"""The cached 4D-masked forward pass and the KV-cache surgery every speculation stage uses.
+"""The cached 4D-masked forward pass and the KV-cache surgery every speculation stage uses: the
+only module of specscope that runs a model forward over a KV cache or touches a cache's insides
+(the naive oracle and the bench's transformers baseline run their own forwards by design).
 
-A draft tree is fed to a model over its KV cache in one call: explicit position ids (context
-length + depth - 1) and a 4D additive mask saying which cached and which new entries each new
-token sees. After a step, cache entries are cropped (measurement) or gathered along the sequence
-(decoding keeps the accepted path). This module knows nothing of trees, records or policies.
+Every pass takes B rows (B = 1 is the single-prompt case): ids [B, Q], explicit position ids
+[B, Q], and which cached entries [B, Q, T] and which new entries [Q, Q] each new token sees, as
+one 4D additive mask per row. After a step each row keeps some of its cache entries
+(:func:`keep_positions`: decoding the accepted path, measurement the context); rows of several
+caches are repacked into one, right-aligned after padding (:func:`gather_rows`), when batched
+measurement refills a finished row. This module knows nothing of trees, records or policies.
 """
 
 from __future__ import annotations
@@ -48,41 +52,51 @@ def prefill(model, tokens: Sequence[int], logits: bool = False):
     if not tokens:
         return cache, None
     out = model(input_ids=torch.tensor([list(tokens)], device=model.device),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                past_key_values=cache, use_cache=True, logits_to_keep=1)  # ids: [1, L]
     return cache, out.logits[0, -1] if logits else None
 
 
-def additive_mask(visible_past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, Q, past + Q] additive attention mask from boolean visibility of past and new tokens."""
-    allowed = torch.cat([visible_past, block], dim=1)
+def additive_mask(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, Q, T + Q] additive attention mask from boolean visibility of the cached entries
+    (``past`` [B, Q, T]) and of the new tokens (``block`` [Q, Q], the same for every row)."""
+    B, Q, _ = past.shape
+    allowed = torch.cat([past, block[None].expand(B, Q, Q)], dim=2)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[:, None]
 
 
-def feed(model, cache, ids: list[int] | torch.Tensor, positions: torch.Tensor,
-         visible_past: torch.Tensor, block: torch.Tensor, last: int = 0) -> torch.Tensor:
-    """Run ``ids`` [Q] over ``cache`` with a 4D mask and explicit positions; logits [Q, V'].
+def feed(model, cache, ids: torch.Tensor, positions: torch.Tensor, past: torch.Tensor,
+         block: torch.Tensor, last: int = 0) -> torch.Tensor:
+    """Run ``ids`` over ``cache`` with a 4D mask and explicit positions; logits [B, Q, V'].
 
-    ``visible_past`` [Q, cached] and ``block`` [Q, Q] say which cached and which new tokens each
-    new token may attend to; ``positions`` [Q] are the position ids. The cache grows by Q entries.
-    ``last`` > 0 computes the logits of the last ``last`` tokens only.
+    ids: [B, Q]; positions: [B, Q] position ids; past: [B, Q, T] which of the T cached entries
+    each new token sees; block: [Q, Q] which new tokens it sees (shared by the rows). The cache
+    grows by Q entries in every row. ``last`` > 0 computes the logits of the last ``last`` only.
     """
     dev = model.device
-    ids = torch.as_tensor(ids, device=dev).view(1, -1)
-    mask = additive_mask(visible_past.to(dev), block.to(dev), model.dtype)
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, attention_mask=mask,
-                position_ids=positions.to(dev).view(1, -1), logits_to_keep=last)
-    return out.logits[0]
+    assert ids.dim() == 2 and positions.shape == ids.shape and past.shape[:2] == ids.shape
+    mask = additive_mask(past.to(dev), block.to(dev), model.dtype)
+    out = model(input_ids=ids.to(dev), past_key_values=cache, use_cache=True, attention_mask=mask,
+                position_ids=positions.to(dev), logits_to_keep=last)
+    return out.logits
 
 
-def feed_causal(model, cache, ids: Sequence[int] | torch.Tensor, cached: int,
-                last: int = 0) -> torch.Tensor:
-    """Feed ``ids`` after ``cached`` cache entries, each seeing all of them and the ids before it."""
-    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
-    past = torch.ones(len(ids), cached, dtype=torch.bool)
-    return feed(model, cache, ids, torch.arange(cached, cached + len(ids)), past, causal,
+def feed_causal(model, cache, ids: torch.Tensor, past: torch.Tensor, last: int = 0) -> torch.Tensor:
+    """Feed ``ids`` [B, Q] after the cached entries marked in ``past`` [B, T], each id seeing
+    those and the ids before it, at the positions that follow them; logits [B, Q or last, V']."""
+    B, Q = ids.shape
+    positions = past.sum(1, keepdim=True) + torch.arange(Q)
+    causal = torch.ones(Q, Q, dtype=torch.bool).tril()
+    return feed(model, cache, ids, positions, past[:, None, :].expand(B, Q, past.shape[1]), causal,
                 last=last)
+
+
+def feed_one(model, cache, token: int) -> torch.Tensor:
+    """Plain decoding's pass (gpt-fast's ``decode_one_token``): ``token`` after every cached
+    entry, without a mask; its logits [V']."""
+    return model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache,
+                 use_cache=True, logits_to_keep=1).logits[0, -1]
 
 
 def crop(cache, length: int) -> None:
@@ -105,15 +119,45 @@ def _layer_tensors(cache) -> list[tuple[object, str | int]]:
     return [(lst, i) for lst in (cache.key_cache, cache.value_cache) for i in range(len(lst))]
 
 
-def keep_positions(cache, keep: Sequence[int]) -> None:
-    """Keep only the cache entries at sequence positions ``keep`` (increasing), in every layer."""
-    keep = list(keep)
-    start = next((i for i, k in enumerate(keep) if k != i), len(keep))
-    if start < len(keep):
+def keep_positions(cache, keep: Sequence[int] | torch.Tensor) -> None:
+    """The commit: keep only the cache entries at sequence positions ``keep`` ([K] for every row,
+    or [B, K], increasing along each row), in every layer; the cache is K entries long after."""
+    keep = torch.as_tensor(keep, dtype=torch.long)
+    keep = keep[None] if keep.dim() == 1 else keep  # [B or 1, K]
+    K = keep.shape[1]
+    moved = (keep != torch.arange(K)).any(0).nonzero()
+    if len(moved):
+        start = int(moved[0])
         for holder, key in _layer_tensors(cache):
             t = holder[key] if isinstance(key, int) else getattr(holder, key)
             if t is None or t.numel() == 0:
                 continue
-            index = torch.tensor(keep[start:], device=t.device)
-            t[..., start:len(keep), :] = t.index_select(-2, index)
-    crop(cache, len(keep))
+            index = keep[:, None, start:, None].to(t.device)  # [B, 1, K - start, 1]
+            index = index.expand(t.shape[0], t.shape[1], K - start, t.shape[3])
+            t[..., start:K, :] = t.gather(2, index)
+    crop(cache, K)
+
+
+def gather_rows(model, rows: Sequence[tuple[object, int, torch.Tensor]]) -> tuple[object, torch.Tensor]:
+    """A new cache for ``model`` whose row r holds, of ``rows[r] = (cache, b, index)``, row b's
+    entries at positions ``index`` [K_r] of that cache, right-aligned after zero padding to the
+    longest; and valid [R, T]: which entries are real. Needs the layered ``DynamicCache``."""
+    lengths = [len(index) for _, _, index in rows]
+    width = max(lengths, default=0)
+    packed = new_cache(model)
+    if width:
+        for i, layer in enumerate(packed.layers):
+            kv = []
+            for name in ("keys", "values"):
+                parts = [getattr(cache.layers[i], name)[b].index_select(1, index.to(model.device))
+                         if len(index) else None for cache, b, index in rows]
+                ref = next(t for t in parts if t is not None)  # [kv_heads, K, head_dim]
+                parts = [ref[:, :0] if t is None else t for t in parts]
+                kv.append(torch.stack([torch.cat([ref.new_zeros(
+                    ref.shape[0], width - t.shape[1], ref.shape[2]), t], dim=1) for t in parts]))
+            layer.lazy_initialization(*kv)
+            layer.keys, layer.values = kv
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for r, n in enumerate(lengths):
+        valid[r, width - n:] = True
+    return packed, valid

@@ -1,2 +1,3 @@
-"""Measurement: the paper protocol as an acceptor of the speculation loop (study), what each step
-records (records), B prompts at a time (batched), and the recompute-everything oracle (naive)."""
+"""Measurement: the driver that commits the target's greedy token per row and records every node
+(study), what each step records (records), the checks before a run starts (checks), and the
+recompute-everything oracle (naive). The stages it runs are :mod:`specscope.core`'s."""

@@ -1,8 +1,10 @@
 """The paper's algorithm, every draft and target row recomputed from scratch (``use_cache=False``).
 
-The independent oracle that proves the records of the speculation loop and the batched engine
-(the tests compare them), and ``specscope run --engine naive``. Slow by design; it shares nothing
-with the loop but :func:`~specscope.core.draft.grow_tree` (which node takes which token).
+The independent oracle that proves the records of batched measurement (the tests compare them),
+and ``specscope run --engine naive``. Slow by design: it runs its own forwards, without a cache,
+and shares nothing with the speculation stages but :func:`~specscope.core.draft.grow_tree` (which
+node takes which token). The measurement driver commits its steps like any other
+(:func:`specscope.measure.study.commit_greedy_token`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.batch import StepScores
 from ..core.draft import grow_tree
 from ..core.passes import softmax
 from ..trees import TreeShape
-from .records import StepScores
 
 
 @dataclass
-class NaiveEngine:
+class NaiveOracle:
+    """Scores one prompt's tree the paper's way: every row a forward over the whole sequence."""
+
     draft: torch.nn.Module
     target: torch.nn.Module
     vocab: int

@@ -1,10 +1,10 @@
 """What measurement observes at each step: the draft's and the target's distributions over a
 tree, turned into one row per node (README: "Records") and the step's own figures.
 
-:class:`StepScores` is what a step's draft and verify stages produced, whichever engine ran them
-(the speculation loop, the batched engine, or the naive oracle); :func:`step_record` turns it into
-node columns; :func:`certificate_records` gives the nodes' and the step's certificates. This
-module runs no model.
+:func:`step_record` turns a step's :class:`~specscope.core.batch.StepScores` (what its draft
+and verify stages produced, in batched measurement or in the naive oracle) into node columns;
+:func:`certificate_records` gives the nodes' and the step's certificates. This module runs no
+model.
 """
 
 from __future__ import annotations
@@ -14,44 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.draft import DraftTree
-from ..core.passes import greedy_token, softmax
+from ..core.batch import StepScores
+from ..core.passes import greedy_token
 from ..records import tree_paths
 from ..theory import CriteriaConfig, certificate_columns
 from ..trees import TreeShape
-
-
-@dataclass
-class StepScores:
-    """What one step's draft and verify passes produced.
-
-    Context index 0 is the root context (the current prefix); context ``i + 1`` is the prefix
-    extended by the path to node ``i``. Only contexts that have children carry a draft row.
-    """
-
-    tokens: torch.Tensor  # [N] long: the tree's tokens
-    q: torch.Tensor  # [C, V] float32: draft probabilities at contexts 0 and 1 + non-leaf nodes
-    q_index: torch.Tensor  # [N] long: row of q at each node's context (its parent's context)
-    p: torch.Tensor  # [N + 1, V] float32: target probabilities at every context (NaN rows for
-    #                 leaves, whose contexts have no children, unless the engine scored them)
-    draft_time_s: float
-    verify_time_s: float
-
-    def on(self, device) -> StepScores:
-        """The draft's outputs moved to the target's device (the models may live on two)."""
-        return StepScores(self.tokens.to(device), self.q.to(device), self.q_index.to(device),
-                          self.p, self.draft_time_s, self.verify_time_s)
-
-
-def tree_scores(tree: DraftTree, logits: torch.Tensor, nodes: list[int], vocab: int,
-                draft_time_s: float = 0.0, verify_time_s: float = 0.0) -> StepScores:
-    """A drafted tree (its q rows kept) and the target's logits at the root and at ``nodes``, as
-    :class:`StepScores`; the rows of nodes not scored are NaN."""
-    p = torch.full((len(tree.shape) + 1, vocab), float("nan"), device=logits.device)
-    p[[0] + [n + 1 for n in nodes]] = softmax(logits, vocab)
-    return StepScores(tree.tokens, tree.proposals, torch.tensor(tree.proposal_row), p,
-                      draft_time_s, verify_time_s).on(p.device)
-
 
 RANK_WIDTH = 16  # a node's rank is read off its context's top 16 when its token is in them
 

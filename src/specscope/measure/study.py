@@ -1,13 +1,16 @@
-"""Measuring prompts: the paper protocol as an acceptor of the speculation loop, the prompt loop
-that ``specscope run`` and ``specscope sweep`` share, and each prompt's node, step and prompt rows.
+"""Measuring prompts: the measurement driver that ``specscope run`` and ``specscope sweep`` share,
+and each prompt's node, step and prompt rows.
 
-At every step the loop drafts the full tree, the target scores it (the rows of its non-leaf
-nodes: a node's p comes from its parent's row), :class:`PaperProtocol` records every node, and the
-loop commits only the target's greedy token, so the trajectory is the target's plain greedy
-output. B prompts at a time go through :class:`~specscope.measure.batched.BatchedEngine` instead,
-and ``engine="naive"`` through the recompute-everything oracle; all three feed the same
-:func:`~specscope.measure.records.step_record`. This module does not decide where records go: the
-caller's ``commit`` writes each prompt as it finishes.
+The driver (:func:`measure_rows`) commits one token per row: at every step every row's full tree
+is drafted and the target scores it (:meth:`specscope.core.batch.Batch.score`: the rows of its
+non-leaf nodes, a node's p coming from its parent's row), every node is recorded
+(:func:`observe`), and each row commits the target's greedy token (:func:`commit_greedy_token`),
+so that a prompt's trajectory is the target's plain greedy output. It runs B prompts at a time,
+B = 1 included, refilling a finished prompt's row with the next. ``engine="naive"`` scores each
+step with the recompute-everything oracle instead, one prompt at a time, and commits the same way.
+Trees are static shapes with the draft's top tokens as children (dynamic trees and sampled
+children are decoding's only). This module does not decide where records go: the caller's
+``commit`` writes each prompt as it finishes.
 """
 
 from __future__ import annotations
@@ -15,29 +18,27 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ..core.draft import ChildRule, DraftTree
-from ..core.loop import Accepted, DecodeConfig, Session, Speculator, Step
+from ..core.batch import Batch, Row, StepScores
+from ..core.loop import Step
 from ..core.passes import position_limit
 from ..models import ModelPair
-from ..models.int8 import use_rowwise_attention
+from ..models.int8 import rowwise_attention_during
 from ..prompts.items import PromptItem
 from ..prompts.render import RenderedPrompt, eos_token_ids, render_item
 from ..records import position_bin, to_table
+from ..run.config import RunConfig
 from ..theory import CriteriaConfig
 from ..trees import TreeShape
-from .naive import NaiveEngine
-from .records import (NodeRecords, StepScores, certificate_records,
-                      step_record, tree_scores)
-
-if TYPE_CHECKING:
-    from ..run.config import RunConfig  # run.config imports this module's ENGINES
+from .checks import MeasureError, check_batch_memory
+from .naive import NaiveOracle
+from .records import NodeRecords, certificate_records, step_record
 
 
 @dataclass
@@ -67,8 +68,6 @@ def start_prompts(pair: ModelPair, config: RunConfig,
                   todo: list[tuple[int, PromptItem]]) -> list[PromptState]:
     """Render ``todo`` ((order, item) pairs) and check that every prompt, its new tokens and a
     tree fit in the positions both models were built for, before any of them is measured."""
-    from ..run.config import RunConfigError  # run.config imports this module's ENGINES
-
     states = []
     for order, item in todo:
         rendered = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens)
@@ -79,7 +78,7 @@ def start_prompts(pair: ModelPair, config: RunConfig,
     extra = config.max_new_tokens + config.tree.shape().max_depth
     longest = max(states, key=lambda s: len(s.context))
     if len(longest.context) + extra > limit:
-        raise RunConfigError(
+        raise MeasureError(
             f"prompt {longest.item.id!r} is {len(longest.context)} tokens; with max_new_tokens "
             f"{config.max_new_tokens} and the tree's depth {extra - config.max_new_tokens} it needs "
             f"{len(longest.context) + extra} positions, but the models allow {limit}: lower "
@@ -105,30 +104,10 @@ def observe(state: PromptState, scores: StepScores, shape: TreeShape,
     return record
 
 
-@dataclass
-class PaperProtocol:
-    """The accept stage of measurement: record every node; commit the target's greedy token."""
-
-    state: PromptState
-    shape: TreeShape
-    criteria: CriteriaConfig | None
-    rule: ChildRule
-    first_token_from_prefill: bool = False
-    cut_tree_at_budget: bool = False  # the same tree at every step
-    verify_leaves: bool = False  # a node's p is its parent's row: leaves' rows are never read
-
-    def accept(self, s: Session, tree: DraftTree, logits: torch.Tensor,
-               draft_time_s: float, verify_time_s: float) -> Accepted:
-        scores = tree_scores(tree, logits, tree.non_leaves, self.rule.vocab, draft_time_s,
-                             verify_time_s)
-        record = observe(self.state, scores, self.shape, self.criteria)
-        return Accepted([], record.emitted_token, record.accepted_len)
-
-
 def commit_greedy_token(state: PromptState, scores: StepScores, shape: TreeShape,
                         config: RunConfig, eos: set[int], step_time_s: float) -> bool:
-    """Observe a step scored outside the loop (batched, naive) and commit the target's greedy
-    token as the loop would; True when the prompt is finished."""
+    """Measurement's commit stage: observe a row's step and append the target's greedy token to
+    its context; True when the prompt is finished (EOS or its token budget)."""
     record = observe(state, scores, shape, config.criteria)
     token = record.emitted_token
     state.steps.append(Step(len(state.steps), len(state.context), len(shape), record.accepted_len,
@@ -171,50 +150,30 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     )
 
 
-def _measure_in_loop(pair: ModelPair, state: PromptState, config: RunConfig,
-                     shape: TreeShape) -> None:
-    """The speculation loop with the paper protocol as its accept stage."""
-    loop = Speculator(pair.draft.model, pair.target.model, pair.vocab_size,
-                      frozenset(eos_token_ids(pair)))
-    protocol = PaperProtocol(state, shape, config.criteria, ChildRule(pair.vocab_size, keep_q=True))
-    result = loop.run(state.context, shape, DecodeConfig(max_new_tokens=config.max_new_tokens),
-                      protocol)
-    state.steps, state.output, state.stop_reason = result.steps, result.tokens, result.stop_reason
-
-
-def _measure_naive(pair: ModelPair, state: PromptState, config: RunConfig,
-                   shape: TreeShape) -> None:
-    """The paper's algorithm, every row recomputed: the oracle."""
-    naive = NaiveEngine(pair.draft.model, pair.target.model, pair.vocab_size)
+def measure_naive(pair: ModelPair, states: list[PromptState], config: RunConfig,
+                  shape: TreeShape, run_id: str,
+                  commit: Callable[[PromptState, PromptRecords], None]) -> None:
+    """The paper's algorithm, every row recomputed, one prompt at a time: the oracle."""
+    naive = NaiveOracle(pair.draft.model, pair.target.model, pair.vocab_size)
     eos = eos_token_ids(pair)
-    done = False
-    while not done:
-        t0 = time.perf_counter()
-        scores = naive.score(state.context, shape)
-        done = commit_greedy_token(state, scores, shape, config, eos, 0.0)
-        state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
+    for state in states:
+        state.t_start = time.perf_counter()
+        done = False
+        while not done:
+            t0 = time.perf_counter()
+            scores = naive.score(state.context, shape)
+            done = commit_greedy_token(state, scores, shape, config, eos, 0.0)
+            state.steps[-1] = replace(state.steps[-1], step_time_s=time.perf_counter() - t0)
+        commit(state, finish_prompt(state, pair, run_id))
 
 
-# --engine: how one prompt is measured
-ENGINES = {"cached": _measure_in_loop, "naive": _measure_naive}
-
-
-def measure_prompt(pair: ModelPair, state: PromptState, config: RunConfig, shape: TreeShape,
-                   run_id: str, engine: str = "cached") -> PromptRecords:
-    """Run the paper protocol on one started prompt and return its node, step and prompt rows."""
-    state.t_start = time.perf_counter()
-    ENGINES[engine](pair, state, config, shape)
-    return finish_prompt(state, pair, run_id)
-
-
-def measure_batched(pair: ModelPair, states: list[PromptState], config: RunConfig,
-                    shape: TreeShape, run_id: str, batch_size: int,
-                    commit: Callable[[PromptState, PromptRecords], None]) -> None:
-    """Measure ``states`` ``batch_size`` prompts at a time (:mod:`specscope.measure.batched`); each
+def measure_rows(pair: ModelPair, states: list[PromptState], config: RunConfig,
+                 shape: TreeShape, run_id: str, batch_size: int,
+                 commit: Callable[[PromptState, PromptRecords], None]) -> None:
+    """The measurement driver: ``states`` ``batch_size`` prompts at a time
+    (:class:`~specscope.core.batch.Batch`), one greedy token committed per row and step; each
     prompt is committed as soon as it finishes and its row is refilled. Prompts of similar length
     run together (longest first, so the first batch is the largest), which wastes little padding."""
-    from .batched import BatchedEngine, Row
-
     eos = eos_token_ids(pair)
     pending = sorted(states, key=lambda s: -len(s.context))
     pending.reverse()  # pop() takes the longest first
@@ -225,37 +184,41 @@ def measure_batched(pair: ModelPair, states: list[PromptState], config: RunConfi
             s.t_start = time.perf_counter()
         return [Row(s.context, s) for s in joining]
 
-    engine = BatchedEngine(pair.draft.model, pair.target.model, pair.vocab_size)
-    engine.replace_rows([], join(batch_size))
-    while engine.rows:
+    batch = Batch(pair.draft.model, pair.target.model, pair.vocab_size)
+    batch.refill([], join(batch_size))
+    while batch.rows:
         t0 = time.perf_counter()
-        scores = engine.score(shape)
+        scores = batch.score(shape)
         share = (time.perf_counter() - t0) / len(scores)
-        finished = [i for i, (row, sc) in enumerate(zip(engine.rows, scores))
+        finished = [i for i, (row, sc) in enumerate(zip(batch.rows, scores))
                     if commit_greedy_token(row.payload, sc, shape, config, eos, share)]
         for i in finished:
-            state = engine.rows[i].payload
+            state = batch.rows[i].payload
             commit(state, finish_prompt(state, pair, run_id))
         if finished:
-            keep = [i for i in range(len(engine.rows)) if i not in finished]
-            engine.replace_rows(keep, join(len(finished)))
+            keep = [i for i in range(len(batch.rows)) if i not in finished]
+            batch.refill(keep, join(len(finished)))
 
 
 def measure_prompts(pair: ModelPair, config: RunConfig, states: list[PromptState],
                     run_id: str, commit: Callable[[int, PromptItem, PromptRecords], None],
-                    batch_size: int = 1) -> None:
+                    batch_size: int) -> None:
     """The prompt loop of ``run`` and ``sweep``: measure the prompts that :func:`start_prompts`
-    checked and hand each prompt's records to ``commit`` as it finishes."""
-    if config.pair.quantize == "int8":
-        # measurement records the draft's q too: make it batch-invariant like the target, so
-        # that records do not depend on the batch size (decoding leaves the draft on SDPA)
-        use_rowwise_attention(pair.draft.model)
+    checked, ``batch_size`` at a time (:func:`~specscope.measure.checks.default_batch_size`), and
+    hand each prompt's records to ``commit`` as it finishes."""
     torch.manual_seed(config.seed)
     shape = config.tree.shape()
-    if batch_size > 1:
-        measure_batched(pair, states, config, shape, run_id, batch_size,
-                        lambda state, records: commit(state.order, state.item, records))
+
+    def done(state: PromptState, records: PromptRecords) -> None:
+        commit(state.order, state.item, records)
+
+    if config.engine == "naive":
+        measure_naive(pair, states, config, shape, run_id, done)
         return
-    for state in states:
-        commit(state.order, state.item, measure_prompt(pair, state, config, shape, run_id,
-                                                       config.engine))
+    check_batch_memory(pair, min(batch_size, len(states)),
+                       config.max_prompt_tokens + config.max_new_tokens, len(shape))
+    # measurement records the draft's q too: with int8, make it batch-invariant like the target,
+    # so that records do not depend on the batch size (decoding leaves the draft on SDPA)
+    with (rowwise_attention_during(pair.draft.model) if config.pair.quantize == "int8"
+          else nullcontext()):
+        measure_rows(pair, states, config, shape, run_id, batch_size, done)

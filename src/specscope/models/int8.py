@@ -6,6 +6,8 @@ every batch size).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -76,7 +78,7 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     time of an SDPA prefill of 300 tokens on 2 CPU cores), so that transformers' assisted
     generation, whose first pass feeds the prompt and the draft's tokens together, computes the
     prompt as plain decoding does. Each sequence of a batch is computed the same way, so batched
-    measurement (:mod:`specscope.measure.batched`) gives the logits of one sequence at a time, bit for bit.
+    measurement (:mod:`specscope.core.batch`) gives the logits of one sequence at a time, bit for bit.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -117,6 +119,18 @@ def use_rowwise_attention(model) -> None:
     AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE_ATTENTION, sdpa_mask)
     model.set_attn_implementation(ROWWISE_ATTENTION)
+
+
+@contextmanager
+def rowwise_attention_during(model) -> Iterator[None]:
+    """Run the block with ``model`` on :func:`rowwise_attention`, then give it back the attention
+    it had (a pair loaded for measurement may decode after)."""
+    before = model.config._attn_implementation
+    use_rowwise_attention(model)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from ..errors import SpecscopeError
 from ..files import read_json, read_toml_table
-from ..measure.study import ENGINES
 from ..models import PairConfig
 from ..prompts.items import (
     SMOKE_PROMPTS,
@@ -37,6 +36,8 @@ from ..trees import TreeConfig
 from ..validate import check_fields
 
 PRESETS = ("paper", "demo")
+ENGINES = ("cached", "naive")  # how measurement scores a step: KV caches and one tree pass, or
+#                               the paper's full recompute (specscope.measure.naive)
 
 
 class RunConfigError(SpecscopeError, ValueError):

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
+from ..measure.checks import check_batch_memory, check_batch_size
 from ..measure.study import PromptRecords, measure_prompts, start_prompts
 from ..models import ModelPair, load_pair, model_identity
-from ..prompts.items import (
-    PromptItem,
-)
+from ..prompts.items import PromptItem
 from ..records import (
     RunDir,
     check_writable_dir,
@@ -104,21 +103,14 @@ def check_tree_fits(shape: TreeShape, vocab: int) -> None:
                              f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})")
 
 
-def default_batch_size(config: RunConfig) -> int:
-    """Prompts measured together by default: 1 for the naive engine (it cannot batch), 32 on a
-    GPU, else 8 (the fastest on a 2-core CPU; BENCHMARKS.md)."""
-    if config.engine != "cached":
-        return 1
-    return 32 if config.pair.device.startswith("cuda") else 8
-
-
 def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
               progress: bool = True, pair: ModelPair | None = None,
               batch_size: int = 1) -> RunSummary:
     """Measure every selected prompt into ``out_dir``, resuming what an earlier call left.
 
-    ``batch_size`` > 1 measures that many prompts together (cached engine only); it changes how
-    fast, not what: it is not part of the run's identity.
+    ``batch_size`` prompts are measured together (> 1: the cached engine only;
+    :func:`~specscope.measure.checks.default_batch_size` is the command line's default); it
+    changes how fast, not what: it is not part of the run's identity.
     """
     from rich.progress import (
         BarColumn,
@@ -139,11 +131,7 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
     empty = [item.id for item in items if item.is_empty]
     items = [item for item in items if not item.is_empty]
     check_prompt_ids(items)
-    if batch_size < 1:
-        raise RunConfigError(f"batch size must be >= 1, got {batch_size}")
-    if batch_size > 1 and config.engine != "cached":
-        raise RunConfigError(f"--batch-size {batch_size} needs the cached engine; the naive "
-                             "engine (the paper's algorithm) measures one prompt at a time")
+    check_batch_size(config, batch_size)
     check_writable_dir(out_dir)
     with run_lock(out_dir):  # held until the last write
         state = prepare_run_dir(out_dir, config, overwrite)
@@ -169,11 +157,8 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
         pair = pair or load_pair(config.pair)
         check_tree_fits(shape, pair.vocab_size)
         states = start_prompts(pair, config, todo)
-        if batch_size > 1:
-            from ..measure.batched import check_batch_memory
-
-            check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
-                               len(shape))
+        check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
+                           len(shape))
         if state.replace:
             remove_run(out_dir)
         manifest = run_manifest(config, items, empty, pair.provenance,

@@ -24,6 +24,7 @@ A sweep file (TOML) names a base run config and the axes of a grid::
 
     [execution]                       # how, not what: never part of a run's identity
     prompts_per_shard = 8
+    batch_size = 8                    # prompts measured together (default: as `specscope run`)
 
 Every grid point is an ordinary run directory, ``SWEEP_DIR/runs/<label>`` (label = the axis names
 joined by dots; a label that cannot be a file name gets a readable prefix and a digest, see
@@ -56,8 +57,9 @@ import pyarrow.fs as pafs
 
 from .. import __version__
 from ..files import read_json_object
-from ..prompts.items import PromptItem
+from ..measure.checks import MeasureError, check_batch_size, default_batch_size
 from ..models import resolve_source
+from ..prompts.items import PromptItem
 from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, read_json,
                        remove_run, run_lock, write_file)
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
@@ -184,6 +186,11 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
         complete = bool(manifest and manifest.get("status") == "complete")
         done = ({item.id for item in items} if complete
                 else set() if fresh else writer.done_prompt_ids())
+        batch_size = execution.batch_size or default_batch_size(point.config)
+        try:
+            check_batch_size(point.config, batch_size)
+        except MeasureError as e:
+            raise SweepError(f"grid point {point.label}: {e}") from None
         shards = []
         size = execution.prompts_per_shard
         for block, start in enumerate(range(0, len(items), size)):
@@ -194,7 +201,7 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
                     f"{point.label}/{block}", point.label, _location(fs, run_path),
                     _location(fs, _join(root, "shards",
                                         f"{point.dir_name}.{block:04d}.json")),
-                    point.config, todo, threads))
+                    point.config, todo, batch_size, threads))
         states.append(PointState(point, run_path, writer, items, empty, manifest, done, shards,
                                  complete))
     return states

@@ -14,14 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..prompts.items import PromptItem
+from ..measure.study import measure_prompts, start_prompts
 from ..models import ModelPair, PairConfig, load_pair
+from ..prompts.items import PromptItem
 from ..records import RunDir, json_bytes, open_location, run_lock, write_file
 from ..run.config import RunConfig
 from ..run.manifest import now_utc
-
-
-from ..measure.study import measure_prompts, start_prompts
 from .grid import RAY_EXTRA_HINT, Execution, SweepError
 
 # --- shards --------------------------------------------------------------------------------------
@@ -37,6 +35,7 @@ class Shard:
     status_path: str  # absolute path or URI of the shard's status file
     config: RunConfig
     prompts: tuple[tuple[int, PromptItem], ...]  # (order in the run, item)
+    batch_size: int  # prompts measured together
     threads: int | None = None  # torch threads while it runs
 
 
@@ -144,7 +143,7 @@ def _run_shard(shard: Shard, pairs: PairCache | None,
                     on_prompt(records.nodes.num_rows)
 
             measure_prompts(pair, config, start_prompts(pair, config, todo), config.run_id,
-                            commit)
+                            commit, shard.batch_size)
     seconds = time.perf_counter() - t_start
     status.update(status="done", finished=now_utc(), measured=len(todo), nodes=nodes,
                   seconds=round(seconds, 3),

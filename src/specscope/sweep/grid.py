@@ -24,6 +24,7 @@ from ..trees import TreeConfig
 
 from ..errors import SpecscopeError
 from ..files import read_toml_table
+from ..validate import check_fields
 
 
 SWEEP_MANIFEST = "sweep.json"
@@ -64,6 +65,7 @@ class Execution:
     gpus_per_shard: float | None = None  # Ray num_gpus of a cuda shard; None: one per cuda device
     threads: int | None = None  # torch threads per shard; None: cpus_per_shard on Ray, default locally
     max_points: int = MAX_GRID_POINTS  # the largest grid this sweep may expand
+    batch_size: int | None = None  # prompts measured together; None: run's default for each point
 
     def __post_init__(self) -> None:
         if self.prompts_per_shard < 1:
@@ -78,6 +80,8 @@ class Execution:
             raise SweepError(f"threads must be >= 1, got {self.threads}")
         if self.max_points < 1:
             raise SweepError(f"max_points must be >= 1, got {self.max_points}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise SweepError(f"batch_size must be >= 1, got {self.batch_size}")
 
     def replace(self, **overrides) -> Execution:
         """A copy with the given fields set (None values are ignored)."""
@@ -294,6 +298,7 @@ def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None,
     if unknown:
         raise SweepError(f"[execution]: unknown keys {unknown}; allowed: "
                          f"{', '.join(f.name for f in dataclasses.fields(Execution))}")
+    check_fields(Execution, execution, SweepError, "execution.")
     execution = Execution(**execution).replace(max_points=max_points)
     check_grid_size(data, execution.max_points)
     spec = SweepSpec(

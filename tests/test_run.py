@@ -1,4 +1,4 @@
-"""Runs end to end on tiny saved models: records, resume, determinism, CLI and its errors."""
+"""Runs (run/) end to end on tiny saved models: records, resume, determinism, CLI and its errors."""
 
 import json
 import os
@@ -9,27 +9,16 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import read_records, run_config
 from specscope.cli import app
-from specscope.measure import study as runner_module
-from specscope.models import PairConfig
-from specscope.records import TIMING_COLUMNS, load_run
-from specscope.run.config import PromptSpec, RunConfig, RunConfigError
+from specscope.measure import study as measure_study
+from specscope.measure.checks import MeasureError
+from specscope.records import load_run
+from specscope.run.config import PromptSpec, RunConfigError, load_config
 from specscope.run.study import run_study
-from specscope.trees import TreeConfig
 from typer.testing import CliRunner
 
 cli = CliRunner()
-
-
-def _config(tiny_dirs, prompt_file, arch="qwen2", **overrides) -> RunConfig:
-    return RunConfig(
-        pair=PairConfig(draft=str(tiny_dirs[arch, "draft"]), target=str(tiny_dirs[arch, "target"]),
-                        dtype="float32"),
-        tree=TreeConfig(policy="paper"),
-        prompts=PromptSpec(file=str(prompt_file)),
-        max_new_tokens=12,
-        **overrides,
-    )
 
 
 @pytest.fixture
@@ -45,14 +34,8 @@ def prompt_file(tmp_path):
     return path
 
 
-def _records(run_dir):
-    run = load_run(run_dir)
-    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
-            for t in (run.nodes, run.steps, run.prompts)]
-
-
-def test_run_writes_records(tiny_dirs, prompt_file, tmp_path):
-    config = _config(tiny_dirs, prompt_file)
+def test_run_writesread_records(tiny_dirs, prompt_file, tmp_path):
+    config = run_config(tiny_dirs, prompt_file)
     summary = run_study(config, tmp_path / "run", progress=False)
     assert summary.prompts_measured == 7 and summary.prompts_skipped_empty == 1
     run = load_run(tmp_path / "run")
@@ -78,18 +61,18 @@ def test_run_writes_records(tiny_dirs, prompt_file, tmp_path):
     assert run.manifest["config"]["rendering"] == "task"
 
 
-def test_same_config_gives_identical_records(tiny_dirs, prompt_file, tmp_path):
-    config = _config(tiny_dirs, prompt_file)
+def test_same_config_gives_identicalread_records(tiny_dirs, prompt_file, tmp_path):
+    config = run_config(tiny_dirs, prompt_file)
     run_study(config, tmp_path / "a", progress=False)
     run_study(config, tmp_path / "b", progress=False)
-    for x, y in zip(_records(tmp_path / "a"), _records(tmp_path / "b")):
+    for x, y in zip(read_records(tmp_path / "a"), read_records(tmp_path / "b")):
         pd.testing.assert_frame_equal(x, y)
 
 
 def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
-    run_study(_config(tiny_dirs, prompt_file, "llama"), tmp_path / "c", progress=False)
-    run_study(_config(tiny_dirs, prompt_file, "llama", engine="naive"), tmp_path / "n", progress=False)
-    (nc, sc, pc), (nn, sn, pn) = _records(tmp_path / "c"), _records(tmp_path / "n")
+    run_study(run_config(tiny_dirs, prompt_file, "llama"), tmp_path / "c", progress=False)
+    run_study(run_config(tiny_dirs, prompt_file, "llama", engine="naive"), tmp_path / "n", progress=False)
+    (nc, sc, pc), (nn, sn, pn) = read_records(tmp_path / "c"), read_records(tmp_path / "n")
     floats = ["p_draft", "p_target", "alpha", "target_entropy", "draft_entropy",
               "target_top1_prob", "target_margin", "kl_target_draft"]
     pd.testing.assert_frame_equal(nc.drop(columns=floats + ["run_id"]),
@@ -104,28 +87,28 @@ def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
     pd.testing.assert_frame_equal(pc.drop(columns="run_id"), pn.drop(columns="run_id"))
 
 
-def test_interrupted_run_resumes_to_the_same_records(tiny_dirs, prompt_file, tmp_path, monkeypatch):
-    config = _config(tiny_dirs, prompt_file)
+def test_interrupted_run_resumes_to_the_sameread_records(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+    config = run_config(tiny_dirs, prompt_file)
     run_study(config, tmp_path / "whole", progress=False)
 
-    real = runner_module.measure_prompt
+    real = measure_study.finish_prompt
     calls = {"n": 0}
 
-    def dies_on_third(*args, **kwargs):
+    def dies_on_third(*args, **kwargs):  # as the third prompt finishes, before it is committed
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner_module, "measure_prompt", dies_on_third)
+    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "cut", progress=False)
     partial = load_run(tmp_path / "cut")
     assert partial.manifest["status"] == "running" and len(partial.prompts) == 2
-    monkeypatch.setattr(runner_module, "measure_prompt", real)
+    monkeypatch.setattr(measure_study, "finish_prompt", real)
     summary = run_study(config, tmp_path / "cut", progress=False)
     assert summary.prompts_measured == 5
-    for x, y in zip(_records(tmp_path / "whole"), _records(tmp_path / "cut")):
+    for x, y in zip(read_records(tmp_path / "whole"), read_records(tmp_path / "cut")):
         pd.testing.assert_frame_equal(x, y)
     again = run_study(config, tmp_path / "cut", progress=False)
     assert again.already_complete and again.prompts_measured == 0
@@ -157,11 +140,11 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
 
 
 def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
-    run_study(_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
+    run_study(run_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
     with pytest.raises(RunConfigError, match="differs in: max_new_tokens"):
-        run_study(_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
+        run_study(run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
                   progress=False)
-    summary = run_study(_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
+    summary = run_study(run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
                         overwrite=True, progress=False)
     assert summary.prompts_measured == 7
 
@@ -174,20 +157,20 @@ def test_prompts_past_the_models_positions_are_refused_before_anything_is_writte
     long_file = tmp_path / "long.jsonl"
     long_file.write_text(prompt_file.read_text() + json.dumps(
         {"id": "long", "domain": "chat", "prompt": "x" * 1000}) + "\n")
-    long = _config(tiny_dirs, long_file, max_prompt_tokens=2000)
+    long = run_config(tiny_dirs, long_file, max_prompt_tokens=2000)
     message = (r"prompt 'long' is 10\d\d tokens; with max_new_tokens 12 and the tree's depth 3 it "
                r"needs 10\d\d positions, but the models allow 1024: lower --max-prompt-tokens to "
                r"1009 or fewer")
-    with pytest.raises(RunConfigError, match=message):
+    with pytest.raises(MeasureError, match=message):
         run_study(long, tmp_path / "new", progress=False, batch_size=batch_size)
     assert not (tmp_path / "new").exists()
 
     # --overwrite of an earlier run keeps that run when the new one is refused
-    run_study(_config(tiny_dirs, prompt_file), tmp_path / "old", progress=False)
-    before = _records(tmp_path / "old")
-    with pytest.raises(RunConfigError, match=message):
+    run_study(run_config(tiny_dirs, prompt_file), tmp_path / "old", progress=False)
+    before = read_records(tmp_path / "old")
+    with pytest.raises(MeasureError, match=message):
         run_study(long, tmp_path / "old", overwrite=True, progress=False, batch_size=batch_size)
-    for x, y in zip(before, _records(tmp_path / "old")):
+    for x, y in zip(before, read_records(tmp_path / "old")):
         pd.testing.assert_frame_equal(x, y)
 
     # truncating prompts to what the message names is accepted
@@ -272,9 +255,7 @@ def test_prompt_file_sampled_per_domain(prompt_file):
 
 def test_a_run_manifest_is_a_config(tiny_dirs, prompt_file, tmp_path):
     # analyze's small-sample warning tells users to measure more with --config RUN/manifest.json
-    from specscope.run.config import load_config
-
-    config = _config(tiny_dirs, prompt_file).replace(max_new_tokens=2)
+    config = run_config(tiny_dirs, prompt_file).replace(max_new_tokens=2)
     run_study(config, tmp_path / "r", progress=False)
     again = load_config(str(tmp_path / "r" / "manifest.json"))
     assert again == config and again.run_id == config.run_id
