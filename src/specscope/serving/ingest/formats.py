@@ -1,7 +1,7 @@
 """The engines' per-request speculation statistics, one parser per engine format.
 
 Each entry of :data:`FORMATS` reads one finished request (a JSON object, already unwrapped from
-SSE framing and stream chunks by :mod:`specscope.ingest.logs`) into :class:`RequestStats`, reading
+SSE framing and stream chunks by :mod:`specscope.serving.ingest.logs`) into :class:`RequestStats`, reading
 the engine's own counts and deriving a count only where the engine logs none (the count's name
 is then in ``RequestStats.derived`` and the format's ``derivations`` say how). The facts each
 parser relies on are cited beside it (engine file at a commit). This module does not read files,
@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import SpecscopeError
+from ...errors import SpecscopeError
 
 
 class IngestError(SpecscopeError, ValueError):

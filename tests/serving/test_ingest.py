@@ -12,7 +12,7 @@ from specscope.analysis.stepwise import (
     verdict_rate,
 )
 from specscope.cli import app
-from specscope.ingest import IngestError, ingest, read_log
+from specscope.serving.ingest import IngestError, ingest, read_log
 from typer.testing import CliRunner
 
 # vLLM --per-request-spec-decode-metrics detailed, as an OpenAI-API response

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import make_model
 
-from specscope.export import ExportOptions, export_policy
+from specscope.serving.export import ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 

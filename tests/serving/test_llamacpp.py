@@ -4,8 +4,8 @@
 import numpy as np
 import pandas as pd
 import pytest
-from specscope.llamacpp import ChainAcceptance, PassCosts
-from specscope.serving import chain, chain_k, tune_chains
+from specscope.serving.llamacpp import ChainAcceptance, PassCosts
+from specscope.serving.llamacpp_study import chain, chain_k, tune_chains
 from specscope.tune.acceptance import ALL_DOMAINS
 from conftest import spine_nodes
 
@@ -48,10 +48,10 @@ def test_chain_shapes():
     assert chain(3).to_paths_literal() == "[(0,), (0, 0), (0, 0, 0)]"
 
 
-@pytest.mark.slow
+@pytest.mark.weights
 def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     pytest.importorskip("llama_cpp")
-    from specscope.llamacpp import (
+    from specscope.serving.llamacpp import (
         GreedyDraft,
         eos_ids,
         generate,

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specscope.llamacpp import (
+from specscope.serving.llamacpp import (
     Candidate,
     ChainAcceptance,
     CostCurve,
@@ -18,7 +18,7 @@ from specscope.llamacpp import (
     choose_setting,
     curves_from_bench,
 )
-from specscope.llamaserver import (
+from specscope.serving.llamaserver import (
     BenchGrid,
     Completion,
     LlamaTools,
@@ -26,7 +26,7 @@ from specscope.llamaserver import (
     ServerSetting,
     parse_llama_bench,
 )
-from specscope.serving import (
+from specscope.serving.llamacpp_study import (
     PLAIN,
     acceptance_table,
     break_even_table,
@@ -35,7 +35,7 @@ from specscope.serving import (
 )
 from conftest import spine_nodes
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def curve(role, quant, threads, poll, seconds, depth=192):
@@ -213,12 +213,12 @@ def test_completion_without_drafts_counts_zero():
 
 
 def _demo_or_skip():
-    from specscope.llamaserver import find_llama_tools
+    from specscope.serving.llamaserver import find_llama_tools
     from specscope.models.demo import _kept_gguf
 
     tools = find_llama_tools()
     if tools is None:
-        pytest.skip("llama.cpp's programs are not built (specscope.llamaserver."
+        pytest.skip("llama.cpp's programs are not built (specscope.serving.llamaserver."
                     "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)")
     draft = _kept_gguf("draft")
     if not draft.is_file():
@@ -227,9 +227,9 @@ def _demo_or_skip():
     return tools, draft
 
 
-@pytest.mark.slow
+@pytest.mark.weights
 def test_llama_server_speculates_with_a_model_as_its_own_draft():
-    from specscope.llamaserver import LlamaServer
+    from specscope.serving.llamaserver import LlamaServer
 
     tools, gguf = _demo_or_skip()
     ids = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
