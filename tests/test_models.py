@@ -7,7 +7,8 @@ import pytest
 from conftest import make_tokenizer
 from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
 from specscope.models.config import DemoModel
-from specscope.models.load import check_vocabularies, load_gguf
+from specscope.models.gguf import load_gguf
+from specscope.models.load import check_vocabularies
 
 
 def test_same_vocabulary_passes(tokenizer):

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import __version__
-from ..fingerprint import prompt_sha256
+from ..prompts.items import prompt_sha256
 from ..prompts.items import (
     PromptItem,
 )
