@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingExtraError, SpecscopeError
+from .plots import certified_by_margin_plot, plots_unavailable, write_figure
 from ..files import write_output
 from ..records import ALL_DOMAINS, Run
 from ..theory import (
@@ -431,7 +432,7 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     ceiling; writes certificates_vs_margin.png and .svg into out_dir (needs matplotlib) through
     :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     try:
-        import matplotlib
+        import matplotlib  # the plot extra
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -484,8 +485,6 @@ def plot_margin_table(report: CertifyReport, out_dir: str | Path,
                       inside: Path | None = None) -> list[Path]:
     """The certified fraction by margin bin (:func:`specscope.analysis.plots.certified_by_margin_plot`)
     as certified_by_margin.png and .svg in out_dir; [] without a margin table."""
-    from .plots import certified_by_margin_plot, plots_unavailable, write_figure
-
     if report.margins is None:
         return []
     if plots_unavailable():

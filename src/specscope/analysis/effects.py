@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specscope.analysis.prepare import ALL, Records
-from specscope.analysis.results import (
+from .prepare import ALL, Records
+from .results import (
     CONDITIONAL,
     DOMAIN_MINUS_DEPTH,
     BinnedProfile,
@@ -31,7 +31,7 @@ from specscope.analysis.results import (
     VarianceDecomposition,
     VarianceRow,
 )
-from specscope.analysis.stats import (
+from .stats import (
     ClusterBootstrap,
     eta_squared_prompt_reps,
     eta_squared_reps,
@@ -39,8 +39,8 @@ from specscope.analysis.stats import (
     ratio,
 )
 
-from specscope.analysis.resampling import Resampler, depth_keys
-from specscope.errors import SpecscopeError
+from .resampling import Resampler, depth_keys
+from ..errors import SpecscopeError
 
 
 def within_prompt_delta(eng: Resampler, values: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
+from ..records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
 
 # The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
 PAPER_PARENTS = (-1, -1, 0, 0, 1, 1, 2, 2)

@@ -53,8 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import __version__
+from ..console import make_console
 from ..files import read_json_object
 from ..prompts.items import PromptItem
 from ..models import resolve_source
@@ -301,11 +303,6 @@ class SweepBoard:
     """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
 
     def __init__(self, shards_total: int, shards_done: int, enabled: bool):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-
-        from ..console import make_console
-
         self.console = make_console(stderr=True)
         self.bar = Progress(
             TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
@@ -406,8 +403,6 @@ def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str
     states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite,
                          replaced=existing if overwrite else None)
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
-        from ..console import make_console
-
         for warning in remove_sweep(fs, root, existing):
             make_console(stderr=True).print(f"warning: {warning}", style="yellow",
                                             markup=False, highlight=False)

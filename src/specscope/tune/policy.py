@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..files import read_json_object, read_toml_table, write_json
+from ..prompts.domains import DOMAINS
 from ..trees import TreeConfig, TreeConfigError, TreeShape
 
 
@@ -206,8 +207,6 @@ class PolicyFile:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy") -> PolicyFile:
-        from ..prompts.domains import DOMAINS
-
         if not isinstance(data, dict) or not isinstance(data.get("domains"), dict):
             raise PolicyError(f"{where}: needs a 'domains' table mapping domain -> {{tree = ...}}")
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
