@@ -17,8 +17,8 @@ import time
 import torch
 
 from specscope.core.loop import Speculator
-from specscope.models import PairConfig, load_pair
 from specscope.measure.study import measure_prompt, start_prompts
+from specscope.models import PairConfig, load_pair
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from specscope.models.demo import demo_gguf
+from specscope.prompts.domains import select_prompts
 from specscope.serving.gateway import Backend, Deployment, make_app
 from specscope.serving.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
 from specscope.serving.llamaserver import ServerSetting, build_llama_tools
-from specscope.models.demo import demo_gguf
-from specscope.prompts.domains import select_prompts
 from specscope.tune.router import RuleRouter, prompt_text
 
 DOMAINS = ("code", "math", "reasoning", "chat")

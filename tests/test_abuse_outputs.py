@@ -18,13 +18,14 @@ import stat
 import threading
 
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis.synthetic import write_synthetic_run
 from specscope.cli import app
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import PolicyError
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import PolicyFile
-from typer.testing import CliRunner
 
 CHAIN2 = TreeShape.from_paths([(0,), (0, 0)])
 COSTS = CostModel(draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),

@@ -11,6 +11,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import torch
+
 from specscope.models import DEMO_MODELS, PairConfig
 from specscope.prompts.items import SMOKE_PROMPTS
 from specscope.prompts.render import render_item, render_prompt

@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
 from specscope.analysis.synthetic import write_synthetic_run
@@ -20,7 +22,6 @@ from specscope.run.config import PromptSpec, RunConfig, RunConfigError
 from specscope.run.study import run_study
 from specscope.sweep import SweepError, parse_sweep, run_sweep
 from specscope.trees import TreeConfig
-from typer.testing import CliRunner
 
 cli = CliRunner()
 

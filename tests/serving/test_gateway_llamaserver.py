@@ -35,6 +35,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from specscope.serving.export import export_policy
 from specscope.serving.export.plan import ExportOptions
 from specscope.serving.gateway import Deployment, make_app
+from specscope.serving.llamacpp_study import chain
 from specscope.serving.llamarouter import (
     GREEDY,
     LlamaRouter,
@@ -51,7 +52,6 @@ from specscope.serving.llamaserver import (
     build_llama_tools,
     find_llama_tools,
 )
-from specscope.serving.llamacpp_study import chain
 from specscope.tune.policy import PolicyFile
 from specscope.tune.router import RuleRouter, prompt_text
 

@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis.stepwise import (
     analyze_ingested,
     synthetic_requests,
@@ -13,7 +15,6 @@ from specscope.analysis.stepwise import (
 )
 from specscope.cli import app
 from specscope.serving.ingest import IngestError, ingest, read_log
-from typer.testing import CliRunner
 
 # vLLM --per-request-spec-decode-metrics detailed, as an OpenAI-API response
 VLLM_DETAILED = {

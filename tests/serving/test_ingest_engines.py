@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
 from specscope.cli import app
 from specscope.serving.ingest import IngestError, ingest, load_histogram, read_log
-from typer.testing import CliRunner
 
 # --- llama.cpp: tools/server (llama.cpp vendored by llama-cpp-python 0.3.36) ------------------------
 # server-common.cpp server_slot_stats::to_json: draft_n / draft_n_accepted only if n_draft_tokens > 0.

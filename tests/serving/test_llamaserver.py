@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import spine_nodes
 from specscope.serving.llamacpp import (
     Candidate,
     ChainAcceptance,
@@ -18,6 +19,13 @@ from specscope.serving.llamacpp import (
     choose_setting,
     curves_from_bench,
 )
+from specscope.serving.llamacpp_study import (
+    PLAIN,
+    acceptance_table,
+    break_even_table,
+    prediction_bias,
+    speed_table,
+)
 from specscope.serving.llamaserver import (
     BenchGrid,
     Completion,
@@ -26,14 +34,6 @@ from specscope.serving.llamaserver import (
     ServerSetting,
     parse_llama_bench,
 )
-from specscope.serving.llamacpp_study import (
-    PLAIN,
-    acceptance_table,
-    break_even_table,
-    prediction_bias,
-    speed_table,
-)
-from conftest import spine_nodes
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -115,7 +115,6 @@ def test_break_even_from_curves():
     linear = curve("target", "Q8_0", 2, 0, [0.04, 0.08, 0.12, 0.16, 0.20])
     lin = CostGrid((linear, DRAFT))
     assert not any(break_even_table(lin, [1, 2, 3, 4])["pays_at_all"])
-
 
 
 def test_setting_choice_includes_plain_and_every_setting():
@@ -213,8 +212,8 @@ def test_completion_without_drafts_counts_zero():
 
 
 def _demo_or_skip():
-    from specscope.serving.llamaserver import find_llama_tools
     from specscope.models.demo import _kept_gguf
+    from specscope.serving.llamaserver import find_llama_tools
 
     tools = find_llama_tools()
     if tools is None:

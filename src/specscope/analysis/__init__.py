@@ -31,9 +31,9 @@ from pathlib import Path
 from .findings import Finding, Verdict, evaluate_findings
 from .paper import expected_length, load_paper_tables
 from .prepare import ALL, Records, prepare, read_run
+from .report import compare, compare_with_paper, write_outputs, write_report
 from .results import Analysis, PaperTables, Settings
 from .stats import EMPTY, ClusterBootstrap, Estimate
-from .report import compare, compare_with_paper, write_outputs, write_report
 from .tables import analyze_records
 
 

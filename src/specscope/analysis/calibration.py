@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..records import Run
 from .findings import Verdict
 from .prepare import ALL, prepare
 from .results import Analysis, Settings
 from .synthetic import DomainProfile, synthetic_tables
 from .tables import analyze_records
-from ..records import Run
 
 DOMAINS = ("chat", "code", "math", "reasoning")
 

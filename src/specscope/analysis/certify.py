@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingExtraError, SpecscopeError
-from .plots import certified_by_margin_plot, plots_unavailable, write_figure
 from ..files import write_output
 from ..records import ALL_DOMAINS, Run
 from ..theory import (
@@ -31,6 +30,7 @@ from ..theory import (
     margin_bound,
     perspective,
 )
+from .plots import certified_by_margin_plot, plots_unavailable, write_figure
 from .render import Column, Grid
 from .stats import ClusterBootstrap, Estimate, bounded, ratio
 
@@ -477,8 +477,6 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
         write_output(path, image.getvalue(), inside)
     plt.close(fig)
     return paths
-
-
 
 
 def plot_margin_table(report: CertifyReport, out_dir: str | Path,

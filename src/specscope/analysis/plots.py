@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .prepare import ALL
 from ..files import write_output
 from ..records import ALL_DOMAINS
+from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile
 from .stats import Estimate
 

@@ -13,8 +13,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from .findings import (LABELS, STRATIFIED_RULE, Finding, StratifiedFinding,
-                                         figures_text)
+from .findings import LABELS, STRATIFIED_RULE, Finding, StratifiedFinding, figures_text
 from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
 from .stats import EMPTY, Estimate

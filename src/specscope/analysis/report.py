@@ -396,7 +396,7 @@ def html_report(analyses: list[Analysis], plots: dict[int, list[Plot]], paper: b
     toc.append("</ul></nav>")
     body = [_run_section(i, a, plots.get(i, []), paper, plot_message)
             for i, a in enumerate(analyses)] + body
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"

@@ -50,8 +50,19 @@ import numpy as np
 import pandas as pd
 
 from .echo import echo_table
+from .effects import (
+    FACTORS,
+    check_stratifier,
+    depth_profile,
+    effect_sizes,
+    entropy_profile,
+    paradox_check,
+    position_profile,
+    variance_decomposition,
+)
 from .findings import evaluate_findings, stratified_findings
 from .prepare import ALL, NodeArrays, Records
+from .resampling import Resampler, depth_keys
 from .results import (
     AcceptanceCell,
     AcceptanceTable,
@@ -76,11 +87,6 @@ from .stats import (
     ratio,
     spearman_reps,
 )
-
-from .effects import (FACTORS, check_stratifier, depth_profile, effect_sizes,
-                                        entropy_profile, paradox_check, position_profile,
-                                        variance_decomposition)
-from .resampling import Resampler, depth_keys
 
 
 def paper_tables(eng: Resampler, metric: str) -> tuple[PaperTables, dict]:

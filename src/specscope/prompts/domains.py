@@ -40,20 +40,20 @@ from dataclasses import dataclass
 
 from .items import PromptItem, PromptSourceError, PromptSourceWarning, sample_items
 from .sources import (
-    load_items,
     MTBENCH_CHAT_CATEGORIES,
     MTBENCH_REQUIREMENT,
     ChampSource,
     GsmSymbolicSource,
     HubGsm8k,
     HubHumanEval,
-    HubUnreachableError,
     HubMath,
     HubUltraChat,
+    HubUnreachableError,
     HumanEvalSource,
     JsonlSource,
     MTBenchSource,
     PromptSource,
+    load_items,
 )
 
 # --- the registry -------------------------------------------------------------------------------

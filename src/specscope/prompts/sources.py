@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..cache import cache_dir
-from .items import PromptItem, PromptSourceError, user_message, read_jsonl
+from .items import PromptItem, PromptSourceError, read_jsonl, user_message
 
 # --- prompt sources -----------------------------------------------------------------------------
 

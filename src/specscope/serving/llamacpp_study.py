@@ -35,6 +35,16 @@ import pandas as pd
 from ..analysis.stats import ClusterBootstrap
 from ..errors import SpecscopeError
 from ..files import inside_of, write_json, write_output
+from ..models import load_tokenizer
+from ..models.demo import demo_gguf
+from ..prompts.domains import select_prompts
+from ..prompts.items import PromptItem
+from ..prompts.render import render_item, rendering_of
+from ..records import load_run
+from ..trees import TreeShape
+from ..tune.acceptance import ALL_DOMAINS
+from ..tune.policy import Choice, PolicyFile
+from ..tune.router import RuleRouter, prompt_text
 from .llamacpp import (
     DEFAULT_KS,
     Candidate,
@@ -49,18 +59,7 @@ from .llamacpp import (
     plot_cost_curves,
     quantised_variants,
 )
-from .llamaserver import (BenchGrid, Completion, LlamaServer, ServerSetting,
-                          build_llama_tools)
-from ..models import load_tokenizer
-from ..models.demo import demo_gguf
-from ..prompts.domains import select_prompts
-from ..prompts.items import PromptItem
-from ..prompts.render import render_item, rendering_of
-from ..records import load_run
-from ..trees import TreeShape
-from ..tune.acceptance import ALL_DOMAINS
-from ..tune.policy import Choice, PolicyFile
-from ..tune.router import RuleRouter, prompt_text
+from .llamaserver import BenchGrid, Completion, LlamaServer, ServerSetting, build_llama_tools
 
 PLAIN, PLAIN_BEST, ROUTED = "plain", "plain-best", "routed"
 DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads, --poll 50

@@ -58,15 +58,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import __version__
 from ..console import make_console
 from ..files import read_json_object
-from ..prompts.items import PromptItem
 from ..models import resolve_source
-from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, read_json,
-                       remove_run, run_lock, write_file)
+from ..prompts.items import PromptItem
+from ..records import (
+    RunDir,
+    RunDirError,
+    is_lock_file,
+    json_bytes,
+    open_location,
+    read_json,
+    remove_run,
+    run_lock,
+    write_file,
+)
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
-
-
-from .grid import SWEEP_MANIFEST, SWEEP_SCHEMA_VERSION, Execution, GridPoint, SweepError, SweepSpec
 from .executors import Shard, ShardResult, make_executor
+from .grid import SWEEP_MANIFEST, SWEEP_SCHEMA_VERSION, Execution, GridPoint, SweepError, SweepSpec
 
 # --- the sweep driver ----------------------------------------------------------------------------
 

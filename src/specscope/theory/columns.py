@@ -13,8 +13,20 @@ import torch
 from ..errors import SpecscopeError
 from ..validate import check_fields
 from .certificates import Pool, certificate_pools
-from .criteria import (SUM_ATOL, Additive, Criterion, Entropy, Greedy, Multiplicative, Target,
-                       TopM, TreeCoverage, as_draft, as_probs, rivals_at_or_above_x0)
+from .criteria import (
+    SUM_ATOL,
+    Additive,
+    Criterion,
+    Entropy,
+    Greedy,
+    Multiplicative,
+    Target,
+    TopM,
+    TreeCoverage,
+    as_draft,
+    as_probs,
+    rivals_at_or_above_x0,
+)
 
 # --- run columns (called by the engine) ---------------------------------------------------------
 

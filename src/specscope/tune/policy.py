@@ -12,10 +12,7 @@ import pandas as pd
 
 from ..files import read_json_object, read_toml_table, write_json
 from ..prompts.domains import DOMAINS
-from ..trees import TreeConfig, TreeConfigError, TreeShape
-
-
-from ..trees import DynamicTree, Speculation
+from ..trees import DynamicTree, Speculation, TreeConfig, TreeConfigError, TreeShape
 from .acceptance import ALL_DOMAINS, AcceptanceVector, PolicyError, acceptance_vectors
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
@@ -83,7 +80,6 @@ def _optimal_tree(policy: str, given: dict, paths: str | None,
 SPECULATIONS = {"chain": _static_tree, "static": _static_tree, "paper": _static_tree,
                 "paper-text": _static_tree, "dynamic": _dynamic_tree, "optimal": _optimal_tree,
                 "none": lambda *_: None}
-
 
 
 # --- tuning ----------------------------------------------------------------------------------------
@@ -164,7 +160,6 @@ def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(
             "source": source or {}}
     return PolicyFile(trees={d: c.shape for d, c in choices.items()}, uniform=uniform.shape,
                       choices={**choices, ALL_DOMAINS: uniform}, info=info)
-
 
 
 # --- policy files ----------------------------------------------------------------------------------

@@ -96,8 +96,9 @@ def check_counts(where: str, names: dict[str, str], steps: int, accepted: int,
     ``n_draft_accepted`` before the ``process_token`` loop that stops at EOS, a stop string or
     ``n_predict`` (tools/server/server-context.cpp, in the llama.cpp that llama-cpp-python 0.3.36
     vendors and on master @001d906a); vLLM's scheduler counts ``num_accepted`` before
-    ``_update_request_with_output`` trims the tokens after a stop. So ``accepted + steps + 1 <= generated + (drafts the last step accepted)``,
-    which is at most ``last_step_max`` (the draft length, where logged; else ``accepted``).
+    ``_update_request_with_output`` trims the tokens after a stop. So
+    ``accepted + steps + 1 <= generated + (drafts the last step accepted)``, which is at most
+    ``last_step_max`` (the draft length, where logged; else ``accepted``).
     ``names``: each count's field as the log spells it (keys steps, accepted, drafted,
     generated)."""
     if drafted is not None and accepted > drafted:
