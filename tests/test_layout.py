@@ -1,4 +1,4 @@
-"""The package's layout: its import graph has no circle.
+"""The package's layout: its import graph has no circle, and the README's layout names it.
 
 The graph is read from the source (no module is imported): one node per module of
 ``src/specscope``, one edge per import of another specscope module, wherever it stands (at module
@@ -9,9 +9,11 @@ Imports of other packages (torch, the optional extras) are no nodes of this grap
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 PACKAGE = "specscope"
 
 # Edges known to close a circle, each with the change that removes it. measure <-> run.config
@@ -116,3 +118,30 @@ def test_the_graph_reader_sees_lazy_and_relative_imports():
     names = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
              for t in _imported(node, "specscope.pkg.a", False)]
     assert names == ["specscope.pkg", "specscope.pkg.b", "specscope.pkg.c", "specscope.pkg.c.x"]
+
+
+def readme_layout() -> list[str]:
+    """The paths the README's layout block names, relative to src/specscope (``x.py``, ``x/``,
+    ``x/y.py``; an entry indented under a folder belongs to it)."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    paths, folder = [], ""
+    for line in block.splitlines():
+        m = re.match(r"( {2}| {4})(\S+(?:\.py|/))(?:\s|$)", line)
+        if not m:
+            continue
+        if len(m.group(1)) == 2:
+            folder = m.group(2) if m.group(2).endswith("/") else ""
+            paths.append(m.group(2))
+        else:
+            paths.append(folder + m.group(2))
+    return paths
+
+
+def test_the_readme_layout_names_what_exists_and_every_top_level_module():
+    listed = readme_layout()
+    root = SRC / PACKAGE
+    assert [p for p in listed if not (root / p).exists()] == []
+    top = {p.name + ("/" if p.is_dir() else "") for p in root.iterdir()
+           if p.name not in ("__init__.py", "__pycache__", "data", "presets")}
+    named = {p.split("/")[0] + ("/" if "/" in p else "") for p in listed}
+    assert sorted(top - named) == []
