@@ -17,8 +17,8 @@ import time
 import torch
 
 from specscope.core.batch import Batch
-from specscope.models import PairConfig, load_pair
 from specscope.measure.study import measure_prompts, start_prompts
+from specscope.models import PairConfig, load_pair
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
 
@@ -78,7 +78,7 @@ def main() -> None:
         config = config.replace(engine=name)
         records = []
         measure_prompts(pair, config, start_prompts(pair, config, list(enumerate(items))),
-                        "bench", lambda order, item, r: records.append(r), batch_size=1)
+                        "bench", lambda order, item, r, out=records: out.append(r), batch_size=1)
         for r in records:
             nodes += r.nodes.num_rows
             steps += r.steps.num_rows

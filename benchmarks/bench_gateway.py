@@ -7,8 +7,9 @@ One llama-server in router mode serves one preset per setting (plain, and K = 1.
 the demo pair's 0.5B for its 1.5B target, each with --poll 0 for both models); specscope gateway
 routes each domain to the preset of its K (from the policy, or --route; unnamed domains decode
 plainly). Every held-out prompt (--per-domain of each domain: with --run, the run's held-out
-prompts as ``specscope llamacpp`` picks them; otherwise from the offline sources, seed --seed) is sent, interleaved prompt by prompt, through the gateway and to every preset directly,
-all greedy with --n-predict tokens. Speed is llama-server's own: generated tokens over
+prompts as ``specscope llamacpp`` picks them; otherwise from the offline sources, seed --seed) is
+sent, interleaved prompt by prompt, through the gateway and to every preset directly, all greedy
+with --n-predict tokens. Speed is llama-server's own: generated tokens over
 ``timings.predicted_ms`` (its C++ loop, no HTTP or Python time).
 
 Prints per domain: the route taken, tok/s routed and of the best single setting (the one setting
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.gateway import Backend, Deployment, make_app
-from specscope.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
-from specscope.llamaserver import ServerSetting, build_llama_tools
 from specscope.models.demo import demo_gguf
 from specscope.prompts.domains import select_prompts
+from specscope.serving.gateway import Backend, Deployment, make_app
+from specscope.serving.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
+from specscope.serving.llamaserver import ServerSetting, build_llama_tools
 from specscope.tune.router import RuleRouter, prompt_text
 
 DOMAINS = ("code", "math", "reasoning", "chat")
@@ -40,7 +41,7 @@ DOMAINS = ("code", "math", "reasoning", "chat")
 
 def parse_routes(args) -> dict[str, int]:
     if args.policy:
-        from specscope.serving import chain_k
+        from specscope.serving.llamacpp_study import chain_k
         from specscope.tune.policy import PolicyFile
 
         policy = PolicyFile.load(args.policy)
@@ -102,7 +103,7 @@ def main() -> None:
     target, draft = demo_gguf("target"), demo_gguf("draft")
     if args.run:
         from specscope.records import load_run
-        from specscope.serving import held_out_prompts
+        from specscope.serving.llamacpp_study import held_out_prompts
 
         items = held_out_prompts(load_run(args.run).manifest, args.per_domain)
     else:

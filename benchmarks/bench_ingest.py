@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from specscope.analysis.stepwise import analyze_ingested
-from specscope.ingest import ingest, load_ingested
+from specscope.serving.ingest import ingest, load_ingested
 
 DOMAINS = ("code", "math", "reasoning", "chat")
 

@@ -19,10 +19,10 @@ import argparse
 from pathlib import Path
 
 from specscope.files import write_json, write_output
-from specscope.llamacpp import plot_cost_curves
-from specscope.llamaserver import build_llama_tools
 from specscope.models.demo import demo_gguf
-from specscope.serving import GridOptions, break_even_table, measure_grid
+from specscope.serving.llamacpp import plot_cost_curves
+from specscope.serving.llamacpp_study import GridOptions, break_even_table, measure_grid
+from specscope.serving.llamaserver import build_llama_tools
 
 FULL = GridOptions(threads=(1, 2), polls=(0, 50), draft_threads=(1, 2),
                    batches=((2048, 512), (512, 128)), quants=("Q4_K_M", "Q4_0", "Q8_0"),

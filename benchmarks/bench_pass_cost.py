@@ -17,8 +17,8 @@ import argparse
 import torch
 from transformers import DynamicCache
 
-from specscope.tune.costs import time_forward
 from specscope.models import PairConfig, load_pair
+from specscope.tune.costs import time_forward
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 

@@ -15,6 +15,7 @@ import functools
 
 import pytest
 import torch
+
 from specscope.models import PairConfig
 from specscope.records import TIMING_COLUMNS, load_run
 from specscope.run.config import PromptSpec, RunConfig

@@ -17,19 +17,21 @@ import os
 import re
 import stat
 import tracemalloc
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis import resampling
 from specscope.analysis.stats import ClusterBootstrap, ratio
 from specscope.analysis.stepwise import analyze_ingested
 from specscope.cli import app
-from specscope.ingest import IngestError, ingest
 from specscope.prompts import sources
 from specscope.prompts.items import read_jsonl
-from typer.testing import CliRunner
+from specscope.serving.ingest import IngestError, ingest
 
 PROMPTS = "".join(json.dumps({"id": f"p{i}", "domain": "code" if i % 2 else "chat",
                               "prompt": f"question {i}"}) + "\n" for i in range(4))
@@ -264,8 +266,8 @@ def test_bootstrap_memory_does_not_grow_with_the_requests():
     # What remains is the requests' own columns (the peak without resamples).
     for n in (20_000, 200_000):
         requests = _requests(n)
-        columns = _peak_mb(lambda: analyze_ingested({}, requests, n_boot=0, seed=0))
-        peak = _peak_mb(lambda: analyze_ingested({}, requests, n_boot=50, seed=0))
+        columns = _peak_mb(partial(analyze_ingested, {}, requests, n_boot=0, seed=0))
+        peak = _peak_mb(partial(analyze_ingested, {}, requests, n_boot=50, seed=0))
         assert peak - columns < 20, f"{n} requests: {peak:.0f} MiB, {columns:.0f} MiB without resamples"
 
 

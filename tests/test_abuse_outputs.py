@@ -18,13 +18,14 @@ import stat
 import threading
 
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis.synthetic import write_synthetic_run
 from specscope.cli import app
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import PolicyError
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import PolicyFile
-from typer.testing import CliRunner
 
 CHAIN2 = TreeShape.from_paths([(0,), (0, 0)])
 COSTS = CostModel(draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
@@ -137,7 +138,7 @@ def test_tune_refuses_a_planted_policy_link(run_dir, costs, victim):
 def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
     # before: RUN_DIR/llamacpp -> elsewhere received policy.json, costs.json, requests, summary
     from specscope.files import OutputError
-    from specscope.serving import GridOptions, run_llamacpp_study
+    from specscope.serving.llamacpp_study import GridOptions, run_llamacpp_study
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
     with pytest.raises(OutputError, match="symbolic link"):

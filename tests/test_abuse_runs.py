@@ -224,6 +224,7 @@ def test_two_writers_of_one_part_never_tear_it(tmp_path, monkeypatch):
 
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from specscope.records import rundir
 
     write = pq.write_table
@@ -307,6 +308,7 @@ def test_a_failed_write_mid_run_is_one_line_and_loses_nothing(code, tiny_dirs, p
     import errno
 
     import pyarrow.parquet as pq
+
     from specscope.records import load_run, rundir
 
     out = tmp_path / "full"

@@ -18,13 +18,14 @@ import time
 import types
 
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis import Settings, analyze
 from specscope.analysis.report import write_outputs
 from specscope.analysis.synthetic import DomainProfile, write_synthetic_run
 from specscope.cli import app
 from specscope.run.config import RunConfig
 from specscope.sweep import SweepError, parse_sweep, run_sweep, sweep_run_dirs
-from typer.testing import CliRunner
 
 cli = CliRunner()
 HOSTILE = '<img src=x onerror=alert(1)>'

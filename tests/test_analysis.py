@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats as sps
+from typer.testing import CliRunner
+
 from specscope.analysis import (
     ALL,
     ClusterBootstrap,
@@ -54,11 +56,10 @@ from specscope.cli import app
 from specscope.records import (
     SCHEMA_VERSION,
     SCHEMAS,
-    RunDirError,
     RunDir,
+    RunDirError,
     to_table,
 )
-from typer.testing import CliRunner
 
 # --- a hand-computable run -------------------------------------------------------------------------
 # Tree per step: node 0 (root, rank 0), node 1 (root, rank 1), node 2 (child of node 0, rank 0).

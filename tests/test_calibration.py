@@ -7,9 +7,12 @@ sample that gets a verdict; the README's table comes from the same code with 200
 """
 
 import pytest
+
 from specscope.analysis.calibration import TRUTH, interval_coverage, verdict_rates
 from specscope.analysis.findings import Verdict
 from specscope.analysis.results import Settings
+
+pytestmark = pytest.mark.slow  # about a minute: -m "not slow" leaves it out
 
 HOLDS, FAILS = Verdict.HOLDS.value, Verdict.FAILS.value
 

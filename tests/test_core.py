@@ -5,8 +5,9 @@ Llama and Qwen2 models."""
 import numpy as np
 import pytest
 import torch
-from conftest import make_model, near_pair
 from scipy import stats
+
+from conftest import make_model, near_pair
 from specscope.core.batch import Batch, Row
 from specscope.core.draft import ChildRule
 from specscope.core.loop import Speculator

@@ -5,10 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import near_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from typer.testing import CliRunner
+
+from conftest import near_pair
 from specscope.cli import app
 from specscope.core.sampling import warp
 from specscope.decode import (
@@ -19,7 +21,6 @@ from specscope.decode import (
 )
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
-from typer.testing import CliRunner
 
 PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "x = [1, 2, 3]\nfor i in",
            "Once upon a time", "a"]

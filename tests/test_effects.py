@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis import Settings, Verdict, analyze
 from specscope.analysis.calibration import STRATIFIED_TRUTH, verdict_rates
 from specscope.analysis.effects import StratifyError, check_stratifier
@@ -22,7 +24,6 @@ from specscope.analysis.render import analysis_grids, findings_grid, to_csv, to_
 from specscope.analysis.tables import analyze_records
 from specscope.cli import app
 from specscope.records import SCHEMA_VERSION, SCHEMAS, Run, RunDir, to_table
-from typer.testing import CliRunner
 
 # Tree per step: node 0 (root, rank 0), node 1 (root, rank 1), node 2 (child of node 0, rank 0).
 TREE = ((0, -1, 1, 0), (1, -1, 1, 1), (2, 0, 2, 0))  # (node, parent, depth, rank)
@@ -239,9 +240,9 @@ def test_cli_stratify_by_depth(paradox_run, tmp_path):
 
 
 def test_levels_combine_as_documented():
-    H, F, I, U = Verdict.HOLDS, Verdict.FAILS, Verdict.INCONCLUSIVE, Verdict.UNTESTABLE
+    H, F, N, U = Verdict.HOLDS, Verdict.FAILS, Verdict.INCONCLUSIVE, Verdict.UNTESTABLE
     assert combine_levels([H, H, U]) == H
-    assert combine_levels([H, I]) == I
+    assert combine_levels([H, N]) == N
     assert combine_levels([H, F, U]) == F
     assert combine_levels([U, U]) == U
 

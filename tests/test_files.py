@@ -8,6 +8,7 @@ import stat
 import threading
 
 import pytest
+
 from specscope.cli.app import describe
 from specscope.errors import SpecscopeError
 from specscope.files import (

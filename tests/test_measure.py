@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from conftest import near_pair, read_records, run_config
 from specscope.core.batch import Batch, Row, StepScores
 from specscope.core.passes import greedy_token

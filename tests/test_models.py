@@ -5,11 +5,13 @@ from importlib import metadata
 
 import pytest
 import torch
+
 from conftest import make_model, make_tokenizer, near_pair
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
 from specscope.models.config import DemoModel
-from specscope.models.load import check_vocabularies, load_gguf
+from specscope.models.gguf import load_gguf
+from specscope.models.load import check_vocabularies
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
 
@@ -135,9 +137,10 @@ def test_missing_demo_part_names_the_extra(monkeypatch):
 
 def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
     # a missing optional package is a one-line error naming the extra, never a traceback
+    from typer.testing import CliRunner
+
     from specscope import errors
     from specscope.cli import app
-    from typer.testing import CliRunner
 
     real = errors.installed
     monkeypatch.setattr(errors, "installed", lambda d: d != "accelerate" and real(d))
@@ -218,9 +221,10 @@ def test_int8_needs_float32_on_the_cpu(tokenizer):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
     """A tree pass over the cache gives each node exactly the logits of decoding its path alone."""
+    from transformers import DynamicCache
+
     from specscope.core.passes import feed
     from specscope.models.int8 import quantize_int8, use_rowwise_attention
-    from transformers import DynamicCache
 
     target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))
     use_rowwise_attention(target)

@@ -9,6 +9,8 @@ import time
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
 from conftest import read_records, run_config
 from specscope.cli import app
 from specscope.measure import study as measure_study
@@ -16,7 +18,6 @@ from specscope.measure.checks import MeasureError
 from specscope.records import load_run
 from specscope.run.config import PromptSpec, RunConfigError, load_config
 from specscope.run.study import run_study
-from typer.testing import CliRunner
 
 cli = CliRunner()
 

@@ -9,17 +9,18 @@ import shutil
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
+from conftest import small_run_config
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
 from specscope.analysis.synthetic import write_synthetic_run
-from conftest import small_run_config
 from specscope.cli import app
 from specscope.errors import SpecscopeError
 from specscope.records import RunDirError, load_run
 from specscope.run.config import RunConfigError
 from specscope.run.study import run_study
 from specscope.sweep import SweepError, parse_sweep, run_sweep
-from typer.testing import CliRunner
 
 cli = CliRunner()
 

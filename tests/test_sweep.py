@@ -10,6 +10,8 @@ import time
 import pandas as pd
 import pyarrow.fs as pafs
 import pytest
+from typer.testing import CliRunner
+
 from conftest import read_records
 from specscope.cli import app
 from specscope.measure import study as measure_study
@@ -26,7 +28,6 @@ from specscope.sweep import (
     sweep_run_dirs,
 )
 from specscope.sweep.executors import gpus_needed, visible_devices
-from typer.testing import CliRunner
 
 cli = CliRunner()
 ONE_THREAD = Execution(prompts_per_shard=2, threads=1)  # same torch threads: identical floats

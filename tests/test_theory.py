@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
+
 from specscope import theory as T
 from specscope.analysis import certify as C
 from specscope.records import SCHEMAS, RunDir, load_run, to_table
@@ -507,8 +508,9 @@ def test_run_lengths_and_quantiles():
 
 
 def test_certify_cli(tmp_path):
-    from specscope.cli import app
     from typer.testing import CliRunner
+
+    from specscope.cli import app
 
     run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=4)
     result = CliRunner().invoke(app, ["certify", str(run_dir), "--out", str(tmp_path / "o"),
@@ -608,8 +610,9 @@ def test_margins_of_older_runs_come_from_root_nodes_or_are_refused(tmp_path):
 
 
 def test_certify_cli_margin_table(tmp_path):
-    from specscope.cli import app
     from typer.testing import CliRunner
+
+    from specscope.cli import app
 
     run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=6)
     out = tmp_path / "o"

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from specscope.trees import (
     TreeConfig,
     TreeConfigError,

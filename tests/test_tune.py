@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
+
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.prompts.items import PromptItem
@@ -31,8 +33,6 @@ from specscope.tune.router import (
     prompt_text,
     router_accuracy,
 )
-from typer.testing import CliRunner
-
 
 # --- the optimal tree ------------------------------------------------------------------------------
 

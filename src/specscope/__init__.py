@@ -1,15 +1,22 @@
 """specscope: acceptance dynamics of tree-based speculative decoding.
 
-The library is organised one module per concern:
+The library is organised one package or module per concern (the README's layout section lists
+every module):
 
-- ``models``    draft/target pairs: hub ids, local directories, GGUF files, the embedded demo pair
 - ``trees``     draft trees as parents arrays, their derived buffers, and growth policies
-- ``engine``    the measurement loop: grow a tree, score it in one target pass, record every node
+- ``models``    draft/target pairs: hub ids, local directories, GGUF files, the embedded demo pair
+- ``prompts``   prompt items, their sources and domains (code, math, reasoning, chat, ...)
+- ``core``      the one speculation loop: prefill -> draft -> verify -> accept -> commit
+- ``decode``    real speculative decoding: greedy and sampled acceptance
+- ``measure``   measurement: record every node of every step's tree
 - ``records``   run directories and their Parquet schemas
-- ``domains``   prompt sources per domain (code, math, reasoning, chat, ...)
+- ``run``       ``specscope run``: a run's config, manifest and resumable measurement
+- ``sweep``     grids of runs, their shards and executors
+- ``tune``      choosing speculation: optimal trees, costs, per-domain policies, routers, the bench
 - ``analysis``  the paper's tables, corrected metrics, statistics, plots and reports
 - ``theory``    acceptance criteria and their KL certificates
-- ``decoding``  real speculative decoding and speculation policies
+- ``serving``   serving engines: exports, imported logs, the gateway, llama.cpp end to end
+- ``doctor``    what this machine has (``hardware``: its CPU)
 - ``cli``       the ``specscope`` command, a thin layer over the above
 """
 

@@ -23,8 +23,16 @@ from dataclasses import dataclass
 import torch
 
 from .core.draft import ChildRule, DraftTree
-from .core.loop import (Accepted, DecodeConfig, DecodeError, DecodeResult, Session, Speculator,
-                        Step, plain_generate)
+from .core.loop import (
+    Accepted,
+    DecodeConfig,
+    DecodeError,
+    DecodeResult,
+    Session,
+    Speculator,
+    Step,
+    plain_generate,
+)
 from .core.passes import greedy_token
 from .core.sampling import speculative_sample, warp
 from .trees import DynamicTree, Speculation

@@ -12,9 +12,13 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from pathlib import Path
 
-from specscope.errors import extras, missing
+import torch
+
+from .cache import cache_dir
+from .errors import extras, missing
+from .hardware import cpu_flags, cpu_name
+from .models import DEMO_MODELS
 
 # The extras a user may want, in the README's order, and what each is for.
 EXTRA_PURPOSES = {
@@ -85,35 +89,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware() -> Hardware:
-    import torch
-
     flags = cpu_flags()
     gpus = tuple(f"{torch.cuda.get_device_name(i)} "
                  f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
                  for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
-    return Hardware(cpu=_cpu_name(), cores=os.cpu_count() or 1,
+    return Hardware(cpu=cpu_name(), cores=os.cpu_count() or 1,
                     torch_threads=torch.get_num_threads(), avx2="avx2" in flags,
                     avx512_bf16="avx512_bf16" in flags, amx="amx_bf16" in flags,
                     torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
@@ -121,8 +102,6 @@ def hardware() -> Hardware:
 
 
 def demo_status() -> tuple[DemoStatus, ...]:
-    from specscope.models import DEMO_MODELS, cache_dir
-
     out = []
     for role, spec in DEMO_MODELS.items():
         parts = sum(_version(p) == spec.version for p in spec.packages())
@@ -157,8 +136,6 @@ def recommendations(hw: Hardware, extra_status: tuple[ExtraStatus, ...],
 
 
 def diagnose() -> Report:
-    from specscope.models import cache_dir
-
     known = extras()
     extra_status = tuple(
         ExtraStatus(name, purpose, tuple(d for d in missing(name)

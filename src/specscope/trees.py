@@ -19,7 +19,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from specscope.errors import SpecscopeError
+from .errors import SpecscopeError
 
 Path = tuple[int, ...]
 

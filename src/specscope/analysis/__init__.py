@@ -10,22 +10,31 @@ Library use::
     [f.verdict for f in a.findings]               # the paper's claims, checked
     write_outputs(a, "runs/demo/analysis")        # Markdown, CSV, LaTeX, JSON, plots, HTML
 
-Modules: ``prepare`` (reading and checking records), ``stats`` (the prompt-clustered bootstrap),
-``tables`` (the tables and metrics), ``findings`` (the claims), ``paper`` (the published figures),
-``render`` (terminal, Markdown, CSV, LaTeX, HTML tables), ``plots`` (matplotlib, optional),
-``report`` (output files, HTML reports, comparisons), ``synthetic`` (synthetic runs).
+Modules:
+
+- ``stats`` (the prompt-clustered bootstrap), ``prepare`` (reading and checking records),
+  ``results`` (the typed tables), ``resampling`` (the resamples one analysis shares);
+- ``echo`` (prompt echo), ``effects`` (depth deltas, effect sizes, profiles), ``findings`` (the
+  paper's claims and their verdicts), ``tables`` (every table and metric of a run);
+- ``paper`` (the published figures), ``render`` (terminal, Markdown, CSV, LaTeX, HTML tables),
+  ``plots`` (matplotlib, optional), ``report`` (output files, HTML reports, comparisons);
+- ``synthetic`` (synthetic runs of known structure), ``calibration`` (the verdicts' error rates
+  on them);
+- ``certify`` (``specscope certify``: certificates over a run) and ``stepwise`` (ingested
+  engine logs), which no other module here imports.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specscope.analysis.findings import Finding, Verdict, evaluate_findings
-from specscope.analysis.paper import expected_length, load_paper_tables
-from specscope.analysis.prepare import ALL, Records, prepare, read_run
-from specscope.analysis.results import Analysis, PaperTables, Settings
-from specscope.analysis.stats import EMPTY, ClusterBootstrap, Estimate
-from specscope.analysis.tables import analyze_records
+from .findings import Finding, Verdict, evaluate_findings
+from .paper import expected_length, load_paper_tables
+from .prepare import ALL, Records, prepare, read_run
+from .report import compare, compare_with_paper, write_outputs, write_report
+from .results import Analysis, PaperTables, Settings
+from .stats import EMPTY, ClusterBootstrap, Estimate
+from .tables import analyze_records
 
 
 def analyze(run_dir: str | Path, settings: Settings | None = None,
@@ -37,13 +46,6 @@ def analyze(run_dir: str | Path, settings: Settings | None = None,
     None; a factor the run lacks raises StratifyError, naming what is allowed.
     """
     return analyze_records(prepare(read_run(run_dir)), settings, stratify)
-
-
-def __getattr__(name: str):  # report helpers import matplotlib/rich lazily
-    if name in ("write_outputs", "write_report", "compare", "compare_with_paper"):
-        from specscope.analysis import report
-        return getattr(report, name)
-    raise AttributeError(name)
 
 
 __all__ = [

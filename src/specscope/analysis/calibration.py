@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specscope.analysis.findings import Verdict
-from specscope.analysis.prepare import ALL, prepare
-from specscope.analysis.results import Analysis, Settings
-from specscope.analysis.synthetic import DomainProfile, synthetic_tables
-from specscope.analysis.tables import analyze_records
-from specscope.records import Run
+from ..records import Run
+from .findings import Verdict
+from .prepare import ALL, prepare
+from .results import Analysis, Settings
+from .synthetic import DomainProfile, synthetic_tables
+from .tables import analyze_records
 
 DOMAINS = ("chat", "code", "math", "reasoning")
 

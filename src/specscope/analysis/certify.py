@@ -30,6 +30,7 @@ from ..theory import (
     margin_bound,
     perspective,
 )
+from .plots import certified_by_margin_plot, plots_unavailable, write_figure
 from .render import Column, Grid
 from .stats import ClusterBootstrap, Estimate, bounded, ratio
 
@@ -431,7 +432,7 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     ceiling; writes certificates_vs_margin.png and .svg into out_dir (needs matplotlib) through
     :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     try:
-        import matplotlib
+        import matplotlib  # the plot extra
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -478,14 +479,10 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     return paths
 
 
-
-
 def plot_margin_table(report: CertifyReport, out_dir: str | Path,
                       inside: Path | None = None) -> list[Path]:
     """The certified fraction by margin bin (:func:`specscope.analysis.plots.certified_by_margin_plot`)
     as certified_by_margin.png and .svg in out_dir; [] without a margin table."""
-    from .plots import certified_by_margin_plot, plots_unavailable, write_figure
-
     if report.margins is None:
         return []
     if plots_unavailable():

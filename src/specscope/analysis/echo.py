@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from specscope.analysis.prepare import ALL
-from specscope.analysis.stats import ClusterBootstrap, Estimate, bounded, ratio
+from .prepare import ALL
+from .stats import ClusterBootstrap, Estimate, bounded, ratio
 
 RUN_WORDS = 8  # shortest run of consecutive output words, found verbatim in the prompt, that counts
 HIGH_SHARE = 0.9  # a prompt whose share reaches this is "mostly copied"

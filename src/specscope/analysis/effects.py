@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specscope.analysis.prepare import ALL, Records
-from specscope.analysis.results import (
+from ..errors import SpecscopeError
+from .prepare import ALL, Records
+from .resampling import Resampler, depth_keys
+from .results import (
     CONDITIONAL,
     DOMAIN_MINUS_DEPTH,
     BinnedProfile,
@@ -31,16 +33,13 @@ from specscope.analysis.results import (
     VarianceDecomposition,
     VarianceRow,
 )
-from specscope.analysis.stats import (
+from .stats import (
     ClusterBootstrap,
     eta_squared_prompt_reps,
     eta_squared_reps,
     explained_share_reps,
     ratio,
 )
-
-from specscope.analysis.resampling import Resampler, depth_keys
-from specscope.errors import SpecscopeError
 
 
 def within_prompt_delta(eng: Resampler, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -196,8 +195,6 @@ def position_profile(eng: Resampler) -> BinnedProfile:
     labels = tuple(f"{b * size + 1}–{(b + 1) * size}" for b in range(n_bins))
     centers = tuple(b * size + (size + 1) / 2 for b in range(n_bins))
     return _profile(eng, "position", "output token position", codes, n_bins, labels, centers)
-
-
 
 
 # --- factors, the variance decomposition, stratifiers ---------------------------------------------

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from specscope.analysis.paper import paper_data
-from specscope.analysis.prepare import ALL
-from specscope.analysis.results import CONDITIONAL, DOMAIN_MINUS_DEPTH, Analysis
-from specscope.analysis.stats import Estimate, nan_estimate
+from .paper import paper_data
+from .prepare import ALL
+from .results import CONDITIONAL, DOMAIN_MINUS_DEPTH, Analysis
+from .stats import Estimate, nan_estimate
 
 
 class Verdict(str, Enum):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
-from specscope.analysis.results import (
+from .results import (
     CorrelationRow,
     DepthRow,
     LengthRow,
@@ -21,7 +21,7 @@ from specscope.analysis.results import (
     PositionRow,
     SummaryRow,
 )
-from specscope.analysis.stats import Estimate, nan_estimate
+from .stats import Estimate, nan_estimate
 
 PAPER = "paper"
 

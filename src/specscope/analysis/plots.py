@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.analysis.prepare import ALL
-from specscope.files import write_output
-from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile
-from specscope.analysis.stats import Estimate
+from ..files import write_output
+from ..records import ALL_DOMAINS
+from .prepare import ALL
+from .results import CONDITIONAL, Analysis, BinnedProfile
+from .stats import Estimate
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def plots_unavailable() -> str | None:
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # the plot extra
 
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
@@ -225,8 +226,6 @@ def certified_by_margin_plot(table):
     """Certified fraction of steps (all domains) per margin bin, one line per criterion (solid)
     and tree width (dashed), with the intervals as whiskers; below, the steps per bin.
     ``table`` is a :class:`specscope.analysis.certify.MarginTable`."""
-    from specscope.records import ALL_DOMAINS
-
     rows = [r for r in table.rows if r.domain == ALL_DOMAINS]
     fig = _figure(9, 5.5)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))

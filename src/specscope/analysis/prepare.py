@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from specscope.records import Run, RunDirError, load_run, tree_paths
+from ..records import Run, RunDirError, load_run, tree_paths
 
 ALL = "All"  # the pooled row of the analysis tables, labelled as in the paper's tables
 

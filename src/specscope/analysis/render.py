@@ -13,11 +13,10 @@ import io
 import math
 from dataclasses import dataclass
 
-from specscope.analysis.findings import (LABELS, STRATIFIED_RULE, Finding, StratifiedFinding,
-                                         figures_text)
-from specscope.analysis.prepare import ALL
-from specscope.analysis.results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
-from specscope.analysis.stats import EMPTY, Estimate
+from .findings import LABELS, STRATIFIED_RULE, Finding, StratifiedFinding, figures_text
+from .prepare import ALL
+from .results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
+from .stats import EMPTY, Estimate
 
 Cell = Estimate | int | float | str | None
 

@@ -22,11 +22,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specscope.files import json_text, write_output
-from specscope.analysis.paper import PAPER, load_paper_tables, paper_data
-from specscope.analysis.plots import Plot, plots_unavailable, write_plots
-from specscope.analysis.prepare import ALL
-from specscope.analysis.render import (
+from .. import __version__
+from ..files import json_text, write_output
+from .paper import PAPER, load_paper_tables, paper_data
+from .plots import Plot, plots_unavailable, write_plots
+from .prepare import ALL
+from .render import (
     Column,
     Grid,
     analysis_grids,
@@ -37,8 +38,8 @@ from specscope.analysis.render import (
     to_latex,
     to_markdown,
 )
-from specscope.analysis.results import Analysis, PaperTables
-from specscope.analysis.stats import EMPTY, Estimate
+from .results import Analysis, PaperTables
+from .stats import EMPTY, Estimate
 
 # --- JSON ------------------------------------------------------------------------------------------
 
@@ -374,8 +375,6 @@ def _run_section(i: int, a: Analysis, plots: list[Plot], paper: bool,
 def html_report(analyses: list[Analysis], plots: dict[int, list[Plot]], paper: bool = True,
                 plot_message: str | None = None) -> str:
     """The HTML text of a report of one or more runs (the first is the reference)."""
-    from specscope import __version__
-
     esc = html.escape
     names = ", ".join(a.info.run_id for a in analyses)
     title = (f"specscope report: {names}" if len(analyses) == 1
@@ -397,7 +396,7 @@ def html_report(analyses: list[Analysis], plots: dict[int, list[Plot]], paper: b
     toc.append("</ul></nav>")
     body = [_run_section(i, a, plots.get(i, []), paper, plot_message)
             for i, a in enumerate(analyses)] + body
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"

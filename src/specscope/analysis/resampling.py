@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specscope.analysis.prepare import ALL, Records
-from specscope.analysis.results import (
+from .prepare import ALL, Records
+from .results import (
     Settings,
 )
-from specscope.analysis.stats import (
+from .stats import (
     ClusterBootstrap,
     Ranked,
     ratio,

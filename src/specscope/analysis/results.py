@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specscope.analysis.echo import EchoTable
-from specscope.analysis.prepare import ALL
-from specscope.analysis.stats import Estimate, nan_estimate
+from .echo import EchoTable
+from .prepare import ALL
+from .stats import Estimate, nan_estimate
 
 CONDITIONAL = "greedy | parent accepted"
 

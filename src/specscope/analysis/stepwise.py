@@ -10,7 +10,7 @@ One finding is testable from step-level data: whether tokens per step differ bet
 significantly (two-sided, Bonferroni over the pairs), else it is *inconclusive* (no test here can
 show that domains are equal); it is *not testable* with fewer than two domains or fewer than
 ``min_prompts`` prompts in a domain. Its false-positive rate is measured on synthetic logs of
-known truth in ``tests/test_ingest.py``. The node-level tables and findings (alpha, entropy,
+known truth in ``tests/serving/test_ingest.py``. The node-level tables and findings (alpha, entropy,
 depth, the acceptance vector) need node records and are listed as unavailable.
 
 Steps are verify steps (steps where something was drafted); requests that drafted nothing add

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
+from ..records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
 
 # The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
 PAPER_PARENTS = (-1, -1, 0, 0, 1, 1, 2, 2)
@@ -207,7 +207,7 @@ def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
         "schema_version": SCHEMA_VERSION,
         "run_id": kwargs.get("run_id", "synthetic"),
         "status": "complete",
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": {"synthetic": True, "tree": "paper", "seed": kwargs.get("seed", 0),
                    "prompts_per_domain": kwargs.get("prompts_per_domain", 50)},
         "counts": {name: t.num_rows for name, t in zip(TABLES, tables)},

@@ -49,9 +49,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specscope.analysis.echo import echo_table
-from specscope.analysis.prepare import ALL, NodeArrays, Records
-from specscope.analysis.results import (
+from .echo import echo_table
+from .effects import (
+    FACTORS,
+    check_stratifier,
+    depth_profile,
+    effect_sizes,
+    entropy_profile,
+    paradox_check,
+    position_profile,
+    variance_decomposition,
+)
+from .findings import evaluate_findings, stratified_findings
+from .prepare import ALL, NodeArrays, Records
+from .resampling import Resampler, depth_keys
+from .results import (
     AcceptanceCell,
     AcceptanceTable,
     Analysis,
@@ -70,16 +82,11 @@ from specscope.analysis.results import (
     TauDistributionRow,
     TauRow,
 )
-from specscope.analysis.stats import (
+from .stats import (
     pearson_reps,
     ratio,
     spearman_reps,
 )
-
-from specscope.analysis.effects import (FACTORS, check_stratifier, depth_profile, effect_sizes,
-                                        entropy_profile, paradox_check, position_profile,
-                                        variance_decomposition)
-from specscope.analysis.resampling import Resampler, depth_keys
 
 
 def paper_tables(eng: Resampler, metric: str) -> tuple[PaperTables, dict]:
@@ -244,8 +251,6 @@ def stratified_analysis(rec: Records, settings: Settings, factor: str) -> Strati
     its findings are also evaluated at the level Bonferroni-corrected over the levels, which the
     stratified "does not hold" uses (:data:`.findings.STRATIFIED_RULE`).
     """
-    from specscope.analysis.findings import evaluate_findings, stratified_findings
-
     codes, n_levels = FACTORS[factor].codes(rec)
     present = [lv for lv in range(n_levels) if (codes == lv).any()]
     strict = replace(settings, confidence=1 - (1 - settings.confidence) / max(len(present), 1))
@@ -265,8 +270,6 @@ def stratified_analysis(rec: Records, settings: Settings, factor: str) -> Strati
 
 def _analysis(rec: Records, settings: Settings, stratum: str = "") -> Analysis:
     """Every table, metric and finding of some records (one level of a factor: ``stratum``)."""
-    from specscope.analysis.findings import evaluate_findings
-
     eng = Resampler(rec, settings)
     paper, reps = paper_tables(eng, "alpha")
     greedy, greedy_reps = paper_tables(eng, "greedy_accept")

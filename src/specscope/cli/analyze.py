@@ -7,13 +7,11 @@ another URI (``s3://``) is refused in one line, never taken for a local director
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..files import local_location
 from .app import command, fail
-
 
 # --- analyze / report / compare ----------------------------------------------------------------
 
@@ -25,7 +23,8 @@ _PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [p
 
 def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float,
               stratify: str = "auto"):
-    from ..analysis import Settings, analyze as analyze_run
+    from ..analysis import Settings
+    from ..analysis import analyze as analyze_run
 
     settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
     out = []
@@ -56,7 +55,7 @@ def _print_grids(grids) -> None:
 @command()
 def analyze(
     run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -71,7 +70,6 @@ def analyze(
     from ..analysis.render import analysis_grids, findings_grid
     from ..analysis.report import write_outputs
     from ..files import check_output, inside_of
-
     from ..records import check_writable_dir
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
@@ -80,11 +78,11 @@ def analyze(
     out_dir = check_output(out or run_dir / "analysis")
     inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
     check_writable_dir(out_dir)
-    from ..ingest import is_ingested
+    from ..serving.ingest import is_ingested
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
         from ..analysis.stepwise import analyze_ingested, write_ingested_analysis
-        from ..ingest import load_histogram, load_ingested
+        from ..serving.ingest import load_histogram, load_ingested
 
         manifest, requests, _ = load_ingested(run_dir)
         stepwise = analyze_ingested(manifest, requests, boot, seed, confidence,
@@ -117,7 +115,7 @@ def analyze(
 @command()
 def report(
     run_dirs: list[str] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs. Paths or file:// URIs."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -128,7 +126,6 @@ def report(
     from ..analysis.plots import plots_unavailable
     from ..analysis.report import write_report
     from ..files import check_output, inside_of
-
     from ..records import check_writable_file
 
     run_dirs = [local_location(path, "RUN_DIRS") for path in run_dirs]
@@ -150,8 +147,8 @@ def report(
 @command()
 def compare(
     run_dir: str = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point); a path or a file:// URI."),
-    other: Optional[str] = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
+    other: str | None = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -160,7 +157,6 @@ def compare(
     from ..analysis.render import findings_grid
     from ..analysis.report import compare as compare_runs
     from ..analysis.report import compare_with_paper, summary_grid, write_tables
-
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
@@ -187,16 +183,15 @@ def compare(
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
 
 
-
 # --- certify ----------------------------------------------------------------------------------
 
 
 @command()
 def certify(
     run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin and certified fraction by margin bin (needs matplotlib, the plot extra)."),
-    margin_bins: Optional[str] = typer.Option(None, "--margin-bins", help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error."),
+    margin_bins: str | None = typer.Option(None, "--margin-bins", help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error."),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -206,8 +201,13 @@ def certify(
 
     from rich.table import Table
 
-    from ..analysis.certify import (DEFAULT_MARGIN_BINS, certify_run, parse_margin_bins,
-                                    plot_certificates, plot_margin_table)
+    from ..analysis.certify import (
+        DEFAULT_MARGIN_BINS,
+        certify_run,
+        parse_margin_bins,
+        plot_certificates,
+        plot_margin_table,
+    )
     from ..analysis.render import to_csv, to_markdown, to_rich
     from ..console import make_console
     from ..files import check_output, inside_of, write_output

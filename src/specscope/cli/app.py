@@ -18,7 +18,6 @@ import typer
 from ..errors import SpecscopeError
 from ..files import os_error_reason
 
-
 app = typer.Typer(
     name="specscope",
     help="Acceptance dynamics of tree-based speculative decoding.",

@@ -23,7 +23,7 @@ def gateway(
 
     Serves POST /v1/chat/completions, /v1/completions and /completion, and GET /health. A
     client's X-Prompt-Id header names the request in the log (for specscope ingest --prompts)."""
-    from ..gateway import Deployment, serve
+    from ..serving.gateway import Deployment, serve
 
     backends = {}
     for value in backend:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from .app import command
-
 
 # --- run (measurement engine) ------------------------------------------------------------------
 
@@ -16,38 +14,38 @@ from .app import command
 @command()
 def run(
     out: str = typer.Option("runs/demo", "--out", "-o", help="Run directory to write (or resume): a local path or a file:// URI."),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
-    draft: Optional[str] = typer.Option(None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."),
-    target: Optional[str] = typer.Option(None, help="Target model: hub id, local dir, .gguf file, or demo:target."),
-    dtype: Optional[str] = typer.Option(None, help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32)."),
-    device: Optional[str] = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
-    draft_device: Optional[str] = typer.Option(None, help="Draft device (defaults to --device)."),
-    trust_remote_code: Optional[bool] = typer.Option(None, "--trust-remote-code", help="Allow model code from the hub."),
-    policy: Optional[str] = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
-    top_k: Optional[int] = typer.Option(None, help="Root candidates (paper: min(top_k, branch) roots)."),
-    branch: Optional[int] = typer.Option(None, help="Children per node."),
-    depth: Optional[int] = typer.Option(None, help="Tree depth (chain length for 'chain')."),
-    max_nodes: Optional[int] = typer.Option(None, help="Node cap, breadth-first."),
-    paths: Optional[str] = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
-    engine: Optional[str] = typer.Option(None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of {id, domain, prompt|messages}."),
-    domains: Optional[str] = typer.Option(None, help="Comma-separated domains, e.g. code,math,reasoning,chat."),
-    per_domain: Optional[int] = typer.Option(None, help="Prompts sampled per domain."),
-    source: Optional[list[str]] = typer.Option(None, "--source", help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains)."),
+    config: str | None = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
+    draft: str | None = typer.Option(None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."),
+    target: str | None = typer.Option(None, help="Target model: hub id, local dir, .gguf file, or demo:target."),
+    dtype: str | None = typer.Option(None, help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32)."),
+    device: str | None = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
+    draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
+    trust_remote_code: bool | None = typer.Option(None, "--trust-remote-code", help="Allow model code from the hub."),
+    policy: str | None = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
+    top_k: int | None = typer.Option(None, help="Root candidates (paper: min(top_k, branch) roots)."),
+    branch: int | None = typer.Option(None, help="Children per node."),
+    depth: int | None = typer.Option(None, help="Tree depth (chain length for 'chain')."),
+    max_nodes: int | None = typer.Option(None, help="Node cap, breadth-first."),
+    paths: str | None = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
+    engine: str | None = typer.Option(None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."),
+    prompts: Path | None = typer.Option(None, "--prompts", help="JSONL file of {id, domain, prompt|messages}."),
+    domains: str | None = typer.Option(None, help="Comma-separated domains, e.g. code,math,reasoning,chat."),
+    per_domain: int | None = typer.Option(None, help="Prompts sampled per domain."),
+    source: list[str] | None = typer.Option(None, "--source", help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains)."),
     smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
-    max_new_tokens: Optional[int] = typer.Option(None, help="Tokens to generate per prompt."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, help="Keep the last N prompt tokens."),
-    rendering: Optional[str] = typer.Option(None, "--rendering", help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code)."),
-    seed: Optional[int] = typer.Option(None, help="Seed for prompt sampling."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster."),
+    max_new_tokens: int | None = typer.Option(None, help="Tokens to generate per prompt."),
+    max_prompt_tokens: int | None = typer.Option(None, help="Keep the last N prompt tokens."),
+    rendering: str | None = typer.Option(None, "--rendering", help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code)."),
+    seed: int | None = typer.Option(None, help="Seed for prompt sampling."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster."),
     int8: bool = typer.Option(False, "--int8", help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the specscope run in --out (only a run; after every input is checked) and start over."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
     from ..files import local_location
-    from ..run.config import RunConfigError, load_config
     from ..measure.checks import default_batch_size
+    from ..run.config import RunConfigError, load_config
     from ..run.study import run_study
     from ..trees import check_policy_options
 
@@ -97,16 +95,16 @@ def run(
 @command()
 def sweep(
     sweep_file: str = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME)."),
     executor: str = typer.Option("local", "--executor", "-e", help="local (one process) or ray (shards as Ray tasks; needs the ray extra)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine)."),
-    prompts_per_shard: Optional[int] = typer.Option(None, help="Prompts per shard (a worker loads its pair once per shard)."),
-    max_retries: Optional[int] = typer.Option(None, help="Ray retries of a shard whose worker died."),
-    cpus_per_shard: Optional[float] = typer.Option(None, help="CPUs a shard reserves on Ray."),
-    gpus_per_shard: Optional[float] = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
-    threads: Optional[int] = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster."),
-    max_points: Optional[int] = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine)."),
+    prompts_per_shard: int | None = typer.Option(None, help="Prompts per shard (a worker loads its pair once per shard)."),
+    max_retries: int | None = typer.Option(None, help="Ray retries of a shard whose worker died."),
+    cpus_per_shard: float | None = typer.Option(None, help="CPUs a shard reserves on Ray."),
+    gpus_per_shard: float | None = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
+    threads: int | None = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster."),
+    max_points: int | None = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub for every pair (never taken from the sweep file)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the sweep directory holds and start over."),
@@ -151,7 +149,6 @@ def sweep(
                    "specscope compare DIR")
     else:
         typer.echo(f"compare the grid points: specscope compare {out}")
-
 
 
 # --- domains ----------------------------------------------------------------------------------

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from .app import command
-
 
 # --- export (serving engines) -------------------------------------------------------------------
 
@@ -17,10 +15,10 @@ from .app import command
 def export(
     policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
     to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
-    target: Optional[str] = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
+    engine_version: str | None = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
+    draft: str | None = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
+    target: str | None = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
     poll: int = typer.Option(0, "--poll", min=0, max=100, help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU)."),
 ) -> None:
     """Each routed domain's speculation setting in an engine's own format, checked against that
@@ -28,9 +26,9 @@ def export(
 
     -o is written whole or not at all (and for llama.cpp, its presets file -o with .ini); a FIFO
     or /dev/stdout is written in place, a link to a regular file is replaced by the file."""
-    from ..export import ExportOptions, export_policy
-    from ..export.plan import presets_path
     from ..files import check_output_file, json_text, write_json, write_output
+    from ..serving.export import ExportOptions, export_policy
+    from ..serving.export.plan import presets_path
     from ..tune.policy import PolicyFile
 
     presets = None
@@ -62,7 +60,6 @@ def export(
                f" ({to} {document['engine_version']})")
 
 
-
 # --- ingest (engine logs) -------------------------------------------------------------------------
 
 
@@ -73,13 +70,13 @@ def ingest(
     prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     join: str = typer.Option("id", "--join", help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id)."),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint)."),
+    engine_version: str | None = typer.Option(None, "--engine-version", help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint)."),
 ) -> None:
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
     A line may wrap the engine's response as {"prompt_id": ..., "response": {...}} (the client's
     own id). Counts the engine does not log are derived and named in the run's manifest."""
-    from ..ingest import ingest as ingest_log
+    from ..serving.ingest import ingest as ingest_log
 
     manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     counts = manifest["counts"]
@@ -91,20 +88,19 @@ def ingest(
         typer.echo(f"derived, not logged: {name} = {how}")
 
 
-
 # --- llama.cpp --------------------------------------------------------------------------------------
 
 
 @command()
 def llamacpp(
     run_dir: Path = typer.Argument(..., help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp)."),
-    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."),
-    draft_gguf: Optional[Path] = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."),
+    draft_gguf: Path | None = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."),
     per_domain: int = typer.Option(10, "--per-domain", "-n", min=1, help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Tokens generated per request."),
     ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to price and benchmark (repeat the option)."),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench."),
+    costs: Path | None = typer.Option(None, "--costs", help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench."),
     threads: list[int] = typer.Option([2], "--threads", min=1, help="Target threads to price (repeat the option)."),
     draft_threads: list[int] = typer.Option([2], "--draft-threads", min=1, help="Draft threads to price (repeat the option)."),
     poll: list[int] = typer.Option([0, 50], "--poll", min=0, max=100, help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default)."),
@@ -117,7 +113,7 @@ def llamacpp(
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
     held-out prompts. Builds llama.cpp's programs first if needed (once, minutes)."""
     from ..errors import SpecscopeError
-    from ..serving import GridOptions, run_llamacpp_study
+    from ..serving.llamacpp_study import GridOptions, run_llamacpp_study
 
     if max(ks) >= max_pass:
         raise SpecscopeError(f"--max-pass {max_pass} must exceed the largest --k "
@@ -128,7 +124,6 @@ def llamacpp(
                                per_domain, max_new_tokens, tuple(ks), grid, costs, n_boot,
                                echo=lambda line: typer.echo(line, err=True))
     typer.echo(study.render())
-
 
 
 # --- doctor ---------------------------------------------------------------------------------------

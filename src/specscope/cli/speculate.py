@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..records import ALL_DOMAINS
 from .app import command, fail
 
-
 # --- decode / tune / bench -------------------------------------------------------------------
 
 
-def _decode_pair(draft: Optional[str], target: Optional[str], dtype: str, device: str,
-                 trust_remote_code: bool, int8: bool = False, base: Optional[dict] = None):
+def _decode_pair(draft: str | None, target: str | None, dtype: str, device: str,
+                 trust_remote_code: bool, int8: bool = False, base: dict | None = None):
     """Load a pair (``base``: a run's [pair] section) with command-line overrides; remote code
     runs only with ``--trust-remote-code``, whatever the run's manifest says."""
     from ..models import PairConfig, load_pair
@@ -68,7 +66,7 @@ _D_INT8 = typer.Option(False, "--int8", help="Run both models' linear layers in 
 _D_THREADS = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.")
 
 
-def _set_threads(threads: Optional[int]) -> None:
+def _set_threads(threads: int | None) -> None:
     if threads:
         import torch
 
@@ -77,17 +75,17 @@ def _set_threads(threads: Optional[int]) -> None:
 
 @command()
 def decode(
-    prompt: Optional[str] = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
-    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
+    prompt: str | None = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
+    prompt_file: Path | None = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
     policy: str = typer.Option("chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."),
-    depth: Optional[int] = typer.Option(None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
-    top_k: Optional[int] = typer.Option(None, min=1, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary."),
-    branch: Optional[int] = typer.Option(None, min=1, help="paper: children per node."),
-    max_nodes: Optional[int] = typer.Option(None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."),
-    paths: Optional[str] = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
-    acceptance: Optional[Path] = typer.Option(None, "--acceptance", help="optimal: run directory whose node records give the acceptance vector."),
-    policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree."),
-    domain: Optional[str] = typer.Option(None, "--domain", help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all)."),
+    depth: int | None = typer.Option(None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
+    top_k: int | None = typer.Option(None, min=1, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary."),
+    branch: int | None = typer.Option(None, min=1, help="paper: children per node."),
+    max_nodes: int | None = typer.Option(None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."),
+    paths: str | None = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
+    acceptance: Path | None = typer.Option(None, "--acceptance", help="optimal: run directory whose node records give the acceptance vector."),
+    policy_file: Path | None = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree."),
+    domain: str | None = typer.Option(None, "--domain", help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all)."),
     temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: int = typer.Option(0, help="Seed of the sampling."),
@@ -95,23 +93,23 @@ def decode(
     max_new_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
     chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
     max_prompt_tokens: int = typer.Option(512, min=1, help="Keep the last N prompt tokens."),
-    records: Optional[Path] = typer.Option(None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."),
-    draft: Optional[str] = _D_DRAFT,
-    target: Optional[str] = _D_TARGET,
-    dtype: Optional[str] = _D_DTYPE,
-    device: Optional[str] = _D_DEVICE,
+    records: Path | None = typer.Option(None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."),
+    draft: str | None = _D_DRAFT,
+    target: str | None = _D_TARGET,
+    dtype: str | None = _D_DTYPE,
+    device: str | None = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
-    threads: Optional[int] = _D_THREADS,
+    threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
     from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
     from ..files import read_text
+    from ..prompts.render import render_prompt
+    from ..records import load_run
     from ..tune.acceptance import PolicyError, acceptance_vectors
     from ..tune.policy import PolicyFile, describe, make_speculation
-    from ..records import load_run
     from ..tune.router import RuleRouter
-    from ..prompts.render import render_prompt
 
     if (prompt is None) == (prompt_file is None):
         fail("give a prompt, or --prompt-file (one of them)")
@@ -156,35 +154,35 @@ def decode(
 @command()
 def tune(
     run_dir: Path = typer.Argument(..., help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="Use this cost model (JSON) instead of measuring one now."),
-    save_costs: Optional[Path] = typer.Option(None, "--save-costs", help="Also write the measured cost model here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
+    costs: Path | None = typer.Option(None, "--costs", help="Use this cost model (JSON) instead of measuring one now."),
+    save_costs: Path | None = typer.Option(None, "--save-costs", help="Also write the measured cost model here."),
     max_nodes: int = typer.Option(32, min=1, help="Largest tree considered."),
     max_depth: int = typer.Option(8, min=1, help="Deepest tree considered (capped by the run's tree)."),
-    max_rank: Optional[int] = typer.Option(None, min=1, help="Highest sibling rank + 1 considered."),
+    max_rank: int | None = typer.Option(None, min=1, help="Highest sibling rank + 1 considered."),
     min_count: int = typer.Option(20, min=0, help="Acceptance cells seen fewer times count as 0."),
     min_speedup: float = typer.Option(1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."),
     extrapolate: bool = typer.Option(False, "--extrapolate", help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth)."),
     context_len: int = typer.Option(256, min=1, help="Context length of the cost measurement."),
     repeats: int = typer.Option(3, min=1, help="Timings per point of the cost measurement (median)."),
-    draft: Optional[str] = _D_DRAFT,
-    target: Optional[str] = _D_TARGET,
-    dtype: Optional[str] = _D_DTYPE,
-    device: Optional[str] = _D_DEVICE,
+    draft: str | None = _D_DRAFT,
+    target: str | None = _D_TARGET,
+    dtype: str | None = _D_DTYPE,
+    device: str | None = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
-    threads: Optional[int] = _D_THREADS,
+    threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
 ) -> None:
     """Pick the best tree per domain (or no speculation) from measured acceptance and measured cost."""
-    from ..console import make_console
     from rich.table import Table
 
+    from ..console import make_console
     from ..decode import make_decoder
     from ..files import check_output_file, inside_of
-    from ..tune.costs import measure_costs
-    from ..tune.costs import CostModel
-    from ..tune.policy import TuneConfig, short_name, tune as tune_policy
     from ..records import load_run
+    from ..tune.costs import CostModel, measure_costs
+    from ..tune.policy import TuneConfig, short_name
+    from ..tune.policy import tune as tune_policy
 
     config = TuneConfig(max_nodes=max_nodes, max_depth=max_depth, max_rank=max_rank,
                         min_count=min_count, min_speedup=min_speedup, extrapolate=extrapolate)
@@ -221,7 +219,7 @@ def tune(
 
 @command()
 def bench(
-    policy_file: Optional[Path] = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
+    policy_file: Path | None = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
     per_domain: int = typer.Option(2, min=1, help="Prompts per domain (held out from the tuning run)."),
     max_new_tokens: int = typer.Option(48, min=1, help="Tokens to generate per prompt."),
@@ -232,25 +230,25 @@ def bench(
     methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),
     router_name: str = typer.Option("rules", "--router", help="rules or learned (TF-IDF + logistic regression, trained on a held-out split)."),
     seed: int = typer.Option(42, help="Seed of the prompt sample and the router's split."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write every run and the summary as JSON."),
-    draft: Optional[str] = _D_DRAFT,
-    target: Optional[str] = _D_TARGET,
-    dtype: Optional[str] = _D_DTYPE,
-    device: Optional[str] = _D_DEVICE,
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write every run and the summary as JSON."),
+    draft: str | None = _D_DRAFT,
+    target: str | None = _D_TARGET,
+    dtype: str | None = _D_DTYPE,
+    device: str | None = _D_DEVICE,
     trust_remote_code: bool = _D_TRUST,
-    threads: Optional[int] = _D_THREADS,
+    threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree and routed decoding, per domain."""
     import dataclasses
 
     import torch
-    from ..console import make_console
     from rich.table import Table
 
-    from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
+    from ..console import make_console
     from ..decode import make_decoder
     from ..files import check_output_file, write_json
+    from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
     from ..tune.policy import PolicyFile
 
     if out is not None:

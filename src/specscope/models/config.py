@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecscopeError
+from ..hardware import cpu_flags
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
@@ -80,8 +81,6 @@ def fastest_dtype(device: str) -> str:
     """The float dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with
     bfloat16 instructions (AMX or AVX512-BF16), float32 on other CPUs, where bfloat16 matrix work
     is emulated and slow (BENCHMARKS.md)."""
-    from specscope.doctor import cpu_flags
-
     if device.startswith("cuda") or {"amx_bf16", "avx512_bf16"} & cpu_flags():
         return "bfloat16"
     return "float32"

@@ -15,12 +15,10 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-
 from ..cache import cache_dir
+from ..console import make_console
 from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
-
-# --- the demo pair ------------------------------------------------------------------------------
-
+from .gguf import load_gguf
 
 _ROOM_HINT = "free some space or point SPECSCOPE_CACHE at a disk with room"
 
@@ -125,12 +123,8 @@ def demo_checkpoint(role: str) -> Path:
     kept = _kept_gguf(role)
     gguf = kept if kept.is_file() else assemble_demo_gguf(
         role, cache_dir() / "demo" / f"{spec.name}.gguf")
-    from ..console import make_console
-
     with make_console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
                                      "(once; about a minute)"):
-        from .load import load_gguf  # load imports this module
-
         model, tokenizer = load_gguf(gguf, torch.bfloat16)
         tmp = target.with_name(target.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,8 +13,6 @@ import torch
 
 from .config import ModelLoadError
 
-
-
 # --- int8 on the CPU ------------------------------------------------------------------------------
 
 
@@ -139,7 +137,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         raise ModelLoadError("int8 quantisation needs a float32 model on the CPU (dtype float32)")
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ModelLoadError("int8 quantisation needs torch's fbgemm engine (an x86 CPU build)")
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:
                 setattr(module, child_name, Int8Linear(child))

@@ -24,38 +24,11 @@ from pathlib import Path
 import torch
 
 from ..errors import require
-from ..fingerprint import model_fingerprint
-
-
-from .config import (DEMO_MODELS, DTYPES, LoadedModel,
-                     ModelLoadError, ModelPair, PairConfig)
+from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
 from .demo import demo_checkpoint, demo_spec
+from .fingerprint import model_fingerprint
+from .gguf import load_gguf
 from .int8 import quantize_int8, use_rowwise_attention
-
-
-# --- loading ------------------------------------------------------------------------------------
-
-
-def load_gguf(path: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        from transformers import GgufConfig
-    except ImportError:  # older transformers dequantise GGUF files on load anyway
-        extra = {}
-    else:
-        extra = {"quantization_config": GgufConfig(dequantize=True)}
-    require("gguf", f"loading {path.name}", ("gguf", "accelerate"))  # transformers needs both
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                 attn_implementation="sdpa", **extra)
-    # A dequantised model is a plain dense model: drop the GGUF quantisation marker so that it
-    # can be saved and used like any other checkpoint.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model, tokenizer
 
 
 @contextmanager

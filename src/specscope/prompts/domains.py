@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 from .items import PromptItem, PromptSourceError, PromptSourceWarning, sample_items
 from .sources import (
-    load_items,
     MTBENCH_CHAT_CATEGORIES,
     MTBENCH_REQUIREMENT,
     ChampSource,
@@ -49,10 +48,12 @@ from .sources import (
     HubHumanEval,
     HubMath,
     HubUltraChat,
+    HubUnreachableError,
     HumanEvalSource,
     JsonlSource,
     MTBenchSource,
     PromptSource,
+    load_items,
 )
 
 # --- the registry -------------------------------------------------------------------------------
@@ -135,8 +136,15 @@ def resolve_source(domain: str, source: str | None = None) -> PromptSource:
 
 
 def load_source(source: PromptSource) -> list[PromptItem]:
-    """All items of a source, checked: distinct ids and no empty prompts."""
-    items = load_items(source)
+    """All items of a source, checked: distinct ids and no empty prompts. A hub source that does
+    not load names its domain's offline source."""
+    try:
+        items = load_items(source)
+    except HubUnreachableError as e:
+        if source.domain not in DOMAINS:
+            raise
+        offline = DOMAINS[source.domain].default.name
+        raise PromptSourceError(f"{e}; offline, use the source {offline!r} instead") from e
     ids = [it.id for it in items]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

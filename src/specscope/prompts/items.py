@@ -1,5 +1,5 @@
-"""A prompt item (one request: id, domain, chat messages, provenance), JSONL prompt files, and
-seeded samples that are the same on every machine.
+"""A prompt item (one request: id, domain, chat messages, provenance), its fingerprint, JSONL
+prompt files, and seeded samples that are the same on every machine.
 
 Knows nothing of where sources come from (:mod:`specscope.prompts.sources`) or of models.
 """
@@ -7,13 +7,14 @@ Knows nothing of where sources come from (:mod:`specscope.prompts.sources`) or o
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specscope.errors import SpecscopeError
-from specscope.files import parse_json
+from ..errors import SpecscopeError
+from ..files import parse_json
 
 
 class PromptSourceError(SpecscopeError, ValueError):
@@ -45,6 +46,13 @@ class PromptItem:
 
 def user_message(text: str) -> tuple[dict, ...]:
     return ({"role": "user", "content": text},)
+
+
+def prompt_sha256(messages: object) -> str:
+    """sha256 of a prompt's messages (the conversation before any template): a run's manifest
+    keeps it per prompt id, so that a resume refuses an edited prompt under the same id."""
+    text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 SMOKE_PROMPTS: tuple[PromptItem, ...] = tuple(

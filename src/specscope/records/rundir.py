@@ -40,7 +40,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -323,7 +323,7 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
     try:
         os.ftruncate(fd, 0)  # what a killed holder left names nobody
         if not shared:
-            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            started = datetime.now(UTC).isoformat(timespec="seconds")
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                       "started": started}).encode(), 0)
     except OSError as e:  # a full disk

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
 from .. import __version__
-from ..fingerprint import prompt_sha256
 from ..prompts.items import (
     PromptItem,
+    prompt_sha256,
 )
 from ..records import (
     SCHEMA_VERSION,
@@ -41,7 +41,7 @@ def package_versions() -> dict[str, str]:
 
 
 def now_utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:

@@ -54,19 +54,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import __version__
+from ..console import make_console
 from ..files import read_json_object
 from ..measure.checks import MeasureError, check_batch_size, default_batch_size
 from ..models import resolve_source
 from ..prompts.items import PromptItem
-from ..records import (RunDir, RunDirError, is_lock_file, json_bytes, open_location, read_json,
-                       remove_run, run_lock, write_file)
+from ..records import (
+    RunDir,
+    RunDirError,
+    is_lock_file,
+    json_bytes,
+    open_location,
+    read_json,
+    remove_run,
+    run_lock,
+    write_file,
+)
 from ..run.manifest import config_differences, git_commit, now_utc, package_versions, run_manifest
-
-
-from .grid import SWEEP_MANIFEST, SWEEP_SCHEMA_VERSION, Execution, GridPoint, SweepError, SweepSpec
 from .executors import Shard, ShardResult, make_executor
+from .grid import SWEEP_MANIFEST, SWEEP_SCHEMA_VERSION, Execution, GridPoint, SweepError, SweepSpec
 
 # --- the sweep driver ----------------------------------------------------------------------------
 
@@ -308,11 +317,6 @@ class SweepBoard:
     """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
 
     def __init__(self, shards_total: int, shards_done: int, enabled: bool):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-
-        from ..console import make_console
-
         self.console = make_console(stderr=True)
         self.bar = Progress(
             TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
@@ -413,8 +417,6 @@ def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str
     states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite,
                          replaced=existing if overwrite else None)
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
-        from ..console import make_console
-
         for warning in remove_sweep(fs, root, existing):
             make_console(stderr=True).print(f"warning: {warning}", style="yellow",
                                             markup=False, highlight=False)

@@ -17,15 +17,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
+from ..errors import SpecscopeError
+from ..files import read_toml_table
 from ..models import ModelLoadError, PairConfig
 from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
 from ..trees import TreeConfig
-
-from ..errors import SpecscopeError
-from ..files import read_toml_table
 from ..validate import check_fields
-
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
@@ -41,7 +38,6 @@ class SweepError(SpecscopeError, ValueError):
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_=,+" else "_" for c in name)
-
 
 
 # --- the sweep file ------------------------------------------------------------------------------

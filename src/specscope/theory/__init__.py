@@ -26,11 +26,27 @@ The ``certify`` section at the end turns recorded runs into the report of ``spec
 """
 
 from .certificates import accepted_mask, accepts, certificate, tree_covered, worst_case_drafter
-from .columns import (CriteriaConfig, CriteriaError, certificate_columns,
-                      criteria_config_from_manifest, node_certificate_columns,
-                      step_criteria_columns)
-from .criteria import (CRITERIA, Additive, Criterion, Entropy, Greedy, Multiplicative, TopM,
-                       TreeCoverage, kl_divergence, margin_bound, perspective)
+from .columns import (
+                      CriteriaConfig,
+                      CriteriaError,
+                      certificate_columns,
+                      criteria_config_from_manifest,
+                      node_certificate_columns,
+                      step_criteria_columns,
+)
+from .criteria import (
+                      CRITERIA,
+                      Additive,
+                      Criterion,
+                      Entropy,
+                      Greedy,
+                      Multiplicative,
+                      TopM,
+                      TreeCoverage,
+                      kl_divergence,
+                      margin_bound,
+                      perspective,
+)
 
 __all__ = ["CRITERIA", "Additive", "CriteriaConfig", "CriteriaError", "Criterion", "Entropy",
            "Greedy", "Multiplicative", "TopM", "TreeCoverage", "accepted_mask", "accepts",

@@ -11,8 +11,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .criteria import (SUM_ATOL, Array, Criterion, Spec, Target, TreeCoverage, as_draft, as_probs,
-                       to_numpy)
+from .criteria import (
+    SUM_ATOL,
+    Array,
+    Criterion,
+    Spec,
+    Target,
+    TreeCoverage,
+    as_draft,
+    as_probs,
+    to_numpy,
+)
 
 # --- exact certificates -------------------------------------------------------------------------
 

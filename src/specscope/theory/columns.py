@@ -11,9 +11,22 @@ import numpy as np
 import torch
 
 from ..errors import SpecscopeError
+from ..validate import check_fields
 from .certificates import Pool, certificate_pools
-from .criteria import (SUM_ATOL, Additive, Criterion, Entropy, Greedy, Multiplicative, Target,
-                       TopM, TreeCoverage, as_draft, as_probs, rivals_at_or_above_x0)
+from .criteria import (
+    SUM_ATOL,
+    Additive,
+    Criterion,
+    Entropy,
+    Greedy,
+    Multiplicative,
+    Target,
+    TopM,
+    TreeCoverage,
+    as_draft,
+    as_probs,
+    rivals_at_or_above_x0,
+)
 
 # --- run columns (called by the engine) ---------------------------------------------------------
 
@@ -68,8 +81,6 @@ class CriteriaConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CriteriaConfig:
-        from specscope.validate import check_fields
-
         d = dict(d)
         check_fields(cls, d, CriteriaError, "criteria.")
         if "tree_m" in d:

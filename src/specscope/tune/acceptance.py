@@ -22,7 +22,6 @@ class PolicyError(SpecscopeError, ValueError):
     """A policy, policy file or tuning input that cannot be used; the message says why."""
 
 
-
 # --- acceptance vector ---------------------------------------------------------------------------
 
 

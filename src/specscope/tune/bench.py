@@ -14,13 +14,19 @@ import torch
 
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
-from ..trees import DynamicTree, TreeShape
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
-from .router import (LearnedRouter, RouterReport, RuleRouter, holdout_split, prompt_text,
-                     router_accuracy)
+from ..trees import DynamicTree, TreeShape
+from .router import (
+    LearnedRouter,
+    RouterReport,
+    RuleRouter,
+    holdout_split,
+    prompt_text,
+    router_accuracy,
+)
 
 # --- bench -----------------------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from ..files import read_json_object, write_json
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 
-
 # --- cost model ----------------------------------------------------------------------------------
 
 
@@ -136,8 +135,6 @@ def _check_number(name: str, value, *, integer: bool = False, low: float | None 
         raise PolicyError(f"cost model: {name} must be > 0 seconds, got {value!r}")
     if low is not None and value < low:
         raise PolicyError(f"cost model: {name} must be >= {low}, got {value!r}")
-
-
 
 
 # --- measuring costs ----------------------------------------------------------------------------

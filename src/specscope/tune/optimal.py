@@ -11,8 +11,6 @@ import numpy as np
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 
-
-
 # --- the optimal tree (Sequoia-style dynamic programme) -----------------------------------------
 
 

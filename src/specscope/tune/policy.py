@@ -11,10 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..files import read_json_object, read_toml_table, write_json
-from ..trees import TreeConfig, TreeConfigError, TreeShape
-
-
-from ..trees import DynamicTree, Speculation
+from ..prompts.domains import DOMAINS
+from ..trees import DynamicTree, Speculation, TreeConfig, TreeConfigError, TreeShape
 from .acceptance import ALL_DOMAINS, AcceptanceVector, PolicyError, acceptance_vectors
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
@@ -82,7 +80,6 @@ def _optimal_tree(policy: str, given: dict, paths: str | None,
 SPECULATIONS = {"chain": _static_tree, "static": _static_tree, "paper": _static_tree,
                 "paper-text": _static_tree, "dynamic": _dynamic_tree, "optimal": _optimal_tree,
                 "none": lambda *_: None}
-
 
 
 # --- tuning ----------------------------------------------------------------------------------------
@@ -165,7 +162,6 @@ def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(
                       choices={**choices, ALL_DOMAINS: uniform}, info=info)
 
 
-
 # --- policy files ----------------------------------------------------------------------------------
 
 
@@ -206,8 +202,6 @@ class PolicyFile:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy") -> PolicyFile:
-        from ..prompts.domains import DOMAINS
-
         if not isinstance(data, dict) or not isinstance(data.get("domains"), dict):
             raise PolicyError(f"{where}: needs a 'domains' table mapping domain -> {{tree = ...}}")
         unknown = sorted(set(data["domains"]) - set(DOMAINS))

@@ -111,6 +111,7 @@ class LearnedRouter:
     model: object = None
 
     def fit(self, texts: Sequence[str], labels: Sequence[str]) -> LearnedRouter:
+        # scikit-learn takes about a second to import; only a learned router needs it
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline, make_union

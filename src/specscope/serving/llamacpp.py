@@ -11,20 +11,28 @@ the expected tokens per step and the chance that all K drafts are accepted into 
 speed-up, and into the break-even points: the tokens per step a chain of K needs to pay, and the
 draft cost at which even perfect acceptance stops paying. :class:`ChainAcceptance` gives those
 expectations per domain from a measurement run's node records, with prompt resampling;
-:mod:`specscope.serving` tunes K per domain and runs the side-by-side benchmark. This module does
+:mod:`specscope.serving.llamacpp_study` tunes K per domain and runs the side-by-side benchmark. This module does
 not measure acceptance node by node (``specscope run`` does) and needs the ``llamacpp`` extra.
 """
 
 from __future__ import annotations
 
+import datetime
+import io
+import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from .errors import SpecscopeError, require
-from .tune.costs import interpolate
+from ..cache import cache_dir
+from ..errors import SpecscopeError, require
+from ..files import read_json_object, write_output
+from ..tune.acceptance import eligible_nodes
+from ..tune.costs import interpolate
+from .llamaserver import ServerSetting, quantize, run_llama_bench
 
 DEFAULT_KS = (1, 2, 3, 4)
 
@@ -37,7 +45,7 @@ def load_llama(path: str | Path, threads: int, n_ctx: int = 2048, logits_all: bo
                draft_model=None):
     """A quiet ``llama_cpp.Llama`` on the CPU."""
     require("llamacpp", "running GGUF models in llama.cpp")
-    from llama_cpp import Llama
+    from llama_cpp import Llama  # the llamacpp extra
 
     path = Path(path)
     if not path.is_file():
@@ -141,7 +149,7 @@ def generate(target, draft: GreedyDraft, prompt: list[int], k: int, max_new_toke
 
 def eos_ids(llama) -> set[int]:
     """The end-of-generation tokens of a model's vocabulary (EOS, end of turn, ...)."""
-    import llama_cpp
+    import llama_cpp  # the llamacpp extra
 
     vocab = llama_cpp.llama_model_get_vocab(llama._model.model)
     return {t for t in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
@@ -259,8 +267,6 @@ class ChainAcceptance:
 
     @classmethod
     def from_nodes(cls, nodes) -> ChainAcceptance:
-        from .tune.acceptance import eligible_nodes
-
         nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
         top1 = nodes[eligible_nodes(nodes) & (nodes["sibling_rank"].to_numpy() == 0)]
         prompts = np.array(sorted(nodes["prompt_id"].unique()))
@@ -350,7 +356,7 @@ class CostCurve:
 
 
 def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
-    """llama-bench's prompt tests (:func:`specscope.llamaserver.parse_llama_bench`) grouped into
+    """llama-bench's prompt tests (:func:`specscope.serving.llamaserver.parse_llama_bench`) grouped into
     one curve per model and setting."""
     groups: dict[tuple, list] = {}
     for r in rows:
@@ -369,7 +375,7 @@ def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
 @dataclass(frozen=True)
 class Candidate:
     """One way to run the pair in llama-server, with its pass costs: the models' quantisations
-    and a :class:`~specscope.llamaserver.ServerSetting` (K aside). Plain decoding uses only the
+    and a :class:`~specscope.serving.llamaserver.ServerSetting` (K aside). Plain decoding uses only the
     target's curve (``draft`` is None)."""
 
     setting: object  # ServerSetting with k = 0; typed loosely to keep this module's imports light
@@ -398,8 +404,6 @@ class Candidate:
 def candidates(curves: list[CostCurve]) -> list[Candidate]:
     """Every plain setting (one per target curve) and every speculative one: a target curve with
     a draft curve at the same context depth, polling and batch sizes, with any draft threads."""
-    from .llamaserver import ServerSetting
-
     targets = [c for c in curves if c.role == "target"]
     drafts = [c for c in curves if c.role == "draft"]
     out = []
@@ -484,8 +488,6 @@ class CostGrid:
 
     @classmethod
     def load(cls, path: str | Path) -> CostGrid:
-        from .files import read_json_object
-
         return cls.from_dict(read_json_object(path, SpecscopeError, "cost grid"), str(path))
 
     def candidates(self) -> list[Candidate]:
@@ -493,8 +495,6 @@ class CostGrid:
 
     def curve_table(self):
         """One row per curve: each pass size's cost in ms and relative to a one-token pass."""
-        import pandas as pd
-
         rows = []
         for c in self.curves:
             row = {"role": c.role, "quant": c.quant, "threads": c.threads, "poll": c.poll,
@@ -509,7 +509,7 @@ def gguf_quant(path: Path) -> str:
     """A GGUF's quantisation as llama.cpp names it (``Q4_K_M``, ``Q8_0``, ``F16``), from its
     ``general.file_type``; ``given`` when the file does not say."""
     require("llamacpp", "reading a GGUF's quantisation")
-    import gguf
+    import gguf  # the llamacpp extra
 
     try:
         field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
@@ -523,9 +523,6 @@ def quantised_variants(tools, source: Path, quants, echo=print) -> dict[str, Pat
     """``source`` requantised to each of ``quants`` with llama-quantize, cached beside the other
     builds (requantising a Q4_K_M: the weights keep its rounding, the costs are the new format's).
     The source's own quantisation maps to the source itself."""
-    from .cache import cache_dir
-    from .llamaserver import quantize
-
     own = gguf_quant(source)
     out = {}
     for q in quants:
@@ -543,11 +540,6 @@ def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], 
                       draft_grid, echo=print) -> CostGrid:
     """llama-bench over ``target_grid`` for each target GGUF and ``draft_grid`` for each draft
     GGUF (keyed by quantisation label): the curves every candidate setting is priced with."""
-    import datetime
-    import platform
-
-    from .llamaserver import run_llama_bench
-
     curves: list[CostCurve] = []
     for role, models, grid in (("target", targets, target_grid), ("draft", drafts, draft_grid)):
         for quant, path in models.items():
@@ -563,8 +555,6 @@ def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], 
 
 
 def asdict_grid(grid) -> dict:
-    from dataclasses import asdict
-
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()}
 
 
@@ -573,13 +563,9 @@ def plot_cost_curves(grid: CostGrid, path: Path, inside: Path | None = None) -> 
     (target solid, draft dashed), with the ideal flat line 1 and the linear line n. None when
     matplotlib is missing."""
     try:
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # the plot extra
     except ImportError:
         return None
-    import io
-
-    from .files import write_output
-
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     top = max((n for c in grid.curves for n, _ in c.seconds), default=1)

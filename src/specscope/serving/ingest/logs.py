@@ -9,7 +9,7 @@ A log holds one JSON object per line, in any of the shapes the engines' clients 
 - one stream chunk per line: chunks are grouped by request id and only the final one (the one
   that carries the statistics) is read; a stream that never sends it is refused at the end.
 
-This module does not join prompts or write files (:mod:`specscope.ingest.run` does).
+This module does not join prompts or write files (:mod:`specscope.serving.ingest.run` does).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..prompts.items import jsonl_objects
+from ...prompts.items import jsonl_objects
 from .formats import EngineFormat, IngestError, RequestStats, engine_format, shown
 
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")

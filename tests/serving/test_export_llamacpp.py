@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from specscope.export import ENGINES, ExportError, ExportOptions, export_policy
+from specscope.serving.export import ENGINES, ExportError, ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 
-DATA = Path(__file__).parent / "data" / "engines"
+DATA = Path(__file__).parents[1] / "data" / "engines"
 CHAIN3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
 CHAIN1 = TreeShape.from_paths([(0,)])
 
@@ -143,7 +143,7 @@ def test_llama_server_accepts_presets(tmp_path):
 def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
     """`specscope llamacpp` writes each domain's measured setting (short flags, models apart)
     into the policy; the export turns them into the long names presets take, with the models."""
-    from specscope.llamaserver import ServerSetting
+    from specscope.serving.llamaserver import ServerSetting
 
     code = ServerSetting(threads=2, poll=0, batch=512, ubatch=128).with_k(3)
     plain = ServerSetting(threads=2, poll=50, batch=2048, ubatch=512)

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specscope.llamacpp import (
+from conftest import spine_nodes
+from specscope.serving.llamacpp import (
     Candidate,
     ChainAcceptance,
     CostCurve,
@@ -18,7 +19,14 @@ from specscope.llamacpp import (
     choose_setting,
     curves_from_bench,
 )
-from specscope.llamaserver import (
+from specscope.serving.llamacpp_study import (
+    PLAIN,
+    acceptance_table,
+    break_even_table,
+    prediction_bias,
+    speed_table,
+)
+from specscope.serving.llamaserver import (
     BenchGrid,
     Completion,
     LlamaTools,
@@ -26,16 +34,8 @@ from specscope.llamaserver import (
     ServerSetting,
     parse_llama_bench,
 )
-from specscope.serving import (
-    PLAIN,
-    acceptance_table,
-    break_even_table,
-    prediction_bias,
-    speed_table,
-)
-from conftest import spine_nodes
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def curve(role, quant, threads, poll, seconds, depth=192):
@@ -115,7 +115,6 @@ def test_break_even_from_curves():
     linear = curve("target", "Q8_0", 2, 0, [0.04, 0.08, 0.12, 0.16, 0.20])
     lin = CostGrid((linear, DRAFT))
     assert not any(break_even_table(lin, [1, 2, 3, 4])["pays_at_all"])
-
 
 
 def test_setting_choice_includes_plain_and_every_setting():
@@ -213,12 +212,12 @@ def test_completion_without_drafts_counts_zero():
 
 
 def _demo_or_skip():
-    from specscope.llamaserver import find_llama_tools
     from specscope.models.demo import _kept_gguf
+    from specscope.serving.llamaserver import find_llama_tools
 
     tools = find_llama_tools()
     if tools is None:
-        pytest.skip("llama.cpp's programs are not built (specscope.llamaserver."
+        pytest.skip("llama.cpp's programs are not built (specscope.serving.llamaserver."
                     "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)")
     draft = _kept_gguf("draft")
     if not draft.is_file():
@@ -227,9 +226,9 @@ def _demo_or_skip():
     return tools, draft
 
 
-@pytest.mark.slow
+@pytest.mark.weights
 def test_llama_server_speculates_with_a_model_as_its_own_draft():
-    from specscope.llamaserver import LlamaServer
+    from specscope.serving.llamaserver import LlamaServer
 
     tools, gguf = _demo_or_skip()
     ids = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"

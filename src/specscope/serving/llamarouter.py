@@ -2,22 +2,22 @@
 
 - :func:`presets_ini`: a router-mode presets file (``llama-server --models-preset FILE``), one
   section per preset over the same target GGUF, each section the exact flags of a
-  :class:`~specscope.llamaserver.ServerSetting` (keys are flag names without dashes, as
+  :class:`~specscope.serving.llamaserver.ServerSetting` (keys are flag names without dashes, as
   llama.cpp's common/preset.cpp reads them; short forms such as ``t`` or ``md`` are allowed there).
 - :class:`LlamaRouter`: that llama-server process (no model of its own: it starts one child
   server per preset when a request names it in ``model``), started and stopped as
-  :class:`~specscope.llamaserver.LlamaServer` is.
+  :class:`~specscope.serving.llamaserver.LlamaServer` is.
 - :func:`draft_agreement`: at each position of the target's greedy output, whether the draft's
   greedy token equals the target's (asked of a plain preset serving the draft model, one request
   per disagreement).
 - :func:`chain_counts`: what greedy chain speculation of K tokens does on such an output, step by
   step as llama-server does it (K drafts, capped at the tokens left minus one; accepted drafts
   plus the target's token per verify step), and :func:`chain_acceptance`: the per-depth
-  acceptance (:class:`~specscope.llamacpp.ChainAcceptance`) that predicts tokens per step for any
+  acceptance (:class:`~specscope.serving.llamacpp.ChainAcceptance`) that predicts tokens per step for any
   K, with prompt-resampled intervals.
 
-It does not route requests (:mod:`specscope.gateway`) or build llama.cpp
-(:mod:`specscope.llamaserver`).
+It does not route requests (:mod:`specscope.serving.gateway`) or build llama.cpp
+(:mod:`specscope.serving.llamaserver`).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ by accident.
 
 import pytest
 import torch
-from conftest import make_model
 
-from specscope.export import ExportOptions, export_policy
+from conftest import make_model
+from specscope.serving.export import ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 

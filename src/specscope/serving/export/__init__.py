@@ -3,7 +3,7 @@ checked against the engine versions they fit.
 
 One engine configuration per domain the router produces (no engine takes a speculation setting
 per request), and the routing rule that picks the domain of a request. Each engine module holds
-its checked versions (:class:`~specscope.export.rules.EngineVersion`: the engine files and commits
+its checked versions (:class:`~specscope.serving.export.rules.EngineVersion`: the engine files and commits
 the rules were read from, the fields and values allowed, the length and budget rules) and validates
 its own output against the chosen version before returning it. A setting an engine cannot express
 is refused with the reason and what to do instead; an engine that approximates the exported shape
@@ -15,8 +15,8 @@ Nothing here talks to an engine or writes a file (the command writes the documen
 
 from __future__ import annotations
 
-from ..tune.policy import PolicyFile
-from ..tune.router import RuleRouter
+from ...tune.policy import PolicyFile
+from ...tune.router import RuleRouter
 from . import hf_transformers, llamacpp, sglang, trtllm, vllm
 from .plan import DeploymentPlan, ExportOptions, is_chain, routing_rule
 from .rules import Engine, EngineVersion, ExportError

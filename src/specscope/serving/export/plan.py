@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..trees import TreeShape
-from ..tune.policy import PolicyFile
-from ..tune.router import ROUTED_DOMAINS, RuleRouter
+from ...trees import TreeShape
+from ...tune.policy import PolicyFile
+from ...tune.router import ROUTED_DOMAINS, RuleRouter
 from .rules import ExportError
 
 

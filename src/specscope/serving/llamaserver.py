@@ -14,8 +14,8 @@ returns a request's :class:`Completion` with the server's own timings and draft 
 :func:`run_llama_bench` times passes of 1..N tokens in llama.cpp's own loop (llama-bench's
 prompt-processing tests at a context depth) and :func:`parse_llama_bench` reads its JSON output.
 
-This module knows nothing of acceptance or policies (:mod:`specscope.llamacpp` and
-:mod:`specscope.serving` do) and needs no Python binding of llama.cpp.
+This module knows nothing of acceptance or policies (:mod:`specscope.serving.llamacpp` and
+:mod:`specscope.serving.llamacpp_study` do) and needs no Python binding of llama.cpp.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Self
 
-from .cache import cache_dir
-from .errors import SpecscopeError
+from ..cache import cache_dir
+from ..errors import SpecscopeError
 
 PROGRAMS = ("llama-server", "llama-bench", "llama-quantize")
 BIN_ENV = "SPECSCOPE_LLAMA_BIN"

@@ -2,12 +2,12 @@
 (greedy speculation equals plain greedy; accepted tokens counted as llama.cpp verifies them)."""
 
 import numpy as np
-import pandas as pd
 import pytest
-from specscope.llamacpp import ChainAcceptance, PassCosts
-from specscope.serving import chain, chain_k, tune_chains
-from specscope.tune.acceptance import ALL_DOMAINS
+
 from conftest import spine_nodes
+from specscope.serving.llamacpp import ChainAcceptance, PassCosts
+from specscope.serving.llamacpp_study import chain, chain_k, tune_chains
+from specscope.tune.acceptance import ALL_DOMAINS
 
 COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
                   draft_s=((1, 0.010), (2, 0.015)), sample_s=0.001, context_len=100, threads=2)
@@ -23,7 +23,6 @@ def test_pass_costs_predict_speedup_and_break_even():
     assert COSTS.break_even_tau(2) == pytest.approx((0.020 + 0.060) / 0.040)
     # perfect acceptance (3 tokens per step, 3 draft tokens) pays while 3 d + 0.060 < 3 * 0.040
     assert COSTS.break_even_draft_s(2) == pytest.approx(0.020)
-
 
 
 def test_chain_acceptance_and_tuning():
@@ -48,17 +47,17 @@ def test_chain_shapes():
     assert chain(3).to_paths_literal() == "[(0,), (0, 0), (0, 0, 0)]"
 
 
-@pytest.mark.slow
+@pytest.mark.weights
 def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     pytest.importorskip("llama_cpp")
-    from specscope.llamacpp import (
+    from specscope.models.demo import demo_gguf
+    from specscope.serving.llamacpp import (
         GreedyDraft,
         eos_ids,
         generate,
         load_llama,
         measure_pass_costs,
     )
-    from specscope.models.demo import demo_gguf
 
     draft_llama = load_llama(demo_gguf("draft"), threads=2)
     draft = GreedyDraft(draft_llama, 0)

@@ -6,14 +6,15 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
 from specscope.analysis.stepwise import (
     analyze_ingested,
     synthetic_requests,
     verdict_rate,
 )
 from specscope.cli import app
-from specscope.ingest import IngestError, ingest, read_log
-from typer.testing import CliRunner
+from specscope.serving.ingest import IngestError, ingest, read_log
 
 # vLLM --per-request-spec-decode-metrics detailed, as an OpenAI-API response
 VLLM_DETAILED = {

@@ -1,7 +1,7 @@
 """The engines' per-request speculation statistics, one parser per engine format.
 
 Each entry of :data:`FORMATS` reads one finished request (a JSON object, already unwrapped from
-SSE framing and stream chunks by :mod:`specscope.ingest.logs`) into :class:`RequestStats`, reading
+SSE framing and stream chunks by :mod:`specscope.serving.ingest.logs`) into :class:`RequestStats`, reading
 the engine's own counts and deriving a count only where the engine logs none (the count's name
 is then in ``RequestStats.derived`` and the format's ``derivations`` say how). The facts each
 parser relies on are cited beside it (engine file at a commit). This module does not read files,
@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import SpecscopeError
+from ...errors import SpecscopeError
 
 
 class IngestError(SpecscopeError, ValueError):
@@ -96,8 +96,9 @@ def check_counts(where: str, names: dict[str, str], steps: int, accepted: int,
     ``n_draft_accepted`` before the ``process_token`` loop that stops at EOS, a stop string or
     ``n_predict`` (tools/server/server-context.cpp, in the llama.cpp that llama-cpp-python 0.3.36
     vendors and on master @001d906a); vLLM's scheduler counts ``num_accepted`` before
-    ``_update_request_with_output`` trims the tokens after a stop. So ``accepted + steps + 1 <= generated + (drafts the last step accepted)``,
-    which is at most ``last_step_max`` (the draft length, where logged; else ``accepted``).
+    ``_update_request_with_output`` trims the tokens after a stop. So
+    ``accepted + steps + 1 <= generated + (drafts the last step accepted)``, which is at most
+    ``last_step_max`` (the draft length, where logged; else ``accepted``).
     ``names``: each count's field as the log spells it (keys steps, accepted, drafted,
     generated)."""
     if drafted is not None and accepted > drafted:

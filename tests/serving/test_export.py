@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specscope.cli import app
-from specscope.export import (
+from specscope.serving.export import (
     ENGINES,
     ExportError,
     ExportOptions,
@@ -81,7 +81,7 @@ def test_policy_domain_the_router_cannot_produce_is_refused():
 def test_readme_table_is_the_registry():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert engines_table() in readme
 
 

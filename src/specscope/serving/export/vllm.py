@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 
-from ..records.schema import ALL_DOMAINS
-from ..trees import TreeShape
-from ..tune.acceptance import AcceptanceVector
-from ..tune.costs import CostModel, interpolate
+from ...records.schema import ALL_DOMAINS
+from ...trees import TreeShape
+from ...tune.acceptance import AcceptanceVector
+from ...tune.costs import CostModel, interpolate
 from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
 from .rules import EngineVersion, ExportError, Field, Rule
 

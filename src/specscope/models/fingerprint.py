@@ -1,8 +1,8 @@
-"""Fingerprints of model weights and prompts, so that a run knows what it measured.
+"""Fingerprints of model weights, so that a run knows what it measured.
 
-A run's manifest records, for each model, its absolute source and a sha256 over its files, and for
-each prompt a sha256 of its messages. Resuming a run compares them and refuses when any changed
-(new weights under the same path, an edited prompt under the same id).
+A run's manifest records, for each model, its absolute source and a sha256 over its files (and
+for each prompt a sha256 of its messages: :func:`specscope.prompts.items.prompt_sha256`). Resuming
+a run compares them and refuses when any changed (new weights under the same path).
 
 Hashing a 14 GB checkpoint takes minutes, so file digests are cached in
 ``cache_dir()/fingerprints.json``, keyed by absolute path, size and modification time: a file is
@@ -17,8 +17,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from .errors import SpecscopeError
-from .files import read_json_object, write_output
+from ..cache import cache_dir
+from ..errors import SpecscopeError
+from ..files import read_json_object, write_output
 
 # Files that decide a checkpoint's outputs; README, licences and hidden files do not.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt",
@@ -26,8 +27,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".mo
 
 
 def _cache_file() -> Path:
-    from specscope.models import cache_dir
-
     return cache_dir() / "fingerprints.json"
 
 
@@ -82,8 +81,3 @@ def model_fingerprint(path: str | Path) -> str:
     _save_cache(cache)
     return result
 
-
-def prompt_sha256(messages: object) -> str:
-    """sha256 of a prompt's messages (the conversation before any template)."""
-    text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,9 +1,9 @@
 """Import the per-request speculation statistics that serving engines already emit.
 
-:mod:`~specscope.ingest.formats` reads each engine's request record (vLLM per-request metrics,
+:mod:`~specscope.serving.ingest.formats` reads each engine's request record (vLLM per-request metrics,
 SGLang ``meta_info``, llama-server ``timings``, Spec-Bench ``accept_lengths``);
-:mod:`~specscope.ingest.logs` reads a log of them (JSON lines, SSE captures, stream chunks);
-:mod:`~specscope.ingest.run` joins them to prompts and writes an ingested run that
+:mod:`~specscope.serving.ingest.logs` reads a log of them (JSON lines, SSE captures, stream chunks);
+:mod:`~specscope.serving.ingest.run` joins them to prompts and writes an ingested run that
 ``specscope analyze`` reads. Nothing here measures or invents node-level figures.
 """
 

@@ -5,7 +5,7 @@ The backends here are small HTTP servers that answer in llama-server's shapes (t
 llama.cpp @0c1e570: ``server_slot_stats::to_json`` in tools/server/server-common.cpp writes
 ``draft_n``/``draft_n_accepted`` only when something was drafted; a streamed chat answer carries
 ``timings`` in its last chunk, ``server-task.cpp``). The real llama-server is in
-tests/test_gateway_llamaserver.py.
+tests/serving/test_gateway_llamaserver.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from starlette.routing import Route
 from typer.testing import CliRunner
 
 from specscope.cli import app
-from specscope.gateway import (
+from specscope.serving.gateway import (
     Backend,
     Deployment,
     DeploymentError,
@@ -38,7 +38,7 @@ from specscope.gateway import (
     request_text,
     sse_events,
 )
-from specscope.ingest import ingest
+from specscope.serving.ingest import ingest
 
 CODE = "Write a python function that returns the sum of a list."
 MATH = "Find all real numbers x such that x^2 - 5x + 6 = 0."
@@ -280,9 +280,9 @@ def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):
 
 
 def test_an_export_document_deploys_with_its_own_routing_rule(tmp_path):
-    from specscope.export import export_policy
-    from specscope.export.plan import ExportOptions
-    from specscope.serving import chain
+    from specscope.serving.export import export_policy
+    from specscope.serving.export.plan import ExportOptions
+    from specscope.serving.llamacpp_study import chain
     from specscope.tune.policy import PolicyFile
 
     policy = PolicyFile({"code": chain(3), "math": None, "reasoning": None, "chat": None})

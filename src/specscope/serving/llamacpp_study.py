@@ -4,7 +4,7 @@
 
 1. price every candidate setting in llama.cpp's own loop: llama-bench's pass-cost curves of the
    target and draft GGUFs per quantisation, threads, polling and batch sizes
-   (:func:`~specscope.llamacpp.measure_cost_grid`, or a grid measured before with ``--costs``),
+   (:func:`~specscope.serving.llamacpp.measure_cost_grid`, or a grid measured before with ``--costs``),
    and the break-even tokens per step of each setting and K;
 2. per domain, the setting and chain length K (K = 0: plain decoding, in its own fastest
    setting) of highest predicted tokens per second, from the run's top-1 chain acceptance
@@ -19,21 +19,32 @@
    systematic), and tokens per step llama.cpp saw against the run's prediction.
 
 It does not measure node-level acceptance (``specscope run``) or build llama.cpp
-(:mod:`specscope.llamaserver` does).
+(:mod:`specscope.serving.llamaserver` does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .analysis.stats import ClusterBootstrap
-from .errors import SpecscopeError
-from .files import inside_of, write_json, write_output
+from ..analysis.stats import ClusterBootstrap
+from ..errors import SpecscopeError
+from ..files import inside_of, write_json, write_output
+from ..models import load_tokenizer
+from ..models.demo import demo_gguf
+from ..prompts.domains import select_prompts
+from ..prompts.items import PromptItem
+from ..prompts.render import render_item, rendering_of
+from ..records import load_run
+from ..trees import TreeShape
+from ..tune.acceptance import ALL_DOMAINS
+from ..tune.policy import Choice, PolicyFile
+from ..tune.router import RuleRouter, prompt_text
 from .llamacpp import (
     DEFAULT_KS,
     Candidate,
@@ -43,14 +54,12 @@ from .llamacpp import (
     SettingChoice,
     break_even_rows,
     choose_setting,
+    gguf_quant,
+    measure_cost_grid,
+    plot_cost_curves,
+    quantised_variants,
 )
-from .llamaserver import Completion, ServerSetting
-from .prompts.domains import select_prompts
-from .prompts.items import PromptItem
-from .trees import TreeShape
-from .tune.acceptance import ALL_DOMAINS
-from .tune.policy import Choice, PolicyFile
-from .tune.router import RuleRouter, prompt_text
+from .llamaserver import BenchGrid, Completion, LlamaServer, ServerSetting, build_llama_tools
 
 PLAIN, PLAIN_BEST, ROUTED = "plain", "plain-best", "routed"
 DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads, --poll 50
@@ -371,7 +380,7 @@ def prediction_bias(speed: pd.DataFrame, confidence: float = 0.99) -> list[Bias]
     """Per kind of cell (plain decoding, fixed K), whether predictions err to one side; routed
     cells repeat other cells and are left out. Systematic when the pooled interval excludes 1;
     99% by default, as the percentile bootstrap of 10 prompts per domain is liberal (5% false
-    positives at 99%, 12% at 95%, in tests/test_llamaserver.py's worlds)."""
+    positives at 99%, 12% at 95%, in tests/serving/test_llamaserver.py's worlds)."""
     out = []
     fixed = speed[(speed["method"] != ROUTED) & speed["predicted_tok_s"].notna()]
     for kind, part in fixed.groupby("kind", sort=True):
@@ -520,9 +529,6 @@ class GridOptions:
 def measure_grid(tools, target: Path, draft: Path, opts: GridOptions, echo) -> CostGrid:
     """llama-bench over ``opts``: the target as given and requantised to each of
     ``opts.quants``, the draft as given."""
-    from .llamacpp import gguf_quant, measure_cost_grid, quantised_variants
-    from .llamaserver import BenchGrid
-
     targets = quantised_variants(tools, target, opts.quants or (gguf_quant(target),), echo)
     curves, info = [], {}
     for batch, ubatch in opts.batches:  # one llama-bench call per pair: it would cross b and ub
@@ -546,15 +552,6 @@ def run_llamacpp_study(run_dir, out_dir, target_gguf, draft_gguf, per_domain: in
                        max_new_tokens: int, ks: Sequence[int], grid_options: GridOptions,
                        costs: Path | None, n_boot: int,
                        echo: Callable[[str], None] = print) -> LlamaCppStudy:
-    from contextlib import ExitStack
-
-    from .llamacpp import gguf_quant, plot_cost_curves, quantised_variants
-    from .llamaserver import LlamaServer, build_llama_tools
-    from .models import load_tokenizer
-    from .models.demo import demo_gguf
-    from .prompts.render import render_item, rendering_of
-    from .records import load_run
-
     out = Path(out_dir)
     inside = inside_of(out, run_dir)  # outputs in the run directory: its links are refused
     run = load_run(run_dir)

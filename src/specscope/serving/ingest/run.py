@@ -1,7 +1,7 @@
 """Writing an ingested run from an engine log, and reading it back.
 
 ``specscope ingest LOG --format F --prompts PROMPTS.jsonl --out DIR`` joins each finished request
-of the log (:mod:`specscope.ingest.logs`) to its prompt and domain, by the client's id (the
+of the log (:mod:`specscope.serving.ingest.logs`) to its prompt and domain, by the client's id (the
 line's ``prompt_id``) or else the engine's request id (``--join id``), or by the order of the
 prompts file (``--join order``, for llama-server ``/completion`` responses, which carry no id). It
 writes an *ingested run*: ``manifest.json`` (``kind: ingested``, the engine, its version, the
@@ -10,7 +10,7 @@ where the engine logged every verify step, and ``histogram.parquet`` where it lo
 steps give) how many verify steps accepted each number of drafts. ``specscope analyze`` reads it
 (:mod:`specscope.analysis.stepwise`).
 
-Every line is checked before it is kept (:mod:`specscope.ingest.formats`); a line that fails is
+Every line is checked before it is kept (:mod:`specscope.serving.ingest.formats`); a line that fails is
 refused naming the log file, its line, the field and the rule, and nothing is written. The log is
 read one line at a time and written in batches: memory grows with the prompt file, not with the
 log. Node-level figures (alpha, entropies, trees) cannot come from these logs and are not invented.
@@ -30,10 +30,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..files import read_json_object, umask, write_json
-from ..prompts.items import PromptSourceError, iter_jsonl
-from ..records import check_writable_dir
-from ..tune.router import prompt_text
+from ...files import read_json_object, umask, write_json
+from ...prompts.items import PromptSourceError, iter_jsonl
+from ...records import check_writable_dir
+from ...tune.router import prompt_text
 from .formats import IngestError, RequestStats, engine_format
 from .logs import LoggedRequest, iter_requests
 

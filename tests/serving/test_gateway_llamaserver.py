@@ -32,10 +32,11 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from specscope.export import export_policy
-from specscope.export.plan import ExportOptions
-from specscope.gateway import Deployment, make_app
-from specscope.llamarouter import (
+from specscope.serving.export import export_policy
+from specscope.serving.export.plan import ExportOptions
+from specscope.serving.gateway import Deployment, make_app
+from specscope.serving.llamacpp_study import chain
+from specscope.serving.llamarouter import (
     GREEDY,
     LlamaRouter,
     chain_acceptance,
@@ -45,17 +46,16 @@ from specscope.llamarouter import (
     presets_ini,
     top_logprobs,
 )
-from specscope.llamaserver import (
+from specscope.serving.llamaserver import (
     LlamaToolsError,
     ServerSetting,
     build_llama_tools,
     find_llama_tools,
 )
-from specscope.serving import chain
 from specscope.tune.policy import PolicyFile
 from specscope.tune.router import RuleRouter, prompt_text
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.weights, pytest.mark.slow]  # the demo GGUFs; about 14 minutes
 
 N_PREDICT = 16
 PER_DOMAIN = 2  # held-out prompts per domain (and as many measured, for drafting domains)
@@ -157,7 +157,7 @@ def _plain(router, prompt_tokens):
 
 
 def test_llama_server_router_behind_the_gateway(deployment):
-    from specscope.ingest import ingest
+    from specscope.serving.ingest import ingest
 
     router, url, tmp, measured, held_out = deployment
     domain_of = RuleRouter().classify

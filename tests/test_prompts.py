@@ -9,6 +9,7 @@ import random
 import zipfile
 
 import pytest
+
 from specscope.prompts import domains as D
 from specscope.prompts import items as I
 from specscope.prompts import sources as S
@@ -220,8 +221,9 @@ def test_list_domains_covers_the_registry():
 
 
 def test_domains_command():
-    from specscope.cli import app
     from typer.testing import CliRunner
+
+    from specscope.cli import app
 
     result = CliRunner().invoke(app, ["domains"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

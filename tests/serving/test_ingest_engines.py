@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from specscope.cli import app
-from specscope.ingest import IngestError, ingest, load_histogram, read_log
 from typer.testing import CliRunner
+
+from specscope.cli import app
+from specscope.serving.ingest import IngestError, ingest, load_histogram, read_log
 
 # --- llama.cpp: tools/server (llama.cpp vendored by llama-cpp-python 0.3.36) ------------------------
 # server-common.cpp server_slot_stats::to_json: draft_n / draft_n_accepted only if n_draft_tokens > 0.
@@ -279,7 +280,7 @@ def test_a_domain_that_never_drafted_shows_no_tokens_per_step_and_leaves_the_tes
 # 4 verify steps (3 + 3 + 3 drafts, then 2 as max_tokens nears: get_n_draft_max caps the draft at
 # n_remaining - 1), all 11 accepted. The short replies (1 token) drafted nothing and carry no draft_n.
 
-FIXTURES = Path(__file__).parent / "fixtures" / "llama_server"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "llama_server"
 
 
 def _fixture(name):

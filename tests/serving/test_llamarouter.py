@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specscope.llamarouter import (
+from specscope.serving.llamarouter import (
     ChainCounts,
     chain_acceptance,
     chain_counts,
@@ -13,7 +13,7 @@ from specscope.llamarouter import (
     preset_section,
     presets_ini,
 )
-from specscope.llamaserver import ServerSetting
+from specscope.serving.llamaserver import ServerSetting
 
 AGREE = [True, True, True, False, True, True, True, True, False, False]
 
@@ -74,7 +74,7 @@ class RuleDraft:
 
 @pytest.mark.parametrize("window", [1, 2, 8])
 def test_draft_agreement_asks_once_per_disagreement_and_matches_position_by_position(window):
-    from specscope.llamarouter import draft_agreement
+    from specscope.serving.llamarouter import draft_agreement
 
     output = [5, 6, 7, 8, 9, 10]
     draft = RuleDraft()

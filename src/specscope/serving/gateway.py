@@ -23,8 +23,8 @@ A backend that cannot be reached gets a 502 JSON error naming it and its domain;
 domains keep being served. The prompt id is the client's ``X-Prompt-Id`` header (so that the log
 joins the client's prompts file), else one the gateway makes up.
 
-It does not start or stop engines (:mod:`specscope.llamaserver` does for llama-server), choose
-settings (``specscope tune``/``llamacpp``) or read the log (:mod:`specscope.ingest`).
+It does not start or stop engines (:mod:`specscope.serving.llamaserver` does for llama-server), choose
+settings (``specscope tune``/``llamacpp``) or read the log (:mod:`specscope.serving.ingest`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import SpecscopeError, require
-from .files import read_toml_table
-from .tune.router import RuleRouter, prompt_text
+from ..errors import SpecscopeError, require
+from ..files import read_json_object, read_toml_table
+from ..tune.router import Rule, RuleRouter, prompt_text
 
 # the ingest formats whose engines the gateway can stand in front of, and the key of each
 # engine's per-request statistics in its answer (the event to keep from a stream)
@@ -157,8 +157,6 @@ class Deployment:
     def load(cls, path: str | Path, backends: Mapping[str, str] | None = None) -> Deployment:
         """A deployment file (TOML), or an export document (JSON) with ``backends``."""
         if Path(path).suffix == ".json":
-            from .files import read_json_object
-
             return cls.from_export(read_json_object(path, DeploymentError, "export document"),
                                    backends or {}, str(path))
         if backends:
@@ -169,8 +167,6 @@ class Deployment:
 
 def _router(routing, where: str) -> RuleRouter:
     """The router an export document's routing rule describes (specscope's by default)."""
-    from .tune.router import Rule
-
     if routing is None:
         return RuleRouter()
     try:
@@ -265,7 +261,7 @@ def errors_path(log: str | Path) -> Path:
 
 
 def _json_response(status: int, payload: dict):
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse  # the gateway extra
 
     return JSONResponse(payload, status_code=status)
 
@@ -278,7 +274,7 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
              connect_timeout: float = 5.0):
     """The gateway as an ASGI application (Starlette); run it with uvicorn."""
     require("gateway", "specscope gateway", ("starlette", "httpx", "uvicorn"))
-    import httpx
+    import httpx  # the gateway extra, like starlette and uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
@@ -387,7 +383,7 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
 def serve(deployment: Deployment, log: str | Path, host: str = "127.0.0.1", port: int = 8000,
           errors_log: str | Path | None = None) -> None:
     """Run the gateway until interrupted (uvicorn, one process)."""
-    import uvicorn
+    import uvicorn  # the gateway extra
 
     uvicorn.run(make_app(deployment, log, errors_log), host=host, port=port, log_level="warning")
 

@@ -1,0 +1,146 @@
+"""The package's layout: its import graph has no circle, and the README's layout names it.
+
+The graph is read from the source (no module is imported): one node per module of
+``src/specscope``, one edge per import of another specscope module, wherever it stands (at module
+level, under ``TYPE_CHECKING`` or inside a function), so a lazy import cannot hide a circle.
+Imports of other packages (torch, the optional extras) are no nodes of this graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+PACKAGE = "specscope"
+
+# Edges known to close a circle, each with the change that removes it. measure <-> run.config
+# (run/config.py checks an engine name against measure.study.ENGINES, while measure raises
+# run.config's RunConfigError) is being removed on the core branch; delete this entry there.
+KNOWN_CIRCLE_EDGES: set[tuple[str, str]] = set()
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    out = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imported(node: ast.Import | ast.ImportFrom, name: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement in module ``name`` refers to."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = name.split(".")
+        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        stem = ".".join(base + ([node.module] if node.module else []))
+    else:
+        stem = node.module or ""
+    return [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the specscope modules it imports (a name imported from a package is an edge to
+    that package unless the name is a submodule)."""
+    modules = module_names()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in _imported(node, name, path.name == "__init__.py"):
+                while target and target not in modules:  # a name in a module: the module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    graph = import_graph()
+    if KNOWN_CIRCLE_EDGES:  # each entry must still be needed, or it hides the next circle
+        assert circles(graph), "the known circle is gone: empty KNOWN_CIRCLE_EDGES"
+    pruned = {a: {b for b in bs if (a, b) not in KNOWN_CIRCLE_EDGES} for a, bs in graph.items()}
+    found = circles(pruned)
+    edges = sum(len(bs) for bs in graph.values())
+    print(f"\nimport graph: {len(graph)} modules, {edges} edges, {len(found)} circles "
+          f"({len(KNOWN_CIRCLE_EDGES)} known edge(s) set aside)")
+    assert found == [], f"import circles: {found}"
+
+
+def test_the_graph_reader_sees_lazy_and_relative_imports():
+    code = "from . import b\ndef f():\n    from ..pkg.c import x\n"
+    tree = ast.parse(code)
+    names = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for t in _imported(node, "specscope.pkg.a", False)]
+    assert names == ["specscope.pkg", "specscope.pkg.b", "specscope.pkg.c", "specscope.pkg.c.x"]
+
+
+def readme_layout() -> list[str]:
+    """The paths the README's layout block names, relative to src/specscope (``x.py``, ``x/``,
+    ``x/y.py``; an entry indented under a folder belongs to it)."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    paths, folder = [], ""
+    for line in block.splitlines():
+        m = re.match(r"( {2}| {4})(\S+(?:\.py|/))(?:\s|$)", line)
+        if not m:
+            continue
+        if len(m.group(1)) == 2:
+            folder = m.group(2) if m.group(2).endswith("/") else ""
+            paths.append(m.group(2))
+        else:
+            paths.append(folder + m.group(2))
+    return paths
+
+
+def test_the_readme_layout_names_what_exists_and_every_top_level_module():
+    listed = readme_layout()
+    root = SRC / PACKAGE
+    assert [p for p in listed if not (root / p).exists()] == []
+    top = {p.name + ("/" if p.is_dir() else "") for p in root.iterdir()
+           if p.name not in ("__init__.py", "__pycache__", "data", "presets")}
+    named = {p.split("/")[0] + ("/" if "/" in p else "") for p in listed}
+    assert sorted(top - named) == []
