@@ -71,13 +71,14 @@ def _sorted(df: pd.DataFrame, keys) -> pd.DataFrame:
 
 def _compare(a_dir, b_dir, atol: float | None, rank_atol: int = 0) -> None:
     """Two runs' records: the same nodes, tokens and steps; floats equal (``atol`` None) or
-    within ``atol``; target ranks within ``rank_atol``."""
+    within ``atol``; target ranks within ``rank_atol``, and different in at most 5% of nodes."""
     (na, sa, pa_), (nb, sb, pb) = read_records(a_dir), read_records(b_dir)
     na, nb = (_sorted(n, ["prompt_id", "step", "node_id"]) for n in (na, nb))
     assert len(na) == len(nb) > 0
     exact = [c for c in EXACT_NODE_COLUMNS if c != "target_rank" or not rank_atol]
     pd.testing.assert_frame_equal(na[exact], nb[exact])
-    assert (na.target_rank - nb.target_rank).abs().max() <= rank_atol
+    rank_diff = (na.target_rank - nb.target_rank).abs()
+    assert rank_diff.max() <= rank_atol and (rank_diff > 0).mean() <= 0.05, rank_diff.describe()
     for column in FLOAT_NODE_COLUMNS:
         if atol is None:
             np.testing.assert_array_equal(na[column], nb[column], err_msg=column)
@@ -217,9 +218,11 @@ def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path
 # How far records of one config may be apart, by dtype, across batch sizes and across engines
 # (None = the same bits), and how far target ranks may be: float32: batched kernels round
 # differently (1e-5); bfloat16: rounding of 8 mantissa bits, which also reorders near-tied tokens
-# far down a row (ranks off by one; the tiny pair's tokens and trajectories still agree); int8:
-# linears and row-wise attention make every row's figures independent of the batch.
-PINNED = {"float32": (1e-5, 1e-5, 0), "bfloat16": (2e-2, 2e-2, 1), "int8": (None, 1e-5, 0)}
+# far down a row (a token whose logit moves by one rounding step passes the few of the tiny
+# pair's 256 tokens within that step: ranks off by up to 8 in a few nodes; tokens and
+# trajectories still agree); int8: linears and row-wise attention make every row's figures
+# independent of the batch.
+PINNED = {"float32": (1e-5, 1e-5, 0), "bfloat16": (2e-2, 2e-2, 8), "int8": (None, 1e-5, 0)}
 
 
 @pytest.mark.parametrize("dtype", list(PINNED))
