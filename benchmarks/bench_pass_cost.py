@@ -44,8 +44,10 @@ def main() -> None:
             cache = DynamicCache(config=model.config)
             model(input_ids=torch.randint(0, 1000, (1, args.context)), past_key_values=cache,
                   use_cache=True, logits_to_keep=1)
-            time_forward(model, cache, args.context, 1, 2)  # warm-up
-            ms = [1000 * time_forward(model, cache, args.context, k, args.repeats) for k in SIZES]
+            vocab = model.config.vocab_size
+            time_forward(model, cache, args.context, 1, 2, vocab)  # warm-up
+            ms = [1000 * time_forward(model, cache, args.context, k, args.repeats, vocab)
+                  for k in SIZES]
         print(f"{mode:9s}" + "".join(f"{t:9.0f} ({t / ms[0]:3.1f})" for t in ms), flush=True)
         del pair, model, cache
 

@@ -145,10 +145,11 @@ COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
     """Median seconds of one forward of ``k`` tokens over a cache of ``base`` entries."""
     times = []
+    past = torch.ones(1, base, dtype=torch.bool)  # one row that sees every cached entry
     for _ in range(repeats):
-        ids = torch.randint(0, vocab, (k,))
+        ids = torch.randint(0, vocab, (1, k))
         t0 = time.perf_counter()
-        feed_causal(model, cache, ids, base)
+        feed_causal(model, cache, ids, past)
         times.append(time.perf_counter() - t0)
         crop(cache, base)
     return sorted(times)[len(times) // 2]
