@@ -32,8 +32,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.keep or Path(tmp) / "run"
         t0 = time.perf_counter()
-        write_synthetic_run(run_dir, prompts_per_domain=args.prompts_per_domain,
-                            steps=args.steps, seed=args.seed, run_id="bench")
+        write_synthetic_run(
+            run_dir,
+            prompts_per_domain=args.prompts_per_domain,
+            steps=args.steps,
+            seed=args.seed,
+            run_id="bench",
+        )
         t1 = time.perf_counter()
         run = read_run(run_dir)
         t2 = time.perf_counter()
@@ -45,12 +50,18 @@ def main() -> None:
     rows = len(records.nodes)
     total = t4 - t1
     print(f"cpu cores available: {len(os.sched_getaffinity(0))}")
-    print(f"synthetic run: {rows:,} node rows, {len(records.steps):,} steps, "
-          f"{records.n_prompts:,} prompts (written in {t1 - t0:.1f} s, not timed)")
-    print(f"read {t2 - t1:.2f} s | prepare {t3 - t2:.2f} s | "
-          f"tables + {args.boot} bootstrap resamples {t4 - t3:.2f} s")
-    print(f"total {total:.2f} s, {rows / total:,.0f} node rows/s; "
-          f"{len(analysis.findings)} findings checked")
+    print(
+        f"synthetic run: {rows:,} node rows, {len(records.steps):,} steps, "
+        f"{records.n_prompts:,} prompts (written in {t1 - t0:.1f} s, not timed)"
+    )
+    print(
+        f"read {t2 - t1:.2f} s | prepare {t3 - t2:.2f} s | "
+        f"tables + {args.boot} bootstrap resamples {t4 - t3:.2f} s"
+    )
+    print(
+        f"total {total:.2f} s, {rows / total:,.0f} node rows/s; "
+        f"{len(analysis.findings)} findings checked"
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,11 @@ from specscope.run.config import PromptSpec, RunConfig
 from specscope.run.study import run_study
 from specscope.trees import TreeConfig
 
-PAIRS = {"bfloat16": PairConfig(dtype="bfloat16"), "float32": PairConfig(dtype="float32"),
-         "int8": PairConfig(dtype="float32", quantize="int8")}
+PAIRS = {
+    "bfloat16": PairConfig(dtype="bfloat16"),
+    "float32": PairConfig(dtype="float32"),
+    "int8": PairConfig(dtype="float32", quantize="int8"),
+}
 TOLERANCE = {"bfloat16": 1e-2, "float32": 1e-5, "int8": 1e-5}
 
 
@@ -38,9 +41,12 @@ def same_records(a, b, tol: float) -> bool:
     key = ["prompt_id", "step", "node_id"]
     na, nb = (r.nodes.sort_values(key).reset_index(drop=True) for r in (a, b))
     exact = ["token_id", "parent_id", "depth", "sibling_rank", "greedy_accept"]
-    return (len(na) == len(nb) and (na[key + exact].values == nb[key + exact].values).all()
-            and bool(np.allclose(na.p_target, nb.p_target, atol=tol, rtol=0))
-            and bool(np.allclose(na.p_draft, nb.p_draft, atol=tol, rtol=0)))
+    return (
+        len(na) == len(nb)
+        and (na[key + exact].values == nb[key + exact].values).all()
+        and bool(np.allclose(na.p_target, nb.p_target, atol=tol, rtol=0))
+        and bool(np.allclose(na.p_draft, nb.p_draft, atol=tol, rtol=0))
+    )
 
 
 def main() -> None:
@@ -52,10 +58,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
 
-    configs = {dtype: RunConfig(pair=PAIRS[dtype], tree=TreeConfig(policy="paper"),
-                                prompts=PromptSpec(domains=("code", "math", "reasoning", "chat"),
-                                                   per_domain=args.per_domain),
-                                max_new_tokens=args.max_new_tokens) for dtype in args.dtypes}
+    configs = {
+        dtype: RunConfig(
+            pair=PAIRS[dtype],
+            tree=TreeConfig(policy="paper"),
+            prompts=PromptSpec(
+                domains=("code", "math", "reasoning", "chat"), per_domain=args.per_domain
+            ),
+            max_new_tokens=args.max_new_tokens,
+        )
+        for dtype in args.dtypes
+    }
     first = next(iter(configs.values()))
     first.prompts.select(first.seed)  # the prompt sources' first read, untimed
     pairs = {dtype: load_pair(config.pair) for dtype, config in configs.items()}
@@ -69,18 +82,24 @@ def main() -> None:
             for dtype, size in cells if round_ % 2 == 0 else cells[::-1]:
                 out = Path(tmp) / f"{dtype}-{size}-{round_}"
                 t0 = time.perf_counter()
-                summary = run_study(configs[dtype], out, progress=False, pair=pairs[dtype],
-                                    batch_size=size)
+                summary = run_study(
+                    configs[dtype], out, progress=False, pair=pairs[dtype], batch_size=size
+                )
                 wall = time.perf_counter() - t0
                 run = load_run(out)
-                reference = references.setdefault(dtype, run) if size == 1 else references.get(dtype)
+                reference = (
+                    references.setdefault(dtype, run) if size == 1 else references.get(dtype)
+                )
                 same = reference is None or same_records(reference, run, TOLERANCE[dtype])
                 walls[dtype, size].append(wall)
                 nodes[dtype, size] = summary.nodes
                 equal[dtype, size] = equal.get((dtype, size), True) and same
-                print(f"round {round_ + 1}: {dtype:>8} B={size:<3} {summary.nodes} nodes in "
-                      f"{wall:6.1f} s = {summary.nodes / wall:6.2f} nodes/s; records equal to "
-                      f"B=1: {same}", flush=True)
+                print(
+                    f"round {round_ + 1}: {dtype:>8} B={size:<3} {summary.nodes} nodes in "
+                    f"{wall:6.1f} s = {summary.nodes / wall:6.2f} nodes/s; records equal to "
+                    f"B=1: {same}",
+                    flush=True,
+                )
     base = walls.get(("bfloat16", 1))
     print("\n| dtype | batch | nodes | seconds | nodes/s | vs B=1 bf16 | records equal to B=1 |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -88,13 +107,16 @@ def main() -> None:
         wall = statistics.median(walls[cell])
         ratio = "-"
         if base:
-            ratios = [(b / nodes["bfloat16", 1]) / (w / nodes[cell])
-                      for b, w in zip(base, walls[cell])]
+            ratios = [
+                (b / nodes["bfloat16", 1]) / (w / nodes[cell]) for b, w in zip(base, walls[cell])
+            ]
             ratio = f"{statistics.median(ratios):.2f}x"
             if len(ratios) > 1:
                 ratio += f" [{min(ratios):.2f}, {max(ratios):.2f}]"
-        print(f"| {cell[0]} | {cell[1]} | {nodes[cell]} | {wall:.1f} | {nodes[cell] / wall:.2f} "
-              f"| {ratio} | {'yes' if equal[cell] else 'NO'} |")
+        print(
+            f"| {cell[0]} | {cell[1]} | {nodes[cell]} | {wall:.1f} | {nodes[cell] / wall:.2f} "
+            f"| {ratio} | {'yes' if equal[cell] else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

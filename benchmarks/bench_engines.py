@@ -42,27 +42,36 @@ class ForwardTimer:
 
     def paused(self, fn):
         """Wrap ``fn`` (the loop's prefill) so that its forward calls are not counted."""
+
         def wrapper(*args, **kwargs):
             self.enabled = False
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.enabled = True
+
         return wrapper
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--naive-max-new-tokens", type=int, default=4,
-                        help="steps per prompt for the naive engine, which recomputes everything")
+    parser.add_argument(
+        "--naive-max-new-tokens",
+        type=int,
+        default=4,
+        help="steps per prompt for the naive engine, which recomputes everything",
+    )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--domains", default="code,math,reasoning,chat")
     args = parser.parse_args()
 
-    config = RunConfig(pair=PairConfig(dtype=args.dtype), tree=TreeConfig(policy="paper"),
-                       prompts=PromptSpec(domains=tuple(args.domains.split(",")), per_domain=1),
-                       max_new_tokens=args.max_new_tokens)
+    config = RunConfig(
+        pair=PairConfig(dtype=args.dtype),
+        tree=TreeConfig(policy="paper"),
+        prompts=PromptSpec(domains=tuple(args.domains.split(",")), per_domain=1),
+        max_new_tokens=args.max_new_tokens,
+    )
     items = config.prompts.select(config.seed)
     pair = load_pair(config.pair)
     timer = ForwardTimer(pair.draft.model, pair.target.model)
@@ -77,21 +86,31 @@ def main() -> None:
         t0 = time.perf_counter()
         config = config.replace(engine=name)
         records = []
-        measure_prompts(pair, config, start_prompts(pair, config, list(enumerate(items))),
-                        "bench", lambda order, item, r, out=records: out.append(r), batch_size=1)
+        measure_prompts(
+            pair,
+            config,
+            start_prompts(pair, config, list(enumerate(items))),
+            "bench",
+            lambda order, item, r, out=records: out.append(r),
+            batch_size=1,
+        )
         for r in records:
             nodes += r.nodes.num_rows
             steps += r.steps.num_rows
             step_time += sum(r.steps.column("step_time_s").to_pylist())
         wall = time.perf_counter() - t0
         rates[name] = nodes / wall
-        print(f"{name:>6}: {nodes} nodes, {steps} steps in {wall:.1f} s = {rates[name]:.2f} nodes/s; "
-              f"{timer.calls / steps:.1f} forward calls per step")
+        print(
+            f"{name:>6}: {nodes} nodes, {steps} steps in {wall:.1f} s = {rates[name]:.2f} nodes/s; "
+            f"{timer.calls / steps:.1f} forward calls per step"
+        )
         if name == "cached":
             outside = step_time - timer.seconds
-            print(f"        step time {step_time:.1f} s, of which {timer.seconds:.1f} s in the "
-                  f"forward passes and {outside:.2f} s outside them "
-                  f"({100 * outside / step_time:.1f}% overhead)")
+            print(
+                f"        step time {step_time:.1f} s, of which {timer.seconds:.1f} s in the "
+                f"forward passes and {outside:.2f} s outside them "
+                f"({100 * outside / step_time:.1f}% overhead)"
+            )
     print(f"speed-up cached/naive: {rates['cached'] / rates['naive']:.1f}x nodes per second")
 
 

@@ -66,15 +66,17 @@ def serve_in_thread(asgi):
     return server, thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
-def ratio_interval(routed: np.ndarray, single: np.ndarray, n_boot: int = 1000,
-                   seed: int = 0) -> tuple[float, float, float]:
+def ratio_interval(
+    routed: np.ndarray, single: np.ndarray, n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float, float]:
     """tok/s ratio (tokens and seconds summed per arm) with a prompt-resampled 95% interval;
     rows: prompts, columns: (tokens, seconds)."""
     rng = np.random.default_rng(seed)
     point = (routed[:, 0].sum() / routed[:, 1].sum()) / (single[:, 0].sum() / single[:, 1].sum())
     idx = rng.integers(0, len(routed), size=(n_boot, len(routed)))
-    boot = ((routed[idx, 0].sum(1) / routed[idx, 1].sum(1))
-            / (single[idx, 0].sum(1) / single[idx, 1].sum(1)))
+    boot = (routed[idx, 0].sum(1) / routed[idx, 1].sum(1)) / (
+        single[idx, 0].sum(1) / single[idx, 1].sum(1)
+    )
     low, high = np.quantile(boot, [0.025, 0.975])
     return float(point), float(low), float(high)
 
@@ -88,9 +90,12 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=4, help="single settings: plain and K=1..this")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--run", type=Path,
-                        help="a measurement run: its held-out prompts (its sources, none of its "
-                             "prompts; what specscope llamacpp sends) instead of a seeded sample")
+    parser.add_argument(
+        "--run",
+        type=Path,
+        help="a measurement run: its held-out prompts (its sources, none of its "
+        "prompts; what specscope llamacpp sends) instead of a seeded sample",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     routes = parse_routes(args)
@@ -111,29 +116,46 @@ def main() -> None:
     domain_of = RuleRouter().classify
     base = ServerSetting(threads=args.threads, poll=0, draft_poll=0, ctx=2048)
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    (tmp / "presets.ini").write_text(presets_ini(
-        {name[k]: preset_section(target, base.with_k(k), draft) for k in ks}))
+    (tmp / "presets.ini").write_text(
+        presets_ini({name[k]: preset_section(target, base.with_k(k), draft) for k in ks})
+    )
     rows = []
-    with LlamaRouter(tools, tmp / "presets.ini", base, log=tmp / "llama-server.log",
-                     models_max=len(ks)) as router:
-        plan = Deployment("llama.cpp", {d: Backend(router.url, name[k]) for d, k in routes.items()},
-                          Backend(router.url, "plain"))
+    with LlamaRouter(
+        tools, tmp / "presets.ini", base, log=tmp / "llama-server.log", models_max=len(ks)
+    ) as router:
+        plan = Deployment(
+            "llama.cpp",
+            {d: Backend(router.url, name[k]) for d, k in routes.items()},
+            Backend(router.url, "plain"),
+        )
         server, thread, url = serve_in_thread(make_app(plan, tmp / "gateway.jsonl"))
         body = {"n_predict": args.n_predict, "return_tokens": True, "cache_prompt": False, **GREEDY}
         try:
             for i, item in enumerate(items):
                 text = prompt_text(item)
-                arms = {"routed": (url, {})} | {name[k]: (router.url, {"model": name[k]}) for k in ks}
+                arms = {"routed": (url, {})} | {
+                    name[k]: (router.url, {"model": name[k]}) for k in ks
+                }
                 for arm, (base_url, extra) in arms.items():
-                    answer = httpx.post(base_url + "/completion", timeout=1800,
-                                        json={"prompt": text, **body, **extra}).json()
+                    answer = httpx.post(
+                        base_url + "/completion",
+                        timeout=1800,
+                        json={"prompt": text, **body, **extra},
+                    ).json()
                     t = answer["timings"]
-                    rows.append({"prompt_id": item.id, "domain": item.domain,
-                                 "routed_as": domain_of(text), "arm": arm,
-                                 "tokens": answer["tokens"], "predicted_n": t["predicted_n"],
-                                 "predicted_ms": t["predicted_ms"],
-                                 "draft_n": t.get("draft_n", 0),
-                                 "draft_n_accepted": t.get("draft_n_accepted", 0)})
+                    rows.append(
+                        {
+                            "prompt_id": item.id,
+                            "domain": item.domain,
+                            "routed_as": domain_of(text),
+                            "arm": arm,
+                            "tokens": answer["tokens"],
+                            "predicted_n": t["predicted_n"],
+                            "predicted_ms": t["predicted_ms"],
+                            "draft_n": t.get("draft_n", 0),
+                            "draft_n_accepted": t.get("draft_n_accepted", 0),
+                        }
+                    )
                 print(f"[{i + 1}/{len(items)}] {item.domain} {item.id}", file=sys.stderr)
         finally:
             server.should_exit = True
@@ -152,10 +174,14 @@ def report(rows: list[dict], routes: dict[str, int], name: dict[int, str], args)
     singles = totals.drop(index="routed")
     best = (singles["decoded"] / singles["seconds"]).idxmax()
     plain = frame[frame["arm"] == "plain"].set_index("prompt_id")["tokens"]
-    print(f"best single setting over all traffic: {best}; routes: "
-          + ", ".join(f"{d}->{name[k]}" for d, k in routes.items()))
-    print("| domain | route | tok/s routed | tok/s best single | ratio [95% CI] | tokens/step | "
-          "outputs = plain |")
+    print(
+        f"best single setting over all traffic: {best}; routes: "
+        + ", ".join(f"{d}->{name[k]}" for d, k in routes.items())
+    )
+    print(
+        "| domain | route | tok/s routed | tok/s best single | ratio [95% CI] | tokens/step | "
+        "outputs = plain |"
+    )
     print("|---|---|---|---|---|---|---|")
     out = []
     for domain in DOMAINS:
@@ -171,17 +197,37 @@ def report(rows: list[dict], routes: dict[str, int], name: dict[int, str], args)
         tps = (routed["predicted_n"] - 1).sum() / steps if steps else float("nan")
         equal = sum(routed.loc[p, "tokens"] == plain.loc[p] for p in routed.index)
         route = ", ".join(sorted(set(routed["routed_as"].map(lambda d: name[routes[d]]))))
-        line = {"domain": domain, "route": route, "routed_tok_s": r[:, 0].sum() / r[:, 1].sum(),
-                "best_single": best, "best_tok_s": s[:, 0].sum() / s[:, 1].sum(),
-                "ratio": ratio, "ratio_low": low, "ratio_high": high, "tokens_per_step": tps,
-                "equal_plain": int(equal), "prompts": len(routed)}
+        line = {
+            "domain": domain,
+            "route": route,
+            "routed_tok_s": r[:, 0].sum() / r[:, 1].sum(),
+            "best_single": best,
+            "best_tok_s": s[:, 0].sum() / s[:, 1].sum(),
+            "ratio": ratio,
+            "ratio_low": low,
+            "ratio_high": high,
+            "tokens_per_step": tps,
+            "equal_plain": int(equal),
+            "prompts": len(routed),
+        }
         out.append(line)
-        print(f"| {domain} | {route} | {line['routed_tok_s']:.1f} | {line['best_tok_s']:.1f} | "
-              f"{ratio:.2f} [{low:.2f}, {high:.2f}] | {tps:.2f} | {equal}/{len(routed)} |")
+        print(
+            f"| {domain} | {route} | {line['routed_tok_s']:.1f} | {line['best_tok_s']:.1f} | "
+            f"{ratio:.2f} [{low:.2f}, {high:.2f}] | {tps:.2f} | {equal}/{len(routed)} |"
+        )
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                        "routes": routes, "best_single": best, "rows": out},
-                                       indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "routes": routes,
+                    "best_single": best,
+                    "rows": out,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -38,13 +38,30 @@ def make(folder: Path, requests: int, seed: int = 0) -> None:
     with open(folder / "prompts.jsonl", "w") as prompts, open(folder / "log.jsonl", "w") as log:
         for i in range(requests):
             domain = DOMAINS[i % len(DOMAINS)]
-            prompts.write(json.dumps({"id": f"p{i}", "domain": domain,
-                                      "prompt": f"question {i} about {domain}"}) + "\n")
-            spec = {"num_spec_steps": 30, "num_accepted_draft_tokens": int(accepted[i]),
-                    "num_draft_tokens": 90}
-            log.write(json.dumps({"prompt_id": f"p{i}", "response": {
-                "id": f"req-{i}", "usage": {"completion_tokens": 31 + int(accepted[i])},
-                "metrics": {"speculative_decoding": spec}}}) + "\n")
+            prompts.write(
+                json.dumps(
+                    {"id": f"p{i}", "domain": domain, "prompt": f"question {i} about {domain}"}
+                )
+                + "\n"
+            )
+            spec = {
+                "num_spec_steps": 30,
+                "num_accepted_draft_tokens": int(accepted[i]),
+                "num_draft_tokens": 90,
+            }
+            log.write(
+                json.dumps(
+                    {
+                        "prompt_id": f"p{i}",
+                        "response": {
+                            "id": f"req-{i}",
+                            "usage": {"completion_tokens": 31 + int(accepted[i])},
+                            "metrics": {"speculative_decoding": spec},
+                        },
+                    }
+                )
+                + "\n"
+            )
 
 
 def main() -> None:
@@ -60,15 +77,18 @@ def main() -> None:
         make(args.folder, args.requests)
     elif args.step == "ingest":
         shutil.rmtree(args.folder / "run", ignore_errors=True)
-        manifest = ingest(args.folder / "log.jsonl", "vllm", args.folder / "prompts.jsonl",
-                          args.folder / "run")
+        manifest = ingest(
+            args.folder / "log.jsonl", "vllm", args.folder / "prompts.jsonl", args.folder / "run"
+        )
         print(f"{manifest['counts']['requests']} requests")
     else:
         manifest, requests, _ = load_ingested(args.folder / "run")
         analysis = analyze_ingested(manifest, requests, n_boot=args.boot, seed=0)
         print(" ".join(f"{d.domain} {d.tokens_per_step.format(4)}" for d in analysis.domains))
-    print(f"{args.step}: {time.perf_counter() - start:.1f} s, peak RSS {rss_mb():.0f} MB "
-          f"({rss_mb() - base:.0f} MB above the imports)")
+    print(
+        f"{args.step}: {time.perf_counter() - start:.1f} s, peak RSS {rss_mb():.0f} MB "
+        f"({rss_mb() - base:.0f} MB above the imports)"
+    )
 
 
 if __name__ == "__main__":

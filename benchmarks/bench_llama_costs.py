@@ -24,11 +24,26 @@ from specscope.serving.llamacpp import plot_cost_curves
 from specscope.serving.llamacpp_study import GridOptions, break_even_table, measure_grid
 from specscope.serving.llamaserver import build_llama_tools
 
-FULL = GridOptions(threads=(1, 2), polls=(0, 50), draft_threads=(1, 2),
-                   batches=((2048, 512), (512, 128)), quants=("Q4_K_M", "Q4_0", "Q8_0"),
-                   tokens=8, depth=192, repetitions=5)
-QUICK = GridOptions(threads=(2,), polls=(0, 50), draft_threads=(2,), batches=((2048, 512),),
-                    quants=("Q4_K_M",), tokens=8, depth=192, repetitions=2)
+FULL = GridOptions(
+    threads=(1, 2),
+    polls=(0, 50),
+    draft_threads=(1, 2),
+    batches=((2048, 512), (512, 128)),
+    quants=("Q4_K_M", "Q4_0", "Q8_0"),
+    tokens=8,
+    depth=192,
+    repetitions=5,
+)
+QUICK = GridOptions(
+    threads=(2,),
+    polls=(0, 50),
+    draft_threads=(2,),
+    batches=((2048, 512),),
+    quants=("Q4_K_M",),
+    tokens=8,
+    depth=192,
+    repetitions=2,
+)
 
 
 def main() -> None:
@@ -41,17 +56,18 @@ def main() -> None:
     opts = QUICK if args.quick else FULL
     from dataclasses import replace
 
-    opts = replace(opts, depth=args.depth,
-                   repetitions=args.repetitions or opts.repetitions)
+    opts = replace(opts, depth=args.depth, repetitions=args.repetitions or opts.repetitions)
     tools = build_llama_tools()
     grid = measure_grid(tools, demo_gguf("target"), demo_gguf("draft"), opts, print)
     write_json(args.out / "cost_grid.json", grid.to_dict())
     plot_cost_curves(grid, args.out / "pass_costs.png")
-    text = ("# llama.cpp pass costs (llama-bench)\n\n"
-            + grid.curve_table().to_markdown(index=False, floatfmt=".2f")
-            + "\n\n# Break-even tokens per step\n\n"
-            + break_even_table(grid, (1, 2, 3, 4, 5, 6, 7)).to_markdown(index=False,
-                                                                         floatfmt=".2f") + "\n")
+    text = (
+        "# llama.cpp pass costs (llama-bench)\n\n"
+        + grid.curve_table().to_markdown(index=False, floatfmt=".2f")
+        + "\n\n# Break-even tokens per step\n\n"
+        + break_even_table(grid, (1, 2, 3, 4, 5, 6, 7)).to_markdown(index=False, floatfmt=".2f")
+        + "\n"
+    )
     write_output(args.out / "costs.md", text)
     print(text)
 

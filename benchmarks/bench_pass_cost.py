@@ -32,22 +32,33 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"demo {args.role}, one forward of k tokens over a {args.context}-token cache, "
-          f"median of {args.repeats}, {args.threads} threads: ms (ratio to k = 1)")
+    print(
+        f"demo {args.role}, one forward of k tokens over a {args.context}-token cache, "
+        f"median of {args.repeats}, {args.threads} threads: ms (ratio to k = 1)"
+    )
     print(f"{'mode':9s}" + "".join(f"{k:>15d}" for k in SIZES))
     for mode in args.modes.split(","):
-        config = (PairConfig(dtype="float32", quantize="int8") if mode == "int8"
-                  else PairConfig(dtype=mode))
+        config = (
+            PairConfig(dtype="float32", quantize="int8")
+            if mode == "int8"
+            else PairConfig(dtype=mode)
+        )
         pair = load_pair(config)
         model = getattr(pair, args.role).model
         with torch.inference_mode():
             cache = DynamicCache(config=model.config)
-            model(input_ids=torch.randint(0, 1000, (1, args.context)), past_key_values=cache,
-                  use_cache=True, logits_to_keep=1)
+            model(
+                input_ids=torch.randint(0, 1000, (1, args.context)),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             vocab = model.config.vocab_size
             time_forward(model, cache, args.context, 1, 2, vocab)  # warm-up
-            ms = [1000 * time_forward(model, cache, args.context, k, args.repeats, vocab)
-                  for k in SIZES]
+            ms = [
+                1000 * time_forward(model, cache, args.context, k, args.repeats, vocab)
+                for k in SIZES
+            ]
         print(f"{mode:9s}" + "".join(f"{t:9.0f} ({t / ms[0]:3.1f})" for t in ms), flush=True)
         del pair, model, cache
 

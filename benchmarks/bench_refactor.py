@@ -29,8 +29,16 @@ from pathlib import Path
 import torch
 
 WORKS = ("run1", "run8", "sweep", "decode")
-PROMPTS = ["Hi.", "Explain recursion " * 6, "2+2?", "Write a long story about " * 3 + "a cat.",
-           "Why?", "List three colours, please.", "ok", "Translate 'bonjour' to English."]
+PROMPTS = [
+    "Hi.",
+    "Explain recursion " * 6,
+    "2+2?",
+    "Write a long story about " * 3 + "a cat.",
+    "Why?",
+    "List three colours, please.",
+    "ok",
+    "Translate 'bonjour' to English.",
+]
 
 
 def build_models(root: Path) -> None:
@@ -47,9 +55,12 @@ def build_models(root: Path) -> None:
                     p.mul_(1 + 0.05 * torch.randn_like(p))
         model.save_pretrained(root / role)
         tok.save_pretrained(root / role)
-    (root / "prompts.jsonl").write_text("".join(
-        json.dumps({"id": f"q{i}", "domain": "code", "prompt": t}) + "\n"
-        for i, t in enumerate(PROMPTS)))
+    (root / "prompts.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "domain": "code", "prompt": t}) + "\n"
+            for i, t in enumerate(PROMPTS)
+        )
+    )
 
 
 def work(name: str, models: Path) -> None:
@@ -58,36 +69,58 @@ def work(name: str, models: Path) -> None:
     from specscope.run.config import PromptSpec, RunConfig
     from specscope.trees import TreeConfig
 
-    pair_config = PairConfig(draft=str(models / "draft"), target=str(models / "target"),
-                             dtype="float32")
-    config = RunConfig(pair=pair_config, tree=TreeConfig(policy="paper"),
-                       prompts=PromptSpec(file=str(models / "prompts.jsonl")), max_new_tokens=16)
+    pair_config = PairConfig(
+        draft=str(models / "draft"), target=str(models / "target"), dtype="float32"
+    )
+    config = RunConfig(
+        pair=pair_config,
+        tree=TreeConfig(policy="paper"),
+        prompts=PromptSpec(file=str(models / "prompts.jsonl")),
+        max_new_tokens=16,
+    )
     pair = load_pair(pair_config)
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         if name in ("run1", "run8"):
             from specscope.run.study import run_study
 
-            run_study(config, Path(out) / "run", progress=False, pair=pair,
-                      batch_size=int(name[-1]))
+            run_study(
+                config, Path(out) / "run", progress=False, pair=pair, batch_size=int(name[-1])
+            )
         elif name == "sweep":
             from specscope.sweep import Execution, parse_sweep, run_sweep
 
-            spec = parse_sweep({"name": "bench", "defaults": {
-                "max_new_tokens": 16, "pair": {"draft": pair_config.draft,
-                                               "target": pair_config.target, "dtype": "float32"},
-                "prompts": {"file": str(models / "prompts.jsonl")}},
-                "trees": [{"name": "paper", "policy": "paper"},
-                          {"name": "chain", "policy": "chain", "depth": 4}]})
-            run_sweep(spec, Path(out) / "sweep", execution=Execution(prompts_per_shard=8),
-                      progress=False)
+            spec = parse_sweep(
+                {
+                    "name": "bench",
+                    "defaults": {
+                        "max_new_tokens": 16,
+                        "pair": {
+                            "draft": pair_config.draft,
+                            "target": pair_config.target,
+                            "dtype": "float32",
+                        },
+                        "prompts": {"file": str(models / "prompts.jsonl")},
+                    },
+                    "trees": [
+                        {"name": "paper", "policy": "paper"},
+                        {"name": "chain", "policy": "chain", "depth": 4},
+                    ],
+                }
+            )
+            run_sweep(
+                spec, Path(out) / "sweep", execution=Execution(prompts_per_shard=8), progress=False
+            )
         else:
             from specscope.decode import DecodeConfig, make_decoder
             from specscope.trees import DynamicTree
 
             decoder = make_decoder(pair)
-            for spec in (TreeConfig(policy="paper").shape(),
-                         TreeConfig(policy="chain", depth=4).shape(), DynamicTree(12, 4, 3)):
+            for spec in (
+                TreeConfig(policy="paper").shape(),
+                TreeConfig(policy="chain", depth=4).shape(),
+                DynamicTree(12, 4, 3),
+            ):
                 for text in PROMPTS[:3]:
                     ids = pair.tokenizer(text)["input_ids"]
                     decoder.generate(ids, spec, DecodeConfig(max_new_tokens=24))
@@ -104,18 +137,27 @@ def compare(before: str, after: str, repeats: int) -> None:
                 sides = (("before", before), ("after", after))
                 for side, src in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
                     env = {**os.environ, "PYTHONPATH": src}
-                    out = subprocess.run([sys.executable, __file__, name, "--models", str(models)],
-                                         env=env, capture_output=True, text=True, check=True)
+                    out = subprocess.run(
+                        [sys.executable, __file__, name, "--models", str(models)],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
                     seconds.setdefault((name, side), []).append(float(out.stdout.split()[-1]))
-                    print(f"repeat {r} {name:<6} {side:<6} {seconds[name, side][-1]:7.2f} s",
-                          flush=True)
+                    print(
+                        f"repeat {r} {name:<6} {side:<6} {seconds[name, side][-1]:7.2f} s",
+                        flush=True,
+                    )
     print(f"\n{'work':<8}{'before s (range)':>22}{'after s (range)':>22}{'before/after':>22}")
     for name in WORKS:
         b, a = seconds[name, "before"], seconds[name, "after"]
         ratios = [x / y for x, y in zip(b, a)]
-        print(f"{name:<8}{statistics.median(b):>9.2f} ({min(b):.2f}-{max(b):.2f})"
-              f"{statistics.median(a):>9.2f} ({min(a):.2f}-{max(a):.2f})"
-              f"{statistics.median(ratios):>10.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+        print(
+            f"{name:<8}{statistics.median(b):>9.2f} ({min(b):.2f}-{max(b):.2f})"
+            f"{statistics.median(a):>9.2f} ({min(a):.2f}-{max(a):.2f})"
+            f"{statistics.median(ratios):>10.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        )
 
 
 def main() -> None:

@@ -37,11 +37,16 @@ def byte_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return tok
 
 
@@ -49,10 +54,19 @@ def save_model(path: Path, tok, seed: int, layers: int, hidden: int) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
-                         max_position_embeddings=2048, tie_word_embeddings=False,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # peaked distributions, like a real LM's
@@ -63,15 +77,19 @@ def save_model(path: Path, tok, seed: int, layers: int, hidden: int) -> str:
 
 def records(run_dir: Path) -> list[pd.DataFrame]:
     run = load_run(run_dir)
-    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
-            for t in (run.nodes, run.steps, run.prompts)]
+    return [
+        t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
+        for t in (run.nodes, run.steps, run.prompts)
+    ]
 
 
 def shard_seconds(sweep_dir: Path) -> tuple[float, float]:
     """Mean wall and CPU time of a shard, from the shard status files."""
     shards = [json.loads(f.read_text()) for f in (sweep_dir / "shards").glob("*.json")]
-    return (sum(s["seconds"] for s in shards) / len(shards),
-            sum(s["cpu_seconds"] for s in shards) / len(shards))
+    return (
+        sum(s["seconds"] for s in shards) / len(shards),
+        sum(s["cpu_seconds"] for s in shards) / len(shards),
+    )
 
 
 def main() -> None:
@@ -83,8 +101,12 @@ def main() -> None:
     parser.add_argument("--draft-layers", type=int, default=2)
     parser.add_argument("--target-layers", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2, help="Ray CPUs = concurrent shards")
-    parser.add_argument("--local-threads", type=int, default=1,
-                        help="torch threads of the local run (1: the same per-shard budget)")
+    parser.add_argument(
+        "--local-threads",
+        type=int,
+        default=1,
+        help="torch threads of the local run (1: the same per-shard budget)",
+    )
     args = parser.parse_args()
 
     import ray
@@ -96,51 +118,86 @@ def main() -> None:
     domains = []
     for domain in ("code", "chat"):
         path = tmp / f"{domain}.jsonl"
-        path.write_text("".join(json.dumps({"id": f"{domain}{i}", "domain": domain,
-                                            "prompt": f"Prompt {i} of the {domain} domain: go on."})
-                                + "\n" for i in range(args.prompts)))
+        path.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "id": f"{domain}{i}",
+                        "domain": domain,
+                        "prompt": f"Prompt {i} of the {domain} domain: go on.",
+                    }
+                )
+                + "\n"
+                for i in range(args.prompts)
+            )
+        )
         domains.append({"name": domain, "file": str(path)})
-    spec = parse_sweep({
-        "name": "bench",
-        "defaults": {"max_new_tokens": args.max_new_tokens,
-                     "pair": {"draft": draft, "target": target, "dtype": "float32"}},
-        "trees": [{"policy": "paper"}, {"name": "chain4", "policy": "chain", "depth": 4}],
-        "domains": domains,
-    })
+    spec = parse_sweep(
+        {
+            "name": "bench",
+            "defaults": {
+                "max_new_tokens": args.max_new_tokens,
+                "pair": {"draft": draft, "target": target, "dtype": "float32"},
+            },
+            "trees": [{"policy": "paper"}, {"name": "chain4", "policy": "chain", "depth": 4}],
+            "domains": domains,
+        }
+    )
     shards = len(spec.points()) * -(-args.prompts // args.prompts_per_shard)
-    print(f"sweep: {len(spec.points())} grid points x {args.prompts} prompts x "
-          f"{args.max_new_tokens} tokens = {shards} shards of {args.prompts_per_shard} prompts; "
-          f"Llama hidden {args.hidden}, draft {args.draft_layers} / target {args.target_layers} "
-          f"layers, float32; torch threads: {args.local_threads} local, 1 per Ray worker")
+    print(
+        f"sweep: {len(spec.points())} grid points x {args.prompts} prompts x "
+        f"{args.max_new_tokens} tokens = {shards} shards of {args.prompts_per_shard} prompts; "
+        f"Llama hidden {args.hidden}, draft {args.draft_layers} / target {args.target_layers} "
+        f"layers, float32; torch threads: {args.local_threads} local, 1 per Ray worker"
+    )
 
     t0 = time.perf_counter()
-    local = run_sweep(spec, tmp / "local", executor="local", progress=False,
-                      execution=Execution(prompts_per_shard=args.prompts_per_shard,
-                                          threads=args.local_threads))
+    local = run_sweep(
+        spec,
+        tmp / "local",
+        executor="local",
+        progress=False,
+        execution=Execution(prompts_per_shard=args.prompts_per_shard, threads=args.local_threads),
+    )
     t_local = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
     t_init = time.perf_counter() - t0
-    remote = run_sweep(spec, tmp / "ray", executor="ray", progress=False,
-                       execution=Execution(prompts_per_shard=args.prompts_per_shard, threads=1))
+    remote = run_sweep(
+        spec,
+        tmp / "ray",
+        executor="ray",
+        progress=False,
+        execution=Execution(prompts_per_shard=args.prompts_per_shard, threads=1),
+    )
     t_ray = time.perf_counter() - t0
     ray.shutdown()
 
     same = args.local_threads != 1 or all(
         all(x.equals(y) for x, y in zip(records(a), records(b)))
-        for a, b in zip(sweep_run_dirs(tmp / "local"), sweep_run_dirs(tmp / "ray")))
+        for a, b in zip(sweep_run_dirs(tmp / "local"), sweep_run_dirs(tmp / "ray"))
+    )
     print(f"{'executor':<22}{'wall s':>9}{'nodes':>9}{'nodes/s':>10}")
     print(f"{'local':<22}{t_local:>9.1f}{local.nodes:>9}{local.nodes / t_local:>10.1f}")
-    print(f"{f'ray, {args.workers} workers':<22}{t_ray:>9.1f}{remote.nodes:>9}"
-          f"{remote.nodes / t_ray:>10.1f}   (ray.init {t_init:.1f} s, sweep {t_ray - t_init:.1f} s)")
-    print(f"ratio local / ray: {t_local / t_ray:.2f}x (sweep alone: "
-          f"{t_local / (t_ray - t_init):.2f}x); records identical: "
-          f"{'yes' if same else 'NO'}{' (not compared: other thread count)' if args.local_threads != 1 else ''}")
-    (local_s, local_cpu), (ray_s, ray_cpu) = shard_seconds(tmp / "local"), shard_seconds(tmp / "ray")
-    print(f"mean shard: {local_s:.1f} s wall / {local_cpu:.1f} s CPU local, {ray_s:.1f} s wall / "
-          f"{ray_cpu:.1f} s CPU on a Ray worker (wall well above CPU means other processes took the cores); "
-          f"load average (1 min) now {os.getloadavg()[0]:.1f}")
+    print(
+        f"{f'ray, {args.workers} workers':<22}{t_ray:>9.1f}{remote.nodes:>9}"
+        f"{remote.nodes / t_ray:>10.1f}   (ray.init {t_init:.1f} s, sweep {t_ray - t_init:.1f} s)"
+    )
+    print(
+        f"ratio local / ray: {t_local / t_ray:.2f}x (sweep alone: "
+        f"{t_local / (t_ray - t_init):.2f}x); records identical: "
+        f"{'yes' if same else 'NO'}{' (not compared: other thread count)' if args.local_threads != 1 else ''}"
+    )
+    (local_s, local_cpu), (ray_s, ray_cpu) = (
+        shard_seconds(tmp / "local"),
+        shard_seconds(tmp / "ray"),
+    )
+    print(
+        f"mean shard: {local_s:.1f} s wall / {local_cpu:.1f} s CPU local, {ray_s:.1f} s wall / "
+        f"{ray_cpu:.1f} s CPU on a Ray worker (wall well above CPU means other processes took the cores); "
+        f"load average (1 min) now {os.getloadavg()[0]:.1f}"
+    )
     print(f"(files left in {tmp})")
 
 

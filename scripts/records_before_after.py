@@ -28,11 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import make_model, make_tokenizer  # noqa: E402
 
 ARCHS = ("llama", "qwen2")
-DTYPES = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"},
-          "int8": {"dtype": "float32", "quantize": "int8"}}
+DTYPES = {
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"dtype": "float32", "quantize": "int8"},
+}
 TREES = {"paper": {"policy": "paper"}, "chain4": {"policy": "chain", "depth": 4}}
-PROMPTS = ["Hi.", "Explain recursion " * 6, "2+2?", "Write a long story about " * 3 + "a cat.",
-           "Why?", "List three colours, please."]
+PROMPTS = [
+    "Hi.",
+    "Explain recursion " * 6,
+    "2+2?",
+    "Write a long story about " * 3 + "a cat.",
+    "Why?",
+    "List three colours, please.",
+]
 DECODE_PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "Once upon a time"]
 
 
@@ -80,30 +89,51 @@ def write(out: Path) -> None:
     dirs = models(out.parent / "models")
     prompts = out / "prompts.jsonl"
     out.mkdir(parents=True, exist_ok=True)
-    prompts.write_text("".join(json.dumps({"id": f"q{i}", "domain": ["code", "chat"][i % 2],
-                                           "prompt": t}) + "\n" for i, t in enumerate(PROMPTS)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "domain": ["code", "chat"][i % 2], "prompt": t}) + "\n"
+            for i, t in enumerate(PROMPTS)
+        )
+    )
     for name, arch, dtype, tree, engine, batch in configs():
-        pair = PairConfig(draft=str(dirs[arch, "draft"]), target=str(dirs[arch, "target"]),
-                          **DTYPES[dtype])
-        config = RunConfig(pair=pair, tree=TreeConfig(**TREES[tree]), engine=engine,
-                           prompts=PromptSpec(file=str(prompts)), max_new_tokens=8)
+        pair = PairConfig(
+            draft=str(dirs[arch, "draft"]), target=str(dirs[arch, "target"]), **DTYPES[dtype]
+        )
+        config = RunConfig(
+            pair=pair,
+            tree=TreeConfig(**TREES[tree]),
+            engine=engine,
+            prompts=PromptSpec(file=str(prompts)),
+            max_new_tokens=8,
+        )
         run_study(config, out / "runs" / name, overwrite=True, progress=False, batch_size=batch)
         print("measured", name, flush=True)
-    specs = {"paper": TreeConfig(policy="paper").shape(),
-             "chain6": TreeConfig(policy="chain", depth=6).shape(),
-             "wide": TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0), (0, 1)]"),
-             "dynamic": DynamicTree(12, 4, 3), "dynamic-wide": DynamicTree(20, 3, 5)}
-    settings = {"greedy": DecodeConfig(max_new_tokens=20),
-                "greedy-stop": DecodeConfig(max_new_tokens=20, min_path_prob=0.2),
-                **{f"sample-{seed}": DecodeConfig(max_new_tokens=20, temperature=0.8, top_p=0.9,
-                                                  seed=seed) for seed in range(3)},
-                "sample-stop": DecodeConfig(max_new_tokens=20, temperature=0.5, seed=4,
-                                            min_path_prob=0.1)}
+    specs = {
+        "paper": TreeConfig(policy="paper").shape(),
+        "chain6": TreeConfig(policy="chain", depth=6).shape(),
+        "wide": TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0), (0, 1)]"),
+        "dynamic": DynamicTree(12, 4, 3),
+        "dynamic-wide": DynamicTree(20, 3, 5),
+    }
+    settings = {
+        "greedy": DecodeConfig(max_new_tokens=20),
+        "greedy-stop": DecodeConfig(max_new_tokens=20, min_path_prob=0.2),
+        **{
+            f"sample-{seed}": DecodeConfig(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=seed)
+            for seed in range(3)
+        },
+        "sample-stop": DecodeConfig(max_new_tokens=20, temperature=0.5, seed=4, min_path_prob=0.1),
+    }
     decoded = {}
     for arch in ARCHS:
         for dtype in ("float32", "int8"):
-            pair = load_pair(PairConfig(draft=str(dirs[arch, "draft"]),
-                                        target=str(dirs[arch, "target"]), **DTYPES[dtype]))
+            pair = load_pair(
+                PairConfig(
+                    draft=str(dirs[arch, "draft"]),
+                    target=str(dirs[arch, "target"]),
+                    **DTYPES[dtype],
+                )
+            )
             decoder = SpeculativeDecoder(pair.draft.model, pair.target.model, pair.vocab_size)
             for i, text in enumerate(DECODE_PROMPTS):
                 ids = pair.tokenizer(text)["input_ids"]
@@ -111,9 +141,12 @@ def write(out: Path) -> None:
                     for setting, config in settings.items():
                         result = decoder.generate(ids, spec, config)
                         decoded[f"{arch}.{dtype}.p{i}.{spec_name}.{setting}"] = {
-                            "tokens": result.tokens, "stop": result.stop_reason,
-                            "steps": [(s.tree_size, s.accepted_len, s.emitted_token)
-                                      for s in result.steps]}
+                            "tokens": result.tokens,
+                            "stop": result.stop_reason,
+                            "steps": [
+                                (s.tree_size, s.accepted_len, s.emitted_token) for s in result.steps
+                            ],
+                        }
     (out / "decoded.json").write_text(json.dumps(decoded))
     print(f"decoded {len(decoded)} requests", flush=True)
 
@@ -125,9 +158,14 @@ def differences(a_dir: Path, b_dir: Path) -> list[str]:
     tables = []
     for root in (a_dir, b_dir):
         run = load_run(root)
-        tables.append([t.drop(columns=[c for c in TIMING_COLUMNS if c in t] + ["run_id"])
-                       .sort_values([c for c in ("prompt_id", "step", "node_id") if c in t])
-                       .reset_index(drop=True) for t in (run.nodes, run.steps, run.prompts)])
+        tables.append(
+            [
+                t.drop(columns=[c for c in TIMING_COLUMNS if c in t] + ["run_id"])
+                .sort_values([c for c in ("prompt_id", "step", "node_id") if c in t])
+                .reset_index(drop=True)
+                for t in (run.nodes, run.steps, run.prompts)
+            ]
+        )
     notes = []
     for kind, a, b in zip(("nodes", "steps", "prompts"), *tables):
         if a.shape != b.shape:
@@ -149,8 +187,9 @@ def compare(before: Path, after: Path) -> None:
     """Every run under both ``runs/`` folders, and the decoded requests where both have them."""
     from specscope.records import load_run
 
-    names = sorted({p.name for p in (before / "runs").iterdir()}
-                   & {p.name for p in (after / "runs").iterdir()})
+    names = sorted(
+        {p.name for p in (before / "runs").iterdir()} & {p.name for p in (after / "runs").iterdir()}
+    )
     identical = 0
     for name in names:
         notes = differences(before / "runs" / name, after / "runs" / name)
@@ -165,8 +204,10 @@ def compare(before: Path, after: Path) -> None:
     assert a.keys() == b.keys()
     tokens = sum(a[k]["tokens"] != b[k]["tokens"] for k in a)
     steps = sum(a[k]["steps"] != b[k]["steps"] or a[k]["stop"] != b[k]["stop"] for k in a)
-    print(f"decoding: {len(a)} requests (2 archs x float32/int8 x 3 prompts x 5 trees x 6 "
-          f"settings); {tokens} with other tokens, {steps} with other steps")
+    print(
+        f"decoding: {len(a)} requests (2 archs x float32/int8 x 3 prompts x 5 trees x 6 "
+        f"settings); {tokens} with other tokens, {steps} with other steps"
+    )
 
 
 def main() -> None:

@@ -37,9 +37,12 @@ def make_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -55,10 +58,19 @@ def make_model(arch: str, vocab_size: int, seed: int, layers: int = 2, hidden: i
     torch.manual_seed(seed)
     kind = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
     config_cls, model_cls = kind[arch]
-    config = config_cls(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=1024, tie_word_embeddings=False,
-                        eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     config._attn_implementation = "sdpa"
     model = model_cls(config).eval()
     # Sharpen the random output layer so that distributions are peaked like a real LM's.
@@ -79,27 +91,40 @@ def near_pair(arch: str, tokenizer, noise: float = 0.05, seed: int = 7):
     return draft, target
 
 
-def run_config(tiny_dirs, prompts, arch: str = "qwen2", pair: dict | None = None,
-               **fields) -> RunConfig:
+def run_config(
+    tiny_dirs, prompts, arch: str = "qwen2", pair: dict | None = None, **fields
+) -> RunConfig:
     """A run of the tiny saved ``arch`` pair in float32 over the JSONL file ``prompts``: the paper
     tree and 12 new tokens unless ``fields`` say otherwise; ``pair`` overrides [pair] fields."""
-    pair_config = PairConfig(draft=str(tiny_dirs[arch, "draft"]),
-                             target=str(tiny_dirs[arch, "target"]),
-                             **{"dtype": "float32", **(pair or {})})
-    return RunConfig(**{"pair": pair_config, "tree": TreeConfig(policy="paper"),
-                        "prompts": PromptSpec(file=str(prompts)), "max_new_tokens": 12, **fields})
+    pair_config = PairConfig(
+        draft=str(tiny_dirs[arch, "draft"]),
+        target=str(tiny_dirs[arch, "target"]),
+        **{"dtype": "float32", **(pair or {})},
+    )
+    return RunConfig(
+        **{
+            "pair": pair_config,
+            "tree": TreeConfig(policy="paper"),
+            "prompts": PromptSpec(file=str(prompts)),
+            "max_new_tokens": 12,
+            **fields,
+        }
+    )
 
 
 # the smallest run a user-story test needs: a chain of 2, 3 new tokens, no certificates
-small_run_config = functools.partial(run_config, tree=TreeConfig(policy="chain", depth=2),
-                                     max_new_tokens=3, criteria=None)
+small_run_config = functools.partial(
+    run_config, tree=TreeConfig(policy="chain", depth=2), max_new_tokens=3, criteria=None
+)
 
 
 def read_records(run_dir):
     """A run's node, step and prompt tables without their timing columns."""
     run = load_run(run_dir)
-    return [t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
-            for t in (run.nodes, run.steps, run.prompts)]
+    return [
+        t.drop(columns=[c for c in TIMING_COLUMNS if c in t]).reset_index(drop=True)
+        for t in (run.nodes, run.steps, run.prompts)
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -133,9 +158,18 @@ def spine_nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50
         for p in range(prompts):
             for s in range(steps):
                 for d, rate in enumerate(r, start=1):
-                    rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "step": s,
-                                 "node_id": d - 1, "parent_id": d - 2, "depth": d,
-                                 "sibling_rank": 0, "greedy_accept": s < round(rate * steps)})
+                    rows.append(
+                        {
+                            "prompt_id": f"{domain}{p}",
+                            "domain": domain,
+                            "step": s,
+                            "node_id": d - 1,
+                            "parent_id": d - 2,
+                            "depth": d,
+                            "sibling_rank": 0,
+                            "greedy_accept": s < round(rate * steps),
+                        }
+                    )
     import pandas as pd
 
     return pd.DataFrame(rows)

@@ -33,44 +33,55 @@ from specscope.prompts import sources
 from specscope.prompts.items import read_jsonl
 from specscope.serving.ingest import IngestError, ingest
 
-PROMPTS = "".join(json.dumps({"id": f"p{i}", "domain": "code" if i % 2 else "chat",
-                              "prompt": f"question {i}"}) + "\n" for i in range(4))
+PROMPTS = "".join(
+    json.dumps({"id": f"p{i}", "domain": "code" if i % 2 else "chat", "prompt": f"question {i}"})
+    + "\n"
+    for i in range(4)
+)
 
 # One plausible line per format (joined to prompt p0), the first line of every bad log below.
 GOOD = {
     "vllm": '{"prompt_id": "p0", "response": {"id": "a", "usage": {"completion_tokens": 10}, '
-            '"metrics": {"speculative_decoding": {"num_spec_steps": 3, '
-            '"num_accepted_draft_tokens": 6, "num_draft_tokens": 6}}}}',
+    '"metrics": {"speculative_decoding": {"num_spec_steps": 3, '
+    '"num_accepted_draft_tokens": 6, "num_draft_tokens": 6}}}}',
     "sglang": '{"prompt_id": "p0", "response": {"meta_info": {"id": "a", "spec_verify_ct": 3, '
-              '"completion_tokens": 10}}}',
+    '"completion_tokens": 10}}}',
     "llama.cpp": '{"prompt_id": "p0", "response": {"id": "a", "timings": {"draft_n": 6, '
-                 '"draft_n_accepted": 6, "predicted_n": 10, "draft_n_verif_steps": 3}}}',
+    '"draft_n_accepted": 6, "predicted_n": 10, "draft_n_verif_steps": 3}}}',
     "spec-bench": '{"prompt_id": "p0", "response": {"question_id": 0, '
-                  '"choices": [{"accept_lengths": [3, 3, 3]}]}}',
+    '"choices": [{"accept_lengths": [3, 3, 3]}]}}',
 }
 
 
 def vllm(steps, accepted, drafted, generated=None, prompt="p1"):
     usage = "" if generated is None else f'"usage": {{"completion_tokens": {generated}}}, '
-    return (f'{{"prompt_id": "{prompt}", "response": {{"id": "b", {usage}"metrics": '
-            f'{{"speculative_decoding": {{"num_spec_steps": {steps}, '
-            f'"num_accepted_draft_tokens": {accepted}, "num_draft_tokens": {drafted}}}}}}}}}')
+    return (
+        f'{{"prompt_id": "{prompt}", "response": {{"id": "b", {usage}"metrics": '
+        f'{{"speculative_decoding": {{"num_spec_steps": {steps}, '
+        f'"num_accepted_draft_tokens": {accepted}, "num_draft_tokens": {drafted}}}}}}}}}'
+    )
 
 
 def sglang(steps, generated):
-    return (f'{{"prompt_id": "p1", "response": {{"meta_info": {{"id": "b", '
-            f'"spec_verify_ct": {steps}, "completion_tokens": {generated}}}}}}}')
+    return (
+        f'{{"prompt_id": "p1", "response": {{"meta_info": {{"id": "b", '
+        f'"spec_verify_ct": {steps}, "completion_tokens": {generated}}}}}}}'
+    )
 
 
 def llamacpp(drafted, accepted, generated, steps=None):
     verif = "" if steps is None else f', "draft_n_verif_steps": {steps}'
-    return (f'{{"prompt_id": "p1", "response": {{"id": "b", "timings": {{"draft_n": {drafted}, '
-            f'"draft_n_accepted": {accepted}, "predicted_n": {generated}{verif}}}}}}}')
+    return (
+        f'{{"prompt_id": "p1", "response": {{"id": "b", "timings": {{"draft_n": {drafted}, '
+        f'"draft_n_accepted": {accepted}, "predicted_n": {generated}{verif}}}}}}}'
+    )
 
 
 def spec_bench(lengths):
-    return (f'{{"prompt_id": "p1", "response": {{"question_id": 1, '
-            f'"choices": [{{"accept_lengths": {lengths}}}]}}}}')
+    return (
+        f'{{"prompt_id": "p1", "response": {{"question_id": 1, '
+        f'"choices": [{{"accept_lengths": {lengths}}}]}}}}'
+    )
 
 
 def _files(tmp_path, fmt, *lines, prompts=PROMPTS):
@@ -81,8 +92,19 @@ def _files(tmp_path, fmt, *lines, prompts=PROMPTS):
 
 def _ingest_cli(tmp_path, fmt, out=None):
     out = out or tmp_path / "run"
-    return CliRunner().invoke(app, ["ingest", str(tmp_path / "log.jsonl"), "-f", fmt,
-                                    "-p", str(tmp_path / "prompts.jsonl"), "-o", str(out)])
+    return CliRunner().invoke(
+        app,
+        [
+            "ingest",
+            str(tmp_path / "log.jsonl"),
+            "-f",
+            fmt,
+            "-p",
+            str(tmp_path / "prompts.jsonl"),
+            "-o",
+            str(out),
+        ],
+    )
 
 
 def _one_error_line(result) -> str:
@@ -104,31 +126,58 @@ IMPOSSIBLE = [
     ("vllm", vllm(0, 3, 6), "num_spec_steps is 0 but num_accepted_draft_tokens is 3"),
     # 8 verify steps need 1 + 8 tokens at least, plus all but the last step's accepted drafts
     # (the last may be cut by a stop after vLLM counted them)
-    ("vllm", vllm(8, 5, 24, generated=8), r"num_accepted_draft_tokens \+ num_spec_steps "
-                                           r"\(5 \+ 8\) exceeds usage.completion_tokens - 1 \(7\)"),
-    ("vllm", vllm(4, 2, 2**63), r"field 'num_draft_tokens' must be a non-negative integer of at "
-                                r"most 2\*\*63 - 1 \(int64\), got 9223372036854775808"),
+    (
+        "vllm",
+        vllm(8, 5, 24, generated=8),
+        r"num_accepted_draft_tokens \+ num_spec_steps "
+        r"\(5 \+ 8\) exceeds usage.completion_tokens - 1 \(7\)",
+    ),
+    (
+        "vllm",
+        vllm(4, 2, 2**63),
+        r"field 'num_draft_tokens' must be a non-negative integer of at "
+        r"most 2\*\*63 - 1 \(int64\), got 9223372036854775808",
+    ),
     ("vllm", vllm("true", 0, 3), r"field 'num_spec_steps' must be a non-negative integer.*True"),
     ("vllm", vllm(-1, 0, 3), "field 'num_spec_steps' must be a non-negative integer"),
     # before: 0 steps and 40 accepted tokens
     # (0 verify steps and 41 tokens is a request served without drafting: accepted, 0 steps)
-    ("sglang", sglang(0, 41).replace('"spec_verify_ct": 0', '"spec_verify_ct": 0, '
-                                     '"spec_accept_token_num": 40'),
-     "spec_verify_ct is 0 but spec_accept_token_num is 40"),
+    (
+        "sglang",
+        sglang(0, 41).replace(
+            '"spec_verify_ct": 0', '"spec_verify_ct": 0, "spec_accept_token_num": 40'
+        ),
+        "spec_verify_ct is 0 but spec_accept_token_num is 40",
+    ),
     ("sglang", sglang(16, 12), r"completion_tokens \(12\) is less than spec_verify_ct \+ 1"),
     ("sglang", sglang(2**63, 2**63), "field 'spec_verify_ct' must be a non-negative integer"),
     ("sglang", sglang(3, "false"), "field 'completion_tokens' must be a non-negative integer"),
     ("llama.cpp", llamacpp(2, 20, 64), r"draft_n_accepted \(20\) exceeds draft_n \(2\)"),
     # before: 1,000 verify steps for 64 tokens, 1.033 tokens per step
-    ("llama.cpp", llamacpp(60, 33, 64, steps=1000),
-     r"draft_n_accepted \+ draft_n_verif_steps \(33 \+ 1000\) exceeds predicted_n - 1 \(63\)"),
-    ("llama.cpp", llamacpp(60, 5, 64, steps=0), "draft_n_verif_steps is 0 but draft_n_accepted is 5"),
+    (
+        "llama.cpp",
+        llamacpp(60, 33, 64, steps=1000),
+        r"draft_n_accepted \+ draft_n_verif_steps \(33 \+ 1000\) exceeds predicted_n - 1 \(63\)",
+    ),
+    (
+        "llama.cpp",
+        llamacpp(60, 5, 64, steps=0),
+        "draft_n_verif_steps is 0 but draft_n_accepted is 5",
+    ),
     # (60 drafted, 30 accepted in 10 tokens is possible: llama-server counts a step's accepted
     # drafts before its stop checks, so one step of --spec-draft-n-max 32 can end at any token)
     ("llama.cpp", llamacpp(60, 30, 1), "draft_n is 60 but predicted_n is 1"),
     # before: stored as uint64
-    ("llama.cpp", llamacpp(2**63, 1, 64), "field 'draft_n' must be a non-negative integer of at most"),
-    ("spec-bench", spec_bench(f"[2, {2**63}]"), r"accept_lengths must be a list of integers >= 1.*int64"),
+    (
+        "llama.cpp",
+        llamacpp(2**63, 1, 64),
+        "field 'draft_n' must be a non-negative integer of at most",
+    ),
+    (
+        "spec-bench",
+        spec_bench(f"[2, {2**63}]"),
+        r"accept_lengths must be a list of integers >= 1.*int64",
+    ),
     ("spec-bench", spec_bench(f"[{2**62}, {2**62}]"), r"whose sum is at most 2\*\*63 - 1"),
     ("spec-bench", spec_bench("[true, 2]"), "accept_lengths must be a list of integers >= 1"),
 ]
@@ -149,9 +198,12 @@ def test_impossible_counts_are_refused_naming_file_line_field_and_rule(tmp_path,
 
 def test_counts_at_the_limits_of_the_rules_are_accepted(tmp_path):
     # accepted == drafted, accepted + steps == generated, no steps and nothing accepted
-    lines = {"vllm": [vllm(3, 6, 6, generated=9), vllm(0, 0, 0, generated=0, prompt="p2")],
-             "sglang": [sglang(0, 1)], "llama.cpp": [llamacpp(6, 6, 9, steps=3)],
-             "spec-bench": [spec_bench("[1, 1]")]}
+    lines = {
+        "vllm": [vllm(3, 6, 6, generated=9), vllm(0, 0, 0, generated=0, prompt="p2")],
+        "sglang": [sglang(0, 1)],
+        "llama.cpp": [llamacpp(6, 6, 9, steps=3)],
+        "spec-bench": [spec_bench("[1, 1]")],
+    }
     for fmt, extra in lines.items():
         folder = tmp_path / fmt.replace(".", "")
         folder.mkdir()
@@ -165,6 +217,7 @@ def test_counts_at_the_limits_of_the_rules_are_accepted(tmp_path):
 def _strict(text: str):
     def refuse(constant):
         raise AssertionError(f"non-standard JSON constant {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -181,13 +234,16 @@ def test_analysis_json_of_an_ingested_run_with_boot_0_is_strict_json(tmp_path):
 
 # --- case 14: JSONL ----------------------------------------------------------------------------------
 
-SEPARATORS = "a\u2028b\u2029c\u0085d"  # legal raw inside JSON strings; str.splitlines splits on each
+SEPARATORS = (
+    "a\u2028b\u2029c\u0085d"  # legal raw inside JSON strings; str.splitlines splits on each
+)
 
 
 def test_jsonl_lines_end_at_newline_only(tmp_path):
     # Before: "p0: not valid JSON (Unterminated string ...)" for the prompts and the log alike.
-    prompt = json.dumps({"id": "p0", "domain": "chat", "prompt": f"say {SEPARATORS}"},
-                        ensure_ascii=False)
+    prompt = json.dumps(
+        {"id": "p0", "domain": "chat", "prompt": f"say {SEPARATORS}"}, ensure_ascii=False
+    )
     line = GOOD["vllm"].replace('"id": "a"', f'"id": "a", "choices": [{{"text": "{SEPARATORS}"}}]')
     (tmp_path / "prompts.jsonl").write_text(prompt + "\r\n", encoding="utf-8")
     (tmp_path / "log.jsonl").write_text(line + "\r\n", encoding="utf-8")
@@ -200,8 +256,12 @@ def test_jsonl_lines_end_at_newline_only(tmp_path):
 
 def test_mtbench_questions_split_on_newline_only(monkeypatch):
     # Before: the question below split in three and the second piece was not JSON.
-    data = (json.dumps({"question_id": 81, "category": "writing", "turns": [SEPARATORS]},
-                       ensure_ascii=False) + "\n").encode()
+    data = (
+        json.dumps(
+            {"question_id": 81, "category": "writing", "turns": [SEPARATORS]}, ensure_ascii=False
+        )
+        + "\n"
+    ).encode()
     monkeypatch.setattr(sources, "_mtbench_from_installed", lambda: data)
     monkeypatch.setattr(sources, "MTBENCH_SHA256", hashlib.sha256(data).hexdigest())
     assert sources.mtbench_questions()[0].turns == (SEPARATORS,)
@@ -209,8 +269,12 @@ def test_mtbench_questions_split_on_newline_only(monkeypatch):
 
 def test_prompt_id_0_is_honoured(tmp_path):
     # Before: `prompt_id: 0` was falsy and the line joined prompt "b" (its request id), silently.
-    prompts = (json.dumps({"id": 0, "domain": "math", "prompt": "zero"}) + "\n"
-               + json.dumps({"id": "b", "domain": "chat", "prompt": "bee"}) + "\n")
+    prompts = (
+        json.dumps({"id": 0, "domain": "math", "prompt": "zero"})
+        + "\n"
+        + json.dumps({"id": "b", "domain": "chat", "prompt": "bee"})
+        + "\n"
+    )
     line = vllm(3, 2, 6).replace('"prompt_id": "p1"', '"prompt_id": 0')
     log, prompts_file = _files(tmp_path, "vllm", line, prompts=prompts)
     ingest(log, "vllm", prompts_file, tmp_path / "run")
@@ -223,10 +287,15 @@ def test_prompt_id_0_is_honoured(tmp_path):
 
 def _requests(n: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"prompt_id": [f"q{i}" for i in range(n)],
-                         "domain": np.array(["chat", "code", "math", "reasoning"])[np.arange(n) % 4],
-                         "steps": np.full(n, 30), "accepted": rng.binomial(90, 0.5, n),
-                         "drafted": np.full(n, 90)})
+    return pd.DataFrame(
+        {
+            "prompt_id": [f"q{i}" for i in range(n)],
+            "domain": np.array(["chat", "code", "math", "reasoning"])[np.arange(n) % 4],
+            "steps": np.full(n, 30),
+            "accepted": rng.binomial(90, 0.5, n),
+            "drafted": np.full(n, 90),
+        }
+    )
 
 
 def test_chunked_bootstrap_gives_the_figures_of_the_whole_weight_matrix(monkeypatch):
@@ -240,8 +309,10 @@ def test_chunked_bootstrap_gives_the_figures_of_the_whole_weight_matrix(monkeypa
     for domain, d in got.items():
         cols = np.flatnonzero(ordered["domain"].to_numpy() == domain)
         sub = boot.subset(cols)
-        s, a = sub.total(ordered["steps"].to_numpy(float)[cols]), \
-            sub.total(ordered["accepted"].to_numpy(float)[cols])
+        s, a = (
+            sub.total(ordered["steps"].to_numpy(float)[cols]),
+            sub.total(ordered["accepted"].to_numpy(float)[cols]),
+        )
         assert d.tokens_per_step == sub.estimate(ratio(a + s, s), prompts=len(cols))
         assert d.accepted_per_step == sub.estimate(ratio(a, s), prompts=len(cols))
         if domain == "math":
@@ -268,16 +339,21 @@ def test_bootstrap_memory_does_not_grow_with_the_requests():
         requests = _requests(n)
         columns = _peak_mb(partial(analyze_ingested, {}, requests, n_boot=0, seed=0))
         peak = _peak_mb(partial(analyze_ingested, {}, requests, n_boot=50, seed=0))
-        assert peak - columns < 20, f"{n} requests: {peak:.0f} MiB, {columns:.0f} MiB without resamples"
+        assert peak - columns < 20, (
+            f"{n} requests: {peak:.0f} MiB, {columns:.0f} MiB without resamples"
+        )
 
 
 def test_ingest_memory_does_not_grow_with_the_log(tmp_path):
     # Before: the whole log as text, then its lines, then every line's stats: 61 MiB here.
     text = "x" * 10_000  # llama-server and vLLM log each response's text with its stats
-    prompts = "".join(json.dumps({"id": f"p{i}", "domain": "chat", "prompt": "q"}) + "\n"
-                      for i in range(3000))
-    lines = [vllm(3, 2, 6, prompt=f"p{i}").replace('"id": "b"', f'"id": "b", "text": "{text}"')
-             for i in range(3000)]
+    prompts = "".join(
+        json.dumps({"id": f"p{i}", "domain": "chat", "prompt": "q"}) + "\n" for i in range(3000)
+    )
+    lines = [
+        vllm(3, 2, 6, prompt=f"p{i}").replace('"id": "b"', f'"id": "b", "text": "{text}"')
+        for i in range(3000)
+    ]
     log, prompts_file = _files(tmp_path, "vllm", *lines, prompts=prompts)
     assert log.stat().st_size > 30e6
     peak = _peak_mb(lambda: ingest(log, "vllm", prompts_file, tmp_path / "run"))
@@ -291,6 +367,7 @@ def test_ingest_memory_does_not_grow_with_the_log(tmp_path):
 def test_a_full_disk_during_ingest_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
     _files(tmp_path, "vllm", GOOD["vllm"])
     line = _one_error_line(_ingest_cli(tmp_path, "vllm"))
@@ -307,26 +384,44 @@ def test_out_an_existing_file_is_refused_and_kept(tmp_path):
     assert (tmp_path / "run").read_text() == "mine\n"
 
 
-@pytest.mark.parametrize("line,message", [
-    # before: OverflowError from pyarrow (a traceback)
-    (vllm(3, 2, 10**30), r"field 'num_draft_tokens' must be a non-negative integer.*"
-                         r"got 1000000000000000000000000000000"),
-    # before: AttributeError: 'int' object has no attribute 'get'
-    (vllm(3, 2, 6).replace('"id": "b", ', '"id": "b", "usage": 5, '),
-     "field 'usage' must be an object, got 5"),
-    (vllm(3, 2, 6).replace('"id": "b", ', '"id": "b", "usage": {"completion_tokens": "9"}, '),
-     "usage: field 'completion_tokens' must be a non-negative integer"),
-    (vllm(3, 2, 6).replace('"response": {"id": "b", "metrics": {',
-                           '"response": {"id": "b", "metrics": 5, "x": {'),
-     "no metrics.speculative_decoding"),
-    (vllm(3, 2, 6).replace('"prompt_id": "p1"', '"prompt_id": ["p1"]'),
-     r"field 'prompt_id' must be a string or an integer, got \['p1'\]"),
-    # before: RecursionError (no path, no line)
-    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
-    # before: ValueError: Exceeds the limit (4300 digits) for integer string conversion
-    (vllm(3, 2, "9" * 5000), "not usable JSON"),
-    (b"\xff\xfe{}".decode("latin-1"), "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        # before: OverflowError from pyarrow (a traceback)
+        (
+            vllm(3, 2, 10**30),
+            r"field 'num_draft_tokens' must be a non-negative integer.*"
+            r"got 1000000000000000000000000000000",
+        ),
+        # before: AttributeError: 'int' object has no attribute 'get'
+        (
+            vllm(3, 2, 6).replace('"id": "b", ', '"id": "b", "usage": 5, '),
+            "field 'usage' must be an object, got 5",
+        ),
+        (
+            vllm(3, 2, 6).replace(
+                '"id": "b", ', '"id": "b", "usage": {"completion_tokens": "9"}, '
+            ),
+            "usage: field 'completion_tokens' must be a non-negative integer",
+        ),
+        (
+            vllm(3, 2, 6).replace(
+                '"response": {"id": "b", "metrics": {',
+                '"response": {"id": "b", "metrics": 5, "x": {',
+            ),
+            "no metrics.speculative_decoding",
+        ),
+        (
+            vllm(3, 2, 6).replace('"prompt_id": "p1"', '"prompt_id": ["p1"]'),
+            r"field 'prompt_id' must be a string or an integer, got \['p1'\]",
+        ),
+        # before: RecursionError (no path, no line)
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+        # before: ValueError: Exceeds the limit (4300 digits) for integer string conversion
+        (vllm(3, 2, "9" * 5000), "not usable JSON"),
+        (b"\xff\xfe{}".decode("latin-1"), "not valid JSON"),
+    ],
+)
 def test_bad_fields_and_lines_are_one_line_naming_the_line(tmp_path, line, message):
     log, _ = _files(tmp_path, "vllm", GOOD["vllm"], line)
     error = _one_error_line(_ingest_cli(tmp_path, "vllm"))
@@ -354,12 +449,13 @@ def _damage_missing(run):
 
 def _damage_truncated(run):
     data = (run / "requests.parquet").read_bytes()
-    (run / "requests.parquet").write_bytes(data[:len(data) // 2])
+    (run / "requests.parquet").write_bytes(data[: len(data) // 2])
 
 
 def _damage_column(run):
     pd.read_parquet(run / "requests.parquet").drop(columns=["accepted"]).to_parquet(
-        run / "requests.parquet")
+        run / "requests.parquet"
+    )
 
 
 def _damage_type(run):
@@ -368,12 +464,15 @@ def _damage_type(run):
     frame.to_parquet(run / "requests.parquet")
 
 
-@pytest.mark.parametrize("damage,message", [
-    (_damage_missing, "requests.parquet is missing"),  # before: FileNotFoundError traceback
-    (_damage_truncated, "requests.parquet is damaged"),  # before: ArrowInvalid traceback
-    (_damage_column, "requests.parquet has no column 'accepted'"),  # before: KeyError
-    (_damage_type, "column 'steps' is not numeric"),  # before: ValueError in numpy
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (_damage_missing, "requests.parquet is missing"),  # before: FileNotFoundError traceback
+        (_damage_truncated, "requests.parquet is damaged"),  # before: ArrowInvalid traceback
+        (_damage_column, "requests.parquet has no column 'accepted'"),  # before: KeyError
+        (_damage_type, "column 'steps' is not numeric"),  # before: ValueError in numpy
+    ],
+)
 def test_analyze_of_a_damaged_ingested_run_is_one_line(tmp_path, damage, message):
     _files(tmp_path, "vllm", GOOD["vllm"])
     assert _ingest_cli(tmp_path, "vllm").exit_code == 0
@@ -389,8 +488,9 @@ def test_tables_md_of_an_ingested_run_escapes_domain_names(tmp_path):
     prompts = json.dumps({"id": "p0", "domain": hostile, "prompt": "question 0"}) + "\n"
     _files(tmp_path, "vllm", GOOD["vllm"], prompts=prompts)
     assert _ingest_cli(tmp_path, "vllm").exit_code == 0
-    result = CliRunner().invoke(app, ["analyze", str(tmp_path / "run"), "--boot", "0",
-                                      "--show", "none"])
+    result = CliRunner().invoke(
+        app, ["analyze", str(tmp_path / "run"), "--boot", "0", "--show", "none"]
+    )
     assert result.exit_code == 0, result.output
     tables = (tmp_path / "run" / "analysis" / "tables.md").read_text()
     assert hostile not in tables and "&lt;img" in tables

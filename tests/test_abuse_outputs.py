@@ -28,8 +28,11 @@ from specscope.tune.costs import CostModel
 from specscope.tune.policy import PolicyFile
 
 CHAIN2 = TreeShape.from_paths([(0,), (0, 0)])
-COSTS = CostModel(draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
-                  target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)), plain_token_s=0.1)
+COSTS = CostModel(
+    draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
+    target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)),
+    plain_token_s=0.1,
+)
 
 
 def _cli(*args):
@@ -47,8 +50,10 @@ def _one_line_error(result, *needles):
 
 def _strict(text: str):
     """json.loads that refuses NaN and Infinity, as strict parsers do."""
+
     def refuse(name):
         raise ValueError(f"non-standard JSON constant {name}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -83,8 +88,14 @@ NO_PAIR = ["--draft", "/nonexistent/draft", "--target", "/nonexistent/target"]
 
 
 def _tiny_pair(tiny_dirs):
-    return ["--draft", tiny_dirs["qwen2", "draft"], "--target", tiny_dirs["qwen2", "target"],
-            "--dtype", "float32"]
+    return [
+        "--draft",
+        tiny_dirs["qwen2", "draft"],
+        "--target",
+        tiny_dirs["qwen2", "target"],
+        "--dtype",
+        "float32",
+    ]
 
 
 # --- case 5: no writes through links planted in a run directory ---------------------------------
@@ -114,7 +125,10 @@ def test_analyze_out_elsewhere_replaces_a_link_instead_of_following_it(run_dir, 
     (out / "tables.md").symlink_to(victim)
     result = _cli("analyze", run_dir, "-o", out, "--boot", 0, "--no-plots", "--show", "none")
     assert result.exit_code == 0, result.output
-    assert not (out / "tables.md").is_symlink() and "specscope analysis" in (out / "tables.md").read_text()
+    assert (
+        not (out / "tables.md").is_symlink()
+        and "specscope analysis" in (out / "tables.md").read_text()
+    )
     assert victim.read_text() == "precious\n"
     _strict((out / "analysis.json").read_text())
 
@@ -142,8 +156,18 @@ def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
     with pytest.raises(OutputError, match="symbolic link"):
-        run_llamacpp_study(run_dir, run_dir / "llamacpp", tmp_path / "t.gguf", tmp_path / "d.gguf",
-                           1, 4, (1,), GridOptions(), None, 0)
+        run_llamacpp_study(
+            run_dir,
+            run_dir / "llamacpp",
+            tmp_path / "t.gguf",
+            tmp_path / "d.gguf",
+            1,
+            4,
+            (1,),
+            GridOptions(),
+            None,
+            0,
+        )
     assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
 
 
@@ -257,7 +281,9 @@ def test_policy_and_costs_are_strict_json(run_dir, costs, tmp_path):
     path = tmp_path / "p.json"
     PolicyFile(trees={"code": CHAIN2}, info={"note": float("nan")}).save(path)
     assert _strict(path.read_text())["note"] is None
-    result = _cli("tune", run_dir, "--costs", costs, "--min-count", 1, "-o", tmp_path / "tuned.json")
+    result = _cli(
+        "tune", run_dir, "--costs", costs, "--min-count", 1, "-o", tmp_path / "tuned.json"
+    )
     assert result.exit_code == 0, result.output
     tuned = _strict((tmp_path / "tuned.json").read_text())
     assert tuned["cost_model"]["plain_token_s"] == 0.1
@@ -288,17 +314,20 @@ def test_tree_paths_literal_refuses_booleans():
         TreeShape.parse("[(0,), (True,)]")
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda c: c["draft_s"][0].__setitem__(1, -0.01), "must be > 0"),
-    (lambda c: c.__setitem__("plain_token_s", float("nan")), "finite"),
-    (lambda c: c.__setitem__("plain_token_s", 0), "must be > 0"),
-    (lambda c: c["target_s"][1].__setitem__(1, 0.0), "must be > 0"),
-    (lambda c: c.__setitem__("draft_s", []), "draft_s is empty"),
-    (lambda c: c.pop("target_s"), "missing 'target_s'"),
-    (lambda c: c.__setitem__("plain_token_s", "0.1"), "finite number"),
-    (lambda c: c.__setitem__("overhead_s", float("inf")), "finite"),
-    (lambda c: c["draft_s"][0].__setitem__(0, True), "integer"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda c: c["draft_s"][0].__setitem__(1, -0.01), "must be > 0"),
+        (lambda c: c.__setitem__("plain_token_s", float("nan")), "finite"),
+        (lambda c: c.__setitem__("plain_token_s", 0), "must be > 0"),
+        (lambda c: c["target_s"][1].__setitem__(1, 0.0), "must be > 0"),
+        (lambda c: c.__setitem__("draft_s", []), "draft_s is empty"),
+        (lambda c: c.pop("target_s"), "missing 'target_s'"),
+        (lambda c: c.__setitem__("plain_token_s", "0.1"), "finite number"),
+        (lambda c: c.__setitem__("overhead_s", float("inf")), "finite"),
+        (lambda c: c["draft_s"][0].__setitem__(0, True), "integer"),
+    ],
+)
 def test_tune_refuses_impossible_costs(run_dir, tmp_path, change, needle):
     # before: negative, NaN or zero times were accepted (a NaN cost gave a policy with NaN
     # literals); empty tables or a missing key ended in a traceback
@@ -306,14 +335,22 @@ def test_tune_refuses_impossible_costs(run_dir, tmp_path, change, needle):
     change(document)
     bad = tmp_path / "bad-costs.json"
     bad.write_text(json.dumps(document))
-    _one_line_error(_cli("tune", run_dir, "--costs", bad, "-o", tmp_path / "p.json"),
-                    needle, str(bad))
+    _one_line_error(
+        _cli("tune", run_dir, "--costs", bad, "-o", tmp_path / "p.json"), needle, str(bad)
+    )
     assert not (tmp_path / "p.json").exists()
 
 
-@pytest.mark.parametrize("option, value", [("--context-len", 0), ("--repeats", 0),
-                                           ("--max-rank", 0), ("--min-count", -1),
-                                           ("--min-speedup", "nan")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--context-len", 0),
+        ("--repeats", 0),
+        ("--max-rank", 0),
+        ("--min-count", -1),
+        ("--min-speedup", "nan"),
+    ],
+)
 def test_tune_refuses_out_of_range_options(run_dir, costs, option, value):
     # before: accepted (max_rank 0 meant "any rank", a NaN min_speedup never speculated)
     result = _cli("tune", run_dir, "--costs", costs, option, value)
@@ -324,12 +361,15 @@ def test_tune_refuses_out_of_range_options(run_dir, costs, option, value):
 # --- tracebacks that are now one line ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, content, needle", [
-    ("latin1.json", b'{"domains": {"code": {"tree": "caf\xe9"}}}', "not UTF-8"),
-    ("latin1.toml", b'[domains.code]\ntree = "caf\xe9"\n', "not UTF-8"),
-    ("deep.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    ("list.json", b"[]", "must hold a JSON object"),
-])
+@pytest.mark.parametrize(
+    "name, content, needle",
+    [
+        ("latin1.json", b'{"domains": {"code": {"tree": "caf\xe9"}}}', "not UTF-8"),
+        ("latin1.toml", b'[domains.code]\ntree = "caf\xe9"\n', "not UTF-8"),
+        ("deep.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        ("list.json", b"[]", "must hold a JSON object"),
+    ],
+)
 def test_export_of_an_unreadable_policy_is_one_line(tmp_path, name, content, needle):
     # before: UnicodeDecodeError / RecursionError tracebacks
     path = tmp_path / name
@@ -340,13 +380,17 @@ def test_export_of_an_unreadable_policy_is_one_line(tmp_path, name, content, nee
 def test_export_to_a_directory_or_under_a_file_is_one_line(policy, tmp_path):
     # before: IsADirectoryError / NotADirectoryError tracebacks
     _one_line_error(_cli("export", policy, "--to", "llama.cpp", "-o", tmp_path), "is a directory")
-    _one_line_error(_cli("export", policy, "--to", "llama.cpp", "-o", policy / "x.json"),
-                    "is a file, not a directory")
+    _one_line_error(
+        _cli("export", policy, "--to", "llama.cpp", "-o", policy / "x.json"),
+        "is a file, not a directory",
+    )
 
 
 def test_decode_prompt_file_missing_or_a_directory_is_one_line(tmp_path):
     # before: FileNotFoundError / IsADirectoryError tracebacks
-    _one_line_error(_cli("decode", "--prompt-file", tmp_path / "nope.txt", *NO_PAIR), "does not exist")
+    _one_line_error(
+        _cli("decode", "--prompt-file", tmp_path / "nope.txt", *NO_PAIR), "does not exist"
+    )
     _one_line_error(_cli("decode", "--prompt-file", tmp_path, *NO_PAIR), "is a directory")
 
 
@@ -372,35 +416,56 @@ def test_bench_with_one_domain(tmp_path):
     assert set(chosen.routers) == {"rules"} and [i.domain for i in chosen.items] == ["code"]
     with pytest.raises(DecodeError, match="two domains"):
         bench_prompts(["code"], 1, 42, None, "learned")
-    _one_line_error(_cli("bench", "--domains", "code", "--router", "learned", *NO_PAIR),
-                    "two domains")
+    _one_line_error(
+        _cli("bench", "--domains", "code", "--router", "learned", *NO_PAIR), "two domains"
+    )
 
 
 def test_decode_checks_the_tree_against_the_vocabulary(tiny_dirs):
     # before: ranks beyond the vocabulary (which run refuses) and --top-k 1000 ended in
     # tracebacks from torch.topk
     pair = _tiny_pair(tiny_dirs)
-    _one_line_error(_cli("decode", "hi", "--policy", "static", "--paths", "[(0,), (999,)]", *pair),
-                    "rank 999", "vocabulary")
-    _one_line_error(_cli("decode", "hi", "--policy", "dynamic", "--top-k", 1000, *pair),
-                    "top_k 1000", "vocabulary")
+    _one_line_error(
+        _cli("decode", "hi", "--policy", "static", "--paths", "[(0,), (999,)]", *pair),
+        "rank 999",
+        "vocabulary",
+    )
+    _one_line_error(
+        _cli("decode", "hi", "--policy", "dynamic", "--top-k", 1000, *pair),
+        "top_k 1000",
+        "vocabulary",
+    )
 
 
 def test_decode_records_into_a_missing_directory_are_written(tiny_dirs, tmp_path):
     # before: FileNotFoundError after the whole generation; decided: the directories are made
     records = tmp_path / "new" / "dir" / "steps.jsonl"
-    result = _cli("decode", "hi", "--max-new-tokens", 3, "--records", records, *_tiny_pair(tiny_dirs))
+    result = _cli(
+        "decode", "hi", "--max-new-tokens", 3, "--records", records, *_tiny_pair(tiny_dirs)
+    )
     assert result.exit_code == 0, result.output
     assert records.read_text().count("\n") >= 1
     _one_line_error(_cli("decode", "hi", "--records", tmp_path / "steps.txt", *NO_PAIR), ".parquet")
 
 
-@pytest.mark.parametrize("args", [
-    ["decode", "--prompt-file", "s3://bucket/p.jsonl"],
-    ["export", "policy.json", "--to", "vllm", "-o", "s3://bucket/x.json"],
-    ["ingest", "s3://bucket/log.jsonl", "--format", "vllm", "--prompts", "p.jsonl", "--out", "x"],
-    ["llamacpp", "hdfs://head/run"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["decode", "--prompt-file", "s3://bucket/p.jsonl"],
+        ["export", "policy.json", "--to", "vllm", "-o", "s3://bucket/x.json"],
+        [
+            "ingest",
+            "s3://bucket/log.jsonl",
+            "--format",
+            "vllm",
+            "--prompts",
+            "p.jsonl",
+            "--out",
+            "x",
+        ],
+        ["llamacpp", "hdfs://head/run"],
+    ],
+)
 def test_a_uri_given_for_a_local_path_is_one_line(tmp_path, monkeypatch, args):
     # before: click folded s3://bucket/p into the local relative path s3:/bucket/p and
     # read or wrote there (or named the mangled path as missing)

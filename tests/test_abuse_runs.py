@@ -32,17 +32,38 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    lines = [{"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question {i}: why?"}
-             for i in range(3)]
+    lines = [
+        {"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question {i}: why?"}
+        for i in range(3)
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return path
 
 
 def _run_args(tiny_dirs, prompt_file, out, *extra) -> list[str]:
-    return ["run", "--out", str(out), "--quiet", "--draft", str(tiny_dirs["qwen2", "draft"]),
-            "--target", str(tiny_dirs["qwen2", "target"]), "--dtype", "float32",
-            "--prompts", str(prompt_file), "--policy", "chain", "--depth", "2",
-            "--max-new-tokens", "3", "--batch-size", "1", *extra]
+    return [
+        "run",
+        "--out",
+        str(out),
+        "--quiet",
+        "--draft",
+        str(tiny_dirs["qwen2", "draft"]),
+        "--target",
+        str(tiny_dirs["qwen2", "target"]),
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(prompt_file),
+        "--policy",
+        "chain",
+        "--depth",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--batch-size",
+        "1",
+        *extra,
+    ]
 
 
 # --- case 1: remote code only from the command line ---------------------------------------------
@@ -57,15 +78,17 @@ def evil_model(tiny_dirs, tmp_path):
     marker = tmp_path / "MARKER"
     (model / "evil.py").write_text(
         f"import pathlib\npathlib.Path({str(marker)!r}).write_text('code ran')\n"
-        "from transformers import Qwen2Config as EvilConfig, Qwen2ForCausalLM as EvilModel\n")
+        "from transformers import Qwen2Config as EvilConfig, Qwen2ForCausalLM as EvilModel\n"
+    )
     config = json.loads((model / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
     (model / "config.json").write_text(json.dumps(config))
     return model, marker
 
 
-def test_a_shared_run_manifest_runs_no_model_code_in_tune(evil_model, tiny_dirs, prompt_file,
-                                                         tmp_path):
+def test_a_shared_run_manifest_runs_no_model_code_in_tune(
+    evil_model, tiny_dirs, prompt_file, tmp_path
+):
     # Before: `tune RUN_DIR` took trust_remote_code from the run's manifest and imported evil.py.
     from specscope.run.study import run_study
 
@@ -73,18 +96,33 @@ def test_a_shared_run_manifest_runs_no_model_code_in_tune(evil_model, tiny_dirs,
     run = tmp_path / "shared-run"
     run_study(small_run_config(tiny_dirs, prompt_file), run, progress=False)
     manifest = json.loads((run / "manifest.json").read_text())
-    manifest["config"]["pair"].update(draft=str(tiny_dirs["qwen2", "draft"]), target=str(model),
-                                      trust_remote_code=True)
+    manifest["config"]["pair"].update(
+        draft=str(tiny_dirs["qwen2", "draft"]), target=str(model), trust_remote_code=True
+    )
     (run / "manifest.json").write_text(json.dumps(manifest))
-    result = cli.invoke(app, ["tune", str(run), "--context-len", "8", "--repeats", "1",
-                              "--max-nodes", "2", "-o", str(tmp_path / "policy.json")])
+    result = cli.invoke(
+        app,
+        [
+            "tune",
+            str(run),
+            "--context-len",
+            "8",
+            "--repeats",
+            "1",
+            "--max-nodes",
+            "2",
+            "-o",
+            str(tmp_path / "policy.json"),
+        ],
+    )
     assert not marker.exists()
     assert result.exit_code == 0, result.output
     assert result.stderr.count("--trust-remote-code") == 1
 
 
-def test_a_config_file_asking_for_remote_code_runs_none(evil_model, tiny_dirs, prompt_file,
-                                                       tmp_path):
+def test_a_config_file_asking_for_remote_code_runs_none(
+    evil_model, tiny_dirs, prompt_file, tmp_path
+):
     # Before: `run --config OTHER/manifest.json` (the README's "measure more like it") took
     # trust_remote_code from the file and imported evil.py.
     model, marker = evil_model
@@ -92,13 +130,28 @@ def test_a_config_file_asking_for_remote_code_runs_none(evil_model, tiny_dirs, p
     config = small_run_config(tiny_dirs, prompt_file).to_dict()
     config["pair"].update(target=str(model), trust_remote_code=True)
     other.write_text(json.dumps({"config": config}))
-    result = cli.invoke(app, ["run", "--config", str(other), "--out", str(tmp_path / "o"),
-                              "--quiet", "--batch-size", "1"])
+    result = cli.invoke(
+        app,
+        [
+            "run",
+            "--config",
+            str(other),
+            "--out",
+            str(tmp_path / "o"),
+            "--quiet",
+            "--batch-size",
+            "1",
+        ],
+    )
     assert not marker.exists()
     assert result.exit_code == 0, result.output
     assert result.stderr.count("--trust-remote-code") == 1
-    assert json.loads((tmp_path / "o" / "manifest.json").read_text())[
-        "config"]["pair"]["trust_remote_code"] is False
+    assert (
+        json.loads((tmp_path / "o" / "manifest.json").read_text())["config"]["pair"][
+            "trust_remote_code"
+        ]
+        is False
+    )
 
 
 def test_remote_code_still_comes_from_the_command_line(tmp_path):
@@ -135,8 +188,12 @@ def test_a_second_run_on_a_live_run_dir_is_refused(tiny_dirs, prompt_file, tmp_p
     out = tmp_path / "live"
     first = subprocess.Popen(
         [sys.executable, "-c", PAUSED_RUN, *_run_args(tiny_dirs, prompt_file, out)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**__import__("os").environ, "PYTHONPATH": SRC})
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": SRC},
+    )
     try:
         assert first.stdout.readline() == "measuring\n", first.stderr.read()
         manifest = (out / "manifest.json").read_bytes()
@@ -164,10 +221,12 @@ def test_a_failed_start_whose_owner_is_gone_is_still_replaced(tiny_dirs, prompt_
     # the lock file names a dead pid) is a failed start, replaced as before.
     out = tmp_path / "stale"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps(
-        {"schema_version": 1, "run_id": "older", "status": "running", "config": {}}))
-    (out / ".specscope.lock").write_text(json.dumps(
-        {"pid": 999999, "host": "gone", "started": "2020-01-01T00:00:00+00:00"}))
+    (out / "manifest.json").write_text(
+        json.dumps({"schema_version": 1, "run_id": "older", "status": "running", "config": {}})
+    )
+    (out / ".specscope.lock").write_text(
+        json.dumps({"pid": 999999, "host": "gone", "started": "2020-01-01T00:00:00+00:00"})
+    )
     result = cli.invoke(app, _run_args(tiny_dirs, prompt_file, out))
     assert result.exit_code == 0, result.output
     from specscope.records import load_run
@@ -184,8 +243,14 @@ def test_a_sweep_shard_takes_the_run_lock(tiny_dirs, prompt_file, tmp_path):
     config = small_run_config(tiny_dirs, prompt_file)
     items = tuple(enumerate(config.prompts.select(config.seed)))
     run_dir = tmp_path / "point"
-    shard = Shard("point/0", "point", str(run_dir), str(tmp_path / "shards" / "point.0000.json"),
-                  config, items)
+    shard = Shard(
+        "point/0",
+        "point",
+        str(run_dir),
+        str(tmp_path / "shards" / "point.0000.json"),
+        config,
+        items,
+    )
     with run_lock(run_dir, shard="point/0"):  # the first attempt, still alive
         with pytest.raises(RunDirError, match=r"shard point/0 .*pid \d+"):
             run_shard(shard)
@@ -258,8 +323,9 @@ def test_two_writers_of_one_part_never_tear_it(tmp_path, monkeypatch):
 # --- case 11: a run that grew after it was consolidated ----------------------------------------
 
 
-def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(tiny_dirs, prompt_file,
-                                                                   tmp_path, monkeypatch):
+def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(
+    tiny_dirs, prompt_file, tmp_path, monkeypatch
+):
     # Before: the consolidated files of the first, complete run were read and the prompts
     # committed after it grew (appended, resumed, killed) were ignored.
     from specscope.measure import study as measure_study
@@ -301,8 +367,9 @@ def _one_error_line(result, *names):
 
 
 @pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EACCES"])
-def test_a_failed_write_mid_run_is_one_line_and_loses_nothing(code, tiny_dirs, prompt_file,
-                                                              tmp_path, monkeypatch):
+def test_a_failed_write_mid_run_is_one_line_and_loses_nothing(
+    code, tiny_dirs, prompt_file, tmp_path, monkeypatch
+):
     # Before: a full disk (or read-only parts/, or no permission) mid-run gave an error without
     # the file, or a traceback. (As root, chmod does not stop writes: the write fails here.)
     import errno
@@ -336,8 +403,12 @@ def test_any_prompt_id_is_stored(tiny_dirs, tmp_path):
 
     ids = ["x" * 300, "é" * 200, "../../a/b", ".hidden", "p"]
     prompts = tmp_path / "long.jsonl"
-    prompts.write_text("".join(json.dumps({"id": i, "domain": "chat", "prompt": f"Hi {n}"}) + "\n"
-                               for n, i in enumerate(ids)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": i, "domain": "chat", "prompt": f"Hi {n}"}) + "\n"
+            for n, i in enumerate(ids)
+        )
+    )
     out = tmp_path / "long"
     result = cli.invoke(app, _run_args(tiny_dirs, prompts, out))
     assert result.exit_code == 0, result.output
@@ -355,8 +426,9 @@ def test_a_prompt_id_records_cannot_hold_is_refused_up_front(tiny_dirs, tmp_path
     assert not out.exists()  # nothing written, not even the directory
 
 
-@pytest.mark.parametrize("content", [b"[1, 2]", b'{"run_id": "\xff\xfe"}',
-                                     b"[" * 100_000 + b"]" * 100_000])
+@pytest.mark.parametrize(
+    "content", [b"[1, 2]", b'{"run_id": "\xff\xfe"}', b"[" * 100_000 + b"]" * 100_000]
+)
 def test_an_unusable_manifest_is_one_line(content, tiny_dirs, prompt_file, tmp_path):
     # Before: a manifest.json that is a list, not UTF-8 or nested 100,000 deep gave a traceback
     # (or an error that did not name the file).
@@ -369,8 +441,9 @@ def test_an_unusable_manifest_is_one_line(content, tiny_dirs, prompt_file, tmp_p
 
 
 @pytest.mark.parametrize("content", [b"[]", b"\xff\xfe not utf-8", b'{"x": 5, "y": [1]}'])
-def test_an_unusable_fingerprint_cache_costs_only_rehashing(content, tiny_dirs, prompt_file,
-                                                            tmp_path, monkeypatch):
+def test_an_unusable_fingerprint_cache_costs_only_rehashing(
+    content, tiny_dirs, prompt_file, tmp_path, monkeypatch
+):
     # Before: a fingerprints.json holding [] or non-UTF-8 bytes failed every run with a local model.
     from specscope.models.load import model_identity
 
@@ -387,8 +460,9 @@ def test_an_unusable_fingerprint_cache_costs_only_rehashing(content, tiny_dirs, 
     assert model_identity(str(source))["fingerprint"]
 
 
-def test_a_pickle_checkpoint_weights_only_refuses_is_a_model_error(tiny_dirs, prompt_file,
-                                                                   tmp_path, capfd):
+def test_a_pickle_checkpoint_weights_only_refuses_is_a_model_error(
+    tiny_dirs, prompt_file, tmp_path, capfd
+):
     # Before: torch's UnpicklingError escaped as a traceback instead of the model-loading error.
     import torch
     from safetensors.torch import load_file

@@ -28,7 +28,7 @@ from specscope.run.config import RunConfig
 from specscope.sweep import SweepError, parse_sweep, run_sweep, sweep_run_dirs
 
 cli = CliRunner()
-HOSTILE = '<img src=x onerror=alert(1)>'
+HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def _one_line_error(result, *needles):
@@ -41,8 +41,12 @@ def _one_line_error(result, *needles):
 
 def _prompts(folder, n=1):
     path = folder / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"q{i}", "domain": "code", "prompt": f"Say {i}."})
-                            + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "domain": "code", "prompt": f"Say {i}."}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -50,9 +54,15 @@ def _sweep_data(tiny_dirs, folder, trees=None):
     """One grid point per tree (default: chain depth 1) on the tiny llama pair, one prompt."""
     return {
         "name": "abuse",
-        "defaults": {"max_new_tokens": 2, "prompts": {"file": str(_prompts(folder))},
-                     "pair": {"draft": str(tiny_dirs["llama", "draft"]),
-                              "target": str(tiny_dirs["llama", "target"]), "dtype": "float32"}},
+        "defaults": {
+            "max_new_tokens": 2,
+            "prompts": {"file": str(_prompts(folder))},
+            "pair": {
+                "draft": str(tiny_dirs["llama", "draft"]),
+                "target": str(tiny_dirs["llama", "target"]),
+                "dtype": "float32",
+            },
+        },
         "trees": trees or [{"name": "one", "policy": "chain", "depth": 1}],
         "execution": {"threads": 1},
     }
@@ -65,8 +75,8 @@ def _toml(tiny_dirs, folder, name="one"):
 max_new_tokens = 2
 prompts = {{ file = "{_prompts(folder)}" }}
 [defaults.pair]
-draft = "{tiny_dirs['llama', 'draft']}"
-target = "{tiny_dirs['llama', 'target']}"
+draft = "{tiny_dirs["llama", "draft"]}"
+target = "{tiny_dirs["llama", "target"]}"
 dtype = "float32"
 [[trees]]
 name = "{name}"
@@ -78,21 +88,26 @@ depth = 1
 
 def _snapshot(folder):
     """Every file under ``folder`` (links not followed) and its bytes' digest."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
 def victim(tmp_path):
     """A run directory outside any sweep, with an analysis/ of its own."""
-    run = write_synthetic_run(tmp_path / "victim", prompts_per_domain=3, steps=4,
-                              run_id="victim-run")
+    run = write_synthetic_run(
+        tmp_path / "victim", prompts_per_domain=3, steps=4, run_id="victim-run"
+    )
     (run / "analysis").mkdir()
     (run / "analysis" / "notes.md").write_text("my notes\n")
     return run
 
 
 # --- case 2: sweep --overwrite --------------------------------------------------------------------
+
 
 def test_overwrite_follows_no_link_and_keeps_what_is_not_a_grid_point(tiny_dirs, tmp_path, victim):
     # before: --overwrite ran remove_run in every directory under OUT/runs/, links followed: a
@@ -153,6 +168,7 @@ def test_overwrite_keeps_a_run_the_sweep_did_not_write(tiny_dirs, tmp_path, vict
 
 # --- case 8: sweep.json confined; tables.md escaped -----------------------------------------------
 
+
 @pytest.mark.parametrize("run_dir", ["ABSOLUTE", "../victim", "runs/../../victim", "runs/x/../.."])
 def test_report_and_compare_read_no_run_outside_the_sweep(tmp_path, victim, run_dir):
     # before: report and compare read the run sweep.json pointed at, anywhere, and embedded its
@@ -160,8 +176,14 @@ def test_report_and_compare_read_no_run_outside_the_sweep(tmp_path, victim, run_
     sweep = tmp_path / "sweep"
     write_synthetic_run(sweep / "runs" / "a", prompts_per_domain=3, steps=4, run_id="a")
     run_dir = str(victim) if run_dir == "ABSOLUTE" else run_dir
-    (sweep / "sweep.json").write_text(json.dumps({"kind": "specscope-sweep", "points": [
-        {"label": "a", "run_dir": "runs/a"}, {"label": "b", "run_dir": run_dir}]}))
+    (sweep / "sweep.json").write_text(
+        json.dumps(
+            {
+                "kind": "specscope-sweep",
+                "points": [{"label": "a", "run_dir": "runs/a"}, {"label": "b", "run_dir": run_dir}],
+            }
+        )
+    )
     for args in (["compare", str(sweep)], ["report", str(sweep), "--no-plots"]):
         result = cli.invoke(app, [*args, "--boot", "0"])
         _one_line_error(result, "is not a directory runs/NAME inside the sweep")
@@ -174,8 +196,9 @@ def test_a_link_in_the_sweep_that_leads_outside_is_refused(tmp_path, victim):
     sweep = tmp_path / "sweep"
     (sweep / "runs").mkdir(parents=True)
     (sweep / "runs" / "b").symlink_to(victim, target_is_directory=True)
-    (sweep / "sweep.json").write_text(json.dumps({"kind": "specscope-sweep", "points": [
-        {"label": "b", "run_dir": "runs/b"}]}))
+    (sweep / "sweep.json").write_text(
+        json.dumps({"kind": "specscope-sweep", "points": [{"label": "b", "run_dir": "runs/b"}]})
+    )
     result = cli.invoke(app, ["compare", str(sweep), "--boot", "0"])
     _one_line_error(result, "outside the sweep")
     assert "victim-run" not in result.output
@@ -184,8 +207,9 @@ def test_a_link_in_the_sweep_that_leads_outside_is_refused(tmp_path, victim):
 def test_tables_md_escapes_domain_names_and_ids(tmp_path):
     # before: tables.md held the domain name's raw HTML (<img src=x onerror=...>) and the run id's
     profiles = {HOSTILE: DomainProfile(0.6, 0.3, 1.2), "chat": DomainProfile(0.5, 0.2, 1.0)}
-    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=4, steps=6, profiles=profiles,
-                              run_id="<b>id</b>|x")
+    run = write_synthetic_run(
+        tmp_path / "run", prompts_per_domain=4, steps=6, profiles=profiles, run_id="<b>id</b>|x"
+    )
     outputs = write_outputs(analyze(run, Settings(n_boot=10)), tmp_path / "out", plots=False)
     text = outputs.markdown.read_text()
     assert "<img" not in text and "<b>" not in text
@@ -194,15 +218,31 @@ def test_tables_md_escapes_domain_names_and_ids(tmp_path):
 
 # --- case 9: URIs ----------------------------------------------------------------------------------
 
+
 def test_file_uris_work_end_to_end(tiny_dirs, tmp_path, monkeypatch):
     # before: `run --out file:///...` wrote into ./file:/..., analyze and compare looked for
     # ./file:/..., and the `specscope compare file:///...` that sweep printed failed
     monkeypatch.chdir(tmp_path)
     run_uri = f"file://{tmp_path}/run"
-    result = cli.invoke(app, ["run", "--out", run_uri, "--draft", str(tiny_dirs["llama", "draft"]),
-                              "--target", str(tiny_dirs["llama", "target"]), "--dtype", "float32",
-                              "--prompts", str(_prompts(tmp_path, 2)), "--max-new-tokens", "2",
-                              "--quiet"])
+    result = cli.invoke(
+        app,
+        [
+            "run",
+            "--out",
+            run_uri,
+            "--draft",
+            str(tiny_dirs["llama", "draft"]),
+            "--target",
+            str(tiny_dirs["llama", "target"]),
+            "--dtype",
+            "float32",
+            "--prompts",
+            str(_prompts(tmp_path, 2)),
+            "--max-new-tokens",
+            "2",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "manifest.json").is_file() and not (tmp_path / "file:").exists()
     result = cli.invoke(app, ["analyze", run_uri, "--boot", "5", "--no-plots", "--show", "none"])
@@ -222,25 +262,38 @@ def test_file_uris_work_end_to_end(tiny_dirs, tmp_path, monkeypatch):
     assert not (tmp_path / "file:").exists()
 
 
-@pytest.mark.parametrize("args", [
-    ["run", "--out", "s3://bucket/x"],
-    ["run", "--out", "hdfs://node/x"],
-    ["analyze", "s3://bucket/x"],
-    ["report", "s3://bucket/x"],
-    ["compare", "s3://bucket/x"],
-    ["compare", "runs/a", "hdfs://node/x"],
-    ["analyze", "runs/a", "--out", "s3://bucket/y"],
-    ["certify", "s3://bucket/x"],
-    ["sweep", "s3://bucket/sweep.toml"],
-])
-def test_other_uris_are_refused_and_no_local_directory_is_made(tiny_dirs, tmp_path, monkeypatch,
-                                                              args):
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--out", "s3://bucket/x"],
+        ["run", "--out", "hdfs://node/x"],
+        ["analyze", "s3://bucket/x"],
+        ["report", "s3://bucket/x"],
+        ["compare", "s3://bucket/x"],
+        ["compare", "runs/a", "hdfs://node/x"],
+        ["analyze", "runs/a", "--out", "s3://bucket/y"],
+        ["certify", "s3://bucket/x"],
+        ["sweep", "s3://bucket/sweep.toml"],
+    ],
+)
+def test_other_uris_are_refused_and_no_local_directory_is_made(
+    tiny_dirs, tmp_path, monkeypatch, args
+):
     # before: `run --out s3://bucket/x` wrote a local directory s3:/bucket/x; analyze, report and
     # compare looked for one
     if args[0] == "run":
-        args = [*args, "--draft", str(tiny_dirs["llama", "draft"]), "--target",
-                str(tiny_dirs["llama", "target"]), "--prompts", str(_prompts(tmp_path)),
-                "--max-new-tokens", "2", "--quiet"]
+        args = [
+            *args,
+            "--draft",
+            str(tiny_dirs["llama", "draft"]),
+            "--target",
+            str(tiny_dirs["llama", "target"]),
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "--max-new-tokens",
+            "2",
+            "--quiet",
+        ]
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     _one_line_error(cli.invoke(app, args), "://", "URI")
@@ -248,6 +301,7 @@ def test_other_uris_are_refused_and_no_local_directory_is_made(tiny_dirs, tmp_pa
 
 
 # --- case 15: bounded work -------------------------------------------------------------------------
+
 
 @pytest.fixture
 def expansions(monkeypatch):
@@ -269,8 +323,10 @@ def test_a_huge_grid_is_refused_before_it_is_expanded(tmp_path, expansions):
     # before: a grid of 10^6 points was expanded 3 to 4 times (--dry-run printed nothing in 150 s
     # while memory grew 15 MB/s)
     toml = tmp_path / "huge.toml"
-    toml.write_text("[[trees]]\npolicy = \"static\"\npaths = \"[(0,)]\"\n"
-                    f"depth = {list(range(1, 1001))}\nmax_nodes = {list(range(1, 1001))}\n")
+    toml.write_text(
+        '[[trees]]\npolicy = "static"\npaths = "[(0,)]"\n'
+        f"depth = {list(range(1, 1001))}\nmax_nodes = {list(range(1, 1001))}\n"
+    )
     t0 = time.perf_counter()
     result = cli.invoke(app, ["sweep", str(toml), "--dry-run"])
     _one_line_error(result, "1,000,000 points", "limit of 10,000")
@@ -280,18 +336,22 @@ def test_a_huge_grid_is_refused_before_it_is_expanded(tmp_path, expansions):
 def test_the_grid_limit_can_be_raised_and_the_grid_is_expanded_once(tmp_path, expansions):
     # before: no limit; the grid was expanded by parse_sweep, sweep_id and twice by --dry-run
     toml = tmp_path / "grid.toml"
-    toml.write_text('[[trees]]\npolicy = "chain"\ndepth = [1, 2, 3, 4, 5, 6]\n'
-                    "[execution]\nmax_points = 6\n")
+    toml.write_text(
+        '[[trees]]\npolicy = "chain"\ndepth = [1, 2, 3, 4, 5, 6]\n[execution]\nmax_points = 6\n'
+    )
     base = expansions["n"]
     result = cli.invoke(app, ["sweep", str(toml), "--dry-run"])
     assert result.exit_code == 0 and "6 grid point(s)" in result.output, result.output
     assert expansions["n"] - base <= 6 + 2  # six points and the base config
-    _one_line_error(cli.invoke(app, ["sweep", str(toml), "--dry-run", "--max-points", "5"]),
-                    "the grid has 6 points, more than the limit of 5")
+    _one_line_error(
+        cli.invoke(app, ["sweep", str(toml), "--dry-run", "--max-points", "5"]),
+        "the grid has 6 points, more than the limit of 5",
+    )
 
 
 def test_an_unreachable_ray_head_is_refused_in_seconds_before_anything_is_written(
-        tiny_dirs, tmp_path, monkeypatch):
+    tiny_dirs, tmp_path, monkeypatch
+):
     # before: sweep.json and the runs' manifests were written, then ray.init retried the head
     # for 600 s with no error
     inits = []
@@ -300,27 +360,40 @@ def test_an_unreachable_ray_head_is_refused_in_seconds_before_anything_is_writte
         inits.append(kwargs)
         raise ConnectionError("ray.init was reached")
 
-    fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=init,
-                                     shutdown=lambda: None)
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: None)
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     with socket.socket() as probe:  # a local port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "out"
     t0 = time.perf_counter()
-    result = cli.invoke(app, ["sweep", str(_toml(tiny_dirs, tmp_path)), "--out", str(out),
-                              "--executor", "ray", "--address", f"127.0.0.1:{port}", "-q"])
+    result = cli.invoke(
+        app,
+        [
+            "sweep",
+            str(_toml(tiny_dirs, tmp_path)),
+            "--out",
+            str(out),
+            "--executor",
+            "ray",
+            "--address",
+            f"127.0.0.1:{port}",
+            "-q",
+        ],
+    )
     _one_line_error(result, f"cannot reach the Ray head at 127.0.0.1:{port}")
     assert time.perf_counter() - t0 < 10 and not inits and not out.exists()
 
 
 # --- tracebacks ------------------------------------------------------------------------------------
 
+
 def test_a_300_character_label_gets_a_hashed_directory_name(tiny_dirs, tmp_path):
     # before: OSError ENAMETOOLONG (a traceback) when the run directory was made
     label = "t" * 300
-    spec = parse_sweep(_sweep_data(tiny_dirs, tmp_path, trees=[{"name": label, "policy": "chain",
-                                                                "depth": 1}]))
+    spec = parse_sweep(
+        _sweep_data(tiny_dirs, tmp_path, trees=[{"name": label, "policy": "chain", "depth": 1}])
+    )
     summary = run_sweep(spec, tmp_path / "sweep", progress=False)
     assert summary.complete
     (run_dir,) = sweep_run_dirs(tmp_path / "sweep")
@@ -328,11 +401,14 @@ def test_a_300_character_label_gets_a_hashed_directory_name(tiny_dirs, tmp_path)
     assert json.loads((run_dir / "manifest.json").read_text())["sweep"]["label"] == label
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"[]", "must hold a JSON object, got a list"),
-    (b'{"kind": "specscope-sweep", "points": "\xff\xfe"}', "not UTF-8 text"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[]", "must hold a JSON object, got a list"),
+        (b'{"kind": "specscope-sweep", "points": "\xff\xfe"}', "not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
 def test_a_damaged_sweep_json_is_one_line(tiny_dirs, tmp_path, content, message):
     # before: AttributeError ('list' object has no attribute 'get'), UnicodeDecodeError and
     # RecursionError tracebacks from compare, report and sweep
@@ -340,8 +416,11 @@ def test_a_damaged_sweep_json_is_one_line(tiny_dirs, tmp_path, content, message)
     sweep.mkdir()
     (sweep / "sweep.json").write_bytes(content)
     toml = _toml(tiny_dirs, tmp_path)
-    for args in (["compare", str(sweep)], ["report", str(sweep), "--no-plots"],
-                 ["sweep", str(toml), "--out", str(sweep), "-q"]):
+    for args in (
+        ["compare", str(sweep)],
+        ["report", str(sweep), "--no-plots"],
+        ["sweep", str(toml), "--out", str(sweep), "-q"],
+    ):
         _one_line_error(cli.invoke(app, args), "sweep.json", message)
     assert (sweep / "sweep.json").read_bytes() == content
 

@@ -67,10 +67,10 @@ from specscope.records import (
 TINY_NODES = [
     ("c1", "chat", 0, 0, -1, 1, 0, 1.0, True, 0.5),
     ("c1", "chat", 0, 1, -1, 1, 1, 0.2, False, 0.5),
-    ("c1", "chat", 0, 2, 0, 2, 0, 0.5, False, 1.0),   # parent accepted, itself rejected
+    ("c1", "chat", 0, 2, 0, 2, 0, 0.5, False, 1.0),  # parent accepted, itself rejected
     ("c1", "chat", 40, 0, -1, 1, 0, 0.4, False, 1.5),  # step 40: position bin 1
     ("c1", "chat", 40, 1, -1, 1, 1, 0.6, True, 1.5),
-    ("c1", "chat", 40, 2, 0, 2, 0, 0.8, True, 0.2),   # accepted, but its parent is not
+    ("c1", "chat", 40, 2, 0, 2, 0, 0.8, True, 0.2),  # accepted, but its parent is not
     ("k1", "code", 0, 0, -1, 1, 0, 0.3, False, 2.0),
     ("k1", "code", 0, 1, -1, 1, 1, 0.1, False, 2.0),
     ("k1", "code", 0, 2, 0, 2, 0, 0.9, True, 0.3),
@@ -84,11 +84,28 @@ TINY_PROMPTS = [("c1", "chat"), ("k1", "code"), ("m1", "math")]
 def node_columns(rows) -> dict[str, list]:
     cols: dict[str, list] = {f.name: [] for f in SCHEMAS["nodes"]}
     for p, d, s, n, par, depth, rank, alpha, greedy, h in rows:
-        values = dict(run_id="tiny", prompt_id=p, domain=d, step=s, position_bin=s // 32,
-                      node_id=n, parent_id=par, depth=depth, sibling_rank=rank, token_id=n,
-                      p_draft=0.5, p_target=0.5 * alpha, alpha=alpha, greedy_accept=greedy,
-                      target_entropy=h, draft_entropy=h, target_top1_prob=0.5,
-                      target_margin=0.1, kl_target_draft=0.1, target_rank=0 if greedy else 3)
+        values = dict(
+            run_id="tiny",
+            prompt_id=p,
+            domain=d,
+            step=s,
+            position_bin=s // 32,
+            node_id=n,
+            parent_id=par,
+            depth=depth,
+            sibling_rank=rank,
+            token_id=n,
+            p_draft=0.5,
+            p_target=0.5 * alpha,
+            alpha=alpha,
+            greedy_accept=greedy,
+            target_entropy=h,
+            draft_entropy=h,
+            target_top1_prob=0.5,
+            target_margin=0.1,
+            kl_target_draft=0.1,
+            target_rank=0 if greedy else 3,
+        )
         for k in cols:
             cols[k].append(values[k])
     return cols
@@ -97,9 +114,21 @@ def node_columns(rows) -> dict[str, list]:
 def step_columns(rows) -> dict[str, list]:
     cols: dict[str, list] = {f.name: [] for f in SCHEMAS["steps"]}
     for p, d, s, acc in rows:
-        values = dict(run_id="tiny", prompt_id=p, domain=d, step=s, position_bin=s // 32,
-                      context_len=10 + s, tree_size=3, emitted_token=1, accepted_len=acc,
-                      tau=acc + 1, draft_time_s=0.0, verify_time_s=0.0, step_time_s=0.0)
+        values = dict(
+            run_id="tiny",
+            prompt_id=p,
+            domain=d,
+            step=s,
+            position_bin=s // 32,
+            context_len=10 + s,
+            tree_size=3,
+            emitted_token=1,
+            accepted_len=acc,
+            tau=acc + 1,
+            draft_time_s=0.0,
+            verify_time_s=0.0,
+            step_time_s=0.0,
+        )
         for k in cols:
             cols[k].append(values[k])
     return cols
@@ -108,23 +137,43 @@ def step_columns(rows) -> dict[str, list]:
 def prompt_columns(rows) -> dict[str, list]:
     cols: dict[str, list] = {f.name: [] for f in SCHEMAS["prompts"]}
     for i, (p, d) in enumerate(rows):
-        values = dict(run_id="tiny", prompt_id=p, domain=d, order=i, source="test",
-                      source_index=i, messages_json="[]", prompt_text=f"prompt {p} {ESCAPE_PROBE}",
-                      prompt_tokens=5, truncated=False, generated_tokens=2,
-                      output_token_ids=[1, 2], output_text="out", stop_reason="eos", time_s=0.0)
+        values = dict(
+            run_id="tiny",
+            prompt_id=p,
+            domain=d,
+            order=i,
+            source="test",
+            source_index=i,
+            messages_json="[]",
+            prompt_text=f"prompt {p} {ESCAPE_PROBE}",
+            prompt_tokens=5,
+            truncated=False,
+            generated_tokens=2,
+            output_token_ids=[1, 2],
+            output_text="out",
+            stop_reason="eos",
+            time_s=0.0,
+        )
         for k in cols:
             cols[k].append(values.get(k))
     return cols
 
 
-def write_run(path: Path, nodes=TINY_NODES, steps=TINY_STEPS, prompts=TINY_PROMPTS,
-              manifest: dict | None = None) -> Path:
+def write_run(
+    path: Path,
+    nodes=TINY_NODES,
+    steps=TINY_STEPS,
+    prompts=TINY_PROMPTS,
+    manifest: dict | None = None,
+) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     RunDir(path).write_table("nodes", to_table(node_columns(nodes), "nodes"))
     RunDir(path).write_table("steps", to_table(step_columns(steps), "steps"))
     RunDir(path).write_table("prompts", to_table(prompt_columns(prompts), "prompts"))
-    RunDir(path).write_manifest(manifest or {"schema_version": SCHEMA_VERSION, "run_id": "tiny",
-                                             "status": "complete", "config": {}})
+    RunDir(path).write_manifest(
+        manifest
+        or {"schema_version": SCHEMA_VERSION, "run_id": "tiny", "status": "complete", "config": {}}
+    )
     return path
 
 
@@ -136,8 +185,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory) -> Path:
-    return write_synthetic_run(tmp_path_factory.mktemp("syn") / "run", prompts_per_domain=12,
-                               steps=(10, 40), seed=3)
+    return write_synthetic_run(
+        tmp_path_factory.mktemp("syn") / "run", prompts_per_domain=12, steps=(10, 40), seed=3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +206,7 @@ CODE_H = [2.0, 2.0, 0.3]
 
 
 # --- the paper's tables on the tiny run ------------------------------------------------------------
+
 
 def test_table1_hand_computed(tiny):
     rows = {r.domain: r for r in tiny.paper.table1}
@@ -212,8 +263,9 @@ def test_table6_spearman_and_pearson(tiny):
     r, _ = sps.pearsonr(CHAT_H, CHAT_ALPHA)
     assert t6["chat"].spearman.value == approx(rho)
     assert t6["chat"].pearson.value == approx(r)
-    assert t6[ALL].spearman.value == approx(sps.spearmanr(CHAT_H + CODE_H,
-                                                          CHAT_ALPHA + CODE_ALPHA)[0])
+    assert t6[ALL].spearman.value == approx(
+        sps.spearmanr(CHAT_H + CODE_H, CHAT_ALPHA + CODE_ALPHA)[0]
+    )
     assert t6["math"].nodes == 0 and not t6["math"].spearman.defined
 
 
@@ -333,12 +385,14 @@ def test_single_prompt_domains_get_no_interval(tiny):
 
 # --- the paper's own figures -----------------------------------------------------------------------
 
+
 def test_paper_formula_reproduces_tables_2_and_3():
     paper = paper_data()
     for domain, row in paper["table4"]["rows"].items():
         cumulative, total = expected_length(row["by_depth"])
-        assert total == pytest.approx(paper["table2"]["rows"][domain]["expected_length"],
-                                      abs=0.002), domain
+        assert total == pytest.approx(
+            paper["table2"]["rows"][domain]["expected_length"], abs=0.002
+        ), domain
         assert cumulative == pytest.approx(tuple(paper["table3"]["rows"][domain]), abs=0.002)
         assert row["by_depth"][-1] - row["by_depth"][0] == pytest.approx(row["delta"], abs=0.002)
 
@@ -349,7 +403,8 @@ def test_paper_depth_shares_reproduce_table1():
     for domain, row in paper["table4"]["rows"].items():
         a1, a2, a3 = row["by_depth"]
         assert (a1 + 2 * a2 + a3) / 4 == pytest.approx(
-            paper["table1"]["rows"][domain]["alpha_mean"], abs=0.002)
+            paper["table1"]["rows"][domain]["alpha_mean"], abs=0.002
+        )
 
 
 def test_paper_tables_load():
@@ -362,6 +417,7 @@ def test_paper_tables_load():
 
 
 # --- the bootstrap ---------------------------------------------------------------------------------
+
 
 def test_bootstrap_draw_is_stratified_and_seeded():
     strata = np.array([0, 0, 0, 1, 1, 2])
@@ -387,8 +443,13 @@ def test_analysis_is_deterministic_under_a_seed(synthetic_run):
 
 def _explicit_resample(prompt, weights_row):
     """Row indices of the resample that repeats prompt p weights_row[p] times."""
-    return np.concatenate([np.flatnonzero(prompt == p).repeat(1).tolist() * int(w)
-                           for p, w in enumerate(weights_row) if w > 0]).astype(int)
+    return np.concatenate(
+        [
+            np.flatnonzero(prompt == p).repeat(1).tolist() * int(w)
+            for p, w in enumerate(weights_row)
+            if w > 0
+        ]
+    ).astype(int)
 
 
 def test_bootstrap_replicates_match_explicit_resamples():
@@ -410,13 +471,15 @@ def test_bootstrap_replicates_match_explicit_resamples():
         assert r[b] == approx(sps.pearsonr(xs, ys)[0], 1e-9)
         assert rho[b] == pytest.approx(sps.spearmanr(xs, ys)[0], abs=0.01)  # binned ranks
         grand = ys.mean()
-        between = sum((level[idx] == k).sum() * (ys[level[idx] == k].mean() - grand) ** 2
-                      for k in range(3) if (level[idx] == k).any())
+        between = sum(
+            (level[idx] == k).sum() * (ys[level[idx] == k].mean() - grand) ** 2
+            for k in range(3)
+            if (level[idx] == k).any()
+        )
         assert eta[b] == approx(between / ((ys - grand) ** 2).sum(), 1e-9)
         # prompt: each drawn copy of a prompt is its own group
         copies = [k for k, w in enumerate(boot.weights[b]) for _ in range(int(w))]
-        between_p = sum((prompt == k).sum() * (y[prompt == k].mean() - grand) ** 2
-                        for k in copies)
+        between_p = sum((prompt == k).sum() * (y[prompt == k].mean() - grand) ** 2 for k in copies)
         assert eta_p[b] == approx(between_p / ((ys - grand) ** 2).sum(), 1e-9)
 
 
@@ -426,8 +489,9 @@ def test_spearman_known_cases():
     x = np.array([1.0, 2, 3, 4, 5])
     # ranks of y = [1, 2, 3.5, 5, 3.5]: rho = 8 / sqrt(10 * 9.5)
     assert spearman_reps(boot, prompt, x, np.array([5.0, 6, 7, 8, 7]))[0] == approx(
-        8 / math.sqrt(95))
-    assert spearman_reps(boot, prompt, x, x ** 3)[0] == approx(1.0)
+        8 / math.sqrt(95)
+    )
+    assert spearman_reps(boot, prompt, x, x**3)[0] == approx(1.0)
     assert spearman_reps(boot, prompt, x, -x)[0] == approx(-1.0)
     assert math.isnan(spearman_reps(boot, prompt, x, np.ones(5))[0])  # constant: undefined
 
@@ -456,10 +520,18 @@ def test_no_boot_means_no_intervals(synthetic_run):
 
 # --- findings --------------------------------------------------------------------------------------
 
+
 def test_findings_cover_the_paper_claims(synthetic):
     keys = {f.key for f in synthetic.findings}
-    assert {"task_type_over_depth", "only_chat_above_one", "rises_with_depth", "rho_negative",
-            "rho_weak_range", "chat_paradox", "below_one_no_speedup"} <= keys
+    assert {
+        "task_type_over_depth",
+        "only_chat_above_one",
+        "rises_with_depth",
+        "rho_negative",
+        "rho_weak_range",
+        "chat_paradox",
+        "below_one_no_speedup",
+    } <= keys
     for f in synthetic.findings:
         assert isinstance(f.verdict, Verdict) and f.claim and f.label
     # synthetic acceptance falls with entropy in every domain
@@ -469,8 +541,9 @@ def test_findings_cover_the_paper_claims(synthetic):
 def test_tau_contradicts_the_no_speedup_claim(tmp_path):
     # a run whose paper-style E[L] is below 1 although the verifier emits > 1 token per pass
     low = {d: DomainProfile(0.35, 0.2, 1.0) for d in ("chat", "code", "math", "reasoning")}
-    run = write_synthetic_run(tmp_path / "low", prompts_per_domain=12, steps=40, seed=2,
-                              profiles=low)
+    run = write_synthetic_run(
+        tmp_path / "low", prompts_per_domain=12, steps=40, seed=2, profiles=low
+    )
     a = analyze(run, Settings(n_boot=200))
     assert all(r.expected_length.hi < 1 for r in a.paper.table2)
     finding = next(f for f in a.findings if f.key == "below_one_no_speedup")
@@ -480,8 +553,12 @@ def test_tau_contradicts_the_no_speedup_claim(tmp_path):
 
 def test_findings_untestable_without_chat(tmp_path):
     nodes = [n for n in TINY_NODES if n[1] != "chat"]
-    run = write_run(tmp_path / "nochat", nodes, [s for s in TINY_STEPS if s[1] != "chat"],
-                    [p for p in TINY_PROMPTS if p[1] != "chat"])
+    run = write_run(
+        tmp_path / "nochat",
+        nodes,
+        [s for s in TINY_STEPS if s[1] != "chat"],
+        [p for p in TINY_PROMPTS if p[1] != "chat"],
+    )
     a = analyze(run, Settings(n_boot=50))
     by = {f.key: f for f in a.findings}
     assert by["only_chat_above_one"].verdict == Verdict.UNTESTABLE
@@ -489,6 +566,7 @@ def test_findings_untestable_without_chat(tmp_path):
 
 
 # --- bad input -------------------------------------------------------------------------------------
+
 
 def test_not_a_run(tmp_path):
     with pytest.raises(RunDirError, match="does not exist"):
@@ -498,8 +576,9 @@ def test_not_a_run(tmp_path):
 
 
 def test_incompatible_schema_version(tmp_path):
-    run = write_run(tmp_path / "v2", manifest={"schema_version": 99, "run_id": "x",
-                                               "status": "complete"})
+    run = write_run(
+        tmp_path / "v2", manifest={"schema_version": 99, "run_id": "x", "status": "complete"}
+    )
     with pytest.raises(RunDirError, match="schema version 99"):
         analyze(run)
 
@@ -540,8 +619,9 @@ def test_interrupted_run_from_shards(tmp_path):
         steps = to_table(step_columns([s for s in TINY_STEPS if s[0] == pid]), "steps")
         prompt = to_table(prompt_columns([p for p in TINY_PROMPTS if p[0] == pid]), "prompts")
         writer.commit_prompt(order, pid, nodes, steps, prompt)
-    RunDir(run).write_manifest({"schema_version": SCHEMA_VERSION, "run_id": "tiny",
-                                "status": "running"})
+    RunDir(run).write_manifest(
+        {"schema_version": SCHEMA_VERSION, "run_id": "tiny", "status": "running"}
+    )
     a = analyze(run, Settings(n_boot=20))
     assert a.paper.table1[-1].nodes == 9
     assert any("not 'complete'" in w for w in a.warnings)
@@ -554,6 +634,7 @@ def test_inconsistent_accepted_len_is_flagged(tmp_path):
 
 
 # --- outputs ---------------------------------------------------------------------------------------
+
 
 def test_empty_cells_render_as_dash(tiny):
     grids = {g.key: g for g in analysis_grids(tiny)}
@@ -573,9 +654,24 @@ def test_write_outputs_and_html_escaping(synthetic, tmp_path):
         assert path.is_file() and path.stat().st_size > 0
     assert (out.csv_dir / "table2.csv").is_file() and (out.csv_dir / "tau.csv").is_file()
     page = out.html.read_text()
-    for key in ("findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
-                "acceptance_vector", "effects", "paradox", "greedy_table1", "variance",
-                "stratified_rho", "stratified_findings", "findings_figures"):
+    for key in (
+        "findings",
+        "table1",
+        "table2",
+        "table3",
+        "table4",
+        "table5",
+        "table6",
+        "tau",
+        "acceptance_vector",
+        "effects",
+        "paradox",
+        "greedy_table1",
+        "variance",
+        "stratified_rho",
+        "stratified_findings",
+        "findings_figures",
+    ):
         assert f'id="r0-{key}"' in page
     assert "<script" not in page  # the probe in the prompt text is escaped, and no JS is used
     assert "&lt;script&gt;" in page
@@ -584,6 +680,7 @@ def test_write_outputs_and_html_escaping(synthetic, tmp_path):
     assert data["paper"]["table1"][0]["domain"] == "chat"
     if out.plots:
         from specscope.analysis.plots import PLOTS
+
         assert page.count("data:image/png;base64,") == len(out.plots) == len(PLOTS)
         assert all(p.svg.is_file() for p in out.plots)
 
@@ -601,11 +698,16 @@ def test_compare_runs_and_paper(synthetic, tiny):
 
 def test_write_report_of_two_runs(synthetic, tiny, tmp_path):
     page = write_report([synthetic, tiny], tmp_path / "cmp.html", plots=False).read_text()
-    assert 'id="comparison"' in page and 'id="r1-table1"' in page and 'id="c1-compare_findings"' in page
+    assert (
+        'id="comparison"' in page
+        and 'id="r1-table1"' in page
+        and 'id="c1-compare_findings"' in page
+    )
 
 
 def test_plots_skip_cleanly_without_matplotlib(synthetic, tmp_path, monkeypatch):
     from specscope.analysis import plots, report
+
     monkeypatch.setattr(plots, "plots_unavailable", lambda: "matplotlib is not installed")
     monkeypatch.setattr(report, "plots_unavailable", lambda: "matplotlib is not installed")
     out = write_outputs(synthetic, tmp_path / "noplots")
@@ -618,15 +720,29 @@ runner = CliRunner()
 
 
 def test_cli_analyze_report_compare(synthetic_run, tmp_path):
-    result = runner.invoke(app, ["analyze", str(synthetic_run), "--boot", "50", "--no-plots",
-                                 "--out", str(tmp_path / "a")])
+    result = runner.invoke(
+        app,
+        ["analyze", str(synthetic_run), "--boot", "50", "--no-plots", "--out", str(tmp_path / "a")],
+    )
     assert result.exit_code == 0, result.output
     assert "Table I" in result.output and (tmp_path / "a" / "tables.md").is_file()
-    result = runner.invoke(app, ["report", str(synthetic_run), str(synthetic_run), "--boot", "20",
-                                 "--no-plots", "--out", str(tmp_path / "r.html")])
+    result = runner.invoke(
+        app,
+        [
+            "report",
+            str(synthetic_run),
+            str(synthetic_run),
+            "--boot",
+            "20",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "r.html"),
+        ],
+    )
     assert result.exit_code == 0, result.output and (tmp_path / "r.html").is_file()
-    result = runner.invoke(app, ["compare", str(synthetic_run), "--boot", "20",
-                                 "--out", str(tmp_path / "c")])
+    result = runner.invoke(
+        app, ["compare", str(synthetic_run), "--boot", "20", "--out", str(tmp_path / "c")]
+    )
     assert result.exit_code == 0, result.output
     assert "paper vs" in result.output and (tmp_path / "c" / "tables.tex").is_file()
 
@@ -646,21 +762,34 @@ def test_cli_help():
 
 # --- the report in a real browser ------------------------------------------------------------------
 
-CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
-                 if shutil.which(b)), None)
+CHROMIUM = next(
+    (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+    None,
+)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install "
-                    "-y chromium; .ci/run installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
+)
 def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
     """The report opened in a real browser: every table there, every plot decoded with a natural
     width (a script run after load records it), and the plots visible in a screenshot."""
     pytest.importorskip("matplotlib")
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_chromium.sh"
-    env = {**os.environ, "PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    result = subprocess.run([str(script), str(synthetic_run), str(tmp_path)], capture_output=True,
-                            text=True, timeout=300, check=False, env=env)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    result = subprocess.run(
+        [str(script), str(synthetic_run), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "plots rendered" in result.stdout
     assert (tmp_path / "report.png").stat().st_size > 50_000

@@ -38,12 +38,19 @@ def test_true_claims_are_not_rejected(rates):
     assert (true[FAILS] <= 0.075).all(), true[["claim", "world", FAILS]].to_string()
 
 
-@pytest.mark.parametrize("claim, power", [
-    ("task_type_over_depth_greedy", 0.8), ("rho_negative", 0.8),
-    ("rises_with_depth_top1_chain", 0.7), ("rises_with_depth_greedy_chain", 0.7),
-    ("below_one_no_speedup", 0.99), ("rho_weak_range", 0.5), ("chat_paradox", 0.4),
-    ("task_type_over_depth", 0.4),
-])
+@pytest.mark.parametrize(
+    "claim, power",
+    [
+        ("task_type_over_depth_greedy", 0.8),
+        ("rho_negative", 0.8),
+        ("rises_with_depth_top1_chain", 0.7),
+        ("rises_with_depth_greedy_chain", 0.7),
+        ("below_one_no_speedup", 0.99),
+        ("rho_weak_range", 0.5),
+        ("chat_paradox", 0.4),
+        ("task_type_over_depth", 0.4),
+    ],
+)
 def test_real_effects_are_found(rates, claim, power):
     true = rates[(rates["claim"] == claim) & (rates["claim is"] == "true")]
     assert (true[HOLDS] >= power).all(), true[["world", HOLDS]].to_string()

@@ -20,7 +20,11 @@ SHAPES = {
     "paper": TreeConfig(policy="paper").shape(),
     "six": TreeShape.parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]"),
 }
-CONTEXTS = ["def add(a, b):\n    return", "The capital of", "x = [1, 2, 3]\nfor i in range(len(x)):"]
+CONTEXTS = [
+    "def add(a, b):\n    return",
+    "The capital of",
+    "x = [1, 2, 3]\nfor i in range(len(x)):",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,9 @@ def test_keep_positions_gathers_every_layer(tokenizer):
         keep_positions(cache, rows)
         for layer, old in zip(cache.layers, before):
             for b in range(2):
-                torch.testing.assert_close(layer.keys[b], old[b][..., [keep[i] for i in rows[b]], :])
+                torch.testing.assert_close(
+                    layer.keys[b], old[b][..., [keep[i] for i in rows[b]], :]
+                )
 
 
 def test_gather_rows_right_aligns_rows_of_several_caches(tokenizer):
@@ -72,14 +78,19 @@ def test_gather_rows_right_aligns_rows_of_several_caches(tokenizer):
         cache_a, _ = prefill(model, a)
         cache_b, _ = prefill(model, b)
         empty, _ = prefill(model, [])
-        packed, valid = gather_rows(model, [(cache_b, 0, torch.tensor([0, 2, 3])),
-                                            (cache_a, 0, torch.arange(len(a))),
-                                            (empty, 0, torch.arange(0))])
+        packed, valid = gather_rows(
+            model,
+            [
+                (cache_b, 0, torch.tensor([0, 2, 3])),
+                (cache_a, 0, torch.arange(len(a))),
+                (empty, 0, torch.arange(0)),
+            ],
+        )
     width = len(a)
     assert valid.tolist() == [[False] * (width - 3) + [True] * 3, [True] * width, [False] * width]
     for layer, la, lb in zip(packed.layers, cache_a.layers, cache_b.layers):
         assert torch.equal(layer.keys[1], la.keys[0])
-        assert torch.equal(layer.keys[0, :, width - 3:], lb.keys[0][:, [0, 2, 3]])
+        assert torch.equal(layer.keys[0, :, width - 3 :], lb.keys[0][:, [0, 2, 3]])
         assert not layer.keys[2].any()
 
 

@@ -22,8 +22,13 @@ from specscope.decode import (
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
 
-PROMPTS = ["def add(a, b):\n    return", "The capital of France is", "x = [1, 2, 3]\nfor i in",
-           "Once upon a time", "a"]
+PROMPTS = [
+    "def add(a, b):\n    return",
+    "The capital of France is",
+    "x = [1, 2, 3]\nfor i in",
+    "Once upon a time",
+    "a",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,22 +63,32 @@ def tree_shapes(draw, max_nodes: int = 10):
             paths.append(parent + (draw(st.sampled_from(free)),))
     return TreeShape.from_paths(paths)
 
+
 specs = st.one_of(
     tree_shapes(),
-    st.builds(DynamicTree, max_nodes=st.integers(1, 12), depth=st.integers(1, 5),
-              top_k=st.integers(1, 4)),
+    st.builds(
+        DynamicTree, max_nodes=st.integers(1, 12), depth=st.integers(1, 5), top_k=st.integers(1, 4)
+    ),
 )
 
 
 # --- greedy: lossless ---------------------------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=specs, arch=st.sampled_from(["llama", "qwen2"]),
-       quality=st.sampled_from(["close", "far"]), prompt=st.sampled_from(PROMPTS),
-       max_new=st.integers(1, 14), min_path_prob=st.sampled_from([0.0, 0.0, 0.05, 0.5]))
-def test_greedy_speculation_equals_plain_greedy(decoders, tokenizer, spec, arch, quality, prompt,
-                                                max_new, min_path_prob):
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    spec=specs,
+    arch=st.sampled_from(["llama", "qwen2"]),
+    quality=st.sampled_from(["close", "far"]),
+    prompt=st.sampled_from(PROMPTS),
+    max_new=st.integers(1, 14),
+    min_path_prob=st.sampled_from([0.0, 0.0, 0.05, 0.5]),
+)
+def test_greedy_speculation_equals_plain_greedy(
+    decoders, tokenizer, spec, arch, quality, prompt, max_new, min_path_prob
+):
     decoder = decoders[arch, quality]
     ids = tokenizer(prompt)["input_ids"]
     config = DecodeConfig(max_new_tokens=max_new, min_path_prob=min_path_prob)
@@ -83,6 +98,7 @@ def test_greedy_speculation_equals_plain_greedy(decoders, tokenizer, spec, arch,
     assert sum(s.tau for s in spec_out.steps) >= len(spec_out.tokens)
     assert all(s.tau == s.accepted_len + 1 for s in spec_out.steps)
 
+
 def test_close_draft_accepts_and_far_draft_still_lossless(decoders, tokenizer):
     ids = tokenizer(PROMPTS[0])["input_ids"]
     config = DecodeConfig(max_new_tokens=24)
@@ -91,13 +107,16 @@ def test_close_draft_accepts_and_far_draft_still_lossless(decoders, tokenizer):
     assert close.mean_tau > 1.5, "a draft near the target should get nodes accepted"
     assert len(close.steps) < 24
 
+
 def test_eos_stops_and_eos_at_once_gives_empty_text(decoders, tokenizer):
     decoder = decoders["qwen2", "close"]
     ids = tokenizer(PROMPTS[1])["input_ids"]
     config = DecodeConfig(max_new_tokens=12)
     reference = plain_generate(decoder.target, ids, config, decoder.vocab).tokens
     first = reference[0]
-    eos_decoder = SpeculativeDecoder(decoder.draft, decoder.target, decoder.vocab, frozenset({first}))
+    eos_decoder = SpeculativeDecoder(
+        decoder.draft, decoder.target, decoder.vocab, frozenset({first})
+    )
     out = eos_decoder.generate(ids, make_speculation("chain", depth=3), config)
     assert out.tokens == [first] and out.stop_reason == "eos"
     assert tokenizer.decode(out.tokens[:-1]) == ""
@@ -105,7 +124,8 @@ def test_eos_stops_and_eos_at_once_gives_empty_text(decoders, tokenizer):
     stop = reference[5]
     cut = SpeculativeDecoder(decoder.draft, decoder.target, decoder.vocab, frozenset({stop}))
     out = cut.generate(ids, make_speculation("chain", depth=4), config)
-    assert out.tokens == reference[:reference.index(stop) + 1]
+    assert out.tokens == reference[: reference.index(stop) + 1]
+
 
 def test_bad_decode_settings_are_clear_errors(decoders, tokenizer):
     with pytest.raises(DecodeError, match="temperature"):
@@ -119,9 +139,12 @@ def test_bad_decode_settings_are_clear_errors(decoders, tokenizer):
         DecodeConfig(min_path_prob=1.0)
     decoder = decoders["llama", "close"]
     with pytest.raises(DecodeError, match="positions"):  # tiny models allow 1024 positions
-        decoder.generate([1] * 1000, make_speculation("chain", depth=8), DecodeConfig(max_new_tokens=20))
+        decoder.generate(
+            [1] * 1000, make_speculation("chain", depth=8), DecodeConfig(max_new_tokens=20)
+        )
     with pytest.raises(DecodeError, match="no tokens"):
         decoder.generate([], make_speculation("chain"), DecodeConfig())
+
 
 def test_min_path_prob_stops_growth(decoders, tokenizer):
     decoder = decoders["llama", "far"]
@@ -137,7 +160,9 @@ def test_min_path_prob_stops_growth(decoders, tokenizer):
 
 
 @pytest.mark.parametrize("min_path_prob", [0.0, 0.5])
-def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, tokenizer, min_path_prob):
+def test_sampled_tree_decoding_matches_target_joint_distribution(
+    decoders, tokenizer, min_path_prob
+):
     """Three tokens vs the target's exact joint p(t1) p(t2|t1) p(t3|t1,t2): t1 comes from the
     prefill, t2 and t3 from speculative sampling over the tree."""
     decoder = decoders["llama", "close"]
@@ -169,13 +194,19 @@ def test_sampled_tree_decoding_matches_target_joint_distribution(decoders, token
     assert len(cells) >= 3
     assert stats.chisquare(list(counts.values()), expected).pvalue > 1e-3
 
+
 def test_sampling_runs_on_every_policy(decoders, tokenizer):
     decoder = decoders["qwen2", "close"]
     ids = tokenizer(PROMPTS[0])["input_ids"]
-    for spec in (make_speculation("paper"), TreeShape.parse("[(0,), (2,), (0, 3)]"),
-                 DynamicTree(6, 3, 2), None):
-        out = decoder.generate(ids, spec, DecodeConfig(max_new_tokens=10, temperature=0.7,
-                                                       top_p=0.9, seed=3))
+    for spec in (
+        make_speculation("paper"),
+        TreeShape.parse("[(0,), (2,), (0, 3)]"),
+        DynamicTree(6, 3, 2),
+        None,
+    ):
+        out = decoder.generate(
+            ids, spec, DecodeConfig(max_new_tokens=10, temperature=0.7, top_p=0.9, seed=3)
+        )
         assert len(out.tokens) == 10
 
 
@@ -185,27 +216,60 @@ def test_sampling_runs_on_every_policy(decoders, tokenizer):
 def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
+
 def test_cli_decode_end_to_end(tiny_dirs, tmp_path):
-    model = ["--draft", tiny_dirs["qwen2", "draft"], "--target", tiny_dirs["qwen2", "target"],
-             "--dtype", "float32"]
+    model = [
+        "--draft",
+        tiny_dirs["qwen2", "draft"],
+        "--target",
+        tiny_dirs["qwen2", "target"],
+        "--dtype",
+        "float32",
+    ]
     records = tmp_path / "steps.csv"
-    result = _cli("decode", "def add(a, b):", "--policy", "paper", "--max-new-tokens", 8,
-                  "--records", records, *model)
+    result = _cli(
+        "decode",
+        "def add(a, b):",
+        "--policy",
+        "paper",
+        "--max-new-tokens",
+        8,
+        "--records",
+        records,
+        *model,
+    )
     assert result.exit_code == 0, result.output
     assert "tok/s" in result.output and "mean tau" in result.output
     steps = pd.read_csv(records)
-    assert {"tree_size", "accepted_len", "tau", "draft_time_s", "verify_time_s"} <= set(steps.columns)
+    assert {"tree_size", "accepted_len", "tau", "draft_time_s", "verify_time_s"} <= set(
+        steps.columns
+    )
     assert steps.tau.clip(upper=8).sum() >= 8
-    result = _cli("decode", "hello", "--policy", "dynamic", "--temperature", "0.8", "--top-p", "0.9",
-                  "--max-new-tokens", 6, *model)
+    result = _cli(
+        "decode",
+        "hello",
+        "--policy",
+        "dynamic",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--max-new-tokens",
+        6,
+        *model,
+    )
     assert result.exit_code == 0, result.output
 
-@pytest.mark.parametrize("args, message", [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--policy", "medusa"], "unknown policy"),
-    (["--policy", "static", "--paths", "[(0,), (1, 1)]"], "no parent path"),
-])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--policy", "medusa"], "unknown policy"),
+        (["--policy", "static", "--paths", "[(0,), (1, 1)]"], "no parent path"),
+    ],
+)
 def test_cli_decode_bad_input(args, message):
     result = _cli("decode", "hi", *args)
     assert result.exit_code == 2

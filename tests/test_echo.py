@@ -13,7 +13,7 @@ import pytest
 from specscope.analysis.echo import HIGH_SHARE, WARN_SHARE, echo_table, prompt_echo
 from specscope.analysis.stats import ClusterBootstrap
 
-PROMPT = "def add(a, b):\n    \"\"\"Return the sum of a and b.\n    >>> add(2, 3)\n    5\n    \"\"\""
+PROMPT = 'def add(a, b):\n    """Return the sum of a and b.\n    >>> add(2, 3)\n    5\n    """'
 
 
 def test_prompt_echo_counts_words_in_long_enough_copied_runs():
@@ -30,8 +30,11 @@ def test_prompt_echo_counts_words_in_long_enough_copied_runs():
     assert prompt_echo(words, "c b", run_words=8).copied == 0  # not in order
     empty = prompt_echo(words, "  ", run_words=8)
     assert empty.words == 0 and math.isnan(empty.share) and not empty.verbatim
-    code = prompt_echo(PROMPT, '    """Return the sum of a and b.\n    >>> add(2, 3)\n    5\n'
-                               "    return a + b", run_words=8)
+    code = prompt_echo(
+        PROMPT,
+        '    """Return the sum of a and b.\n    >>> add(2, 3)\n    5\n    return a + b',
+        run_words=8,
+    )
     assert code.words == 15 and code.copied == 11 and not code.verbatim  # all but "return a + b"
     with pytest.raises(ValueError):
         prompt_echo(words, words, run_words=0)
@@ -46,14 +49,21 @@ def test_echo_table_per_domain_with_intervals_and_warnings():
     copied = " ".join(f"w{i}" for i in range(10, 30))  # 20 words, all copied
     half = " ".join([*(f"w{i}" for i in range(10)), *(f"n{i}" for i in range(10))])
     new = " ".join(f"n{i}" for i in range(20))
-    rows = [("c0", "code", base, copied), ("c1", "code", base, copied), ("c2", "code", base, half),
-            ("h0", "chat", base, new), ("h1", "chat", base, half), ("h2", "chat", base, new),
-            ("h3", "chat", base, "")]  # h3: no output, left out
+    rows = [
+        ("c0", "code", base, copied),
+        ("c1", "code", base, copied),
+        ("c2", "code", base, half),
+        ("h0", "chat", base, new),
+        ("h1", "chat", base, half),
+        ("h2", "chat", base, new),
+        ("h3", "chat", base, ""),
+    ]  # h3: no output, left out
     prompts = _prompts(rows)
     ids = tuple(sorted(prompts["prompt_id"]))
     domains = ("chat", "code")
-    domain_of = np.array([domains.index(prompts.set_index("prompt_id").loc[p, "domain"])
-                          for p in ids])
+    domain_of = np.array(
+        [domains.index(prompts.set_index("prompt_id").loc[p, "domain"]) for p in ids]
+    )
     boot = ClusterBootstrap.draw(domain_of, 400, seed=3)
     table = echo_table(ids, domain_of, domains, prompts, boot)
     code, chat, pooled = table.row("code"), table.row("chat"), table.row("All")
@@ -105,6 +115,7 @@ def synthetic_echo_run(tmp_path):
     text = " ".join(f"token{i}" for i in range(30))
     df["prompt_text"] = "Complete this: " + text
     df["output_text"] = np.where(df["domain"] == "code", text, "something else entirely")
-    pq.write_table(pa.Table.from_pandas(df, schema=table.schema, preserve_index=False),
-                   run / "prompts.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(df, schema=table.schema, preserve_index=False), run / "prompts.parquet"
+    )
     return run

@@ -44,25 +44,66 @@ def tables(prompts: list[tuple[str, str]], steps: int, value) -> tuple[dict, dic
                 greedy_of[n] = greedy
                 if greedy and (parent < 0 or greedy_of[parent]):
                     accepted = max(accepted, depth)
-                row = dict(run_id="hand", prompt_id=p, domain=d, step=s, position_bin=s // 32,
-                           node_id=n, parent_id=parent, depth=depth, sibling_rank=rank,
-                           token_id=n, p_draft=0.5, p_target=0.5 * alpha, alpha=alpha,
-                           greedy_accept=greedy, target_entropy=h, draft_entropy=h,
-                           target_top1_prob=0.5, target_margin=0.1, kl_target_draft=0.1,
-                           target_rank=0 if greedy else 3)
+                row = dict(
+                    run_id="hand",
+                    prompt_id=p,
+                    domain=d,
+                    step=s,
+                    position_bin=s // 32,
+                    node_id=n,
+                    parent_id=parent,
+                    depth=depth,
+                    sibling_rank=rank,
+                    token_id=n,
+                    p_draft=0.5,
+                    p_target=0.5 * alpha,
+                    alpha=alpha,
+                    greedy_accept=greedy,
+                    target_entropy=h,
+                    draft_entropy=h,
+                    target_top1_prob=0.5,
+                    target_margin=0.1,
+                    kl_target_draft=0.1,
+                    target_rank=0 if greedy else 3,
+                )
                 for k in nodes:
                     nodes[k].append(row[k])
-            row = dict(run_id="hand", prompt_id=p, domain=d, step=s, position_bin=s // 32,
-                       context_len=10 + s, tree_size=3, emitted_token=1, accepted_len=accepted,
-                       tau=accepted + 1, draft_time_s=0.0, verify_time_s=0.0, step_time_s=0.0)
+            row = dict(
+                run_id="hand",
+                prompt_id=p,
+                domain=d,
+                step=s,
+                position_bin=s // 32,
+                context_len=10 + s,
+                tree_size=3,
+                emitted_token=1,
+                accepted_len=accepted,
+                tau=accepted + 1,
+                draft_time_s=0.0,
+                verify_time_s=0.0,
+                step_time_s=0.0,
+            )
             for k in step_cols:
                 step_cols[k].append(row[k])
     prompt_cols: dict[str, list] = {f.name: [] for f in SCHEMAS["prompts"]}
     for i, (p, d) in enumerate(prompts):
-        row = dict(run_id="hand", prompt_id=p, domain=d, order=i, source="test", source_index=i,
-                   messages_json="[]", prompt_text=p, prompt_tokens=5, truncated=False,
-                   generated_tokens=steps, output_token_ids=[1], output_text="out",
-                   stop_reason="eos", time_s=0.0)
+        row = dict(
+            run_id="hand",
+            prompt_id=p,
+            domain=d,
+            order=i,
+            source="test",
+            source_index=i,
+            messages_json="[]",
+            prompt_text=p,
+            prompt_tokens=5,
+            truncated=False,
+            generated_tokens=steps,
+            output_token_ids=[1],
+            output_text="out",
+            stop_reason="eos",
+            time_s=0.0,
+        )
         for k in prompt_cols:
             prompt_cols[k].append(row.get(k))
     return nodes, step_cols, prompt_cols
@@ -70,9 +111,13 @@ def tables(prompts: list[tuple[str, str]], steps: int, value) -> tuple[dict, dic
 
 def records(prompts, steps, value):
     n, s, p = tables(prompts, steps, value)
-    run = Run(Path("hand"), {"run_id": "hand", "status": "complete"},
-              to_table(n, "nodes").to_pandas(), to_table(s, "steps").to_pandas(),
-              to_table(p, "prompts").to_pandas())
+    run = Run(
+        Path("hand"),
+        {"run_id": "hand", "status": "complete"},
+        to_table(n, "nodes").to_pandas(),
+        to_table(s, "steps").to_pandas(),
+        to_table(p, "prompts").to_pandas(),
+    )
     return prepare(run)
 
 
@@ -81,8 +126,9 @@ def write(path: Path, prompts, steps, value) -> Path:
     path.mkdir(parents=True)
     for name, cols in (("nodes", n), ("steps", s), ("prompts", p)):
         RunDir(path).write_table(name, to_table(cols, name))
-    RunDir(path).write_manifest({"schema_version": SCHEMA_VERSION, "run_id": "hand",
-                                 "status": "complete", "config": {}})
+    RunDir(path).write_manifest(
+        {"schema_version": SCHEMA_VERSION, "run_id": "hand", "status": "complete", "config": {}}
+    )
     return path
 
 
@@ -92,10 +138,10 @@ def two_domains(k: int) -> list[tuple[str, str]]:
 
 # --- the variance decomposition --------------------------------------------------------------------
 
+
 def test_decomposition_when_rank_explains_everything():
     # alpha 0.9 at rank 0, 0.1 at rank 1, whatever the domain, prompt, depth or position
-    rec = records(two_domains(3), 40, lambda i, d, s, depth, rank: (0.9 if rank == 0 else 0.1,
-                                                                     1.0))
+    rec = records(two_domains(3), 40, lambda i, d, s, depth, rank: (0.9 if rank == 0 else 0.1, 1.0))
     v = analyze_records(rec, Settings(n_boot=50), stratify=None).variance
     seq = {r.factor: r.sequential.value for r in v.rows if r.metric == "alpha"}
     assert seq["sibling_rank"] == pytest.approx(1.0)
@@ -120,6 +166,7 @@ def test_sequential_shares_match_an_explicit_least_squares_fit():
         base = 0.5 + (0.1 if d == "chat" else 0.0) + effect["prompt"][i]
         alpha = base + effect["rank"][rank] + effect["depth"][depth - 1] + 0.02 * (s >= 32)
         return float(np.clip(alpha + rng.normal(0, 0.1), 0, 1)), 1.0
+
     rec = records(two_domains(4), 40, value)
     v = analyze_records(rec, Settings(n_boot=20), stratify=None).variance
     nodes = rec.nodes
@@ -132,12 +179,19 @@ def test_sequential_shares_match_an_explicit_least_squares_fit():
 
     def dummies(codes):
         return [(codes == k).astype(float) for k in range(1, codes.max() + 1)]
+
     dom, prm = dummies(nodes.domain), dummies(nodes.prompt)
     rank, depth, pos = dummies(nodes.rank), dummies(nodes.depth - 1), dummies(nodes.position_bin)
-    steps = [r2(*dom), r2(*prm), r2(*prm, *rank), r2(*prm, *rank, *depth),
-             r2(*prm, *rank, *depth, *pos)]
-    expected = dict(zip(("domain", "prompt", "sibling_rank", "depth", "position_bin"),
-                        np.diff([0.0] + steps)))
+    steps = [
+        r2(*dom),
+        r2(*prm),
+        r2(*prm, *rank),
+        r2(*prm, *rank, *depth),
+        r2(*prm, *rank, *depth, *pos),
+    ]
+    expected = dict(
+        zip(("domain", "prompt", "sibling_rank", "depth", "position_bin"), np.diff([0.0] + steps))
+    )
     for factor, share in expected.items():
         assert v.row("alpha", factor).sequential.value == pytest.approx(share, abs=1e-9), factor
     assert v.row("alpha", "residual").sequential.value == pytest.approx(1 - steps[-1], abs=1e-9)
@@ -147,6 +201,7 @@ def test_sequential_shares_match_an_explicit_least_squares_fit():
 
 
 # --- stratification --------------------------------------------------------------------------------
+
 
 def simpson(i, d, s, depth, rank):
     """Within each rank alpha falls with entropy; rank 1 has higher entropy and higher alpha, so
@@ -188,14 +243,21 @@ def test_stratification_flips_a_pooled_rho(paradox):
 
 def test_stratified_tables_and_findings_are_rendered(paradox, tmp_path):
     grids = {g.key: g for g in analysis_grids(paradox)}
-    for key in ("variance", "stratified_rho", "stratified_alpha", "stratified_depth",
-                "stratified_findings", "findings_figures"):
+    for key in (
+        "variance",
+        "stratified_rho",
+        "stratified_alpha",
+        "stratified_depth",
+        "stratified_findings",
+        "findings_figures",
+    ):
         assert key in grids
     md = to_markdown(grids["findings"])
     assert "After stratifying by sibling\\_rank" in md
     assert "does not hold" in md and "holds (0: holds; 1: holds)" in md
-    compact = findings_grid(paradox.findings, compact=True,
-                            stratified=paradox.stratification.findings)
+    compact = findings_grid(
+        paradox.findings, compact=True, stratified=paradox.stratification.findings
+    )
     rho_row = next(r for r in compact.rows if r[0].startswith("ρ(entropy, alpha) < 0"))
     assert "chat ρ" in rho_row[1] and "code ρ" in rho_row[1] and "[" in rho_row[1]
     csv = to_csv(grids["findings_figures"])
@@ -218,9 +280,22 @@ def test_stratify_refuses_factors_the_run_lacks(paradox_run):
         check_stratifier(rec, "position_bin")  # 12 steps: one position bin
     with pytest.raises(StratifyError, match="allowed: sibling_rank, depth, none"):
         check_stratifier(rec, "domain")
-    r = CliRunner().invoke(app, ["analyze", str(paradox_run), "--stratify", "prompt",
-                                 "--out", str(paradox_run.parent / "out"), "--show", "none",
-                                 "--boot", "0", "--no-plots"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "analyze",
+            str(paradox_run),
+            "--stratify",
+            "prompt",
+            "--out",
+            str(paradox_run.parent / "out"),
+            "--show",
+            "none",
+            "--boot",
+            "0",
+            "--no-plots",
+        ],
+    )
     assert r.exit_code == 2
     assert "error: cannot stratify by 'prompt': allowed: sibling_rank, depth, none" in r.output
     assert len(r.output.strip().splitlines()) == 1
@@ -228,14 +303,40 @@ def test_stratify_refuses_factors_the_run_lacks(paradox_run):
 
 def test_cli_stratify_by_depth(paradox_run, tmp_path):
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["analyze", str(paradox_run), "--stratify", "depth", "--out",
-                                 str(out), "--boot", "50", "--no-plots"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "analyze",
+            str(paradox_run),
+            "--stratify",
+            "depth",
+            "--out",
+            str(out),
+            "--boot",
+            "50",
+            "--no-plots",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "Findings within each depth" in (out / "tables.md").read_text()
     assert "not testable within one depth" in (out / "tables.md").read_text()
     none = tmp_path / "none"
-    r = CliRunner().invoke(app, ["analyze", str(paradox_run), "--stratify", "none", "--out",
-                                 str(none), "--boot", "0", "--no-plots", "--show", "none"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "analyze",
+            str(paradox_run),
+            "--stratify",
+            "none",
+            "--out",
+            str(none),
+            "--boot",
+            "0",
+            "--no-plots",
+            "--show",
+            "none",
+        ],
+    )
     assert r.exit_code == 0 and "stratified_rho" not in (none / "tables.md").read_text()
 
 
@@ -248,6 +349,7 @@ def test_levels_combine_as_documented():
 
 
 # --- calibration of the stratified verdicts -------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def stratified_rates() -> pd.DataFrame:
@@ -271,8 +373,12 @@ def test_stratified_claims_are_found_where_true(stratified_rates):
     true = stratified_rates[stratified_rates["claim is"] == "true"]
     assert (true[Verdict.FAILS.value] <= 2 / 10).all(), true.to_string()
     # power at 10 prompts per domain, 40 runs: 0.98, 0.83, 0.75, 0.58 (docs/calibration.md)
-    for claim, power in (("rises_with_depth_top1_chain", 0.8), ("task_type_over_depth_greedy", 0.5),
-                         ("chat_paradox", 0.4), ("rho_negative", 0.3)):
+    for claim, power in (
+        ("rises_with_depth_top1_chain", 0.8),
+        ("task_type_over_depth_greedy", 0.5),
+        ("chat_paradox", 0.4),
+        ("rho_negative", 0.3),
+    ):
         found = true[true["claim"] == f"{claim} (by sibling_rank)"]
         assert (found[Verdict.HOLDS.value] >= power).all(), found.to_string()
 

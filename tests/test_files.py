@@ -85,16 +85,21 @@ def test_temporary_names_are_unique_and_hidden(tmp_path):
 def test_strict_json_has_no_nan(tmp_path):
     path = write_json(tmp_path / "a.json", {"x": float("nan"), "y": [float("inf"), 1.5]})
     assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c)) == {
-        "x": None, "y": [None, 1.5]}
+        "x": None,
+        "y": [None, 1.5],
+    }
     assert "NaN" not in json_text({"x": float("nan")})
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"[1, 2]", "must hold a JSON object, got a list"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b"{", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[1, 2]", "must hold a JSON object, got a list"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"{", "not valid JSON"),
+    ],
+)
 def test_unusable_json_files_are_named(tmp_path, content, message):
     path = tmp_path / "manifest.json"
     path.write_bytes(content)
@@ -128,8 +133,9 @@ def test_an_output_equal_to_an_input_or_a_runs_own_file_is_refused(tmp_path):
 
 def test_failures_of_the_machine_are_one_line():
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/a/parts/x.parquet")
-    assert describe(full) == ("/runs/a/parts/x.parquet: No space left on device "
-                              "(free space, or write elsewhere)")
+    assert describe(full) == (
+        "/runs/a/parts/x.parquet: No space left on device (free space, or write elsewhere)"
+    )
     assert "not UTF-8" in describe(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
     assert describe(RecursionError()) == "input is nested too deeply to be read"
 
@@ -147,11 +153,14 @@ def test_dev_stdout_redirected_to_a_file_is_written_into_not_replaced(tmp_path):
     assert os.path.islink("/dev/stdout")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'name = "caf\xe9"', "not UTF-8"),
-    (b"name = ", "not valid TOML"),
-    (b"a = " + b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'name = "caf\xe9"', "not UTF-8"),
+        (b"name = ", "not valid TOML"),
+        (b"a = " + b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
 def test_unusable_toml_files_are_named(tmp_path, content, message):
     from specscope.files import read_toml_table
 

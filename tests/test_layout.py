@@ -39,7 +39,7 @@ def _imported(node: ast.Import | ast.ImportFrom, name: str, is_package: bool) ->
         return [alias.name for alias in node.names]
     if node.level:
         base = name.split(".")
-        base = base[:len(base) - node.level + (1 if is_package else 0)]
+        base = base[: len(base) - node.level + (1 if is_package else 0)]
         stem = ".".join(base + ([node.module] if node.module else []))
     else:
         stem = node.module or ""
@@ -106,16 +106,22 @@ def test_the_import_graph_has_no_circle():
     pruned = {a: {b for b in bs if (a, b) not in KNOWN_CIRCLE_EDGES} for a, bs in graph.items()}
     found = circles(pruned)
     edges = sum(len(bs) for bs in graph.values())
-    print(f"\nimport graph: {len(graph)} modules, {edges} edges, {len(found)} circles "
-          f"({len(KNOWN_CIRCLE_EDGES)} known edge(s) set aside)")
+    print(
+        f"\nimport graph: {len(graph)} modules, {edges} edges, {len(found)} circles "
+        f"({len(KNOWN_CIRCLE_EDGES)} known edge(s) set aside)"
+    )
     assert found == [], f"import circles: {found}"
 
 
 def test_the_graph_reader_sees_lazy_and_relative_imports():
     code = "from . import b\ndef f():\n    from ..pkg.c import x\n"
     tree = ast.parse(code)
-    names = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             for t in _imported(node, "specscope.pkg.a", False)]
+    names = [
+        t
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for t in _imported(node, "specscope.pkg.a", False)
+    ]
     assert names == ["specscope.pkg", "specscope.pkg.b", "specscope.pkg.c", "specscope.pkg.c.x"]
 
 
@@ -140,7 +146,10 @@ def test_the_readme_layout_names_what_exists_and_every_top_level_module():
     listed = readme_layout()
     root = SRC / PACKAGE
     assert [p for p in listed if not (root / p).exists()] == []
-    top = {p.name + ("/" if p.is_dir() else "") for p in root.iterdir()
-           if p.name not in ("__init__.py", "__pycache__", "data", "presets")}
+    top = {
+        p.name + ("/" if p.is_dir() else "")
+        for p in root.iterdir()
+        if p.name not in ("__init__.py", "__pycache__", "data", "presets")
+    }
     named = {p.split("/")[0] + ("/" if "/" in p else "") for p in listed}
     assert sorted(top - named) == []

@@ -26,10 +26,27 @@ SHAPES = {
     "paper": TreeConfig(policy="paper").shape(),
     "six": TreeShape.parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]"),
 }
-EXACT_NODE_COLUMNS = ["prompt_id", "step", "node_id", "parent_id", "depth", "sibling_rank",
-                      "token_id", "greedy_accept", "target_rank"]
-FLOAT_NODE_COLUMNS = ["p_target", "target_entropy", "target_top1_prob", "target_margin",
-                      "p_draft", "alpha", "draft_entropy", "kl_target_draft"]
+EXACT_NODE_COLUMNS = [
+    "prompt_id",
+    "step",
+    "node_id",
+    "parent_id",
+    "depth",
+    "sibling_rank",
+    "token_id",
+    "greedy_accept",
+    "target_rank",
+]
+FLOAT_NODE_COLUMNS = [
+    "p_target",
+    "target_entropy",
+    "target_top1_prob",
+    "target_margin",
+    "p_draft",
+    "alpha",
+    "draft_entropy",
+    "kl_target_draft",
+]
 STEP_COLUMNS = ["prompt_id", "step", "emitted_token", "accepted_len", "tau", "context_len"]
 
 
@@ -42,10 +59,22 @@ def pair(arch, tokenizer):
 def prompts(tmp_path):
     # prompts of very different lengths, so the batch is ragged and rows finish at other times
     path = tmp_path / "p.jsonl"
-    texts = ["Hi.", "Explain recursion " * 6, "2+2?", "Write a long story about " * 3 + "a cat.",
-             "Why?", "List three colours, please.", "ok", "Translate 'bonjour' to English."]
-    path.write_text("".join(json.dumps({"id": f"q{i}", "domain": ["code", "chat"][i % 2],
-                                        "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    texts = [
+        "Hi.",
+        "Explain recursion " * 6,
+        "2+2?",
+        "Write a long story about " * 3 + "a cat.",
+        "Why?",
+        "List three colours, please.",
+        "ok",
+        "Translate 'bonjour' to English.",
+    ]
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "domain": ["code", "chat"][i % 2], "prompt": t}) + "\n"
+            for i, t in enumerate(texts)
+        )
+    )
     return path
 
 
@@ -117,14 +146,16 @@ def test_cached_steps_and_the_naive_oracle_agree(pair, tokenizer):
 def test_trajectory_is_the_targets_greedy_output(pair, tokenizer):
     draft, target = pair
     context = _context(tokenizer)
-    out = [r.emitted_token for _, r in _steps(draft, target, len(tokenizer), context,
-                                              SHAPES["paper"], 10)]
+    out = [
+        r.emitted_token
+        for _, r in _steps(draft, target, len(tokenizer), context, SHAPES["paper"], 10)
+    ]
     with torch.inference_mode():
         ids = torch.tensor([context])
         for _ in range(10):
             nxt = target(ids).logits[0, -1].argmax()
             ids = torch.cat([ids, nxt.view(1, 1)], 1)
-    assert out == ids[0, len(context):].tolist()
+    assert out == ids[0, len(context) :].tolist()
 
 
 def test_node_figures_are_consistent(pair, tokenizer):
@@ -202,8 +233,11 @@ def test_target_rank_equals_a_full_ranking(seed):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("tree", [TreeConfig(policy="paper"), TreeConfig(policy="chain", depth=4)],
-                         ids=["paper", "chain4"])
+@pytest.mark.parametrize(
+    "tree",
+    [TreeConfig(policy="paper"), TreeConfig(policy="chain", depth=4)],
+    ids=["paper", "chain4"],
+)
 def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path, arch, tree):
     config = run_config(tiny_dirs, prompts, arch, tree=tree, max_new_tokens=7)
     run_study(config, tmp_path / "one", progress=False)
@@ -211,8 +245,10 @@ def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path
     run_study(config, tmp_path / "all", progress=False, batch_size=8)
     _compare(tmp_path / "one", tmp_path / "three", atol=1e-5)
     _compare(tmp_path / "one", tmp_path / "all", atol=1e-5)
-    assert json.loads((tmp_path / "three" / "manifest.json").read_text())["execution"][
-        "batch_size"] == 3
+    assert (
+        json.loads((tmp_path / "three" / "manifest.json").read_text())["execution"]["batch_size"]
+        == 3
+    )
 
 
 # How far records of one config may be apart, by dtype, across batch sizes and across engines
@@ -248,8 +284,9 @@ def test_int8_measurement_gives_the_draft_its_attention_back(tiny_dirs, prompts,
     assert pair.draft.model.config._attn_implementation == before != "specscope_rowwise"
 
 
-def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, prompts, tmp_path,
-                                                                monkeypatch):
+def test_an_interrupted_batched_run_resumes_to_the_same_records(
+    tiny_dirs, prompts, tmp_path, monkeypatch
+):
     config = run_config(tiny_dirs, prompts, "llama", max_new_tokens=7)
     run_study(config, tmp_path / "whole", progress=False, batch_size=3)
     real = RunDir.commit_prompt
@@ -270,14 +307,18 @@ def test_an_interrupted_batched_run_resumes_to_the_same_records(tiny_dirs, promp
     _compare(tmp_path / "whole", tmp_path / "cut", atol=1e-5)  # rows meet other partners
 
 
-def test_bad_batch_sizes_are_refused_before_anything_is_written(tiny_dirs, prompts, tmp_path,
-                                                               monkeypatch):
+def test_bad_batch_sizes_are_refused_before_anything_is_written(
+    tiny_dirs, prompts, tmp_path, monkeypatch
+):
     config = run_config(tiny_dirs, prompts, "llama", max_new_tokens=7)
     with pytest.raises(MeasureError, match="batch size must be >= 1, got 0"):
         run_study(config, tmp_path / "zero", progress=False, batch_size=0)
     monkeypatch.setattr(checks, "_available_bytes", lambda device: 5 * 2**20)
-    with pytest.raises(MeasureError, match=r"--batch-size 64 needs about .* the largest batch "
-                                           r"that fits is about \d+"):
+    with pytest.raises(
+        MeasureError,
+        match=r"--batch-size 64 needs about .* the largest batch "
+        r"that fits is about \d+",
+    ):
         run_study(config, tmp_path / "huge", progress=False, batch_size=64)
     assert not (tmp_path / "zero").exists() and not (tmp_path / "huge").exists()
     with pytest.raises(MeasureError, match="needs the cached engine"):

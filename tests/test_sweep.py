@@ -35,22 +35,40 @@ ONE_THREAD = Execution(prompts_per_shard=2, threads=1)  # same torch threads: id
 
 def _prompts(folder, domain: str, n: int):
     path = folder / f"{domain}.jsonl"
-    path.write_text("".join(json.dumps({"id": f"{domain}{i}", "domain": domain,
-                                        "prompt": f"A {domain} question, number {i}?"}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"{domain}{i}",
+                    "domain": domain,
+                    "prompt": f"A {domain} question, number {i}?",
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
 def _spec(tiny_dirs, folder, domains=("code", "chat"), prompts=3, max_new_tokens=8, trees=None):
     """2 trees x 2 domains (JSONL files with domains) on the tiny qwen2 pair."""
-    return parse_sweep({
-        "name": "tiny",
-        "defaults": {"max_new_tokens": max_new_tokens,
-                     "pair": {"draft": str(tiny_dirs["qwen2", "draft"]),
-                              "target": str(tiny_dirs["qwen2", "target"]), "dtype": "float32"}},
-        "trees": trees or [{"name": "paper", "policy": "paper"}, {"policy": "chain", "depth": 3}],
-        "domains": [{"name": d, "file": str(_prompts(folder, d, prompts))} for d in domains],
-    })
+    return parse_sweep(
+        {
+            "name": "tiny",
+            "defaults": {
+                "max_new_tokens": max_new_tokens,
+                "pair": {
+                    "draft": str(tiny_dirs["qwen2", "draft"]),
+                    "target": str(tiny_dirs["qwen2", "target"]),
+                    "dtype": "float32",
+                },
+            },
+            "trees": trees
+            or [{"name": "paper", "policy": "paper"}, {"policy": "chain", "depth": 3}],
+            "domains": [{"name": d, "file": str(_prompts(folder, d, prompts))} for d in domains],
+        }
+    )
 
 
 def _assert_same_sweeps(a, b):
@@ -75,43 +93,60 @@ def local_sweep(tiny_dirs, tmp_path_factory):
 
 
 def test_grid_expansion(tmp_path):
-    spec = parse_sweep({
-        "defaults": {"max_new_tokens": 4, "prompts": {"per_domain": 3}},
-        "pairs": [{"name": "small", "draft": "a", "target": "b"},
-                  {"name": "big", "draft": "a", "target": "c", "dtype": "float32"}],
-        "trees": ["paper", {"policy": "chain", "depth": [2, 4]}],
-        "domains": ["code", {"name": "mine", "file": "my.jsonl"}],
-        "decode": {"rendering": ["task", "raw"], "max_prompt_tokens": 256},
-    })
+    spec = parse_sweep(
+        {
+            "defaults": {"max_new_tokens": 4, "prompts": {"per_domain": 3}},
+            "pairs": [
+                {"name": "small", "draft": "a", "target": "b"},
+                {"name": "big", "draft": "a", "target": "c", "dtype": "float32"},
+            ],
+            "trees": ["paper", {"policy": "chain", "depth": [2, 4]}],
+            "domains": ["code", {"name": "mine", "file": "my.jsonl"}],
+            "decode": {"rendering": ["task", "raw"], "max_prompt_tokens": 256},
+        }
+    )
     points = spec.points()
     assert len(points) == 2 * 3 * 2 * 2
     assert points[0].label == "small.paper.code.rendering=task"
     assert [p.label for p in points if p.label.startswith("big.chain-depth4.mine")] == [
-        "big.chain-depth4.mine.rendering=task", "big.chain-depth4.mine.rendering=raw"]
+        "big.chain-depth4.mine.rendering=task",
+        "big.chain-depth4.mine.rendering=raw",
+    ]
     last = points[-1].config
     assert (last.pair.target, last.pair.dtype, last.tree.policy, last.tree.depth) == (
-        "c", "float32", "chain", 4)
+        "c",
+        "float32",
+        "chain",
+        4,
+    )
     # a prompt set replaces the base's prompts but keeps per_domain; decode settings apply to all
     assert (last.prompts.file, last.prompts.domains, last.prompts.per_domain) == ("my.jsonl", (), 3)
     assert points[0].config.prompts.domains == ("code",) and points[0].config.prompts.file is None
     assert (last.rendering, last.max_prompt_tokens, last.max_new_tokens) == ("raw", 256, 4)
-    assert dict(points[0].axes) == {"pair": "small", "tree": "paper", "domain": "code",
-                                    "decode": "rendering=task"}
+    assert dict(points[0].axes) == {
+        "pair": "small",
+        "tree": "paper",
+        "domain": "code",
+        "decode": "rendering=task",
+    }
     assert len({p.config.run_id for p in points}) == len(points)
     assert spec.sweep_id == parse_sweep(spec.source).sweep_id
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"trees": [{"policy": "beam"}]}, "unknown tree policy 'beam'"),
-    ({"trees": [{"policy": "paper", "width": 2}]}, "trees[0]: unknown keys ['width']"),
-    ({"trees": ["paper", {"policy": "paper"}]}, "two entries are both named 'paper'"),
-    ({"decode": {"speed": [1, 2]}}, "[decode]: unknown setting 'speed'"),
-    ({"defaults": {"max_new_token": 3}}, "unknown key 'max_new_token'"),
-    ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
-    ({"execution": {"batch_size": 0}}, "batch_size must be >= 1, got 0"),
-    ({"execution": {"batch_size": "8"}}, "execution.batch_size must be an integer or none"),
-    ({"grid": {}}, "unknown sweep keys ['grid']"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"trees": [{"policy": "beam"}]}, "unknown tree policy 'beam'"),
+        ({"trees": [{"policy": "paper", "width": 2}]}, "trees[0]: unknown keys ['width']"),
+        ({"trees": ["paper", {"policy": "paper"}]}, "two entries are both named 'paper'"),
+        ({"decode": {"speed": [1, 2]}}, "[decode]: unknown setting 'speed'"),
+        ({"defaults": {"max_new_token": 3}}, "unknown key 'max_new_token'"),
+        ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
+        ({"execution": {"batch_size": 0}}, "batch_size must be >= 1, got 0"),
+        ({"execution": {"batch_size": "8"}}, "execution.batch_size must be an integer or none"),
+        ({"grid": {}}, "unknown sweep keys ['grid']"),
+    ],
+)
 def test_bad_sweep_files_get_clear_errors(data, message):
     with pytest.raises(SweepError) as e:
         parse_sweep(data)
@@ -121,19 +156,21 @@ def test_bad_sweep_files_get_clear_errors(data, message):
 def test_run_and_sweep_measure_one_config_through_the_same_code(tiny_dirs, tmp_path):
     """A grid point measured by ``sweep`` at batch size 3 and by ``run`` at batch size 3 (same
     torch threads): the same records, bit for bit; a naive grid point cannot batch."""
-    spec = _spec(tiny_dirs, tmp_path, domains=("code",), trees=[{"name": "paper",
-                                                                 "policy": "paper"}])
+    spec = _spec(
+        tiny_dirs, tmp_path, domains=("code",), trees=[{"name": "paper", "policy": "paper"}]
+    )
     execution = Execution(prompts_per_shard=8, threads=1, batch_size=3)
     run_sweep(spec, tmp_path / "sweep", execution=execution, progress=False)
     with executors.torch_threads(1):
         run_study(spec.points()[0].config, tmp_path / "run", progress=False, batch_size=3)
-    for x, y in zip(read_records(sweep_run_dirs(tmp_path / "sweep")[0]),
-                    read_records(tmp_path / "run")):
+    for x, y in zip(
+        read_records(sweep_run_dirs(tmp_path / "sweep")[0]), read_records(tmp_path / "run")
+    ):
         pd.testing.assert_frame_equal(x, y)
-    naive = parse_sweep({**spec.source, "defaults": {**spec.source["defaults"],
-                                                     "engine": "naive"}})
-    with pytest.raises(SweepError, match="grid point paper.code: --batch-size 3 needs the "
-                                         "cached engine"):
+    naive = parse_sweep({**spec.source, "defaults": {**spec.source["defaults"], "engine": "naive"}})
+    with pytest.raises(
+        SweepError, match="grid point paper.code: --batch-size 3 needs the cached engine"
+    ):
         run_sweep(naive, tmp_path / "naive", execution=execution, progress=False)
 
 
@@ -155,14 +192,34 @@ def test_run_writer_on_an_object_store():
     writer = RunDir("bucket/run", filesystem=fs)
     assert not writer.done_prompt_ids()
     for order, pid in enumerate(["a", "b"]):
-        writer.commit_prompt(order, pid, to_table([], "nodes"), to_table([], "steps"),
-                             to_table({"run_id": ["r"], "prompt_id": [pid], "domain": ["code"],
-                                       "order": [order], "source": ["s"], "source_index": [0],
-                                       "dataset": [""], "split": [""], "messages_json": ["[]"],
-                                       "prompt_text": ["x"], "prompt_tokens": [1],
-                                       "truncated": [False], "generated_tokens": [0],
-                                       "output_token_ids": [[]], "output_text": [""],
-                                       "stop_reason": ["eos"], "time_s": [0.0]}, "prompts"))
+        writer.commit_prompt(
+            order,
+            pid,
+            to_table([], "nodes"),
+            to_table([], "steps"),
+            to_table(
+                {
+                    "run_id": ["r"],
+                    "prompt_id": [pid],
+                    "domain": ["code"],
+                    "order": [order],
+                    "source": ["s"],
+                    "source_index": [0],
+                    "dataset": [""],
+                    "split": [""],
+                    "messages_json": ["[]"],
+                    "prompt_text": ["x"],
+                    "prompt_tokens": [1],
+                    "truncated": [False],
+                    "generated_tokens": [0],
+                    "output_token_ids": [[]],
+                    "output_text": [""],
+                    "stop_reason": ["eos"],
+                    "time_s": [0.0],
+                },
+                "prompts",
+            ),
+        )
     assert writer.done_prompt_ids() == {"a", "b"}
     names = [i.base_name for i in fs.get_file_info(pafs.FileSelector("bucket", recursive=True))]
     assert not any(n.endswith(".tmp") for n in names)
@@ -188,8 +245,9 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
     assert set(run.prompts.domain) == {"chat"} and set(run.nodes.depth) == {1, 2, 3}
 
 
-def test_interrupted_sweep_resumes_without_redoing_finished_shards(local_sweep, tiny_dirs,
-                                                                   tmp_path, monkeypatch):
+def test_interrupted_sweep_resumes_without_redoing_finished_shards(
+    local_sweep, tiny_dirs, tmp_path, monkeypatch
+):
     spec, reference, _ = local_sweep
     real = measure_study.finish_prompt
     calls = {"n": 0}
@@ -236,8 +294,8 @@ def test_cli_sweep_compare_and_report(tiny_dirs, tmp_path):
 [defaults]
 max_new_tokens = 4
 [defaults.pair]
-draft = "{tiny_dirs['llama', 'draft']}"
-target = "{tiny_dirs['llama', 'target']}"
+draft = "{tiny_dirs["llama", "draft"]}"
+target = "{tiny_dirs["llama", "target"]}"
 dtype = "float32"
 [[trees]]
 policy = "chain"
@@ -281,9 +339,13 @@ def test_cli_sweep_errors(tiny_dirs, tmp_path, monkeypatch):
     good = tmp_path / "good.toml"
     good.write_text('[[trees]]\npolicy = "paper"\n')
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    result = cli.invoke(app, ["sweep", str(good), "--executor", "ray", "--out", str(tmp_path / "o")])
+    result = cli.invoke(
+        app, ["sweep", str(good), "--executor", "ray", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "pip install 'specscope[ray]'" in result.output
-    result = cli.invoke(app, ["sweep", str(good), "--executor", "slurm", "--out", str(tmp_path / "o")])
+    result = cli.invoke(
+        app, ["sweep", str(good), "--executor", "slurm", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "unknown executor 'slurm'" in result.output
 
 
@@ -301,8 +363,9 @@ def ray_cluster():
 def test_ray_sweep_gives_the_localread_records(ray_cluster, local_sweep, tmp_path):
     spec, reference, _ = local_sweep
     out = tmp_path / "ray"
-    summary = run_sweep(spec, f"file://{out}", executor="ray", execution=ONE_THREAD,
-                        progress=False)  # through a URI, as workers on other machines would
+    summary = run_sweep(
+        spec, f"file://{out}", executor="ray", execution=ONE_THREAD, progress=False
+    )  # through a URI, as workers on other machines would
     assert summary.complete and summary.shards_run == 8 and summary.prompts_measured == 12
     _assert_same_sweeps(reference, out)
     workers = {json.loads(f.read_text())["pid"] for f in (out / "shards").glob("*.json")}
@@ -312,8 +375,9 @@ def test_ray_sweep_gives_the_localread_records(ray_cluster, local_sweep, tmp_pat
 def test_ray_shard_resources(ray_cluster):
     executor = executors.RayExecutor(Execution(gpus_per_shard=0.5))
     cpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig(), (), 1)
-    gpu = executors.Shard("a/0", "a", "/x", "/y", RunConfig().replace(
-        **{"pair.device": "cuda:0"}), (), 1)
+    gpu = executors.Shard(
+        "a/0", "a", "/x", "/y", RunConfig().replace(**{"pair.device": "cuda:0"}), (), 1
+    )
     assert executor.resources(cpu) == {"num_cpus": 1.0}
     assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}
 
@@ -321,16 +385,23 @@ def test_ray_shard_resources(ray_cluster):
 def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp_path):
     """SIGKILL the worker of a shard after its first committed prompt: Ray reruns the shard."""
     # Long prompts (96 tokens each) leave time to kill the worker before it finishes, even under load.
-    spec = _spec(tiny_dirs, tmp_path, domains=("code",), prompts=8, max_new_tokens=96,
-                 trees=[{"policy": "paper"}])
+    spec = _spec(
+        tiny_dirs,
+        tmp_path,
+        domains=("code",),
+        prompts=8,
+        max_new_tokens=96,
+        trees=[{"policy": "paper"}],
+    )
     execution = Execution(prompts_per_shard=8, threads=1, max_retries=2)
     out = tmp_path / "ray"
     done: dict = {}
 
     def drive():
         try:
-            done["summary"] = run_sweep(spec, out, executor="ray", execution=execution,
-                                        progress=False)
+            done["summary"] = run_sweep(
+                spec, out, executor="ray", execution=execution, progress=False
+            )
         except BaseException as e:  # reported by the assertions below
             done["error"] = e
 
@@ -364,18 +435,32 @@ def test_ray_shard_errors_are_reported_and_the_rest_completes(ray_cluster, tiny_
     broken = tmp_path / "broken"  # passes the driver's checks, fails to load in the worker
     broken.mkdir()
     (broken / "config.json").write_text("{}")
-    spec = parse_sweep({
-        "defaults": {"max_new_tokens": 3, "prompts": {"file": str(code)}},
-        "pairs": [{"name": "good", "draft": str(tiny_dirs["llama", "draft"]),
-                   "target": str(tiny_dirs["llama", "target"]), "dtype": "float32"},
-                  {"name": "missing", "draft": str(broken),
-                   "target": str(broken), "dtype": "float32"}],
-    })
+    spec = parse_sweep(
+        {
+            "defaults": {"max_new_tokens": 3, "prompts": {"file": str(code)}},
+            "pairs": [
+                {
+                    "name": "good",
+                    "draft": str(tiny_dirs["llama", "draft"]),
+                    "target": str(tiny_dirs["llama", "target"]),
+                    "dtype": "float32",
+                },
+                {
+                    "name": "missing",
+                    "draft": str(broken),
+                    "target": str(broken),
+                    "dtype": "float32",
+                },
+            ],
+        }
+    )
     out = tmp_path / "out"
     with pytest.raises(SweepError, match=r"1 shard\(s\) failed \(missing/0\): ModelLoadError"):
         run_sweep(spec, out, executor="ray", execution=ONE_THREAD, progress=False)
     manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["status"] == "incomplete"
     assert {p["label"]: p["status"] for p in manifest["points"]} == {
-        "good": "complete", "missing": "running"}
+        "good": "complete",
+        "missing": "running",
+    }
     assert len(load_run(out / "runs" / "good").prompts) == 2

@@ -26,6 +26,7 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 # --- strategies ---------------------------------------------------------------------------------
 
+
 @st.composite
 def dists(draw, min_v: int = 3, max_v: int = 5) -> np.ndarray:
     """Random distributions: generic, tied (small integer weights), peaked and nearly flat."""
@@ -53,6 +54,7 @@ criteria = st.one_of(
 
 # --- brute force --------------------------------------------------------------------------------
 
+
 def _min_kl(p: np.ndarray, pairs: list[tuple[int, int]], seed: int = 0) -> float:
     """min KL(p || softmax(z)) s.t. z[hi] >= z[lo] for (hi, lo) in pairs: a smooth convex problem
     in z with linear constraints, solved by SLSQP from several starts."""
@@ -64,15 +66,26 @@ def _min_kl(p: np.ndarray, pairs: list[tuple[int, int]], seed: int = 0) -> float
     def grad(z):
         return softmax(z) - p
 
-    cons = [{"type": "ineq", "fun": lambda z, h=h, lo=lo: z[h] - z[lo],
-             "jac": lambda z, h=h, lo=lo: np.eye(len(p))[h] - np.eye(len(p))[lo]}
-            for h, lo in pairs]
+    cons = [
+        {
+            "type": "ineq",
+            "fun": lambda z, h=h, lo=lo: z[h] - z[lo],
+            "jac": lambda z, h=h, lo=lo: np.eye(len(p))[h] - np.eye(len(p))[lo],
+        }
+        for h, lo in pairs
+    ]
     rng = np.random.default_rng(seed)
     starts = [np.log(p + 1e-3), np.zeros(len(p)), rng.normal(size=len(p))]
     best = math.inf
     for z0 in starts:
-        res = minimize(f, z0, jac=grad, constraints=cons, method="SLSQP",
-                       options={"ftol": 1e-15, "maxiter": 500})
+        res = minimize(
+            f,
+            z0,
+            jac=grad,
+            constraints=cons,
+            method="SLSQP",
+            options={"ftol": 1e-15, "maxiter": 500},
+        )
         if all(res.x[h] - res.x[lo] >= -1e-7 for h, lo in pairs):
             best = min(best, float(res.fun))
     return best
@@ -82,19 +95,23 @@ def brute_level_set(p: np.ndarray, crit: T.Criterion) -> float:
     """Min over every rejected token y of min KL s.t. y is a maximiser of q."""
     v = len(p)
     rejected = [y for y, ok in enumerate(T.accepted_mask(p, crit).tolist()) if not ok]
-    return min((_min_kl(p, [(y, z) for z in range(v) if z != y]) for y in rejected),
-               default=math.inf)
+    return min(
+        (_min_kl(p, [(y, z) for z in range(v) if z != y]) for y in rejected), default=math.inf
+    )
 
 
 def brute_tree(p: np.ndarray, m: int) -> float:
     """Min over every set B of m rivals of min KL s.t. q(b) >= q(x0) for b in B."""
     x0 = int(np.argmax(p))
     others = [z for z in range(len(p)) if z != x0]
-    return min((_min_kl(p, [(b, x0) for b in rivals])
-                for rivals in itertools.combinations(others, m)), default=math.inf)
+    return min(
+        (_min_kl(p, [(b, x0) for b in rivals]) for rivals in itertools.combinations(others, m)),
+        default=math.inf,
+    )
 
 
 # --- exact certificates vs brute force ----------------------------------------------------------
+
 
 @FAST
 @given(p=dists(), crit=criteria)
@@ -174,8 +191,14 @@ def test_nothing_rejected_gives_infinite_certificate():
 def test_batched_and_torch_inputs_match_rows():
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.full(50, 0.3), size=6)
-    for spec in (T.Greedy(), T.Additive(0.1), T.Multiplicative(0.5), T.TopM(2), T.Entropy(),
-                 T.TreeCoverage(4)):
+    for spec in (
+        T.Greedy(),
+        T.Additive(0.1),
+        T.Multiplicative(0.5),
+        T.TopM(2),
+        T.Entropy(),
+        T.TreeCoverage(4),
+    ):
         batched = T.certificate(torch.tensor(p, dtype=torch.float32), spec)
         assert batched.shape == (6,)
         rows = [float(T.certificate(row, spec)) for row in p]
@@ -183,6 +206,7 @@ def test_batched_and_torch_inputs_match_rows():
 
 
 # --- soundness and tightness --------------------------------------------------------------------
+
 
 @FAST
 @given(p=dists(3, 6), crit=criteria, seed=st.integers(0, 2**32 - 1))
@@ -230,6 +254,7 @@ def test_worst_case_drafter_attains_the_certificate(p, spec):
 
 # --- margin-only bounds -------------------------------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None)
 @given(p=dists(3, 8), spec=st.one_of(criteria, st.integers(1, 6).map(T.TreeCoverage)))
 def test_margin_bounds_are_below_the_exact_certificates(p, spec):
@@ -246,20 +271,23 @@ def test_margin_bounds_are_sharp(delta):
     two = np.array([(1 + delta) / 2, (1 - delta) / 2])
     assert float(T.margin_bound(delta, T.Greedy())) == pytest.approx(_phi(delta), abs=1e-15)
     assert float(T.certificate(two, T.Greedy())) == pytest.approx(_phi(delta), abs=1e-12)
-    assert delta ** 2 / 2 <= _phi(delta) + 1e-15 <= math.log(2) + 1e-15
+    assert delta**2 / 2 <= _phi(delta) + 1e-15 <= math.log(2) + 1e-15
     for m in (1, 2, 4, 8):  # attained at ((1 + m delta), (1 - delta) x m) / (m + 1)
         star = np.array([1 + m * delta] + [1 - delta] * m) / (m + 1)
         for spec in (T.TopM(m), T.TreeCoverage(m)):
             assert float(T.certificate(star, spec)) == pytest.approx(
-                float(T.margin_bound(delta, spec)), abs=1e-12)
+                float(T.margin_bound(delta, spec)), abs=1e-12
+            )
         assert float(T.margin_bound(delta, T.TreeCoverage(m))) <= math.log(m + 1)
     if delta > 0.1:  # x1 itself rejected: the two-token target attains phi(delta)
         assert float(T.certificate(two, T.Additive(0.1))) == pytest.approx(
-            float(T.margin_bound(delta, T.Additive(0.1))), abs=1e-12)
+            float(T.margin_bound(delta, T.Additive(0.1))), abs=1e-12
+        )
     r = (1 - 0.5) / (1 + 0.5)
     if delta > r:
         assert float(T.certificate(two, T.Multiplicative(0.5))) == pytest.approx(
-            float(T.margin_bound(delta, T.Multiplicative(0.5))), abs=1e-12)
+            float(T.margin_bound(delta, T.Multiplicative(0.5))), abs=1e-12
+        )
 
 
 def test_additive_bound_is_approached_inside_the_slack():
@@ -267,7 +295,8 @@ def test_additive_bound_is_approached_inside_the_slack():
     a = (1 + delta + t + eta) / 3
     p = np.array([a, a - delta, a - t - eta])
     assert float(T.certificate(p, T.Additive(t))) == pytest.approx(
-        float(T.margin_bound(delta, T.Additive(t))), abs=1e-7)
+        float(T.margin_bound(delta, T.Additive(t))), abs=1e-7
+    )
 
 
 def test_multiplicative_bound_is_approached_below_the_boundary():
@@ -277,29 +306,46 @@ def test_multiplicative_bound_is_approached_below_the_boundary():
     p = np.array([p0, p0 - delta - 1e-10] + [rest / 1000] * 1000)
     p /= p.sum()
     assert float(T.certificate(p, T.Multiplicative(a_))) == pytest.approx(
-        float(T.margin_bound(delta, T.Multiplicative(a_))), abs=1e-6)
+        float(T.margin_bound(delta, T.Multiplicative(a_))), abs=1e-6
+    )
 
 
 # --- bad input ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("p, word", [
-    ([0.5, 0.6], "sum to 1"), ([1.2, -0.2], "negative"), ([math.nan, 1.0], "NaN"),
-    (np.zeros((2, 0)), "empty vocabulary"), ([math.inf, 0.0], "infinite"),
-    (np.ones((2, 2, 2)) / 2, "shape"),
-])
+
+@pytest.mark.parametrize(
+    "p, word",
+    [
+        ([0.5, 0.6], "sum to 1"),
+        ([1.2, -0.2], "negative"),
+        ([math.nan, 1.0], "NaN"),
+        (np.zeros((2, 0)), "empty vocabulary"),
+        ([math.inf, 0.0], "infinite"),
+        (np.ones((2, 2, 2)) / 2, "shape"),
+    ],
+)
 def test_bad_distributions_are_rejected(p, word):
     with pytest.raises(ValueError, match=f"p: .*{word}"):
         T.certificate(p, T.Greedy())
 
 
-@pytest.mark.parametrize("make, arg", [
-    (lambda: T.Additive(-0.1), "t"), (lambda: T.Additive(1.5), "t"),
-    (lambda: T.Multiplicative(0.0), "a"), (lambda: T.Multiplicative(1.01), "a"),
-    (lambda: T.TopM(0), "m"), (lambda: T.TreeCoverage(0), "m"), (lambda: T.TopM(1.5), "m"),
-    (lambda: T.Entropy(eps=0.0), "eps"), (lambda: T.Entropy(delta=-1.0), "delta"),
-    (lambda: T.CriteriaConfig(additive_t=2.0), "t"), (lambda: T.CriteriaConfig(tree_m=(0,)), "m"),
-    (lambda: T.CriteriaConfig(entropy_eps=None), "entropy_eps"),
-])
+@pytest.mark.parametrize(
+    "make, arg",
+    [
+        (lambda: T.Additive(-0.1), "t"),
+        (lambda: T.Additive(1.5), "t"),
+        (lambda: T.Multiplicative(0.0), "a"),
+        (lambda: T.Multiplicative(1.01), "a"),
+        (lambda: T.TopM(0), "m"),
+        (lambda: T.TreeCoverage(0), "m"),
+        (lambda: T.TopM(1.5), "m"),
+        (lambda: T.Entropy(eps=0.0), "eps"),
+        (lambda: T.Entropy(delta=-1.0), "delta"),
+        (lambda: T.CriteriaConfig(additive_t=2.0), "t"),
+        (lambda: T.CriteriaConfig(tree_m=(0,)), "m"),
+        (lambda: T.CriteriaConfig(entropy_eps=None), "entropy_eps"),
+    ],
+)
 def test_bad_parameters_name_the_argument(make, arg):
     with pytest.raises(ValueError, match=f"^{arg}"):
         make()
@@ -316,15 +362,27 @@ def test_q_is_validated_and_shapes_must_match():
 
 # --- engine columns -----------------------------------------------------------------------------
 
+
 def test_columns_for_the_engine():
     torch.manual_seed(0)
     cfg = T.CriteriaConfig()
     p = torch.softmax(torch.randn(8, 1000) * 3, -1)
     q = torch.softmax(torch.randn(8, 1000) * 3 + torch.log(p) * 0.8, -1)
     nodes = T.node_certificate_columns(p, cfg)
-    assert set(nodes) == {f"cert_{n}" for n in
-                          ("greedy", "additive", "multiplicative", "top_m", "entropy",
-                           "tree_m1", "tree_m2", "tree_m4", "tree_m8")}
+    assert set(nodes) == {
+        f"cert_{n}"
+        for n in (
+            "greedy",
+            "additive",
+            "multiplicative",
+            "top_m",
+            "entropy",
+            "tree_m1",
+            "tree_m2",
+            "tree_m4",
+            "tree_m8",
+        )
+    }
     assert all(v.dtype == np.float64 and v.shape == (8,) for v in nodes.values())
     steps = T.step_criteria_columns(p, q, cfg)
     for name in ("greedy", "additive", "multiplicative", "top_m", "entropy"):
@@ -375,8 +433,14 @@ def test_accepted_counts_from_the_sorted_top_equal_the_full_count(scale):
     logits[:8] = (logits[:8] * 4).round() / 4  # ties
     d = Target(as_probs(torch.softmax(logits, -1), "p")[0])
     top = _sorted_prefix(d.p, TOP_WIDTH)
-    for crit in (T.Additive(0.1), T.Additive(0.01), T.Multiplicative(0.5), T.Entropy(0.09, 0.3),
-                 T.Greedy(), T.TopM(2)):
+    for crit in (
+        T.Additive(0.1),
+        T.Additive(0.01),
+        T.Multiplicative(0.5),
+        T.Entropy(0.09, 0.3),
+        T.Greedy(),
+        T.TopM(2),
+    ):
         full = crit.n_accepted(d)
         assert torch.equal(crit.n_accepted(d, top), full), crit
     if scale < 1:
@@ -397,25 +461,42 @@ def test_columns_are_fast_for_a_real_vocabulary():
 
 # --- certify ------------------------------------------------------------------------------------
 
+
 def _node_row(run_id, prompt_id, domain, step, node_id, parent, depth, rank, p, q, token):
     s = np.sort(p)[::-1]
     return {
-        "run_id": run_id, "prompt_id": prompt_id, "domain": domain, "step": step,
-        "position_bin": step // 32, "node_id": node_id, "parent_id": parent, "depth": depth,
-        "sibling_rank": rank, "token_id": token, "p_draft": float(q[token]),
-        "p_target": float(p[token]), "alpha": min(1.0, float(p[token] / q[token])),
+        "run_id": run_id,
+        "prompt_id": prompt_id,
+        "domain": domain,
+        "step": step,
+        "position_bin": step // 32,
+        "node_id": node_id,
+        "parent_id": parent,
+        "depth": depth,
+        "sibling_rank": rank,
+        "token_id": token,
+        "p_draft": float(q[token]),
+        "p_target": float(p[token]),
+        "alpha": min(1.0, float(p[token] / q[token])),
         "greedy_accept": token == int(np.argmax(p)),
         "target_entropy": float(-(p * np.log(p)).sum()),
         "draft_entropy": float(-(q * np.log(q)).sum()),
-        "target_top1_prob": float(s[0]), "target_margin": float(s[0] - s[1]),
-        "kl_target_draft": float(T.kl_divergence(p, q)), "target_rank": int((p > p[token]).sum()),
+        "target_top1_prob": float(s[0]),
+        "target_margin": float(s[0] - s[1]),
+        "kl_target_draft": float(T.kl_divergence(p, q)),
+        "target_rank": int((p > p[token]).sum()),
     }
 
 
 def _complete(row: dict, table: str) -> dict:
     """Fill schema fields this test does not care about with neutral values."""
-    neutral = {pa.types.is_string: "", pa.types.is_boolean: False, pa.types.is_integer: 0,
-               pa.types.is_floating: 0.0, pa.types.is_list: []}
+    neutral = {
+        pa.types.is_string: "",
+        pa.types.is_boolean: False,
+        pa.types.is_integer: 0,
+        pa.types.is_floating: 0.0,
+        pa.types.is_list: [],
+    }
     for f in SCHEMAS[table]:
         if f.name not in row:
             row[f.name] = next(v for test, v in neutral.items() if test(f.type))
@@ -435,25 +516,59 @@ def _write_run(path, with_theory: bool, steps_per_prompt: int = 12):
             for rank in range(2):
                 row = _node_row("r", pid, domain, step, rank, -1, 1, rank, p, q, int(order_q[rank]))
                 if with_theory:
-                    row.update({k: float(v[0]) for k, v in T.node_certificate_columns(
-                        torch.tensor(p)[None], cfg).items()})
+                    row.update(
+                        {
+                            k: float(v[0])
+                            for k, v in T.node_certificate_columns(
+                                torch.tensor(p)[None], cfg
+                            ).items()
+                        }
+                    )
                 nodes.append(row)
-            srow = {"run_id": "r", "prompt_id": pid, "domain": domain, "step": step,
-                    "position_bin": 0, "context_len": 10 + step, "tree_size": 2,
-                    "emitted_token": int(np.argmax(p)), "accepted_len": 0, "tau": 1,
-                    "draft_time_s": 0.0, "verify_time_s": 0.0, "step_time_s": 0.0}
+            srow = {
+                "run_id": "r",
+                "prompt_id": pid,
+                "domain": domain,
+                "step": step,
+                "position_bin": 0,
+                "context_len": 10 + step,
+                "tree_size": 2,
+                "emitted_token": int(np.argmax(p)),
+                "accepted_len": 0,
+                "tau": 1,
+                "draft_time_s": 0.0,
+                "verify_time_s": 0.0,
+                "step_time_s": 0.0,
+            }
             if with_theory:
                 cols = T.step_criteria_columns(torch.tensor(p), torch.tensor(q), cfg)
                 srow.update({k: v[0].item() for k, v in cols.items()})
             steps.append(srow)
-        prompt = {"run_id": "r", "prompt_id": pid, "domain": domain, "order": order,
-                  "source": "synthetic", "source_index": order, "messages_json": "[]",
-                  "prompt_text": "x", "prompt_tokens": 1, "truncated": False,
-                  "generated_tokens": steps_per_prompt, "output_token_ids": [1], "output_text": "",
-                  "stop_reason": "max_new_tokens", "time_s": 0.0}
-        writer.commit_prompt(order, pid, *(to_table([_complete(r, name) for r in rows], name)
-                                           for rows, name in ((nodes, "nodes"), (steps, "steps"),
-                                                              ([prompt], "prompts"))))
+        prompt = {
+            "run_id": "r",
+            "prompt_id": pid,
+            "domain": domain,
+            "order": order,
+            "source": "synthetic",
+            "source_index": order,
+            "messages_json": "[]",
+            "prompt_text": "x",
+            "prompt_tokens": 1,
+            "truncated": False,
+            "generated_tokens": steps_per_prompt,
+            "output_token_ids": [1],
+            "output_text": "",
+            "stop_reason": "max_new_tokens",
+            "time_s": 0.0,
+        }
+        writer.commit_prompt(
+            order,
+            pid,
+            *(
+                to_table([_complete(r, name) for r in rows], name)
+                for rows, name in ((nodes, "nodes"), (steps, "steps"), ([prompt], "prompts"))
+            ),
+        )
     writer.consolidate()
     manifest = {"schema_version": 1, "run_id": "r"}
     if with_theory:
@@ -472,7 +587,8 @@ def test_certify_on_a_synthetic_run(tmp_path):
     assert crit.loc[("code", "greedy"), "n"] == 24
     steps = run.steps
     assert crit.loc[("all", "top_m"), "frac_certified"] == pytest.approx(
-        steps["certified_top_m"].mean())
+        steps["certified_top_m"].mean()
+    )
     assert crit.loc[("all", "greedy"), "median"] == pytest.approx(steps["cert_greedy"].median())
     for name in ("greedy", "additive", "multiplicative", "top_m", "entropy"):
         assert 0 <= crit.loc[("all", name), "run_max"] <= 12
@@ -513,8 +629,9 @@ def test_certify_cli(tmp_path):
     from specscope.cli import app
 
     run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=4)
-    result = CliRunner().invoke(app, ["certify", str(run_dir), "--out", str(tmp_path / "o"),
-                                      "--no-plot"])
+    result = CliRunner().invoke(
+        app, ["certify", str(run_dir), "--out", str(tmp_path / "o"), "--no-plot"]
+    )
     assert result.exit_code == 0, result.output
     assert "greedy" in result.output and "soundness: 0" in result.output
     assert (tmp_path / "o" / "certificates.csv").is_file()
@@ -524,16 +641,24 @@ def test_certify_cli(tmp_path):
 
 # --- certify: certified fraction by target-margin bin ----------------------------------------------
 
+
 def test_margin_bins_are_checked_and_coded():
     edges = C.parse_margin_bins("0,0.1,0.25,0.5,0.75,0.9,1")
     assert edges == C.DEFAULT_MARGIN_BINS
     assert C.margin_bin_labels((0.0, 0.1, 1.0)) == ("[0, 0.1)", "[0.1, 1]")
     codes = C.margin_bin_codes(np.array([0.0, 0.05, 0.1, 0.9999, 1.0, 1.2, -0.1, np.nan]), edges)
     assert codes.tolist() == [0, 0, 1, 5, 5, -1, -1, -1]
-    for text, part in (("", "is empty"), ("0", "make no bin"), ("0,0.5,0.5", "0.5 then 0.5"),
-                       ("0.5,0.1", "0.5 then 0.1"), ("0,1.5", "1.5 lies outside"),
-                       ("-0.1,1", "-0.1 lies outside"), ("0,,1", "'' is not a number"),
-                       ("0,a,1", "'a' is not a number"), ("0,nan", "nan lies outside")):
+    for text, part in (
+        ("", "is empty"),
+        ("0", "make no bin"),
+        ("0,0.5,0.5", "0.5 then 0.5"),
+        ("0.5,0.1", "0.5 then 0.1"),
+        ("0,1.5", "1.5 lies outside"),
+        ("-0.1,1", "-0.1 lies outside"),
+        ("0,,1", "'' is not a number"),
+        ("0,a,1", "'a' is not a number"),
+        ("0,nan", "nan lies outside"),
+    ):
         with pytest.raises(C.MarginBinsError) as e:
             C.parse_margin_bins(text)
         message = str(e.value)
@@ -547,14 +672,24 @@ def test_certified_fraction_by_margin_bin(tmp_path):
     m = report.margins
     assert m is not None and m.source == "steps" and m.edges == edges
     # tree_m1 certifies what greedy does: left out
-    assert m.names == ("greedy", "additive", "multiplicative", "top_m", "entropy", "tree_m2",
-                       "tree_m4", "tree_m8")
+    assert m.names == (
+        "greedy",
+        "additive",
+        "multiplicative",
+        "top_m",
+        "entropy",
+        "tree_m2",
+        "tree_m4",
+        "tree_m8",
+    )
     steps = run.steps
     codes = C.margin_bin_codes(steps["target_margin"].to_numpy(), edges)
     for domain in ("all", "code", "chat"):
         rows = [r for r in m.rows if r.domain == domain]
         assert [r.bin for r in rows] == ["[0, 0.2)", "[0.2, 0.6)", "[0.6, 1]"]
-        sel = np.ones(len(steps), bool) if domain == "all" else (steps["domain"] == domain).to_numpy()
+        sel = (
+            np.ones(len(steps), bool) if domain == "all" else (steps["domain"] == domain).to_numpy()
+        )
         for b, r in enumerate(rows):
             in_bin = sel & (codes == b)
             assert r.steps == in_bin.sum()
@@ -598,7 +733,8 @@ def test_margins_of_older_runs_come_from_root_nodes_or_are_refused(tmp_path):
     assert older.margins.source == "root nodes"
     assert [r.steps for r in older.margins.rows] == [r.steps for r in full.margins.rows]
     assert [e.value for r in older.margins.rows for e in r.fractions] == pytest.approx(
-        [e.value for r in full.margins.rows for e in r.fractions], nan_ok=True)
+        [e.value for r in full.margins.rows for e in r.fractions], nan_ok=True
+    )
     # and without nodes either: a note by default, an error naming the column on request
     for part in (path / "parts" / "nodes").iterdir():
         part.unlink()
@@ -616,8 +752,10 @@ def test_certify_cli_margin_table(tmp_path):
 
     run_dir = _write_run(tmp_path / "run", with_theory=True, steps_per_prompt=6)
     out = tmp_path / "o"
-    result = CliRunner().invoke(app, ["certify", str(run_dir), "--out", str(out), "--boot", "50",
-                                      "--margin-bins", "0,0.3,1"])
+    result = CliRunner().invoke(
+        app,
+        ["certify", str(run_dir), "--out", str(out), "--boot", "50", "--margin-bins", "0,0.3,1"],
+    )
     assert result.exit_code == 0, result.output
     assert "certified fraction of steps by target margin (all)" in result.output
     assert "[0.3, 1]" in result.output and "multiplicative" in result.output
@@ -643,8 +781,12 @@ def test_certified_fraction_intervals_cover_the_truth():
     rng = np.random.default_rng(11)
     worlds, covered, widths = 300, 0, []
     prompts, steps = 40, 20
-    frame = pd.DataFrame({"prompt_id": np.repeat([f"p{i:02d}" for i in range(prompts)], steps),
-                          "domain": np.repeat([f"d{i % 4}" for i in range(prompts)], steps)})
+    frame = pd.DataFrame(
+        {
+            "prompt_id": np.repeat([f"p{i:02d}" for i in range(prompts)], steps),
+            "domain": np.repeat([f"d{i % 4}" for i in range(prompts)], steps),
+        }
+    )
     cell = np.zeros(len(frame), np.int64)
     for world in range(worlds):
         rates = np.repeat(rng.beta(2, 2, prompts), steps)

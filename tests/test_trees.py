@@ -86,14 +86,17 @@ def test_mask_rows_are_parent_rows_plus_self():
         assert torch.equal(mask[i], expected)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"policy": "beam"}, "unknown tree policy 'beam'"),
-    ({"depth": 0}, "depth must be >= 1"),
-    ({"max_nodes": 1, "top_k": 3, "branch": 2}, "smaller than the number of roots"),
-    ({"policy": "static"}, "needs paths"),
-    ({"policy": "static", "paths": "[(0, 0)]"}, "no parent path"),
-    ({"policy": "static", "paths": "nonsense("}, "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"policy": "beam"}, "unknown tree policy 'beam'"),
+        ({"depth": 0}, "depth must be >= 1"),
+        ({"max_nodes": 1, "top_k": 3, "branch": 2}, "smaller than the number of roots"),
+        ({"policy": "static"}, "needs paths"),
+        ({"policy": "static", "paths": "[(0, 0)]"}, "no parent path"),
+        ({"policy": "static", "paths": "nonsense("}, "cannot parse"),
+    ],
+)
 def test_bad_tree_parameters(kwargs, message):
     with pytest.raises(TreeConfigError, match=message.replace("(", r"\(")):
         TreeConfig(**kwargs).shape()

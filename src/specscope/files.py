@@ -44,10 +44,12 @@ class OutputError(SpecscopeError):
 
 
 # What to do about the failures of a disk that users meet most.
-_OS_ERROR_HINTS = {errno.ENOSPC: "free space, or write elsewhere",
-                   errno.EROFS: "the file system is read-only",
-                   errno.EACCES: "permission denied",
-                   errno.ENAMETOOLONG: "shorten the name"}
+_OS_ERROR_HINTS = {
+    errno.ENOSPC: "free space, or write elsewhere",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.ENAMETOOLONG: "shorten the name",
+}
 
 
 def os_error_reason(error: OSError) -> str:
@@ -69,7 +71,11 @@ def temporary_name(path: str | Path) -> str:
     """A hidden temporary name beside ``path`` that no other writer uses."""
     path = str(path)
     parent, _, name = path.rpartition("/")
-    return f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+    return (
+        f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        if parent
+        else f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+    )
 
 
 def check_no_links(path: Path, inside: Path) -> None:
@@ -82,12 +88,16 @@ def check_no_links(path: Path, inside: Path) -> None:
         raise OutputError(f"{path} is outside {root}") from None
     probe = root
     if probe.is_symlink():
-        raise OutputError(f"{probe} is a symbolic link; specscope writes only into real directories")
+        raise OutputError(
+            f"{probe} is a symbolic link; specscope writes only into real directories"
+        )
     for part in relative.parts:
         probe = probe / part
         if probe.is_symlink():
-            raise OutputError(f"{probe} is a symbolic link; specscope does not write through links "
-                              "in a run directory (remove the link)")
+            raise OutputError(
+                f"{probe} is a symbolic link; specscope does not write through links "
+                "in a run directory (remove the link)"
+            )
 
 
 def make_dirs(path: Path, inside: Path | None = None) -> None:
@@ -125,7 +135,9 @@ def write_output(path: str | Path, data: bytes | str, inside: Path | None = None
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() and not path.is_symlink() else None
+        mode = (
+            stat.S_IMODE(path.stat().st_mode) if path.is_file() and not path.is_symlink() else None
+        )
     except OSError:
         mode = None
     tmp = temporary_name(path)
@@ -230,8 +242,12 @@ def finite_json(obj):
 
 def json_text(obj, indent: int | None = 2) -> str:
     """Strict JSON text: NaN and infinities become null, never the literal ``NaN``."""
-    return json.dumps(finite_json(obj), indent=indent, allow_nan=False, default=str,
-                      ensure_ascii=False) + "\n"
+    return (
+        json.dumps(
+            finite_json(obj), indent=indent, allow_nan=False, default=str, ensure_ascii=False
+        )
+        + "\n"
+    )
 
 
 def write_json(path: str | Path, obj, inside: Path | None = None) -> Path:
@@ -240,8 +256,15 @@ def write_json(path: str | Path, obj, inside: Path | None = None) -> Path:
 
 
 # What specscope owns in a run or sweep directory: never an output named with -o.
-RUN_OWNED = ("manifest.json", "nodes.parquet", "steps.parquet", "prompts.parquet",
-             "requests.parquet", "sweep.json", "parts")
+RUN_OWNED = (
+    "manifest.json",
+    "nodes.parquet",
+    "steps.parquet",
+    "prompts.parquet",
+    "requests.parquet",
+    "sweep.json",
+    "parts",
+)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -251,34 +274,38 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output(path: str | Path, inputs: tuple[str | Path, ...] = (),
-                 option: str = "-o") -> Path:
+def check_output(path: str | Path, inputs: tuple[str | Path, ...] = (), option: str = "-o") -> Path:
     """Refuse an output path that is one of the command's ``inputs`` or a file specscope owns in
     a run directory (a manifest, records, parts); return it as a Path."""
     text = str(path)
     if "://" in text:
-        raise OutputError(f"{option} {text}: this option writes a local file; URIs are not "
-                          "supported here")
+        raise OutputError(
+            f"{option} {text}: this option writes a local file; URIs are not supported here"
+        )
     path = Path(text)
     for source in inputs:
         if source is None:
             continue
         source = Path(source)
         if path.absolute() == source.absolute() or _same_file(path, source):
-            raise OutputError(f"{option} {path} is also this command's input {source}; "
-                              "give another output file")
+            raise OutputError(
+                f"{option} {path} is also this command's input {source}; give another output file"
+            )
     resolved = path.absolute()
     for parent in resolved.parents:
         if (parent / "manifest.json").is_file() or (parent / "sweep.json").is_file():
             if resolved.relative_to(parent).parts[0] in RUN_OWNED:
-                raise OutputError(f"{option} {path} is a file specscope owns in the run "
-                                  f"directory {parent}; give a path outside it")
+                raise OutputError(
+                    f"{option} {path} is a file specscope owns in the run "
+                    f"directory {parent}; give a path outside it"
+                )
             break
     return path
 
 
-def check_output_file(path: str | Path, inputs: tuple[str | Path, ...] = (),
-                      option: str = "-o") -> Path:
+def check_output_file(
+    path: str | Path, inputs: tuple[str | Path, ...] = (), option: str = "-o"
+) -> Path:
     """:func:`check_output` for an output that is one file: also refuse a directory, and a path
     whose parent cannot be a directory (a path under a file), before any work is done."""
     path = check_output(path, inputs, option)
@@ -320,7 +347,11 @@ def local_location(value: str | Path | None, option: str) -> Path | None:
         host, _, path = rest.partition("/")
         if host in ("", "localhost"):
             return Path("/" + unquote(path))
-        raise OutputError(f"{option} {text}: a file:// URI names a path on this machine "
-                          f"(file:///PATH), not on host {host!r}")
-    raise OutputError(f"{option} {text}: this command reads and writes local directories; "
-                      "give a local path or a file:// URI (copy the data here first)")
+        raise OutputError(
+            f"{option} {text}: a file:// URI names a path on this machine "
+            f"(file:///PATH), not on host {host!r}"
+        )
+    raise OutputError(
+        f"{option} {text}: this command reads and writes local directories; "
+        "give a local path or a file:// URI (copy the data here first)"
+    )

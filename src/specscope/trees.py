@@ -65,7 +65,8 @@ class TreeShape:
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise TreeConfigError(
-                    f"node {i} has parent {p}: parents must come earlier (breadth-first order)")
+                    f"node {i} has parent {p}: parents must come earlier (breadth-first order)"
+                )
         depths = self.depths
         if any(depths[i] < depths[i - 1] for i in range(1, len(depths))):
             raise TreeConfigError("nodes must be in breadth-first order (depth non-decreasing)")
@@ -196,8 +197,12 @@ def _static(config: TreeConfig) -> TreeShape:
     return TreeShape.parse(config.paths)
 
 
-TREE_SHAPES = {"paper": _breadth_first, "paper-text": _breadth_first, "chain": _chain,
-               "static": _static}  # tree policy -> its shape
+TREE_SHAPES = {
+    "paper": _breadth_first,
+    "paper-text": _breadth_first,
+    "chain": _chain,
+    "static": _static,
+}  # tree policy -> its shape
 POLICIES = tuple(TREE_SHAPES)
 
 # The tree options each policy reads; an option given for a policy that ignores it is an error.
@@ -215,8 +220,9 @@ def check_policy_options(policy: str, given: set[str] | frozenset[str]) -> None:
     if unused:
         names = ", ".join("--" + u.replace("_", "-") for u in unused)
         allowed = ", ".join("--" + o.replace("_", "-") for o in POLICY_OPTIONS[policy])
-        raise TreeConfigError(f"{names} do(es) not apply to tree policy {policy!r}, which reads "
-                              f"{allowed}")
+        raise TreeConfigError(
+            f"{names} do(es) not apply to tree policy {policy!r}, which reads {allowed}"
+        )
 
 
 @dataclass(frozen=True)
@@ -241,13 +247,17 @@ class TreeConfig:
             raise TreeConfigError(
                 "tree policy 'dynamic' (EAGLE-2) is for decoding (specscope decode, bench): "
                 "measurement drafts one static shape for every prompt of a batch, its children "
-                f"the draft's top tokens; choose one of {', '.join(POLICIES)}")
+                f"the draft's top tokens; choose one of {', '.join(POLICIES)}"
+            )
         if self.policy not in POLICIES:
             raise TreeConfigError(
-                f"unknown tree policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+                f"unknown tree policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
+            )
         if self.paths and self.policy != "static":
-            raise TreeConfigError(f"paths apply only to policy 'static', not {self.policy!r}: "
-                                  "add --policy static, or drop --paths")
+            raise TreeConfigError(
+                f"paths apply only to policy 'static', not {self.policy!r}: "
+                "add --policy static, or drop --paths"
+            )
         if self.policy == "static":
             if not self.paths:
                 raise TreeConfigError("policy 'static' needs paths, e.g. \"[(0,), (1,), (0, 0)]\"")
@@ -258,7 +268,8 @@ class TreeConfig:
         roots = self.num_roots
         if self.policy != "chain" and self.max_nodes < roots:
             raise TreeConfigError(
-                f"max_nodes ({self.max_nodes}) is smaller than the number of roots ({roots})")
+                f"max_nodes ({self.max_nodes}) is smaller than the number of roots ({roots})"
+            )
 
     @property
     def num_roots(self) -> int:
@@ -308,7 +319,9 @@ class DynamicTree:
     def __post_init__(self) -> None:
         for name in ("max_nodes", "depth", "top_k"):
             if getattr(self, name) < 1:
-                raise TreeConfigError(f"dynamic tree {name} must be >= 1, got {getattr(self, name)}")
+                raise TreeConfigError(
+                    f"dynamic tree {name} must be >= 1, got {getattr(self, name)}"
+                )
 
     @property
     def max_depth(self) -> int:

@@ -35,7 +35,8 @@ def _describe(tp: object) -> str:
     if tp is type(None):
         return "none"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-        tp, getattr(tp, "__name__", str(tp)))
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def _fits(value: object, tp: object) -> bool:

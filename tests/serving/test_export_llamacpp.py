@@ -64,8 +64,9 @@ def parse_presets(text: str) -> dict[str, dict[str, str]]:
 
 def _export():
     policy = PolicyFile(trees={"code": CHAIN3, "math": CHAIN1, "chat": None}, uniform=CHAIN1)
-    return export_policy(policy, "llama.cpp",
-                         ExportOptions(draft="/m/draft.gguf", target="/m/target.gguf"))
+    return export_policy(
+        policy, "llama.cpp", ExportOptions(draft="/m/draft.gguf", target="/m/target.gguf")
+    )
 
 
 def test_every_exported_flag_is_a_llama_server_b11312_option():
@@ -87,9 +88,15 @@ def test_presets_file_parses_as_llama_server_b11312_reads_it():
         for key in options:
             assert key in keys, f"option '{key}' not recognized in preset '{name}'"
     assert {keys[k]: v for k, v in sections["code"].items()} == {
-        "--model": "/m/target.gguf", "--spec-type": "draft-simple",
-        "--model-draft": "/m/draft.gguf", "--spec-draft-n-max": "3", "--spec-draft-n-min": "0",
-        "--draft-p-min": "0.0", "--poll": "0", "--poll-draft": "0"}
+        "--model": "/m/target.gguf",
+        "--spec-type": "draft-simple",
+        "--model-draft": "/m/draft.gguf",
+        "--spec-draft-n-max": "3",
+        "--spec-draft-n-min": "0",
+        "--draft-p-min": "0.0",
+        "--poll": "0",
+        "--poll-draft": "0",
+    }
     assert sections["chat"] == {"model": "/m/target.gguf"}
 
 
@@ -108,19 +115,38 @@ def _server() -> str | None:
 @pytest.mark.skipif(_server() is None, reason="no llama-server (set SPECSCOPE_LLAMA_SERVER)")
 def test_llama_server_accepts_presets(tmp_path):
     server = _server()
-    help_text = subprocess.run([server, "--help"], capture_output=True, text=True,
-                               timeout=60).stdout
-    for flag in ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
-                 "--spec-type", "--models-preset", "-md,"):
+    help_text = subprocess.run(
+        [server, "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for flag in (
+        "--spec-draft-n-max",
+        "--spec-draft-n-min",
+        "--spec-draft-p-min",
+        "--spec-type",
+        "--models-preset",
+        "-md,",
+    ):
         assert flag in help_text
     presets = tmp_path / "presets.ini"
     presets.write_text(_export()["presets_ini"])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "--models-preset", str(presets), "--no-models-autoload",
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            server,
+            "--models-preset",
+            str(presets),
+            "--no-models-autoload",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         import urllib.request
 
@@ -147,13 +173,25 @@ def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
 
     code = ServerSetting(threads=2, poll=0, batch=512, ubatch=128).with_k(3)
     plain = ServerSetting(threads=2, poll=50, batch=2048, ubatch=512)
-    entry = {"setting": code.name, "k": 3, "flags": code.flags(), "target_gguf": "/m/t-q4_0.gguf",
-             "draft_gguf": "/m/d.gguf"}
-    none = {"setting": plain.name, "k": 0, "flags": plain.flags(), "target_gguf": "/m/t.gguf",
-            "draft_gguf": None}
-    policy = PolicyFile(trees={"code": CHAIN3, "chat": None}, uniform=None,
-                        info={"llama_server": {"domains": {"code": entry, "chat": none},
-                                               "fallback": none}})
+    entry = {
+        "setting": code.name,
+        "k": 3,
+        "flags": code.flags(),
+        "target_gguf": "/m/t-q4_0.gguf",
+        "draft_gguf": "/m/d.gguf",
+    }
+    none = {
+        "setting": plain.name,
+        "k": 0,
+        "flags": plain.flags(),
+        "target_gguf": "/m/t.gguf",
+        "draft_gguf": None,
+    }
+    policy = PolicyFile(
+        trees={"code": CHAIN3, "chat": None},
+        uniform=None,
+        info={"llama_server": {"domains": {"code": entry, "chat": none}, "fallback": none}},
+    )
     doc = export_policy(policy, "llama.cpp", ExportOptions(target="/m/other.gguf"))
     sections = parse_presets(doc["presets_ini"])
     keys = _preset_keys()
@@ -161,11 +199,19 @@ def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
         assert all(k in keys for k in options), name
     flags = doc["domains"]["code"]["flags"]
     assert flags["--model"] == "/m/t-q4_0.gguf" and flags["--spec-draft-model"] == "/m/d.gguf"
-    assert (flags["--threads"], flags["--batch-size"], flags["--ubatch-size"], flags["--poll"],
-            flags["--spec-draft-n-max"], flags["--spec-type"]) == (2, 512, 128, 0, 3, "draft-simple")
+    assert (
+        flags["--threads"],
+        flags["--batch-size"],
+        flags["--ubatch-size"],
+        flags["--poll"],
+        flags["--spec-draft-n-max"],
+        flags["--spec-type"],
+    ) == (2, 512, 128, 0, 3, "draft-simple")
     chat = doc["domains"]["chat"]["flags"]
     assert chat["--model"] == "/m/t.gguf" and chat["--poll"] == 50 and "--spec-type" not in chat
     # the measured K must be the policy's chain
     policy = PolicyFile(trees={"code": CHAIN1}, uniform=None, info=policy.info)
-    with pytest.raises(ExportError, match="K = 1 but its llama_server setting was measured with K = 3"):
+    with pytest.raises(
+        ExportError, match="K = 1 but its llama_server setting was measured with K = 3"
+    ):
         export_policy(policy, "llama.cpp", ExportOptions())

@@ -32,9 +32,14 @@ def drafted(monkeypatch):
 
     def recording(self, input_ids, **kwargs):
         candidates, logits = original(self, input_ids, **kwargs)
-        lengths.append((candidates.shape[1] - input_ids.shape[1], self.num_assistant_tokens,
-                        self.assistant_generation_config.assistant_confidence_threshold,
-                        self.main_model_max_length - input_ids.shape[1] - 1))
+        lengths.append(
+            (
+                candidates.shape[1] - input_ids.shape[1],
+                self.num_assistant_tokens,
+                self.assistant_generation_config.assistant_confidence_threshold,
+                self.main_model_max_length - input_ids.shape[1] - 1,
+            )
+        )
         return candidates, logits
 
     monkeypatch.setattr(AssistedCandidateGenerator, "get_candidates", recording)
@@ -51,14 +56,21 @@ def _pair():
 
 def _generate(target, assistant, **kwargs):
     prompt = torch.tensor([[5, 9, 17, 3, 22]])
-    return target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                           max_new_tokens=MAX_NEW, assistant_model=assistant, **kwargs)
+    return target.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        assistant_model=assistant,
+        **kwargs,
+    )
 
 
 def test_assistant_drafts_the_exported_number_of_tokens(drafted):
     chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
-    doc = export_policy(PolicyFile(trees={"code": chain}), "transformers",
-                        ExportOptions(draft="assistant"))
+    doc = export_policy(
+        PolicyFile(trees={"code": chain}), "transformers", ExportOptions(draft="assistant")
+    )
     settings = doc["domains"]["code"]["assistant_generation_config"]
     target, assistant = _pair()
     for name, value in settings.items():  # what the exported snippet does
@@ -73,8 +85,13 @@ def test_assistant_drafts_the_exported_number_of_tokens(drafted):
 
 def test_generate_kwargs_are_not_what_the_assistant_uses(drafted):
     target, assistant = _pair()
-    _generate(target, assistant, num_assistant_tokens=3, num_assistant_tokens_schedule="constant",
-              assistant_confidence_threshold=0.0)
+    _generate(
+        target,
+        assistant,
+        num_assistant_tokens=3,
+        num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+    )
     # the assistant kept its own generation_config: 20 tokens, stopped by confidence 0.4
     assert {(k, t) for _, k, t, _ in drafted} == {(20, 0.4)}
     assert [n for n, *_ in drafted] != [min(3, room) for *_, room in drafted]

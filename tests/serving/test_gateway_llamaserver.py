@@ -74,8 +74,10 @@ def _tools():
     if tools is not None:
         return tools
     if shutil.which("cmake") is None or not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("llama-server is not built and cmake or a C++ compiler is missing to build it "
-                    "(or set SPECSCOPE_LLAMA_BIN to a directory of built llama.cpp programs)")
+        pytest.skip(
+            "llama-server is not built and cmake or a C++ compiler is missing to build it "
+            "(or set SPECSCOPE_LLAMA_BIN to a directory of built llama.cpp programs)"
+        )
     try:
         return build_llama_tools(echo=lambda line: None)
     except LlamaToolsError as e:
@@ -107,8 +109,9 @@ def _prompts():
 
 class Served:
     def __init__(self, asgi):
-        self.server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=0,
-                                                    log_level="error"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(asgi, host="127.0.0.1", port=0, log_level="error")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:
@@ -129,13 +132,15 @@ def deployment(tmp_path_factory):
     # the presets specscope export writes for this policy (one per routed domain), and two more
     # for the checks: the target alone (plain greedy) and the draft alone (its greedy tokens)
     policy = PolicyFile({d: chain(KS.get(d, 0)) for d in DOMAINS})
-    document = export_policy(policy, "llama.cpp", ExportOptions(draft=str(draft),
-                                                                target=str(target)))
+    document = export_policy(
+        policy, "llama.cpp", ExportOptions(draft=str(draft), target=str(target))
+    )
     extra = {"plain": {"model": target}, "draft": {"model": draft}, "*": {"c": 1024}}
     presets = tmp / "presets.ini"
     presets.write_text(document["presets_ini"] + "\n" + presets_ini(extra).split("\n", 1)[1])
-    router = LlamaRouter(tools, presets, ServerSetting(), log=tmp / "llama-server.log",
-                         models_max=len(DOMAINS) + 2)
+    router = LlamaRouter(
+        tools, presets, ServerSetting(), log=tmp / "llama-server.log", models_max=len(DOMAINS) + 2
+    )
     with router:
         plan = Deployment.from_export(document, {"*": router.url})
         gateway = Served(make_app(plan, tmp / "gateway.jsonl"))
@@ -150,9 +155,17 @@ def _tokens(router, text):
 
 
 def _plain(router, prompt_tokens):
-    answer = router.post("/completion", {"model": "plain", "prompt": prompt_tokens,
-                                         "n_predict": N_PREDICT, "return_tokens": True,
-                                         "cache_prompt": False, **GREEDY})
+    answer = router.post(
+        "/completion",
+        {
+            "model": "plain",
+            "prompt": prompt_tokens,
+            "n_predict": N_PREDICT,
+            "return_tokens": True,
+            "cache_prompt": False,
+            **GREEDY,
+        },
+    )
     return answer["tokens"]
 
 
@@ -165,12 +178,23 @@ def test_llama_server_router_behind_the_gateway(deployment):
     # 1. held-out prompts of every domain through the gateway (/completion, greedy)
     answers = {}
     for item in held_out:
-        answer = httpx.post(url + "/completion", timeout=600, headers={"X-Prompt-Id": item.id},
-                            json={"prompt": prompt_text(item), "n_predict": N_PREDICT,
-                                  "return_tokens": True, "cache_prompt": False, **GREEDY})
+        answer = httpx.post(
+            url + "/completion",
+            timeout=600,
+            headers={"X-Prompt-Id": item.id},
+            json={
+                "prompt": prompt_text(item),
+                "n_predict": N_PREDICT,
+                "return_tokens": True,
+                "cache_prompt": False,
+                **GREEDY,
+            },
+        )
         assert answer.status_code == 200, answer.text
         answers[item.id] = answer.json()
-    lines = {x["prompt_id"]: x for x in map(json.loads, (tmp / "gateway.jsonl").read_text().splitlines())}
+    lines = {
+        x["prompt_id"]: x for x in map(json.loads, (tmp / "gateway.jsonl").read_text().splitlines())
+    }
     assert set(lines) == {it.id for it in held_out}
 
     counts, agreements, differs = {}, {}, []
@@ -197,7 +221,8 @@ def test_llama_server_router_behind_the_gateway(deployment):
             (top, lp1), (second, lp2) = top_logprobs(router, "plain", prompt_tokens + plain[:t])
             assert {top, second} == {plain[t], routed_tokens[t]} and lp1 - lp2 < NEAR_TIE, (
                 f"{item.id}: speculation left plain greedy at token {t}, not at a near-tie "
-                f"(log-probabilities {lp1:.3f} and {lp2:.3f})")
+                f"(log-probabilities {lp1:.3f} and {lp2:.3f})"
+            )
             differs.append(item.id)
         # 3. the draft counts are exactly greedy chains of K over the draft's agreement with
         #    the output that was produced
@@ -205,18 +230,30 @@ def test_llama_server_router_behind_the_gateway(deployment):
             agreements[item.id] = draft_agreement(router, "draft", prompt_tokens, routed_tokens)
             counts[item.id] = chain_counts(agreements[item.id], KS[preset])
             assert (timings["predicted_n"], timings["draft_n"], timings["draft_n_accepted"]) == (
-                counts[item.id].generated, counts[item.id].drafted, counts[item.id].accepted), item.id
-    print(f"outputs equal to plain greedy: {len(held_out) - len(differs)}/{len(held_out)} "
-          f"(near-ties: {differs or 'none'})")
+                counts[item.id].generated,
+                counts[item.id].drafted,
+                counts[item.id].accepted,
+            ), item.id
+    print(
+        f"outputs equal to plain greedy: {len(held_out) - len(differs)}/{len(held_out)} "
+        f"(near-ties: {differs or 'none'})"
+    )
 
     # 4. ingest of the gateway's log against the prediction of a measurement on other prompts
     prompts_file = tmp / "prompts.jsonl"
-    prompts_file.write_text("".join(
-        json.dumps({"id": it.id, "domain": domain_of(prompt_text(it)),
-                    "prompt": prompt_text(it)}) + "\n" for it in held_out))
+    prompts_file.write_text(
+        "".join(
+            json.dumps(
+                {"id": it.id, "domain": domain_of(prompt_text(it)), "prompt": prompt_text(it)}
+            )
+            + "\n"
+            for it in held_out
+        )
+    )
     manifest = ingest(tmp / "gateway.jsonl", "llama.cpp", prompts_file, tmp / "ingested")
     assert manifest["counts"]["requests"] == len(held_out)
     import pandas as pd
+
     requests = pd.read_parquet(tmp / "ingested" / "requests.parquet")
     plain_rows = requests[~requests["domain"].isin(list(KS))]
     assert (plain_rows["accepted"] == 0).all()
@@ -236,35 +273,42 @@ def test_llama_server_router_behind_the_gateway(deployment):
         acc, steps = seen["accepted"].to_numpy(float), seen["steps"].to_numpy(float)
         draws = rng.integers(0, len(seen), size=(1000, len(seen)))
         seen_tps = (acc.sum() + steps.sum()) / steps.sum()
-        seen_low, seen_high = np.quantile((acc[draws].sum(1) + steps[draws].sum(1))
-                                          / steps[draws].sum(1), [0.025, 0.975])
+        seen_low, seen_high = np.quantile(
+            (acc[draws].sum(1) + steps[draws].sum(1)) / steps[draws].sum(1), [0.025, 0.975]
+        )
         sub = acceptance.subset(domain)
-        weights = rng.multinomial(len(sub.prompts), np.full(len(sub.prompts), 1 / len(sub.prompts)),
-                                  size=1000)
+        weights = rng.multinomial(
+            len(sub.prompts), np.full(len(sub.prompts), 1 / len(sub.prompts)), size=1000
+        )
         low, high = np.quantile(sub.tau(k, weights), [0.025, 0.975])
         predicted = float(sub.tau(k)[0])
-        print(f"{domain} K={k}: tokens/step seen {seen_tps:.2f} [{seen_low:.2f}, {seen_high:.2f}] "
-              f"over {len(seen)} requests; predicted {predicted:.2f} [{low:.2f}, {high:.2f}] "
-              f"from {len(sub.prompts)} other prompts")
+        print(
+            f"{domain} K={k}: tokens/step seen {seen_tps:.2f} [{seen_low:.2f}, {seen_high:.2f}] "
+            f"over {len(seen)} requests; predicted {predicted:.2f} [{low:.2f}, {high:.2f}] "
+            f"from {len(sub.prompts)} other prompts"
+        )
         assert seen_low <= high + 1e-9 and low <= seen_high + 1e-9, (
-            f"{domain}: tokens per step seen and predicted disagree")
+            f"{domain}: tokens per step seen and predicted disagree"
+        )
 
 
 def test_a_streamed_chat_request_through_the_gateway(deployment):
     _, url, tmp, _, held_out = deployment
     code = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "code")
-    with httpx.stream("POST", url + "/v1/chat/completions", timeout=600,
-                      headers={"X-Prompt-Id": "stream-" + code.id},
-                      json={"messages": list(code.messages), "max_tokens": 8, "stream": True,
-                            **GREEDY}) as answer:
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        timeout=600,
+        headers={"X-Prompt-Id": "stream-" + code.id},
+        json={"messages": list(code.messages), "max_tokens": 8, "stream": True, **GREEDY},
+    ) as answer:
         assert answer.status_code == 200
         assert answer.headers["x-specscope-domain"] == "code"
         events = [line for line in answer.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) >= 3
-    last = json.loads(events[-2][len("data: "):])
+    last = json.loads(events[-2][len("data: ") :])
     lines = [json.loads(x) for x in (tmp / "gateway.jsonl").read_text().splitlines()]
     (line,) = [x for x in lines if x["prompt_id"] == "stream-" + code.id]
     assert line["stream"] is True and line["model"] == "code"
     # the logged event is the engine's last one with its timings: it drafted (K = 3 preset)
     assert line["response"] == last and line["response"]["timings"]["draft_n"] > 0
-

@@ -20,36 +20,72 @@ from specscope.serving.ingest import IngestError, ingest, load_histogram, read_l
 
 
 def _llama_timings(predicted_n, draft=None):
-    timings = {"cache_n": 0, "prompt_n": 14, "prompt_ms": 80.1, "prompt_per_token_ms": 5.7,
-               "prompt_per_second": 174.8, "predicted_n": predicted_n, "predicted_ms": 400.0,
-               "predicted_per_token_ms": 25.0, "predicted_per_second": 40.0}
+    timings = {
+        "cache_n": 0,
+        "prompt_n": 14,
+        "prompt_ms": 80.1,
+        "prompt_per_token_ms": 5.7,
+        "prompt_per_second": 174.8,
+        "predicted_n": predicted_n,
+        "predicted_ms": 400.0,
+        "predicted_per_token_ms": 25.0,
+        "predicted_per_second": 40.0,
+    }
     if draft is not None:
         timings["draft_n"], timings["draft_n_accepted"] = draft
     return timings
 
 
 def llama_completion(predicted_n, draft=None, content="x"):
-    return {"index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True,
-            "model": "qwen2.5-coder-1.5b", "tokens_predicted": predicted_n,
-            "tokens_evaluated": 14, "generation_settings": {"n_predict": 16},
-            "prompt": "", "has_new_line": False, "truncated": False, "stop_type": "limit",
-            "stopping_word": "", "tokens_cached": 29, "timings": _llama_timings(predicted_n, draft)}
+    return {
+        "index": 0,
+        "content": content,
+        "tokens": [],
+        "id_slot": 0,
+        "stop": True,
+        "model": "qwen2.5-coder-1.5b",
+        "tokens_predicted": predicted_n,
+        "tokens_evaluated": 14,
+        "generation_settings": {"n_predict": 16},
+        "prompt": "",
+        "has_new_line": False,
+        "truncated": False,
+        "stop_type": "limit",
+        "stopping_word": "",
+        "tokens_cached": 29,
+        "timings": _llama_timings(predicted_n, draft),
+    }
 
 
 def llama_chat(predicted_n, draft=None, fingerprint="b6912-0c1e5709"):
     # server-task.cpp to_json_oaicompat_chat: id chatcmpl-..., system_fingerprint
     # llama_build_info(), usage, and "timings" when stats are set
-    return {"choices": [{"finish_reason": "length", "index": 0,
-                         "message": {"role": "assistant", "content": "x"}}],
-            "created": 1764000000, "model": "qwen", "system_fingerprint": fingerprint,
-            "object": "chat.completion", "id": "chatcmpl-abc",
-            "usage": {"completion_tokens": predicted_n, "prompt_tokens": 14,
-                      "total_tokens": predicted_n + 14},
-            "timings": _llama_timings(predicted_n, draft)}
+    return {
+        "choices": [
+            {
+                "finish_reason": "length",
+                "index": 0,
+                "message": {"role": "assistant", "content": "x"},
+            }
+        ],
+        "created": 1764000000,
+        "model": "qwen",
+        "system_fingerprint": fingerprint,
+        "object": "chat.completion",
+        "id": "chatcmpl-abc",
+        "usage": {
+            "completion_tokens": predicted_n,
+            "prompt_tokens": 14,
+            "total_tokens": predicted_n + 14,
+        },
+        "timings": _llama_timings(predicted_n, draft),
+    }
 
 
-PROMPTS = [{"id": "code-0", "domain": "code", "prompt": "def add(a, b):"},
-           {"id": "chat-0", "domain": "chat", "prompt": "hi"}]
+PROMPTS = [
+    {"id": "code-0", "domain": "code", "prompt": "def add(a, b):"},
+    {"id": "chat-0", "domain": "chat", "prompt": "hi"},
+]
 
 
 def _write(path, lines):
@@ -67,12 +103,21 @@ def test_llamacpp_completion_responses_join_by_order_and_no_draft_n_is_no_drafti
     log = _write(tmp_path / "log.jsonl", [llama_completion(16, (12, 11)), llama_completion(1)])
     with pytest.raises(IngestError, match="no prompt_id and no request id.*--join order"):
         ingest(log, "llama.cpp", _prompts(tmp_path), tmp_path / "by-id")
-    manifest = ingest(log, "llama.cpp", _prompts(tmp_path), tmp_path / "run", join="order",
-                      engine_version="0.3.36")
+    manifest = ingest(
+        log,
+        "llama.cpp",
+        _prompts(tmp_path),
+        tmp_path / "run",
+        join="order",
+        engine_version="0.3.36",
+    )
     rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    assert rows[["prompt_id", "domain", "steps", "accepted", "drafted", "generated",
-                 "derived"]].values.tolist() == [["code-0", "code", 4, 11, 12, 16, "steps"],
-                                                  ["chat-0", "chat", 0, 0, 0, 1, ""]]
+    assert rows[
+        ["prompt_id", "domain", "steps", "accepted", "drafted", "generated", "derived"]
+    ].values.tolist() == [
+        ["code-0", "code", 4, 11, 12, 16, "steps"],
+        ["chat-0", "chat", 0, 0, 0, 1, ""],
+    ]
     assert manifest["engine"] == "llama.cpp" and manifest["engine_version"] == "0.3.36"
     assert manifest["engine_version_from"] == "option" and manifest["join"] == "order"
     assert "logs no verify-step count" in manifest["derived"]["steps"]
@@ -89,8 +134,12 @@ def test_llamacpp_completion_responses_join_by_order_and_no_draft_n_is_no_drafti
 def test_llamacpp_a_stop_inside_an_accepted_run_is_ingested(tmp_path):
     # server-context.cpp: slot.stats.n_draft_accepted += n_accepted, then process_token() per
     # accepted id; EOS at the first one ends the request: 2 tokens, 3 accepted drafts, 1 step.
-    got = read_log(_write(tmp_path / "log.jsonl", [{"prompt_id": "a", "response":
-                                                    llama_completion(2, (3, 3))}]), "llama.cpp")
+    got = read_log(
+        _write(
+            tmp_path / "log.jsonl", [{"prompt_id": "a", "response": llama_completion(2, (3, 3))}]
+        ),
+        "llama.cpp",
+    )
     assert [(s.steps, s.accepted, s.drafted, s.generated) for _, s in got] == [(1, 3, 3, 2)]
 
 
@@ -98,21 +147,41 @@ def test_llamacpp_chat_stream_reads_the_final_chunk_and_its_build(tmp_path):
     # server-task.cpp to_json_oaicompat_chat_stream: chunks "chat.completion.chunk"; the last
     # delta has the finish_reason and (line 517) "timings"; the server ends with data: [DONE].
     def chunk(finish=None, timings=None):
-        c = {"choices": [{"finish_reason": finish, "index": 0, "delta": {"content": "x"}}],
-             "created": 1764000000, "id": "chatcmpl-s1", "model": "qwen",
-             "system_fingerprint": "b6912-0c1e5709", "object": "chat.completion.chunk"}
+        c = {
+            "choices": [{"finish_reason": finish, "index": 0, "delta": {"content": "x"}}],
+            "created": 1764000000,
+            "id": "chatcmpl-s1",
+            "model": "qwen",
+            "system_fingerprint": "b6912-0c1e5709",
+            "object": "chat.completion.chunk",
+        }
         return "data: " + json.dumps(c if timings is None else c | {"timings": timings})
-    sse = [chunk(), "", chunk(), "", chunk("length", _llama_timings(3, (4, 2))), "",
-           "data: [DONE]", ""]
+
+    sse = [
+        chunk(),
+        "",
+        chunk(),
+        "",
+        chunk("length", _llama_timings(3, (4, 2))),
+        "",
+        "data: [DONE]",
+        "",
+    ]
     prompts = _prompts(tmp_path, [{"id": "chatcmpl-s1", "domain": "chat", "prompt": "hi"}])
     manifest = ingest(_write(tmp_path / "log.sse", sse), "llama.cpp", prompts, tmp_path / "run")
-    assert manifest["engine_version"] == "b6912-0c1e5709" and manifest["engine_version_from"] == "log"
+    assert (
+        manifest["engine_version"] == "b6912-0c1e5709" and manifest["engine_version_from"] == "log"
+    )
     rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert rows[["steps", "accepted", "drafted", "generated"]].values.tolist() == [[1, 2, 4, 3]]
-    with pytest.raises(IngestError, match=r"engine version 'b6912-0c1e5709' differs from 'b7000' "
-                                          r"\(--engine-version\)"):
-        ingest(tmp_path / "log.sse", "llama.cpp", prompts, tmp_path / "other",
-               engine_version="b7000")
+    with pytest.raises(
+        IngestError,
+        match=r"engine version 'b6912-0c1e5709' differs from 'b7000' "
+        r"\(--engine-version\)",
+    ):
+        ingest(
+            tmp_path / "log.sse", "llama.cpp", prompts, tmp_path / "other", engine_version="b7000"
+        )
     assert not (tmp_path / "other").exists()
 
 
@@ -120,33 +189,55 @@ def test_llamacpp_chat_stream_reads_the_final_chunk_and_its_build(tmp_path):
 # (metrics.speculative_decoding, vLLM >= 0.29 with --per-request-spec-decode-metrics; the summary
 # example below is the doc's own; streaming: only the final usage chunk carries metrics)
 
-VLLM_SUMMARY = {"mean_acceptance_length": 1.2325581395348837,
-                "draft_acceptance_rate": 0.07751937984496124,
-                "acceptance_histogram": [39, 1, 0, 3],
-                "acceptance_histogram_by_draft_length": {"3": [39, 1, 0, 3]},
-                "num_spec_steps": 43, "num_accepted_draft_tokens": 10,
-                "num_draft_tokens": 129, "num_spec_tokens": 3}
+VLLM_SUMMARY = {
+    "mean_acceptance_length": 1.2325581395348837,
+    "draft_acceptance_rate": 0.07751937984496124,
+    "acceptance_histogram": [39, 1, 0, 3],
+    "acceptance_histogram_by_draft_length": {"3": [39, 1, 0, 3]},
+    "num_spec_steps": 43,
+    "num_accepted_draft_tokens": 10,
+    "num_draft_tokens": 129,
+    "num_spec_tokens": 3,
+}
 
 
 def vllm_chunks(rid="chatcmpl-7", n=1, final=True, metrics=VLLM_SUMMARY):
     """A chat stream with stream_options.include_usage: content chunks (usage null), then the
     usage chunk (choices []) with metrics."""
-    out = [{"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m",
+    out = [
+        {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
             "choices": [{"index": i, "delta": {"content": "x"}, "finish_reason": None}],
-            "usage": None} for i in range(n) for _ in range(2)]
+            "usage": None,
+        }
+        for i in range(n)
+        for _ in range(2)
+    ]
     if final:
-        out.append({"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m",
-                    "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 54,
-                                             "total_tokens": 63},
-                    "metrics": {"speculative_decoding": metrics}})
+        out.append(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 54, "total_tokens": 63},
+                "metrics": {"speculative_decoding": metrics},
+            }
+        )
     return out
 
 
 def test_vllm_sse_capture_and_chunk_per_line_give_the_summary_and_its_histogram(tmp_path):
     prompts = _prompts(tmp_path, [{"id": "chatcmpl-7", "domain": "code", "prompt": "q"}])
-    sse = [line for c in vllm_chunks() for line in ("data: " + json.dumps(c), "")] + ["data: [DONE]"]
+    sse = [line for c in vllm_chunks() for line in ("data: " + json.dumps(c), "")] + [
+        "data: [DONE]"
+    ]
     for name, lines in {"sse": sse, "chunks": vllm_chunks()}.items():
-        (_, stats), = read_log(_write(tmp_path / f"{name}.log", lines), "vllm")
+        ((_, stats),) = read_log(_write(tmp_path / f"{name}.log", lines), "vllm")
         assert (stats.steps, stats.accepted, stats.drafted, stats.generated) == (43, 10, 129, 54)
         assert stats.histogram == (39, 1, 0, 3)
     ingest(tmp_path / "sse.log", "vllm", prompts, tmp_path / "run", engine_version="0.29.1")
@@ -157,16 +248,25 @@ def test_vllm_sse_capture_and_chunk_per_line_give_the_summary_and_its_histogram(
     analysis = json.loads((tmp_path / "run" / "analysis" / "analysis.json").read_text())
     assert analysis["engine"] == "vLLM 0.29.1"
     assert analysis["step_distributions"]["code"] == {
-        "steps": 43, "shares": pytest.approx([39 / 43, 1 / 43, 0.0, 3 / 43])}
+        "steps": 43,
+        "shares": pytest.approx([39 / 43, 1 / 43, 0.0, 3 / 43]),
+    }
 
 
 def test_vllm_n_above_1_is_named_unsupported_by_vllm(tmp_path):
-    response = {"id": "cmpl-2", "object": "chat.completion",
-                "choices": [{"index": 0, "message": {}}, {"index": 1, "message": {}}],
-                "usage": {"completion_tokens": 20}, "metrics": {"speculative_decoding": None}}
+    response = {
+        "id": "cmpl-2",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {}}, {"index": 1, "message": {}}],
+        "usage": {"completion_tokens": 20},
+        "metrics": {"speculative_decoding": None},
+    }
     for lines in ([response], vllm_chunks(n=2, metrics=None)):
-        with pytest.raises(IngestError, match=r"request of 2 choices: vLLM reports it only for "
-                                              r"n == 1 \(unsupported by vLLM for n > 1\)"):
+        with pytest.raises(
+            IngestError,
+            match=r"request of 2 choices: vLLM reports it only for "
+            r"n == 1 \(unsupported by vLLM for n > 1\)",
+        ):
             read_log(_write(tmp_path / "log.jsonl", lines), "vllm")
 
 
@@ -177,80 +277,137 @@ def test_vllm_stream_without_its_usage_chunk_names_the_option(tmp_path):
 
 def test_vllm_histogram_must_match_the_totals(tmp_path):
     bad = vllm_chunks(metrics=VLLM_SUMMARY | {"acceptance_histogram": [38, 1, 0, 3]})
-    with pytest.raises(IngestError, match=r"acceptance_histogram sums to 42 steps, not "
-                                          r"num_spec_steps \(43\)"):
+    with pytest.raises(
+        IngestError,
+        match=r"acceptance_histogram sums to 42 steps, not "
+        r"num_spec_steps \(43\)",
+    ):
         read_log(_write(tmp_path / "log.jsonl", bad), "vllm")
 
 
 # --- SGLang: python/sglang/srt/managers/tokenizer_manager.py `_calculate_spec_decoding_metrics` ---
 
+
 def sglang(meta):
-    return {"text": "x", "meta_info": {"id": "r1", "prompt_tokens": 9, "completion_tokens": 41,
-                                       "finish_reason": {"type": "length"}} | meta}
+    return {
+        "text": "x",
+        "meta_info": {
+            "id": "r1",
+            "prompt_tokens": 9,
+            "completion_tokens": 41,
+            "finish_reason": {"type": "length"},
+        }
+        | meta,
+    }
 
 
 SGLANG_CASES = {
     # @001067ff: new names plus their backward-compatible aliases; 16 steps x 3 drafts proposed
-    "001067ff": sglang({"spec_verify_ct": 16, "spec_accept_rate": 23 / 48,
-                        "spec_accept_length": 41 / 16, "spec_num_correct_drafts": 23,
-                        "spec_num_proposed_drafts": 48, "spec_accepted_drafts": 23,
-                        "spec_proposed_drafts": 48,
-                        "spec_correct_drafts_histogram": [3, 6, 4, 3],
-                        "spec_accept_histogram": [3, 6, 4, 3]}),
+    "001067ff": sglang(
+        {
+            "spec_verify_ct": 16,
+            "spec_accept_rate": 23 / 48,
+            "spec_accept_length": 41 / 16,
+            "spec_num_correct_drafts": 23,
+            "spec_num_proposed_drafts": 48,
+            "spec_accepted_drafts": 23,
+            "spec_proposed_drafts": 48,
+            "spec_correct_drafts_histogram": [3, 6, 4, 3],
+            "spec_accept_histogram": [3, 6, 4, 3],
+        }
+    ),
     # earlier (PR #18332 era): spec_accept_token_num, spec_draft_token_num, spec_accept_histogram
-    "pr18332": sglang({"spec_verify_ct": 16, "spec_accept_rate": 23 / 48,
-                       "spec_accept_length": 41 / 16, "spec_accept_token_num": 23,
-                       "spec_draft_token_num": 48, "spec_accept_histogram": [3, 6, 4, 3]}),
+    "pr18332": sglang(
+        {
+            "spec_verify_ct": 16,
+            "spec_accept_rate": 23 / 48,
+            "spec_accept_length": 41 / 16,
+            "spec_accept_token_num": 23,
+            "spec_draft_token_num": 48,
+            "spec_accept_histogram": [3, 6, 4, 3],
+        }
+    ),
 }
 
 
 def test_sglang_counts_are_read_under_every_name_they_had(tmp_path):
     # 23 accepted (the engine's count) while completion - 1 - steps = 24: a stop cut the last step
     for version, line in SGLANG_CASES.items():
-        (_, s), = read_log(_write(tmp_path / "log.jsonl", [line]), "sglang")
-        assert (s.steps, s.accepted, s.drafted, s.generated, s.histogram, s.derived) == \
-            (16, 23, 48, 41, (3, 6, 4, 3), ()), version
+        ((_, s),) = read_log(_write(tmp_path / "log.jsonl", [line]), "sglang")
+        assert (s.steps, s.accepted, s.drafted, s.generated, s.histogram, s.derived) == (
+            16,
+            23,
+            48,
+            41,
+            (3, 6, 4, 3),
+            (),
+        ), version
 
 
 def test_sglang_derives_only_when_the_counts_are_absent_and_says_so(tmp_path):
     old = sglang({"spec_verify_ct": 16, "spec_accept_length": 2.5625})
     no_spec = sglang({"completion_tokens": 7}) | {"meta_info": {"id": "r2", "completion_tokens": 7}}
     log = _write(tmp_path / "log.jsonl", [old, no_spec])
-    prompts = _prompts(tmp_path, [{"id": "r1", "domain": "code", "prompt": "a"},
-                                  {"id": "r2", "domain": "chat", "prompt": "b"}])
+    prompts = _prompts(
+        tmp_path,
+        [
+            {"id": "r1", "domain": "code", "prompt": "a"},
+            {"id": "r2", "domain": "chat", "prompt": "b"},
+        ],
+    )
     manifest = ingest(log, "sglang", prompts, tmp_path / "run")
     rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    assert rows[["steps", "accepted", "derived"]].values.tolist() == [[16, 24, "accepted"],
-                                                                       [0, 0, ""]]
+    assert rows[["steps", "accepted", "derived"]].values.tolist() == [
+        [16, 24, "accepted"],
+        [0, 0, ""],
+    ]
     assert pd.isna(rows["drafted"][0]) and rows["drafted"][1] == 0  # not logged; none drafted
-    assert manifest["derived"] == {"accepted": "completion_tokens - 1 - spec_verify_ct (SGLang "
-                                               "logged no accepted-draft count)"}
+    assert manifest["derived"] == {
+        "accepted": "completion_tokens - 1 - spec_verify_ct (SGLang logged no accepted-draft count)"
+    }
 
 
 def test_sglang_histogram_must_give_the_accepted_count(tmp_path):
     line = SGLANG_CASES["pr18332"]
     line = line | {"meta_info": line["meta_info"] | {"spec_accept_histogram": [4, 5, 4, 3]}}
-    with pytest.raises(IngestError, match=r"spec_accept_histogram gives 22 accepted drafts, not "
-                                          r"spec_accept_token_num \(23\)"):
+    with pytest.raises(
+        IngestError,
+        match=r"spec_accept_histogram gives 22 accepted drafts, not "
+        r"spec_accept_token_num \(23\)",
+    ):
         read_log(_write(tmp_path / "log.jsonl", [line]), "sglang")
 
 
 # --- bad input: one line, nothing written ------------------------------------------------------------
 
-@pytest.mark.parametrize("args,message", [
-    (["-f", "vllm", "--engine-version", "0.28.0"],
-     r"vLLM 0.28.0 has no per-request speculative metrics \(added in 0.29, PR #48915\); "
-     "allowed: 0.29 or later"),
-    (["-f", "vllm", "--engine-version", "latest"], "is not a vLLM version; allowed: MAJOR.MINOR"),
-    (["-f", "llama.cpp", "--engine-version", "master"], "is not a llama.cpp build; allowed: bNNNN"),
-    (["-f", "vllm", "--join", "hash"], "unknown --join 'hash'; allowed: id, order"),
-    (["-f", "tgi"], "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench"),
-])
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["-f", "vllm", "--engine-version", "0.28.0"],
+            r"vLLM 0.28.0 has no per-request speculative metrics \(added in 0.29, PR #48915\); "
+            "allowed: 0.29 or later",
+        ),
+        (
+            ["-f", "vllm", "--engine-version", "latest"],
+            "is not a vLLM version; allowed: MAJOR.MINOR",
+        ),
+        (
+            ["-f", "llama.cpp", "--engine-version", "master"],
+            "is not a llama.cpp build; allowed: bNNNN",
+        ),
+        (["-f", "vllm", "--join", "hash"], "unknown --join 'hash'; allowed: id, order"),
+        (["-f", "tgi"], "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench"),
+    ],
+)
 def test_unknown_versions_joins_and_formats_are_one_line_and_write_nothing(tmp_path, args, message):
     import re
+
     log = _write(tmp_path / "log.jsonl", vllm_chunks())
-    result = CliRunner().invoke(app, ["ingest", str(log), "-p", str(_prompts(tmp_path)),
-                                      "-o", str(tmp_path / "run"), *args])
+    result = CliRunner().invoke(
+        app, ["ingest", str(log), "-p", str(_prompts(tmp_path)), "-o", str(tmp_path / "run"), *args]
+    )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0])
@@ -261,16 +418,23 @@ def test_a_domain_that_never_drafted_shows_no_tokens_per_step_and_leaves_the_tes
     # the "none" domains specscope exports are served without drafting: llama-server omits
     # draft_n for all their requests
     from specscope.analysis.stepwise import analyze_ingested
-    rows = [{"prompt_id": f"a{i}", "domain": "code", "steps": 10, "accepted": 15 + i % 3,
-             "drafted": 30} for i in range(12)]
-    rows += [{"prompt_id": f"b{i}", "domain": "none", "steps": 0, "accepted": 0, "drafted": 0}
-             for i in range(12)]
+
+    rows = [
+        {"prompt_id": f"a{i}", "domain": "code", "steps": 10, "accepted": 15 + i % 3, "drafted": 30}
+        for i in range(12)
+    ]
+    rows += [
+        {"prompt_id": f"b{i}", "domain": "none", "steps": 0, "accepted": 0, "drafted": 0}
+        for i in range(12)
+    ]
     got = analyze_ingested({}, pd.DataFrame(rows), n_boot=50)
     none = {d.domain: d for d in got.domains}["none"]
     assert (none.prompts, none.drafting, none.steps) == (12, 0, 0)
     assert not none.tokens_per_step.defined
-    assert (got.finding.verdict, got.finding.detail) == ("not testable",
-                                                         "1 of 2 domains drafted anything")
+    assert (got.finding.verdict, got.finding.detail) == (
+        "not testable",
+        "1 of 2 domains drafted anything",
+    )
 
 
 # --- real llama-server responses -------------------------------------------------------------------
@@ -288,28 +452,39 @@ def _fixture(name):
 
 
 def test_real_llama_server_responses_ingest_with_derived_steps(tmp_path):
-    prompts = _prompts(tmp_path, [{"id": "fib", "domain": "code", "prompt": "def fibonacci(n):"},
-                                  {"id": "paris", "domain": "chat", "prompt": "The capital"}])
-    completion = _write(tmp_path / "completion.jsonl", [_fixture("completion_drafts"),
-                                                        _fixture("completion_short")])
+    prompts = _prompts(
+        tmp_path,
+        [
+            {"id": "fib", "domain": "code", "prompt": "def fibonacci(n):"},
+            {"id": "paris", "domain": "chat", "prompt": "The capital"},
+        ],
+    )
+    completion = _write(
+        tmp_path / "completion.jsonl", [_fixture("completion_drafts"), _fixture("completion_short")]
+    )
     manifest = ingest(completion, "llama.cpp", prompts, tmp_path / "completion", join="order")
     assert manifest["engine_version"] is None  # /completion states no build
-    chat = _write(tmp_path / "chat.jsonl", [
-        {"prompt_id": "fib", "response": _fixture("chat_drafts")},
-        {"prompt_id": "paris", "response": _fixture("chat_short")}])
+    chat = _write(
+        tmp_path / "chat.jsonl",
+        [
+            {"prompt_id": "fib", "response": _fixture("chat_drafts")},
+            {"prompt_id": "paris", "response": _fixture("chat_short")},
+        ],
+    )
     manifest = ingest(chat, "llama.cpp", prompts, tmp_path / "chat")
     assert manifest["engine_version"] == "b1-0c1e570" and manifest["engine_version_from"] == "log"
     for run in ("completion", "chat"):
         rows = pd.read_parquet(tmp_path / run / "requests.parquet")
-        assert rows[["prompt_id", "steps", "accepted", "drafted", "generated", "derived"]] \
-            .values.tolist() == [["fib", 4, 11, 11, 16, "steps"], ["paris", 0, 0, 0, 1, ""]], run
+        assert rows[
+            ["prompt_id", "steps", "accepted", "drafted", "generated", "derived"]
+        ].values.tolist() == [["fib", 4, 11, 11, 16, "steps"], ["paris", 0, 0, 0, 1, ""]], run
         assert rows["tokens_per_step"][0] == 15 / 4
 
 
 def test_a_real_llama_server_sse_capture_reads_its_final_chunk(tmp_path):
     # chat_stream.sse: 8 tokens = the prefill's + 2 verify steps (3 drafts, then 2), 5 accepted
     stream = FIXTURES / "chat_stream.sse"
-    request_id = json.loads(stream.read_text().split("\n", 1)[0][len("data: "):])["id"]
+    request_id = json.loads(stream.read_text().split("\n", 1)[0][len("data: ") :])["id"]
     prompts = _prompts(tmp_path, [{"id": request_id, "domain": "code", "prompt": "sum"}])
     manifest = ingest(stream, "llama.cpp", prompts, tmp_path / "run")
     assert manifest["engine_version"] == "b1-0c1e570"

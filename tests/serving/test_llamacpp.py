@@ -9,8 +9,13 @@ from specscope.serving.llamacpp import ChainAcceptance, PassCosts
 from specscope.serving.llamacpp_study import chain, chain_k, tune_chains
 from specscope.tune.acceptance import ALL_DOMAINS
 
-COSTS = PassCosts(target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
-                  draft_s=((1, 0.010), (2, 0.015)), sample_s=0.001, context_len=100, threads=2)
+COSTS = PassCosts(
+    target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
+    draft_s=((1, 0.010), (2, 0.015)),
+    sample_s=0.001,
+    context_len=100,
+    threads=2,
+)
 
 
 def test_pass_costs_predict_speedup_and_break_even():
@@ -26,7 +31,9 @@ def test_pass_costs_predict_speedup_and_break_even():
 
 
 def test_chain_acceptance_and_tuning():
-    acc = ChainAcceptance.from_nodes(spine_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]}))
+    acc = ChainAcceptance.from_nodes(
+        spine_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]})
+    )
     code = acc.subset("code")
     # accepted prefixes: 90% reach depth 1, and of those 80/90 reach depth 2 (nested by step)
     assert code.tau(1)[0] == pytest.approx(1.9)
@@ -63,13 +70,15 @@ def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     draft = GreedyDraft(draft_llama, 0)
     target = load_llama(demo_gguf("target"), threads=2, logits_all=True, draft_model=draft)
     eos = eos_ids(target)
-    for text in (b"def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                 b"The three primary colours are"):
+    for text in (
+        b'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+        b"The three primary colours are",
+    ):
         prompt = target.tokenize(text, add_bos=False)
         plain = generate(target, draft, prompt, 0, 24, eos)
         assert len(plain.tokens) > 0 and plain.steps == 0
         # the top-1 minus top-2 logit at each generated position of plain decoding
-        rows = np.sort(target.scores[len(prompt) - 1:len(prompt) - 1 + len(plain.tokens)], axis=1)
+        rows = np.sort(target.scores[len(prompt) - 1 : len(prompt) - 1 + len(plain.tokens)], axis=1)
         margin = rows[:, -1] - rows[:, -2]
         for k in (1, 3):
             spec = generate(target, draft, prompt, k, 24, eos)
@@ -79,8 +88,9 @@ def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
             # llama.cpp's k-token passes round differently from one-token passes (logits differ
             # by up to about 0.4 here), so greedy speculation may leave plain greedy only at a
             # near-tie of plain's logits
-            same = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b),
-                        None)
+            same = next(
+                (i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b), None
+            )
             if same is None:
                 assert spec.tokens == plain.tokens
             else:

@@ -48,12 +48,19 @@ def test_first_difference():
 
 
 def test_a_preset_holds_the_settings_exact_flags():
-    section = preset_section("t.gguf", ServerSetting(threads=2, poll=0, k=3, draft_poll=0), "d.gguf")
+    section = preset_section(
+        "t.gguf", ServerSetting(threads=2, poll=0, k=3, draft_poll=0), "d.gguf"
+    )
     assert section["model"] == "t.gguf" and section["md"] == "d.gguf"
-    assert (section["spec-draft-n-max"], section["spec-draft-p-min"], section["poll"]) == ("3", "0", "0")
+    assert (section["spec-draft-n-max"], section["spec-draft-p-min"], section["poll"]) == (
+        "3",
+        "0",
+        "0",
+    )
     assert "md" not in preset_section("t.gguf", ServerSetting(), "d.gguf")  # plain: no draft
     assert presets_ini({"plain": {"model": "t.gguf", "t": 2}}) == (
-        "version = 1\n\n[plain]\nmodel = t.gguf\nt = 2\n")
+        "version = 1\n\n[plain]\nmodel = t.gguf\nt = 2\n"
+    )
 
 
 class RuleDraft:
@@ -79,7 +86,9 @@ def test_draft_agreement_asks_once_per_disagreement_and_matches_position_by_posi
     output = [5, 6, 7, 8, 9, 10]
     draft = RuleDraft()
     agree = draft_agreement(draft, "draft", [4], output, window=window)
-    brute = [(0 if ([4] + output[:t])[-1] == 7 else ([4] + output[:t])[-1] + 1) == output[t]
-             for t in range(len(output))]
+    brute = [
+        (0 if ([4] + output[:t])[-1] == 7 else ([4] + output[:t])[-1] + 1) == output[t]
+        for t in range(len(output))
+    ]
     assert agree.tolist() == brute == [True, True, True, False, True, True]
     assert draft.requests == {1: 6, 2: 3, 8: 2}[window]

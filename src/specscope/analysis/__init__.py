@@ -37,8 +37,9 @@ from .stats import EMPTY, ClusterBootstrap, Estimate
 from .tables import analyze_records
 
 
-def analyze(run_dir: str | Path, settings: Settings | None = None,
-            stratify: str | None = "auto") -> Analysis:
+def analyze(
+    run_dir: str | Path, settings: Settings | None = None, stratify: str | None = "auto"
+) -> Analysis:
     """Read a run directory and compute its analysis (raises RunDirError on unusable records).
 
     ``stratify``: the node-level factor to repeat the per-domain tables and findings within
@@ -49,8 +50,25 @@ def analyze(run_dir: str | Path, settings: Settings | None = None,
 
 
 __all__ = [
-    "ALL", "EMPTY", "Analysis", "ClusterBootstrap", "Estimate", "Finding", "PaperTables",
-    "Records", "Settings", "Verdict", "analyze", "analyze_records", "compare",
-    "compare_with_paper", "evaluate_findings", "expected_length", "load_paper_tables", "prepare",
-    "read_run", "write_outputs", "write_report",
+    "ALL",
+    "EMPTY",
+    "Analysis",
+    "ClusterBootstrap",
+    "Estimate",
+    "Finding",
+    "PaperTables",
+    "Records",
+    "Settings",
+    "Verdict",
+    "analyze",
+    "analyze_records",
+    "compare",
+    "compare_with_paper",
+    "evaluate_findings",
+    "expected_length",
+    "load_paper_tables",
+    "prepare",
+    "read_run",
+    "write_outputs",
+    "write_report",
 ]

@@ -58,34 +58,65 @@ class World:
 
 WORLDS = {
     "null": World("no effect of domain, depth or entropy"),
-    "heterogeneous": World("no effect, prompts very unlike each other (prompt sd 1.0 logits)",
-                           prompt_sd=1.0),
-    "domain": World("domains differ (top-token odds 0.70 / 0.60 / 0.45 / 0.55)", profiles={
-        "chat": DomainProfile(0.70, 0.28, 1.0), "code": DomainProfile(0.60, 0.25, 1.0),
-        "math": DomainProfile(0.45, 0.20, 1.0), "reasoning": DomainProfile(0.55, 0.24, 1.0)}),
+    "heterogeneous": World(
+        "no effect, prompts very unlike each other (prompt sd 1.0 logits)", prompt_sd=1.0
+    ),
+    "domain": World(
+        "domains differ (top-token odds 0.70 / 0.60 / 0.45 / 0.55)",
+        profiles={
+            "chat": DomainProfile(0.70, 0.28, 1.0),
+            "code": DomainProfile(0.60, 0.25, 1.0),
+            "math": DomainProfile(0.45, 0.20, 1.0),
+            "reasoning": DomainProfile(0.55, 0.24, 1.0),
+        },
+    ),
     "depth": World("acceptance rises with depth (+0.6 logits per depth)", depth_effect=0.6),
     "entropy": World("acceptance falls with entropy (ρ about −0.2)", entropy_effect=2.0),
-    "paradox": World("chat has the highest entropy and the highest acceptance", profiles={
-        "chat": DomainProfile(0.70, 0.28, 1.3), **{d: FLAT for d in DOMAINS[1:]}}),
-    "chat_above_one": World("chat's E[L] about 1.15, the others' about 0.93", profiles={
-        "chat": DomainProfile(0.75, 0.30, 1.0),
-        **{d: DomainProfile(0.42, 0.20, 1.0) for d in DOMAINS[1:]}}),
-    "no_acceptance": World("the target never accepts a draft token (tau = 1)",
-                           profiles=_same(DomainProfile(1e-9, 0.0, 1.0))),
+    "paradox": World(
+        "chat has the highest entropy and the highest acceptance",
+        profiles={"chat": DomainProfile(0.70, 0.28, 1.3), **{d: FLAT for d in DOMAINS[1:]}},
+    ),
+    "chat_above_one": World(
+        "chat's E[L] about 1.15, the others' about 0.93",
+        profiles={
+            "chat": DomainProfile(0.75, 0.30, 1.0),
+            **{d: DomainProfile(0.42, 0.20, 1.0) for d in DOMAINS[1:]},
+        },
+    ),
+    "no_acceptance": World(
+        "the target never accepts a draft token (tau = 1)",
+        profiles=_same(DomainProfile(1e-9, 0.0, 1.0)),
+    ),
     # worlds where an effect holds at every sibling rank (the stratified claims are true)
-    "entropy_every_rank": World("acceptance falls with entropy at rank 0 and at rank 1",
-                                entropy_effect=2.0, second_entropy_effect=8.0,
-                                shared_context=True),
-    "entropy_simpson": World("acceptance falls with entropy at rank 0, rises at rank 1 (siblings "
-                             "share the entropy)", entropy_effect=2.0, shared_context=True),
-    "depth_every_rank": World("acceptance rises with depth at rank 0 and at rank 1",
-                              depth_effect=0.6, second_depth_effect=1.5),
-    "domain_every_rank": World("domains differ at rank 0 and at rank 1", profiles={
-        "chat": DomainProfile(0.70, 0.60, 1.0), "code": DomainProfile(0.60, 0.30, 1.0),
-        "math": DomainProfile(0.45, 0.10, 1.0), "reasoning": DomainProfile(0.55, 0.20, 1.0)}),
-    "paradox_every_rank": World("chat has the highest entropy and acceptance at every rank",
-                                profiles={"chat": DomainProfile(0.70, 0.80, 1.3),
-                                          **{d: FLAT for d in DOMAINS[1:]}}),
+    "entropy_every_rank": World(
+        "acceptance falls with entropy at rank 0 and at rank 1",
+        entropy_effect=2.0,
+        second_entropy_effect=8.0,
+        shared_context=True,
+    ),
+    "entropy_simpson": World(
+        "acceptance falls with entropy at rank 0, rises at rank 1 (siblings share the entropy)",
+        entropy_effect=2.0,
+        shared_context=True,
+    ),
+    "depth_every_rank": World(
+        "acceptance rises with depth at rank 0 and at rank 1",
+        depth_effect=0.6,
+        second_depth_effect=1.5,
+    ),
+    "domain_every_rank": World(
+        "domains differ at rank 0 and at rank 1",
+        profiles={
+            "chat": DomainProfile(0.70, 0.60, 1.0),
+            "code": DomainProfile(0.60, 0.30, 1.0),
+            "math": DomainProfile(0.45, 0.10, 1.0),
+            "reasoning": DomainProfile(0.55, 0.20, 1.0),
+        },
+    ),
+    "paradox_every_rank": World(
+        "chat has the highest entropy and acceptance at every rank",
+        profiles={"chat": DomainProfile(0.70, 0.80, 1.3), **{d: FLAT for d in DOMAINS[1:]}},
+    ),
 }
 
 # For each claim: the worlds where it is true, and where it is false.
@@ -122,22 +153,46 @@ STRATIFIED_TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def simulate(world: World, prompts_per_domain: int, seed: int, steps: int = 32,
-             settings: Settings | None = None, stratify: str | None = None) -> Analysis:
+def simulate(
+    world: World,
+    prompts_per_domain: int,
+    seed: int,
+    steps: int = 32,
+    settings: Settings | None = None,
+    stratify: str | None = None,
+) -> Analysis:
     """Analyse one synthetic run of ``world`` (stratified by ``stratify`` if given)."""
     nodes, step_table, prompts = synthetic_tables(
-        prompts_per_domain=prompts_per_domain, steps=steps, seed=seed, profiles=world.profiles,
-        depth_effect=world.depth_effect, entropy_effect=world.entropy_effect,
-        prompt_sd=world.prompt_sd, second_depth_effect=world.second_depth_effect,
-        second_entropy_effect=world.second_entropy_effect, shared_context=world.shared_context)
-    run = Run(Path(f"synthetic-{seed}"), {"run_id": "calibration", "status": "complete"},
-              nodes.to_pandas(), step_table.to_pandas(), prompts.to_pandas())
+        prompts_per_domain=prompts_per_domain,
+        steps=steps,
+        seed=seed,
+        profiles=world.profiles,
+        depth_effect=world.depth_effect,
+        entropy_effect=world.entropy_effect,
+        prompt_sd=world.prompt_sd,
+        second_depth_effect=world.second_depth_effect,
+        second_entropy_effect=world.second_entropy_effect,
+        shared_context=world.shared_context,
+    )
+    run = Run(
+        Path(f"synthetic-{seed}"),
+        {"run_id": "calibration", "status": "complete"},
+        nodes.to_pandas(),
+        step_table.to_pandas(),
+        prompts.to_pandas(),
+    )
     return analyze_records(prepare(run), settings or Settings(n_boot=200, seed=seed), stratify)
 
 
-def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
-                  worlds: tuple[str, ...] | None = None, n_boot: int = 200,
-                  min_prompts: int | None = None, stratified: bool = False) -> pd.DataFrame:
+def verdict_rates(
+    prompts_per_domain: int = 10,
+    reps: int = 40,
+    steps: int = 32,
+    worlds: tuple[str, ...] | None = None,
+    n_boot: int = 200,
+    min_prompts: int | None = None,
+    stratified: bool = False,
+) -> pd.DataFrame:
     """One row per (claim, world): whether the claim is true there, and the share of each verdict.
 
     ``stratified``: count the verdicts after stratifying by sibling rank instead (claims named
@@ -152,10 +207,21 @@ def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
             settings = Settings(n_boot=n_boot, seed=r)
             if min_prompts is not None:
                 settings = Settings(n_boot=n_boot, seed=r, min_prompts=min_prompts)
-            a = simulate(WORLDS[name], prompts_per_domain, seed=1000 * r + 7, steps=steps,
-                         settings=settings, stratify=STRATIFIED if stratified else None)
-            found = (a.stratification.findings if stratified and a.stratification is not None
-                     else () if stratified else a.findings)
+            a = simulate(
+                WORLDS[name],
+                prompts_per_domain,
+                seed=1000 * r + 7,
+                steps=steps,
+                settings=settings,
+                stratify=STRATIFIED if stratified else None,
+            )
+            found = (
+                a.stratification.findings
+                if stratified and a.stratification is not None
+                else ()
+                if stratified
+                else a.findings
+            )
             for f in found:
                 counts.setdefault((f.key, name), {v: 0 for v in Verdict})[f.verdict] += 1
     rows = []
@@ -165,10 +231,16 @@ def verdict_rates(prompts_per_domain: int = 10, reps: int = 40, steps: int = 32,
             continue
         total = sum(c.values())
         claim = f"{key} (by {STRATIFIED})" if stratified else key
-        rows.append({"claim": claim, "world": name,
-                     "claim is": "true" if name in true_in else "false",
-                     "prompts per domain": prompts_per_domain, "runs": total,
-                     **{v.value: c[v] / total for v in Verdict}})
+        rows.append(
+            {
+                "claim": claim,
+                "world": name,
+                "claim is": "true" if name in true_in else "false",
+                "prompts per domain": prompts_per_domain,
+                "runs": total,
+                **{v.value: c[v] / total for v in Verdict},
+            }
+        )
     return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)
 
 
@@ -178,20 +250,31 @@ def summary(rates: pd.DataFrame) -> pd.DataFrame:
     for key, g in rates.groupby("claim", sort=False):
         false, true = g[g["claim is"] == "false"], g[g["claim is"] == "true"]
         worst = false.loc[false[Verdict.HOLDS.value].idxmax()] if len(false) else None
-        rows.append({
-            "claim": key,
-            "false positives (holds where false)": (
-                f"{worst[Verdict.HOLDS.value]:.3f} ({worst['world']})" if worst is not None else ""),
-            "power (holds where true)": ", ".join(f"{r[Verdict.HOLDS.value]:.3f} ({r['world']})"
-                                                  for _, r in true.iterrows()),
-            "'does not hold' where true": ", ".join(f"{r[Verdict.FAILS.value]:.3f}"
-                                                      for _, r in true.iterrows()),
-        })
+        rows.append(
+            {
+                "claim": key,
+                "false positives (holds where false)": (
+                    f"{worst[Verdict.HOLDS.value]:.3f} ({worst['world']})"
+                    if worst is not None
+                    else ""
+                ),
+                "power (holds where true)": ", ".join(
+                    f"{r[Verdict.HOLDS.value]:.3f} ({r['world']})" for _, r in true.iterrows()
+                ),
+                "'does not hold' where true": ", ".join(
+                    f"{r[Verdict.FAILS.value]:.3f}" for _, r in true.iterrows()
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def interval_coverage(prompts_per_domain: tuple[int, ...] = (2, 3, 5, 10), reps: int = 100,
-                      steps: int = 32, n_boot: int = 200) -> pd.DataFrame:
+def interval_coverage(
+    prompts_per_domain: tuple[int, ...] = (2, 3, 5, 10),
+    reps: int = 100,
+    steps: int = 32,
+    n_boot: int = 200,
+) -> pd.DataFrame:
     """How often the 95% interval of a domain's mean alpha covers the true mean (null world)."""
     world = WORLDS["null"]
     truth_run = simulate(world, 1500, seed=99, steps=steps, settings=Settings(n_boot=0))
@@ -200,33 +283,49 @@ def interval_coverage(prompts_per_domain: tuple[int, ...] = (2, 3, 5, 10), reps:
     for n in prompts_per_domain:
         hits = total = 0
         for r in range(reps):
-            a = simulate(world, n, seed=500 + r, steps=steps, settings=Settings(n_boot=n_boot,
-                                                                               seed=r))
+            a = simulate(
+                world, n, seed=500 + r, steps=steps, settings=Settings(n_boot=n_boot, seed=r)
+            )
             for row in a.paper.table1:
                 if row.domain != ALL and row.mean.has_interval:
                     hits += row.mean.lo <= truth <= row.mean.hi
                     total += 1
-        rows.append({"prompts per domain": str(n), "intervals": str(total),
-                     "coverage": hits / total if total else np.nan})
+        rows.append(
+            {
+                "prompts per domain": str(n),
+                "intervals": str(total),
+                "coverage": hits / total if total else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="synthetic runs per world")
-    parser.add_argument("--prompts", type=int, nargs="+", default=[10, 50],
-                        help="prompts per domain (one table each)")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        nargs="+",
+        default=[10, 50],
+        help="prompts per domain (one table each)",
+    )
     parser.add_argument("--steps", type=int, default=32, help="generation steps per prompt")
-    parser.add_argument("--stratified-only", action="store_true",
-                        help="only the verdicts stratified by sibling rank")
+    parser.add_argument(
+        "--stratified-only",
+        action="store_true",
+        help="only the verdicts stratified by sibling rank",
+    )
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60)
     for n in args.prompts:
-        for stratified in ((True,) if args.stratified_only else (False, True)):
+        for stratified in (True,) if args.stratified_only else (False, True):
             rates = verdict_rates(n, args.reps, args.steps, stratified=stratified)
             what = ", stratified by sibling rank" if stratified else ""
-            print(f"\n## {n} prompts per domain, {args.reps} runs per world, {args.steps} "
-                  f"steps{what}\n")
+            print(
+                f"\n## {n} prompts per domain, {args.reps} runs per world, {args.steps} "
+                f"steps{what}\n"
+            )
             print(summary(rates).to_markdown(index=False))
             print()
             print(rates.to_markdown(index=False, floatfmt=".3f"))
@@ -238,8 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{n} prompts per domain:\n")
         print(summary(forced).to_markdown(index=False))
     print("\n## coverage of the 95% interval of a domain's mean alpha (null world)\n")
-    print(interval_coverage(reps=max(args.reps // 2, 20), steps=args.steps).to_markdown(
-        index=False, floatfmt=".3f"))
+    print(
+        interval_coverage(reps=max(args.reps // 2, 20), steps=args.steps).to_markdown(
+            index=False, floatfmt=".3f"
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ PUBLISHED: dict[tuple[str, str], float] = {
     ("tree_m4", "median"): 1.456,
     ("tree_m8", "median"): 2.038,
 }
-CEILINGS: dict[str, float] = {"greedy": math.log(2), **{
-    f"tree_m{m}": math.log(m + 1) for m in (1, 2, 4, 8)}}
+CEILINGS: dict[str, float] = {
+    "greedy": math.log(2),
+    **{f"tree_m{m}": math.log(m + 1) for m in (1, 2, 4, 8)},
+}
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,10 @@ class CertifyReport:
 # --- certified fractions with prompt-clustered intervals ----------------------------------------
 
 DEFAULT_MARGIN_BINS: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-MARGIN_BINS_ALLOWED = ("at least 2 comma-separated edges in [0, 1], strictly increasing (sorted, "
-                       "no duplicates), e.g. 0,0.1,0.25,0.5,0.75,0.9,1")
+MARGIN_BINS_ALLOWED = (
+    "at least 2 comma-separated edges in [0, 1], strictly increasing (sorted, "
+    "no duplicates), e.g. 0,0.1,0.25,0.5,0.75,0.9,1"
+)
 
 
 class MarginBinsError(SpecscopeError, ValueError):
@@ -91,16 +95,22 @@ def check_margin_bins(edges: tuple[float, ...] | list[float]) -> tuple[float, ..
     edges = tuple(float(e) for e in edges)
     shown = ",".join(f"{e:g}" for e in edges)
     if len(edges) < 2:
-        raise MarginBinsError(f"--margin-bins {shown or repr('')}: {len(edges)} edge(s) make no "
-                              f"bin; give {MARGIN_BINS_ALLOWED}")
+        raise MarginBinsError(
+            f"--margin-bins {shown or repr('')}: {len(edges)} edge(s) make no "
+            f"bin; give {MARGIN_BINS_ALLOWED}"
+        )
     bad = next((e for e in edges if not 0.0 <= e <= 1.0), None)  # NaN fails too
     if bad is not None:
-        raise MarginBinsError(f"--margin-bins {shown}: {bad:g} lies outside [0, 1] (a margin is a "
-                              f"difference of probabilities); give {MARGIN_BINS_ALLOWED}")
+        raise MarginBinsError(
+            f"--margin-bins {shown}: {bad:g} lies outside [0, 1] (a margin is a "
+            f"difference of probabilities); give {MARGIN_BINS_ALLOWED}"
+        )
     for a, b in itertools.pairwise(edges):
         if b <= a:
-            raise MarginBinsError(f"--margin-bins {shown}: {a:g} then {b:g} make an empty or "
-                                  f"overlapping bin; give {MARGIN_BINS_ALLOWED}")
+            raise MarginBinsError(
+                f"--margin-bins {shown}: {a:g} then {b:g} make an empty or "
+                f"overlapping bin; give {MARGIN_BINS_ALLOWED}"
+            )
     return edges
 
 
@@ -113,16 +123,20 @@ def parse_margin_bins(text: str) -> tuple[float, ...]:
         try:
             edges.append(float(item))
         except ValueError:
-            raise MarginBinsError(f"--margin-bins {text}: {item.strip()!r} is not a number; give "
-                                  f"{MARGIN_BINS_ALLOWED}") from None
+            raise MarginBinsError(
+                f"--margin-bins {text}: {item.strip()!r} is not a number; give "
+                f"{MARGIN_BINS_ALLOWED}"
+            ) from None
     return check_margin_bins(edges)
 
 
 def margin_bin_labels(edges: tuple[float, ...]) -> tuple[str, ...]:
     """``[0, 0.1)``, ..., ``[0.9, 1]``: every bin half-open but the last, which is closed."""
     last = len(edges) - 2
-    return tuple(f"[{a:g}, {b:g}{']' if i == last else ')'}"
-                 for i, (a, b) in enumerate(itertools.pairwise(edges)))
+    return tuple(
+        f"[{a:g}, {b:g}{']' if i == last else ')'}"
+        for i, (a, b) in enumerate(itertools.pairwise(edges))
+    )
 
 
 def margin_bin_codes(margin: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
@@ -143,16 +157,16 @@ class StepClusters:
     stratum: np.ndarray  # (P,) each prompt's domain code
 
     @classmethod
-    def of(cls, steps: pd.DataFrame, n_boot: int, seed: int,
-           confidence: float) -> StepClusters:
+    def of(cls, steps: pd.DataFrame, n_boot: int, seed: int, confidence: float) -> StepClusters:
         prompt, prompt_ids = pd.factorize(steps["prompt_id"].astype(str), sort=True)
         domain_codes, _ = pd.factorize(steps["domain"].astype(str), sort=True)
         stratum = np.zeros(len(prompt_ids), np.int64)
         stratum[prompt] = domain_codes
         return cls(ClusterBootstrap.draw(stratum, n_boot, seed, confidence), prompt, stratum)
 
-    def fractions(self, flags: np.ndarray, cell: np.ndarray,
-                  n_cells: int) -> tuple[np.ndarray, np.ndarray]:
+    def fractions(
+        self, flags: np.ndarray, cell: np.ndarray, n_cells: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The mean of each column of ``flags`` (S, N; NaN: not counted) over the steps of each
         cell (``cell``: (S,) codes, -1 for none), as an (n_cells, N) array of :class:`Estimate`
         (a ratio of prompt-clustered totals, its interval kept within [0, 1]), and the
@@ -167,7 +181,9 @@ class StepClusters:
         num, den = num.reshape(P, n_cells * N), den.reshape(P, n_cells * N)
         present = den > 0
         prompts = present.sum(axis=0)
-        strata = np.array([len(np.unique(self.stratum[present[:, j]])) for j in range(present.shape[1])])
+        strata = np.array(
+            [len(np.unique(self.stratum[present[:, j]])) for j in range(present.shape[1])]
+        )
         t_num, t_den = self.boot.total(num), self.boot.total(den)
         ests = self.boot.estimates(ratio(t_num, t_den), t_den[0].astype(np.int64), prompts, strata)
         for i, e in enumerate(ests):  # a fraction's interval ends within [0, 1]
@@ -206,38 +222,75 @@ class MarginTable:
 
     def grid(self, domain: str = ALL_DOMAINS) -> Grid:
         """The rows of one domain (or of all) as a table (terminal, Markdown, CSV)."""
-        rows = tuple((r.bin, r.steps, r.prompts, *r.fractions) for r in self.rows
-                     if r.domain == domain)
+        rows = tuple(
+            (r.bin, r.steps, r.prompts, *r.fractions) for r in self.rows if r.domain == domain
+        )
         key = "certified_by_margin" + ("" if domain == ALL_DOMAINS else f"_{domain}")
-        return Grid(key, f"certified fraction of steps by target margin ({domain})",
-                    (Column("margin"), Column("steps"), Column("prompts"),
-                     *(Column(n) for n in self.names)), rows, self.note)
+        return Grid(
+            key,
+            f"certified fraction of steps by target margin ({domain})",
+            (
+                Column("margin"),
+                Column("steps"),
+                Column("prompts"),
+                *(Column(n) for n in self.names),
+            ),
+            rows,
+            self.note,
+        )
 
     def all_grid(self) -> Grid:
         """Every domain's rows in one table (the CSV)."""
-        return Grid("certified_by_margin", "certified fraction of steps by target margin",
-                    (Column("domain"), Column("margin"), Column("lo"), Column("hi"),
-                     Column("steps"), Column("prompts"), *(Column(n) for n in self.names)),
-                    tuple((r.domain, r.bin, r.lo, r.hi, r.steps, r.prompts, *r.fractions)
-                          for r in self.rows), self.note)
+        return Grid(
+            "certified_by_margin",
+            "certified fraction of steps by target margin",
+            (
+                Column("domain"),
+                Column("margin"),
+                Column("lo"),
+                Column("hi"),
+                Column("steps"),
+                Column("prompts"),
+                *(Column(n) for n in self.names),
+            ),
+            tuple(
+                (r.domain, r.bin, r.lo, r.hi, r.steps, r.prompts, *r.fractions) for r in self.rows
+            ),
+            self.note,
+        )
 
     @property
     def note(self) -> str:
-        return (f"margin: target top-1 minus top-2 probability at the step's root context (from "
-                f"{self.source}); a step is certified when KL(target || draft) < the criterion's "
-                f"certificate; tree_m<m>: the m-wide tree covers the target's token. "
-                f"Intervals: prompt-clustered bootstrap, stratified by domain."
-                + (f" {self.outside} step(s) without a margin in the edges are in no bin."
-                   if self.outside else ""))
+        return (
+            f"margin: target top-1 minus top-2 probability at the step's root context (from "
+            f"{self.source}); a step is certified when KL(target || draft) < the criterion's "
+            f"certificate; tree_m<m>: the m-wide tree covers the target's token. "
+            f"Intervals: prompt-clustered bootstrap, stratified by domain."
+            + (
+                f" {self.outside} step(s) without a margin in the edges are in no bin."
+                if self.outside
+                else ""
+            )
+        )
 
 
-def margin_table(steps: pd.DataFrame, clusters: StepClusters, edges: tuple[float, ...],
-                 names: list[str], source: str) -> MarginTable:
+def margin_table(
+    steps: pd.DataFrame,
+    clusters: StepClusters,
+    edges: tuple[float, ...],
+    names: list[str],
+    source: str,
+) -> MarginTable:
     """Certified fractions by margin bin, over all domains and per domain."""
     names = [n for n in names if n != "tree_m1" or "greedy" not in names]
     names = [n for n in names if _flag_column(n) in steps.columns]
-    flags = np.column_stack([steps[_flag_column(n)].astype("float64").to_numpy(np.float64)
-                             for n in names]) if names else np.zeros((len(steps), 0))
+    flags = (
+        np.column_stack(
+            [steps[_flag_column(n)].astype("float64").to_numpy(np.float64) for n in names]
+        )
+        if names
+        else np.zeros((len(steps), 0))
+    )
     codes = margin_bin_codes(steps["target_margin"].to_numpy(np.float64), edges)
     labels = margin_bin_labels(edges)
     domain = steps["domain"].astype(str).to_numpy()
@@ -248,8 +301,11 @@ def margin_table(steps: pd.DataFrame, clusters: StepClusters, edges: tuple[float
         keep = cell >= 0
         for b, text in enumerate(labels):
             prompts = len(np.unique(clusters.prompt[keep & (codes == b)]))
-            rows.append(MarginRow(label, text, edges[b], edges[b + 1], int(counts[b]), prompts,
-                                  tuple(ests[b])))
+            rows.append(
+                MarginRow(
+                    label, text, edges[b], edges[b + 1], int(counts[b]), prompts, tuple(ests[b])
+                )
+            )
     return MarginTable(edges, tuple(names), tuple(rows), int((codes < 0).sum()), source)
 
 
@@ -272,27 +328,39 @@ def certify_steps(run: Run) -> tuple[pd.DataFrame, str, list[str]]:
     key = ["prompt_id", "step"]
     roots = nodes[nodes["depth"] == 1].sort_values([*key, "sibling_rank"])
     first = roots.drop_duplicates(key)
-    wanted = [c for c in first.columns
-              if (c.startswith("cert_") or c in ("target_margin", "target_top1_prob",
-                                                   "kl_target_draft")) and c not in steps.columns]
+    wanted = [
+        c
+        for c in first.columns
+        if (c.startswith("cert_") or c in ("target_margin", "target_top1_prob", "kl_target_draft"))
+        and c not in steps.columns
+    ]
     if wanted:
         steps = steps.merge(first[key + wanted], on=key, how="left")
     if "accept_greedy" not in steps.columns and len(first):
         top = first[first["sibling_rank"] == 0][key + ["greedy_accept"]]
-        steps = steps.merge(top.rename(columns={"greedy_accept": "accept_greedy"}), on=key,
-                            how="left")
+        steps = steps.merge(
+            top.rename(columns={"greedy_accept": "accept_greedy"}), on=key, how="left"
+        )
     source = "steps" if any(c.startswith("certified_") for c in run.steps.columns) else "nodes"
     if "cert_greedy" not in steps.columns and {"target_top1_prob", "target_margin"} <= set(steps):
         p0 = steps["target_top1_prob"].to_numpy(np.float64)
         p1 = p0 - steps["target_margin"].to_numpy(np.float64)
         steps["cert_greedy"] = _two_point(p0, p1)
         source = "rebuilt from p0 and margin (greedy only)"
-        notes.append("this run recorded no certificate columns: only strict greedy is rebuilt "
-                     "(from target_top1_prob and target_margin); record with the theory columns "
-                     "for the relaxed criteria and trees")
+        notes.append(
+            "this run recorded no certificate columns: only strict greedy is rebuilt "
+            "(from target_top1_prob and target_margin); record with the theory columns "
+            "for the relaxed criteria and trees"
+        )
     for name in [c[5:] for c in steps.columns if c.startswith("cert_")]:
-        cert_col, flag = f"cert_{name}", (f"certified_{name}" if not name.startswith("tree_m")
-                                          else f"tree_certified_m{name[6:]}")
+        cert_col, flag = (
+            f"cert_{name}",
+            (
+                f"certified_{name}"
+                if not name.startswith("tree_m")
+                else f"tree_certified_m{name[6:]}"
+            ),
+        )
         if flag not in steps.columns and "kl_target_draft" in steps.columns:
             steps[flag] = steps["kl_target_draft"] < steps[cert_col]
     steps = steps.sort_values(["domain", *key]).reset_index(drop=True)
@@ -331,8 +399,9 @@ def run_lengths(flags: Any) -> list[int]:
     return out
 
 
-def _summaries(steps: pd.DataFrame, names: list[str], kind: str,
-               clusters: StepClusters) -> pd.DataFrame:
+def _summaries(
+    steps: pd.DataFrame, names: list[str], kind: str, clusters: StepClusters
+) -> pd.DataFrame:
     rows = []
     groups = [(ALL_DOMAINS, steps)] + list(steps.groupby("domain", sort=True))
     for domain, df in groups:
@@ -341,8 +410,13 @@ def _summaries(steps: pd.DataFrame, names: list[str], kind: str,
         for name in names:
             cert = df[f"cert_{name}"].to_numpy(np.float64)
             cert = cert[~np.isnan(cert)]  # +inf (nothing can be rejected) stays in
-            row: dict[str, Any] = {"domain": domain, kind: name, "n": int(len(cert)),
-                                   "median": quantile(cert, 0.5), "p5": quantile(cert, 0.05)}
+            row: dict[str, Any] = {
+                "domain": domain,
+                kind: name,
+                "n": int(len(cert)),
+                "median": quantile(cert, 0.5),
+                "p5": quantile(cert, 0.05),
+            }
             if kind == "criterion":
                 ok_col, cert_flag = f"accept_{name}", f"certified_{name}"
             else:
@@ -351,16 +425,27 @@ def _summaries(steps: pd.DataFrame, names: list[str], kind: str,
             ok = df[ok_col].astype("boolean") if ok_col in df else None
             certified = df[cert_flag].astype("boolean") if cert_flag in df else None
             for col, flag in (("frac_ok", ok_col), ("frac_certified", cert_flag)):
-                est = (clusters.fractions(steps[flag].astype("float64").to_numpy(np.float64),
-                                          cell, 1)[0][0, 0] if flag in df else None)
+                est = (
+                    clusters.fractions(steps[flag].astype("float64").to_numpy(np.float64), cell, 1)[
+                        0
+                    ][0, 0]
+                    if flag in df
+                    else None
+                )
                 row[col] = est.value if est is not None else math.nan
                 row[f"{col}_lo"] = est.lo if est is not None else math.nan
                 row[f"{col}_hi"] = est.hi if est is not None else math.nan
-            row["violations"] = (int((certified & ~ok).sum()) if ok is not None and certified
-                                 is not None else math.nan)
+            row["violations"] = (
+                int((certified & ~ok).sum())
+                if ok is not None and certified is not None
+                else math.nan
+            )
             if certified is not None:
-                runs = [n for _, g in df.groupby("prompt_id", sort=False)
-                        for n in run_lengths(g.sort_values("step")[cert_flag].fillna(False))]
+                runs = [
+                    n
+                    for _, g in df.groupby("prompt_id", sort=False)
+                    for n in run_lengths(g.sort_values("step")[cert_flag].fillna(False))
+                ]
                 row["run_mean"] = float(np.mean(runs)) if runs else 0.0
                 row["run_max"] = int(max(runs)) if runs else 0
             else:
@@ -369,9 +454,14 @@ def _summaries(steps: pd.DataFrame, names: list[str], kind: str,
     return pd.DataFrame(rows)
 
 
-def certify_run(run: Run, margin_bins: tuple[float, ...] | None = DEFAULT_MARGIN_BINS,
-                n_boot: int = 1000, seed: int = 0, confidence: float = 0.95,
-                require_margins: bool = False) -> CertifyReport:
+def certify_run(
+    run: Run,
+    margin_bins: tuple[float, ...] | None = DEFAULT_MARGIN_BINS,
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    require_margins: bool = False,
+) -> CertifyReport:
     """Certificate distributions, certified fractions (with prompt-clustered intervals) and run
     lengths, soundness, tree coverage, and certified fractions by target-margin bin.
 
@@ -388,27 +478,30 @@ def certify_run(run: Run, margin_bins: tuple[float, ...] | None = DEFAULT_MARGIN
     crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=_criterion_order)
     tree_names = sorted((n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
     clusters = StepClusters.of(steps, n_boot, seed, confidence)
-    criteria = (_summaries(steps, crit_names, "criterion", clusters) if crit_names
-                else pd.DataFrame())
+    criteria = (
+        _summaries(steps, crit_names, "criterion", clusters) if crit_names else pd.DataFrame()
+    )
     trees = _summaries(steps, tree_names, "tree", clusters) if tree_names else pd.DataFrame()
     margins = None
     if margin_bins is not None:
         flags = [c for c in map(_flag_column, crit_names + tree_names) if c in steps.columns]
-        missing = [c for c in ("target_margin",)
-                   if c not in steps.columns or steps[c].isna().all()]
+        missing = [c for c in ("target_margin",) if c not in steps.columns or steps[c].isna().all()]
         if not flags:
             missing.append("kl_target_draft (or certified_<criterion> flags)")
         if missing:
-            why = (f"{run.path}: no margin table: the steps record no {' and no '.join(missing)}"
-                   f" and there are no node records to take them from (root nodes share the "
-                   f"step's context); measure the run again with this version")
+            why = (
+                f"{run.path}: no margin table: the steps record no {' and no '.join(missing)}"
+                f" and there are no node records to take them from (root nodes share the "
+                f"step's context); measure the run again with this version"
+            )
             if require_margins:
                 raise MarginDataError(why)
             notes.append(why)
         else:
             margin_source = "steps" if "target_margin" in run.steps.columns else "root nodes"
-            margins = margin_table(steps, clusters, margin_bins, crit_names + tree_names,
-                                   margin_source)
+            margins = margin_table(
+                steps, clusters, margin_bins, crit_names + tree_names, margin_source
+            )
     rows = []
     for (name, stat), value in PUBLISHED.items():
         table, col = (trees, "tree") if name.startswith("tree_m") else (criteria, "criterion")
@@ -416,23 +509,32 @@ def certify_run(run: Run, margin_bins: tuple[float, ...] | None = DEFAULT_MARGIN
         if len(table) and name in set(table[col]):
             sel = table[table[col] == name].set_index("domain")[stat]
             ours = sel.to_dict()
-        rows.append({"certificate": name, "statistic": stat, "published": value,
-                     "ceiling": CEILINGS.get(name, math.nan), **{
-                         f"ours_{d}": v for d, v in ours.items()}})
+        rows.append(
+            {
+                "certificate": name,
+                "statistic": stat,
+                "published": value,
+                "ceiling": CEILINGS.get(name, math.nan),
+                **{f"ours_{d}": v for d, v in ours.items()},
+            }
+        )
     if not crit_names and not tree_names:
         notes.append("no certificates found in this run")
     config = criteria_config_from_manifest(run.manifest)
-    return CertifyReport(criteria, trees, pd.DataFrame(rows), steps, source, config, tuple(notes),
-                         margins)
+    return CertifyReport(
+        criteria, trees, pd.DataFrame(rows), steps, source, config, tuple(notes), margins
+    )
 
 
-def plot_certificates(report: CertifyReport, out_dir: str | Path,
-                      inside: Path | None = None) -> list[Path]:
+def plot_certificates(
+    report: CertifyReport, out_dir: str | Path, inside: Path | None = None
+) -> list[Path]:
     """Certificate vs target margin per criterion and tree m, with the margin-only bound and the
     ceiling; writes certificates_vs_margin.png and .svg into out_dir (needs matplotlib) through
     :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     try:
         import matplotlib  # the plot extra
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -441,7 +543,8 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     steps = report.steps
     names = [c[5:] for c in steps.columns if c.startswith("cert_")]
     names = sorted((n for n in names if not n.startswith("tree_m")), key=_criterion_order) + sorted(
-        (n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
+        (n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:])
+    )
     if not names or "target_margin" not in steps:
         return []
     specs = {s.name: s for s in (*report.config.criteria, *report.config.trees)}
@@ -460,12 +563,13 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
         if name in CEILINGS:
             ax.axhline(CEILINGS[name], color="grey", ls="--", lw=1, label="ceiling")
         if (name, "median") in PUBLISHED:
-            ax.axhline(PUBLISHED[name, "median"], color="red", ls=":", lw=1,
-                       label="published median")
+            ax.axhline(
+                PUBLISHED[name, "median"], color="red", ls=":", lw=1, label="published median"
+            )
         ax.set_title(name)
         ax.set_xlabel("target margin p0 - p1")
         ax.set_ylabel("certificate (nats)")
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7, markerscale=2)
     fig.tight_layout()
@@ -479,13 +583,15 @@ def plot_certificates(report: CertifyReport, out_dir: str | Path,
     return paths
 
 
-def plot_margin_table(report: CertifyReport, out_dir: str | Path,
-                      inside: Path | None = None) -> list[Path]:
+def plot_margin_table(
+    report: CertifyReport, out_dir: str | Path, inside: Path | None = None
+) -> list[Path]:
     """The certified fraction by margin bin (:func:`specscope.analysis.plots.certified_by_margin_plot`)
     as certified_by_margin.png and .svg in out_dir; [] without a margin table."""
     if report.margins is None:
         return []
     if plots_unavailable():
         raise MissingExtraError("plots need matplotlib: pip install 'specscope[plot]'")
-    return write_figure(certified_by_margin_plot(report.margins), out_dir, "certified_by_margin",
-                        inside)
+    return write_figure(
+        certified_by_margin_plot(report.margins), out_dir, "certified_by_margin", inside
+    )

@@ -56,11 +56,11 @@ def prompt_echo(prompt_text: str, output_text: str, run_words: int = RUN_WORDS) 
     if not out:
         return PromptEcho(0, 0, False)
     n = min(run_words, len(out))
-    grams = {tuple(prompt[i:i + n]) for i in range(len(prompt) - n + 1)}
+    grams = {tuple(prompt[i : i + n]) for i in range(len(prompt) - n + 1)}
     copied = np.zeros(len(out), bool)
     for i in range(len(out) - n + 1):
-        if tuple(out[i:i + n]) in grams:
-            copied[i:i + n] = True
+        if tuple(out[i : i + n]) in grams:
+            copied[i : i + n] = True
     verbatim = " ".join(out) in " ".join(prompt)
     return PromptEcho(len(out), int(copied.sum()), verbatim)
 
@@ -98,12 +98,18 @@ class EchoTable:
             f"prompt, so its acceptance largely measures copying, not prediction "
             f"(docs/metrics.md, prompt echo)"
             for r in self.rows
-            if r.domain != ALL and r.share.defined and r.share.value >= self.warn_share)
+            if r.domain != ALL and r.share.defined and r.share.value >= self.warn_share
+        )
 
 
-def echo_table(prompt_ids: tuple[str, ...], prompt_domain: np.ndarray, domains: tuple[str, ...],
-               prompts: pd.DataFrame, boot: ClusterBootstrap,
-               run_words: int = RUN_WORDS) -> EchoTable:
+def echo_table(
+    prompt_ids: tuple[str, ...],
+    prompt_domain: np.ndarray,
+    domains: tuple[str, ...],
+    prompts: pd.DataFrame,
+    boot: ClusterBootstrap,
+    run_words: int = RUN_WORDS,
+) -> EchoTable:
     """Echo per domain and over all domains, with intervals from ``boot`` (whose columns are
     ``prompt_ids``, stratified by ``prompt_domain``, indices into ``domains``). Prompts without
     text in ``prompts`` (or with an empty output) are left out."""
@@ -126,11 +132,21 @@ def echo_table(prompt_ids: tuple[str, ...], prompt_domain: np.ndarray, domains: 
         counted = member & (values[:, 0] > 0)
         n = int(counted.sum())
         strata = len(np.unique(np.asarray(prompt_domain)[counted])) if n else 1
-        ests = [bounded(boot.estimate(ratio(totals[:, k], totals[:, 0]), n=n, prompts=n,
-                                      strata=strata)) for k in (1, 2, 3)]
+        ests = [
+            bounded(boot.estimate(ratio(totals[:, k], totals[:, 0]), n=n, prompts=n, strata=strata))
+            for k in (1, 2, 3)
+        ]
         rows.append(EchoRow(label, n, *ests))
     return EchoTable(run_words, HIGH_SHARE, WARN_SHARE, tuple(rows))
 
 
-__all__ = ["HIGH_SHARE", "RUN_WORDS", "WARN_SHARE", "EchoRow", "EchoTable", "PromptEcho",
-           "echo_table", "prompt_echo"]
+__all__ = [
+    "HIGH_SHARE",
+    "RUN_WORDS",
+    "WARN_SHARE",
+    "EchoRow",
+    "EchoTable",
+    "PromptEcho",
+    "echo_table",
+    "prompt_echo",
+]

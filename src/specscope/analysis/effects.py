@@ -69,8 +69,9 @@ def within_prompt_delta(eng: Resampler, values: np.ndarray, mask: np.ndarray) ->
     per_domain = (onehot * has[:, None]).sum(axis=0)
     prompts = np.append(per_domain, per_domain.sum())
     strata = np.append(np.minimum(per_domain, 1), (per_domain > 0).sum())
-    n = np.append([counts[has & (rec.prompt_domain == g)].sum() for g in range(eng.G)],
-                  counts[has].sum())
+    n = np.append(
+        [counts[has & (rec.prompt_domain == g)].sum() for g in range(eng.G)], counts[has].sum()
+    )
     return eng.boot.estimates(ratio(num, den), n, prompts, strata)
 
 
@@ -82,21 +83,27 @@ def depth_profile(eng: Resampler) -> DepthProfile:
     rank = ((nodes.rank, rec.n_ranks),)
     rows = []
     everything = np.ones(len(nodes), bool)
-    for metric, values, base in (("alpha", nodes.alpha, everything),
-                                 (CONDITIONAL, nodes.greedy, nodes.eligible)):
+    for metric, values, base in (
+        ("alpha", nodes.alpha, everything),
+        (CONDITIONAL, nodes.greedy, nodes.eligible),
+    ):
         blocks = [("all nodes", eng.cells(values, depth, base), None, base)]
         by_rank = eng.cells(values, depth + rank, base)
-        blocks += [(f"sibling rank {r}", by_rank, r, base & (nodes.rank == r))
-                   for r in range(rec.n_ranks)]
+        blocks += [
+            (f"sibling rank {r}", by_rank, r, base & (nodes.rank == r)) for r in range(rec.n_ranks)
+        ]
         chain = base & nodes.on_chain
         blocks.append(("top-1 chain", eng.cells(values, depth, chain), None, chain))
         for name, cells, r, subset in blocks:
             pick = (lambda x: x) if r is None else (lambda x, r=r: x[..., r])
-            m_e = eng.boot.estimates(pick(cells.mean), pick(cells.n), pick(cells.prompts),
-                                     pick(cells.strata))
+            m_e = eng.boot.estimates(
+                pick(cells.mean), pick(cells.n), pick(cells.prompts), pick(cells.strata)
+            )
             d_e = within_prompt_delta(eng, values, subset)
-            rows += [DepthProfileRow(lab, name, metric, tuple(m_e[g]), d_e[g])
-                     for g, lab in enumerate(labels)]
+            rows += [
+                DepthProfileRow(lab, name, metric, tuple(m_e[g]), d_e[g])
+                for g, lab in enumerate(labels)
+            ]
     return DepthProfile(tuple(range(1, rec.max_depth + 1)), tuple(rows))
 
 
@@ -114,24 +121,34 @@ def effect_sizes(eng: Resampler) -> EffectSizes:
     }
     reps: dict[str, dict[str, np.ndarray]] = {}
     for metric, v in (("alpha", nodes.alpha), ("greedy", nodes.greedy)):
-        reps[metric] = {name: eta_squared_reps(eng.boot, prompt, v, codes, size)
-                        for name, (codes, size) in factors.items()}
+        reps[metric] = {
+            name: eta_squared_reps(eng.boot, prompt, v, codes, size)
+            for name, (codes, size) in factors.items()
+        }
         reps[metric]["prompt"] = eta_squared_prompt_reps(eng.boot, prompt, v)
         for name in ("domain", "depth"):
             codes, size = factors[name]
             reps[metric][f"{name} (noise-corrected)"] = explained_share_reps(
-                eng.boot, prompt, rec.prompt_domain, v, codes, size)
-        reps[metric][DOMAIN_MINUS_DEPTH] = (reps[metric]["domain (noise-corrected)"]
-                                            - reps[metric]["depth (noise-corrected)"])
+                eng.boot, prompt, rec.prompt_domain, v, codes, size
+            )
+        reps[metric][DOMAIN_MINUS_DEPTH] = (
+            reps[metric]["domain (noise-corrected)"] - reps[metric]["depth (noise-corrected)"]
+        )
     n, p = len(nodes), rec.n_prompts
-    rows = tuple(EffectRow(name, eng.boot.estimate(reps["alpha"][name], n, p, eng.G),
-                           eng.boot.estimate(reps["greedy"][name], n, p, eng.G))
-                 for name in reps["alpha"])
+    rows = tuple(
+        EffectRow(
+            name,
+            eng.boot.estimate(reps["alpha"][name], n, p, eng.G),
+            eng.boot.estimate(reps["greedy"][name], n, p, eng.G),
+        )
+        for name in reps["alpha"]
+    )
     return EffectSizes(rows)
 
 
-def paradox_check(eng: Resampler, entropy: np.ndarray, alpha: np.ndarray,
-                  greedy: np.ndarray) -> ParadoxCheck | None:
+def paradox_check(
+    eng: Resampler, entropy: np.ndarray, alpha: np.ndarray, greedy: np.ndarray
+) -> ParadoxCheck | None:
     """Leads of one domain over the best other domain, in entropy and acceptance."""
     rec = eng.rec
     entropy, alpha, greedy = entropy[:, :-1], alpha[:, :-1], greedy[:, :-1]  # drop All
@@ -140,8 +157,10 @@ def paradox_check(eng: Resampler, entropy: np.ndarray, alpha: np.ndarray,
         return None
     names = [rec.domains[i] for i in live]
     entropy, alpha, greedy = entropy[:, live], alpha[:, live], greedy[:, live]
-    top = {k: names[int(np.argmax(m[0]))]
-           for k, m in (("entropy", entropy), ("alpha", alpha), ("greedy", greedy))}
+    top = {
+        k: names[int(np.argmax(m[0]))]
+        for k, m in (("entropy", entropy), ("alpha", alpha), ("greedy", greedy))
+    }
     i = names.index("chat") if "chat" in names else names.index(top["entropy"])
     others = [j for j in range(len(names)) if j != i]
 
@@ -157,21 +176,37 @@ def paradox_check(eng: Resampler, entropy: np.ndarray, alpha: np.ndarray,
     for j in others:
         n_ij = int(counts.n[live[i]] + counts.n[live[j]])
         p_ij = int(counts.prompts[live[i]] + counts.prompts[live[j]])
-        pairwise.append(PairLead(names[j], *(eng.boot.estimate(m[:, i] - m[:, j], n_ij, p_ij, 2)
-                                             for m in (entropy, alpha, greedy))))
-    return ParadoxCheck(names[i], top["entropy"], top["alpha"], top["greedy"], *leads, p_both,
-                        tuple(pairwise))
+        pairwise.append(
+            PairLead(
+                names[j],
+                *(
+                    eng.boot.estimate(m[:, i] - m[:, j], n_ij, p_ij, 2)
+                    for m in (entropy, alpha, greedy)
+                ),
+            )
+        )
+    return ParadoxCheck(
+        names[i], top["entropy"], top["alpha"], top["greedy"], *leads, p_both, tuple(pairwise)
+    )
 
 
-def _profile(eng: Resampler, name: str, axis: str, codes: np.ndarray, n_bins: int,
-             labels: tuple[str, ...], centers: tuple[float, ...]) -> BinnedProfile:
+def _profile(
+    eng: Resampler,
+    name: str,
+    axis: str,
+    codes: np.ndarray,
+    n_bins: int,
+    labels: tuple[str, ...],
+    centers: tuple[float, ...],
+) -> BinnedProfile:
     rec = eng.rec
     rows = []
     for metric, v in (("alpha", rec.nodes.alpha), ("greedy_accept", rec.nodes.greedy)):
         cells = eng.cells(v, ((codes, n_bins),))
         est = eng.estimates(cells.mean, cells)
-        rows += [ProfileRow(lab, metric, tuple(est[g]))
-                 for g, lab in enumerate(rec.domains + (ALL,))]
+        rows += [
+            ProfileRow(lab, metric, tuple(est[g])) for g, lab in enumerate(rec.domains + (ALL,))
+        ]
     return BinnedProfile(name, axis, labels, centers, tuple(rows))
 
 
@@ -182,8 +217,12 @@ def entropy_profile(eng: Resampler) -> BinnedProfile:
         edges = np.array([h.min(), h.min() + 1e-9])
     n_bins = len(edges) - 1
     codes = np.clip(np.searchsorted(edges, h, side="right") - 1, 0, n_bins - 1)
-    centers = tuple(float(c) for c in ratio(np.bincount(codes, h, minlength=n_bins),
-                                             np.bincount(codes, minlength=n_bins)))
+    centers = tuple(
+        float(c)
+        for c in ratio(
+            np.bincount(codes, h, minlength=n_bins), np.bincount(codes, minlength=n_bins)
+        )
+    )
     labels = tuple(f"{edges[i]:.2f}–{edges[i + 1]:.2f}" for i in range(n_bins))
     return _profile(eng, "entropy", "target entropy (nats)", codes, n_bins, labels, centers)
 
@@ -198,6 +237,7 @@ def position_profile(eng: Resampler) -> BinnedProfile:
 
 
 # --- factors, the variance decomposition, stratifiers ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class Factor:
@@ -235,10 +275,13 @@ def check_stratifier(rec: Records, name: str) -> str:
         return name
     listing = ", ".join(allowed + ("none",))
     if name in STRATIFIERS:
-        raise StratifyError(f"cannot stratify by {name}: the run's nodes have a single {name}; "
-                            f"allowed: {listing}")
-    raise StratifyError(f"cannot stratify by {name!r}: allowed: {listing} (node-level factors "
-                        f"with more than one level in this run)")
+        raise StratifyError(
+            f"cannot stratify by {name}: the run's nodes have a single {name}; allowed: {listing}"
+        )
+    raise StratifyError(
+        f"cannot stratify by {name!r}: allowed: {listing} (node-level factors "
+        f"with more than one level in this run)"
+    )
 
 
 def _dummies(codes: np.ndarray, levels: int) -> np.ndarray:
@@ -246,8 +289,14 @@ def _dummies(codes: np.ndarray, levels: int) -> np.ndarray:
     return (codes[:, None] == np.arange(1, levels)[None, :]).astype(float)
 
 
-def _within_ss(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray, z: np.ndarray,
-               n_p: np.ndarray, s_p: np.ndarray) -> np.ndarray:
+def _within_ss(
+    boot: ClusterBootstrap,
+    prompt: np.ndarray,
+    x: np.ndarray,
+    z: np.ndarray,
+    n_p: np.ndarray,
+    s_p: np.ndarray,
+) -> np.ndarray:
     """(B + 1,) sums of squares explained by the columns ``z`` beyond prompt fixed effects.
 
     The within-prompt least-squares fit (each prompt's mean removed from x and z), from
@@ -284,12 +333,20 @@ def _decomposition_reps(eng: Resampler, x: np.ndarray) -> dict[str, dict[str, np
     q_p = np.bincount(prompt, weights=x * x, minlength=P)
     onehot = np.zeros((P, eng.G))
     onehot[np.arange(P), rec.prompt_domain] = 1.0
-    per_prompt = np.column_stack([n_p, s_p, q_p, np.nan_to_num(ratio(s_p**2, n_p)),
-                                  onehot * n_p[:, None], onehot * s_p[:, None]])
+    per_prompt = np.column_stack(
+        [
+            n_p,
+            s_p,
+            q_p,
+            np.nan_to_num(ratio(s_p**2, n_p)),
+            onehot * n_p[:, None],
+            onehot * s_p[:, None],
+        ]
+    )
     t = boot.total(per_prompt)
     G = eng.G
     n, s, q, between_p = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    n_g, s_g = t[:, 4:4 + G], t[:, 4 + G:4 + 2 * G]
+    n_g, s_g = t[:, 4 : 4 + G], t[:, 4 + G : 4 + 2 * G]
     grand = ratio(s**2, n)
     total = q - grand
     ss_domain = np.nansum(ratio(s_g**2, n_g), axis=1) - grand
@@ -303,14 +360,17 @@ def _decomposition_reps(eng: Resampler, x: np.ndarray) -> dict[str, dict[str, np
     seq = {"domain": ss_domain, "prompt": ss_prompt - ss_domain}
     cumulative = np.zeros_like(total)
     for i, name in enumerate(WITHIN_PROMPT):
-        ss = within(WITHIN_PROMPT[:i + 1])
+        ss = within(WITHIN_PROMPT[: i + 1])
         seq[name] = ss - cumulative
         cumulative = ss
     seq["residual"] = total - ss_prompt - cumulative
-    unique = {name: cumulative - within([m for m in WITHIN_PROMPT if m != name])
-              for name in WITHIN_PROMPT}
-    return {"sequential": {k: ratio(v, total) for k, v in seq.items()},
-            "unique": {k: ratio(v, total) for k, v in unique.items()}}
+    unique = {
+        name: cumulative - within([m for m in WITHIN_PROMPT if m != name]) for name in WITHIN_PROMPT
+    }
+    return {
+        "sequential": {k: ratio(v, total) for k, v in seq.items()},
+        "unique": {k: ratio(v, total) for k, v in unique.items()},
+    }
 
 
 def variance_decomposition(eng: Resampler) -> VarianceDecomposition:
@@ -340,8 +400,9 @@ def variance_decomposition(eng: Resampler) -> VarianceDecomposition:
                     corrected = None
                 else:
                     one_way = eta_squared_reps(eng.boot, nodes.prompt, v, codes, levels)
-                    corrected = explained_share_reps(eng.boot, nodes.prompt, rec.prompt_domain,
-                                                     v, codes, levels)
+                    corrected = explained_share_reps(
+                        eng.boot, nodes.prompt, rec.prompt_domain, v, codes, levels
+                    )
 
             def est(r):
                 if r is None:
@@ -350,9 +411,15 @@ def variance_decomposition(eng: Resampler) -> VarianceDecomposition:
 
             single = name != "residual" and levels < 2
             nan = None
-            rows.append(VarianceRow(
-                metric, name, levels,
-                est(nan if single else one_way), est(nan if single else corrected),
-                est(nan if single else reps["sequential"][name]),
-                est(reps["unique"].get(name) if not single else nan)))
+            rows.append(
+                VarianceRow(
+                    metric,
+                    name,
+                    levels,
+                    est(nan if single else one_way),
+                    est(nan if single else corrected),
+                    est(nan if single else reps["sequential"][name]),
+                    est(reps["unique"].get(name) if not single else nan),
+                )
+            )
     return VarianceDecomposition(order, tuple(rows))

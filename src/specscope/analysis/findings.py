@@ -57,24 +57,24 @@ LABELS = {
 
 RULES = {
     "task_type_over_depth": "holds if the noise-corrected variance share of domain is significantly "
-                            "above depth's; does not hold if significantly below.",
+    "above depth's; does not hold if significantly below.",
     "only_chat_above_one": "holds if chat's E[L] is significantly above 1 and every other "
-                           "domain's significantly below; does not hold if chat is significantly "
-                           "below 1 or another domain significantly above (Bonferroni).",
+    "domain's significantly below; does not hold if chat is significantly "
+    "below 1 or another domain significantly above (Bonferroni).",
     "rises_with_depth": "holds if the within-prompt change from depth 1 to the deepest depth is "
-                        "significantly positive in every domain; does not hold if significantly "
-                        "negative in any (Bonferroni over domains).",
+    "significantly positive in every domain; does not hold if significantly "
+    "negative in any (Bonferroni over domains).",
     "rho_negative": "holds if ρ is significantly negative in every domain; does not hold if "
-                    "significantly positive in any (Bonferroni over domains).",
+    "significantly positive in any (Bonferroni over domains).",
     "rho_weak_range": "holds if ρ is significantly inside [−0.3, −0.1] in every domain (two "
-                      "one-sided tests); does not hold if significantly outside in any "
-                      "(Bonferroni).",
+    "one-sided tests); does not hold if significantly outside in any "
+    "(Bonferroni).",
     "chat_paradox": "holds if chat's entropy and alpha are each significantly above every other "
-                    "domain's; does not hold if either is significantly below any "
-                    "(Bonferroni over the comparisons).",
+    "domain's; does not hold if either is significantly below any "
+    "(Bonferroni over the comparisons).",
     "below_one_no_speedup": "tested in domains whose E[L] is significantly below 1: does not hold "
-                            "if their tokens per target pass (tau) is significantly above 1; "
-                            "holds if tau is exactly 1.",
+    "if their tokens per target pass (tau) is significantly above 1; "
+    "holds if tau is exactly 1.",
 }
 
 
@@ -146,8 +146,12 @@ def _decide(holds: bool, fails: bool) -> Verdict:
 
 def figures_text(figures: Sequence[tuple[str, Estimate]], digits: int = 3) -> str:
     """Named figures with their intervals, "; "-separated (differences signed); "—" if none."""
-    return "; ".join(f"{name} {e.format(digits, signed='−' in name or 'Δ' in name)}"
-                     for name, e in figures) or "—"
+    return (
+        "; ".join(
+            f"{name} {e.format(digits, signed='−' in name or 'Δ' in name)}" for name, e in figures
+        )
+        or "—"
+    )
 
 
 def _listing(pairs: Sequence[tuple[str, Estimate]], signed: bool = False) -> str:
@@ -170,11 +174,26 @@ def sample_shortfall(a: Analysis, domains: Sequence[str] | None = None) -> str |
     return f"not testable: {min(have.values())} prompts per domain ({listing}), need {need}"
 
 
-def _untestable(key: str, claim: str, paper: str, measure: str, estimate: Estimate,
-                why: str, detail: str = "",
-                figures: Sequence[tuple[str, Estimate]] = ()) -> Finding:
-    return Finding(key, claim, paper, measure, estimate, Verdict.UNTESTABLE,
-                   why + (f"; {detail}" if detail else ""), tuple(figures))
+def _untestable(
+    key: str,
+    claim: str,
+    paper: str,
+    measure: str,
+    estimate: Estimate,
+    why: str,
+    detail: str = "",
+    figures: Sequence[tuple[str, Estimate]] = (),
+) -> Finding:
+    return Finding(
+        key,
+        claim,
+        paper,
+        measure,
+        estimate,
+        Verdict.UNTESTABLE,
+        why + (f"; {detail}" if detail else ""),
+        tuple(figures),
+    )
 
 
 def _stratified_by(a: Analysis, *factors: str) -> str | None:
@@ -196,42 +215,57 @@ def task_type_over_depth(a: Analysis, metric: str = "alpha") -> Finding:
         claim += " (recomputed with greedy_accept)"
     measure = f"noise-corrected η²(domain) − η²(depth) of {metric}"
     paper = "no effect size given"
-    detail = (f"noise-corrected η²: domain {dom.format(4)}, depth {dep.format(4)} (raw η²: domain "
-              f"{raw_dom.format(4, interval=False)}, depth {raw_dep.format(4, interval=False)})")
+    detail = (
+        f"noise-corrected η²: domain {dom.format(4)}, depth {dep.format(4)} (raw η²: domain "
+        f"{raw_dom.format(4, interval=False)}, depth {raw_dep.format(4, interval=False)})"
+    )
     figures = (("η² domain", dom), ("η² depth", dep), ("domain − depth", diff))
     if why := _stratified_by(a, "depth"):
         return _untestable(key, claim, paper, measure, diff, why)
     if len(_domains(a)) < 2 or a.info.max_depth < 2:
-        return _untestable(key, claim, paper, measure, diff,
-                           "needs at least two domains and two depths")
+        return _untestable(
+            key, claim, paper, measure, diff, "needs at least two domains and two depths"
+        )
     if why := sample_shortfall(a):
         return _untestable(key, claim, paper, measure, diff, why, detail, figures)
     t = _test(a)
-    return Finding(key, claim, paper, measure, diff,
-                   _decide(t.above(diff), t.below(diff)), detail, figures)
+    return Finding(
+        key, claim, paper, measure, diff, _decide(t.above(diff), t.below(diff)), detail, figures
+    )
 
 
 def only_chat_above_one(a: Analysis) -> Finding:
     claim = paper_data()["claims"]["only_chat_above_one"]
-    paper = ", ".join(f"{d} {r['expected_length']:.3f}"
-                      for d, r in paper_data()["table2"]["rows"].items())
+    paper = ", ".join(
+        f"{d} {r['expected_length']:.3f}" for d, r in paper_data()["table2"]["rows"].items()
+    )
     rows = {r.domain: r.expected_length for r in a.paper.table2 if r.domain in _domains(a)}
     listing = _listing(list(rows.items()))
     figures = tuple((f"{d} E[L]", e) for d, e in rows.items())
     measure = "the paper's E[L] of chat (alpha)"
     if "chat" not in rows:
-        return _untestable("only_chat_above_one", claim, paper, "E[L] of chat", nan_estimate(),
-                           "the run has no chat domain", listing, figures)
+        return _untestable(
+            "only_chat_above_one",
+            claim,
+            paper,
+            "E[L] of chat",
+            nan_estimate(),
+            "the run has no chat domain",
+            listing,
+            figures,
+        )
     chat, others = rows["chat"], [e for d, e in rows.items() if d != "chat"]
     if why := sample_shortfall(a):
-        return _untestable("only_chat_above_one", claim, paper, measure, chat, why, listing,
-                           figures)
+        return _untestable(
+            "only_chat_above_one", claim, paper, measure, chat, why, listing, figures
+        )
     t = _test(a)
     k = len(rows)
     holds = t.above(chat, 1) and t.all_below(others, 1)
     fails = t.below(chat, 1, k) or t.any_above(others, 1, k)
-    return Finding("only_chat_above_one", claim, paper, measure, chat, _decide(holds, fails),
-                   listing, figures)
+    return Finding(
+        "only_chat_above_one", claim, paper, measure, chat, _decide(holds, fails), listing, figures
+    )
 
 
 def _rises(a: Analysis, key: str, claim: str, paper: str, subset: str, metric: str) -> Finding:
@@ -240,24 +274,41 @@ def _rises(a: Analysis, key: str, claim: str, paper: str, subset: str, metric: s
     overall = dict(deltas).get(ALL, nan_estimate())
     per_domain = [e for d, e in deltas if d != ALL]
     figures = tuple((f"{d} Δ", e) for d, e in deltas if d != ALL)
-    measure = (f"within-prompt change of mean {metric}, depth 1 → {a.info.max_depth} "
-               f"({subset}, all domains)")
+    measure = (
+        f"within-prompt change of mean {metric}, depth 1 → {a.info.max_depth} "
+        f"({subset}, all domains)"
+    )
     if why := _stratified_by(a, "depth"):
         return _untestable(key, claim, paper, measure, overall, why)
     if a.info.max_depth < 2:
-        return _untestable(key, claim, paper, "depth 1 → D change", overall,
-                           "the run's trees have a single depth")
+        return _untestable(
+            key, claim, paper, "depth 1 → D change", overall, "the run's trees have a single depth"
+        )
     if not any(e.defined for e in per_domain):
-        return _untestable(key, claim, paper, measure, overall,
-                           f"no prompt has {subset} nodes at depth 1 and depth "
-                           f"{a.info.max_depth}" + (f" within {a.stratum}" if a.stratum else ""))
+        return _untestable(
+            key,
+            claim,
+            paper,
+            measure,
+            overall,
+            f"no prompt has {subset} nodes at depth 1 and depth "
+            f"{a.info.max_depth}" + (f" within {a.stratum}" if a.stratum else ""),
+        )
     if why := sample_shortfall(a):
-        return _untestable(key, claim, paper, measure, overall, why,
-                           _listing(deltas, signed=True), figures)
+        return _untestable(
+            key, claim, paper, measure, overall, why, _listing(deltas, signed=True), figures
+        )
     t = _test(a)
-    return Finding(key, claim, paper, measure, overall,
-                   _decide(t.all_above(per_domain), t.any_below(per_domain)),
-                   _listing(deltas, signed=True), figures)
+    return Finding(
+        key,
+        claim,
+        paper,
+        measure,
+        overall,
+        _decide(t.all_above(per_domain), t.any_below(per_domain)),
+        _listing(deltas, signed=True),
+        figures,
+    )
 
 
 def rises_with_depth(a: Analysis) -> list[Finding]:
@@ -265,14 +316,24 @@ def rises_with_depth(a: Analysis) -> list[Finding]:
     paper = ", ".join(f"{d} {r['delta']:+.3f}" for d, r in paper_data()["table4"]["rows"].items())
     return [
         _rises(a, "rises_with_depth", claims["rises_with_depth"], paper, "all nodes", "alpha"),
-        _rises(a, "rises_with_depth_top1_chain",
-               "The rise with depth is not a selection effect: it holds along the top-1 chain "
-               "(sibling rank 0 at every depth, the same kind of node at each depth).",
-               "not examined", "top-1 chain", "alpha"),
-        _rises(a, "rises_with_depth_greedy_chain",
-               "Greedy acceptance given an accepted parent rises with depth along the top-1 chain "
-               "(each prompt compared with itself).",
-               "not examined", "top-1 chain", CONDITIONAL),
+        _rises(
+            a,
+            "rises_with_depth_top1_chain",
+            "The rise with depth is not a selection effect: it holds along the top-1 chain "
+            "(sibling rank 0 at every depth, the same kind of node at each depth).",
+            "not examined",
+            "top-1 chain",
+            "alpha",
+        ),
+        _rises(
+            a,
+            "rises_with_depth_greedy_chain",
+            "Greedy acceptance given an accepted parent rises with depth along the top-1 chain "
+            "(each prompt compared with itself).",
+            "not examined",
+            "top-1 chain",
+            CONDITIONAL,
+        ),
     ]
 
 
@@ -285,26 +346,64 @@ def correlation_claims(a: Analysis) -> list[Finding]:
     ests = [e for _, e in rows]
     figures = tuple((f"{d} ρ", e) for d, e in rows)
     measure = "Spearman ρ(target entropy, alpha), all domains"
-    weak_claim = (f"The correlation is weak: ρ lies in [{lo_c}, {hi_c}] in every domain (the "
-                  f"abstract's [-0.20, -0.15] excludes the paper's own reasoning ρ of -0.149).")
+    weak_claim = (
+        f"The correlation is weak: ρ lies in [{lo_c}, {hi_c}] in every domain (the "
+        f"abstract's [-0.20, -0.15] excludes the paper's own reasoning ρ of -0.149)."
+    )
     if not ests:
-        return [_untestable("rho_negative", claims["rho_negative"], paper, measure, overall,
-                            "the run has no node records"),
-                _untestable("rho_weak_range", weak_claim, paper, measure, overall,
-                            "the run has no node records")]
+        return [
+            _untestable(
+                "rho_negative",
+                claims["rho_negative"],
+                paper,
+                measure,
+                overall,
+                "the run has no node records",
+            ),
+            _untestable(
+                "rho_weak_range", weak_claim, paper, measure, overall, "the run has no node records"
+            ),
+        ]
     if why := sample_shortfall(a):
-        return [_untestable("rho_negative", claims["rho_negative"], paper, measure, overall, why,
-                            _listing(rows), figures),
-                _untestable("rho_weak_range", weak_claim, paper, measure, overall, why,
-                            _listing(rows), figures)]
+        return [
+            _untestable(
+                "rho_negative",
+                claims["rho_negative"],
+                paper,
+                measure,
+                overall,
+                why,
+                _listing(rows),
+                figures,
+            ),
+            _untestable(
+                "rho_weak_range", weak_claim, paper, measure, overall, why, _listing(rows), figures
+            ),
+        ]
     t = _test(a)
-    negative = Finding("rho_negative", claims["rho_negative"], paper, measure, overall,
-                       _decide(t.all_below(ests), t.any_above(ests)), _listing(rows), figures)
+    negative = Finding(
+        "rho_negative",
+        claims["rho_negative"],
+        paper,
+        measure,
+        overall,
+        _decide(t.all_below(ests), t.any_above(ests)),
+        _listing(rows),
+        figures,
+    )
     inside = all(t.above(e, lo_c) and t.below(e, hi_c) for e in ests)
     k = 2 * len(ests)
     outside = t.any_below(ests, lo_c, k) or t.any_above(ests, hi_c, k)
-    weak = Finding("rho_weak_range", weak_claim, paper, measure, overall,
-                   _decide(inside, outside), _listing(rows), figures)
+    weak = Finding(
+        "rho_weak_range",
+        weak_claim,
+        paper,
+        measure,
+        overall,
+        _decide(inside, outside),
+        _listing(rows),
+        figures,
+    )
     return [negative, weak]
 
 
@@ -315,21 +414,37 @@ def chat_paradox(a: Analysis) -> Finding:
     measure = "chat's mean alpha minus the best other domain's"
     if p is None or p.domain != "chat":
         why = "fewer than two domains with nodes" if p is None else "the run has no chat domain"
-        return _untestable("chat_paradox", claim, paper, "chat's lead in mean alpha",
-                           nan_estimate(), why)
-    detail = (f"highest entropy: {p.entropy_top}, highest alpha: {p.alpha_top}, highest greedy "
-              f"acceptance: {p.greedy_top}; chat minus each other domain: "
-              + "; ".join(f"{q.other}: entropy {q.entropy.format(3, signed=True)}, alpha "
-                          f"{q.alpha.format(3, signed=True)}" for q in p.pairwise))
-    figures = (tuple((f"entropy chat − {q.other}", q.entropy) for q in p.pairwise)
-               + tuple((f"alpha chat − {q.other}", q.alpha) for q in p.pairwise))
+        return _untestable(
+            "chat_paradox", claim, paper, "chat's lead in mean alpha", nan_estimate(), why
+        )
+    detail = (
+        f"highest entropy: {p.entropy_top}, highest alpha: {p.alpha_top}, highest greedy "
+        f"acceptance: {p.greedy_top}; chat minus each other domain: "
+        + "; ".join(
+            f"{q.other}: entropy {q.entropy.format(3, signed=True)}, alpha "
+            f"{q.alpha.format(3, signed=True)}"
+            for q in p.pairwise
+        )
+    )
+    figures = tuple((f"entropy chat − {q.other}", q.entropy) for q in p.pairwise) + tuple(
+        (f"alpha chat − {q.other}", q.alpha) for q in p.pairwise
+    )
     if why := sample_shortfall(a):
-        return _untestable("chat_paradox", claim, paper, measure, p.alpha_lead, why, detail,
-                           figures)
+        return _untestable(
+            "chat_paradox", claim, paper, measure, p.alpha_lead, why, detail, figures
+        )
     t = _test(a)
     leads = [q.entropy for q in p.pairwise] + [q.alpha for q in p.pairwise]
-    return Finding("chat_paradox", claim, paper, measure, p.alpha_lead,
-                   _decide(t.all_above(leads), t.any_below(leads)), detail, figures)
+    return Finding(
+        "chat_paradox",
+        claim,
+        paper,
+        measure,
+        p.alpha_lead,
+        _decide(t.all_above(leads), t.any_below(leads)),
+        detail,
+        figures,
+    )
 
 
 def below_one_no_speedup(a: Analysis) -> Finding:
@@ -337,37 +452,64 @@ def below_one_no_speedup(a: Analysis) -> Finding:
     paper = "math 0.914 'Negative', code 0.975 and reasoning 0.956 'Marginal'"
     tau = {r.domain: r for r in a.tau}
     measure = "realized tokens per target pass (tau) where E[L] < 1"
-    note = ("tau counts tokens per target pass (bonus token included); a wall-clock speed-up "
-            "also depends on the draft's cost (specscope bench measures it)")
+    note = (
+        "tau counts tokens per target pass (bonus token included); a wall-clock speed-up "
+        "also depends on the draft's cost (specscope bench measures it)"
+    )
     rows = [r for r in a.paper.table2 if r.domain in _domains(a) and r.domain in tau]
     lengths = tuple((f"{r.domain} E[L]", r.expected_length) for r in rows)
     if a.stratum:
-        return _untestable("below_one_no_speedup", claim, paper, measure, nan_estimate(),
-                           f"tau is a per-step figure: it has no value within {a.stratum}")
+        return _untestable(
+            "below_one_no_speedup",
+            claim,
+            paper,
+            measure,
+            nan_estimate(),
+            f"tau is a per-step figure: it has no value within {a.stratum}",
+        )
     if all(e.value >= 1 for _, e in lengths if e.defined):
         none = "no domain has E[L] < 1"
-        return _untestable("below_one_no_speedup", claim, paper, none, nan_estimate(), none,
-                           note, lengths)
+        return _untestable(
+            "below_one_no_speedup", claim, paper, none, nan_estimate(), none, note, lengths
+        )
     if why := sample_shortfall(a):
-        return _untestable("below_one_no_speedup", claim, paper, measure, nan_estimate(), why,
-                           note, lengths)
+        return _untestable(
+            "below_one_no_speedup", claim, paper, measure, nan_estimate(), why, note, lengths
+        )
     t = _test(a)
-    below = [(r.domain, r.expected_length) for r in rows
-             if t.below(r.expected_length, 1) and tau[r.domain].tau.defined]
+    below = [
+        (r.domain, r.expected_length)
+        for r in rows
+        if t.below(r.expected_length, 1) and tau[r.domain].tau.defined
+    ]
     if not below:
         none = "no domain's E[L] is significantly below 1"
-        return _untestable("below_one_no_speedup", claim, paper, none, nan_estimate(), none,
-                           note, lengths)
+        return _untestable(
+            "below_one_no_speedup", claim, paper, none, nan_estimate(), none, note, lengths
+        )
     taus = [tau[d].tau for d, _ in below]
     worst_domain, _ = min(below, key=lambda x: x[1].value)
     holds = all(e.value == 1 and e.se == 0 for e in taus)
-    detail = "; ".join(f"{d}: E[L] {e.format(3, interval=False)} yet tau {tau[d].tau.format(3)} "
-                       f"(min {tau[d].min_tau})" for d, e in below) + ". " + note
-    figures = tuple(item for d, e in below
-                    for item in ((f"{d} E[L]", e), (f"{d} tau", tau[d].tau)))
-    return Finding("below_one_no_speedup", claim, paper,
-                   f"realized tau of {worst_domain} (lowest E[L])", tau[worst_domain].tau,
-                   _decide(holds, t.any_above(taus, 1)), detail, figures)
+    detail = (
+        "; ".join(
+            f"{d}: E[L] {e.format(3, interval=False)} yet tau {tau[d].tau.format(3)} "
+            f"(min {tau[d].min_tau})"
+            for d, e in below
+        )
+        + ". "
+        + note
+    )
+    figures = tuple(item for d, e in below for item in ((f"{d} E[L]", e), (f"{d} tau", tau[d].tau)))
+    return Finding(
+        "below_one_no_speedup",
+        claim,
+        paper,
+        f"realized tau of {worst_domain} (lowest E[L])",
+        tau[worst_domain].tau,
+        _decide(holds, t.any_above(taus, 1)),
+        detail,
+        figures,
+    )
 
 
 CHECKS: tuple[Callable[[Analysis], Finding | list[Finding]], ...] = (
@@ -392,11 +534,13 @@ def evaluate_findings(a: Analysis) -> tuple[Finding, ...]:
 
 # --- stratified verdicts --------------------------------------------------------------------------
 
-STRATIFIED_RULE = ("each claim is checked within every level of the factor (e.g. within sibling "
-                   "rank 0, 1, 2) with the rules above; holds if it holds within every level "
-                   "that is testable (an intersection-union test), does not hold if it does not "
-                   "hold within some level at the level Bonferroni-corrected over the levels, "
-                   "inconclusive otherwise, not testable if no level is.")
+STRATIFIED_RULE = (
+    "each claim is checked within every level of the factor (e.g. within sibling "
+    "rank 0, 1, 2) with the rules above; holds if it holds within every level "
+    "that is testable (an intersection-union test), does not hold if it does not "
+    "hold within some level at the level Bonferroni-corrected over the levels, "
+    "inconclusive otherwise, not testable if no level is."
+)
 
 
 @dataclass(frozen=True)
@@ -420,8 +564,9 @@ class StratifiedFinding:
 
     def summary(self) -> str:
         """ "does not hold (0: holds; 1: does not hold; 2: not testable)" """
-        parts = "; ".join(f"{lv.stratum.rsplit(' ', 1)[-1]}: {lv.verdict.value}"
-                          for lv in self.levels)
+        parts = "; ".join(
+            f"{lv.stratum.rsplit(' ', 1)[-1]}: {lv.verdict.value}" for lv in self.levels
+        )
         return f"{self.verdict.value} ({parts})" if self.levels else self.verdict.value
 
 
@@ -444,9 +589,9 @@ def combine_levels(verdicts: Sequence[Verdict]) -> Verdict:
     return Verdict.HOLDS if all(v == Verdict.HOLDS for v in testable) else Verdict.INCONCLUSIVE
 
 
-def stratified_findings(factor: str, strata: Sequence[tuple[str, Sequence[Finding],
-                                                            Sequence[Finding]]]
-                        ) -> tuple[StratifiedFinding, ...]:
+def stratified_findings(
+    factor: str, strata: Sequence[tuple[str, Sequence[Finding], Sequence[Finding]]]
+) -> tuple[StratifiedFinding, ...]:
     """Each claim's verdict across the levels; ``strata`` holds (label, nominal findings, findings
     at the Bonferroni-corrected level) per level."""
     if not strata:
@@ -457,7 +602,9 @@ def stratified_findings(factor: str, strata: Sequence[tuple[str, Sequence[Findin
         for label, nominal, strict in strata:
             f, g = nominal[i], strict[i]
             levels.append(LevelVerdict(label, level_verdict(f, g), f.figures, f.detail))
-        out.append(StratifiedFinding(first.key, factor,
-                                     combine_levels([lv.verdict for lv in levels]),
-                                     tuple(levels)))
+        out.append(
+            StratifiedFinding(
+                first.key, factor, combine_levels([lv.verdict for lv in levels]), tuple(levels)
+            )
+        )
     return tuple(out)

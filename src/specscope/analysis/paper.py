@@ -50,21 +50,48 @@ def load_paper_tables() -> PaperTables:
     """The paper's Tables I-VI as a :class:`PaperTables` (source "paper", no intervals)."""
     data = paper_data()
     t1 = data["table1"]["rows"]
-    table1 = tuple(SummaryRow(d, r["nodes"], _e(r["alpha_mean"], r["nodes"]),
-                              _e(r["alpha_std"], r["nodes"]), _e(r["target_entropy_mean"]))
-                   for d, r in t1.items())
-    table2 = tuple(LengthRow(d, _e(r["expected_length"]))
-                   for d, r in sorted(data["table2"]["rows"].items()))
-    table3 = tuple(DepthRow(d, tuple(_e(v) for v in vals))
-                   for d, vals in sorted(data["table3"]["rows"].items()))
-    table4 = tuple(DepthRow(d, tuple(_e(v) for v in r["by_depth"]), _e(r["delta"]))
-                   for d, r in sorted(data["table4"]["rows"].items()))
-    table5 = tuple(PositionRow(d, int(depth), tuple(_e(v) for v in r["by_bin"]), _e(r["delta"]))
-                   for d, block in data["table5"]["rows"].items()
-                   for depth, r in sorted(block.items()))
-    table6 = tuple(CorrelationRow(d, t1.get(d, {}).get("nodes", 0), _e(r.get("spearman")),
-                                  _e(r.get("pearson")))
-                   for d, r in sorted(data["table6"]["rows"].items()))
+    table1 = tuple(
+        SummaryRow(
+            d,
+            r["nodes"],
+            _e(r["alpha_mean"], r["nodes"]),
+            _e(r["alpha_std"], r["nodes"]),
+            _e(r["target_entropy_mean"]),
+        )
+        for d, r in t1.items()
+    )
+    table2 = tuple(
+        LengthRow(d, _e(r["expected_length"])) for d, r in sorted(data["table2"]["rows"].items())
+    )
+    table3 = tuple(
+        DepthRow(d, tuple(_e(v) for v in vals))
+        for d, vals in sorted(data["table3"]["rows"].items())
+    )
+    table4 = tuple(
+        DepthRow(d, tuple(_e(v) for v in r["by_depth"]), _e(r["delta"]))
+        for d, r in sorted(data["table4"]["rows"].items())
+    )
+    table5 = tuple(
+        PositionRow(d, int(depth), tuple(_e(v) for v in r["by_bin"]), _e(r["delta"]))
+        for d, block in data["table5"]["rows"].items()
+        for depth, r in sorted(block.items())
+    )
+    table6 = tuple(
+        CorrelationRow(
+            d, t1.get(d, {}).get("nodes", 0), _e(r.get("spearman")), _e(r.get("pearson"))
+        )
+        for d, r in sorted(data["table6"]["rows"].items())
+    )
     depth = data["tree"]["max_depth"]
-    return PaperTables(PAPER, data["metric"], tuple(range(1, depth + 1)), (0, 1), table1, table2,
-                       table3, table4, table5, table6)
+    return PaperTables(
+        PAPER,
+        data["metric"],
+        tuple(range(1, depth + 1)),
+        (0, 1),
+        table1,
+        table2,
+        table3,
+        table4,
+        table5,
+        table6,
+    )

@@ -64,15 +64,24 @@ def depth_plot(a: Analysis):
     fig = _figure(10, 4)
     axes = fig.subplots(1, 2)
     depths = np.array(a.depth_profile.depths)
-    for ax, metric, title in ((axes[0], "alpha", "mean alpha (paper's Eq. 1)"),
-                              (axes[1], CONDITIONAL, "greedy acceptance | parent accepted")):
+    for ax, metric, title in (
+        (axes[0], "alpha", "mean alpha (paper's Eq. 1)"),
+        (axes[1], CONDITIONAL, "greedy acceptance | parent accepted"),
+    ):
         for i, lab in enumerate(_labels(a)):
             row = a.depth_profile.row(lab, "all nodes", metric)
             if row is None:
                 continue
             v, err = _values(row.by_depth)
-            ax.errorbar(depths + (i - 2) * 0.04, v, yerr=err, marker="o", capsize=3, label=lab,
-                        **_style(lab))
+            ax.errorbar(
+                depths + (i - 2) * 0.04,
+                v,
+                yerr=err,
+                marker="o",
+                capsize=3,
+                label=lab,
+                **_style(lab),
+            )
         ax.set_xticks(depths)
         ax.set_xlabel("tree depth")
         ax.set_title(title)
@@ -127,15 +136,22 @@ def _profile_plot(a: Analysis, profile: BinnedProfile, title: str, xlabel: str):
 
 
 def entropy_plot(a: Analysis):
-    return _profile_plot(a, a.entropy_profile, "Acceptance vs target entropy (decile bins, 95% CI)",
-                         "target entropy (nats, bin mean)")
+    return _profile_plot(
+        a,
+        a.entropy_profile,
+        "Acceptance vs target entropy (decile bins, 95% CI)",
+        "target entropy (nats, bin mean)",
+    )
 
 
 def position_plot(a: Analysis):
-    return _profile_plot(a, a.position_profile,
-                         f"Acceptance by position in the generation "
-                         f"({a.settings.position_bucket}-token buckets, 95% CI)",
-                         "output token position (bucket centre)")
+    return _profile_plot(
+        a,
+        a.position_profile,
+        f"Acceptance by position in the generation "
+        f"({a.settings.position_bucket}-token buckets, 95% CI)",
+        "output token position (bucket centre)",
+    )
 
 
 def acceptance_heatmap(a: Analysis):
@@ -154,18 +170,29 @@ def acceptance_heatmap(a: Analysis):
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         for (i, j), val in np.ndenumerate(grid):
             text = "—" if np.isnan(val) else f"{val:.2f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8,
-                    color="white" if np.isnan(val) or val < 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if np.isnan(val) or val < 0.6 else "black",
+            )
         ax.set_title(lab, fontsize=9)
         ax.set_xticks(range(len(v.ranks)), [str(r) for r in v.ranks])
         ax.set_yticks(range(len(v.depths)), [str(d) for d in v.depths])
         ax.set_xlabel("sibling rank", fontsize=8)
         ax.set_ylabel("depth", fontsize=8)
-    for ax in axes[len(labels):]:
+    for ax in axes[len(labels) :]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=list(axes[:len(labels)]), shrink=0.8,
-                     label="greedy acceptance | parent accepted")
+        fig.colorbar(
+            image,
+            ax=list(axes[: len(labels)]),
+            shrink=0.8,
+            label="greedy acceptance | parent accepted",
+        )
     fig.suptitle("Acceptance vector (conditional greedy rate by depth and sibling rank)")
     return fig
 
@@ -184,8 +211,10 @@ def variance_plot(a: Analysis):
     names = {"prompt": "prompt (within domain)"}
     ax.set_xticks(x, [names.get(f, f.replace("_", " ")) for f in factors])
     ax.set_ylabel("share of node-level variance (95% CI)")
-    ax.set_title("Variance explained, in sequence: domain → prompt → sibling rank → depth → "
-                 "position", fontsize=10)
+    ax.set_title(
+        "Variance explained, in sequence: domain → prompt → sibling rank → depth → position",
+        fontsize=10,
+    )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -222,6 +251,7 @@ def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) ->
 
 # --- certify: certified fraction by target-margin bin ------------------------------------------
 
+
 def certified_by_margin_plot(table):
     """Certified fraction of steps (all domains) per margin bin, one line per criterion (solid)
     and tree width (dashed), with the intervals as whiskers; below, the steps per bin.
@@ -234,8 +264,16 @@ def certified_by_margin_plot(table):
     for j, name in enumerate(table.names):
         v, err = _values(tuple(r.fractions[j] for r in rows))
         tree = name.startswith("tree_m")
-        top.errorbar(x + (j - (len(table.names) - 1) / 2) * spread, v, yerr=err, marker="o",
-                     markersize=4, capsize=2, linestyle="--" if tree else "-", label=name)
+        top.errorbar(
+            x + (j - (len(table.names) - 1) / 2) * spread,
+            v,
+            yerr=err,
+            marker="o",
+            markersize=4,
+            capsize=2,
+            linestyle="--" if tree else "-",
+            label=name,
+        )
     top.set_ylim(-0.02, 1.02)
     top.set_ylabel("certified fraction of steps (95% CI)")
     top.set_title("Certified fraction by target margin (all domains)")
@@ -248,8 +286,13 @@ def certified_by_margin_plot(table):
     return fig
 
 
-def write_figure(fig, out_dir: str | Path, name: str, inside: Path | None = None,
-                 formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+def write_figure(
+    fig,
+    out_dir: str | Path,
+    name: str,
+    inside: Path | None = None,
+    formats: tuple[str, ...] = ("png", "svg"),
+) -> list[Path]:
     """Save a figure as ``out_dir/name.<format>`` through :func:`specscope.files.write_output`."""
     paths = []
     for fmt in formats:

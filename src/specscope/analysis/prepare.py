@@ -98,19 +98,25 @@ def read_run(path: str | Path) -> Run:
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:
         raise RunDirError(f"{path}: cannot read the run's records: {e}") from e
     if run.manifest.get("status") == "complete":
-        missing = [f"{n}.parquet" for n in ("nodes", "steps", "prompts")
-                   if not (path / f"{n}.parquet").is_file()]
+        missing = [
+            f"{n}.parquet"
+            for n in ("nodes", "steps", "prompts")
+            if not (path / f"{n}.parquet").is_file()
+        ]
         if missing:
-            raise RunDirError(f"{path}: the manifest says the run is complete, "
-                              f"but {', '.join(missing)} is missing")
+            raise RunDirError(
+                f"{path}: the manifest says the run is complete, "
+                f"but {', '.join(missing)} is missing"
+            )
     return run
 
 
 def _column(df: pd.DataFrame, name: str, table: str, dtype: type) -> np.ndarray:
     col = df[name]
     if col.isna().any():
-        raise RunDirError(f"{table} records: column {name!r} has {int(col.isna().sum())} "
-                          f"missing values")
+        raise RunDirError(
+            f"{table} records: column {name!r} has {int(col.isna().sum())} missing values"
+        )
     try:
         return col.to_numpy(dtype=dtype)
     except (TypeError, ValueError) as e:
@@ -121,8 +127,9 @@ def _factor(df: pd.DataFrame, name: str, table: str) -> tuple[np.ndarray, list[s
     """Integer codes of a string column and its distinct values (fast on Arrow strings)."""
     codes, uniques = pd.factorize(df[name])
     if (codes < 0).any():
-        raise RunDirError(f"{table} records: column {name!r} has {int((codes < 0).sum())} "
-                          f"missing values")
+        raise RunDirError(
+            f"{table} records: column {name!r} has {int((codes < 0).sum())} missing values"
+        )
     return codes.astype(np.int64), [str(u) for u in uniques]
 
 
@@ -134,19 +141,25 @@ def prepare(run: Run) -> Records:
     """Check a run's records and derive the per-node and per-step fields analysis needs."""
     warnings: list[str] = []
     if run.manifest.get("status") != "complete":
-        warnings.append(f"the run's status is {run.manifest.get('status')!r}, not 'complete': "
-                        f"these are the prompts committed so far")
+        warnings.append(
+            f"the run's status is {run.manifest.get('status')!r}, not 'complete': "
+            f"these are the prompts committed so far"
+        )
     nodes_df, steps_df, prompts_df = run.nodes, run.steps, run.prompts
     if len(nodes_df) == 0:
-        raise RunDirError(f"{run.path}: the run has no node records (nodes.parquet empty or "
-                          f"missing)")
+        raise RunDirError(
+            f"{run.path}: the run has no node records (nodes.parquet empty or missing)"
+        )
 
     node_p, node_p_names = _factor(nodes_df, "prompt_id", "nodes")
     node_d, node_d_names = _factor(nodes_df, "domain", "nodes")
     step_p, step_p_names = _factor(steps_df, "prompt_id", "steps")
     step_d, step_d_names = _factor(steps_df, "domain", "steps")
-    domains = tuple(sorted(set(node_d_names) | set(step_d_names)
-                           | set(prompts_df["domain"].dropna().astype(str))))
+    domains = tuple(
+        sorted(
+            set(node_d_names) | set(step_d_names) | set(prompts_df["domain"].dropna().astype(str))
+        )
+    )
     prompt_ids = tuple(sorted(set(node_p_names) | set(step_p_names)))
     prompt = _recode(node_p, node_p_names, prompt_ids)
     domain = _recode(node_d, node_d_names, domains)
@@ -174,14 +187,17 @@ def prepare(run: Run) -> Records:
     entropy = _column(nodes_df, "target_entropy", "nodes", np.float64)
 
     if depth.min() < 1:
-        raise RunDirError(f"nodes records: depth must be >= 1 (roots have depth 1), "
-                          f"found {depth.min()}")
+        raise RunDirError(
+            f"nodes records: depth must be >= 1 (roots have depth 1), found {depth.min()}"
+        )
     if rank.min() < 0 or pos_bin.min() < 0 or step.min() < 0 or node_id.min() < 0:
         raise RunDirError("nodes records: negative step, node_id, sibling_rank or position_bin")
     bad_alpha = ~np.isfinite(alpha) | (alpha < 0) | (alpha > 1 + 1e-9)
     if bad_alpha.any():
-        raise RunDirError(f"nodes records: {int(bad_alpha.sum())} nodes have an alpha that is not "
-                          f"a number in [0, 1] (corrupt records?)")
+        raise RunDirError(
+            f"nodes records: {int(bad_alpha.sum())} nodes have an alpha that is not "
+            f"a number in [0, 1] (corrupt records?)"
+        )
     if (~np.isfinite(entropy) | (entropy < -1e-9)).any():
         raise RunDirError("nodes records: target_entropy must be a finite number >= 0")
 
@@ -200,8 +216,10 @@ def prepare(run: Run) -> Records:
     parent_row = np.where(found, order[np.minimum(pos, len(key) - 1)], -1)
     orphans = int((~is_root & ~found).sum())
     if orphans:
-        warnings.append(f"{orphans} nodes name a parent that is not in their tree; they count as "
-                        f"not eligible for conditional rates")
+        warnings.append(
+            f"{orphans} nodes name a parent that is not in their tree; they count as "
+            f"not eligible for conditional rates"
+        )
     if ((depth == 1) != is_root).any():
         warnings.append("some nodes have depth 1 with a parent, or a parent at depth 1")
 
@@ -209,15 +227,32 @@ def prepare(run: Run) -> Records:
     paths = tree_paths(greedy, depth, rank, is_root, parent_row)
     eligible, path_accepted, on_chain = paths.eligible, paths.accepted, paths.top1
 
-    node_arrays = NodeArrays(prompt, domain, step, depth, rank, pos_bin, alpha,
-                             greedy.astype(np.float64), entropy, eligible, path_accepted, on_chain)
+    node_arrays = NodeArrays(
+        prompt,
+        domain,
+        step,
+        depth,
+        rank,
+        pos_bin,
+        alpha,
+        greedy.astype(np.float64),
+        entropy,
+        eligible,
+        path_accepted,
+        on_chain,
+    )
 
     # Per step, from the nodes: the tree's and the top-1 chain's accepted lengths.
     s_step = _column(steps_df, "step", "steps", np.int64)
     tau = _column(steps_df, "tau", "steps", np.int64)
     accepted = _column(steps_df, "accepted_len", "steps", np.int64)
-    per_tree = pd.DataFrame({"tree": tree, "len": np.where(path_accepted, depth, 0),
-                             "chain": (path_accepted & on_chain).astype(np.int64)})
+    per_tree = pd.DataFrame(
+        {
+            "tree": tree,
+            "len": np.where(path_accepted, depth, 0),
+            "chain": (path_accepted & on_chain).astype(np.int64),
+        }
+    )
     per_tree = per_tree.groupby("tree").agg(len=("len", "max"), chain=("chain", "sum"))
     s_tree = s_prompt * (int(step.max()) + 1) + s_step
     s_tree = np.where((s_step <= step.max()), s_tree, -1)
@@ -229,8 +264,9 @@ def prepare(run: Run) -> Records:
         warnings.append(f"{int((tau != accepted + 1).sum())} steps have tau != accepted_len + 1")
     mismatched = int((has_nodes & (implied != accepted)).sum())
     if mismatched:
-        warnings.append(f"{mismatched} steps record an accepted_len that differs from the one "
-                        f"their nodes imply")
+        warnings.append(
+            f"{mismatched} steps record an accepted_len that differs from the one their nodes imply"
+        )
     if len(tau) == 0:
         warnings.append("the run has no step records: tau is undefined")
     if len(tau) and tau.min() < 1:
@@ -240,5 +276,15 @@ def prepare(run: Run) -> Records:
     empty = [d for d in domains if not (domain == domains.index(d)).any()]
     if empty:
         warnings.append(f"no node records for domain(s) {', '.join(empty)}: their cells are empty")
-    return Records(run, domains, prompt_ids, prompt_domain, node_arrays, step_arrays, max_depth,
-                   int(rank.max()) + 1, int(pos_bin.max()) + 1, tuple(warnings))
+    return Records(
+        run,
+        domains,
+        prompt_ids,
+        prompt_domain,
+        node_arrays,
+        step_arrays,
+        max_depth,
+        int(rank.max()) + 1,
+        int(pos_bin.max()) + 1,
+        tuple(warnings),
+    )

@@ -52,8 +52,9 @@ class Resampler:
     def __init__(self, records: Records, settings: Settings):
         self.rec = records
         self.settings = settings
-        self.boot = ClusterBootstrap.draw(records.prompt_domain, settings.n_boot, settings.seed,
-                                          settings.confidence)
+        self.boot = ClusterBootstrap.draw(
+            records.prompt_domain, settings.n_boot, settings.seed, settings.confidence
+        )
         self.G = len(records.domains)
         self._ranked: dict[tuple[str, str], Ranked] = {}
 
@@ -64,8 +65,13 @@ class Resampler:
             self._ranked[key] = Ranked.of(values, self.settings.rank_bins)
         return self._ranked[key]
 
-    def cells(self, values: np.ndarray | None, keys: tuple = (), mask: np.ndarray | None = None,
-              table: str = "nodes") -> Cells:
+    def cells(
+        self,
+        values: np.ndarray | None,
+        keys: tuple = (),
+        mask: np.ndarray | None = None,
+        table: str = "nodes",
+    ) -> Cells:
         """Totals of ``values`` (None: counts) per domain x keys; keys are (codes, size) pairs."""
         arrays = self.rec.nodes if table == "nodes" else self.rec.steps
         prompt, cell = arrays.prompt, arrays.domain
@@ -88,9 +94,12 @@ class Resampler:
         per_domain = present.sum(0)
         prompts = np.concatenate([per_domain, present.any(axis=1).sum(0)[None]], axis=0)
         strata = np.concatenate([np.minimum(per_domain, 1), (per_domain > 0).sum(0)[None]], axis=0)
-        return Cells(np.concatenate([t_sums, t_sums.sum(axis=1, keepdims=True)], axis=1),
-                      np.concatenate([t_counts, t_counts.sum(axis=1, keepdims=True)], axis=1),
-                      prompts, strata)
+        return Cells(
+            np.concatenate([t_sums, t_sums.sum(axis=1, keepdims=True)], axis=1),
+            np.concatenate([t_counts, t_counts.sum(axis=1, keepdims=True)], axis=1),
+            prompts,
+            strata,
+        )
 
     def estimates(self, reps: np.ndarray, cells: Cells) -> np.ndarray:
         """Estimates of replicates shaped like ``cells`` (or like its leading dimensions)."""
@@ -127,8 +136,9 @@ class StratumTotals:
     varies: np.ndarray  # (G,) whether any resample drew the stratum's prompts other than once each
 
 
-def stratum_totals(strata: np.ndarray, values: np.ndarray, n_boot: int, seed: int,
-                   max_weights: int | None = None) -> StratumTotals:
+def stratum_totals(
+    strata: np.ndarray, values: np.ndarray, n_boot: int, seed: int, max_weights: int | None = None
+) -> StratumTotals:
     """Each stratum's totals of ``values`` (P, k) under the resamples of
     ``ClusterBootstrap.draw(strata, n_boot, seed)``: the same random stream (multinomial draws,
     stratum after stratum, each drawn row after row) and so the same figures, but drawn at most
@@ -152,6 +162,5 @@ def stratum_totals(strata: np.ndarray, values: np.ndarray, n_boot: int, seed: in
         for start in range(1, n_boot + 1, rows):
             draws = rng.multinomial(len(cols), pvals, size=min(rows, n_boot + 1 - start))
             varies[g] |= bool(np.any(draws != 1))
-            totals[start:start + len(draws), g] = draws.astype(float) @ block
+            totals[start : start + len(draws), g] = draws.astype(float) @ block
     return StratumTotals(labels, totals, varies)
-

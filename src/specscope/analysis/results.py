@@ -29,6 +29,7 @@ class Settings:
 
 # --- the paper's tables ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SummaryRow:
     """Table I: one domain's node statistics."""
@@ -99,6 +100,7 @@ class PaperTables:
 
 # --- corrected metrics -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TauRow:
     """Realized tokens per target pass of one domain."""
@@ -148,8 +150,9 @@ class AcceptanceTable:
     cells: tuple[AcceptanceCell, ...]
 
     def cell(self, domain: str, depth: int, rank: int) -> AcceptanceCell | None:
-        return next((c for c in self.cells
-                     if (c.domain, c.depth, c.rank) == (domain, depth, rank)), None)
+        return next(
+            (c for c in self.cells if (c.domain, c.depth, c.rank) == (domain, depth, rank)), None
+        )
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,10 @@ class DepthProfile:
     rows: tuple[DepthProfileRow, ...]
 
     def row(self, domain: str, subset: str, metric: str) -> DepthProfileRow | None:
-        return next((r for r in self.rows
-                     if (r.domain, r.subset, r.metric) == (domain, subset, metric)), None)
+        return next(
+            (r for r in self.rows if (r.domain, r.subset, r.metric) == (domain, subset, metric)),
+            None,
+        )
 
 
 @dataclass(frozen=True)
@@ -335,5 +340,3 @@ class Analysis:
     def labels(self) -> tuple[str, ...]:
         """Row labels: the domains, then All."""
         return self.info.domains + (ALL,)
-
-

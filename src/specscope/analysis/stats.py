@@ -119,8 +119,9 @@ class ClusterBootstrap:
     confidence: float = 0.95
 
     @classmethod
-    def draw(cls, strata: np.ndarray, n_boot: int, seed: int,
-             confidence: float = 0.95) -> ClusterBootstrap:
+    def draw(
+        cls, strata: np.ndarray, n_boot: int, seed: int, confidence: float = 0.95
+    ) -> ClusterBootstrap:
         """Multinomial resamples of the prompts of each stratum (domain), all from one seed."""
         if not 0 < confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -133,7 +134,8 @@ class ClusterBootstrap:
             cols = np.flatnonzero(strata == stratum)
             if n_boot:
                 weights[1:, cols] = rng.multinomial(
-                    len(cols), np.full(len(cols), 1.0 / len(cols)), size=n_boot)
+                    len(cols), np.full(len(cols), 1.0 / len(cols)), size=n_boot
+                )
         return cls(weights, confidence)
 
     @property
@@ -154,8 +156,13 @@ class ClusterBootstrap:
         flat = per_prompt.reshape(per_prompt.shape[0], -1)
         return (self.weights @ flat).reshape((self.weights.shape[0],) + per_prompt.shape[1:])
 
-    def estimates(self, reps: np.ndarray, n: np.ndarray | int = 0,
-                  prompts: np.ndarray | int = 0, strata: np.ndarray | int = 1) -> np.ndarray:
+    def estimates(
+        self,
+        reps: np.ndarray,
+        n: np.ndarray | int = 0,
+        prompts: np.ndarray | int = 0,
+        strata: np.ndarray | int = 1,
+    ) -> np.ndarray:
         """Turn ``(B + 1, *shape)`` replicates into an object array of :class:`Estimate`.
 
         ``prompts`` and ``strata`` say how many prompts, from how many domains, stand behind each
@@ -163,18 +170,23 @@ class ClusterBootstrap:
         """
         # Stratified by domain, resamples never vary where every domain has a single prompt:
         # then there is no interval to give.
-        return interval_estimates(reps, bool(np.any(self.weights[1:] != 1)), self.confidence,
-                                  n, prompts, strata)
+        return interval_estimates(
+            reps, bool(np.any(self.weights[1:] != 1)), self.confidence, n, prompts, strata
+        )
 
-    def estimate(self, reps: np.ndarray, n: int = 0, prompts: int = 0,
-                 strata: int = 1) -> Estimate:
+    def estimate(self, reps: np.ndarray, n: int = 0, prompts: int = 0, strata: int = 1) -> Estimate:
         """One :class:`Estimate` from ``(B + 1,)`` replicates."""
         return self.estimates(np.asarray(reps, dtype=float)[:, None], n, prompts, strata)[0]
 
 
-def interval_estimates(reps: np.ndarray, varies: bool, confidence: float = 0.95,
-                       n: np.ndarray | int = 0, prompts: np.ndarray | int = 0,
-                       strata: np.ndarray | int = 1) -> np.ndarray:
+def interval_estimates(
+    reps: np.ndarray,
+    varies: bool,
+    confidence: float = 0.95,
+    n: np.ndarray | int = 0,
+    prompts: np.ndarray | int = 0,
+    strata: np.ndarray | int = 1,
+) -> np.ndarray:
     """:meth:`ClusterBootstrap.estimates` from the replicates alone: ``varies`` says whether any
     resample differs from the sample (for replicates drawn without keeping the weights)."""
     reps = np.asarray(reps, dtype=float)
@@ -197,21 +209,29 @@ def interval_estimates(reps: np.ndarray, varies: bool, confidence: float = 0.95,
     lo, hi = value - half, value + half
     out = np.empty(shape, dtype=object)
     for idx in np.ndindex(shape):
-        out[idx] = Estimate(float(value[idx]), float(lo[idx]), float(hi[idx]),
-                            int(n[idx]), int(prompts[idx]), float(se[idx]),
-                            float(df[idx]) if math.isfinite(se[idx]) else math.nan)
+        out[idx] = Estimate(
+            float(value[idx]),
+            float(lo[idx]),
+            float(hi[idx]),
+            int(n[idx]),
+            int(prompts[idx]),
+            float(se[idx]),
+            float(df[idx]) if math.isfinite(se[idx]) else math.nan,
+        )
     return out
 
 
 # --- estimators: each returns (B + 1,) replicates, row 0 the point estimate -------------------------
+
 
 def _per_prompt(prompt: np.ndarray, n_prompts: int, *values: np.ndarray) -> np.ndarray:
     """(P, k) per-prompt sums of each of ``values`` (a value of None counts rows)."""
     return np.stack([np.bincount(prompt, weights=v, minlength=n_prompts) for v in values], axis=1)
 
 
-def pearson_reps(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray,
-                 y: np.ndarray) -> np.ndarray:
+def pearson_reps(
+    boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> np.ndarray:
     """Pearson r of x and y, from per-prompt moment sums (exact for every resample)."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -273,8 +293,13 @@ class Ranked:
         return cls(ranks, remap[codes], int(used.sum()))
 
 
-def spearman_reps(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray | Ranked,
-                  y: np.ndarray | Ranked, n_bins: int = 32) -> np.ndarray:
+def spearman_reps(
+    boot: ClusterBootstrap,
+    prompt: np.ndarray,
+    x: np.ndarray | Ranked,
+    y: np.ndarray | Ranked,
+    n_bins: int = 32,
+) -> np.ndarray:
     """Spearman rho of x and y; row 0 exact, rows 1.. from rank bins (see below).
 
     The point estimate is the exact Spearman rho (Pearson r of average ranks, ties averaged). A
@@ -308,8 +333,9 @@ def spearman_reps(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray | Ra
     return rho
 
 
-def eta_squared_reps(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray,
-                     levels: np.ndarray, n_levels: int) -> np.ndarray:
+def eta_squared_reps(
+    boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray, levels: np.ndarray, n_levels: int
+) -> np.ndarray:
     """Variance share of x explained by a factor: eta^2 = SS_between / SS_total (one-way ANOVA)."""
     x = np.asarray(x, dtype=float)
     if len(x) == 0:
@@ -326,8 +352,9 @@ def eta_squared_reps(boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray,
     return ratio(between, squares - grand)
 
 
-def eta_squared_prompt_reps(boot: ClusterBootstrap, prompt: np.ndarray,
-                            x: np.ndarray) -> np.ndarray:
+def eta_squared_prompt_reps(
+    boot: ClusterBootstrap, prompt: np.ndarray, x: np.ndarray
+) -> np.ndarray:
     """Variance share of x explained by the prompt (a resampled prompt counts as a new prompt)."""
     x = np.asarray(x, dtype=float)
     if len(x) == 0:
@@ -340,8 +367,14 @@ def eta_squared_prompt_reps(boot: ClusterBootstrap, prompt: np.ndarray,
     return ratio(between - grand, q - grand)
 
 
-def explained_share_reps(boot: ClusterBootstrap, prompt: np.ndarray, strata: np.ndarray,
-                         x: np.ndarray, levels: np.ndarray, n_levels: int) -> np.ndarray:
+def explained_share_reps(
+    boot: ClusterBootstrap,
+    prompt: np.ndarray,
+    strata: np.ndarray,
+    x: np.ndarray,
+    levels: np.ndarray,
+    n_levels: int,
+) -> np.ndarray:
     """Noise-corrected share of the variance of x explained by a factor (an unbiased eta^2).
 
     eta^2 = sum_k w_k (m_k - m)^2 / Var(x), with w_k the share of observations at level k and m_k
@@ -366,8 +399,10 @@ def explained_share_reps(boot: ClusterBootstrap, prompt: np.ndarray, strata: np.
     s = np.bincount(cell, weights=x, minlength=P * K).reshape(P, K)
     c = np.bincount(cell, minlength=P * K).reshape(P, K).astype(float)
     sq = np.bincount(prompt, weights=x * x, minlength=P)
-    outer = np.concatenate([np.einsum("pk,pj->pkj", a, b).reshape(P, K * K)
-                            for a, b in ((s, s), (s, c), (c, c))], axis=1)
+    outer = np.concatenate(
+        [np.einsum("pk,pj->pkj", a, b).reshape(P, K * K) for a, b in ((s, s), (s, c), (c, c))],
+        axis=1,
+    )
     S, C = boot.total(s), boot.total(c)  # (B + 1, K)
     total = C.sum(axis=1)
     m = np.nan_to_num(ratio(S, C))
@@ -393,5 +428,6 @@ def explained_share_reps(boot: ClusterBootstrap, prompt: np.ndarray, strata: np.
         cov += n_h / (n_h - 1) * centred
     cov = cov / np.where(C > 0, C, 1.0)[:, :, None] / np.where(C > 0, C, 1.0)[:, None, :]
     noise = (w * np.diagonal(cov, axis1=1, axis2=2)).sum(axis=1) - np.einsum(
-        "bk,bkj,bj->b", w, cov, w)
+        "bk,bkj,bj->b", w, cov, w
+    )
     return ratio(raw - noise, var_x)

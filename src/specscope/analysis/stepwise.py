@@ -34,8 +34,12 @@ from .render import markdown_escape
 from .resampling import stratum_totals
 from .stats import Estimate, interval_estimates, ratio
 
-NODE_LEVEL = ("Tables I-VI (alpha, entropy, depth, sibling rank)", "acceptance vector",
-              "the paper's findings on alpha, E[L], depth and entropy", "certificates")
+NODE_LEVEL = (
+    "Tables I-VI (alpha, entropy, depth, sibling rank)",
+    "acceptance vector",
+    "the paper's findings on alpha, E[L], depth and entropy",
+    "certificates",
+)
 CLAIM = "tokens per step differ between domains (task type matters)"
 
 
@@ -77,75 +81,117 @@ class StepwiseAnalysis:
     distributions: tuple[StepDistribution, ...] = ()
 
     def to_markdown(self) -> str:
-        title = f"# Ingested run ({self.engine_format} logs{', ' + self.engine if self.engine else ''})"
-        lines = [title, "",
-                 "| domain | prompts | drafting | verify steps | tokens/step | accepted/step "
-                 "| draft acceptance |", "|---|---:|---:|---:|---|---|---|"]
+        title = (
+            f"# Ingested run ({self.engine_format} logs{', ' + self.engine if self.engine else ''})"
+        )
+        lines = [
+            title,
+            "",
+            "| domain | prompts | drafting | verify steps | tokens/step | accepted/step "
+            "| draft acceptance |",
+            "|---|---:|---:|---:|---|---|---|",
+        ]
         for d in self.domains:
             acc = d.draft_acceptance.format(3) if d.draft_acceptance else "not logged"
-            lines.append(f"| {markdown_escape(d.domain)} | {d.prompts} | {d.drafting} | {d.steps} "
-                         f"| {d.tokens_per_step.format(3)} | {d.accepted_per_step.format(3)} | {acc} |")
-        lines += [f"\nDerived, not logged: {name} = {markdown_escape(how)}."
-                  for name, how in self.derived]
+            lines.append(
+                f"| {markdown_escape(d.domain)} | {d.prompts} | {d.drafting} | {d.steps} "
+                f"| {d.tokens_per_step.format(3)} | {d.accepted_per_step.format(3)} | {acc} |"
+            )
+        lines += [
+            f"\nDerived, not logged: {name} = {markdown_escape(how)}." for name, how in self.derived
+        ]
         if self.distributions:
             width = max(len(d.shares) for d in self.distributions)
-            lines += ["", "Verify steps by accepted drafts (share of the domain's steps, pooled):",
-                      "", "| domain | steps | " + " | ".join(f"{j}" for j in range(width)) + " |",
-                      "|---|---:|" + "---:|" * width]
+            lines += [
+                "",
+                "Verify steps by accepted drafts (share of the domain's steps, pooled):",
+                "",
+                "| domain | steps | " + " | ".join(f"{j}" for j in range(width)) + " |",
+                "|---|---:|" + "---:|" * width,
+            ]
             for d in self.distributions:
                 cells = [f"{x:.3f}" for x in d.shares] + ["0.000"] * (width - len(d.shares))
-                lines.append(f"| {markdown_escape(d.domain)} | {d.steps} | " + " | ".join(cells) + " |")
-        lines += ["", f"Finding: {self.finding.claim}: **{self.finding.verdict}** "
-                      f"({self.finding.detail})", "",
-                  "Unavailable from engine logs (they need node records, `specscope run`): "
-                  + "; ".join(self.unavailable) + "."]
+                lines.append(
+                    f"| {markdown_escape(d.domain)} | {d.steps} | " + " | ".join(cells) + " |"
+                )
+        lines += [
+            "",
+            f"Finding: {self.finding.claim}: **{self.finding.verdict}** ({self.finding.detail})",
+            "",
+            "Unavailable from engine logs (they need node records, `specscope run`): "
+            + "; ".join(self.unavailable)
+            + ".",
+        ]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict:
         def est(e: Estimate | None):
             return None if e is None else {"value": e.value, "lo": e.lo, "hi": e.hi, "se": e.se}
 
-        return {"engine_format": self.engine_format, "engine": self.engine,
-                "derived": dict(self.derived),
-                "step_distributions": {d.domain: {"steps": d.steps, "shares": list(d.shares)}
-                                       for d in self.distributions},
-                "domains": [{"domain": d.domain, "prompts": d.prompts, "drafting": d.drafting,
-                             "steps": d.steps,
-                             "tokens_per_step": est(d.tokens_per_step),
-                             "accepted_per_step": est(d.accepted_per_step),
-                             "draft_acceptance": est(d.draft_acceptance)} for d in self.domains],
-                "finding": vars(self.finding), "unavailable": list(self.unavailable)}
+        return {
+            "engine_format": self.engine_format,
+            "engine": self.engine,
+            "derived": dict(self.derived),
+            "step_distributions": {
+                d.domain: {"steps": d.steps, "shares": list(d.shares)} for d in self.distributions
+            },
+            "domains": [
+                {
+                    "domain": d.domain,
+                    "prompts": d.prompts,
+                    "drafting": d.drafting,
+                    "steps": d.steps,
+                    "tokens_per_step": est(d.tokens_per_step),
+                    "accepted_per_step": est(d.accepted_per_step),
+                    "draft_acceptance": est(d.draft_acceptance),
+                }
+                for d in self.domains
+            ],
+            "finding": vars(self.finding),
+            "unavailable": list(self.unavailable),
+        }
 
 
-def domain_difference(varies: bool, requests: pd.DataFrame, estimates: dict,
-                      min_prompts: int, confidence: float) -> StepwiseFinding:
+def domain_difference(
+    varies: bool, requests: pd.DataFrame, estimates: dict, min_prompts: int, confidence: float
+) -> StepwiseFinding:
     """The calibrated test of :data:`CLAIM` (see the module docstring); ``estimates``: each
     domain's (B + 1,) replicates, ``varies``: whether any resample differs from the sample."""
     counts = requests.groupby("domain")["prompt_id"].nunique()
     if len(counts) < 2:
         return StepwiseFinding(CLAIM, "not testable", "the run has one domain")
     if counts.min() < min_prompts:
-        return StepwiseFinding(CLAIM, "not testable",
-                               f"{counts.idxmin()} has {counts.min()} prompts, fewer than "
-                               f"{min_prompts}")
+        return StepwiseFinding(
+            CLAIM,
+            "not testable",
+            f"{counts.idxmin()} has {counts.min()} prompts, fewer than {min_prompts}",
+        )
     pairs = list(itertools.combinations(sorted(estimates), 2))
     level = (1 - confidence) / 2 / len(pairs)
     significant = []
     for a, b in pairs:
-        diff = _estimate(estimates[a] - estimates[b], varies, confidence,
-                         prompts=int(counts[a] + counts[b]), strata=2)
+        diff = _estimate(
+            estimates[a] - estimates[b],
+            varies,
+            confidence,
+            prompts=int(counts[a] + counts[b]),
+            strata=2,
+        )
         if min(diff.p_above(0), diff.p_below(0)) < level:
             significant.append(f"{a} - {b} = {diff.format(3, signed=True)}")
     if significant:
         return StepwiseFinding(CLAIM, "holds", "; ".join(significant))
-    return StepwiseFinding(CLAIM, "inconclusive",
-                           f"no pair of {len(counts)} domains differs significantly")
+    return StepwiseFinding(
+        CLAIM, "inconclusive", f"no pair of {len(counts)} domains differs significantly"
+    )
 
 
-def _estimate(reps: np.ndarray, varies: bool, confidence: float, prompts: int,
-              strata: int = 1) -> Estimate:
-    return interval_estimates(np.asarray(reps, dtype=float)[:, None], varies, confidence,
-                              prompts=prompts, strata=strata)[0]
+def _estimate(
+    reps: np.ndarray, varies: bool, confidence: float, prompts: int, strata: int = 1
+) -> Estimate:
+    return interval_estimates(
+        np.asarray(reps, dtype=float)[:, None], varies, confidence, prompts=prompts, strata=strata
+    )[0]
 
 
 def step_distributions(histogram: pd.DataFrame | None) -> tuple[StepDistribution, ...]:
@@ -169,9 +215,15 @@ def _engine(manifest: dict) -> str:
     return f"{engine} {version}" if engine and version else engine
 
 
-def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000, seed: int = 0,
-                     confidence: float = 0.95, min_prompts: int = 10,
-                     histogram: pd.DataFrame | None = None) -> StepwiseAnalysis:
+def analyze_ingested(
+    manifest: dict,
+    requests: pd.DataFrame,
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    min_prompts: int = 10,
+    histogram: pd.DataFrame | None = None,
+) -> StepwiseAnalysis:
     """Each domain's figures, bootstrapped in chunks (:func:`stratum_totals`): memory does not
     grow with the number of requests beyond their columns. ``histogram``: the run's histogram
     table, if it has one."""
@@ -191,21 +243,40 @@ def analyze_ingested(manifest: dict, requests: pd.DataFrame, n_boot: int = 1000,
         acc_rate = None
         if "drafted" in columns and np.isfinite(values[keep, 2]).all():
             acc_rate = _estimate(ratio(a, boot.totals[:, g, 2]), varies, confidence, n)
-        rows.append(DomainStats(domain, n, int(values[keep, 0].sum()),
-                                _estimate(tps[domain], varies, confidence, n),
-                                _estimate(ratio(a, s), varies, confidence, n), acc_rate,
-                                int((values[keep, 0] > 0).sum())))
-    drafted = {r.domain for r in rows if r.steps > 0}  # a domain without verify steps has no tokens/step
-    finding = domain_difference(bool(boot.varies.any()), requests[requests["domain"].isin(drafted)],
-                                {d: tps[d] for d in drafted}, min_prompts, confidence)
+        rows.append(
+            DomainStats(
+                domain,
+                n,
+                int(values[keep, 0].sum()),
+                _estimate(tps[domain], varies, confidence, n),
+                _estimate(ratio(a, s), varies, confidence, n),
+                acc_rate,
+                int((values[keep, 0] > 0).sum()),
+            )
+        )
+    drafted = {
+        r.domain for r in rows if r.steps > 0
+    }  # a domain without verify steps has no tokens/step
+    finding = domain_difference(
+        bool(boot.varies.any()),
+        requests[requests["domain"].isin(drafted)],
+        {d: tps[d] for d in drafted},
+        min_prompts,
+        confidence,
+    )
     if len(drafted) < len(rows) and finding.verdict == "not testable" and len(drafted) < 2:
-        finding = StepwiseFinding(CLAIM, "not testable",
-                                  f"{len(drafted)} of {len(rows)} domains drafted anything")
+        finding = StepwiseFinding(
+            CLAIM, "not testable", f"{len(drafted)} of {len(rows)} domains drafted anything"
+        )
     derived = manifest.get("derived") if isinstance(manifest.get("derived"), dict) else {}
-    return StepwiseAnalysis(manifest.get("engine_format", "?"), tuple(rows), finding,
-                            engine=_engine(manifest),
-                            derived=tuple((str(k), str(v)) for k, v in sorted(derived.items())),
-                            distributions=step_distributions(histogram))
+    return StepwiseAnalysis(
+        manifest.get("engine_format", "?"),
+        tuple(rows),
+        finding,
+        engine=_engine(manifest),
+        derived=tuple((str(k), str(v)) for k, v in sorted(derived.items())),
+        distributions=step_distributions(histogram),
+    )
 
 
 def write_ingested_analysis(a: StepwiseAnalysis, out_dir: Path) -> tuple[Path, Path]:
@@ -222,8 +293,9 @@ def write_ingested_analysis(a: StepwiseAnalysis, out_dir: Path) -> tuple[Path, P
 # --- calibration on synthetic logs of known truth ---------------------------------------------------
 
 
-def synthetic_requests(rng: np.random.Generator, means: dict[str, float], prompts: int,
-                       steps: int = 30, k: int = 3) -> pd.DataFrame:
+def synthetic_requests(
+    rng: np.random.Generator, means: dict[str, float], prompts: int, steps: int = 30, k: int = 3
+) -> pd.DataFrame:
     """Logged requests of chains of K whose acceptance rate varies from prompt to prompt around
     each domain's mean (Beta with 8 pseudo-counts): the truth is known by construction."""
     rows = []
@@ -231,23 +303,41 @@ def synthetic_requests(rng: np.random.Generator, means: dict[str, float], prompt
         for p in range(prompts):
             rate = rng.beta(mean * 8, (1 - mean) * 8)
             accepted = rng.binomial(k, rate, size=steps)
-            rows.append({"prompt_id": f"{domain}{p}", "domain": domain, "steps": steps,
-                         "accepted": int(accepted.sum()), "drafted": k * steps})
+            rows.append(
+                {
+                    "prompt_id": f"{domain}{p}",
+                    "domain": domain,
+                    "steps": steps,
+                    "accepted": int(accepted.sum()),
+                    "drafted": k * steps,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def verdict_rate(means: dict[str, float], prompts: int, reps: int, n_boot: int = 400,
-                 seed: int = 0) -> float:
+def verdict_rate(
+    means: dict[str, float], prompts: int, reps: int, n_boot: int = 400, seed: int = 0
+) -> float:
     """How often the domain-difference finding says "holds" on synthetic logs."""
     rng = np.random.default_rng(seed)
-    return float(np.mean([analyze_ingested({}, synthetic_requests(rng, means, prompts),
-                                           n_boot=n_boot, seed=r).finding.verdict == "holds"
-                          for r in range(reps)]))
+    return float(
+        np.mean(
+            [
+                analyze_ingested(
+                    {}, synthetic_requests(rng, means, prompts), n_boot=n_boot, seed=r
+                ).finding.verdict
+                == "holds"
+                for r in range(reps)
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":  # python -m specscope.analysis.stepwise
     for n in (10, 20):
         null = verdict_rate({d: 0.5 for d in ("a", "b", "c", "d")}, n, 1000, seed=1)
         power = verdict_rate({"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.6}, n, 300, seed=2)
-        print(f"{n} prompts per domain: false positives {null:.3f} (nominal 0.05), "
-              f"power at acceptance 0.4/0.5/0.5/0.6 {power:.3f}")
+        print(
+            f"{n} prompts per domain: false positives {null:.3f} (nominal 0.05), "
+            f"power at acceptance 0.4/0.5/0.5/0.6 {power:.3f}"
+        )

@@ -105,8 +105,9 @@ def paper_tables(eng: Resampler, metric: str) -> tuple[PaperTables, dict]:
     std = np.sqrt(np.clip(var, 0, None))
     c_h = eng.cells(rec.nodes.entropy)
     mean_e, std_e, ent_e = (eng.estimates(r, c1) for r in (c1.mean, std, c_h.mean))
-    table1 = tuple(SummaryRow(lab, int(c1.n[g]), mean_e[g], std_e[g], ent_e[g])
-                   for g, lab in enumerate(labels))
+    table1 = tuple(
+        SummaryRow(lab, int(c1.n[g]), mean_e[g], std_e[g], ent_e[g]) for g, lab in enumerate(labels)
+    )
 
     # Tables II-IV
     cd = eng.cells(v, depth_keys(rec))
@@ -128,22 +129,37 @@ def paper_tables(eng: Resampler, metric: str) -> tuple[PaperTables, dict]:
     m5_e = eng.estimates(m5, c5)
     d5 = m5[..., -1] - m5[..., 0] if rec.n_bins > 1 else np.full(m5.shape[:-1], np.nan)
     d5_e = eng.estimates(d5, c5)
-    table5 = tuple(PositionRow(lab, d, tuple(m5_e[g, d - 1]), d5_e[g, d - 1])
-                   for g, lab in enumerate(labels) for d in depths)
+    table5 = tuple(
+        PositionRow(lab, d, tuple(m5_e[g, d - 1]), d5_e[g, d - 1])
+        for g, lab in enumerate(labels)
+        for d in depths
+    )
 
     # Table VI
     rows6 = []
     for lab, mask, boot, prompt, strata in eng.groups():
         x, y = rec.nodes.entropy[mask], v[mask]
         n_g, p_g = int(mask.sum()), len(np.unique(prompt))
-        rho = spearman_reps(boot, prompt, eng.ranked(lab, "entropy", x), y,
-                            eng.settings.rank_bins)
+        rho = spearman_reps(boot, prompt, eng.ranked(lab, "entropy", x), y, eng.settings.rank_bins)
         r = pearson_reps(boot, prompt, x, y)
-        rows6.append(CorrelationRow(lab, n_g, boot.estimate(rho, n_g, p_g, strata),
-                                    boot.estimate(r, n_g, p_g, strata)))
+        rows6.append(
+            CorrelationRow(
+                lab, n_g, boot.estimate(rho, n_g, p_g, strata), boot.estimate(r, n_g, p_g, strata)
+            )
+        )
 
-    tables = PaperTables(rec.run.manifest.get("run_id", str(rec.run.path)), metric, depths, bins,
-                         table1, table2, table3, table4, table5, tuple(rows6))
+    tables = PaperTables(
+        rec.run.manifest.get("run_id", str(rec.run.path)),
+        metric,
+        depths,
+        bins,
+        table1,
+        table2,
+        table3,
+        table4,
+        table5,
+        tuple(rows6),
+    )
     return tables, {"mean": c1.mean, "entropy": c_h.mean, "expected_length": el}
 
 
@@ -163,14 +179,23 @@ def tau_metrics(eng: Resampler, paper: PaperTables) -> tuple[tuple[TauRow, ...],
     for g, lab in enumerate(labels):
         in_g = steps.domain == g if lab != ALL else np.ones(len(steps), bool)
         min_tau = int(steps.tau[in_g].min()) if in_g.any() else None
-        rows.append(TauRow(lab, int(c_tau.n[g]), tau_e[g], chain_e[g], gain_e[g],
-                           paper.table2[g].expected_length, min_tau))
+        rows.append(
+            TauRow(
+                lab,
+                int(c_tau.n[g]),
+                tau_e[g],
+                chain_e[g],
+                gain_e[g],
+                paper.table2[g].expected_length,
+                min_tau,
+            )
+        )
 
     taus = tuple(range(1, int(steps.tau.max()) + 1)) if len(steps) else ()
     dist_rows = []
     for g, lab in enumerate(labels):
         in_g = steps.domain == g if lab != ALL else np.ones(len(steps), bool)
-        counts = np.bincount(steps.tau[in_g], minlength=len(taus) + 1)[1:len(taus) + 1]
+        counts = np.bincount(steps.tau[in_g], minlength=len(taus) + 1)[1 : len(taus) + 1]
         total = int(in_g.sum())
         shares = tuple(float(c / total) if total else math.nan for c in counts)
         dist_rows.append(TauDistributionRow(lab, total, shares))
@@ -186,11 +211,20 @@ def acceptance_vector(eng: Resampler) -> AcceptanceTable:
     unc_e, cond_e = eng.estimates(unc.mean, unc), eng.estimates(cond.mean, cond)
     labels = rec.domains + (ALL,)
     cells = tuple(
-        AcceptanceCell(lab, d + 1, r, int(unc.n[g, d, r]), int(cond.n[g, d, r]),
-                       unc_e[g, d, r], cond_e[g, d, r])
+        AcceptanceCell(
+            lab,
+            d + 1,
+            r,
+            int(unc.n[g, d, r]),
+            int(cond.n[g, d, r]),
+            unc_e[g, d, r],
+            cond_e[g, d, r],
+        )
         for g, lab in enumerate(labels)
-        for d in range(rec.max_depth) for r in range(rec.n_ranks)
-        if unc.n[-1, d, r] > 0)
+        for d in range(rec.max_depth)
+        for r in range(rec.n_ranks)
+        if unc.n[-1, d, r] > 0
+    )
     return AcceptanceTable(tuple(range(1, rec.max_depth + 1)), tuple(range(rec.n_ranks)), cells)
 
 
@@ -206,19 +240,26 @@ def prompt_rows(rec: Records) -> tuple[PromptRow, ...]:
     for i, pid in enumerate(rec.prompt_ids):
         row = text.get(pid)
         n_steps = int(per["size"].get(i, 0))
-        rows.append(PromptRow(
-            pid, rec.domains[rec.prompt_domain[i]],
-            str(getattr(row, "source", "") or ""), str(getattr(row, "prompt_text", "") or ""),
-            str(getattr(row, "output_text", "") or ""), n_steps,
-            float(per["mean"].get(i, math.nan))))
+        rows.append(
+            PromptRow(
+                pid,
+                rec.domains[rec.prompt_domain[i]],
+                str(getattr(row, "source", "") or ""),
+                str(getattr(row, "prompt_text", "") or ""),
+                str(getattr(row, "output_text", "") or ""),
+                n_steps,
+                float(per["mean"].get(i, math.nan)),
+            )
+        )
     return tuple(rows)
 
 
 AUTO = "auto"  # stratify by sibling rank when the trees have more than one
 
 
-def analyze_records(rec: Records, settings: Settings | None = None,
-                    stratify: str | None = AUTO) -> Analysis:
+def analyze_records(
+    rec: Records, settings: Settings | None = None, stratify: str | None = AUTO
+) -> Analysis:
     """Compute every table, metric and finding of one run's records.
 
     ``stratify``: a node-level factor (``effects.STRATIFIERS``) to repeat the per-domain tables
@@ -258,13 +299,27 @@ def stratified_analysis(rec: Records, settings: Settings, factor: str) -> Strati
     for lv in present:
         sub = _analysis(subset_records(rec, codes == lv), settings, stratum=f"{factor} {lv}")
         strict_findings = evaluate_findings(replace(sub, settings=strict))
-        delta = tuple((r.domain, r.delta) for r in sub.depth_profile.rows
-                      if r.subset == "all nodes" and r.metric == "alpha")
-        strata.append(StratumResult(sub.stratum, lv, sub.info.nodes, sub.info.domain_prompts,
-                                    sub.paper.table1, sub.paper.table6, delta, sub.findings,
-                                    strict_findings))
-    combined = stratified_findings(factor, [(s.label, s.findings, s.strict_findings)
-                                            for s in strata])
+        delta = tuple(
+            (r.domain, r.delta)
+            for r in sub.depth_profile.rows
+            if r.subset == "all nodes" and r.metric == "alpha"
+        )
+        strata.append(
+            StratumResult(
+                sub.stratum,
+                lv,
+                sub.info.nodes,
+                sub.info.domain_prompts,
+                sub.paper.table1,
+                sub.paper.table6,
+                delta,
+                sub.findings,
+                strict_findings,
+            )
+        )
+    combined = stratified_findings(
+        factor, [(s.label, s.findings, s.strict_findings) for s in strata]
+    )
     return Stratification(factor, tuple(strata), combined)
 
 
@@ -278,25 +333,53 @@ def _analysis(rec: Records, settings: Settings, stratum: str = "") -> Analysis:
     with_records = np.ones(rec.n_prompts, bool)
     if stratum:  # a level counts the prompts that have nodes in it
         with_records = np.bincount(rec.nodes.prompt, minlength=rec.n_prompts) > 0
-    info = RunInfo(str(manifest.get("run_id", rec.run.path.name)), str(rec.run.path),
-                   str(manifest.get("status", "unknown")), len(rec.nodes), len(rec.steps),
-                   rec.n_prompts, rec.domains, rec.max_depth, manifest,
-                   tuple(int(c) for c in np.bincount(rec.prompt_domain[with_records],
-                                                     minlength=len(rec.domains))))
+    info = RunInfo(
+        str(manifest.get("run_id", rec.run.path.name)),
+        str(rec.run.path),
+        str(manifest.get("status", "unknown")),
+        len(rec.nodes),
+        len(rec.steps),
+        rec.n_prompts,
+        rec.domains,
+        rec.max_depth,
+        manifest,
+        tuple(
+            int(c) for c in np.bincount(rec.prompt_domain[with_records], minlength=len(rec.domains))
+        ),
+    )
     analysis = Analysis(
-        info=info, settings=settings, paper=paper, greedy=greedy, tau=tau,
-        tau_distribution=tau_dist, acceptance_vector=acceptance_vector(eng),
-        depth_profile=depth_profile(eng), effects=effect_sizes(eng),
+        info=info,
+        settings=settings,
+        paper=paper,
+        greedy=greedy,
+        tau=tau,
+        tau_distribution=tau_dist,
+        acceptance_vector=acceptance_vector(eng),
+        depth_profile=depth_profile(eng),
+        effects=effect_sizes(eng),
         paradox=paradox_check(eng, reps["entropy"], reps["mean"], greedy_reps["mean"]),
-        entropy_profile=entropy_profile(eng), position_profile=position_profile(eng),
-        findings=(), prompts=() if stratum else prompt_rows(rec), warnings=rec.warnings,
-        echo=None if stratum else echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains,
-                                             rec.run.prompts, eng.boot),
-        variance=None if stratum else variance_decomposition(eng), stratum=stratum)
-    return replace(analysis, findings=evaluate_findings(analysis),
-                   warnings=analysis.warnings + small_sample_warnings(analysis)
-                   + (tuple(f"prompt echo: {w}" for w in analysis.echo.warnings)
-                      if analysis.echo is not None else ()))
+        entropy_profile=entropy_profile(eng),
+        position_profile=position_profile(eng),
+        findings=(),
+        prompts=() if stratum else prompt_rows(rec),
+        warnings=rec.warnings,
+        echo=None
+        if stratum
+        else echo_table(rec.prompt_ids, rec.prompt_domain, rec.domains, rec.run.prompts, eng.boot),
+        variance=None if stratum else variance_decomposition(eng),
+        stratum=stratum,
+    )
+    return replace(
+        analysis,
+        findings=evaluate_findings(analysis),
+        warnings=analysis.warnings
+        + small_sample_warnings(analysis)
+        + (
+            tuple(f"prompt echo: {w}" for w in analysis.echo.warnings)
+            if analysis.echo is not None
+            else ()
+        ),
+    )
 
 
 def small_sample_warnings(a: Analysis) -> tuple[str, ...]:
@@ -310,10 +393,13 @@ def small_sample_warnings(a: Analysis) -> tuple[str, ...]:
     if prompts.get("file"):
         how = f"add prompts to {prompts['file']} until every domain has {need}"
     else:
-        how = (f"specscope run --config {Path(a.info.path) / 'manifest.json'} --per-domain {need} "
-               f"--out {a.info.path}-n{need}")
-    return (f"too few prompts for verdicts: {have} per domain, verdicts need {need} (below that "
-            f"the tests rest on a handful of degrees of freedom and rarely detect even a real "
-            f"effect; see the README's calibration); every finding is 'not testable'. To measure "
-            f"enough: {how}",)
-
+        how = (
+            f"specscope run --config {Path(a.info.path) / 'manifest.json'} --per-domain {need} "
+            f"--out {a.info.path}-n{need}"
+        )
+    return (
+        f"too few prompts for verdicts: {have} per domain, verdicts need {need} (below that "
+        f"the tests rest on a handful of degrees of freedom and rarely detect even a real "
+        f"effect; see the README's calibration); every finding is 'not testable'. To measure "
+        f"enough: {how}",
+    )

@@ -15,14 +15,19 @@ from .app import command, fail
 
 # --- analyze / report / compare ----------------------------------------------------------------
 
-_BOOT = typer.Option(1000, "--boot", min=0, help="Bootstrap resamples of prompts (0: no intervals).")
+_BOOT = typer.Option(
+    1000, "--boot", min=0, help="Bootstrap resamples of prompts (0: no intervals)."
+)
 _BOOT_SEED = typer.Option(0, "--seed", help="Seed of the bootstrap resampling.")
-_CONFIDENCE = typer.Option(0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals.")
+_CONFIDENCE = typer.Option(
+    0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals."
+)
 _PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).")
 
 
-def _analyses(run_dirs: list[Path], boot: int, seed: int, confidence: float,
-              stratify: str = "auto"):
+def _analyses(
+    run_dirs: list[Path], boot: int, seed: int, confidence: float, stratify: str = "auto"
+):
     from ..analysis import Settings
     from ..analysis import analyze as analyze_run
 
@@ -54,14 +59,22 @@ def _print_grids(grids) -> None:
 
 @command()
 def analyze(
-    run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
-    out: str | None = typer.Option(None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."),
+    run_dir: str = typer.Argument(
+        ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
+    ),
+    out: str | None = typer.Option(
+        None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."
+    ),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
     plots: bool = _PLOTS,
     show: str = typer.Option("main", "--show", help="Tables to print: main, all or none."),
-    stratify: str = typer.Option("auto", "--stratify", help="Repeat the per-domain tables and findings within each level of a node-level factor: sibling_rank, depth or position_bin; auto (sibling_rank when the trees have more than one) or none."),
+    stratify: str = typer.Option(
+        "auto",
+        "--stratify",
+        help="Repeat the per-domain tables and findings within each level of a node-level factor: sibling_rank, depth or position_bin; auto (sibling_rank when the trees have more than one) or none.",
+    ),
 ) -> None:
     """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals.
 
@@ -85,8 +98,9 @@ def analyze(
         from ..serving.ingest import load_histogram, load_ingested
 
         manifest, requests, _ = load_ingested(run_dir)
-        stepwise = analyze_ingested(manifest, requests, boot, seed, confidence,
-                                    histogram=load_histogram(run_dir))
+        stepwise = analyze_ingested(
+            manifest, requests, boot, seed, confidence, histogram=load_histogram(run_dir)
+        )
         if show != "none":
             typer.echo(stepwise.to_markdown())
         md, js = write_ingested_analysis(stepwise, out_dir)
@@ -95,12 +109,28 @@ def analyze(
     (a,) = _analyses([run_dir], boot, seed, confidence, stratify)
     grids = analysis_grids(a)
     if show == "main":
-        keep = {"findings", "table1", "table2", "table3", "table4", "table5", "table6", "tau",
-                "acceptance_vector", "effects", "paradox", "echo", "variance", "stratified_rho",
-                "stratified_alpha", "stratified_depth"}
+        keep = {
+            "findings",
+            "table1",
+            "table2",
+            "table3",
+            "table4",
+            "table5",
+            "table6",
+            "tau",
+            "acceptance_vector",
+            "effects",
+            "paradox",
+            "echo",
+            "variance",
+            "stratified_rho",
+            "stratified_alpha",
+            "stratified_depth",
+        }
         stratified = a.stratification.findings if a.stratification is not None else ()
-        grids = ([findings_grid(a.findings, compact=True, stratified=stratified)]
-                 + [g for g in grids if g.key in keep - {"findings"}])
+        grids = [findings_grid(a.findings, compact=True, stratified=stratified)] + [
+            g for g in grids if g.key in keep - {"findings"}
+        ]
     if show != "none":
         _print_grids(grids)
     for warning in a.warnings:
@@ -108,19 +138,33 @@ def analyze(
     outputs = write_outputs(a, out_dir, plots=plots, inside=inside)
     if plots and outputs.plot_message:
         typer.secho(outputs.plot_message, fg=typer.colors.YELLOW, err=True)
-    typer.echo(f"wrote {outputs.markdown}, {outputs.latex}, {outputs.csv_dir}/, {outputs.json}, "
-               f"{len(outputs.plots)} plots, {outputs.html}")
+    typer.echo(
+        f"wrote {outputs.markdown}, {outputs.latex}, {outputs.csv_dir}/, {outputs.json}, "
+        f"{len(outputs.plots)} plots, {outputs.html}"
+    )
 
 
 @command()
 def report(
-    run_dirs: list[str] = typer.Argument(..., help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs. Paths or file:// URIs."),
-    out: str | None = typer.Option(None, "--out", "-o", help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs)."),
+    run_dirs: list[str] = typer.Argument(
+        ...,
+        help="One run directory, or several to compare (the first is the reference); a sweep directory stands for its runs. Paths or file:// URIs.",
+    ),
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs).",
+    ),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
     plots: bool = _PLOTS,
-    paper: bool = typer.Option(True, "--paper/--no-paper", help="Include the comparison with the paper's published figures."),
+    paper: bool = typer.Option(
+        True,
+        "--paper/--no-paper",
+        help="Include the comparison with the paper's published figures.",
+    ),
 ) -> None:
     """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
     from ..analysis.plots import plots_unavailable
@@ -132,9 +176,13 @@ def report(
     out = local_location(out, "--out")
     expanded, has_sweep = _expand_sweeps(run_dirs)
     if out is None:
-        out = (run_dirs[0] / "report.html" if has_sweep and len(run_dirs) == 1
-               else run_dirs[0] / "analysis" / "report.html" if len(expanded) == 1
-               else Path("specscope-comparison.html"))
+        out = (
+            run_dirs[0] / "report.html"
+            if has_sweep and len(run_dirs) == 1
+            else run_dirs[0] / "analysis" / "report.html"
+            if len(expanded) == 1
+            else Path("specscope-comparison.html")
+        )
     check_writable_file(out, (".html", ".htm"))
     check_output(out, tuple(run_dirs))
     inside = inside_of(out, run_dirs[0])
@@ -146,9 +194,19 @@ def report(
 
 @command()
 def compare(
-    run_dir: str = typer.Argument(..., help="A run directory, or a sweep directory (one row per grid point); a path or a file:// URI."),
-    other: str | None = typer.Argument(None, help="Another run (or sweep) directory; omitted: the paper's published figures."),
-    out: str | None = typer.Option(None, "--out", "-o", help="Also write the comparison as tables.md, tables.tex and csv/ here."),
+    run_dir: str = typer.Argument(
+        ...,
+        help="A run directory, or a sweep directory (one row per grid point); a path or a file:// URI.",
+    ),
+    other: str | None = typer.Argument(
+        None, help="Another run (or sweep) directory; omitted: the paper's published figures."
+    ),
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Also write the comparison as tables.md, tables.tex and csv/ here.",
+    ),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -171,15 +229,18 @@ def compare(
         grids = [summary_grid(analyses)]
         title = f"{len(analyses)} runs of {', '.join(str(p) for p in (run_dir, other) if p)}"
     elif other is None:
-        grids = [findings_grid(analyses[0].findings, compact=True)] + compare_with_paper(analyses[0])
+        grids = [findings_grid(analyses[0].findings, compact=True)] + compare_with_paper(
+            analyses[0]
+        )
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
         grids = compare_runs(*analyses)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
     if out is not None:
-        md, tex, csv_dir = write_tables(grids, out, f"specscope comparison: {title}",
-                                        inside_of(out, run_dir))
+        md, tex, csv_dir = write_tables(
+            grids, out, f"specscope comparison: {title}", inside_of(out, run_dir)
+        )
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
 
 
@@ -188,10 +249,22 @@ def compare(
 
 @command()
 def certify(
-    run_dir: str = typer.Argument(..., help="A run directory written by `specscope run` (a path or a file:// URI)."),
-    out: str | None = typer.Option(None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: plot certificate vs target margin and certified fraction by margin bin (needs matplotlib, the plot extra)."),
-    margin_bins: str | None = typer.Option(None, "--margin-bins", help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error."),
+    run_dir: str = typer.Argument(
+        ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
+    ),
+    out: str | None = typer.Option(
+        None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."
+    ),
+    plot: bool = typer.Option(
+        True,
+        "--plot/--no-plot",
+        help="With --out: plot certificate vs target margin and certified fraction by margin bin (needs matplotlib, the plot extra).",
+    ),
+    margin_bins: str | None = typer.Option(
+        None,
+        "--margin-bins",
+        help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error.",
+    ),
     boot: int = _BOOT,
     seed: int = _BOOT_SEED,
     confidence: float = _CONFIDENCE,
@@ -221,34 +294,78 @@ def certify(
         inside = inside_of(out, run_dir)  # a downloaded run's links are refused, not followed
         check_writable_dir(out)
 
-    report = certify_run(load_run(run_dir), edges, n_boot=boot, seed=seed, confidence=confidence,
-                         require_margins=margin_bins is not None)
+    report = certify_run(
+        load_run(run_dir),
+        edges,
+        n_boot=boot,
+        seed=seed,
+        confidence=confidence,
+        require_margins=margin_bins is not None,
+    )
     console = make_console()
 
     def fraction(r: dict, col: str) -> str:
         value, lo, hi = r[col], r[f"{col}_lo"], r[f"{col}_hi"]
         if not math.isfinite(value):
             return "—"
-        return f"{value:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+        return f"{value:.3f}" + (
+            f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        )
 
     def show(df, title: str, key: str) -> None:
         if not len(df):
             return
         table = Table(title=title)
-        for col in ("domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max", "violations"):
-            table.add_column({"frac_ok": "accepted" if key == "criterion" else "covered",
-                              "frac_certified": "certified"}.get(col, col),
-                             justify="left" if col in ("domain", key) else "right")
+        for col in (
+            "domain",
+            key,
+            "n",
+            "median",
+            "p5",
+            "frac_ok",
+            "frac_certified",
+            "run_mean",
+            "run_max",
+            "violations",
+        ):
+            table.add_column(
+                {
+                    "frac_ok": "accepted" if key == "criterion" else "covered",
+                    "frac_certified": "certified",
+                }.get(col, col),
+                justify="left" if col in ("domain", key) else "right",
+            )
         for row in df.itertuples(index=False):
             r = row._asdict()
             v = r["violations"]
-            table.add_row(*(fraction(r, c) if c.startswith("frac_") else f"{r[c]:.3f}"
-                            if isinstance(r[c], float) else str(r[c]) for c in (
-                "domain", key, "n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max")),
-                "n/a" if v != v else (f"[red]{int(v)}[/]" if v else "0"))
+            table.add_row(
+                *(
+                    fraction(r, c)
+                    if c.startswith("frac_")
+                    else f"{r[c]:.3f}"
+                    if isinstance(r[c], float)
+                    else str(r[c])
+                    for c in (
+                        "domain",
+                        key,
+                        "n",
+                        "median",
+                        "p5",
+                        "frac_ok",
+                        "frac_certified",
+                        "run_mean",
+                        "run_max",
+                    )
+                ),
+                "n/a" if v != v else (f"[red]{int(v)}[/]" if v else "0"),
+            )
         console.print(table)
 
-    show(report.criteria, f"acceptance certificates per step (nats; source: {report.source}; fractions with {confidence:.0%} prompt-clustered intervals)", "criterion")
+    show(
+        report.criteria,
+        f"acceptance certificates per step (nats; source: {report.source}; fractions with {confidence:.0%} prompt-clustered intervals)",
+        "criterion",
+    )
     show(report.trees, "tree coverage certificates per step (nats)", "tree")
     if report.margins is not None:
         console.print(to_rich(report.margins.grid()))
@@ -261,24 +378,36 @@ def certify(
     for note in report.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     if out is not None:
-        for name, df in (("certificates", report.criteria), ("tree_certificates", report.trees),
-                         ("published_comparison", report.published)):
+        for name, df in (
+            ("certificates", report.criteria),
+            ("tree_certificates", report.trees),
+            ("published_comparison", report.published),
+        ):
             write_output(out / f"{name}.csv", df.to_csv(index=False), inside)
         if report.margins is not None:
             m = report.margins
             write_output(out / "certified_by_margin.csv", to_csv(m.all_grid()), inside)
             domains = dict.fromkeys(r.domain for r in m.rows)
-            write_output(out / "certified_by_margin.md", "\n".join(
-                to_markdown(m.grid(d)) for d in domains), inside)
-            console.print(f"wrote {out / 'certified_by_margin.csv'}, {out / 'certified_by_margin.md'}")
+            write_output(
+                out / "certified_by_margin.md",
+                "\n".join(to_markdown(m.grid(d)) for d in domains),
+                inside,
+            )
+            console.print(
+                f"wrote {out / 'certified_by_margin.csv'}, {out / 'certified_by_margin.md'}"
+            )
         if plot:
             try:
-                paths = plot_certificates(report, out, inside) + plot_margin_table(report, out, inside)
+                paths = plot_certificates(report, out, inside) + plot_margin_table(
+                    report, out, inside
+                )
             except ImportError as e:
                 fail(f"{e} (or pass --no-plot)")
             for path in paths:
                 console.print(f"wrote {path}")
     if report.violations:
-        console.print(f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]")
+        console.print(
+            f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]"
+        )
         raise typer.Exit(1)
     console.print("soundness: 0 steps certified but rejected")

@@ -66,13 +66,16 @@ def refuse_uris(options: dict) -> None:
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(item, Path) and _URI_AS_PATH.match(str(item)):
                 uri = _URI_AS_PATH.sub(lambda m: m.group(0) + "/", str(item), count=1)
-                fail(f"--{name.replace('_', '-')} {uri}: takes a local path, not a URI "
-                     "(copy the file here first)")
+                fail(
+                    f"--{name.replace('_', '-')} {uri}: takes a local path, not a URI "
+                    "(copy the file here first)"
+                )
 
 
 def command(*args, **kwargs):
     """``app.command`` whose function refuses URIs given for local paths (:func:`refuse_uris`)
     and turns any expected failure (:data:`EXPECTED`) into :func:`fail`."""
+
     def register(function):
         @functools.wraps(function)
         def guarded(*a, **k):
@@ -81,5 +84,7 @@ def command(*args, **kwargs):
                 return function(*a, **k)
             except EXPECTED as e:
                 fail(describe(e))
+
         return app.command(*args, **kwargs)(guarded)
+
     return register

@@ -11,10 +11,25 @@ from .app import command
 
 @command()
 def gateway(
-    deployment: Path = typer.Argument(..., help="Deployment file (TOML: engine, [fallback] and [domains.NAME] tables of url and model), or a specscope export document (JSON) with --backend."),
-    backend: list[str] = typer.Option([], "--backend", help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat)."),
-    log: Path = typer.Option(Path("gateway.jsonl"), "--log", help="Request log that specscope ingest reads (appended to)."),
-    errors_log: Path | None = typer.Option(None, "--errors-log", help="Log of failed requests (default: LOG with .errors before its suffix)."),
+    deployment: Path = typer.Argument(
+        ...,
+        help="Deployment file (TOML: engine, [fallback] and [domains.NAME] tables of url and model), or a specscope export document (JSON) with --backend.",
+    ),
+    backend: list[str] = typer.Option(
+        [],
+        "--backend",
+        help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat).",
+    ),
+    log: Path = typer.Option(
+        Path("gateway.jsonl"),
+        "--log",
+        help="Request log that specscope ingest reads (appended to).",
+    ),
+    errors_log: Path | None = typer.Option(
+        None,
+        "--errors-log",
+        help="Log of failed requests (default: LOG with .errors before its suffix).",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
 ) -> None:

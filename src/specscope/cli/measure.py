@@ -13,33 +13,80 @@ from .app import command
 
 @command()
 def run(
-    out: str = typer.Option("runs/demo", "--out", "-o", help="Run directory to write (or resume): a local path or a file:// URI."),
-    config: str | None = typer.Option(None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."),
-    draft: str | None = typer.Option(None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."),
-    target: str | None = typer.Option(None, help="Target model: hub id, local dir, .gguf file, or demo:target."),
-    dtype: str | None = typer.Option(None, help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32)."),
+    out: str = typer.Option(
+        "runs/demo",
+        "--out",
+        "-o",
+        help="Run directory to write (or resume): a local path or a file:// URI.",
+    ),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."
+    ),
+    draft: str | None = typer.Option(
+        None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."
+    ),
+    target: str | None = typer.Option(
+        None, help="Target model: hub id, local dir, .gguf file, or demo:target."
+    ),
+    dtype: str | None = typer.Option(
+        None,
+        help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32).",
+    ),
     device: str | None = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
     draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
-    trust_remote_code: bool | None = typer.Option(None, "--trust-remote-code", help="Allow model code from the hub."),
+    trust_remote_code: bool | None = typer.Option(
+        None, "--trust-remote-code", help="Allow model code from the hub."
+    ),
     policy: str | None = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
-    top_k: int | None = typer.Option(None, help="Root candidates (paper: min(top_k, branch) roots)."),
+    top_k: int | None = typer.Option(
+        None, help="Root candidates (paper: min(top_k, branch) roots)."
+    ),
     branch: int | None = typer.Option(None, help="Children per node."),
     depth: int | None = typer.Option(None, help="Tree depth (chain length for 'chain')."),
     max_nodes: int | None = typer.Option(None, help="Node cap, breadth-first."),
-    paths: str | None = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
-    engine: str | None = typer.Option(None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."),
-    prompts: Path | None = typer.Option(None, "--prompts", help="JSONL file of {id, domain, prompt|messages}."),
-    domains: str | None = typer.Option(None, help="Comma-separated domains, e.g. code,math,reasoning,chat."),
+    paths: str | None = typer.Option(
+        None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
+    ),
+    engine: str | None = typer.Option(
+        None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."
+    ),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", help="JSONL file of {id, domain, prompt|messages}."
+    ),
+    domains: str | None = typer.Option(
+        None, help="Comma-separated domains, e.g. code,math,reasoning,chat."
+    ),
     per_domain: int | None = typer.Option(None, help="Prompts sampled per domain."),
-    source: list[str] | None = typer.Option(None, "--source", help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains)."),
+    source: list[str] | None = typer.Option(
+        None,
+        "--source",
+        help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains).",
+    ),
     smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
     max_new_tokens: int | None = typer.Option(None, help="Tokens to generate per prompt."),
     max_prompt_tokens: int | None = typer.Option(None, help="Keep the last N prompt tokens."),
-    rendering: str | None = typer.Option(None, "--rendering", help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code)."),
+    rendering: str | None = typer.Option(
+        None,
+        "--rendering",
+        help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code).",
+    ),
     seed: int | None = typer.Option(None, help="Seed for prompt sampling."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster."),
-    int8: bool = typer.Option(False, "--int8", help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the specscope run in --out (only a run; after every input is checked) and start over."),
+    batch_size: int | None = typer.Option(
+        None,
+        "--batch-size",
+        "-b",
+        help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster.",
+    ),
+    int8: bool = typer.Option(
+        False,
+        "--int8",
+        help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size.",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the specscope run in --out (only a run; after every input is checked) and start over.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
@@ -58,35 +105,60 @@ def run(
     base = load_config(config)
     if smoke or prompt_file:  # an explicit prompt choice replaces the preset's
         base = base.replace(**{"prompts.domains": (), "prompts.per_domain": None})
-    cfg = base.replace(**{
-        "pair.draft": draft, "pair.target": target, "pair.dtype": dtype,
-        "pair.device": device, "pair.draft_device": draft_device,
-        "pair.trust_remote_code": trust_remote_code,
-        "tree.policy": policy, "tree.top_k": top_k, "tree.branch": branch,
-        "tree.depth": depth, "tree.max_nodes": max_nodes, "tree.paths": paths,
-        "engine": engine, "prompts.file": prompt_file, "prompts.domains": domain_list,
-        "prompts.per_domain": per_domain, "prompts.smoke": smoke or None,
-        "prompts.sources": overrides or None,
-        "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-        "rendering": rendering, "seed": seed,
-    })
+    cfg = base.replace(
+        **{
+            "pair.draft": draft,
+            "pair.target": target,
+            "pair.dtype": dtype,
+            "pair.device": device,
+            "pair.draft_device": draft_device,
+            "pair.trust_remote_code": trust_remote_code,
+            "tree.policy": policy,
+            "tree.top_k": top_k,
+            "tree.branch": branch,
+            "tree.depth": depth,
+            "tree.max_nodes": max_nodes,
+            "tree.paths": paths,
+            "engine": engine,
+            "prompts.file": prompt_file,
+            "prompts.domains": domain_list,
+            "prompts.per_domain": per_domain,
+            "prompts.smoke": smoke or None,
+            "prompts.sources": overrides or None,
+            "max_new_tokens": max_new_tokens,
+            "max_prompt_tokens": max_prompt_tokens,
+            "rendering": rendering,
+            "seed": seed,
+        }
+    )
     if int8:
         cfg = cfg.replace(**{"pair.quantize": "int8", "pair.dtype": dtype or "float32"})
-    given = {name for name, value in (("top_k", top_k), ("branch", branch), ("depth", depth),
-                                      ("max_nodes", max_nodes), ("paths", paths))
-             if value is not None}
+    given = {
+        name
+        for name, value in (
+            ("top_k", top_k),
+            ("branch", branch),
+            ("depth", depth),
+            ("max_nodes", max_nodes),
+            ("paths", paths),
+        )
+        if value is not None
+    }
     check_policy_options(cfg.tree.policy, given)
     if batch_size is None:
         batch_size = default_batch_size(cfg)
-    summary = run_study(cfg, out, overwrite=overwrite, progress=not quiet,
-                        batch_size=batch_size)
+    summary = run_study(cfg, out, overwrite=overwrite, progress=not quiet, batch_size=batch_size)
     if summary.already_complete:
-        typer.echo(f"{out}: run {summary.run_id} is already complete ({summary.prompts_total} prompts); nothing to do")
+        typer.echo(
+            f"{out}: run {summary.run_id} is already complete ({summary.prompts_total} prompts); nothing to do"
+        )
         return
     rate = summary.nodes / summary.seconds if summary.seconds else 0.0
-    typer.echo(f"{out}: measured {summary.prompts_measured} prompt(s), {summary.nodes} nodes "
-               f"in {summary.seconds:.1f} s ({rate:.1f} nodes/s); "
-               f"{summary.prompts_skipped_empty} empty prompt(s) skipped")
+    typer.echo(
+        f"{out}: measured {summary.prompts_measured} prompt(s), {summary.nodes} nodes "
+        f"in {summary.seconds:.1f} s ({rate:.1f} nodes/s); "
+        f"{summary.prompts_skipped_empty} empty prompt(s) skipped"
+    )
 
 
 # --- sweep ------------------------------------------------------------------------------------
@@ -95,19 +167,56 @@ def run(
 @command()
 def sweep(
     sweep_file: str = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
-    out: str | None = typer.Option(None, "--out", "-o", help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME)."),
-    executor: str = typer.Option("local", "--executor", "-e", help="local (one process) or ray (shards as Ray tasks; needs the ray extra)."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine)."),
-    prompts_per_shard: int | None = typer.Option(None, help="Prompts per shard (a worker loads its pair once per shard)."),
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME).",
+    ),
+    executor: str = typer.Option(
+        "local",
+        "--executor",
+        "-e",
+        help="local (one process) or ray (shards as Ray tasks; needs the ray extra).",
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine).",
+    ),
+    prompts_per_shard: int | None = typer.Option(
+        None, help="Prompts per shard (a worker loads its pair once per shard)."
+    ),
     max_retries: int | None = typer.Option(None, help="Ray retries of a shard whose worker died."),
     cpus_per_shard: float | None = typer.Option(None, help="CPUs a shard reserves on Ray."),
-    gpus_per_shard: float | None = typer.Option(None, help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU)."),
-    threads: int | None = typer.Option(None, help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally)."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster."),
-    max_points: int | None = typer.Option(None, "--max-points", help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub for every pair (never taken from the sweep file)."),
+    gpus_per_shard: float | None = typer.Option(
+        None,
+        help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU).",
+    ),
+    threads: int | None = typer.Option(
+        None,
+        help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally).",
+    ),
+    batch_size: int | None = typer.Option(
+        None,
+        "--batch-size",
+        "-b",
+        help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster.",
+    ),
+    max_points: int | None = typer.Option(
+        None,
+        "--max-points",
+        help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000).",
+    ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Allow model code from the hub for every pair (never taken from the sweep file).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the sweep directory holds and start over."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete what the sweep directory holds and start over."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Run a grid of runs (pairs x trees x domains x decode settings), locally or on a Ray cluster.
@@ -118,35 +227,57 @@ def sweep(
     from ..files import local_location
     from ..sweep import load_sweep, run_sweep
 
-    spec = load_sweep(local_location(sweep_file, "SWEEP_FILE"), max_points=max_points,
-                      trust_remote_code=trust_remote_code)
+    spec = load_sweep(
+        local_location(sweep_file, "SWEEP_FILE"),
+        max_points=max_points,
+        trust_remote_code=trust_remote_code,
+    )
     execution = spec.execution.replace(
-        prompts_per_shard=prompts_per_shard, max_retries=max_retries,
-        cpus_per_shard=cpus_per_shard, gpus_per_shard=gpus_per_shard, threads=threads,
-        batch_size=batch_size)
+        prompts_per_shard=prompts_per_shard,
+        max_retries=max_retries,
+        cpus_per_shard=cpus_per_shard,
+        gpus_per_shard=gpus_per_shard,
+        threads=threads,
+        batch_size=batch_size,
+    )
     out = out or str(Path("sweeps") / spec.name)
     if dry_run:
         points = spec.points()
         for point in points:
-            typer.echo(f"{point.label}  run {point.config.run_id}  "
-                       + "  ".join(f"{axis}={name}" for axis, name in point.axes))
+            typer.echo(
+                f"{point.label}  run {point.config.run_id}  "
+                + "  ".join(f"{axis}={name}" for axis, name in point.axes)
+            )
         typer.echo(f"{len(points)} grid point(s); sweep {spec.sweep_id} -> {out}")
         return
-    summary = run_sweep(spec, out, executor=executor, address=address, execution=execution,
-                        overwrite=overwrite, progress=not quiet)
+    summary = run_sweep(
+        spec,
+        out,
+        executor=executor,
+        address=address,
+        execution=execution,
+        overwrite=overwrite,
+        progress=not quiet,
+    )
     if not summary.shards_run:
-        typer.echo(f"{out}: sweep {summary.sweep_id} is already complete ({summary.points} runs); "
-                   "nothing to do")
+        typer.echo(
+            f"{out}: sweep {summary.sweep_id} is already complete ({summary.points} runs); "
+            "nothing to do"
+        )
         return
     rate = summary.nodes / summary.seconds if summary.seconds else 0.0
-    typer.echo(f"{out}: {summary.points_complete}/{summary.points} runs complete; ran "
-               f"{summary.shards_run} of {summary.shards_total} shard(s) "
-               f"({summary.shards_skipped} done before), {summary.prompts_measured} prompt(s), "
-               f"{summary.nodes} nodes in {summary.seconds:.1f} s ({rate:.1f} nodes/s) "
-               f"with the {summary.executor} executor")
+    typer.echo(
+        f"{out}: {summary.points_complete}/{summary.points} runs complete; ran "
+        f"{summary.shards_run} of {summary.shards_total} shard(s) "
+        f"({summary.shards_skipped} done before), {summary.prompts_measured} prompt(s), "
+        f"{summary.nodes} nodes in {summary.seconds:.1f} s ({rate:.1f} nodes/s) "
+        f"with the {summary.executor} executor"
+    )
     if "://" in out and not out.lower().startswith("file://"):
-        typer.echo("compare the grid points: copy the sweep to a local directory DIR, then "
-                   "specscope compare DIR")
+        typer.echo(
+            "compare the grid points: copy the sweep to a local directory DIR, then "
+            "specscope compare DIR"
+        )
     else:
         typer.echo(f"compare the grid points: specscope compare {out}")
 
@@ -166,9 +297,14 @@ def domains() -> None:
     for column in ("domain", "source", "dataset", "items", "offline now", "note"):
         table.add_column(column, justify="right" if column == "items" else "left")
     for row in list_domains():
-        table.add_row(row.domain, row.source + (" *" if row.is_default else ""), row.dataset,
-                      "?" if row.items is None else str(row.items),
-                      "[green]yes[/]" if row.ready_offline else "[red]no[/]", row.note)
+        table.add_row(
+            row.domain,
+            row.source + (" *" if row.is_default else ""),
+            row.dataset,
+            "?" if row.items is None else str(row.items),
+            "[green]yes[/]" if row.ready_offline else "[red]no[/]",
+            row.note,
+        )
     console = make_console()
     console.print(table)
     console.print("* the domain's default source; a run can name another source, or jsonl:PATH")

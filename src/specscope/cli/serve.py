@@ -13,13 +13,40 @@ from .app import command
 
 @command()
 def export(
-    policy: Path = typer.Argument(..., help="A policy file written by specscope tune (JSON or TOML)."),
-    to: str = typer.Option(..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."),
-    engine_version: str | None = typer.Option(None, "--engine-version", help="An engine version the export was checked against (default: the newest checked; the README lists them)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini."),
-    draft: str | None = typer.Option(None, "--draft", help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's)."),
-    target: str | None = typer.Option(None, "--target", help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's)."),
-    poll: int = typer.Option(0, "--poll", min=0, max=100, help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU)."),
+    policy: Path = typer.Argument(
+        ..., help="A policy file written by specscope tune (JSON or TOML)."
+    ),
+    to: str = typer.Option(
+        ..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."
+    ),
+    engine_version: str | None = typer.Option(
+        None,
+        "--engine-version",
+        help="An engine version the export was checked against (default: the newest checked; the README lists them).",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini.",
+    ),
+    draft: str | None = typer.Option(
+        None,
+        "--draft",
+        help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's).",
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's).",
+    ),
+    poll: int = typer.Option(
+        0,
+        "--poll",
+        min=0,
+        max=100,
+        help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU).",
+    ),
 ) -> None:
     """Each routed domain's speculation setting in an engine's own format, checked against that
     engine version's rules, with the routing rule.
@@ -42,10 +69,15 @@ def export(
 
         draft = draft or str(_kept_gguf("draft"))
         target = target or str(_kept_gguf("target"))
-    options = ExportOptions(draft=draft, target=target, poll=poll,
-                            presets_file=str(presets) if presets else "presets.ini")
-    document = export_policy(PolicyFile.load(policy), to, options, source=str(policy),
-                             engine_version=engine_version)
+    options = ExportOptions(
+        draft=draft,
+        target=target,
+        poll=poll,
+        presets_file=str(presets) if presets else "presets.ini",
+    )
+    document = export_policy(
+        PolicyFile.load(policy), to, options, source=str(policy), engine_version=engine_version
+    )
     if out is None:
         typer.echo(json_text(document), nl=False)
         return
@@ -56,8 +88,11 @@ def export(
         typer.echo(f"{domain}: {setting['tree']} ({setting['source']})")
     if document["approximation"]:
         typer.echo(f"approximation: {document['approximation']}")
-    typer.echo(f"wrote {out}" + (f" and {presets}" if presets else "") +
-               f" ({to} {document['engine_version']})")
+    typer.echo(
+        f"wrote {out}"
+        + (f" and {presets}" if presets else "")
+        + f" ({to} {document['engine_version']})"
+    )
 
 
 # --- ingest (engine logs) -------------------------------------------------------------------------
@@ -65,12 +100,28 @@ def export(
 
 @command()
 def ingest(
-    log: Path = typer.Argument(..., help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line."),
+    log: Path = typer.Argument(
+        ...,
+        help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line.",
+    ),
     fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
-    prompts: Path = typer.Option(..., "--prompts", "-p", help="The requests' prompts: JSONL with id, domain and prompt (or messages)."),
+    prompts: Path = typer.Option(
+        ...,
+        "--prompts",
+        "-p",
+        help="The requests' prompts: JSONL with id, domain and prompt (or messages).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
-    join: str = typer.Option("id", "--join", help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id)."),
-    engine_version: str | None = typer.Option(None, "--engine-version", help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint)."),
+    join: str = typer.Option(
+        "id",
+        "--join",
+        help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id).",
+    ),
+    engine_version: str | None = typer.Option(
+        None,
+        "--engine-version",
+        help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint).",
+    ),
 ) -> None:
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
@@ -81,9 +132,11 @@ def ingest(
     manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     counts = manifest["counts"]
     version = manifest["engine_version"] or "version not stated (--engine-version)"
-    typer.echo(f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}) "
-               f"from {manifest['engine']} {version}, "
-               f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}")
+    typer.echo(
+        f"wrote {out}: {counts['requests']} requests ({', '.join(counts['domains'])}) "
+        f"from {manifest['engine']} {version}, "
+        f"{counts['steps_logged'] or 'no'} per-step rows; next: specscope analyze {out}"
+    )
     for name, how in manifest["derived"].items():
         typer.echo(f"derived, not logged: {name} = {how}")
 
@@ -93,20 +146,62 @@ def ingest(
 
 @command()
 def llamacpp(
-    run_dir: Path = typer.Argument(..., help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp)."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."),
-    draft_gguf: Path | None = typer.Option(None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."),
-    per_domain: int = typer.Option(10, "--per-domain", "-n", min=1, help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Tokens generated per request."),
-    ks: list[int] = typer.Option(list((1, 2, 3, 4)), "--k", help="Chain lengths to price and benchmark (repeat the option)."),
-    costs: Path | None = typer.Option(None, "--costs", help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench."),
-    threads: list[int] = typer.Option([2], "--threads", min=1, help="Target threads to price (repeat the option)."),
-    draft_threads: list[int] = typer.Option([2], "--draft-threads", min=1, help="Draft threads to price (repeat the option)."),
-    poll: list[int] = typer.Option([0, 50], "--poll", min=0, max=100, help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default)."),
-    quant: list[str] = typer.Option([], "--quant", help="Target quantisations to price (Q4_0, Q8_0, ...), made from the target GGUF with llama-quantize (repeat the option; default: the GGUF as given)."),
+    run_dir: Path = typer.Argument(
+        ...,
+        help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K.",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp).",
+    ),
+    target_gguf: Path | None = typer.Option(
+        None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."
+    ),
+    draft_gguf: Path | None = typer.Option(
+        None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."
+    ),
+    per_domain: int = typer.Option(
+        10,
+        "--per-domain",
+        "-n",
+        min=1,
+        help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict.",
+    ),
+    max_new_tokens: int = typer.Option(
+        64, "--max-new-tokens", min=1, help="Tokens generated per request."
+    ),
+    ks: list[int] = typer.Option(
+        list((1, 2, 3, 4)), "--k", help="Chain lengths to price and benchmark (repeat the option)."
+    ),
+    costs: Path | None = typer.Option(
+        None,
+        "--costs",
+        help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench.",
+    ),
+    threads: list[int] = typer.Option(
+        [2], "--threads", min=1, help="Target threads to price (repeat the option)."
+    ),
+    draft_threads: list[int] = typer.Option(
+        [2], "--draft-threads", min=1, help="Draft threads to price (repeat the option)."
+    ),
+    poll: list[int] = typer.Option(
+        [0, 50],
+        "--poll",
+        min=0,
+        max=100,
+        help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default).",
+    ),
+    quant: list[str] = typer.Option(
+        [],
+        "--quant",
+        help="Target quantisations to price (Q4_0, Q8_0, ...), made from the target GGUF with llama-quantize (repeat the option; default: the GGUF as given).",
+    ),
     max_pass: int = typer.Option(8, "--max-pass", min=2, help="Price passes of 1..N tokens."),
-    repetitions: int = typer.Option(5, "--repetitions", min=1, help="llama-bench repetitions per pass size."),
+    repetitions: int = typer.Option(
+        5, "--repetitions", min=1, help="llama-bench repetitions per pass size."
+    ),
     n_boot: int = typer.Option(1000, "--n-boot", min=0, help="Prompt resamples for the intervals."),
 ) -> None:
     """llama-server end to end: price settings with llama-bench, choose the fastest per domain
@@ -116,13 +211,33 @@ def llamacpp(
     from ..serving.llamacpp_study import GridOptions, run_llamacpp_study
 
     if max(ks) >= max_pass:
-        raise SpecscopeError(f"--max-pass {max_pass} must exceed the largest --k "
-                                 f"({max(ks)}): a step of K verifies K + 1 tokens")
-    grid = GridOptions(tuple(threads), tuple(poll), tuple(draft_threads), ((2048, 512),),
-                       tuple(quant), max_pass, 192, repetitions)
-    study = run_llamacpp_study(run_dir, out or run_dir / "llamacpp", target_gguf, draft_gguf,
-                               per_domain, max_new_tokens, tuple(ks), grid, costs, n_boot,
-                               echo=lambda line: typer.echo(line, err=True))
+        raise SpecscopeError(
+            f"--max-pass {max_pass} must exceed the largest --k "
+            f"({max(ks)}): a step of K verifies K + 1 tokens"
+        )
+    grid = GridOptions(
+        tuple(threads),
+        tuple(poll),
+        tuple(draft_threads),
+        ((2048, 512),),
+        tuple(quant),
+        max_pass,
+        192,
+        repetitions,
+    )
+    study = run_llamacpp_study(
+        run_dir,
+        out or run_dir / "llamacpp",
+        target_gguf,
+        draft_gguf,
+        per_domain,
+        max_new_tokens,
+        tuple(ks),
+        grid,
+        costs,
+        n_boot,
+        echo=lambda line: typer.echo(line, err=True),
+    )
     typer.echo(study.render())
 
 
@@ -131,7 +246,9 @@ def llamacpp(
 
 @command()
 def doctor(
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for a bug report)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the report as JSON (for a bug report)."
+    ),
 ) -> None:
     """What this machine has for specscope: versions, extras, the demo pair's cache, CPU and GPU."""
     import json
@@ -149,21 +266,33 @@ def doctor(
     console = make_console()
     hw = report.hardware
     console.print(f"Python {report.python} on {report.platform}")
-    console.print("  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items()))
+    console.print(
+        "  ".join(f"{k} {v or '[red]not installed[/]'}" for k, v in report.versions.items())
+    )
     extras = Table(title="extras")
     for column in ("extra", "for", "installed"):
         extras.add_column(column)
     for e in report.extras:
-        extras.add_row(e.name, e.purpose, "[green]yes[/]" if e.ok else
-                       "[red]no[/]: " + escape(f"{', '.join(e.missing)} (pip install 'specscope[{e.name}]')"))
+        extras.add_row(
+            e.name,
+            e.purpose,
+            "[green]yes[/]"
+            if e.ok
+            else "[red]no[/]: "
+            + escape(f"{', '.join(e.missing)} (pip install 'specscope[{e.name}]')"),
+        )
     console.print(extras)
     console.print(f"cache: {report.cache_dir}")
     for d in report.demo:
-        console.print(f"demo {d.role}: {d.parts_installed}/{d.parts_needed} part packages; bf16 "
-                      f"cache {'built' if d.cache_built else 'not built'} at {d.cache}")
-    console.print(f"CPU: {hw.cpu}, {hw.cores} cores, torch threads {hw.torch_threads}, "
-                  f"AVX2 {hw.avx2}, AVX512-BF16 {hw.avx512_bf16}, AMX {hw.amx}, torch kernels "
-                  f"{hw.torch_cpu_capability}")
+        console.print(
+            f"demo {d.role}: {d.parts_installed}/{d.parts_needed} part packages; bf16 "
+            f"cache {'built' if d.cache_built else 'not built'} at {d.cache}"
+        )
+    console.print(
+        f"CPU: {hw.cpu}, {hw.cores} cores, torch threads {hw.torch_threads}, "
+        f"AVX2 {hw.avx2}, AVX512-BF16 {hw.avx512_bf16}, AMX {hw.amx}, torch kernels "
+        f"{hw.torch_cpu_capability}"
+    )
     console.print("GPU: " + (", ".join(hw.gpus) if hw.gpus else "none"))
     for r in report.recommendations:
         console.print(f"recommendation: {escape(r)}")

@@ -12,17 +12,30 @@ from .app import command, fail
 # --- decode / tune / bench -------------------------------------------------------------------
 
 
-def _decode_pair(draft: str | None, target: str | None, dtype: str, device: str,
-                 trust_remote_code: bool, int8: bool = False, base: dict | None = None):
+def _decode_pair(
+    draft: str | None,
+    target: str | None,
+    dtype: str,
+    device: str,
+    trust_remote_code: bool,
+    int8: bool = False,
+    base: dict | None = None,
+):
     """Load a pair (``base``: a run's [pair] section) with command-line overrides; remote code
     runs only with ``--trust-remote-code``, whatever the run's manifest says."""
     from ..models import PairConfig, load_pair
     from ..run.config import remote_code_from_command_line
 
-    fields = remote_code_from_command_line(dict(base or {}), trust_remote_code,
-                                           "the run's manifest.json")
-    fields.update({k: v for k, v in dict(draft=draft, target=target, dtype=dtype,
-                                          device=device).items() if v is not None})
+    fields = remote_code_from_command_line(
+        dict(base or {}), trust_remote_code, "the run's manifest.json"
+    )
+    fields.update(
+        {
+            k: v
+            for k, v in dict(draft=draft, target=target, dtype=dtype, device=device).items()
+            if v is not None
+        }
+    )
     if int8:
         fields["quantize"] = "int8"
         fields["dtype"] = dtype or "float32"
@@ -57,13 +70,28 @@ def _write_records(frame, path: Path) -> None:
     write_output(path, data)
 
 
-_D_DRAFT = typer.Option(None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default).")
-_D_TARGET = typer.Option(None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default).")
-_D_DTYPE = typer.Option(None, "--dtype", help="bfloat16, float16, float32 or auto (default: bfloat16, or the run's).")
+_D_DRAFT = typer.Option(
+    None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default)."
+)
+_D_TARGET = typer.Option(
+    None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default)."
+)
+_D_DTYPE = typer.Option(
+    None, "--dtype", help="bfloat16, float16, float32 or auto (default: bfloat16, or the run's)."
+)
 _D_DEVICE = typer.Option(None, "--device", help="Device of both models, e.g. cpu or cuda:0.")
 _D_TRUST = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub.")
-_D_INT8 = typer.Option(False, "--int8", help="Run both models' linear layers in int8 on the CPU (implies --dtype float32): passes of a few tokens cost about one; greedy outputs stay exactly plain decoding's of the same model.")
-_D_THREADS = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.")
+_D_INT8 = typer.Option(
+    False,
+    "--int8",
+    help="Run both models' linear layers in int8 on the CPU (implies --dtype float32): passes of a few tokens cost about one; greedy outputs stay exactly plain decoding's of the same model.",
+)
+_D_THREADS = typer.Option(
+    None,
+    "--threads",
+    min=1,
+    help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.",
+)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -75,25 +103,60 @@ def _set_threads(threads: int | None) -> None:
 
 @command()
 def decode(
-    prompt: str | None = typer.Argument(None, help="The prompt (one user message); or --prompt-file."),
-    prompt_file: Path | None = typer.Option(None, "--prompt-file", help="Read the prompt from this file."),
-    policy: str = typer.Option("chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."),
-    depth: int | None = typer.Option(None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."),
-    top_k: int | None = typer.Option(None, min=1, help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary."),
+    prompt: str | None = typer.Argument(
+        None, help="The prompt (one user message); or --prompt-file."
+    ),
+    prompt_file: Path | None = typer.Option(
+        None, "--prompt-file", help="Read the prompt from this file."
+    ),
+    policy: str = typer.Option(
+        "chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."
+    ),
+    depth: int | None = typer.Option(
+        None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."
+    ),
+    top_k: int | None = typer.Option(
+        None,
+        min=1,
+        help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary.",
+    ),
     branch: int | None = typer.Option(None, min=1, help="paper: children per node."),
-    max_nodes: int | None = typer.Option(None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."),
-    paths: str | None = typer.Option(None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'),
-    acceptance: Path | None = typer.Option(None, "--acceptance", help="optimal: run directory whose node records give the acceptance vector."),
-    policy_file: Path | None = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree."),
-    domain: str | None = typer.Option(None, "--domain", help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all)."),
+    max_nodes: int | None = typer.Option(
+        None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."
+    ),
+    paths: str | None = typer.Option(
+        None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
+    ),
+    acceptance: Path | None = typer.Option(
+        None,
+        "--acceptance",
+        help="optimal: run directory whose node records give the acceptance vector.",
+    ),
+    policy_file: Path | None = typer.Option(
+        None,
+        "--policy-file",
+        help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree.",
+    ),
+    domain: str | None = typer.Option(
+        None,
+        "--domain",
+        help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all).",
+    ),
     temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: int = typer.Option(0, help="Seed of the sampling."),
-    min_path_prob: float = typer.Option(0.0, help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree)."),
+    min_path_prob: float = typer.Option(
+        0.0,
+        help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree).",
+    ),
     max_new_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
-    chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Apply the model's chat template."),
+    chat_template: bool = typer.Option(
+        True, "--chat-template/--no-chat-template", help="Apply the model's chat template."
+    ),
     max_prompt_tokens: int = typer.Option(512, min=1, help="Keep the last N prompt tokens."),
-    records: Path | None = typer.Option(None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."),
+    records: Path | None = typer.Option(
+        None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."
+    ),
     draft: str | None = _D_DRAFT,
     target: str | None = _D_TARGET,
     dtype: str | None = _D_DTYPE,
@@ -116,15 +179,22 @@ def decode(
     if records is not None:
         _check_records(records, (prompt_file, policy_file))
     text = prompt if prompt is not None else read_text(prompt_file, DecodeError, "--prompt-file")
-    config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, min_path_prob=min_path_prob)
+    config = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        min_path_prob=min_path_prob,
+    )
     routed = None
     if policy_file is not None:
         policies = PolicyFile.load(policy_file)
         if domain is not None and domain not in policies.trees:
-            raise PolicyError(f"{policy_file} has no domain {domain!r}; it has "
-                              f"{', '.join(policies.trees) or 'none'} (omit --domain to "
-                              "route by the prompt)")
+            raise PolicyError(
+                f"{policy_file} has no domain {domain!r}; it has "
+                f"{', '.join(policies.trees) or 'none'} (omit --domain to "
+                "route by the prompt)"
+            )
         routed = domain or RuleRouter().classify(text)
         spec = policies.tree_for(routed)
     else:
@@ -134,37 +204,70 @@ def decode(
             if (domain or ALL_DOMAINS) not in vectors:
                 fail(f"{acceptance} has no domain {domain!r}; it has {', '.join(vectors)}")
             vector = vectors[domain or ALL_DOMAINS]
-        spec = make_speculation(policy, depth=depth, top_k=top_k, branch=branch,
-                                max_nodes=max_nodes, paths=paths, acceptance=vector)
+        spec = make_speculation(
+            policy,
+            depth=depth,
+            top_k=top_k,
+            branch=branch,
+            max_nodes=max_nodes,
+            paths=paths,
+            acceptance=vector,
+        )
     _set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
-    ids = render_prompt(pair.tokenizer, [{"role": "user", "content": text}],
-                        "chat" if chat_template else "raw",
-                        max_prompt_tokens).ids
+    ids = render_prompt(
+        pair.tokenizer,
+        [{"role": "user", "content": text}],
+        "chat" if chat_template else "raw",
+        max_prompt_tokens,
+    ).ids
     result = make_decoder(pair).generate(ids, spec, config)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
     where = f"domain {routed}: " if routed else ""
-    typer.secho(f"{where}{describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
-                f"({result.tokens_per_s:.2f} tok/s), {len(result.steps)} steps, mean tau "
-                f"{result.mean_tau:.2f}, stop: {result.stop_reason}", err=True, fg=typer.colors.CYAN)
+    typer.secho(
+        f"{where}{describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
+        f"({result.tokens_per_s:.2f} tok/s), {len(result.steps)} steps, mean tau "
+        f"{result.mean_tau:.2f}, stop: {result.stop_reason}",
+        err=True,
+        fg=typer.colors.CYAN,
+    )
     if records is not None:
         _write_records(steps_frame(result), records)
 
 
 @command()
 def tune(
-    run_dir: Path = typer.Argument(..., help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."),
-    costs: Path | None = typer.Option(None, "--costs", help="Use this cost model (JSON) instead of measuring one now."),
-    save_costs: Path | None = typer.Option(None, "--save-costs", help="Also write the measured cost model here."),
+    run_dir: Path = typer.Argument(
+        ...,
+        help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."
+    ),
+    costs: Path | None = typer.Option(
+        None, "--costs", help="Use this cost model (JSON) instead of measuring one now."
+    ),
+    save_costs: Path | None = typer.Option(
+        None, "--save-costs", help="Also write the measured cost model here."
+    ),
     max_nodes: int = typer.Option(32, min=1, help="Largest tree considered."),
-    max_depth: int = typer.Option(8, min=1, help="Deepest tree considered (capped by the run's tree)."),
+    max_depth: int = typer.Option(
+        8, min=1, help="Deepest tree considered (capped by the run's tree)."
+    ),
     max_rank: int | None = typer.Option(None, min=1, help="Highest sibling rank + 1 considered."),
     min_count: int = typer.Option(20, min=0, help="Acceptance cells seen fewer times count as 0."),
-    min_speedup: float = typer.Option(1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."),
-    extrapolate: bool = typer.Option(False, "--extrapolate", help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth)."),
+    min_speedup: float = typer.Option(
+        1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."
+    ),
+    extrapolate: bool = typer.Option(
+        False,
+        "--extrapolate",
+        help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth).",
+    ),
     context_len: int = typer.Option(256, min=1, help="Context length of the cost measurement."),
-    repeats: int = typer.Option(3, min=1, help="Timings per point of the cost measurement (median)."),
+    repeats: int = typer.Option(
+        3, min=1, help="Timings per point of the cost measurement (median)."
+    ),
     draft: str | None = _D_DRAFT,
     target: str | None = _D_TARGET,
     dtype: str | None = _D_DTYPE,
@@ -184,8 +287,14 @@ def tune(
     from ..tune.policy import TuneConfig, short_name
     from ..tune.policy import tune as tune_policy
 
-    config = TuneConfig(max_nodes=max_nodes, max_depth=max_depth, max_rank=max_rank,
-                        min_count=min_count, min_speedup=min_speedup, extrapolate=extrapolate)
+    config = TuneConfig(
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        max_rank=max_rank,
+        min_count=min_count,
+        min_speedup=min_speedup,
+        extrapolate=extrapolate,
+    )
     policy_path = check_output_file(out or run_dir / "policy.json", (run_dir, costs), "--out")
     if save_costs is not None:
         check_output_file(save_costs, (run_dir, costs, policy_path), "--save-costs")
@@ -196,41 +305,71 @@ def tune(
         _set_threads(threads)
         pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base)
         typer.echo("measuring draft and verify times on this hardware ...", err=True)
-        model = measure_costs(make_decoder(pair), context_len=context_len,
-                              repeats=repeats)
+        model = measure_costs(make_decoder(pair), context_len=context_len, repeats=repeats)
         if save_costs:
             model.save(save_costs, inside_of(save_costs, run_dir))
     ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
-    source = {"run_dir": str(run_dir), "run_id": run.manifest.get("run_id"), "prompt_ids": list(ids)}
+    source = {
+        "run_dir": str(run_dir),
+        "run_id": run.manifest.get("run_id"),
+        "prompt_ids": list(ids),
+    }
     policy = tune_policy(run.nodes, model, config, source)
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
-    table = Table(title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)")
+    table = Table(
+        title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)"
+    )
     for col in ("domain", "tree", "nodes", "expected tau", "step ms", "predicted speed-up"):
         table.add_column(col, justify="left" if col in ("domain", "tree") else "right")
     for name, choice in policy.choices.items():
-        table.add_row("uniform (all)" if name == ALL_DOMAINS else name,
-                      short_name(choice.shape) if choice.shape else "none (plain decoding)",
-                      str(len(choice.shape) if choice.shape else 0),
-                      f"{choice.expected_tau:.2f}", f"{1000 * choice.step_time_s:.0f}",
-                      f"{choice.predicted_speedup:.2f}x")
+        table.add_row(
+            "uniform (all)" if name == ALL_DOMAINS else name,
+            short_name(choice.shape) if choice.shape else "none (plain decoding)",
+            str(len(choice.shape) if choice.shape else 0),
+            f"{choice.expected_tau:.2f}",
+            f"{1000 * choice.step_time_s:.0f}",
+            f"{choice.predicted_speedup:.2f}x",
+        )
     make_console().print(table)
     typer.echo(f"wrote {path}")
 
 
 @command()
 def bench(
-    policy_file: Path | None = typer.Option(None, "--policy-file", help="Per-domain trees from `specscope tune` (for uniform and routed)."),
+    policy_file: Path | None = typer.Option(
+        None,
+        "--policy-file",
+        help="Per-domain trees from `specscope tune` (for uniform and routed).",
+    ),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
-    per_domain: int = typer.Option(2, min=1, help="Prompts per domain (held out from the tuning run)."),
+    per_domain: int = typer.Option(
+        2, min=1, help="Prompts per domain (held out from the tuning run)."
+    ),
     max_new_tokens: int = typer.Option(48, min=1, help="Tokens to generate per prompt."),
-    warmup: int = typer.Option(1, min=0, help="Untimed rounds of every method on the first prompt."),
-    repeats: int = typer.Option(3, min=1, help="Timed runs per method and prompt (the median is kept)."),
+    warmup: int = typer.Option(
+        1, min=0, help="Untimed rounds of every method on the first prompt."
+    ),
+    repeats: int = typer.Option(
+        3, min=1, help="Timed runs per method and prompt (the median is kept)."
+    ),
     chain_depth: int = typer.Option(4, min=1, help="Depth of the 'chain' method."),
-    min_path_prob: float = typer.Option(0.0, help="specscope methods: stop growing a tree when no frontier path has this draft probability."),
-    methods: str = typer.Option("plain,assisted,chain,uniform,routed", help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic."),
-    router_name: str = typer.Option("rules", "--router", help="rules or learned (TF-IDF + logistic regression, trained on a held-out split)."),
+    min_path_prob: float = typer.Option(
+        0.0,
+        help="specscope methods: stop growing a tree when no frontier path has this draft probability.",
+    ),
+    methods: str = typer.Option(
+        "plain,assisted,chain,uniform,routed",
+        help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic.",
+    ),
+    router_name: str = typer.Option(
+        "rules",
+        "--router",
+        help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
+    ),
     seed: int = typer.Option(42, help="Seed of the prompt sample and the router's split."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Write every run and the summary as JSON."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write every run and the summary as JSON."
+    ),
     draft: str | None = _D_DRAFT,
     target: str | None = _D_TARGET,
     dtype: str | None = _D_DTYPE,
@@ -254,9 +393,14 @@ def bench(
     if out is not None:
         check_output_file(out, (policy_file,), "--out")
     console = make_console()
-    config = BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats,
-                         chain_depth=chain_depth, min_path_prob=min_path_prob,
-                         methods=tuple(m.strip() for m in methods.split(",") if m.strip()))
+    config = BenchConfig(
+        max_new_tokens=max_new_tokens,
+        warmup=warmup,
+        repeats=repeats,
+        chain_depth=chain_depth,
+        min_path_prob=min_path_prob,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+    )
     policy = PolicyFile.load(policy_file) if policy_file else None
     names = [d.strip() for d in domains.split(",") if d.strip()]
     if router_name not in ROUTERS:
@@ -266,34 +410,78 @@ def bench(
     for col in ["router"] + names + [ALL_DOMAINS]:
         table.add_column(col, justify="left" if col == "router" else "right")
     for rep in chosen.reports:
-        table.add_row(rep.router, *(f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"
-                                    if d in rep.per_domain else "-" for d in names), f"{rep.accuracy:.1%}")
+        table.add_row(
+            rep.router,
+            *(
+                f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"
+                if d in rep.per_domain
+                else "-"
+                for d in names
+            ),
+            f"{rep.accuracy:.1%}",
+        )
     console.print(table)
     router, items = chosen.routers[router_name], chosen.items
     _set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
-    runs = run_bench(make_decoder(pair), pair.tokenizer, items, policy, router, config,
-                     log=lambda line: typer.echo(line, err=True))
+    runs = run_bench(
+        make_decoder(pair),
+        pair.tokenizer,
+        items,
+        policy,
+        router,
+        config,
+        log=lambda line: typer.echo(line, err=True),
+    )
     rows = summarize_bench(runs)
-    table = Table(title=f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after "
-                        f"{warmup} warm-up; {pair.target.model.dtype}, {torch.get_num_threads()} "
-                        f"threads{', int8' if int8 else ''}")
-    for col in ("domain", "method", "prompts", "tokens", "decode tok/s", "speed-up", "tok/s e2e",
-                "speed-up e2e", "tau", "= plain"):
+    table = Table(
+        title=f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after "
+        f"{warmup} warm-up; {pair.target.model.dtype}, {torch.get_num_threads()} "
+        f"threads{', int8' if int8 else ''}"
+    )
+    for col in (
+        "domain",
+        "method",
+        "prompts",
+        "tokens",
+        "decode tok/s",
+        "speed-up",
+        "tok/s e2e",
+        "speed-up e2e",
+        "tau",
+        "= plain",
+    ):
         table.add_column(col, justify="left" if col in ("domain", "method") else "right")
     for r in rows:
-        table.add_row(r.domain, r.method, str(r.prompts), str(r.tokens),
-                      f"{r.decode_tokens_per_s:.2f}", f"{r.speedup:.2f}x", f"{r.tokens_per_s:.2f}",
-                      f"{r.e2e_speedup:.2f}x", "-" if r.tau != r.tau else f"{r.tau:.2f}",
-                      "yes" if r.exact else "[red]no[/]")
+        table.add_row(
+            r.domain,
+            r.method,
+            str(r.prompts),
+            str(r.tokens),
+            f"{r.decode_tokens_per_s:.2f}",
+            f"{r.speedup:.2f}x",
+            f"{r.tokens_per_s:.2f}",
+            f"{r.e2e_speedup:.2f}x",
+            "-" if r.tau != r.tau else f"{r.tau:.2f}",
+            "yes" if r.exact else "[red]no[/]",
+        )
     console.print(table)
     if out is not None:
-        write_json(out, {
-            "config": dataclasses.asdict(config), "policy_file": str(policy_file or ""),
-            "router": router_name, "dtype": str(pair.target.model.dtype), "int8": int8,
-            "threads": torch.get_num_threads(),
-            "router_accuracy": [{"router": r.router, "per_domain": r.per_domain,
-                                 "accuracy": r.accuracy} for r in chosen.reports],
-            "rows": [dataclasses.asdict(r) for r in rows],
-            "runs": [dataclasses.asdict(r) for r in runs]})
+        write_json(
+            out,
+            {
+                "config": dataclasses.asdict(config),
+                "policy_file": str(policy_file or ""),
+                "router": router_name,
+                "dtype": str(pair.target.model.dtype),
+                "int8": int8,
+                "threads": torch.get_num_threads(),
+                "router_accuracy": [
+                    {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
+                    for r in chosen.reports
+                ],
+                "rows": [dataclasses.asdict(r) for r in rows],
+                "runs": [dataclasses.asdict(r) for r in runs],
+            },
+        )
         typer.echo(f"wrote {out}")

@@ -51,8 +51,14 @@ class StepScores:
 
     def on(self, device) -> StepScores:
         """The draft's outputs moved to the target's device (the models may live on two)."""
-        return StepScores(self.tokens.to(device), self.q.to(device), self.q_index.to(device),
-                          self.p, self.draft_time_s, self.verify_time_s)
+        return StepScores(
+            self.tokens.to(device),
+            self.q.to(device),
+            self.q_index.to(device),
+            self.p,
+            self.draft_time_s,
+            self.verify_time_s,
+        )
 
 
 @dataclass
@@ -73,8 +79,9 @@ class Batch:
     rows: list[Row] = field(default_factory=list)
     draft_cache: object = field(default=None, init=False)
     target_cache: object = field(default=None, init=False)
-    valid: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool),
-                                init=False)  # [B, T] bool: the cache slots that are context
+    valid: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool), init=False
+    )  # [B, T] bool: the cache slots that are context
 
     @torch.inference_mode()
     def refill(self, keep: list[int], new: list[Row]) -> None:
@@ -107,8 +114,17 @@ class Batch:
         fed: list[int] = []
 
         def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
-            logits = draft_level(self.draft, self.draft_cache, tokens, frontier, fed, anc, context,
-                                 lengths, self.vocab)
+            logits = draft_level(
+                self.draft,
+                self.draft_cache,
+                tokens,
+                frontier,
+                fed,
+                anc,
+                context,
+                lengths,
+                self.vocab,
+            )
             fed.extend(frontier)
             return torch.softmax(logits, dim=-1)
 
@@ -116,8 +132,17 @@ class Batch:
         t1 = time.perf_counter()
 
         scored = [n for n in range(N) if shape.children[n]]
-        logits = verify(self.target, self.target_cache, newest, tokens.cpu(), scored, anc,
-                        self.valid, lengths, self.vocab)
+        logits = verify(
+            self.target,
+            self.target_cache,
+            newest,
+            tokens.cpu(),
+            scored,
+            anc,
+            self.valid,
+            lengths,
+            self.vocab,
+        )
         p = torch.empty(B, N + 1, self.vocab, device=logits.device)
         p[:, [0] + [n + 1 for n in scored]] = softmax(logits, self.vocab)
         p[:, [n + 1 for n in shape.leaves]] = float("nan")  # no children: never read
@@ -127,5 +152,7 @@ class Batch:
             keep_positions(cache, torch.arange(T + 1))
         self.valid = context
         share = 1 / B  # a batched pass's time is shared by its rows
-        return [StepScores(tokens[b], q[b], q_index, p[b], (t1 - t0) * share, (t2 - t1) * share)
-                for b in range(B)]
+        return [
+            StepScores(tokens[b], q[b], q_index, p[b], (t1 - t0) * share, (t2 - t1) * share)
+            for b in range(B)
+        ]

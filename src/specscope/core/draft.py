@@ -34,7 +34,9 @@ class DraftTree:
 
     shape: TreeShape
     tokens: torch.Tensor  # [N] long, on the CPU
-    proposals: torch.Tensor | None  # [C, V]: q at the contexts nodes were drawn from; None: not kept
+    proposals: (
+        torch.Tensor | None
+    )  # [C, V]: q at the contexts nodes were drawn from; None: not kept
     proposal_row: list[int]  # each node's row of ``proposals`` (its parent's context)
     draft_slot: list[int]  # each node's index among the tree entries of the draft cache, or -1
 
@@ -63,9 +65,12 @@ class ChildRule:
         return self.temperature == 0
 
 
-def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand: Expand,
-              stop: Callable[[list[int], torch.Tensor], bool] | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def grow_tree(
+    shape: TreeShape,
+    root_q: torch.Tensor,
+    expand: Expand,
+    stop: Callable[[list[int], torch.Tensor], bool] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose every node's token, depth by depth, from the draft's scores at its parent, for B
     rows that share one shape.
 
@@ -99,8 +104,14 @@ def grow_tree(shape: TreeShape, root_q: torch.Tensor, expand: Expand,
 FeedLevel = Callable[[list[int], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLevel,
-                 rule: ChildRule, generator: torch.Generator, fed: list[int]) -> DraftTree:
+def draft_static(
+    shape: TreeShape,
+    root_logits: torch.Tensor,
+    feed_level: FeedLevel,
+    rule: ChildRule,
+    generator: torch.Generator,
+    fed: list[int],
+) -> DraftTree:
     """One prompt's static tree. Children are the draft's top tokens, or draws without replacement
     when sampling; growth stops early once no frontier path has draft probability
     ``rule.min_path_prob``. ``fed`` collects the nodes fed to the draft, in cache order."""
@@ -127,17 +138,28 @@ def draft_static(shape: TreeShape, root_logits: torch.Tensor, feed_level: FeedLe
     if not rule.greedy:  # draws are taken in order: a node's children are draws 0..k-1
         shape = contiguous_ranks(shape)
     anc = shape.ancestor_mask()
-    tokens, _, q_index = grow_tree(shape, scores(root_logits[None]), expand,
-                                   stop=unlikely if rule.min_path_prob > 0 else None)
+    tokens, _, q_index = grow_tree(
+        shape, scores(root_logits[None]), expand, stop=unlikely if rule.min_path_prob > 0 else None
+    )
     shape = bfs_prefix(shape, tokens.shape[1])
     slot = {n: i for i, n in enumerate(fed)}
     kept = rule.keep_q or not rule.greedy
-    return DraftTree(shape, tokens[0].cpu(), torch.stack(rows) if kept else None,
-                     q_index.tolist(), [slot.get(n, -1) for n in range(len(shape))])
+    return DraftTree(
+        shape,
+        tokens[0].cpu(),
+        torch.stack(rows) if kept else None,
+        q_index.tolist(),
+        [slot.get(n, -1) for n in range(len(shape))],
+    )
 
 
-def draft_dynamic(policy: DynamicTree, root_logits: torch.Tensor, feed_level: FeedLevel,
-                  rule: ChildRule, fed: list[int]) -> DraftTree:
+def draft_dynamic(
+    policy: DynamicTree,
+    root_logits: torch.Tensor,
+    feed_level: FeedLevel,
+    rule: ChildRule,
+    fed: list[int],
+) -> DraftTree:
     """EAGLE-2: expand the top-k nodes of each depth by cumulative draft log-probability, then
     keep the best ``max_nodes`` of all drafted nodes (ties: shallower first). The children are the
     draft's top tokens (deterministic, verified as point-mass proposals when sampling)."""
@@ -162,17 +184,25 @@ def draft_dynamic(policy: DynamicTree, root_logits: torch.Tensor, feed_level: Fe
 
     level = add_children(-1, torch.log_softmax(root_logits / temp, -1))
     for _ in range(policy.depth - 1):
-        frontier = sorted(level, key=lambda n: -score[n])[:policy.top_k]
+        frontier = sorted(level, key=lambda n: -score[n])[: policy.top_k]
         if math.exp(score[frontier[0]]) < rule.min_path_prob:
             break
-        rows = torch.log_softmax(feed_level(frontier, torch.tensor(token_list),
-                                            ancestor_mask(parents)) / temp, -1)
+        rows = torch.log_softmax(
+            feed_level(frontier, torch.tensor(token_list), ancestor_mask(parents)) / temp, -1
+        )
         level = [c for n, row in zip(frontier, rows) for c in add_children(n, row)]
-    kept = sorted(range(len(parents)), key=lambda n: (-score[n], depths[n], n))[:policy.max_nodes]
+    kept = sorted(range(len(parents)), key=lambda n: (-score[n], depths[n], n))[: policy.max_nodes]
     order = sorted(kept, key=lambda n: (depths[n], n))
     index = {n: i for i, n in enumerate(order)}
-    shape = TreeShape(tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
-                      tuple(ranks[n] for n in order))
+    shape = TreeShape(
+        tuple(index[parents[n]] if parents[n] >= 0 else -1 for n in order),
+        tuple(ranks[n] for n in order),
+    )
     slot = {n: i for i, n in enumerate(fed)}
-    return DraftTree(shape, torch.tensor([token_list[n] for n in order]), None, [],
-                     [slot.get(n, -1) for n in order])
+    return DraftTree(
+        shape,
+        torch.tensor([token_list[n] for n in order]),
+        None,
+        [],
+        [slot.get(n, -1) for n in order],
+    )

@@ -147,7 +147,8 @@ class Speculator:
         if need > limit:
             raise DecodeError(
                 f"the prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + "
-                f"the tree's depth ({depth}) need {need} positions; the models allow {limit}")
+                f"the tree's depth ({depth}) need {need} positions; the models allow {limit}"
+            )
 
     def prefill(self, prompt: Sequence[int], seed: int) -> tuple[Session, torch.Tensor]:
         """Both caches for ``prompt`` (the draft's without the last token) and the target's
@@ -155,28 +156,39 @@ class Speculator:
         prompt = list(prompt)
         target_cache, logits = prefill(self.target, prompt, logits=True)
         draft_cache, _ = prefill(self.draft, prompt[:-1])
-        s = Session(prompt, target_cache, draft_cache, len(prompt) - 1,
-                    torch.Generator().manual_seed(seed))
-        return s, logits[:self.vocab]
+        s = Session(
+            prompt, target_cache, draft_cache, len(prompt) - 1, torch.Generator().manual_seed(seed)
+        )
+        return s, logits[: self.vocab]
 
     # draft --------------------------------------------------------------------------------------
 
     def draft_root(self, s: Session) -> torch.Tensor:
         """Feed the draft the tokens its cache lacks; logits [vocab] at the whole context."""
-        ids = torch.tensor([s.tokens[s.draft_len:]])
-        logits = stages.draft_context(self.draft, s.draft_cache, ids,
-                                      torch.ones(1, s.draft_len, dtype=torch.bool), self.vocab)
+        ids = torch.tensor([s.tokens[s.draft_len :]])
+        logits = stages.draft_context(
+            self.draft, s.draft_cache, ids, torch.ones(1, s.draft_len, dtype=torch.bool), self.vocab
+        )
         s.draft_len = len(s.tokens)
         s.fed = []
         return logits[0]
 
-    def draft_level(self, s: Session, nodes: list[int], tokens: torch.Tensor,
-                    anc: torch.Tensor) -> torch.Tensor:
+    def draft_level(
+        self, s: Session, nodes: list[int], tokens: torch.Tensor, anc: torch.Tensor
+    ) -> torch.Tensor:
         """Feed ``nodes`` (one tree level) to the draft in one call; their logits [F, vocab]."""
         L = len(s.tokens)
-        logits = stages.draft_level(self.draft, s.draft_cache, tokens[None], nodes, s.fed, anc,
-                                    torch.ones(1, L, dtype=torch.bool), torch.tensor([L]),
-                                    self.vocab)
+        logits = stages.draft_level(
+            self.draft,
+            s.draft_cache,
+            tokens[None],
+            nodes,
+            s.fed,
+            anc,
+            torch.ones(1, L, dtype=torch.bool),
+            torch.tensor([L]),
+            self.vocab,
+        )
         s.fed.extend(nodes)
         return logits[0]
 
@@ -194,10 +206,17 @@ class Speculator:
         node, in one pass over the target's cache."""
         L = len(s.tokens)
         assert s.target_cache.get_seq_length() == L - 1, "the target cache must hold tokens[:-1]"
-        logits = stages.verify(self.target, s.target_cache, torch.tensor([s.tokens[-1:]]),
-                               tree.tokens[None], list(range(len(tree.shape))),
-                               tree.shape.ancestor_mask(), torch.ones(1, L - 1, dtype=torch.bool),
-                               torch.tensor([L]), self.vocab)
+        logits = stages.verify(
+            self.target,
+            s.target_cache,
+            torch.tensor([s.tokens[-1:]]),
+            tree.tokens[None],
+            list(range(len(tree.shape))),
+            tree.shape.ancestor_mask(),
+            torch.ones(1, L - 1, dtype=torch.bool),
+            torch.tensor([L]),
+            self.vocab,
+        )
         return logits[0]
 
     # commit -------------------------------------------------------------------------------------
@@ -220,8 +239,13 @@ class Speculator:
     # the loop -----------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, prompt: Sequence[int], spec: TreeShape | DynamicTree, config: DecodeConfig,
-            acceptor: Acceptor) -> DecodeResult:
+    def run(
+        self,
+        prompt: Sequence[int],
+        spec: TreeShape | DynamicTree,
+        config: DecodeConfig,
+        acceptor: Acceptor,
+    ) -> DecodeResult:
         """Speculate over ``prompt`` until EOS or ``config.max_new_tokens``. The first token comes
         from the prefill, as in plain decoding; trees are cut to the tokens still wanted."""
         t_start = time.perf_counter()
@@ -235,8 +259,11 @@ class Speculator:
         while len(out) < config.max_new_tokens and stop != "eos":
             t0 = time.perf_counter()
             depth = max(1, config.max_new_tokens - len(out) - 1)  # the bonus token is free
-            tree_spec = (replace(spec, depth=min(spec.depth, depth))
-                         if isinstance(spec, DynamicTree) else cut_depth(spec, depth))
+            tree_spec = (
+                replace(spec, depth=min(spec.depth, depth))
+                if isinstance(spec, DynamicTree)
+                else cut_depth(spec, depth)
+            )
             tree = self.draft_tree(s, tree_spec, acceptor.rule)
             t1 = time.perf_counter()
             logits = self.verify(s, tree)
@@ -244,9 +271,19 @@ class Speculator:
             accepted = acceptor.accept(s, tree, logits)
             context_len = len(s.tokens)
             emitted = self.commit_path(s, tree, accepted)
-            steps.append(Step(len(steps), context_len, len(tree.shape), len(accepted.path),
-                              len(accepted.path) + 1, emitted[0], t1 - t0, t2 - t1,
-                              time.perf_counter() - t0))
+            steps.append(
+                Step(
+                    len(steps),
+                    context_len,
+                    len(tree.shape),
+                    len(accepted.path),
+                    len(accepted.path) + 1,
+                    emitted[0],
+                    t1 - t0,
+                    t2 - t1,
+                    time.perf_counter() - t0,
+                )
+            )
             out, stop = _append(out, emitted, config.max_new_tokens, self.eos)
         return DecodeResult(out, steps, stop, time.perf_counter() - t_start, len(prompt))
 
@@ -263,8 +300,9 @@ def _append(out: list[int], emitted: list[int], budget: int, eos) -> tuple[list[
 
 
 @torch.inference_mode()
-def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: DecodeConfig,
-                   vocab: int, eos=frozenset()) -> DecodeResult:
+def plain_generate(
+    model: torch.nn.Module, prompt: Sequence[int], config: DecodeConfig, vocab: int, eos=frozenset()
+) -> DecodeResult:
     """Token-by-token decoding with a KV cache: greedy, or sampling at ``config.temperature``."""
     if not prompt:
         raise DecodeError("the prompt has no tokens")
@@ -278,7 +316,9 @@ def plain_generate(model: torch.nn.Module, prompt: Sequence[int], config: Decode
     while True:
         token = next_token(logits, vocab, config.temperature, config.top_p, generator)
         t1 = time.perf_counter()
-        steps.append(Step(len(steps), len(prompt) + len(out), 0, 0, 1, token, 0.0, t1 - t0, t1 - t0))
+        steps.append(
+            Step(len(steps), len(prompt) + len(out), 0, 0, 1, token, 0.0, t1 - t0, t1 - t0)
+        )
         out.append(token)
         if token in eos:
             stop = "eos"

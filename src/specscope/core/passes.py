@@ -51,8 +51,12 @@ def prefill(model, tokens: Sequence[int], logits: bool = False):
     cache = new_cache(model)
     if not tokens:
         return cache, None
-    out = model(input_ids=torch.tensor([list(tokens)], device=model.device),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)  # ids: [1, L]
+    out = model(
+        input_ids=torch.tensor([list(tokens)], device=model.device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )  # ids: [1, L]
     return cache, out.logits[0, -1] if logits else None
 
 
@@ -66,8 +70,15 @@ def additive_mask(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -
     return mask[:, None]
 
 
-def feed(model, cache, ids: torch.Tensor, positions: torch.Tensor, past: torch.Tensor,
-         block: torch.Tensor, last: int = 0) -> torch.Tensor:
+def feed(
+    model,
+    cache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    past: torch.Tensor,
+    block: torch.Tensor,
+    last: int = 0,
+) -> torch.Tensor:
     """Run ``ids`` over ``cache`` with a 4D mask and explicit positions; logits [B, Q, V'].
 
     ids: [B, Q]; positions: [B, Q] position ids; past: [B, Q, T] which of the T cached entries
@@ -77,8 +88,14 @@ def feed(model, cache, ids: torch.Tensor, positions: torch.Tensor, past: torch.T
     dev = model.device
     assert ids.dim() == 2 and positions.shape == ids.shape and past.shape[:2] == ids.shape
     mask = additive_mask(past.to(dev), block.to(dev), model.dtype)
-    out = model(input_ids=ids.to(dev), past_key_values=cache, use_cache=True, attention_mask=mask,
-                position_ids=positions.to(dev), logits_to_keep=last)
+    out = model(
+        input_ids=ids.to(dev),
+        past_key_values=cache,
+        use_cache=True,
+        attention_mask=mask,
+        position_ids=positions.to(dev),
+        logits_to_keep=last,
+    )
     return out.logits
 
 
@@ -88,15 +105,26 @@ def feed_causal(model, cache, ids: torch.Tensor, past: torch.Tensor, last: int =
     B, Q = ids.shape
     positions = past.sum(1, keepdim=True) + torch.arange(Q)
     causal = torch.ones(Q, Q, dtype=torch.bool).tril()
-    return feed(model, cache, ids, positions, past[:, None, :].expand(B, Q, past.shape[1]), causal,
-                last=last)
+    return feed(
+        model,
+        cache,
+        ids,
+        positions,
+        past[:, None, :].expand(B, Q, past.shape[1]),
+        causal,
+        last=last,
+    )
 
 
 def feed_one(model, cache, token: int) -> torch.Tensor:
     """Plain decoding's pass (gpt-fast's ``decode_one_token``): ``token`` after every cached
     entry, without a mask; its logits [V']."""
-    return model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache,
-                 use_cache=True, logits_to_keep=1).logits[0, -1]
+    return model(
+        input_ids=torch.tensor([[token]], device=model.device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[0, -1]
 
 
 def crop(cache, length: int) -> None:
@@ -112,8 +140,10 @@ def _layer_tensors(cache) -> list[tuple[object, str | int]]:
         out = []
         for layer in cache.layers:
             if hasattr(layer, "cumulative_length") or getattr(layer, "is_sliding", False):
-                raise CacheError(f"cache layer {type(layer).__name__} (sliding window) cannot "
-                                 "keep selected positions; use a full-attention model")
+                raise CacheError(
+                    f"cache layer {type(layer).__name__} (sliding window) cannot "
+                    "keep selected positions; use a full-attention model"
+                )
             out += [(layer, "keys"), (layer, "values")]
         return out
     return [(lst, i) for lst in (cache.key_cache, cache.value_cache) for i in range(len(lst))]
@@ -138,7 +168,9 @@ def keep_positions(cache, keep: Sequence[int] | torch.Tensor) -> None:
     crop(cache, K)
 
 
-def gather_rows(model, rows: Sequence[tuple[object, int, torch.Tensor]]) -> tuple[object, torch.Tensor]:
+def gather_rows(
+    model, rows: Sequence[tuple[object, int, torch.Tensor]]
+) -> tuple[object, torch.Tensor]:
     """A new cache for ``model`` whose row r holds, of ``rows[r] = (cache, b, index)``, row b's
     entries at positions ``index`` [K_r] of that cache, right-aligned after zero padding to the
     longest; and valid [R, T]: which entries are real. Needs the layered ``DynamicCache``."""
@@ -149,15 +181,28 @@ def gather_rows(model, rows: Sequence[tuple[object, int, torch.Tensor]]) -> tupl
         for i, layer in enumerate(packed.layers):
             kv = []
             for name in ("keys", "values"):
-                parts = [getattr(cache.layers[i], name)[b].index_select(1, index.to(model.device))
-                         if len(index) else None for cache, b, index in rows]
+                parts = [
+                    getattr(cache.layers[i], name)[b].index_select(1, index.to(model.device))
+                    if len(index)
+                    else None
+                    for cache, b, index in rows
+                ]
                 ref = next(t for t in parts if t is not None)  # [kv_heads, K, head_dim]
                 parts = [ref[:, :0] if t is None else t for t in parts]
-                kv.append(torch.stack([torch.cat([ref.new_zeros(
-                    ref.shape[0], width - t.shape[1], ref.shape[2]), t], dim=1) for t in parts]))
+                kv.append(
+                    torch.stack(
+                        [
+                            torch.cat(
+                                [ref.new_zeros(ref.shape[0], width - t.shape[1], ref.shape[2]), t],
+                                dim=1,
+                            )
+                            for t in parts
+                        ]
+                    )
+                )
             layer.lazy_initialization(*kv)
             layer.keys, layer.values = kv
     valid = torch.zeros(len(rows), width, dtype=torch.bool)
     for r, n in enumerate(lengths):
-        valid[r, width - n:] = True
+        valid[r, width - n :] = True
     return packed, valid

@@ -24,8 +24,9 @@ def warp(logits: torch.Tensor, vocab: int, temperature: float, top_p: float = 1.
     return probs
 
 
-def next_token(logits: torch.Tensor, vocab: int, temperature: float, top_p: float,
-               generator: torch.Generator) -> int:
+def next_token(
+    logits: torch.Tensor, vocab: int, temperature: float, top_p: float, generator: torch.Generator
+) -> int:
     """The next token from logits at one context: the argmax at temperature 0, else a draw from
     the warped distribution."""
     if temperature == 0:
@@ -34,8 +35,9 @@ def next_token(logits: torch.Tensor, vocab: int, temperature: float, top_p: floa
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def speculative_sample(p: torch.Tensor, candidates: Sequence[int], q: torch.Tensor | None,
-                       generator: torch.Generator) -> tuple[int | None, int]:
+def speculative_sample(
+    p: torch.Tensor, candidates: Sequence[int], q: torch.Tensor | None, generator: torch.Generator
+) -> tuple[int | None, int]:
     """Multi-round speculative sampling at one node: returns (accepted candidate index or None,
     emitted token); the emitted token is distributed exactly as ``p`` [V].
 

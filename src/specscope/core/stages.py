@@ -30,9 +30,17 @@ def draft_context(draft, cache, ids: torch.Tensor, past: torch.Tensor, vocab: in
     return feed_causal(draft, cache, ids, past, last=1)[:, -1, :vocab].float()
 
 
-def draft_level(draft, cache, tokens: torch.Tensor, nodes: list[int], fed: list[int],
-                anc: torch.Tensor, past: torch.Tensor, lengths: torch.Tensor,
-                vocab: int) -> torch.Tensor:
+def draft_level(
+    draft,
+    cache,
+    tokens: torch.Tensor,
+    nodes: list[int],
+    fed: list[int],
+    anc: torch.Tensor,
+    past: torch.Tensor,
+    lengths: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
     """Feed ``nodes`` (one tree level) of every row in one call; float32 logits [B, F, vocab].
 
     tokens: [B, N] the rows' tree tokens so far; anc: [N, N] the tree's ancestor mask; fed: the
@@ -40,23 +48,33 @@ def draft_level(draft, cache, tokens: torch.Tensor, nodes: list[int], fed: list[
     """
     B, T = past.shape
     F = len(nodes)
-    seen = torch.cat([past[:, None, :].expand(B, F, T),
-                      anc[nodes][:, fed][None].expand(B, F, len(fed))], dim=2)
+    seen = torch.cat(
+        [past[:, None, :].expand(B, F, T), anc[nodes][:, fed][None].expand(B, F, len(fed))], dim=2
+    )
     positions = lengths[:, None] + anc[nodes].sum(-1)[None] - 1  # [B, F]: L + depth - 1
     logits = feed(draft, cache, tokens[:, nodes], positions, seen, anc[nodes][:, nodes])
     return logits[..., :vocab].float()
 
 
-def verify(target, cache, newest: torch.Tensor, tokens: torch.Tensor, nodes: list[int],
-           anc: torch.Tensor, past: torch.Tensor, lengths: torch.Tensor,
-           vocab: int) -> torch.Tensor:
+def verify(
+    target,
+    cache,
+    newest: torch.Tensor,
+    tokens: torch.Tensor,
+    nodes: list[int],
+    anc: torch.Tensor,
+    past: torch.Tensor,
+    lengths: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
     """The tree pass: target logits [B, 1 + S, vocab] at each row's context (``newest`` [B, 1],
     its last token, which the cache lacks) and at the context extended by each of ``nodes`` [S]."""
     B, T = past.shape
     S = len(nodes)
     ids = torch.cat([newest, tokens[:, nodes]], dim=1)
-    positions = torch.cat([(lengths - 1)[:, None], lengths[:, None] + anc[nodes].sum(-1)[None] - 1],
-                          dim=1)
+    positions = torch.cat(
+        [(lengths - 1)[:, None], lengths[:, None] + anc[nodes].sum(-1)[None] - 1], dim=1
+    )
     block = torch.zeros(1 + S, 1 + S, dtype=torch.bool)
     block[:, 0] = True  # the newest context token is seen by itself and every node
     block[1:, 1:] = anc[nodes][:, nodes]

@@ -31,8 +31,10 @@ def check_batch_size(config: RunConfig, batch_size: int) -> None:
     if batch_size < 1:
         raise MeasureError(f"batch size must be >= 1, got {batch_size}")
     if batch_size > 1 and config.engine != "cached":
-        raise MeasureError(f"--batch-size {batch_size} needs the cached engine; the naive "
-                           "engine (the paper's algorithm) measures one prompt at a time")
+        raise MeasureError(
+            f"--batch-size {batch_size} needs the cached engine; the naive "
+            "engine (the paper's algorithm) measures one prompt at a time"
+        )
 
 
 def _available_bytes(device: torch.device) -> int:
@@ -54,8 +56,9 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * torch.finfo(model.dtype).bits // 8
 
 
-def check_batch_memory(pair: ModelPair, batch_size: int, tokens_per_row: int,
-                       tree_size: int) -> None:
+def check_batch_memory(
+    pair: ModelPair, batch_size: int, tokens_per_row: int, tree_size: int
+) -> None:
     """Refuse a batch whose KV caches and logits would not fit in the memory free now, naming
     the largest batch size that would (checked before anything is measured or committed)."""
     per_row = 0
@@ -69,4 +72,5 @@ def check_batch_memory(pair: ModelPair, batch_size: int, tokens_per_row: int,
         raise MeasureError(
             f"--batch-size {batch_size} needs about {batch_size * per_row / 2**30:.1f} GiB for "
             f"KV caches and logits, more than the {free / 2**30:.1f} GiB free on "
-            f"{pair.target.device}; the largest batch that fits is about {fits}")
+            f"{pair.target.device}; the largest batch that fits is about {fits}"
+        )

@@ -37,8 +37,9 @@ class NaiveOracle:
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r)
             attn[i, : len(r)] = 1
-        return model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),
-                     use_cache=False).logits
+        return model(
+            input_ids=ids.to(model.device), attention_mask=attn.to(model.device), use_cache=False
+        ).logits
 
     @torch.inference_mode()
     def score(self, context: list[int], shape: TreeShape) -> StepScores:
@@ -63,7 +64,9 @@ class NaiveOracle:
 
         # One batch: the context alone, then the context extended by each root-to-leaf path.
         leaf_paths = shape.leaf_paths()
-        logits = self._rows(self.target, [context] + [context + path(leaf[-1], tokens) for leaf in leaf_paths])
+        logits = self._rows(
+            self.target, [context] + [context + path(leaf[-1], tokens) for leaf in leaf_paths]
+        )
         p_rows = torch.empty(N + 1, logits.shape[-1], device=logits.device)
         p_rows[0] = logits[0, L - 1]
         for row, leaf in enumerate(leaf_paths, start=1):

@@ -23,8 +23,13 @@ from ..trees import TreeShape
 RANK_WIDTH = 16  # a node's rank is read off its context's top 16 when its token is in them
 
 
-def _rank(probs: torch.Tensor, ctx: torch.Tensor, tokens: torch.Tensor, p_t: torch.Tensor,
-          top: torch.return_types.topk) -> torch.Tensor:
+def _rank(
+    probs: torch.Tensor,
+    ctx: torch.Tensor,
+    tokens: torch.Tensor,
+    p_t: torch.Tensor,
+    top: torch.return_types.topk,
+) -> torch.Tensor:
     """Each node's token rank under its context's row of ``probs`` [C, V] (0 = the greedy token),
     ties ordered by token id as in :func:`greedy_token`.
 
@@ -76,8 +81,9 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
     greedy = greedy_token(p_rows)[node_ctx] == scores.tokens
 
     parents, depths = np.asarray(shape.parents), np.asarray(shape.depths)
-    accepted = tree_paths(greedy.cpu().numpy(), depths, np.asarray(shape.ranks), parents < 0,
-                          parents).accepted
+    accepted = tree_paths(
+        greedy.cpu().numpy(), depths, np.asarray(shape.ranks), parents < 0, parents
+    ).accepted
     accepted_len = int(depths[accepted].max(initial=0))
 
     def host(x: torch.Tensor) -> np.ndarray:
@@ -104,11 +110,14 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
     return NodeRecords(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)
 
 
-def certificate_records(scores: StepScores, shape: TreeShape, criteria: CriteriaConfig
-                        ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+def certificate_records(
+    scores: StepScores, shape: TreeShape, criteria: CriteriaConfig
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Each node's certificates at its context (computed once per distinct context), and the step
     row's at the root context (the node rows carry KL and margin)."""
     contexts, index = np.unique(np.asarray(shape.parents) + 1, return_inverse=True)
     nodes, step = certificate_columns(scores.p[torch.as_tensor(contexts)], scores.q[0], criteria)
-    return ({name: values[index] for name, values in nodes.items()},
-            {k: v[0] for k, v in step.items() if k not in ("kl_target_draft", "target_margin")})
+    return (
+        {name: values[index] for name, values in nodes.items()},
+        {k: v[0] for k, v in step.items() if k not in ("kl_target_draft", "target_margin")},
+    )

@@ -58,14 +58,17 @@ class PromptState:
     context: list[int]
     t_start: float
     node_cols: list[dict[str, np.ndarray]] = field(default_factory=list)
-    step_extras: list[dict[str, float]] = field(default_factory=list)  # per step: margin, KL, certificates
+    step_extras: list[dict[str, float]] = field(
+        default_factory=list
+    )  # per step: margin, KL, certificates
     steps: list[Step] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     stop_reason: str = "max_new_tokens"
 
 
-def start_prompts(pair: ModelPair, config: RunConfig,
-                  todo: list[tuple[int, PromptItem]]) -> list[PromptState]:
+def start_prompts(
+    pair: ModelPair, config: RunConfig, todo: list[tuple[int, PromptItem]]
+) -> list[PromptState]:
     """Render ``todo`` ((order, item) pairs) and check that every prompt, its new tokens and a
     tree fit in the positions both models were built for, before any of them is measured."""
     states = []
@@ -83,18 +86,22 @@ def start_prompts(pair: ModelPair, config: RunConfig,
             f"{config.max_new_tokens} and the tree's depth {extra - config.max_new_tokens} it needs "
             f"{len(longest.context) + extra} positions, but the models allow {limit}: lower "
             f"--max-prompt-tokens to {limit - extra} or fewer (prompts keep their last tokens) "
-            "or --max-new-tokens")
+            "or --max-new-tokens"
+        )
     return states
 
 
-def observe(state: PromptState, scores: StepScores, shape: TreeShape,
-            criteria: CriteriaConfig | None) -> NodeRecords:
+def observe(
+    state: PromptState, scores: StepScores, shape: TreeShape, criteria: CriteriaConfig | None
+) -> NodeRecords:
     """Record one step's nodes (and certificates) with the prompt."""
     record = step_record(scores, shape)
     record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
     # the step row keeps its root context's margin and KL (node 0 is a root), certificates or not
-    step_extras = {"target_margin": float(record.nodes["target_margin"][0]),
-                   "kl_target_draft": float(record.nodes["kl_target_draft"][0])}
+    step_extras = {
+        "target_margin": float(record.nodes["target_margin"][0]),
+        "kl_target_draft": float(record.nodes["kl_target_draft"][0]),
+    }
     if criteria is not None:
         node_certificates, certificates = certificate_records(scores, shape, criteria)
         record.nodes.update(node_certificates)
@@ -104,15 +111,31 @@ def observe(state: PromptState, scores: StepScores, shape: TreeShape,
     return record
 
 
-def commit_greedy_token(state: PromptState, scores: StepScores, shape: TreeShape,
-                        config: RunConfig, eos: set[int], step_time_s: float) -> bool:
+def commit_greedy_token(
+    state: PromptState,
+    scores: StepScores,
+    shape: TreeShape,
+    config: RunConfig,
+    eos: set[int],
+    step_time_s: float,
+) -> bool:
     """Measurement's commit stage: observe a row's step and append the target's greedy token to
     its context; True when the prompt is finished (EOS or its token budget)."""
     record = observe(state, scores, shape, config.criteria)
     token = record.emitted_token
-    state.steps.append(Step(len(state.steps), len(state.context), len(shape), record.accepted_len,
-                            record.accepted_len + 1, token, scores.draft_time_s,
-                            scores.verify_time_s, step_time_s))
+    state.steps.append(
+        Step(
+            len(state.steps),
+            len(state.context),
+            len(shape),
+            record.accepted_len,
+            record.accepted_len + 1,
+            token,
+            scores.draft_time_s,
+            scores.verify_time_s,
+            step_time_s,
+        )
+    )
     state.context.append(token)
     state.output.append(token)
     if token in eos:
@@ -134,14 +157,20 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     steps = {k: [r[k] for r in rows] for k in rows[0]}
     steps["position_bin"] = [position_bin(s) for s in steps["step"]]
     prompt = {
-        "order": [state.order], "source": [item.source], "source_index": [item.source_index],
-        "dataset": [item.dataset], "split": [item.split],
+        "order": [state.order],
+        "source": [item.source],
+        "source_index": [item.source_index],
+        "dataset": [item.dataset],
+        "split": [item.split],
         "messages_json": [json.dumps(list(item.messages), ensure_ascii=False)],
-        "prompt_text": [state.rendered.text], "prompt_tokens": [len(state.rendered.ids)],
-        "truncated": [state.rendered.truncated], "generated_tokens": [len(state.output)],
+        "prompt_text": [state.rendered.text],
+        "prompt_tokens": [len(state.rendered.ids)],
+        "truncated": [state.rendered.truncated],
+        "generated_tokens": [len(state.output)],
         "output_token_ids": [state.output],
         "output_text": [pair.tokenizer.decode(state.output, skip_special_tokens=True)],
-        "stop_reason": [state.stop_reason], "time_s": [time.perf_counter() - state.t_start],
+        "stop_reason": [state.stop_reason],
+        "time_s": [time.perf_counter() - state.t_start],
     }
     return PromptRecords(
         nodes=to_table({**common(len(nodes["step"])), **nodes}, "nodes"),
@@ -150,9 +179,14 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     )
 
 
-def measure_naive(pair: ModelPair, states: list[PromptState], config: RunConfig,
-                  shape: TreeShape, run_id: str,
-                  commit: Callable[[PromptState, PromptRecords], None]) -> None:
+def measure_naive(
+    pair: ModelPair,
+    states: list[PromptState],
+    config: RunConfig,
+    shape: TreeShape,
+    run_id: str,
+    commit: Callable[[PromptState, PromptRecords], None],
+) -> None:
     """The paper's algorithm, every row recomputed, one prompt at a time: the oracle."""
     naive = NaiveOracle(pair.draft.model, pair.target.model, pair.vocab_size)
     eos = eos_token_ids(pair)
@@ -167,9 +201,15 @@ def measure_naive(pair: ModelPair, states: list[PromptState], config: RunConfig,
         commit(state, finish_prompt(state, pair, run_id))
 
 
-def measure_rows(pair: ModelPair, states: list[PromptState], config: RunConfig,
-                 shape: TreeShape, run_id: str, batch_size: int,
-                 commit: Callable[[PromptState, PromptRecords], None]) -> None:
+def measure_rows(
+    pair: ModelPair,
+    states: list[PromptState],
+    config: RunConfig,
+    shape: TreeShape,
+    run_id: str,
+    batch_size: int,
+    commit: Callable[[PromptState, PromptRecords], None],
+) -> None:
     """The measurement driver: ``states`` ``batch_size`` prompts at a time
     (:class:`~specscope.core.batch.Batch`), one greedy token committed per row and step; each
     prompt is committed as soon as it finishes and its row is refilled. Prompts of similar length
@@ -190,8 +230,11 @@ def measure_rows(pair: ModelPair, states: list[PromptState], config: RunConfig,
         t0 = time.perf_counter()
         scores = batch.score(shape)
         share = (time.perf_counter() - t0) / len(scores)
-        finished = [i for i, (row, sc) in enumerate(zip(batch.rows, scores))
-                    if commit_greedy_token(row.payload, sc, shape, config, eos, share)]
+        finished = [
+            i
+            for i, (row, sc) in enumerate(zip(batch.rows, scores))
+            if commit_greedy_token(row.payload, sc, shape, config, eos, share)
+        ]
         for i in finished:
             state = batch.rows[i].payload
             commit(state, finish_prompt(state, pair, run_id))
@@ -200,9 +243,14 @@ def measure_rows(pair: ModelPair, states: list[PromptState], config: RunConfig,
             batch.refill(keep, join(len(finished)))
 
 
-def measure_prompts(pair: ModelPair, config: RunConfig, states: list[PromptState],
-                    run_id: str, commit: Callable[[int, PromptItem, PromptRecords], None],
-                    batch_size: int) -> None:
+def measure_prompts(
+    pair: ModelPair,
+    config: RunConfig,
+    states: list[PromptState],
+    run_id: str,
+    commit: Callable[[int, PromptItem, PromptRecords], None],
+    batch_size: int,
+) -> None:
     """The prompt loop of ``run`` and ``sweep``: measure the prompts that :func:`start_prompts`
     checked, ``batch_size`` at a time (:func:`~specscope.measure.checks.default_batch_size`), and
     hand each prompt's records to ``commit`` as it finishes."""
@@ -215,10 +263,17 @@ def measure_prompts(pair: ModelPair, config: RunConfig, states: list[PromptState
     if config.engine == "naive":
         measure_naive(pair, states, config, shape, run_id, done)
         return
-    check_batch_memory(pair, min(batch_size, len(states)),
-                       config.max_prompt_tokens + config.max_new_tokens, len(shape))
+    check_batch_memory(
+        pair,
+        min(batch_size, len(states)),
+        config.max_prompt_tokens + config.max_new_tokens,
+        len(shape),
+    )
     # measurement records the draft's q too: with int8, make it batch-invariant like the target,
     # so that records do not depend on the batch size (decoding leaves the draft on SDPA)
-    with (rowwise_attention_during(pair.draft.model) if config.pair.quantize == "int8"
-          else nullcontext()):
+    with (
+        rowwise_attention_during(pair.draft.model)
+        if config.pair.quantize == "int8"
+        else nullcontext()
+    ):
         measure_rows(pair, states, config, shape, run_id, batch_size, done)

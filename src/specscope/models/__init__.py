@@ -5,5 +5,13 @@ batch-invariant int8 path for CPUs (int8)."""
 from .config import DEMO_MODELS, ModelLoadError, ModelPair, PairConfig
 from .load import load_pair, load_tokenizer, model_identity, resolve_source
 
-__all__ = ["DEMO_MODELS", "ModelLoadError", "ModelPair", "PairConfig", "load_pair",
-           "load_tokenizer", "model_identity", "resolve_source"]
+__all__ = [
+    "DEMO_MODELS",
+    "ModelLoadError",
+    "ModelPair",
+    "PairConfig",
+    "load_pair",
+    "load_tokenizer",
+    "model_identity",
+    "resolve_source",
+]

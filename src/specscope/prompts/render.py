@@ -38,8 +38,9 @@ def _raw(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, b
 def _chat(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, bool]:
     if not getattr(tokenizer, "chat_template", None):
         return _raw(tokenizer, messages, reply_prefix)
-    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                         tokenize=False), False
+    return tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=False
+    ), False
 
 
 def _task(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, bool]:
@@ -51,7 +52,9 @@ def _task(tokenizer, messages: Sequence[dict], reply_prefix: str) -> tuple[str, 
 
 # name -> (tokenizer, messages, reply prefix) -> (text, whether the tokenizer adds special tokens)
 RENDERINGS: dict[str, Callable[..., tuple[str, bool]]] = {
-    "task": _task, "chat": _chat, "raw": _raw,
+    "task": _task,
+    "chat": _chat,
+    "raw": _raw,
 }
 
 
@@ -61,8 +64,9 @@ def check_rendering(name: str) -> str:
     return name
 
 
-def render_prompt(tokenizer, messages: Sequence[dict], rendering: str, max_tokens: int,
-                  reply_prefix: str = "") -> RenderedPrompt:
+def render_prompt(
+    tokenizer, messages: Sequence[dict], rendering: str, max_tokens: int, reply_prefix: str = ""
+) -> RenderedPrompt:
     """Render the turns (and the reply's start) as ``rendering`` says, tokenise, keep the last
     ``max_tokens``."""
     text, special = RENDERINGS[check_rendering(rendering)](tokenizer, messages, reply_prefix)
@@ -78,8 +82,10 @@ def render_item(tokenizer, item, rendering: str, max_tokens: int) -> RenderedPro
 def eos_token_ids(pair) -> set[int]:
     """The tokens that end a generation: the tokenizer's EOS and the target's generation config's."""
     ids = set()
-    for value in (pair.tokenizer.eos_token_id,
-                  getattr(pair.target.model.generation_config, "eos_token_id", None)):
+    for value in (
+        pair.tokenizer.eos_token_id,
+        getattr(pair.target.model.generation_config, "eos_token_id", None),
+    ):
         if isinstance(value, int):
             ids.add(value)
         elif value:

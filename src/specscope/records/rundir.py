@@ -53,8 +53,9 @@ from .checks import check_records
 from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
 
-def open_location(location: str | Path,
-                  filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+def open_location(
+    location: str | Path, filesystem: pafs.FileSystem | None = None
+) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem and path of a local directory or a URI (``s3://``, ``file://``, ...)."""
     text = str(location)
     if filesystem is not None:
@@ -160,8 +161,13 @@ class RunDir:
     def _files(self, folder: str) -> list[str]:
         """The committed-looking Parquet files of a folder (no hidden temporaries), sorted."""
         infos = self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-        return sorted(i.path for i in infos if i.type == pafs.FileType.File
-                      and i.base_name.endswith(".parquet") and not i.base_name.startswith("."))
+        return sorted(
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.File
+            and i.base_name.endswith(".parquet")
+            and not i.base_name.startswith(".")
+        )
 
     def _write(self, table: pa.Table, path: str) -> None:
         write_file(self.fs, path, table)
@@ -215,15 +221,19 @@ class RunDir:
         files = [f for f in self._files(f"{self.parts}/{name}") if f.rpartition("/")[2] in done]
         if not files:
             return SCHEMAS[name].empty_table()
-        return pa.concat_tables([pq.read_table(f, filesystem=self.fs) for f in files],
-                                promote_options="default")
+        return pa.concat_tables(
+            [pq.read_table(f, filesystem=self.fs) for f in files], promote_options="default"
+        )
 
     def done_prompt_ids(self) -> set[str]:
-        return {pq.read_table(f, columns=["prompt_id"], filesystem=self.fs).column(0)[0].as_py()
-                for f in self._files(f"{self.parts}/prompts")}
+        return {
+            pq.read_table(f, columns=["prompt_id"], filesystem=self.fs).column(0)[0].as_py()
+            for f in self._files(f"{self.parts}/prompts")
+        }
 
-    def commit_prompt(self, order: int, prompt_id: str, nodes: pa.Table, steps: pa.Table,
-                      prompt: pa.Table) -> None:
+    def commit_prompt(
+        self, order: int, prompt_id: str, nodes: pa.Table, steps: pa.Table, prompt: pa.Table
+    ) -> None:
         self._write(nodes, self._part("nodes", order, prompt_id))
         self._write(steps, self._part("steps", order, prompt_id))
         self._write(prompt, self._part("prompts", order, prompt_id))  # the commit marker
@@ -276,8 +286,9 @@ def remove_run(location: str | Path, filesystem: pafs.FileSystem | None = None) 
     for name in RUN_DIRS:
         if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.Directory:
             fs.delete_dir(f"{root}/{name}")
-    if (fs.get_file_info(root).type == pafs.FileType.Directory
-            and not fs.get_file_info(pafs.FileSelector(root))):
+    if fs.get_file_info(root).type == pafs.FileType.Directory and not fs.get_file_info(
+        pafs.FileSelector(root)
+    ):
         fs.delete_dir(root)
 
 
@@ -298,8 +309,9 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as e:
             if path.is_symlink():
-                raise RunDirError(f"{path} is a symbolic link; remove it (specscope's lock file "
-                                  "is a plain file)") from None
+                raise RunDirError(
+                    f"{path} is a symbolic link; remove it (specscope's lock file is a plain file)"
+                ) from None
             raise RunDirError(f"cannot lock {what}: {path}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -311,8 +323,10 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
                 holder = f"pid {holder['pid']} on {holder['host']}, since {holder['started']}"
             except (ValueError, TypeError, KeyError):
                 holder = "a sweep's shards, or a process starting"
-            raise RunDirError(f"{what} is being written by another specscope process ({holder}); "
-                              "wait for it to finish, or write elsewhere") from None
+            raise RunDirError(
+                f"{what} is being written by another specscope process ({holder}); "
+                "wait for it to finish, or write elsewhere"
+            ) from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
         except FileNotFoundError:
@@ -324,8 +338,13 @@ def _take_lock(path: Path, shared: bool, what: str) -> int:
         os.ftruncate(fd, 0)  # what a killed holder left names nobody
         if not shared:
             started = datetime.now(UTC).isoformat(timespec="seconds")
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                      "started": started}).encode(), 0)
+            os.pwrite(
+                fd,
+                json.dumps(
+                    {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+                ).encode(),
+                0,
+            )
     except OSError as e:  # a full disk
         _release_lock(fd, path, shared)
         raise RunDirError(f"cannot lock {what}: {path}: {e.strerror or e}") from None
@@ -345,8 +364,9 @@ def _release_lock(fd: int, path: Path, shared: bool) -> None:
 
 
 @contextmanager
-def run_lock(location: str | Path, filesystem: pafs.FileSystem | None = None,
-             shard: str | None = None) -> Iterator[None]:
+def run_lock(
+    location: str | Path, filesystem: pafs.FileSystem | None = None, shard: str | None = None
+) -> Iterator[None]:
     """Hold the run directory's lock while the block runs: exclusively for a run, or, with
     ``shard`` (a sweep shard's id), the run's lock shared and the shard's own lock exclusively.
 
@@ -365,8 +385,13 @@ def run_lock(location: str | Path, filesystem: pafs.FileSystem | None = None,
     try:
         locks = [(root_path / LOCK_FILE, shard is not None, f"run directory {root}")]
         if shard is not None:
-            locks.append((root_path / f".specscope.shard-{safe_name(shard)}.lock", False,
-                          f"shard {shard} of run directory {root}"))
+            locks.append(
+                (
+                    root_path / f".specscope.shard-{safe_name(shard)}.lock",
+                    False,
+                    f"shard {shard} of run directory {root}",
+                )
+            )
         for path, shared, what in locks:
             held.append((_take_lock(path, shared, what), path, shared))
         yield
@@ -398,8 +423,10 @@ def check_writable_file(path: Path, suffixes: tuple[str, ...] = ()) -> None:
     """Raise RunDirError unless ``path`` can be written as a file (of one of ``suffixes``)."""
     path = Path(path)
     if path.is_dir():
-        raise RunDirError(f"{path} is a directory; give a file name"
-                          + (f" ending in {' or '.join(suffixes)}" if suffixes else ""))
+        raise RunDirError(
+            f"{path} is a directory; give a file name"
+            + (f" ending in {' or '.join(suffixes)}" if suffixes else "")
+        )
     if suffixes and path.suffix not in suffixes:
         raise RunDirError(f"{path} must end in {' or '.join(suffixes)}")
     if path.exists() and not os.access(path, os.W_OK):
@@ -442,9 +469,9 @@ def check_run_ids(run: Run) -> None:
     for name, frame in zip(TABLES, (run.nodes, run.steps, run.prompts)):
         others = sorted(set(frame["run_id"].unique()) - {expected}, key=str)
         if others:
-            raise RunDirError(f"{run.path}: its manifest is run {expected}, but its {name} "
-                              f"records are of run {', '.join(map(str, others[:3]))}: the "
-                              "directory mixes two runs; measure again into a new directory, "
-                              "or --overwrite")
-
-
+            raise RunDirError(
+                f"{run.path}: its manifest is run {expected}, but its {name} "
+                f"records are of run {', '.join(map(str, others[:3]))}: the "
+                "directory mixes two runs; measure again into a new directory, "
+                "or --overwrite"
+            )

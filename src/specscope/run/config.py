@@ -53,9 +53,11 @@ def remote_code_from_command_line(pair: dict, given: bool, where: str) -> dict:
     allow gets one warning on stderr naming the flag."""
     if pair.get("trust_remote_code") is True and not given and where not in _WARNED:
         _WARNED.add(where)
-        print(f"warning: {where} asks for trust_remote_code; ignored: model code from a file "
-              "never runs, give --trust-remote-code on the command line to allow it",
-              file=sys.stderr)
+        print(
+            f"warning: {where} asks for trust_remote_code; ignored: model code from a file "
+            "never runs, give --trust-remote-code on the command line to allow it",
+            file=sys.stderr,
+        )
     return {**pair, "trust_remote_code": given}
 
 
@@ -80,13 +82,17 @@ class PromptSpec:
             by_domain: dict[str, list[PromptItem]] = {}
             for item in items:
                 by_domain.setdefault(item.domain, []).append(item)
-            return [x for group in by_domain.values()
-                    for x in sample_items(group, self.per_domain, seed)]
+            return [
+                x
+                for group in by_domain.values()
+                for x in sample_items(group, self.per_domain, seed)
+            ]
         if self.domains:
             from ..prompts.domains import select_prompts
 
-            return select_prompts(list(self.domains), self.per_domain, seed=seed,
-                                  sources=dict(self.sources) or None)
+            return select_prompts(
+                list(self.domains), self.per_domain, seed=seed, sources=dict(self.sources) or None
+            )
         raise PromptSourceError("no prompts: give --prompts FILE, --domains or --smoke")
 
 
@@ -106,14 +112,17 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise RunConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+            raise RunConfigError(
+                f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}"
+            )
         if self.max_new_tokens < 1:
             raise RunConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_prompt_tokens < 1:
             raise RunConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.rendering not in RENDERINGS:
-            raise RunConfigError(f"unknown rendering {self.rendering!r}; allowed: "
-                                 f"{', '.join(RENDERINGS)}")
+            raise RunConfigError(
+                f"unknown rendering {self.rendering!r}; allowed: {', '.join(RENDERINGS)}"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,8 +134,9 @@ class RunConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @classmethod
-    def from_dict(cls, data: dict, trust_remote_code: bool = False,
-                  where: str = "the config") -> RunConfig:
+    def from_dict(
+        cls, data: dict, trust_remote_code: bool = False, where: str = "the config"
+    ) -> RunConfig:
         """A config from TOML- or JSON-like data read from ``where``; every value's type is
         checked, by field. ``pair.trust_remote_code`` is ``trust_remote_code`` (the command
         line's choice) whatever the data says (:func:`remote_code_from_command_line`)."""
@@ -134,8 +144,10 @@ class RunConfig:
         if "chat_template" in data:  # configs written before renderings: chat or raw
             legacy = data.pop("chat_template")
             if not isinstance(legacy, bool):
-                raise RunConfigError(f"chat_template must be true or false, got {legacy!r} "
-                                     "(or use rendering = \"task\", \"chat\" or \"raw\")")
+                raise RunConfigError(
+                    f"chat_template must be true or false, got {legacy!r} "
+                    '(or use rendering = "task", "chat" or "raw")'
+                )
             data["rendering"] = "chat" if legacy else "raw"
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -157,13 +169,16 @@ class RunConfig:
                 section = dict(data[key])
                 allowed = {f.name for f in dataclasses.fields(kind)}
                 if set(section) - allowed:
-                    raise RunConfigError(f"unknown keys {sorted(set(section) - allowed)} in "
-                                         f"[{key}]; allowed: {sorted(allowed)}")
+                    raise RunConfigError(
+                        f"unknown keys {sorted(set(section) - allowed)} in "
+                        f"[{key}]; allowed: {sorted(allowed)}"
+                    )
                 check_fields(kind, section, RunConfigError, f"{key}.")
                 for name in ("domains", "sources"):
                     if name in section and section[name] is not None:
-                        section[name] = tuple(tuple(x) if isinstance(x, list) else x
-                                              for x in section[name])
+                        section[name] = tuple(
+                            tuple(x) if isinstance(x, list) else x for x in section[name]
+                        )
                 if kind is PairConfig:
                     section = remote_code_from_command_line(section, trust_remote_code, where)
                 data[key] = kind(**section)
@@ -194,8 +209,10 @@ def load_config(source: str | Path | None) -> RunConfig:
     else:
         path = Path(source)
         if not path.is_file():
-            raise RunConfigError(f"config {source} is neither a preset ({', '.join(PRESETS)}) "
-                                 "nor a TOML file or a run's manifest.json")
+            raise RunConfigError(
+                f"config {source} is neither a preset ({', '.join(PRESETS)}) "
+                "nor a TOML file or a run's manifest.json"
+            )
         if path.suffix == ".json":
             manifest = read_json(path, RunConfigError, "config")
             if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
@@ -207,5 +224,3 @@ def load_config(source: str | Path | None) -> RunConfig:
         return RunConfig.from_dict(data, where=str(source))
     except TypeError as e:
         raise RunConfigError(f"{source}: {e}") from None
-
-

@@ -23,8 +23,13 @@ from .config import RunConfig, RunConfigError
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -63,8 +68,13 @@ def config_differences(manifest: dict, config: RunConfig) -> list[str]:
     return [key for key, value in _flatten(config.to_dict()).items() if old.get(key) != value]
 
 
-def run_manifest(config: RunConfig, items: list[PromptItem], empty: list[str], models: dict,
-                 created: str | None = None) -> dict:
+def run_manifest(
+    config: RunConfig,
+    items: list[PromptItem],
+    empty: list[str],
+    models: dict,
+    created: str | None = None,
+) -> dict:
     """The manifest of a run that is starting (status ``running``); ``models``: pair provenance."""
     shape = config.tree.shape()
     return {
@@ -92,21 +102,26 @@ def prompt_hashes(items: list[PromptItem]) -> dict[str, str]:
     return {item.id: prompt_sha256(item.messages) for item in items}
 
 
-def check_identity(out_dir: Path, manifest: dict, hashes: dict[str, str],
-                   models: dict[str, dict]) -> None:
+def check_identity(
+    out_dir: Path, manifest: dict, hashes: dict[str, str], models: dict[str, dict]
+) -> None:
     """Refuse to resume a run whose prompts or models changed since it started, naming them."""
     before = manifest.get("prompts", {}).get("sha256") or {}
     changed = sorted(pid for pid, h in hashes.items() if pid in before and before[pid] != h)
     if changed:
         raise RunConfigError(
             f"{out_dir}: the text of prompt(s) {', '.join(changed[:5])} changed since the run "
-            "started (same id, other messages); use another directory, or --overwrite")
+            "started (same id, other messages); use another directory, or --overwrite"
+        )
     for role, now in models.items():
         old = (manifest.get("models") or {}).get(role) or {}
-        if old.get("fingerprint") and now.get("fingerprint") and old["fingerprint"] != now["fingerprint"]:
+        if (
+            old.get("fingerprint")
+            and now.get("fingerprint")
+            and old["fingerprint"] != now["fingerprint"]
+        ):
             raise RunConfigError(
                 f"{out_dir}: the {role} model at {now['source']} changed since the run started "
                 f"(weights fingerprint {old['fingerprint'][:12]}... now {now['fingerprint'][:12]}...); "
-                "use another directory, or --overwrite")
-
-
+                "use another directory, or --overwrite"
+            )

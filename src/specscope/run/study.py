@@ -68,9 +68,11 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDir
     """
     if not (out_dir / "manifest.json").is_file():
         if out_dir.exists() and any(not is_lock_file(p.name) for p in out_dir.iterdir()):
-            raise RunConfigError(f"{out_dir} exists and is not a specscope run (no manifest.json); "
-                                 "choose an empty or new directory (--overwrite only replaces a "
-                                 "specscope run)")
+            raise RunConfigError(
+                f"{out_dir} exists and is not a specscope run (no manifest.json); "
+                "choose an empty or new directory (--overwrite only replaces a "
+                "specscope run)"
+            )
         return RunDirState(None, False)
     if overwrite:
         return RunDirState(None, True)
@@ -81,7 +83,8 @@ def prepare_run_dir(out_dir: Path, config: RunConfig, overwrite: bool) -> RunDir
         diff = config_differences(manifest, config)
         raise RunConfigError(
             f"{out_dir} holds a run with a different config (differs in: {', '.join(diff)}); "
-            "use another directory, or --overwrite to start over")
+            "use another directory, or --overwrite to start over"
+        )
     return RunDirState(manifest, False)
 
 
@@ -93,19 +96,28 @@ def check_prompt_ids(items: list[PromptItem]) -> None:
         try:
             item.id.encode("utf-8")
         except UnicodeEncodeError:
-            raise RunConfigError(f"prompt id {item.id!r} ({item.source}) is not valid Unicode "
-                                 "text; give the prompt another id") from None
+            raise RunConfigError(
+                f"prompt id {item.id!r} ({item.source}) is not valid Unicode "
+                "text; give the prompt another id"
+            ) from None
 
 
 def check_tree_fits(shape: TreeShape, vocab: int) -> None:
     if max(shape.ranks) >= vocab:
-        raise RunConfigError(f"the tree asks for the draft's token of rank {max(shape.ranks)}, but "
-                             f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})")
+        raise RunConfigError(
+            f"the tree asks for the draft's token of rank {max(shape.ranks)}, but "
+            f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})"
+        )
 
 
-def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
-              progress: bool = True, pair: ModelPair | None = None,
-              batch_size: int = 1) -> RunSummary:
+def run_study(
+    config: RunConfig,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    progress: bool = True,
+    pair: ModelPair | None = None,
+    batch_size: int = 1,
+) -> RunSummary:
     """Measure every selected prompt into ``out_dir``, resuming what an earlier call left.
 
     ``batch_size`` prompts are measured together (> 1: the cached engine only;
@@ -138,9 +150,15 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
         existing = state.manifest
         hashes = prompt_hashes(items)
         if existing is not None:
-            check_identity(out_dir, existing, hashes,
-                           {"draft": model_identity(config.pair.draft),
-                            "target": model_identity(config.pair.target)})
+            check_identity(
+                out_dir,
+                existing,
+                hashes,
+                {
+                    "draft": model_identity(config.pair.draft),
+                    "target": model_identity(config.pair.target),
+                },
+            )
         writer = RunDir(out_dir)
         done = set() if state.replace else writer.done_prompt_ids()
         todo = [(order, item) for order, item in enumerate(items) if item.id not in done]
@@ -149,20 +167,31 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
             if writer.damaged(existing.get("counts") or {}):
                 existing.update(counts=writer.consolidate())
                 writer.write_manifest(existing)
-                console.print(f"[yellow]{out_dir}: rebuilt damaged consolidated records "
-                              "from parts/")
-            return RunSummary(out_dir, run_id, len(items), 0, len(empty), 0,
-                              time.perf_counter() - t_start, already_complete=True)
+                console.print(
+                    f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/"
+                )
+            return RunSummary(
+                out_dir,
+                run_id,
+                len(items),
+                0,
+                len(empty),
+                0,
+                time.perf_counter() - t_start,
+                already_complete=True,
+            )
 
         pair = pair or load_pair(config.pair)
         check_tree_fits(shape, pair.vocab_size)
         states = start_prompts(pair, config, todo)
-        check_batch_memory(pair, batch_size, config.max_prompt_tokens + config.max_new_tokens,
-                           len(shape))
+        check_batch_memory(
+            pair, batch_size, config.max_prompt_tokens + config.max_new_tokens, len(shape)
+        )
         if state.replace:
             remove_run(out_dir)
-        manifest = run_manifest(config, items, empty, pair.provenance,
-                                (existing or {}).get("created"))
+        manifest = run_manifest(
+            config, items, empty, pair.provenance, (existing or {}).get("created")
+        )
         manifest["prompts"]["sha256"] = hashes
         manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,12 +201,18 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
 
         nodes_total = 0
         t_loop = time.perf_counter()
-        with Progress(TextColumn("[bold]measuring"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("prompts  {task.fields[nodes]} nodes  "
-                                 "{task.fields[rate]} nodes/s"),
-                      TimeElapsedColumn(), console=console, disable=not progress) as bar:
-            task = bar.add_task("run", total=len(items), completed=len(items) - len(todo),
-                                nodes=0, rate="-")
+        with Progress(
+            TextColumn("[bold]measuring"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("prompts  {task.fields[nodes]} nodes  {task.fields[rate]} nodes/s"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not progress,
+        ) as bar:
+            task = bar.add_task(
+                "run", total=len(items), completed=len(items) - len(todo), nodes=0, rate="-"
+            )
 
             def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
                 nonlocal nodes_total
@@ -190,8 +225,14 @@ def run_study(config: RunConfig, out_dir: str | Path, overwrite: bool = False,
 
         counts = writer.consolidate()
         seconds = time.perf_counter() - t_start
-        manifest.update(status="complete", finished=now_utc(), counts=counts,
-                        timings={"last_invocation_s": round(seconds, 3),
-                                 "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3)})
+        manifest.update(
+            status="complete",
+            finished=now_utc(),
+            counts=counts,
+            timings={
+                "last_invocation_s": round(seconds, 3),
+                "nodes_per_s": round(nodes_total / max(seconds, 1e-9), 3),
+            },
+        )
         writer.write_manifest(manifest)
         return RunSummary(out_dir, run_id, len(items), len(todo), len(empty), nodes_total, seconds)

@@ -45,15 +45,31 @@ from ..tune.router import Rule, RuleRouter, prompt_text
 
 # the ingest formats whose engines the gateway can stand in front of, and the key of each
 # engine's per-request statistics in its answer (the event to keep from a stream)
-ENGINE_STATS_KEY: dict[str, str] = {"llama.cpp": "timings", "vllm": "metrics", "sglang": "meta_info"}
+ENGINE_STATS_KEY: dict[str, str] = {
+    "llama.cpp": "timings",
+    "vllm": "metrics",
+    "sglang": "meta_info",
+}
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/completion")
 PROMPT_ID_HEADER = "x-prompt-id"
 DOMAIN_HEADER = "x-specscope-domain"
 # headers that describe one hop of a connection, not the message (RFC 9110 7.6.1), and those
 # that httpx recomputes for the body it sends or has already decoded
-_HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                          "te", "trailer", "transfer-encoding", "upgrade", "host",
-                          "content-length", "content-encoding"})
+_HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+    }
+)
 
 
 class DeploymentError(SpecscopeError, ValueError):
@@ -83,14 +99,17 @@ class Deployment:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_STATS_KEY:
-            raise DeploymentError(f"engine {self.engine!r} is not one the gateway logs for; "
-                                  f"allowed: {', '.join(ENGINE_STATS_KEY)}")
+            raise DeploymentError(
+                f"engine {self.engine!r} is not one the gateway logs for; "
+                f"allowed: {', '.join(ENGINE_STATS_KEY)}"
+            )
         produced = routable_domains(self.router)
         for domain in self.domains:
             if domain not in produced:
                 raise DeploymentError(
                     f"domain {domain!r}: specscope's router never routes to it (it produces "
-                    f"{', '.join(produced)}); remove it or name one of those")
+                    f"{', '.join(produced)}); remove it or name one of those"
+                )
 
     def route(self, text: str) -> tuple[str, Backend]:
         """The domain of a prompt and the backend that serves it."""
@@ -103,24 +122,32 @@ class Deployment:
         ``url`` and optional ``model`` (see the README)."""
         unknown = set(table) - {"engine", "fallback", "domains"}
         if unknown:
-            raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: "
-                                  "engine, fallback, domains")
+            raise DeploymentError(
+                f"{where}: unknown key {min(unknown)!r}; allowed: engine, fallback, domains"
+            )
         engine = table.get("engine", "llama.cpp")
         if not isinstance(engine, str):
-            raise DeploymentError(f"{where}: engine must be a string, one of "
-                                  f"{', '.join(ENGINE_STATS_KEY)}")
+            raise DeploymentError(
+                f"{where}: engine must be a string, one of {', '.join(ENGINE_STATS_KEY)}"
+            )
         if "fallback" not in table:
-            raise DeploymentError(f"{where}: no [fallback] table (the backend of any prompt "
-                                  "whose domain has no table of its own)")
+            raise DeploymentError(
+                f"{where}: no [fallback] table (the backend of any prompt "
+                "whose domain has no table of its own)"
+            )
         domains = table.get("domains", {})
         if not isinstance(domains, Mapping):
             raise DeploymentError(f"{where}: domains must be a table of [domains.NAME] tables")
-        return cls(engine, {str(d): _backend(b, f"{where}: domains.{d}") for d, b in domains.items()},
-                   _backend(table["fallback"], f"{where}: fallback"))
+        return cls(
+            engine,
+            {str(d): _backend(b, f"{where}: domains.{d}") for d, b in domains.items()},
+            _backend(table["fallback"], f"{where}: fallback"),
+        )
 
     @classmethod
-    def from_export(cls, document: Mapping, backends: Mapping[str, str],
-                    where: str = "export") -> Deployment:
+    def from_export(
+        cls, document: Mapping, backends: Mapping[str, str], where: str = "export"
+    ) -> Deployment:
         """From a ``specscope export`` document: its engine, its routing rule (the gateway
         routes exactly as exported) and each domain's ``model`` (llama.cpp: the preset named
         after the domain). ``backends``: domain -> base URL, ``"*"`` for every domain not named
@@ -133,13 +160,16 @@ class Deployment:
         def backend(domain: str, entry) -> Backend:
             url = backends.get(domain, backends.get("*"))
             if url is None:
-                raise DeploymentError(f"{where}: no backend URL for domain {domain!r}; pass "
-                                      f"--backend {domain}=URL (or --backend URL for all)")
+                raise DeploymentError(
+                    f"{where}: no backend URL for domain {domain!r}; pass "
+                    f"--backend {domain}=URL (or --backend URL for all)"
+                )
             model = entry.get("model") if isinstance(entry, Mapping) else None
             if model is None and engine == "llama.cpp":
                 model = domain  # the router-mode preset is named after its domain
-            return _backend({"url": url, **({"model": model} if model else {})},
-                            f"{where}: domains.{domain}")
+            return _backend(
+                {"url": url, **({"model": model} if model else {})}, f"{where}: domains.{domain}"
+            )
 
         named = {str(d): backend(str(d), e) for d, e in domains.items()}
         # the router's fallback domain is itself a domain of the export: its backend serves
@@ -149,19 +179,25 @@ class Deployment:
         elif "fallback" in document:
             fallback = backend("fallback", document["fallback"])
         else:
-            raise DeploymentError(f"{where}: no setting for the router's fallback domain "
-                                  f"{router.fallback!r}")
+            raise DeploymentError(
+                f"{where}: no setting for the router's fallback domain {router.fallback!r}"
+            )
         return cls(engine if isinstance(engine, str) else "", named, fallback, router)
 
     @classmethod
     def load(cls, path: str | Path, backends: Mapping[str, str] | None = None) -> Deployment:
         """A deployment file (TOML), or an export document (JSON) with ``backends``."""
         if Path(path).suffix == ".json":
-            return cls.from_export(read_json_object(path, DeploymentError, "export document"),
-                                   backends or {}, str(path))
+            return cls.from_export(
+                read_json_object(path, DeploymentError, "export document"),
+                backends or {},
+                str(path),
+            )
         if backends:
-            raise DeploymentError(f"{path}: a deployment file names its backends itself; "
-                                  "--backend is for an export document (JSON)")
+            raise DeploymentError(
+                f"{path}: a deployment file names its backends itself; "
+                "--backend is for an export document (JSON)"
+            )
         return cls.from_table(read_toml_table(path, DeploymentError, "deployment file"), str(path))
 
 
@@ -170,12 +206,14 @@ def _router(routing, where: str) -> RuleRouter:
     if routing is None:
         return RuleRouter()
     try:
-        rules = tuple(Rule(str(r["domain"]), str(r["pattern"]), float(r["weight"]))
-                      for r in routing["rules"])
+        rules = tuple(
+            Rule(str(r["domain"]), str(r["pattern"]), float(r["weight"])) for r in routing["rules"]
+        )
         return RuleRouter(rules, float(routing["threshold"]), str(routing["fallback"]))
     except (KeyError, TypeError, ValueError) as e:
-        raise DeploymentError(f"{where}: routing rule unreadable (missing or bad {e}); export "
-                              "the policy again") from None
+        raise DeploymentError(
+            f"{where}: routing rule unreadable (missing or bad {e}); export the policy again"
+        ) from None
 
 
 def routable_domains(router: RuleRouter) -> tuple[str, ...]:
@@ -192,11 +230,14 @@ def _backend(entry, where: str) -> Backend:
     url, model = entry.get("url"), entry.get("model")
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DeploymentError(f"{where}: url must be an http:// or https:// base URL with a host, "
-                              f"got {url!r}")
+        raise DeploymentError(
+            f"{where}: url must be an http:// or https:// base URL with a host, got {url!r}"
+        )
     if model is not None and (not isinstance(model, str) or not model):
-        raise DeploymentError(f"{where}: model must be a non-empty string (the preset or model "
-                              f"name the engine serves), got {model!r}")
+        raise DeploymentError(
+            f"{where}: model must be a non-empty string (the preset or model "
+            f"name the engine serves), got {model!r}"
+        )
     return Backend(url.rstrip("/"), model)
 
 
@@ -223,7 +264,7 @@ def sse_events(buffer: bytearray) -> list[dict]:
     events = []
     while (end := buffer.find(b"\n")) >= 0:
         line = bytes(buffer[:end]).rstrip(b"\r")
-        del buffer[:end + 1]
+        del buffer[: end + 1]
         if not line.startswith(b"data:"):
             continue
         try:
@@ -270,8 +311,12 @@ def _error(status: int, message: str, kind: str, **extra) -> dict:
     return {"error": {"message": message, "type": kind, "code": status, **extra}}
 
 
-def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | None = None,
-             connect_timeout: float = 5.0):
+def make_app(
+    deployment: Deployment,
+    log: str | Path,
+    errors_log: str | Path | None = None,
+    connect_timeout: float = 5.0,
+):
     """The gateway as an ASGI application (Starlette); run it with uvicorn."""
     require("gateway", "specscope gateway", ("starlette", "httpx", "uvicorn"))
     import httpx  # the gateway extra, like starlette and uvicorn
@@ -296,36 +341,58 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            return _json_response(400, _error(400, "the request body must be a JSON object",
-                                              "invalid_request_error"))
+            return _json_response(
+                400, _error(400, "the request body must be a JSON object", "invalid_request_error")
+            )
         domain, backend = deployment.route(request_text(body))
         if backend.model is not None:
             body = {**body, "model": backend.model}
-        prompt_id = request.headers.get(PROMPT_ID_HEADER) or f"gw-{uuid.uuid4().hex[:12]}-{next(ids)}"
-        entry = {"prompt_id": prompt_id, "domain": domain, "backend": backend.url,
-                 "model": backend.model, "path": request.url.path}
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in _HOP_HEADERS and k.lower() != PROMPT_ID_HEADER}
-        upstream = client.build_request("POST", backend.url + request.url.path,
-                                        params=request.query_params, json=body, headers=headers)
+        prompt_id = (
+            request.headers.get(PROMPT_ID_HEADER) or f"gw-{uuid.uuid4().hex[:12]}-{next(ids)}"
+        )
+        entry = {
+            "prompt_id": prompt_id,
+            "domain": domain,
+            "backend": backend.url,
+            "model": backend.model,
+            "path": request.url.path,
+        }
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_HEADERS and k.lower() != PROMPT_ID_HEADER
+        }
+        upstream = client.build_request(
+            "POST",
+            backend.url + request.url.path,
+            params=request.query_params,
+            json=body,
+            headers=headers,
+        )
         try:
             answer = await client.send(upstream, stream=True)
         except httpx.TransportError as e:
-            message = (f"backend {backend.name} for domain {domain!r} is unreachable: "
-                       f"{type(e).__name__}: {e or 'no answer'}")
+            message = (
+                f"backend {backend.name} for domain {domain!r} is unreachable: "
+                f"{type(e).__name__}: {e or 'no answer'}"
+            )
             record("errors", {**entry, "status": 502, "error": message})
-            return _json_response(502, _error(502, message, "backend_unavailable",
-                                              domain=domain, backend=backend.url))
+            return _json_response(
+                502, _error(502, message, "backend_unavailable", domain=domain, backend=backend.url)
+            )
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_HEADERS}
         out_headers[DOMAIN_HEADER] = domain
         if answer.is_success and "text/event-stream" in answer.headers.get("content-type", ""):
-            return StreamingResponse(_relay(answer, entry), status_code=answer.status_code,
-                                     headers=out_headers)
+            return StreamingResponse(
+                _relay(answer, entry), status_code=answer.status_code, headers=out_headers
+            )
         content = await answer.aread()
         await answer.aclose()
         if not answer.is_success:
-            record("errors", {**entry, "status": answer.status_code,
-                              "body": content.decode("utf-8", "replace")})
+            record(
+                "errors",
+                {**entry, "status": answer.status_code, "body": content.decode("utf-8", "replace")},
+            )
             return Response(content, status_code=answer.status_code, headers=out_headers)
         try:
             response = json.loads(content)
@@ -334,8 +401,14 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
         if isinstance(response, dict):
             record("requests", {**entry, "response": response})
         else:
-            record("errors", {**entry, "status": answer.status_code,
-                              "error": "the engine's answer is not a JSON object"})
+            record(
+                "errors",
+                {
+                    **entry,
+                    "status": answer.status_code,
+                    "error": "the engine's answer is not a JSON object",
+                },
+            )
         return Response(content, status_code=answer.status_code, headers=out_headers)
 
     async def _relay(answer, entry: dict) -> AsyncIterator[bytes]:
@@ -357,14 +430,28 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
             if complete and final is not None:
                 record("requests", {**entry, "stream": True, "response": final})
             else:
-                record("errors", {**entry, "stream": True, "status": answer.status_code,
-                                  "error": "the stream ended early" if not complete
-                                  else "the stream held no JSON event"})
+                record(
+                    "errors",
+                    {
+                        **entry,
+                        "stream": True,
+                        "status": answer.status_code,
+                        "error": "the stream ended early"
+                        if not complete
+                        else "the stream held no JSON event",
+                    },
+                )
 
     async def health(request: Request):
-        return _json_response(200, {"status": "ok", "engine": deployment.engine,
-                                    "domains": {d: b.name for d, b in deployment.domains.items()},
-                                    "fallback": deployment.fallback.name})
+        return _json_response(
+            200,
+            {
+                "status": "ok",
+                "engine": deployment.engine,
+                "domains": {d: b.name for d, b in deployment.domains.items()},
+                "fallback": deployment.fallback.name,
+            },
+        )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -380,8 +467,13 @@ def make_app(deployment: Deployment, log: str | Path, errors_log: str | Path | N
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def serve(deployment: Deployment, log: str | Path, host: str = "127.0.0.1", port: int = 8000,
-          errors_log: str | Path | None = None) -> None:
+def serve(
+    deployment: Deployment,
+    log: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    errors_log: str | Path | None = None,
+) -> None:
     """Run the gateway until interrupted (uvicorn, one process)."""
     import uvicorn  # the gateway extra
 

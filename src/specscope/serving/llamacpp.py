@@ -41,8 +41,9 @@ class LlamaCppError(SpecscopeError, RuntimeError):
     """llama.cpp could not load a model or run a request; the message says why."""
 
 
-def load_llama(path: str | Path, threads: int, n_ctx: int = 2048, logits_all: bool = False,
-               draft_model=None):
+def load_llama(
+    path: str | Path, threads: int, n_ctx: int = 2048, logits_all: bool = False, draft_model=None
+):
     """A quiet ``llama_cpp.Llama`` on the CPU."""
     require("llamacpp", "running GGUF models in llama.cpp")
     from llama_cpp import Llama  # the llamacpp extra
@@ -51,9 +52,17 @@ def load_llama(path: str | Path, threads: int, n_ctx: int = 2048, logits_all: bo
     if not path.is_file():
         raise LlamaCppError(f"GGUF file {path} does not exist")
     try:
-        return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads,
-                     n_threads_batch=threads, n_gpu_layers=0, logits_all=logits_all,
-                     draft_model=draft_model, verbose=False, seed=0)
+        return Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=0,
+            logits_all=logits_all,
+            draft_model=draft_model,
+            verbose=False,
+            seed=0,
+        )
     except ValueError as e:  # llama-cpp-python's "Failed to load model from file"
         raise LlamaCppError(f"llama.cpp cannot load {path}: {e}") from None
 
@@ -95,7 +104,7 @@ class GreedyDraft(LlamaDraftModel):
         if self.k <= 0:
             return np.array([], dtype=np.intc)
         llama = self.llama
-        cached = llama.input_ids[:llama.n_tokens].tolist()
+        cached = llama.input_ids[: llama.n_tokens].tolist()
         common = 0
         for a, b in zip(cached, ids):
             if a != b:
@@ -125,8 +134,9 @@ class Generation:
         return len(self.accepted)
 
 
-def generate(target, draft: GreedyDraft, prompt: list[int], k: int, max_new_tokens: int,
-             eos: set[int]) -> Generation:
+def generate(
+    target, draft: GreedyDraft, prompt: list[int], k: int, max_new_tokens: int, eos: set[int]
+) -> Generation:
     """Greedy decoding of ``prompt`` by the target Llama, speculating K draft tokens per step
     (K = 0: plain decoding). The target's cache is cleared first, so every request starts cold."""
     draft.start(k)
@@ -135,8 +145,9 @@ def generate(target, draft: GreedyDraft, prompt: list[int], k: int, max_new_toke
     tokens: list[int] = []
     t0 = time.perf_counter()
     t_first = t_last = t0
-    for token in target.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                 repeat_penalty=1.0, reset=True):
+    for token in target.generate(
+        prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+    ):
         t_last = time.perf_counter()
         if not tokens:
             t_first = t_last
@@ -186,8 +197,12 @@ class PassCosts:
 
     def step_s(self, k: int, tau: float, p_all: float) -> float:
         """One speculative step of K, given E[tokens per step] and P(all K drafts accepted)."""
-        return (self.draft(1 + p_all) + (k - 1) * self.draft(1) + self.target(k + 1)
-                + tau * self.sample_s)
+        return (
+            self.draft(1 + p_all)
+            + (k - 1) * self.draft(1)
+            + self.target(k + 1)
+            + tau * self.sample_s
+        )
 
     def predicted_speedup(self, k: int, tau: float, p_all: float) -> float:
         if k <= 0:
@@ -205,14 +220,20 @@ class PassCosts:
         return max(0.0, ((k + 1) * self.target(1) - self.target(k + 1)) / (k + 1))
 
     def to_dict(self) -> dict:
-        return {"engine": "llama.cpp", "target_s": [list(x) for x in self.target_s],
-                "draft_s": [list(x) for x in self.draft_s], "sample_s": self.sample_s,
-                "plain_token_s": self.plain_token_s, "context_len": self.context_len,
-                "threads": self.threads}
+        return {
+            "engine": "llama.cpp",
+            "target_s": [list(x) for x in self.target_s],
+            "draft_s": [list(x) for x in self.draft_s],
+            "sample_s": self.sample_s,
+            "plain_token_s": self.plain_token_s,
+            "context_len": self.context_len,
+            "threads": self.threads,
+        }
 
 
-def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: int = 5,
-                       threads: int = 0) -> PassCosts:
+def measure_pass_costs(
+    target, draft, prompt: list[int], max_k: int, repeats: int = 5, threads: int = 0
+) -> PassCosts:
     """Median times of llama.cpp's passes after ``prompt`` (a real context): target evals of
     1..max_k + 1 tokens, draft evals of 1 and 2 tokens with the argmax, a greedy target sample.
     Each timed pass follows a one-token pass, as passes of different sizes alternate in a step
@@ -237,7 +258,7 @@ def measure_pass_costs(target, draft, prompt: list[int], max_k: int, repeats: in
         llama.n_tokens = base
         return float(np.median(times))
 
-    filler = prompt[-(max_k + 1):] * (max_k + 1)
+    filler = prompt[-(max_k + 1) :] * (max_k + 1)
     target_s = tuple((k, timed(target, filler[:k])) for k in range(1, max_k + 2))
     draft_s = tuple((n, timed(draft, filler[:n])) for n in (1, 2))
     target.n_tokens = base
@@ -306,8 +327,9 @@ class ChainAcceptance:
 
     def subset(self, domain: str) -> ChainAcceptance:
         keep = self.domains == domain
-        return ChainAcceptance(self.prompts[keep], self.domains[keep], self.eligible[keep],
-                               self.hits[keep])
+        return ChainAcceptance(
+            self.prompts[keep], self.domains[keep], self.eligible[keep], self.hits[keep]
+        )
 
 
 # --- pass costs in llama.cpp's own loop (llama-bench), per setting -----------------------------------
@@ -338,21 +360,32 @@ class CostCurve:
 
     @property
     def key(self) -> tuple:
-        return (self.role, self.quant, self.threads, self.poll, self.batch, self.ubatch,
-                self.depth)
+        return (self.role, self.quant, self.threads, self.poll, self.batch, self.ubatch, self.depth)
 
     def to_dict(self) -> dict:
-        return {**{k: getattr(self, k) for k in ("role", "quant", "model", "threads", "poll",
-                                                   "batch", "ubatch", "depth")},
-                "seconds": [list(x) for x in self.seconds],
-                "stddev": [list(x) for x in self.stddev]}
+        return {
+            **{
+                k: getattr(self, k)
+                for k in ("role", "quant", "model", "threads", "poll", "batch", "ubatch", "depth")
+            },
+            "seconds": [list(x) for x in self.seconds],
+            "stddev": [list(x) for x in self.stddev],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> CostCurve:
-        return cls(d["role"], d["quant"], d["model"], int(d["threads"]), int(d["poll"]),
-                   int(d["batch"]), int(d["ubatch"]), int(d["depth"]),
-                   tuple((int(n), float(s)) for n, s in d["seconds"]),
-                   tuple((int(n), float(s)) for n, s in d["stddev"]))
+        return cls(
+            d["role"],
+            d["quant"],
+            d["model"],
+            int(d["threads"]),
+            int(d["poll"]),
+            int(d["batch"]),
+            int(d["ubatch"]),
+            int(d["depth"]),
+            tuple((int(n), float(s)) for n, s in d["seconds"]),
+            tuple((int(n), float(s)) for n, s in d["stddev"]),
+        )
 
 
 def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
@@ -361,14 +394,26 @@ def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
     groups: dict[tuple, list] = {}
     for r in rows:
         if r.n_prompt and not r.n_gen:
-            groups.setdefault((r.model, r.n_threads, r.poll, r.n_batch, r.n_ubatch, r.n_depth),
-                              []).append(r)
+            groups.setdefault(
+                (r.model, r.n_threads, r.poll, r.n_batch, r.n_ubatch, r.n_depth), []
+            ).append(r)
     out = []
     for (model, threads, poll, batch, ubatch, depth), part in groups.items():
         part = sorted(part, key=lambda r: r.n_prompt)
-        out.append(CostCurve(role, quant, model, threads, poll, batch, ubatch, depth,
-                             tuple((r.n_prompt, r.seconds) for r in part),
-                             tuple((r.n_prompt, r.stddev_ns / 1e9) for r in part)))
+        out.append(
+            CostCurve(
+                role,
+                quant,
+                model,
+                threads,
+                poll,
+                batch,
+                ubatch,
+                depth,
+                tuple((r.n_prompt, r.seconds) for r in part),
+                tuple((r.n_prompt, r.stddev_ns / 1e9) for r in part),
+            )
+        )
     return out
 
 
@@ -387,7 +432,7 @@ class Candidate:
         base = self.setting.name.replace("plain-", "")
         if self.draft is None:
             return f"plain {self.target.quant} {base}"
-        return (f"{self.target.quant}+{self.draft.quant} {base} td{self.draft.threads}")
+        return f"{self.target.quant}+{self.draft.quant} {base} td{self.draft.threads}"
 
     def costs(self) -> PassCosts:
         """:class:`PassCosts` from the curves (llama-bench times no sampling: ``sample_s`` 0; a
@@ -412,9 +457,20 @@ def candidates(curves: list[CostCurve]) -> list[Candidate]:
         out.append(Candidate(base, t, None))
         for d in drafts:
             if (d.depth, d.poll, d.batch, d.ubatch) == (t.depth, t.poll, t.batch, t.ubatch):
-                out.append(Candidate(ServerSetting(threads=t.threads, poll=t.poll, batch=t.batch,
-                                                   ubatch=t.ubatch, draft_threads=d.threads,
-                                                   draft_poll=d.poll), t, d))
+                out.append(
+                    Candidate(
+                        ServerSetting(
+                            threads=t.threads,
+                            poll=t.poll,
+                            batch=t.batch,
+                            ubatch=t.ubatch,
+                            draft_threads=d.threads,
+                            draft_poll=d.poll,
+                        ),
+                        t,
+                        d,
+                    )
+                )
     return out
 
 
@@ -435,8 +491,9 @@ def choose_setting(acceptance: ChainAcceptance, options: list[Candidate], ks) ->
     best = None
     for cand in options:
         for k in [0] if cand.draft is None else [k for k in ks if 0 < k <= acceptance.max_k]:
-            tau, p_all = ((float(acceptance.tau(k)[0]), float(acceptance.p_all(k)[0]))
-                          if k else (1.0, 1.0))
+            tau, p_all = (
+                (float(acceptance.tau(k)[0]), float(acceptance.p_all(k)[0])) if k else (1.0, 1.0)
+            )
             speed = cand.tokens_per_s(k, tau, p_all)
             if best is None or speed > best.tokens_per_s:
                 best = SettingChoice(cand, k, tau, p_all, speed)
@@ -455,13 +512,20 @@ def break_even_rows(options: list[Candidate], ks) -> list[dict]:
             continue
         c = cand.costs()
         for k in ks:
-            rows.append({"setting": cand.name, "k": k, "target_1_ms": 1000 * c.target(1),
-                         "target_k1_ms": 1000 * c.target(k + 1),
-                         "target_k1_rel": c.target(k + 1) / c.target(1),
-                         "draft_1_ms": 1000 * c.draft(1),
-                         "break_even_tau": c.break_even_tau(k), "max_tau": k + 1,
-                         "pays_at_all": c.break_even_tau(k) < k + 1,
-                         "break_even_draft_ms": 1000 * c.break_even_draft_s(k)})
+            rows.append(
+                {
+                    "setting": cand.name,
+                    "k": k,
+                    "target_1_ms": 1000 * c.target(1),
+                    "target_k1_ms": 1000 * c.target(k + 1),
+                    "target_k1_rel": c.target(k + 1) / c.target(1),
+                    "draft_1_ms": 1000 * c.draft(1),
+                    "break_even_tau": c.break_even_tau(k),
+                    "max_tau": k + 1,
+                    "pays_at_all": c.break_even_tau(k) < k + 1,
+                    "break_even_draft_ms": 1000 * c.break_even_draft_s(k),
+                }
+            )
     return rows
 
 
@@ -473,14 +537,19 @@ class CostGrid:
     info: dict = field(default_factory=dict)  # llama.cpp build, CPU, date, the llama-bench grids
 
     def to_dict(self) -> dict:
-        return {"format": "specscope-llama-costs/1", "info": self.info,
-                "curves": [c.to_dict() for c in self.curves]}
+        return {
+            "format": "specscope-llama-costs/1",
+            "info": self.info,
+            "curves": [c.to_dict() for c in self.curves],
+        }
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "cost grid") -> CostGrid:
         if d.get("format") != "specscope-llama-costs/1":
-            raise SpecscopeError(f"{where} is not a specscope llama.cpp cost grid (format "
-                                 f"{d.get('format')!r}, expected 'specscope-llama-costs/1')")
+            raise SpecscopeError(
+                f"{where} is not a specscope llama.cpp cost grid (format "
+                f"{d.get('format')!r}, expected 'specscope-llama-costs/1')"
+            )
         try:
             return cls(tuple(CostCurve.from_dict(c) for c in d["curves"]), d.get("info") or {})
         except (KeyError, TypeError, ValueError) as e:
@@ -497,9 +566,16 @@ class CostGrid:
         """One row per curve: each pass size's cost in ms and relative to a one-token pass."""
         rows = []
         for c in self.curves:
-            row = {"role": c.role, "quant": c.quant, "threads": c.threads, "poll": c.poll,
-                   "batch": c.batch, "ubatch": c.ubatch, "depth": c.depth,
-                   "1 tok ms": 1000 * c.at(1)}
+            row = {
+                "role": c.role,
+                "quant": c.quant,
+                "threads": c.threads,
+                "poll": c.poll,
+                "batch": c.batch,
+                "ubatch": c.ubatch,
+                "depth": c.depth,
+                "1 tok ms": 1000 * c.at(1),
+            }
             row.update({f"x{n}": c.relative(n) for n, _ in c.seconds if n > 1})
             rows.append(row)
         return pd.DataFrame(rows)
@@ -536,8 +612,9 @@ def quantised_variants(tools, source: Path, quants, echo=print) -> dict[str, Pat
     return out
 
 
-def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], target_grid,
-                      draft_grid, echo=print) -> CostGrid:
+def measure_cost_grid(
+    tools, targets: dict[str, Path], drafts: dict[str, Path], target_grid, draft_grid, echo=print
+) -> CostGrid:
     """llama-bench over ``target_grid`` for each target GGUF and ``draft_grid`` for each draft
     GGUF (keyed by quantisation label): the curves every candidate setting is priced with."""
     curves: list[CostCurve] = []
@@ -545,12 +622,16 @@ def measure_cost_grid(tools, targets: dict[str, Path], drafts: dict[str, Path], 
         for quant, path in models.items():
             echo(f"llama-bench {role} {quant}: {grid.tests} tests x {grid.repetitions} ...")
             curves += curves_from_bench(run_llama_bench(tools, path, grid), role, quant)
-    info = {"llama_cpp_python": tools.version, "bin_dir": str(tools.bin_dir),
-            "cpu": platform.processor() or platform.machine(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "target_grid": asdict_grid(target_grid), "draft_grid": asdict_grid(draft_grid),
-            "models": {f"target {q}": str(p) for q, p in targets.items()}
-            | {f"draft {q}": str(p) for q, p in drafts.items()}}
+    info = {
+        "llama_cpp_python": tools.version,
+        "bin_dir": str(tools.bin_dir),
+        "cpu": platform.processor() or platform.machine(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "target_grid": asdict_grid(target_grid),
+        "draft_grid": asdict_grid(draft_grid),
+        "models": {f"target {q}": str(p) for q, p in targets.items()}
+        | {f"draft {q}": str(p) for q, p in drafts.items()},
+    }
     return CostGrid(tuple(curves), info)
 
 
@@ -572,13 +653,21 @@ def plot_cost_curves(grid: CostGrid, path: Path, inside: Path | None = None) -> 
     ax.plot([1, top], [1, top], color="grey", lw=0.8, ls=":", label="n one-token passes")
     for c in grid.curves:
         ns = [n for n, _ in c.seconds]
-        ax.plot(ns, [c.relative(n) for n in ns], ls="-" if c.role == "target" else "--",
-                marker="o", ms=3, label=f"{c.role} {c.quant} t{c.threads} poll{c.poll} "
-                f"b{c.batch}/{c.ubatch} ({1000 * c.at(1):.0f} ms)")
+        ax.plot(
+            ns,
+            [c.relative(n) for n in ns],
+            ls="-" if c.role == "target" else "--",
+            marker="o",
+            ms=3,
+            label=f"{c.role} {c.quant} t{c.threads} poll{c.poll} "
+            f"b{c.batch}/{c.ubatch} ({1000 * c.at(1):.0f} ms)",
+        )
     ax.set_xlabel("tokens in one pass")
     ax.set_ylabel("cost / cost of a one-token pass")
-    ax.set_title("llama.cpp pass costs (llama-bench, context depth "
-                 f"{', '.join(sorted({str(c.depth) for c in grid.curves}))})")
+    ax.set_title(
+        "llama.cpp pass costs (llama-bench, context depth "
+        f"{', '.join(sorted({str(c.depth) for c in grid.curves}))})"
+    )
     ax.legend(fontsize=6, loc="upper left")
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=120, bbox_inches="tight")

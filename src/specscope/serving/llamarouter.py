@@ -38,8 +38,10 @@ from .llamaserver import LlamaServer, LlamaToolsError, ServerSetting
 def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path | None) -> dict:
     """One preset: the target model and the setting's flags (``-md`` when it speculates)."""
     flags = setting.flags(draft if setting.k > 0 else None)
-    return {"model": str(target), **{flags[i].lstrip("-"): flags[i + 1]
-                                     for i in range(0, len(flags), 2)}}
+    return {
+        "model": str(target),
+        **{flags[i].lstrip("-"): flags[i + 1] for i in range(0, len(flags), 2)},
+    }
 
 
 def presets_ini(sections: Mapping[str, Mapping[str, object]]) -> str:
@@ -60,27 +62,44 @@ class LlamaRouter(LlamaServer):
 
     @property
     def argv(self) -> list[str]:
-        return [str(self.tools.server), "--models-preset", str(self.model),
-                "--models-max", str(self.models_max), "--host", "127.0.0.1",
-                "--port", str(self.port)]
+        return [
+            str(self.tools.server),
+            "--models-preset",
+            str(self.model),
+            "--models-max",
+            str(self.models_max),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
 
     def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
         """POST a JSON body to this server; its JSON answer."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
-            raise LlamaToolsError(f"llama-server answered {e.code} to {path}: "
-                                  f"{e.read()[:300]!r}") from None
+            raise LlamaToolsError(
+                f"llama-server answered {e.code} to {path}: {e.read()[:300]!r}"
+            ) from None
 
 
 GREEDY = {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0}
 
 
-def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
-                    output: Sequence[int], window: int = 8) -> np.ndarray:
+def draft_agreement(
+    server: LlamaRouter,
+    draft_preset: str,
+    prompt: list[int],
+    output: Sequence[int],
+    window: int = 8,
+) -> np.ndarray:
     """``a[t]``: whether the draft's greedy token after ``prompt + output[:t]`` is ``output[t]``.
 
     One request per disagreement: from position t the draft continues greedily for up to
@@ -89,15 +108,22 @@ def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
     n, t = len(output), 0
     agree = np.zeros(n, bool)
     while t < n:
-        answer = server.post("/completion", {
-            "model": draft_preset, "prompt": prompt + list(output[:t]),
-            "n_predict": min(window, n - t), "return_tokens": True, "cache_prompt": True,
-            **GREEDY})
+        answer = server.post(
+            "/completion",
+            {
+                "model": draft_preset,
+                "prompt": prompt + list(output[:t]),
+                "n_predict": min(window, n - t),
+                "return_tokens": True,
+                "cache_prompt": True,
+                **GREEDY,
+            },
+        )
         drafted = list(answer.get("tokens") or [])
         run = 0
         while run < min(len(drafted), n - t) and drafted[run] == output[t + run]:
             run += 1
-        agree[t:t + run] = True
+        agree[t : t + run] = True
         if run == min(window, n - t) and run == len(drafted):
             t += run  # the whole window agreed: the next one is not known yet
         else:
@@ -105,12 +131,22 @@ def draft_agreement(server: LlamaRouter, draft_preset: str, prompt: list[int],
     return agree
 
 
-def top_logprobs(server: LlamaRouter, preset: str, prompt: list[int], n: int = 2
-                 ) -> list[tuple[int, float]]:
+def top_logprobs(
+    server: LlamaRouter, preset: str, prompt: list[int], n: int = 2
+) -> list[tuple[int, float]]:
     """The ``n`` most likely next tokens after ``prompt`` and their log-probabilities (before
     sampling), as the preset's model gives them."""
-    answer = server.post("/completion", {"model": preset, "prompt": prompt, "n_predict": 1,
-                                         "n_probs": n, "cache_prompt": True, **GREEDY})
+    answer = server.post(
+        "/completion",
+        {
+            "model": preset,
+            "prompt": prompt,
+            "n_predict": 1,
+            "n_probs": n,
+            "cache_prompt": True,
+            **GREEDY,
+        },
+    )
     (first,) = answer["completion_probabilities"]
     return [(int(x["id"]), float(x["logprob"])) for x in first["top_logprobs"]]
 
@@ -156,8 +192,9 @@ def chain_counts(agree: Sequence[bool], k: int) -> ChainCounts:
     return ChainCounts(n, drafted, accepted, steps)
 
 
-def chain_acceptance(agreements: Mapping[str, np.ndarray], domains: Mapping[str, str],
-                     max_k: int) -> ChainAcceptance:
+def chain_acceptance(
+    agreements: Mapping[str, np.ndarray], domains: Mapping[str, str], max_k: int
+) -> ChainAcceptance:
     """Per prompt and depth d (1..max_k): steps whose first d - 1 drafts agreed (eligible) and
     those whose first d agreed (hits), one step per output position as in a measurement run."""
     prompts = np.array(sorted(agreements))

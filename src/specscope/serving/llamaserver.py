@@ -46,9 +46,15 @@ from ..errors import SpecscopeError
 PROGRAMS = ("llama-server", "llama-bench", "llama-quantize")
 BIN_ENV = "SPECSCOPE_LLAMA_BIN"
 BUILD_MARKER = "specscope-build.json"  # written last: its presence means the build finished
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+)
 
 
 class LlamaToolsError(SpecscopeError, RuntimeError):
@@ -84,7 +90,8 @@ class LlamaTools:
         """The environment to run them in: their shared libraries lie beside them."""
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            x for x in (str(self.bin_dir), env.get("LD_LIBRARY_PATH", "")) if x)
+            x for x in (str(self.bin_dir), env.get("LD_LIBRARY_PATH", "")) if x
+        )
         return env
 
     def missing(self) -> list[str]:
@@ -95,9 +102,10 @@ def installed_llama_cpp_version() -> str:
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
-        raise LlamaToolsError("llama-cpp-python is not installed, and its version names the "
-                              "llama.cpp source to build; pip install 'specscope[llamacpp]'"
-                              ) from None
+        raise LlamaToolsError(
+            "llama-cpp-python is not installed, and its version names the "
+            "llama.cpp source to build; pip install 'specscope[llamacpp]'"
+        ) from None
 
 
 def build_root(version: str) -> Path:
@@ -110,8 +118,10 @@ def find_llama_tools() -> LlamaTools | None:
     if os.environ.get(BIN_ENV):
         tools = LlamaTools(Path(os.environ[BIN_ENV]).expanduser(), "")
         if tools.missing():
-            raise LlamaToolsError(f"${BIN_ENV}={tools.bin_dir} lacks {', '.join(tools.missing())};"
-                                  f" it must hold {', '.join(PROGRAMS)}")
+            raise LlamaToolsError(
+                f"${BIN_ENV}={tools.bin_dir} lacks {', '.join(tools.missing())};"
+                f" it must hold {', '.join(PROGRAMS)}"
+            )
         return tools
     try:
         version = installed_llama_cpp_version()
@@ -126,23 +136,31 @@ def find_llama_tools() -> LlamaTools | None:
 
 def _require_build_tools() -> None:
     missing = [name for name in ("cmake", "ninja") if shutil.which(name) is None]
-    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-            or shutil.which("clang++")):
+    if not (
+        os.environ.get("CXX")
+        or shutil.which("c++")
+        or shutil.which("g++")
+        or shutil.which("clang++")
+    ):
         missing.append("a C++ compiler (c++, g++ or clang++)")
     if missing:
-        raise LlamaToolsError(f"building llama.cpp needs {', '.join(missing)}; install them "
-                              f"(e.g. apt-get install cmake ninja-build g++) or set ${BIN_ENV} to "
-                              "a directory of built llama.cpp programs")
+        raise LlamaToolsError(
+            f"building llama.cpp needs {', '.join(missing)}; install them "
+            f"(e.g. apt-get install cmake ninja-build g++) or set ${BIN_ENV} to "
+            "a directory of built llama.cpp programs"
+        )
 
 
-def _run_logged(cmd: Sequence[str], log: Path, echo: Callable[[str], None], what: str,
-                cwd: Path | None = None) -> None:
+def _run_logged(
+    cmd: Sequence[str], log: Path, echo: Callable[[str], None], what: str, cwd: Path | None = None
+) -> None:
     """Run ``cmd``, appending its output to ``log`` and echoing ninja's [n/m] progress lines."""
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=cwd)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd
+        )
         last = 0.0
         for line in proc.stdout:
             f.write(line)
@@ -168,29 +186,72 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
     if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
         echo(f"downloading the llama-cpp-python {version} source (vendored llama.cpp) ...")
         with tempfile.TemporaryDirectory(dir=root) as tmp:
-            _run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                         ":all:", f"llama-cpp-python=={version}", "-d", tmp], log, echo,
-                        "pip download")
+            _run_logged(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    f"llama-cpp-python=={version}",
+                    "-d",
+                    tmp,
+                ],
+                log,
+                echo,
+                "pip download",
+            )
             archives = list(Path(tmp).glob("*.tar.gz"))
             if not archives:
-                raise LlamaToolsError(f"pip downloaded no source archive of llama-cpp-python "
-                                      f"{version}; see {log}")
+                raise LlamaToolsError(
+                    f"pip downloaded no source archive of llama-cpp-python {version}; see {log}"
+                )
             with tarfile.open(archives[0]) as tar:
                 tar.extractall(root, filter="data")
         if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
-            raise LlamaToolsError(f"the llama-cpp-python {version} source has no vendored "
-                                  f"llama.cpp at {source / 'vendor' / 'llama.cpp'}")
+            raise LlamaToolsError(
+                f"the llama-cpp-python {version} source has no vendored "
+                f"llama.cpp at {source / 'vendor' / 'llama.cpp'}"
+            )
     build = root / "build"
     echo(f"building {', '.join(PROGRAMS)} (log: {log}) ...")
-    _run_logged(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build),
-                 "-G", "Ninja", *CMAKE_FLAGS], log, echo, "cmake configure")
-    _run_logged(["cmake", "--build", str(build), "-j", str(jobs or os.cpu_count() or 1),
-                 "--target", *PROGRAMS], log, echo, "cmake build")
+    _run_logged(
+        [
+            "cmake",
+            "-S",
+            str(source / "vendor" / "llama.cpp"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            *CMAKE_FLAGS,
+        ],
+        log,
+        echo,
+        "cmake configure",
+    )
+    _run_logged(
+        [
+            "cmake",
+            "--build",
+            str(build),
+            "-j",
+            str(jobs or os.cpu_count() or 1),
+            "--target",
+            *PROGRAMS,
+        ],
+        log,
+        echo,
+        "cmake build",
+    )
     tools = LlamaTools(build / "bin", version)
     if tools.missing():
         raise LlamaToolsError(f"the build finished without {', '.join(tools.missing())}; see {log}")
-    (root / BUILD_MARKER).write_text(json.dumps({"version": version, "programs": PROGRAMS,
-                                                 "cmake_flags": CMAKE_FLAGS}) + "\n")
+    (root / BUILD_MARKER).write_text(
+        json.dumps({"version": version, "programs": PROGRAMS, "cmake_flags": CMAKE_FLAGS}) + "\n"
+    )
     echo(f"built llama.cpp programs in {tools.bin_dir}")
     return tools
 
@@ -215,9 +276,15 @@ class ServerSetting:
 
     @property
     def name(self) -> str:
-        spec = (f"k{self.k}" + (f"-td{self.draft_threads}" if self.draft_threads else "")
+        spec = (
+            (
+                f"k{self.k}"
+                + (f"-td{self.draft_threads}" if self.draft_threads else "")
                 + (f"-dpoll{self.draft_poll}" if self.draft_poll is not None else "")
-                ) if self.k else "plain"
+            )
+            if self.k
+            else "plain"
+        )
         return f"{spec}-t{self.threads}-poll{self.poll}-b{self.batch}-ub{self.ubatch}"
 
     def with_k(self, k: int) -> ServerSetting:
@@ -226,18 +293,47 @@ class ServerSetting:
     def flags(self, draft_model: str | Path | None = None) -> list[str]:
         """llama-server's flags for this setting, models excepted (``-m`` goes first), with
         ``-md`` when speculating: all of them, defaults included, so that nothing is implicit."""
-        out = ["-t", str(self.threads), "-tb", str(self.threads), "--poll", str(self.poll),
-               "-b", str(self.batch), "-ub", str(self.ubatch), "-c", str(self.ctx),
-               "-np", "1", "-ngl", "0"]
+        out = [
+            "-t",
+            str(self.threads),
+            "-tb",
+            str(self.threads),
+            "--poll",
+            str(self.poll),
+            "-b",
+            str(self.batch),
+            "-ub",
+            str(self.ubatch),
+            "-c",
+            str(self.ctx),
+            "-np",
+            "1",
+            "-ngl",
+            "0",
+        ]
         if self.k > 0:
             td = self.draft_threads or self.threads
             dp = self.poll if self.draft_poll is None else self.draft_poll
             if draft_model is not None:
                 out += ["-md", str(draft_model)]
-            out += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(self.k),
-                    "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{self.p_min:g}",
-                    "-td", str(td), "-tbd", str(td), "--spec-draft-poll", str(dp),
-                    "--spec-draft-ngl", "0"]
+            out += [
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-n-max",
+                str(self.k),
+                "--spec-draft-n-min",
+                "0",
+                "--spec-draft-p-min",
+                f"{self.p_min:g}",
+                "-td",
+                str(td),
+                "-tbd",
+                str(td),
+                "--spec-draft-poll",
+                str(dp),
+                "--spec-draft-ngl",
+                "0",
+            ]
         return out
 
     def to_dict(self) -> dict:
@@ -275,11 +371,18 @@ class Completion:
     @classmethod
     def from_response(cls, r: dict) -> Completion:
         t = r.get("timings") or {}
-        return cls(r.get("content", ""), [int(x) for x in r.get("tokens") or []],
-                   int(t.get("predicted_n", 0)), float(t.get("predicted_ms", 0.0)),
-                   float(t.get("predicted_per_second", 0.0)), int(t.get("prompt_n", 0)),
-                   float(t.get("prompt_ms", 0.0)), int(t.get("draft_n", 0)),
-                   int(t.get("draft_n_accepted", 0)), str(r.get("stop_type", "")))
+        return cls(
+            r.get("content", ""),
+            [int(x) for x in r.get("tokens") or []],
+            int(t.get("predicted_n", 0)),
+            float(t.get("predicted_ms", 0.0)),
+            float(t.get("predicted_per_second", 0.0)),
+            int(t.get("prompt_n", 0)),
+            float(t.get("prompt_ms", 0.0)),
+            int(t.get("draft_n", 0)),
+            int(t.get("draft_n_accepted", 0)),
+            str(r.get("stop_type", "")),
+        )
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -315,10 +418,19 @@ class LlamaServer:
     @property
     def argv(self) -> list[str]:
         if self.setting.k > 0 and self.draft is None:
-            raise LlamaToolsError(f"setting {self.setting.name} speculates but no draft model "
-                                  "was given")
-        return [str(self.tools.server), "-m", str(self.model),
-                *self.setting.flags(self.draft), "--host", "127.0.0.1", "--port", str(self.port)]
+            raise LlamaToolsError(
+                f"setting {self.setting.name} speculates but no draft model was given"
+            )
+        return [
+            str(self.tools.server),
+            "-m",
+            str(self.model),
+            *self.setting.flags(self.draft),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
 
     @property
     def url(self) -> str:
@@ -334,15 +446,22 @@ class LlamaServer:
             os.close(fd)
             self.log = Path(name)
         with open(self.log, "ab") as out:
-            self._proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self.tools.env())
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.tools.env(),
+            )
         _LIVE.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self._proc.poll() is not None:
                 rc, self._proc = self._proc.returncode, None
-                raise LlamaToolsError(f"llama-server exited with status {rc} while starting "
-                                      f"(log {self.log}): {self.log_tail()}")
+                raise LlamaToolsError(
+                    f"llama-server exited with status {rc} while starting "
+                    f"(log {self.log}): {self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -351,8 +470,10 @@ class LlamaServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise LlamaToolsError(f"llama-server was not ready within "
-                                      f"{self.startup_timeout_s:.0f} s; log {self.log}")
+                raise LlamaToolsError(
+                    f"llama-server was not ready within "
+                    f"{self.startup_timeout_s:.0f} s; log {self.log}"
+                )
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 1) -> str:
@@ -380,26 +501,39 @@ class LlamaServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
-                 ) -> Completion:
+    def complete(
+        self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
+    ) -> Completion:
         """Greedy completion of ``prompt`` (text or token ids), no prompt cache reuse, so every
         request starts cold as a new conversation does."""
         if self._proc is None:
             raise LlamaToolsError("llama-server is not running")
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-                "samplers": ["top_k"], "cache_prompt": False, "return_tokens": True,
-                "seed": 0}
-        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "temperature": 0.0,
+            "top_k": 1,
+            "samplers": ["top_k"],
+            "cache_prompt": False,
+            "return_tokens": True,
+            "seed": 0,
+        }
+        req = urllib.request.Request(
+            self.url + "/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return Completion.from_response(json.loads(r.read()))
         except urllib.error.HTTPError as e:
-            raise LlamaToolsError(f"llama-server answered {e.code} to /completion: "
-                                  f"{e.read()[:300]!r}") from None
+            raise LlamaToolsError(
+                f"llama-server answered {e.code} to /completion: {e.read()[:300]!r}"
+            ) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise LlamaToolsError(f"llama-server did not answer /completion ({e}); log "
-                                  f"{self.log}: {self.log_tail()}") from None
+            raise LlamaToolsError(
+                f"llama-server did not answer /completion ({e}); log {self.log}: {self.log_tail()}"
+            ) from None
 
 
 # --- llama-bench ------------------------------------------------------------------------------------
@@ -438,19 +572,30 @@ def parse_llama_bench(text: str) -> list[BenchRow]:
     try:
         tests = json.loads(text)
     except json.JSONDecodeError as e:
-        raise LlamaToolsError(f"llama-bench printed no JSON array ({e.msg} at line {e.lineno})"
-                              ) from None
+        raise LlamaToolsError(
+            f"llama-bench printed no JSON array ({e.msg} at line {e.lineno})"
+        ) from None
     if not isinstance(tests, list):
         raise LlamaToolsError("llama-bench's JSON output is not an array of tests")
     rows = []
     for t in tests:
         try:
-            rows.append(BenchRow(
-                Path(str(t["model_filename"])).name, str(t.get("model_type", "")),
-                int(t["n_prompt"]), int(t["n_gen"]), int(t.get("n_depth", 0)),
-                int(t["n_threads"]), int(t.get("poll", 0)), int(t["n_batch"]),
-                int(t["n_ubatch"]), int(t["avg_ns"]), int(t.get("stddev_ns", 0)),
-                tuple(int(x) for x in t.get("samples_ns") or ())))
+            rows.append(
+                BenchRow(
+                    Path(str(t["model_filename"])).name,
+                    str(t.get("model_type", "")),
+                    int(t["n_prompt"]),
+                    int(t["n_gen"]),
+                    int(t.get("n_depth", 0)),
+                    int(t["n_threads"]),
+                    int(t.get("poll", 0)),
+                    int(t["n_batch"]),
+                    int(t["n_ubatch"]),
+                    int(t["avg_ns"]),
+                    int(t.get("stddev_ns", 0)),
+                    tuple(int(x) for x in t.get("samples_ns") or ()),
+                )
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise LlamaToolsError(f"a llama-bench test lacks or garbles field {e}") from None
     return rows
@@ -473,25 +618,59 @@ class BenchGrid:
         def csv(xs):
             return ",".join(str(x) for x in xs)
 
-        return [str(tools.bench), "-m", str(model), "-p", csv(self.tokens), "-n", "0",
-                "-d", csv(self.depths), "-t", csv(self.threads), "--poll", csv(self.polls),
-                "-b", csv(self.batches), "-ub", csv(self.ubatches), "-r", str(self.repetitions),
-                "-ngl", "0", "-o", "json"]
+        return [
+            str(tools.bench),
+            "-m",
+            str(model),
+            "-p",
+            csv(self.tokens),
+            "-n",
+            "0",
+            "-d",
+            csv(self.depths),
+            "-t",
+            csv(self.threads),
+            "--poll",
+            csv(self.polls),
+            "-b",
+            csv(self.batches),
+            "-ub",
+            csv(self.ubatches),
+            "-r",
+            str(self.repetitions),
+            "-ngl",
+            "0",
+            "-o",
+            "json",
+        ]
 
     @property
     def tests(self) -> int:
-        return (len(self.threads) * len(self.polls) * len(self.batches) * len(self.ubatches)
-                * len(self.tokens) * len(self.depths))
+        return (
+            len(self.threads)
+            * len(self.polls)
+            * len(self.batches)
+            * len(self.ubatches)
+            * len(self.tokens)
+            * len(self.depths)
+        )
 
 
-def run_llama_bench(tools: LlamaTools, model: str | Path, grid: BenchGrid = BenchGrid(),
-                    timeout_s: float = 7200.0) -> list[BenchRow]:
+def run_llama_bench(
+    tools: LlamaTools, model: str | Path, grid: BenchGrid = BenchGrid(), timeout_s: float = 7200.0
+) -> list[BenchRow]:
     """llama-bench's timing of one model over ``grid``."""
     if not Path(model).is_file():
         raise LlamaToolsError(f"GGUF file {model} does not exist")
     try:
-        done = subprocess.run(grid.argv(tools, model), capture_output=True, text=True,
-                              env=tools.env(), timeout=timeout_s, check=False)
+        done = subprocess.run(
+            grid.argv(tools, model),
+            capture_output=True,
+            text=True,
+            env=tools.env(),
+            timeout=timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise LlamaToolsError(f"llama-bench ran past {timeout_s:.0f} s on {model}") from None
     if done.returncode:
@@ -500,8 +679,14 @@ def run_llama_bench(tools: LlamaTools, model: str | Path, grid: BenchGrid = Benc
     return parse_llama_bench(done.stdout)
 
 
-def quantize(tools: LlamaTools, source: str | Path, out: str | Path, qtype: str,
-             threads: int = 2, allow_requantize: bool = False) -> Path:
+def quantize(
+    tools: LlamaTools,
+    source: str | Path,
+    out: str | Path,
+    qtype: str,
+    threads: int = 2,
+    allow_requantize: bool = False,
+) -> Path:
     """``llama-quantize`` of ``source`` to ``qtype`` (Q8_0, Q4_0, ...); requantising an already
     quantised file needs ``allow_requantize`` (and loses more than quantising F16 would)."""
     out = Path(out)
@@ -509,8 +694,14 @@ def quantize(tools: LlamaTools, source: str | Path, out: str | Path, qtype: str,
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    argv = [str(tools.quantize), *(["--allow-requantize"] if allow_requantize else []),
-            str(source), str(tmp), qtype, str(threads)]
+    argv = [
+        str(tools.quantize),
+        *(["--allow-requantize"] if allow_requantize else []),
+        str(source),
+        str(tmp),
+        qtype,
+        str(threads),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env=tools.env(), check=False)
     if done.returncode:
         tmp.unlink(missing_ok=True)

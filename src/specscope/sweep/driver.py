@@ -124,8 +124,10 @@ def _location(fs: pafs.FileSystem, path: str) -> str:
         return path
     scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}.get(fs.type_name)
     if scheme is None:
-        raise SweepError(f"workers cannot open a {fs.type_name!r} filesystem; use a local path "
-                         "or an s3://, gs://, hdfs:// or abfs:// URI")
+        raise SweepError(
+            f"workers cannot open a {fs.type_name!r} filesystem; use a local path "
+            "or an s3://, gs://, hdfs:// or abfs:// URI"
+        )
     return f"{scheme}://{path}"
 
 
@@ -141,15 +143,21 @@ def _refuse_links(fs: pafs.FileSystem, root: str, *parts: str) -> None:
     for depth in range(1, len(parts) + 1):
         path = _join(root, *parts[:depth])
         if _is_link(fs, path):
-            raise SweepError(f"{path} is a symbolic link; specscope neither writes nor removes "
-                             "through links in a sweep directory (remove the link)")
+            raise SweepError(
+                f"{path} is a symbolic link; specscope neither writes nor removes "
+                "through links in a sweep directory (remove the link)"
+            )
 
 
 def _names_point(manifest: dict | None, sweep_id: str | None, label: str) -> bool:
     """Whether a run manifest says it is grid point ``label`` of sweep ``sweep_id``."""
     sweep = manifest.get("sweep") if isinstance(manifest, dict) else None
-    return (isinstance(sweep, dict) and sweep_id is not None
-            and sweep.get("sweep_id") == sweep_id and sweep.get("label") == label)
+    return (
+        isinstance(sweep, dict)
+        and sweep_id is not None
+        and sweep.get("sweep_id") == sweep_id
+        and sweep.get("label") == label
+    )
 
 
 def _read_manifest(writer: RunDir) -> dict | None:
@@ -161,9 +169,15 @@ def _read_manifest(writer: RunDir) -> dict | None:
         raise SweepError(f"{writer.root}/manifest.json cannot be read: {e}") from None
 
 
-def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Execution,
-                threads: int | None, fresh: bool = False,
-                replaced: dict | None = None) -> list[PointState]:
+def plan_points(
+    spec: SweepSpec,
+    fs: pafs.FileSystem,
+    root: str,
+    execution: Execution,
+    threads: int | None,
+    fresh: bool = False,
+    replaced: dict | None = None,
+) -> list[PointState]:
     """Check every grid point's run directory and cut what is left into shards (no writes).
 
     ``fresh``: plan as if the directory were empty (it is about to be overwritten); ``replaced``:
@@ -181,20 +195,29 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
         manifest = _read_manifest(writer)
         if fresh:
             if manifest is not None and not _names_point(manifest, old_id, point.label):
-                raise SweepError(f"{run_path} holds a run that is not grid point {point.label} "
-                                 "of the sweep being overwritten; --overwrite removes only the "
-                                 "sweep's own runs: move it away first")
+                raise SweepError(
+                    f"{run_path} holds a run that is not grid point {point.label} "
+                    "of the sweep being overwritten; --overwrite removes only the "
+                    "sweep's own runs: move it away first"
+                )
             manifest = None
         if manifest is not None and manifest.get("run_id") != point.config.run_id:
             diff = config_differences(manifest, point.config)
-            raise SweepError(f"{run_path} holds a run with another config (differs in: "
-                             f"{', '.join(diff)}); use another sweep directory or --overwrite")
+            raise SweepError(
+                f"{run_path} holds a run with another config (differs in: "
+                f"{', '.join(diff)}); use another sweep directory or --overwrite"
+            )
         items = point.config.prompts.select(point.config.seed)
         empty = [item.id for item in items if item.is_empty]
         items = [item for item in items if not item.is_empty]
         complete = bool(manifest and manifest.get("status") == "complete")
-        done = ({item.id for item in items} if complete
-                else set() if fresh else writer.done_prompt_ids())
+        done = (
+            {item.id for item in items}
+            if complete
+            else set()
+            if fresh
+            else writer.done_prompt_ids()
+        )
         batch_size = execution.batch_size or default_batch_size(point.config)
         try:
             check_batch_size(point.config, batch_size)
@@ -203,16 +226,27 @@ def plan_points(spec: SweepSpec, fs: pafs.FileSystem, root: str, execution: Exec
         shards = []
         size = execution.prompts_per_shard
         for block, start in enumerate(range(0, len(items), size)):
-            todo = tuple((order, item) for order, item in enumerate(items[start:start + size], start)
-                         if item.id not in done)
+            todo = tuple(
+                (order, item)
+                for order, item in enumerate(items[start : start + size], start)
+                if item.id not in done
+            )
             if todo:
-                shards.append(Shard(
-                    f"{point.label}/{block}", point.label, _location(fs, run_path),
-                    _location(fs, _join(root, "shards",
-                                        f"{point.dir_name}.{block:04d}.json")),
-                    point.config, todo, batch_size, threads))
-        states.append(PointState(point, run_path, writer, items, empty, manifest, done, shards,
-                                 complete))
+                shards.append(
+                    Shard(
+                        f"{point.label}/{block}",
+                        point.label,
+                        _location(fs, run_path),
+                        _location(fs, _join(root, "shards", f"{point.dir_name}.{block:04d}.json")),
+                        point.config,
+                        todo,
+                        batch_size,
+                        threads,
+                    )
+                )
+        states.append(
+            PointState(point, run_path, writer, items, empty, manifest, done, shards, complete)
+        )
     return states
 
 
@@ -220,12 +254,25 @@ def _blocks(state: PointState, size: int) -> int:
     return -(-len(state.items) // size)
 
 
-def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, executor: str,
-                    execution: Execution, status: str) -> dict:
-    points = [{"label": s.point.label, "run_id": s.point.config.run_id,
-               "run_dir": f"runs/{s.point.dir_name}", "axes": dict(s.point.axes),
-               "prompts": len(s.items), "status": "complete" if s.complete else "running"}
-              for s in states]
+def _sweep_manifest(
+    spec: SweepSpec,
+    states: list[PointState],
+    created: str,
+    executor: str,
+    execution: Execution,
+    status: str,
+) -> dict:
+    points = [
+        {
+            "label": s.point.label,
+            "run_id": s.point.config.run_id,
+            "run_dir": f"runs/{s.point.dir_name}",
+            "axes": dict(s.point.axes),
+            "prompts": len(s.items),
+            "status": "complete" if s.complete else "running",
+        }
+        for s in states
+    ]
     return {
         "kind": "specscope-sweep",
         "schema_version": SWEEP_SCHEMA_VERSION,
@@ -244,8 +291,9 @@ def _sweep_manifest(spec: SweepSpec, states: list[PointState], created: str, exe
     }
 
 
-def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
-                     overwrite: bool = False) -> dict | None:
+def _check_sweep_dir(
+    fs: pafs.FileSystem, root: str, spec: SweepSpec, overwrite: bool = False
+) -> dict | None:
     """The sweep manifest already in ``root``, if any; raises when ``root`` holds anything else
     (even with ``overwrite``, which only replaces a sweep) or a sweep of other grid points."""
     info = fs.get_file_info(root)
@@ -254,11 +302,14 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
     existing = read_sweep_manifest(fs, root)
     if existing is None:
         if info.type == pafs.FileType.Directory and any(
-                not is_lock_file(i.base_name)
-                for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))):
-            raise SweepError(f"{root} exists and is not a specscope sweep (no {SWEEP_MANIFEST}); "
-                             "choose an empty or new directory (--overwrite only replaces a "
-                             "specscope sweep)")
+            not is_lock_file(i.base_name)
+            for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        ):
+            raise SweepError(
+                f"{root} exists and is not a specscope sweep (no {SWEEP_MANIFEST}); "
+                "choose an empty or new directory (--overwrite only replaces a "
+                "specscope sweep)"
+            )
         return None
     if existing.get("kind") != "specscope-sweep":
         raise SweepError(f"{root}/{SWEEP_MANIFEST} is not a specscope sweep manifest")
@@ -268,8 +319,10 @@ def _check_sweep_dir(fs: pafs.FileSystem, root: str, spec: SweepSpec,
     old = {p["label"]: p.get("run_id") for p in existing["points"]}
     changed = [p.label for p in spec.points() if p.label in old and old[p.label] != p.config.run_id]
     if changed:
-        raise SweepError(f"{root} holds a sweep whose grid points {', '.join(changed)} had another "
-                         "config; use another directory, or --overwrite to start over")
+        raise SweepError(
+            f"{root} holds a sweep whose grid points {', '.join(changed)} had another "
+            "config; use another directory, or --overwrite to start over"
+        )
     return existing
 
 
@@ -284,7 +337,7 @@ def remove_sweep(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
     runs = _join(root, "runs")
     if _is_link(fs, runs):
         left.append(f"left {runs}: a symbolic link (never followed)")
-    for label, run_dir in ([] if left else sweep_points(manifest, _join(root, SWEEP_MANIFEST))):
+    for label, run_dir in [] if left else sweep_points(manifest, _join(root, SWEEP_MANIFEST)):
         path = _join(root, run_dir)
         if _is_link(fs, path):
             left.append(f"left {path}: a symbolic link (never followed)")
@@ -298,15 +351,19 @@ def remove_sweep(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
         if _names_point(point_manifest, sweep_id, label):
             remove_run(path, fs)
         else:
-            left.append(f"left {path}: its manifest does not name grid point {label} of sweep "
-                        f"{sweep_id}")
+            left.append(
+                f"left {path}: its manifest does not name grid point {label} of sweep {sweep_id}"
+            )
     shards = _join(root, "shards")
     if _is_link(fs, shards):
         left.append(f"left {shards}: a symbolic link (never followed)")
     elif fs.get_file_info(shards).type == pafs.FileType.Directory:
         fs.delete_dir(shards)
-    if (not _is_link(fs, runs) and fs.get_file_info(runs).type == pafs.FileType.Directory
-            and not fs.get_file_info(pafs.FileSelector(runs))):
+    if (
+        not _is_link(fs, runs)
+        and fs.get_file_info(runs).type == pafs.FileType.Directory
+        and not fs.get_file_info(pafs.FileSelector(runs))
+    ):
         fs.delete_dir(runs)
     if fs.get_file_info(_join(root, SWEEP_MANIFEST)).type == pafs.FileType.File:
         fs.delete_file(_join(root, SWEEP_MANIFEST))
@@ -319,12 +376,20 @@ class SweepBoard:
     def __init__(self, shards_total: int, shards_done: int, enabled: bool):
         self.console = make_console(stderr=True)
         self.bar = Progress(
-            TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
-                       "{task.fields[rate]} nodes/s"),
-            TimeElapsedColumn(), console=self.console, disable=not enabled)
-        self.task = self.bar.add_task("sweep", total=shards_total, completed=shards_done,
-                                      prompts=0, nodes=0, rate="-")
+            TextColumn("[bold]sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
+                "{task.fields[rate]} nodes/s"
+            ),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not enabled,
+        )
+        self.task = self.bar.add_task(
+            "sweep", total=shards_total, completed=shards_done, prompts=0, nodes=0, rate="-"
+        )
         self.prompts = self.nodes = 0  # of finished shards
         self.live_prompts = self.live_nodes = 0  # of the shard in flight (local executor)
         self.seconds: dict[str, float] = {}  # shard seconds per run label
@@ -342,8 +407,9 @@ class SweepBoard:
     def _show(self) -> None:
         nodes = self.nodes + self.live_nodes
         rate = nodes / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.update(self.task, prompts=self.prompts + self.live_prompts, nodes=nodes,
-                        rate=f"{rate:.1f}")
+        self.bar.update(
+            self.task, prompts=self.prompts + self.live_prompts, nodes=nodes, rate=f"{rate:.1f}"
+        )
 
     def prompt_done(self, nodes: int) -> None:
         self.live_prompts += 1
@@ -369,10 +435,15 @@ def _open_runs(spec: SweepSpec, states: list[PointState]) -> None:
         if s.complete:
             continue
         old = s.manifest or {}
-        s.manifest = run_manifest(s.point.config, s.items, s.empty, old.get("models", {}),
-                                  old.get("created"))
-        s.manifest["sweep"] = {"name": spec.name, "sweep_id": spec.sweep_id,
-                               "label": s.point.label, "axes": dict(s.point.axes)}
+        s.manifest = run_manifest(
+            s.point.config, s.items, s.empty, old.get("models", {}), old.get("created")
+        )
+        s.manifest["sweep"] = {
+            "name": spec.name,
+            "sweep_id": spec.sweep_id,
+            "label": s.point.label,
+            "axes": dict(s.point.axes),
+        }
         s.writer.write_manifest(s.manifest)
 
 
@@ -382,17 +453,32 @@ def _close_runs(states: list[PointState], board: SweepBoard) -> None:
         if s.complete or not s.writer.done_prompt_ids() >= {item.id for item in s.items}:
             continue
         counts = s.writer.consolidate()
-        seconds, nodes = board.seconds.get(s.point.label, 0.0), board.nodes_by_run.get(s.point.label, 0)
-        s.manifest.update(status="complete", finished=now_utc(), counts=counts,
-                          timings={"last_invocation_shard_s": round(seconds, 3),
-                                   "nodes_per_s": round(nodes / seconds, 3) if seconds else None})
+        seconds, nodes = (
+            board.seconds.get(s.point.label, 0.0),
+            board.nodes_by_run.get(s.point.label, 0),
+        )
+        s.manifest.update(
+            status="complete",
+            finished=now_utc(),
+            counts=counts,
+            timings={
+                "last_invocation_shard_s": round(seconds, 3),
+                "nodes_per_s": round(nodes / seconds, 3) if seconds else None,
+            },
+        )
         s.writer.write_manifest(s.manifest)
         s.complete = True
 
 
-def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
-              address: str | None = None, execution: Execution | None = None,
-              overwrite: bool = False, progress: bool = True) -> SweepSummary:
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    executor: str = "local",
+    address: str | None = None,
+    execution: Execution | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> SweepSummary:
     """Run every grid point of ``spec`` into ``out_dir``, resuming what an earlier call left.
 
     ``out_dir`` is a local directory or a URI (``s3://bucket/sweeps/x``). Raises SweepError when
@@ -407,19 +493,34 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str = "local",
         return _run_sweep(spec, out_dir, executor, address, execution, overwrite, progress)
 
 
-def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str | None,
-               execution: Execution | None, overwrite: bool, progress: bool) -> SweepSummary:
+def _run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    executor: str,
+    address: str | None,
+    execution: Execution | None,
+    overwrite: bool,
+    progress: bool,
+) -> SweepSummary:
     t_start = time.perf_counter()
     execution = execution or spec.execution
     backend = make_executor(executor, execution, address)
     fs, root = open_location(out_dir)
     existing = _check_sweep_dir(fs, root, spec, overwrite)
-    states = plan_points(spec, fs, root, execution, backend.threads(), fresh=overwrite,
-                         replaced=existing if overwrite else None)
+    states = plan_points(
+        spec,
+        fs,
+        root,
+        execution,
+        backend.threads(),
+        fresh=overwrite,
+        replaced=existing if overwrite else None,
+    )
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
         for warning in remove_sweep(fs, root, existing):
-            make_console(stderr=True).print(f"warning: {warning}", style="yellow",
-                                            markup=False, highlight=False)
+            make_console(stderr=True).print(
+                f"warning: {warning}", style="yellow", markup=False, highlight=False
+            )
         existing = None
     created = (existing or {}).get("created", now_utc())
     shards = [shard for s in states for shard in s.shards]
@@ -447,12 +548,24 @@ def _run_sweep(spec: SweepSpec, out_dir: str | Path, executor: str, address: str
     write_sweep_manifest("complete" if all(s.complete for s in states) else "incomplete")
     if board.failures:
         names = ", ".join(f.shard_id for f in board.failures[:5])
-        raise SweepError(f"{len(board.failures)} shard(s) failed ({names}"
-                         f"{' ...' if len(board.failures) > 5 else ''}): {board.failures[0].error};"
-                         " the finished shards are kept: run the same command again to resume")
-    return SweepSummary(str(out_dir), spec.sweep_id, len(states), sum(s.complete for s in states),
-                        shards_total, len(shards), shards_total - len(shards), board.prompts,
-                        board.nodes, time.perf_counter() - t_start, executor)
+        raise SweepError(
+            f"{len(board.failures)} shard(s) failed ({names}"
+            f"{' ...' if len(board.failures) > 5 else ''}): {board.failures[0].error};"
+            " the finished shards are kept: run the same command again to resume"
+        )
+    return SweepSummary(
+        str(out_dir),
+        spec.sweep_id,
+        len(states),
+        sum(s.complete for s in states),
+        shards_total,
+        len(shards),
+        shards_total - len(shards),
+        board.prompts,
+        board.nodes,
+        time.perf_counter() - t_start,
+        executor,
+    )
 
 
 # --- reading a sweep -----------------------------------------------------------------------------
@@ -482,8 +595,10 @@ def sweep_points(manifest: dict, where: str) -> list[tuple[str, str]]:
             raise SweepError(f"{where}: points[{i}] needs a string label and run_dir")
         parts = run_dir.split("/")
         if len(parts) != 2 or parts[0] != "runs" or parts[1] in ("", ".", "..") or "\\" in run_dir:
-            raise SweepError(f"{where}: points[{i}].run_dir {run_dir!r} is not a directory "
-                             "runs/NAME inside the sweep; specscope reads no run outside it")
+            raise SweepError(
+                f"{where}: points[{i}].run_dir {run_dir!r} is not a directory "
+                "runs/NAME inside the sweep; specscope reads no run outside it"
+            )
         out.append((label, run_dir))
     return out
 
@@ -504,13 +619,16 @@ def sweep_run_dirs(sweep_dir: str | Path) -> list[Path]:
     for _, run_dir in sweep_points(manifest, where):
         path = sweep_dir / run_dir
         if not path.resolve().is_relative_to(inside):
-            raise SweepError(f"{where}: {path} is a link to {path.resolve()}, outside the sweep; "
-                             "specscope reads no run outside it")
+            raise SweepError(
+                f"{where}: {path} is a link to {path.resolve()}, outside the sweep; "
+                "specscope reads no run outside it"
+            )
         dirs.append(path)
     dirs = [d for d in dirs if (d / "manifest.json").is_file()]
     if not dirs:
-        raise SweepError(f"{sweep_dir}: the sweep has no run directories yet; run "
-                         "`specscope sweep` first")
+        raise SweepError(
+            f"{sweep_dir}: the sweep has no run directories yet; run `specscope sweep` first"
+        )
     return dirs
 
 
@@ -520,4 +638,3 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     for path in paths:
         out.extend(sweep_run_dirs(path) if is_sweep_dir(path) else [path])
     return out
-

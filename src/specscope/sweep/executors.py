@@ -107,8 +107,12 @@ def visible_devices(pair: PairConfig) -> PairConfig:
     return dataclasses.replace(pair, device=seen(pair.device), draft_device=seen(pair.draft_device))
 
 
-def run_shard(shard: Shard, pairs: PairCache | None = None,
-              on_prompt: Callable[[int], None] | None = None, remap_gpus: bool = False) -> ShardResult:
+def run_shard(
+    shard: Shard,
+    pairs: PairCache | None = None,
+    on_prompt: Callable[[int], None] | None = None,
+    remap_gpus: bool = False,
+) -> ShardResult:
     """Measure the shard's prompts that are not yet committed, committing each as it finishes,
     holding the shard's lock (:func:`run_lock`): an attempt of a shard whose earlier attempt is
     still alive (a Ray retry) is refused, and so is a shard of a run that a `run` is writing."""
@@ -116,14 +120,21 @@ def run_shard(shard: Shard, pairs: PairCache | None = None,
         return _run_shard(shard, pairs, on_prompt, remap_gpus)
 
 
-def _run_shard(shard: Shard, pairs: PairCache | None,
-               on_prompt: Callable[[int], None] | None, remap_gpus: bool) -> ShardResult:
+def _run_shard(
+    shard: Shard, pairs: PairCache | None, on_prompt: Callable[[int], None] | None, remap_gpus: bool
+) -> ShardResult:
     t_start, cpu_start = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     status_fs, status_path = open_location(shard.status_path)
-    status = {"shard": shard.shard_id, "run": shard.label, "status": "running",
-              "pid": os.getpid(), "host": socket.gethostname(), "started": now_utc(),
-              "prompts": [item.id for _, item in shard.prompts]}
+    status = {
+        "shard": shard.shard_id,
+        "run": shard.label,
+        "status": "running",
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": now_utc(),
+        "prompts": [item.id for _, item in shard.prompts],
+    }
     write_file(status_fs, status_path, json_bytes(status))
     writer = RunDir(shard.run_dir)
     done = writer.done_prompt_ids()
@@ -142,12 +153,23 @@ def _run_shard(shard: Shard, pairs: PairCache | None,
                 if on_prompt is not None:
                     on_prompt(records.nodes.num_rows)
 
-            measure_prompts(pair, config, start_prompts(pair, config, todo), config.run_id,
-                            commit, shard.batch_size)
+            measure_prompts(
+                pair,
+                config,
+                start_prompts(pair, config, todo),
+                config.run_id,
+                commit,
+                shard.batch_size,
+            )
     seconds = time.perf_counter() - t_start
-    status.update(status="done", finished=now_utc(), measured=len(todo), nodes=nodes,
-                  seconds=round(seconds, 3),
-                  cpu_seconds=round(time.process_time() - cpu_start, 3))  # < seconds: CPU-starved
+    status.update(
+        status="done",
+        finished=now_utc(),
+        measured=len(todo),
+        nodes=nodes,
+        seconds=round(seconds, 3),
+        cpu_seconds=round(time.process_time() - cpu_start, 3),
+    )  # < seconds: CPU-starved
     write_file(status_fs, status_path, json_bytes(status))
     return ShardResult(shard.shard_id, shard.label, len(todo), nodes, seconds, models, worker)
 
@@ -213,9 +235,11 @@ def probe_ray_head(address: str, timeout: float = RAY_PROBE_S) -> None:
         socket.create_connection((host, port_number), timeout=timeout).close()
     except OSError as e:
         reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise SweepError(f"cannot reach the Ray head at {address} ({reason} within "
-                         f"{timeout:g} s); start it with `ray start --head` or check the "
-                         "address") from None
+        raise SweepError(
+            f"cannot reach the Ray head at {address} ({reason} within "
+            f"{timeout:g} s); start it with `ray start --head` or check the "
+            "address"
+        ) from None
 
 
 def import_ray():
@@ -278,8 +302,9 @@ class RayExecutor:
                         try:
                             result = ray.get(ref)
                         except Exception as e:  # the task failed, or its worker died for good
-                            result = ShardResult(shard.shard_id, shard.label, 0, 0, 0.0, {}, "",
-                                                 error=_describe(e))
+                            result = ShardResult(
+                                shard.shard_id, shard.label, 0, 0, 0.0, {}, "", error=_describe(e)
+                            )
                         report(result)
             finally:
                 for ref in pending:

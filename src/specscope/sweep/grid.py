@@ -59,7 +59,9 @@ class Execution:
     max_retries: int = 3  # Ray retries of a shard whose worker died
     cpus_per_shard: float = 1.0  # Ray num_cpus of a shard
     gpus_per_shard: float | None = None  # Ray num_gpus of a cuda shard; None: one per cuda device
-    threads: int | None = None  # torch threads per shard; None: cpus_per_shard on Ray, default locally
+    threads: int | None = (
+        None  # torch threads per shard; None: cpus_per_shard on Ray, default locally
+    )
     max_points: int = MAX_GRID_POINTS  # the largest grid this sweep may expand
     batch_size: int | None = None  # prompts measured together; None: run's default for each point
 
@@ -89,7 +91,9 @@ class GridPoint:
     """One run of the sweep: its label, the variant chosen on each axis, and its config."""
 
     label: str
-    axes: tuple[tuple[str, str], ...]  # (axis, variant name), axis one of pair, tree, domain, decode
+    axes: tuple[
+        tuple[str, str], ...
+    ]  # (axis, variant name), axis one of pair, tree, domain, decode
     config: RunConfig
 
     @property
@@ -138,11 +142,16 @@ class SweepSpec:
             except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
                 raise SweepError(f"grid point {label}: {e}") from None
             if label in seen:
-                raise SweepError(f"two grid points are both labelled {label!r}; give the axis "
-                                 "entries distinct names")
+                raise SweepError(
+                    f"two grid points are both labelled {label!r}; give the axis "
+                    "entries distinct names"
+                )
             seen[label] = config
-            points.append(GridPoint(label, tuple((AXES[key], v.name) for (key, _), v in
-                                                 zip(axes, combo)), config))
+            points.append(
+                GridPoint(
+                    label, tuple((AXES[key], v.name) for (key, _), v in zip(axes, combo)), config
+                )
+            )
         return tuple(points)
 
     @cached_property
@@ -173,8 +182,11 @@ def _merge(data: dict, overrides: dict, where: str) -> dict:
     return out
 
 
-_SECTIONS = {"pairs": ("pair", PairConfig), "trees": ("tree", TreeConfig),
-             "domains": ("prompts", PromptSpec)}
+_SECTIONS = {
+    "pairs": ("pair", PairConfig),
+    "trees": ("tree", TreeConfig),
+    "domains": ("prompts", PromptSpec),
+}
 
 
 def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
@@ -182,10 +194,14 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
     section, kind = _SECTIONS[axis]
     fields = {f.name: f for f in dataclasses.fields(kind)}
     if not isinstance(entries, list):
-        raise SweepError(f"{axis}: expected a list of tables ([[{axis}]]), got {type(entries).__name__}")
+        raise SweepError(
+            f"{axis}: expected a list of tables ([[{axis}]]), got {type(entries).__name__}"
+        )
     if not entries:
-        raise SweepError(f"{axis}: an empty list; give at least one entry, or leave the axis out "
-                         "to keep the base's")
+        raise SweepError(
+            f"{axis}: an empty list; give at least one entry, or leave the axis out "
+            "to keep the base's"
+        )
     variants = []
     for i, entry in enumerate(entries):
         if isinstance(entry, str) and axis in ("trees", "domains"):
@@ -196,13 +212,20 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
         name = entry.pop("name", None)
         unknown = sorted(set(entry) - set(fields))
         if unknown:
-            raise SweepError(f"{axis}[{i}]: unknown keys {unknown}; allowed: name, {', '.join(fields)}")
+            raise SweepError(
+                f"{axis}[{i}]: unknown keys {unknown}; allowed: name, {', '.join(fields)}"
+            )
         if name is None:
             name = {"pairs": f"pair{i}", "trees": str(entry.get("policy", f"tree{i}"))}.get(axis)
             if name is None:
-                name = (Path(entry["file"]).stem if entry.get("file")
-                        else "+".join(entry.get("domains", ())) or f"prompts{i}")
-        grid = [k for k, v in entry.items() if isinstance(v, list) and k not in ("domains", "sources")]
+                name = (
+                    Path(entry["file"]).stem
+                    if entry.get("file")
+                    else "+".join(entry.get("domains", ())) or f"prompts{i}"
+                )
+        grid = [
+            k for k, v in entry.items() if isinstance(v, list) and k not in ("domains", "sources")
+        ]
         for k in grid:
             if not entry[k]:
                 raise SweepError(f"{axis}[{i}].{k}: an empty list; give at least one value")
@@ -229,9 +252,16 @@ def _variant_count(axis: str, entries: Any) -> int:
         return math.prod(len(v) if isinstance(v, list) else 1 for v in entries.values())
     if not isinstance(entries, list):
         return 1
-    return sum(math.prod(len(v) for k, v in entry.items()
-                         if isinstance(v, list) and k not in ("name", "domains", "sources"))
-               if isinstance(entry, dict) else 1 for entry in entries)
+    return sum(
+        math.prod(
+            len(v)
+            for k, v in entry.items()
+            if isinstance(v, list) and k not in ("name", "domains", "sources")
+        )
+        if isinstance(entry, dict)
+        else 1
+        for entry in entries
+    )
 
 
 def check_grid_size(data: dict, limit: int) -> int:
@@ -239,9 +269,11 @@ def check_grid_size(data: dict, limit: int) -> int:
     refused above ``limit`` before anything is expanded."""
     size = math.prod(_variant_count(axis, data[axis]) for axis in AXES if axis in data)
     if size > limit:
-        raise SweepError(f"the grid has {size:,} points, more than the limit of {limit:,}; "
-                         "shrink an axis, or raise the limit with [execution] max_points or "
-                         "--max-points")
+        raise SweepError(
+            f"the grid has {size:,} points, more than the limit of {limit:,}; "
+            "shrink an axis, or raise the limit with [execution] max_points or "
+            "--max-points"
+        )
     return size
 
 
@@ -252,9 +284,11 @@ def _decode(table: Any) -> tuple[Variant, ...]:
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for key in table:
         if key.partition(".")[0] not in known or key in ("pair", "tree", "prompts"):
-            raise SweepError(f"[decode]: unknown setting {key!r}; use a run-config key "
-                             f"({', '.join(sorted(known - {'pair', 'tree', 'prompts'}))}) "
-                             "or section.key")
+            raise SweepError(
+                f"[decode]: unknown setting {key!r}; use a run-config key "
+                f"({', '.join(sorted(known - {'pair', 'tree', 'prompts'}))}) "
+                "or section.key"
+            )
     keys = list(table)
     values = [v if isinstance(v, list) else [v] for v in table.values()]
     for key, v in zip(keys, values):
@@ -269,8 +303,9 @@ def _decode(table: Any) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
-def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None,
-                trust_remote_code: bool = False) -> SweepSpec:
+def parse_sweep(
+    data: dict, name: str = "sweep", max_points: int | None = None, trust_remote_code: bool = False
+) -> SweepSpec:
     """A sweep spec from the parsed contents of a sweep file.
 
     ``trust_remote_code`` is the command line's choice: a sweep file asking for remote code gets
@@ -285,38 +320,47 @@ def parse_sweep(data: dict, name: str = "sweep", max_points: int | None = None,
         raise SweepError(f"unknown sweep keys {unknown}; allowed: {sorted(allowed)}")
     try:
         base = load_config(data.get("base"))
-        base = RunConfig.from_dict(_merge(base.to_dict(), data.get("defaults", {}), "defaults"),
-                                   trust_remote_code, "the sweep file")
+        base = RunConfig.from_dict(
+            _merge(base.to_dict(), data.get("defaults", {}), "defaults"),
+            trust_remote_code,
+            "the sweep file",
+        )
     except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
         raise SweepError(f"base config: {e}") from None
     execution = data.get("execution", {})
     unknown = sorted(set(execution) - {f.name for f in dataclasses.fields(Execution)})
     if unknown:
-        raise SweepError(f"[execution]: unknown keys {unknown}; allowed: "
-                         f"{', '.join(f.name for f in dataclasses.fields(Execution))}")
+        raise SweepError(
+            f"[execution]: unknown keys {unknown}; allowed: "
+            f"{', '.join(f.name for f in dataclasses.fields(Execution))}"
+        )
     check_fields(Execution, execution, SweepError, "execution.")
     execution = Execution(**execution).replace(max_points=max_points)
     check_grid_size(data, execution.max_points)
     spec = SweepSpec(
-        name=str(data.get("name", name)), base=base,
+        name=str(data.get("name", name)),
+        base=base,
         pairs=_axis("pairs", data["pairs"]) if "pairs" in data else (),
         trees=_axis("trees", data["trees"]) if "trees" in data else (),
         domains=_axis("domains", data["domains"]) if "domains" in data else (),
         decode=_decode(data["decode"]) if "decode" in data else (),
-        execution=execution, source=data, trust_remote_code=trust_remote_code)
+        execution=execution,
+        source=data,
+        trust_remote_code=trust_remote_code,
+    )
     spec.points()  # every grid point must be a valid run config
     return spec
 
 
-def load_sweep(path: str | Path, max_points: int | None = None,
-               trust_remote_code: bool = False) -> SweepSpec:
+def load_sweep(
+    path: str | Path, max_points: int | None = None, trust_remote_code: bool = False
+) -> SweepSpec:
     """Read and check a sweep file (TOML); the error names what is wrong."""
     path = Path(path)
     data = read_toml_table(path, SweepError, "sweep file")
     try:
-        return parse_sweep(data, name=path.stem, max_points=max_points,
-                           trust_remote_code=trust_remote_code)
+        return parse_sweep(
+            data, name=path.stem, max_points=max_points, trust_remote_code=trust_remote_code
+        )
     except SweepError as e:
         raise SweepError(f"{path}: {e}") from None
-
-

@@ -25,6 +25,7 @@ from .criteria import (
 
 # --- exact certificates -------------------------------------------------------------------------
 
+
 def _bregman(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """p log(p / c) - p + c >= 0 without cancellation (c > 0, p >= 0): log1p near p = c."""
     ratio = p / c
@@ -67,8 +68,7 @@ def _pool_level_set(top: torch.Tensor, r: torch.Tensor, vocab: int) -> Pool:
     k = ((j < r[:, None]) & (g > 0)).sum(1)
     c = (excl[rows, k] + pr) / (k + 1)
     kmax = int(k.max()) if b else 0
-    cost = (_bregman(top[:, :kmax], c[:, None]) * (j[:kmax] < k[:, None])).sum(1) + \
-        _bregman(pr, c)
+    cost = (_bregman(top[:, :kmax], c[:, None]) * (j[:kmax] < k[:, None])).sum(1) + _bregman(pr, c)
     cost = torch.where(has, cost, torch.full_like(cost, math.inf))
     return Pool(cost, k, c, r)
 
@@ -85,7 +85,7 @@ def _pool_tree(top: torch.Tensor, m: int, vocab: int) -> Pool:
         zero = torch.zeros(b, dtype=torch.long, device=top.device)
         return Pool(inf, zero, top[:, 0], torch.full_like(zero, m))
     p0 = top[:, 0]
-    wk = top[:, 1:m + 1].flip(1)  # [B, m], weakest rival first
+    wk = top[:, 1 : m + 1].flip(1)  # [B, m], weakest rival first
     cum = torch.cat([torch.zeros_like(p0)[:, None], wk.cumsum(1)], 1)  # [B, m+1]
     kk = torch.arange(1, m + 1, device=top.device)
     h = kk * wk - p0[:, None] - cum[:, :-1]
@@ -116,12 +116,19 @@ def certificate_pools(d: Target, specs: Sequence[Spec]) -> tuple[dict[str, Pool]
     tree_width = max([s.m + 1 for s in specs if isinstance(s, TreeCoverage)] + [2])
     top = _sorted_prefix(p, max(tree_width, TOP_WIDTH))
     counts = {s.name: s.n_accepted(d, top) for s in specs if isinstance(s, Criterion)}
-    width = max([int(n[n < vocab].max()) + 1 for n in counts.values() if (n < vocab).any()]
-                + [tree_width])
+    width = max(
+        [int(n[n < vocab].max()) + 1 for n in counts.values() if (n < vocab).any()] + [tree_width]
+    )
     if width > top.shape[1]:
         top = _sorted_prefix(p, width)
-    pools = {s.name: (_pool_level_set(top, counts[s.name], vocab) if isinstance(s, Criterion)
-                      else _pool_tree(top, s.m, vocab)) for s in specs}
+    pools = {
+        s.name: (
+            _pool_level_set(top, counts[s.name], vocab)
+            if isinstance(s, Criterion)
+            else _pool_tree(top, s.m, vocab)
+        )
+        for s in specs
+    }
     return pools, top
 
 
@@ -135,8 +142,9 @@ def certificate(p: Array, spec: Spec, atol: float = SUM_ATOL) -> np.ndarray:
     return to_numpy(certificate_pools(Target(pt), [spec])[0][spec.name].cert, single)
 
 
-def worst_case_drafter(p: Array, spec: Spec, slack: float = 0.0,
-                       atol: float = SUM_ATOL) -> np.ndarray:
+def worst_case_drafter(
+    p: Array, spec: Spec, slack: float = 0.0, atol: float = SUM_ATOL
+) -> np.ndarray:
     """The drafter q* that attains C(p): KL(p || q*) = C(p) and q*'s top token is rejected.
 
     With slack = 0, q* has ties (the rejected token y shares the top mass with the pooled tokens;
@@ -158,9 +166,9 @@ def worst_case_drafter(p: Array, spec: Spec, slack: float = 0.0,
             continue
         if isinstance(spec, TreeCoverage):
             special = order[i, 0]
-            pooled = order[i, spec.m - k + 1:spec.m + 1]
+            pooled = order[i, spec.m - k + 1 : spec.m + 1]
             factor = 1.0 - slack
-            stronger = order[i, 1:spec.m - k + 1]  # keep q = p >= c; p == c must tie exactly
+            stronger = order[i, 1 : spec.m - k + 1]  # keep q = p >= c; p == c must tie exactly
             q[i, stronger] = q[i, stronger].clamp_min(c)
         else:
             special = order[i, int(pool.r[i])]
@@ -178,7 +186,8 @@ def accepted_mask(p: Array, spec: Criterion, atol: float = SUM_ATOL) -> np.ndarr
     d = Target(pt)
     order = torch.sort(pt, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(
-        1, order, torch.arange(pt.shape[1], device=pt.device).expand_as(order))
+        1, order, torch.arange(pt.shape[1], device=pt.device).expand_as(order)
+    )
     return to_numpy(rank < spec.n_accepted(d)[:, None], single)
 
 
@@ -194,5 +203,3 @@ def tree_covered(p: Array, q: Array, m: int, atol: float = SUM_ATOL) -> np.ndarr
     pt, single = as_probs(p, "p", atol)
     qt = as_draft(q, pt, atol)
     return to_numpy(TreeCoverage(m).covered(Target(pt), qt), single)
-
-

@@ -30,6 +30,7 @@ from .criteria import (
 
 # --- run columns (called by the engine) ---------------------------------------------------------
 
+
 class CriteriaError(SpecscopeError, ValueError):
     """Criteria parameters that cannot be used; the message names the field."""
 
@@ -98,8 +99,9 @@ def node_certificate_columns(p: torch.Tensor, config: CriteriaConfig) -> dict[st
     return {f"cert_{name}": pool.cert.cpu().numpy() for name, pool in pools.items()}
 
 
-def step_criteria_columns(p: torch.Tensor, q: torch.Tensor,
-                          config: CriteriaConfig) -> dict[str, np.ndarray]:
+def step_criteria_columns(
+    p: torch.Tensor, q: torch.Tensor, config: CriteriaConfig
+) -> dict[str, np.ndarray]:
     """Per-step acceptance and certification of the draft's top token at the root context.
 
     p, q: [V] or [B, V] target and draft probabilities. Returns [B] arrays:
@@ -114,8 +116,9 @@ def step_criteria_columns(p: torch.Tensor, q: torch.Tensor,
     return _draft_columns(d, as_draft(q, pt, config.atol), pools, top, config)
 
 
-def certificate_columns(p: torch.Tensor, q_root: torch.Tensor, config: CriteriaConfig
-                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def certificate_columns(
+    p: torch.Tensor, q_root: torch.Tensor, config: CriteriaConfig
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """:func:`node_certificate_columns` at C contexts p [C, V] (row 0 the root) and
     :func:`step_criteria_columns` at the root with the draft's q_root [V] ([1] arrays), from one
     validation of p and one set of pools: the step's certificates are the root nodes' exactly."""
@@ -124,14 +127,19 @@ def certificate_columns(p: torch.Tensor, q_root: torch.Tensor, config: CriteriaC
     pools, top = certificate_pools(d, config.criteria + config.trees)
     nodes = {f"cert_{name}": pool.cert.cpu().numpy() for name, pool in pools.items()}
     root = d.rows(slice(0, 1))
-    step = _draft_columns(root, as_draft(q_root, root.p, config.atol),
-                          {name: pool.rows(slice(0, 1)) for name, pool in pools.items()},
-                          top[:1], config)
+    step = _draft_columns(
+        root,
+        as_draft(q_root, root.p, config.atol),
+        {name: pool.rows(slice(0, 1)) for name, pool in pools.items()},
+        top[:1],
+        config,
+    )
     return nodes, step
 
 
-def _draft_columns(d: Target, qt: torch.Tensor, pools: dict[str, Pool], top: torch.Tensor,
-                   config: CriteriaConfig) -> dict[str, np.ndarray]:
+def _draft_columns(
+    d: Target, qt: torch.Tensor, pools: dict[str, Pool], top: torch.Tensor, config: CriteriaConfig
+) -> dict[str, np.ndarray]:
     kl = d.kl(qt)
     margin = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
     cols: dict[str, torch.Tensor] = {"kl_target_draft": kl, "target_margin": margin}
@@ -155,4 +163,3 @@ def criteria_config_from_manifest(manifest: dict) -> CriteriaConfig:
     if raw is None and isinstance(manifest.get("config"), dict):
         raw = manifest["config"].get("criteria")
     return CriteriaConfig.from_dict(raw) if isinstance(raw, dict) else CriteriaConfig()
-

@@ -20,6 +20,7 @@ SUM_ATOL = 1e-3  # how far a row of p may sum from 1 before it is rejected (then
 
 # --- inputs -------------------------------------------------------------------------------------
 
+
 def as_probs(x: Array, name: str, atol: float = SUM_ATOL) -> tuple[torch.Tensor, bool]:
     """Validate a probability vector or batch; return it as [B, V] float64 rows summing to 1.
 
@@ -45,8 +46,9 @@ def as_probs(x: Array, name: str, atol: float = SUM_ATOL) -> tuple[torch.Tensor,
     bad = (sums - 1).abs() > atol
     if bad.any():
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{name}: each row must sum to 1 (within {atol}); row {i} sums to "
-                         f"{sums[i].item():.6g}")
+        raise ValueError(
+            f"{name}: each row must sum to 1 (within {atol}); row {i} sums to {sums[i].item():.6g}"
+        )
     return t / sums[:, None], single
 
 
@@ -67,8 +69,9 @@ class Target:
         sub = Target(self.p[index])
         for name, value in self.__dict__.items():
             if name != "p":
-                sub.__dict__[name] = tuple(v[index] for v in value) if isinstance(
-                    value, tuple) else value[index]
+                sub.__dict__[name] = (
+                    tuple(v[index] for v in value) if isinstance(value, tuple) else value[index]
+                )
         return sub
 
     @cached_property
@@ -107,6 +110,7 @@ def as_draft(q: Array, p: torch.Tensor, atol: float) -> torch.Tensor:
 
 
 # --- criteria -----------------------------------------------------------------------------------
+
 
 class Criterion:
     """An acceptance criterion whose accepted set is an upper level set of p (ties: see module doc).
@@ -302,11 +306,13 @@ def rivals_at_or_above_x0(d: Target, q: torch.Tensor) -> torch.Tensor:
 
 
 CRITERIA: dict[str, type[Criterion]] = {
-    c.name: c for c in (Greedy, Additive, Multiplicative, TopM, Entropy)}
+    c.name: c for c in (Greedy, Additive, Multiplicative, TopM, Entropy)
+}
 Spec = Criterion | TreeCoverage
 
 
 # --- margin-only bounds: helpers ----------------------------------------------------------------
+
 
 def _xlogy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x, y = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
@@ -334,5 +340,3 @@ def margin_bound(margin: np.ndarray | float, spec: Spec) -> np.ndarray:
     if np.isnan(d).any() or (d < 0).any() or (d > 1).any():
         raise ValueError("margin: must lie in [0, 1] (the target's top-1 minus top-2 probability)")
     return spec.margin_bound(d)
-
-

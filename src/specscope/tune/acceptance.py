@@ -68,10 +68,14 @@ class AcceptanceVector:
         if not len(filled) or max_depth <= filled[-1] + 1:
             return self
         last = filled[-1]
-        rates = np.vstack([self.rates[:last + 1], np.repeat(self.rates[last:last + 1],
-                                                            max_depth - last - 1, axis=0)])
+        rates = np.vstack(
+            [
+                self.rates[: last + 1],
+                np.repeat(self.rates[last : last + 1], max_depth - last - 1, axis=0),
+            ]
+        )
         counts = np.zeros(rates.shape, dtype=int)
-        counts[:last + 1] = self.counts[:last + 1]
+        counts[: last + 1] = self.counts[: last + 1]
         return AcceptanceVector(rates, counts)
 
     def to_dict(self) -> dict:
@@ -90,15 +94,30 @@ def eligible_nodes(nodes: pd.DataFrame) -> np.ndarray:
     its step's accepted path (:func:`~specscope.records.tree_paths`)."""
     node_id = nodes["node_id"].to_numpy(np.int64)
     parent = nodes["parent_id"].to_numpy(np.int64)
-    parent_row = np.where(parent < 0, -1, np.arange(len(nodes)) - node_id + parent)  # steps are contiguous
-    return tree_paths(nodes["greedy_accept"].to_numpy(bool), nodes["depth"].to_numpy(np.int64),
-                      nodes["sibling_rank"].to_numpy(np.int64), parent < 0, parent_row).eligible
+    parent_row = np.where(
+        parent < 0, -1, np.arange(len(nodes)) - node_id + parent
+    )  # steps are contiguous
+    return tree_paths(
+        nodes["greedy_accept"].to_numpy(bool),
+        nodes["depth"].to_numpy(np.int64),
+        nodes["sibling_rank"].to_numpy(np.int64),
+        parent < 0,
+        parent_row,
+    ).eligible
 
 
 def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, AcceptanceVector]:
     """The acceptance vector of every domain in ``nodes``, and of all of them pooled (``all``)."""
-    need = {"prompt_id", "step", "node_id", "parent_id", "depth", "sibling_rank",
-            "greedy_accept", "domain"}
+    need = {
+        "prompt_id",
+        "step",
+        "node_id",
+        "parent_id",
+        "depth",
+        "sibling_rank",
+        "greedy_accept",
+        "domain",
+    }
     if missing := need - set(nodes.columns):
         raise PolicyError(f"node records lack the columns {sorted(missing)}")
     if nodes.empty:
@@ -118,5 +137,3 @@ def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, Ac
         rates = np.where(counts >= max(min_count, 1), hits / np.maximum(counts, 1), 0.0)
         out[name] = AcceptanceVector(rates, counts)
     return out
-
-

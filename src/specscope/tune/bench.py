@@ -52,13 +52,22 @@ class BenchConfig:
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in BENCH_METHODS]
         if unknown:
-            raise DecodeError(f"unknown bench method(s) {unknown}; choose from {', '.join(BENCH_METHODS)}")
+            raise DecodeError(
+                f"unknown bench method(s) {unknown}; choose from {', '.join(BENCH_METHODS)}"
+            )
         if "plain" not in self.methods:
             raise DecodeError("the bench needs the 'plain' method: it is the reference")
-        if (self.repeats < 1 or self.warmup < 0 or self.max_new_tokens < 1 or self.chain_depth < 1
-                or self.max_prompt_tokens < 1):
-            raise DecodeError("repeats, max_new_tokens, chain_depth and max_prompt_tokens must be "
-                              ">= 1, warmup >= 0")
+        if (
+            self.repeats < 1
+            or self.warmup < 0
+            or self.max_new_tokens < 1
+            or self.chain_depth < 1
+            or self.max_prompt_tokens < 1
+        ):
+            raise DecodeError(
+                "repeats, max_new_tokens, chain_depth and max_prompt_tokens must be "
+                ">= 1, warmup >= 0"
+            )
         if not 0 <= self.min_path_prob < 1:  # NaN fails too
             raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
 
@@ -109,17 +118,25 @@ class _FirstTokenClock:
         pass
 
 
-def hf_generate(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int],
-                 assistant=None) -> tuple[list[int], float]:
+def hf_generate(
+    model, prompt: list[int], max_new_tokens: int, eos: frozenset[int], assistant=None
+) -> tuple[list[int], float]:
     """``model.generate``, greedy (with ``assistant``: transformers assisted generation); the
     tokens and the seconds to the first one."""
     ids = torch.tensor([prompt], device=model.device)
     eos_ids = sorted(eos) or None
     clock = _FirstTokenClock()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=eos_ids, streamer=clock,
-                         pad_token_id=eos_ids[0] if eos_ids else None, assistant_model=assistant)
-    return out[0, len(prompt):].tolist(), clock.first_token_s
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos_ids,
+        streamer=clock,
+        pad_token_id=eos_ids[0] if eos_ids else None,
+        assistant_model=assistant,
+    )
+    return out[0, len(prompt) :].tolist(), clock.first_token_s
 
 
 ROUTERS = ("rules", "learned")
@@ -135,8 +152,9 @@ class BenchPrompts:
     held_out: int  # prompts in the held-out half
 
 
-def bench_prompts(domains: list[str], per_domain: int, seed: int, policy,
-                  router: str = "rules") -> BenchPrompts:
+def bench_prompts(
+    domains: list[str], per_domain: int, seed: int, policy, router: str = "rules"
+) -> BenchPrompts:
     """Every prompt of ``domains`` except the tuning run's (``policy``'s source), split in half:
     one half trains the learned router; the other scores the routers and gives ``per_domain``
     prompts per domain to time. The learned router is trained only where its training half has
@@ -146,15 +164,22 @@ def bench_prompts(domains: list[str], per_domain: int, seed: int, policy,
     train, test = holdout_split(pool, 0.5, seed)
     routers: dict[str, object] = {"rules": RuleRouter()}
     if len({i.domain for i in train}) >= 2:
-        routers["learned"] = LearnedRouter().fit([prompt_text(i) for i in train],
-                                                 [i.domain for i in train])
+        routers["learned"] = LearnedRouter().fit(
+            [prompt_text(i) for i in train], [i.domain for i in train]
+        )
     elif router == "learned":
-        raise DecodeError("--router learned needs prompts of two domains or more to train on; "
-                          f"got {', '.join(domains)} (use --router rules, or give more domains)")
-    items = [it for d in domains
-             for it in sample_items([i for i in test if i.domain == d], per_domain, seed)]
-    return BenchPrompts(items, routers, [router_accuracy(r, test) for r in routers.values()],
-                        len(test))
+        raise DecodeError(
+            "--router learned needs prompts of two domains or more to train on; "
+            f"got {', '.join(domains)} (use --router rules, or give more domains)"
+        )
+    items = [
+        it
+        for d in domains
+        for it in sample_items([i for i in test if i.domain == d], per_domain, seed)
+    ]
+    return BenchPrompts(
+        items, routers, [router_accuracy(r, test) for r in routers.values()], len(test)
+    )
 
 
 def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:
@@ -165,6 +190,7 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
         def fn(ids, text):
             r = decoder.generate(ids, spec, greedy)
             return r.tokens, len(r.steps), "", r.steps[0].step_time_s
+
         return fn
 
     def routed(ids, text):
@@ -174,26 +200,42 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
 
     def hf(assistant):
         def fn(ids, text):  # plain: one target pass per token; assisted: steps not observed
-            tokens, first = hf_generate(decoder.target, ids, config.max_new_tokens, decoder.eos,
-                                         assistant)
+            tokens, first = hf_generate(
+                decoder.target, ids, config.max_new_tokens, decoder.eos, assistant
+            )
             return tokens, len(tokens) if assistant is None else 0, "", first
+
         return fn
 
     chain = TreeShape.from_paths([(0,) * d for d in range(1, config.chain_depth + 1)])
-    table = {"plain": hf(None), "assisted": hf(decoder.draft), "chain": run(chain),
-             "uniform": run(policy.uniform if policy else chain), "routed": routed,
-             "dynamic": run(config.dynamic)}
+    table = {
+        "plain": hf(None),
+        "assisted": hf(decoder.draft),
+        "chain": run(chain),
+        "uniform": run(policy.uniform if policy else chain),
+        "routed": routed,
+        "dynamic": run(config.dynamic),
+    }
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
     return {m: table[m] for m in config.methods}
 
 
-def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
-              config: BenchConfig = BenchConfig(), log=None) -> list[BenchRun]:
+def run_bench(
+    decoder: SpeculativeDecoder,
+    tokenizer,
+    items,
+    policy,
+    router,
+    config: BenchConfig = BenchConfig(),
+    log=None,
+) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
     methods = bench_methods(decoder, policy, router, config)
-    rendered = [render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
-                for item in items]
+    rendered = [
+        render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+        for item in items
+    ]
     for _ in range(config.warmup if items else 0):
         for fn in methods.values():
             fn(rendered[0], prompt_text(items[0]))
@@ -213,12 +255,15 @@ def run_bench(decoder: SpeculativeDecoder, tokenizer, items, policy, router,
             tokens, steps, routed, _ = outputs[name]
             median = sorted(times[name])[len(times[name]) // 2]
             first = sorted(firsts[name])[len(firsts[name]) // 2]
-            runs.append(BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median,
-                                 first))
+            runs.append(
+                BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median, first)
+            )
             if log:
-                log(f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
+                log(
+                    f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
                     f"{median:6.2f} s {len(tokens) / median:6.2f} tok/s"
-                    + (f" (routed: {routed})" if routed else ""))
+                    + (f" (routed: {routed})" if routed else "")
+                )
     return runs
 
 
@@ -233,8 +278,10 @@ def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
         decode_secs = sum(r.time_s - r.first_token_s for r in part if r.tokens)
         tokens = sum(len(r.tokens) for r in part)
         later = sum(len(r.tokens) - 1 for r in part if r.tokens)
-        return (tokens / secs if secs else float("nan"),
-                later / decode_secs if decode_secs > 0 else float("nan"))
+        return (
+            tokens / secs if secs else float("nan"),
+            later / decode_secs if decode_secs > 0 else float("nan"),
+        )
 
     rows = []
     for domain in domains + [ALL_DOMAINS]:
@@ -245,8 +292,19 @@ def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
             tps, decode = rates(mine)
             tokens = sum(len(r.tokens) for r in mine)
             steps = sum(r.steps for r in mine)
-            rows.append(BenchRow(method, domain, len(mine), tokens, sum(r.time_s for r in mine),
-                                 tps, decode, decode / plain_decode, tps / plain_tps,
-                                 tokens / steps if steps else float("nan"),
-                                 all(r.tokens == reference[r.prompt_id] for r in mine)))
+            rows.append(
+                BenchRow(
+                    method,
+                    domain,
+                    len(mine),
+                    tokens,
+                    sum(r.time_s for r in mine),
+                    tps,
+                    decode,
+                    decode / plain_decode,
+                    tps / plain_tps,
+                    tokens / steps if steps else float("nan"),
+                    all(r.tokens == reference[r.prompt_id] for r in mine),
+                )
+            )
     return rows

@@ -60,7 +60,9 @@ class CostModel:
                 _check_number(f"{name} seconds at {tokens} tokens", seconds, positive=True)
             sizes = [tokens for tokens, _ in table]
             if sizes != sorted(set(sizes)):
-                raise PolicyError(f"cost model: {name} must list increasing token counts, got {sizes}")
+                raise PolicyError(
+                    f"cost model: {name} must list increasing token counts, got {sizes}"
+                )
         _check_number("plain_token_s", self.plain_token_s, positive=True)
         _check_number("overhead_s", self.overhead_s, low=0)
         _check_number("root_tokens", self.root_tokens, integer=True, low=1)
@@ -69,7 +71,8 @@ class CostModel:
     def draft_time(self, shape: TreeShape) -> float:
         calls = [self.root_tokens] + [
             sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
-            for d in range(1, shape.max_depth)]
+            for d in range(1, shape.max_depth)
+        ]
         return sum(interpolate(self.draft_s, k) for k in calls if k)
 
     def verify_time(self, shape: TreeShape) -> float:
@@ -85,29 +88,39 @@ class CostModel:
         return acc.expected_tau(shape) / self.step_time(shape) * self.plain_token_s
 
     def to_dict(self) -> dict:
-        return {"draft_s": [list(x) for x in self.draft_s], "target_s": [list(x) for x in self.target_s],
-                "plain_token_s": self.plain_token_s, "overhead_s": self.overhead_s,
-                "root_tokens": self.root_tokens, "context_len": self.context_len,
-                "hardware": self.hardware}
+        return {
+            "draft_s": [list(x) for x in self.draft_s],
+            "target_s": [list(x) for x in self.target_s],
+            "plain_token_s": self.plain_token_s,
+            "overhead_s": self.overhead_s,
+            "root_tokens": self.root_tokens,
+            "context_len": self.context_len,
+            "hardware": self.hardware,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
         """A cost model from its JSON form; values are checked by type and range (numbers, not
         strings or booleans; times finite and positive)."""
+
         def table(name: str) -> tuple[tuple[int, float], ...]:
             rows = data[name]
-            if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 2
-                                                     for r in rows):
+            if not isinstance(rows, list) or not all(
+                isinstance(r, list) and len(r) == 2 for r in rows
+            ):
                 raise PolicyError(f"cost model: {name} must be a list of [tokens, seconds] pairs")
             return tuple((k, s) for k, s in rows)
 
         try:
-            return cls(draft_s=table("draft_s"), target_s=table("target_s"),
-                       plain_token_s=data["plain_token_s"],
-                       overhead_s=data.get("overhead_s", 0.0),
-                       root_tokens=data.get("root_tokens", 2),
-                       context_len=data.get("context_len", 0),
-                       hardware=str(data.get("hardware", "")))
+            return cls(
+                draft_s=table("draft_s"),
+                target_s=table("target_s"),
+                plain_token_s=data["plain_token_s"],
+                overhead_s=data.get("overhead_s", 0.0),
+                root_tokens=data.get("root_tokens", 2),
+                context_len=data.get("context_len", 0),
+                hardware=str(data.get("hardware", "")),
+            )
         except KeyError as e:
             raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
 
@@ -124,13 +137,16 @@ class CostModel:
             raise PolicyError(message if str(path) in message else f"{path}: {message}") from None
 
 
-def _check_number(name: str, value, *, integer: bool = False, low: float | None = None,
-                  positive: bool = False) -> None:
+def _check_number(
+    name: str, value, *, integer: bool = False, low: float | None = None, positive: bool = False
+) -> None:
     """Refuse a cost-model value that is not a number of the right kind and range."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-        raise PolicyError(f"cost model: {name} must be a finite "
-                          f"{'integer' if integer else 'number'}, got {value!r}")
+        raise PolicyError(
+            f"cost model: {name} must be a finite "
+            f"{'integer' if integer else 'number'}, got {value!r}"
+        )
     if positive and value <= 0:
         raise PolicyError(f"cost model: {name} must be > 0 seconds, got {value!r}")
     if low is not None and value < low:
@@ -156,23 +172,39 @@ def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> f
 
 
 @torch.inference_mode()
-def measure_costs(decoder: SpeculativeDecoder, context_len: int = 256,
-                  sizes: Sequence[int] = COST_SIZES, repeats: int = 3,
-                  hardware: str = "") -> CostModel:
+def measure_costs(
+    decoder: SpeculativeDecoder,
+    context_len: int = 256,
+    sizes: Sequence[int] = COST_SIZES,
+    repeats: int = 3,
+    hardware: str = "",
+) -> CostModel:
     """Time draft and target forwards by tokens fed, plain decoding per token, and the per-step
     bookkeeping of a real speculative decode, over a synthetic context of ``context_len``."""
     generator = torch.Generator().manual_seed(0)
-    context = torch.randint(0, min(decoder.vocab, 1000), (context_len,), generator=generator).tolist()
+    context = torch.randint(
+        0, min(decoder.vocab, 1000), (context_len,), generator=generator
+    ).tolist()
     tables = []
     for model in (decoder.draft, decoder.target):
         cache, _ = prefill(model, context)
         time_forward(model, cache, context_len, 1, 1, decoder.vocab)  # warm-up
-        tables.append(tuple((k, time_forward(model, cache, context_len, k, repeats, decoder.vocab)) for k in sizes))
+        tables.append(
+            tuple(
+                (k, time_forward(model, cache, context_len, k, repeats, decoder.vocab))
+                for k in sizes
+            )
+        )
     config = DecodeConfig(max_new_tokens=16)
     plain = plain_generate(decoder.target, context, config, decoder.vocab)
     per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
-    model = CostModel(draft_s=tables[0], target_s=tables[1], plain_token_s=per_token,
-                      context_len=context_len, hardware=hardware or _hardware())
+    model = CostModel(
+        draft_s=tables[0],
+        target_s=tables[1],
+        plain_token_s=per_token,
+        context_len=context_len,
+        hardware=hardware or _hardware(),
+    )
     # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
     # context): the median of real step times minus the model's prediction for them.
     chain = TreeShape.from_paths([(0,), (0, 0)])
@@ -183,5 +215,3 @@ def measure_costs(decoder: SpeculativeDecoder, context_len: int = 256,
 
 def _hardware() -> str:
     return f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads".strip()
-
-

@@ -46,8 +46,9 @@ def forest_tables(acc: AcceptanceVector, max_nodes: int, max_depth: int, max_ran
     return best, take
 
 
-def build_paths(take, d: int, n: int, prefix: tuple[int, ...], max_rank: int,
-                 out: list[tuple[int, ...]]) -> None:
+def build_paths(
+    take, d: int, n: int, prefix: tuple[int, ...], max_rank: int, out: list[tuple[int, ...]]
+) -> None:
     for r in range(max_rank):
         m = int(take[d][r][n])
         if m:
@@ -58,8 +59,9 @@ def build_paths(take, d: int, n: int, prefix: tuple[int, ...], max_rank: int,
             n -= m
 
 
-def optimal_tree(acc: AcceptanceVector, max_nodes: int, max_depth: int,
-                 max_rank: int | None = None) -> OptimalTree:
+def optimal_tree(
+    acc: AcceptanceVector, max_nodes: int, max_depth: int, max_rank: int | None = None
+) -> OptimalTree:
     """The tree of at most ``max_nodes`` nodes and depth ``max_depth`` maximising expected tau.
 
     A node's subtree value is ``a(d, r) * (1 + best forest below it)``; siblings share the node
@@ -67,13 +69,12 @@ def optimal_tree(acc: AcceptanceVector, max_nodes: int, max_depth: int,
     :class:`AcceptanceVector` (acceptance depends on depth and sibling rank only).
     """
     if max_nodes < 1 or max_depth < 1:
-        raise PolicyError(f"optimal trees need max_nodes >= 1 and depth >= 1, got "
-                          f"{max_nodes} and {max_depth}")
+        raise PolicyError(
+            f"optimal trees need max_nodes >= 1 and depth >= 1, got {max_nodes} and {max_depth}"
+        )
     max_rank = min(max_rank or acc.max_rank, acc.max_rank)
     best, take = forest_tables(acc, max_nodes, max_depth, max_rank)
     paths: list[tuple[int, ...]] = []
     build_paths(take, 1, max_nodes, (), max_rank, paths)
     shape = TreeShape.from_paths(paths) if paths else None
     return OptimalTree(shape, acc.expected_tau(shape))
-
-

@@ -39,16 +39,25 @@ def describe(spec: Speculation) -> str:
     return f"{len(spec)} nodes, depth {spec.max_depth}: {spec.to_paths_literal()}"
 
 
-def make_speculation(policy: str, *, depth: int | None = None, top_k: int | None = None,
-                     branch: int | None = None, max_nodes: int | None = None,
-                     paths: str | None = None,
-                     acceptance: AcceptanceVector | None = None) -> Speculation:
+def make_speculation(
+    policy: str,
+    *,
+    depth: int | None = None,
+    top_k: int | None = None,
+    branch: int | None = None,
+    max_nodes: int | None = None,
+    paths: str | None = None,
+    acceptance: AcceptanceVector | None = None,
+) -> Speculation:
     """A policy name and its parameters (None: the policy's default) as a tree shape, a
     dynamic-growth config, or None (no speculation)."""
     if policy not in SPECULATIONS:
         raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(SPECULATIONS)}")
-    given = {k: v for k, v in dict(depth=depth, top_k=top_k, branch=branch,
-                                   max_nodes=max_nodes).items() if v is not None}
+    given = {
+        k: v
+        for k, v in dict(depth=depth, top_k=top_k, branch=branch, max_nodes=max_nodes).items()
+        if v is not None
+    }
     try:
         return SPECULATIONS[policy](policy, given, paths, acceptance)
     except TreeConfigError as e:
@@ -66,8 +75,9 @@ def _dynamic_tree(policy: str, given: dict, paths: str | None, acceptance) -> Dy
     return DynamicTree(**given)
 
 
-def _optimal_tree(policy: str, given: dict, paths: str | None,
-                  acceptance: AcceptanceVector | None) -> TreeShape:
+def _optimal_tree(
+    policy: str, given: dict, paths: str | None, acceptance: AcceptanceVector | None
+) -> TreeShape:
     if acceptance is None:
         raise PolicyError("policy 'optimal' needs an acceptance vector (a run directory)")
     tree = optimal_tree(acceptance, given.get("max_nodes", 16), given.get("depth", 6))
@@ -77,9 +87,15 @@ def _optimal_tree(policy: str, given: dict, paths: str | None,
 
 
 # policy name -> builder(policy, given options, paths, acceptance vector)
-SPECULATIONS = {"chain": _static_tree, "static": _static_tree, "paper": _static_tree,
-                "paper-text": _static_tree, "dynamic": _dynamic_tree, "optimal": _optimal_tree,
-                "none": lambda *_: None}
+SPECULATIONS = {
+    "chain": _static_tree,
+    "static": _static_tree,
+    "paper": _static_tree,
+    "paper-text": _static_tree,
+    "dynamic": _dynamic_tree,
+    "optimal": _optimal_tree,
+    "none": lambda *_: None,
+}
 
 
 # --- tuning ----------------------------------------------------------------------------------------
@@ -95,15 +111,23 @@ class Choice:
     step_time_s: float
 
     def to_dict(self) -> dict:
-        return {"tree": self.shape.to_paths_literal() if self.shape else "none",
-                "nodes": len(self.shape) if self.shape else 0,
-                "expected_tau": round(self.expected_tau, 4),
-                "predicted_speedup": round(self.predicted_speedup, 4),
-                "step_time_s": round(self.step_time_s, 6)}
+        return {
+            "tree": self.shape.to_paths_literal() if self.shape else "none",
+            "nodes": len(self.shape) if self.shape else 0,
+            "expected_tau": round(self.expected_tau, 4),
+            "predicted_speedup": round(self.predicted_speedup, 4),
+            "step_time_s": round(self.step_time_s, 6),
+        }
 
 
-def best_tree(acc: AcceptanceVector, costs: CostModel, max_nodes: int = 32, max_depth: int = 8,
-              max_rank: int | None = None, min_speedup: float = 1.0) -> Choice:
+def best_tree(
+    acc: AcceptanceVector,
+    costs: CostModel,
+    max_nodes: int = 32,
+    max_depth: int = 8,
+    max_rank: int | None = None,
+    min_speedup: float = 1.0,
+) -> Choice:
     """Over every node budget and depth limit, the optimal tree of best predicted speed-up; no
     speculation (``shape=None``) unless some tree beats ``min_speedup``."""
     best = Choice(None, 1.0, 1.0, costs.plain_token_s)
@@ -145,21 +169,35 @@ class TuneConfig:
             raise PolicyError(f"tune needs a finite min_speedup >= 0, got {self.min_speedup}")
 
 
-def tune(nodes: pd.DataFrame, costs: CostModel, config: TuneConfig = TuneConfig(),
-         source: dict | None = None) -> PolicyFile:
+def tune(
+    nodes: pd.DataFrame,
+    costs: CostModel,
+    config: TuneConfig = TuneConfig(),
+    source: dict | None = None,
+) -> PolicyFile:
     """Per domain (and pooled: the uniform tree), the tree of best predicted speed-up."""
     vectors = acceptance_vectors(nodes, config.min_count)
     if config.extrapolate:
         vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
-    choices = {name: best_tree(acc, costs, config.max_nodes, config.max_depth, config.max_rank,
-                               config.min_speedup)
-               for name, acc in vectors.items()}
+    choices = {
+        name: best_tree(
+            acc, costs, config.max_nodes, config.max_depth, config.max_rank, config.min_speedup
+        )
+        for name, acc in vectors.items()
+    }
     uniform = choices.pop(ALL_DOMAINS)
-    info = {"cost_model": costs.to_dict(), "tune": dict(vars(config)),
-            "acceptance": {k: v.to_dict() for k, v in vectors.items()},
-            "source": source or {}}
-    return PolicyFile(trees={d: c.shape for d, c in choices.items()}, uniform=uniform.shape,
-                      choices={**choices, ALL_DOMAINS: uniform}, info=info)
+    info = {
+        "cost_model": costs.to_dict(),
+        "tune": dict(vars(config)),
+        "acceptance": {k: v.to_dict() for k, v in vectors.items()},
+        "source": source or {},
+    }
+    return PolicyFile(
+        trees={d: c.shape for d, c in choices.items()},
+        uniform=uniform.shape,
+        choices={**choices, ALL_DOMAINS: uniform},
+        info=info,
+    )
 
 
 # --- policy files ----------------------------------------------------------------------------------
@@ -183,9 +221,12 @@ class PolicyFile:
                 return self.choices[name].to_dict()
             return {"tree": shape.to_paths_literal() if shape else "none"}
 
-        return {"format": POLICY_FORMAT,
-                "domains": {d: entry(d, s) for d, s in self.trees.items()},
-                "uniform": entry(ALL_DOMAINS, self.uniform), **self.info}
+        return {
+            "format": POLICY_FORMAT,
+            "domains": {d: entry(d, s) for d, s in self.trees.items()},
+            "uniform": entry(ALL_DOMAINS, self.uniform),
+            **self.info,
+        }
 
     def save(self, path: str | Path, inside: Path | None = None) -> Path:
         """Write as strict JSON (no NaN literals); ``inside``: the run directory the file lies in,
@@ -196,7 +237,9 @@ class PolicyFile:
     def load(cls, path: str | Path) -> PolicyFile:
         path = Path(path)
         if path.suffix != ".toml":
-            return cls.from_dict(read_json_object(path, PolicyError, "policy file"), where=str(path))
+            return cls.from_dict(
+                read_json_object(path, PolicyError, "policy file"), where=str(path)
+            )
         data = read_toml_table(path, PolicyError, "policy file")
         return cls.from_dict(data, where=str(path))
 
@@ -225,6 +268,6 @@ def _parse_tree(entry, where: str) -> TreeShape | None:
             return TreeShape.from_paths([tuple(p) for p in tree])
     except TreeConfigError as e:
         raise PolicyError(f"{where}: malformed tree: {e}") from None
-    raise PolicyError(f"{where}: malformed tree {tree!r}: give path tuples such as "
-                      "[[0], [1], [0, 0]] or \"none\"")
-
+    raise PolicyError(
+        f'{where}: malformed tree {tree!r}: give path tuples such as [[0], [1], [0, 0]] or "none"'
+    )

@@ -32,7 +32,9 @@ def prompt_text(item: PromptItem | Sequence[dict] | str) -> str:
     if isinstance(item, str):
         return item
     messages = item.messages if isinstance(item, PromptItem) else item
-    return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role", "user") == "user")
+    return "\n\n".join(
+        str(m.get("content", "")) for m in messages if m.get("role", "user") == "user"
+    )
 
 
 @dataclass(frozen=True)
@@ -49,25 +51,49 @@ RULES: tuple[Rule, ...] = (
     # code: fenced code, definitions, programming vocabulary
     Rule("code", r"```", 2.0),
     Rule("code", r"^\s*(def|class|import|from \w+ import|#include|function|public|fn)\b", 2.0),
-    Rule("code", r"\b(python|javascript|java|c\+\+|rust|sql|function|implement|code|program|"
-                 r"algorithm|compile|regex|api|bug|debug)\b", 1.5),
+    Rule(
+        "code",
+        r"\b(python|javascript|java|c\+\+|rust|sql|function|implement|code|program|"
+        r"algorithm|compile|regex|api|bug|debug)\b",
+        1.5,
+    ),
     Rule("code", r"(>>>|->|\breturn\b|==|\w+\(\w*(, ?\w+)*\):)", 1.0),
     # math: notation and competition vocabulary
     Rule("math", r"(\$|\\frac|\\sqrt|\^\d|\w\^|≥|≤|√|∑|∫|π)", 1.5),
-    Rule("math", r"\b(polynomial|equation|inequalit|integer|real numbers?|prime|divisible|"
-                 r"sequence|root|roots|prove|minimum value|maximum value|interval|function f|"
-                 r"f\(x\)|solve for|coefficients?|digits?)\b", 1.5),
-    Rule("math", r"\b(find|determine|compute|what is) (all|the (smallest|largest|value|sum|number))\b", 1.0),
+    Rule(
+        "math",
+        r"\b(polynomial|equation|inequalit|integer|real numbers?|prime|divisible|"
+        r"sequence|root|roots|prove|minimum value|maximum value|interval|function f|"
+        r"f\(x\)|solve for|coefficients?|digits?)\b",
+        1.5,
+    ),
+    Rule(
+        "math",
+        r"\b(find|determine|compute|what is) (all|the (smallest|largest|value|sum|number))\b",
+        1.0,
+    ),
     Rule("math", r"\b[a-z] ?[+\-*/=<>] ?[a-z0-9]\b", 0.5),
     Rule("math", r"(\b[a-z]_\(?[a-z0-9]|\b\d+/\d+\b|\([a-z0-9+\-*/ ]+\) ?[*/^]|\.\.\.|→|∞)", 1.0),
-    Rule("math", r"\b(limit|geometric|arithmetic|progressions?|reciprocals?|positive|zeros?|"
-                 r"greatest|smallest value|expression|such that)\b", 0.5),
+    Rule(
+        "math",
+        r"\b(limit|geometric|arithmetic|progressions?|reciprocals?|positive|zeros?|"
+        r"greatest|smallest value|expression|such that)\b",
+        0.5,
+    ),
     # reasoning: grade-school word problems (quantities, people, money, totals)
     Rule("reasoning", r"\bhow (many|much|long|far|old)\b", 1.5),
-    Rule("reasoning", r"\b(in total|total|each|per|every|twice|half|times as|left|remaining|"
-                      r"spent|costs?|earns?|buys?|sells?|pays?)\b", 0.5),
-    Rule("reasoning", r"(\$\d|\d+ (dollars|cents|hours|minutes|days|weeks|students|people|apples|"
-                      r"miles|km|pages|boxes|cookies))", 1.0),
+    Rule(
+        "reasoning",
+        r"\b(in total|total|each|per|every|twice|half|times as|left|remaining|"
+        r"spent|costs?|earns?|buys?|sells?|pays?)\b",
+        0.5,
+    ),
+    Rule(
+        "reasoning",
+        r"(\$\d|\d+ (dollars|cents|hours|minutes|days|weeks|students|people|apples|"
+        r"miles|km|pages|boxes|cookies))",
+        1.0,
+    ),
     Rule("reasoning", r"\b(give|state) (the|your) (result|answer)|final answer\b", 1.5),
 )
 
@@ -121,12 +147,21 @@ class LearnedRouter:
         if len(set(labels)) < 2:
             raise ValueError(f"fit needs prompts of at least two domains, got only {labels[0]!r}")
         features = make_union(
-            TfidfVectorizer(token_pattern=r"[a-z]+|\d+|[^\sa-z\d]", sublinear_tf=True,
-                            max_features=self.max_features),
-            TfidfVectorizer(analyzer="char", ngram_range=(3, 3), sublinear_tf=True,
-                            max_features=self.max_features))
-        self.model = make_pipeline(features, LogisticRegression(
-            C=self.c, class_weight="balanced", max_iter=2000))
+            TfidfVectorizer(
+                token_pattern=r"[a-z]+|\d+|[^\sa-z\d]",
+                sublinear_tf=True,
+                max_features=self.max_features,
+            ),
+            TfidfVectorizer(
+                analyzer="char",
+                ngram_range=(3, 3),
+                sublinear_tf=True,
+                max_features=self.max_features,
+            ),
+        )
+        self.model = make_pipeline(
+            features, LogisticRegression(C=self.c, class_weight="balanced", max_iter=2000)
+        )
         self.model.fit(list(texts), list(labels))
         return self
 
@@ -139,15 +174,18 @@ class LearnedRouter:
 # --- evaluation ----------------------------------------------------------------------------------
 
 
-def holdout_split(items: Sequence[PromptItem], test_fraction: float = 0.5,
-                  seed: int = 0) -> tuple[list[PromptItem], list[PromptItem]]:
+def holdout_split(
+    items: Sequence[PromptItem], test_fraction: float = 0.5, seed: int = 0
+) -> tuple[list[PromptItem], list[PromptItem]]:
     """Per domain, a seeded split into train and held-out test items (sha256 ranking)."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     train, test = [], []
     for domain in dict.fromkeys(it.domain for it in items):
-        ranked = sorted((it for it in items if it.domain == domain),
-                        key=lambda it: hashlib.sha256(f"split/{seed}/{it.id}".encode()).hexdigest())
+        ranked = sorted(
+            (it for it in items if it.domain == domain),
+            key=lambda it: hashlib.sha256(f"split/{seed}/{it.id}".encode()).hexdigest(),
+        )
         n_test = max(1, round(len(ranked) * test_fraction)) if len(ranked) > 1 else 0
         test += ranked[:n_test]
         train += ranked[n_test:]
@@ -181,5 +219,8 @@ def router_accuracy(router, items: Sequence[PromptItem]) -> RouterReport:
         cell[0] += predicted == it.domain
         cell[1] += 1
         confusion[it.domain, predicted] += 1
-    return RouterReport(getattr(router, "name", type(router).__name__),
-                        {d: (c, n) for d, (c, n) in per.items()}, dict(confusion))
+    return RouterReport(
+        getattr(router, "name", type(router).__name__),
+        {d: (c, n) for d, (c, n) in per.items()},
+        dict(confusion),
+    )

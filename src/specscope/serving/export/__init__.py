@@ -23,19 +23,32 @@ from .rules import Engine, EngineVersion, ExportError
 
 EXPORT_FORMAT = "specscope-export/2"
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("vllm", vllm.VERSIONS, vllm.export, vllm.EXPORTS, vllm.REFUSES),
-    Engine("sglang", sglang.VERSIONS, sglang.export, sglang.EXPORTS, sglang.REFUSES),
-    Engine("llama.cpp", llamacpp.VERSIONS, llamacpp.export, llamacpp.EXPORTS, llamacpp.REFUSES),
-    Engine("trtllm", trtllm.VERSIONS, trtllm.export, trtllm.EXPORTS, trtllm.REFUSES),
-    Engine("transformers", hf_transformers.VERSIONS, hf_transformers.export,
-           hf_transformers.EXPORTS, hf_transformers.REFUSES),
-)}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("vllm", vllm.VERSIONS, vllm.export, vllm.EXPORTS, vllm.REFUSES),
+        Engine("sglang", sglang.VERSIONS, sglang.export, sglang.EXPORTS, sglang.REFUSES),
+        Engine("llama.cpp", llamacpp.VERSIONS, llamacpp.export, llamacpp.EXPORTS, llamacpp.REFUSES),
+        Engine("trtllm", trtllm.VERSIONS, trtllm.export, trtllm.EXPORTS, trtllm.REFUSES),
+        Engine(
+            "transformers",
+            hf_transformers.VERSIONS,
+            hf_transformers.export,
+            hf_transformers.EXPORTS,
+            hf_transformers.REFUSES,
+        ),
+    )
+}
 
 
-def export_policy(policy: PolicyFile, engine: str, options: ExportOptions = ExportOptions(),
-                  source: str = "", engine_version: str | None = None,
-                  router: RuleRouter = RuleRouter()) -> dict:
+def export_policy(
+    policy: PolicyFile,
+    engine: str,
+    options: ExportOptions = ExportOptions(),
+    source: str = "",
+    engine_version: str | None = None,
+    router: RuleRouter = RuleRouter(),
+) -> dict:
     """Every routed domain's setting for ``engine`` at ``engine_version`` (default: the newest
     checked), the routing rule, and where the engine's rules were read from."""
     if engine not in ENGINES:
@@ -45,22 +58,41 @@ def export_policy(policy: PolicyFile, engine: str, options: ExportOptions = Expo
     plan = DeploymentPlan.from_policy(policy, source, router)
     body = spec.export(plan, options, version)
     approximation = body.pop("approximation", version.approximation)
-    return {"format": EXPORT_FORMAT, "engine": engine, "engine_version": version.version,
-            "checked_against": list(version.checked_against),
-            "approximation": approximation, "notes": list(version.notes),
-            "policy": source, **body, "routing": routing_rule(router)}
+    return {
+        "format": EXPORT_FORMAT,
+        "engine": engine,
+        "engine_version": version.version,
+        "checked_against": list(version.checked_against),
+        "approximation": approximation,
+        "notes": list(version.notes),
+        "policy": source,
+        **body,
+        "routing": routing_rule(router),
+    }
 
 
 def engines_table() -> str:
     """The README table: engine | versions checked | what is exported | refused and why."""
-    rows = ["| engine | versions checked | what is exported | what is refused and why |",
-            "|---|---|---|---|"]
+    rows = [
+        "| engine | versions checked | what is exported | what is refused and why |",
+        "|---|---|---|---|",
+    ]
     for e in ENGINES.values():
-        versions = "; ".join(f"{v.version} ({v.about})" if v.about else v.version
-                             for v in e.versions)
+        versions = "; ".join(
+            f"{v.version} ({v.about})" if v.about else v.version for v in e.versions
+        )
         rows.append(f"| {e.name} | {versions} | {e.exports} | {e.refuses} |")
     return "\n".join(rows)
 
 
-__all__ = ["ENGINES", "EXPORT_FORMAT", "Engine", "EngineVersion", "ExportError", "ExportOptions",
-           "engines_table", "export_policy", "is_chain"]
+__all__ = [
+    "ENGINES",
+    "EXPORT_FORMAT",
+    "Engine",
+    "EngineVersion",
+    "ExportError",
+    "ExportOptions",
+    "engines_table",
+    "export_policy",
+    "is_chain",
+]

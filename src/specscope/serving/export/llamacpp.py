@@ -24,66 +24,103 @@ from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
 from .rules import EngineVersion, ExportError, Field, Rule
 
 LLAMA_CPP = "ggml-org/llama.cpp"
-SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-              "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPEC_TYPES = (
+    "none",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
 
 B11312 = EngineVersion(
-    engine="llama.cpp", version="b11312",
+    engine="llama.cpp",
+    version="b11312",
     about="commit 0c1e57098, 2026-10-01: the llama.cpp that llama-cpp-python 0.3.36 vendors",
-    checked_against=(f"{LLAMA_CPP}:common/arg.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
-                     f"{LLAMA_CPP}:common/preset.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
-                     f"{LLAMA_CPP}:tools/server/server-models.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
-                     f"{LLAMA_CPP}:tools/server/server-schema.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f"),
-    fields=(Field("--model", str, required=True),
-            Field("--spec-type", str, choices=SPEC_TYPES),
-            Field("--spec-draft-model", str),
-            Field("--spec-draft-n-max", int, low=0, high=2**31 - 1),
-            Field("--spec-draft-n-min", int, low=0, high=2**31 - 1),
-            Field("--spec-draft-p-min", float, low=0.0, high=1.0),
-            Field("--poll", int, low=0, high=100),
-            Field("--spec-draft-poll", int, low=0, high=1),
-            # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
-            Field("--threads", int, low=1, high=1024),
-            Field("--threads-batch", int, low=1, high=1024),
-            Field("--batch-size", int, low=1, high=2**31 - 1),
-            Field("--ubatch-size", int, low=1, high=2**31 - 1),
-            Field("--ctx-size", int, low=0, high=2**31 - 1),
-            Field("--parallel", int, low=1, high=1024),
-            Field("--n-gpu-layers", int, low=0, high=2**31 - 1),
-            Field("--spec-draft-threads", int, low=1, high=1024),
-            Field("--spec-draft-threads-batch", int, low=1, high=1024),
-            Field("--spec-draft-ngl", int, low=0, high=2**31 - 1)),
+    checked_against=(
+        f"{LLAMA_CPP}:common/arg.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+        f"{LLAMA_CPP}:common/preset.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+        f"{LLAMA_CPP}:tools/server/server-models.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+        f"{LLAMA_CPP}:tools/server/server-schema.cpp@0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+    ),
+    fields=(
+        Field("--model", str, required=True),
+        Field("--spec-type", str, choices=SPEC_TYPES),
+        Field("--spec-draft-model", str),
+        Field("--spec-draft-n-max", int, low=0, high=2**31 - 1),
+        Field("--spec-draft-n-min", int, low=0, high=2**31 - 1),
+        Field("--spec-draft-p-min", float, low=0.0, high=1.0),
+        Field("--poll", int, low=0, high=100),
+        Field("--spec-draft-poll", int, low=0, high=1),
+        # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
+        Field("--threads", int, low=1, high=1024),
+        Field("--threads-batch", int, low=1, high=1024),
+        Field("--batch-size", int, low=1, high=2**31 - 1),
+        Field("--ubatch-size", int, low=1, high=2**31 - 1),
+        Field("--ctx-size", int, low=0, high=2**31 - 1),
+        Field("--parallel", int, low=1, high=1024),
+        Field("--n-gpu-layers", int, low=0, high=2**31 - 1),
+        Field("--spec-draft-threads", int, low=1, high=1024),
+        Field("--spec-draft-threads-batch", int, low=1, high=1024),
+        Field("--spec-draft-ngl", int, low=0, high=2**31 - 1),
+    ),
     # llama-server exits on an unknown flag; common/preset.cpp throws "option '...' not recognized
     # in preset" on an unknown key
     forbid_extra=True,
-    rules=(Rule("--spec-type draft-simple needs --spec-draft-model (-md)",
-                lambda s: s.get("--spec-type") != "draft-simple" or "--spec-draft-model" in s),
-           Rule("--spec-draft-n-min <= --spec-draft-n-max (a draft shorter than n_min is dropped)",
-                lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3)),
-           Rule("no ';', '#' or line break in a value (the presets parser, common/preset.cpp, "
-                "ends the value there: rename the file)",
-                lambda s: not any(isinstance(v, str) and re.search(r"[;#\r\n]", v)
-                                  for v in s.values()))),
-    notes=("request fields speculative.n_max/n_min/p_min are compiled out of llama-server "
-           "(#if 0 in tools/server/server-schema.cpp) and ignored: speculation is set per server "
-           "(per preset), never per request",),
+    rules=(
+        Rule(
+            "--spec-type draft-simple needs --spec-draft-model (-md)",
+            lambda s: s.get("--spec-type") != "draft-simple" or "--spec-draft-model" in s,
+        ),
+        Rule(
+            "--spec-draft-n-min <= --spec-draft-n-max (a draft shorter than n_min is dropped)",
+            lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3),
+        ),
+        Rule(
+            "no ';', '#' or line break in a value (the presets parser, common/preset.cpp, "
+            "ends the value there: rename the file)",
+            lambda s: not any(isinstance(v, str) and re.search(r"[;#\r\n]", v) for v in s.values()),
+        ),
+    ),
+    notes=(
+        "request fields speculative.n_max/n_min/p_min are compiled out of llama-server "
+        "(#if 0 in tools/server/server-schema.cpp) and ignored: speculation is set per server "
+        "(per preset), never per request",
+    ),
 )
 
 VERSIONS = (B11312,)
-EXPORTS = ("per domain: llama-server flags (`--spec-type draft-simple`, `--spec-draft-model`, "
-           "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
-           "and a router-mode presets file (`--models-preset`), one section per domain; from a "
-           "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
-           "polling, batch sizes, quantised GGUF)")
-REFUSES = ("trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
-           "of llama-server, so not exported)")
+EXPORTS = (
+    "per domain: llama-server flags (`--spec-type draft-simple`, `--spec-draft-model`, "
+    "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
+    "and a router-mode presets file (`--models-preset`), one section per domain; from a "
+    "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
+    "polling, batch sizes, quantised GGUF)"
+)
+REFUSES = (
+    "trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
+    "of llama-server, so not exported)"
+)
 
 
 # short names in a measured setting's flags -> the long names presets take (common/arg.cpp)
-LONG_NAMES = {"-t": "--threads", "-tb": "--threads-batch", "-b": "--batch-size",
-              "-ub": "--ubatch-size", "-c": "--ctx-size", "-np": "--parallel",
-              "-ngl": "--n-gpu-layers", "-md": "--spec-draft-model", "-td": "--spec-draft-threads",
-              "-tbd": "--spec-draft-threads-batch"}
+LONG_NAMES = {
+    "-t": "--threads",
+    "-tb": "--threads-batch",
+    "-b": "--batch-size",
+    "-ub": "--ubatch-size",
+    "-c": "--ctx-size",
+    "-np": "--parallel",
+    "-ngl": "--n-gpu-layers",
+    "-md": "--spec-draft-model",
+    "-td": "--spec-draft-threads",
+    "-tbd": "--spec-draft-threads-batch",
+}
 
 
 def _typed(name: str, text: str):
@@ -100,11 +137,18 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
     """The exact flags of the setting `specscope llamacpp` measured for the domain (its policy
     file's ``llama_server`` entry), with the models; the tree must be the chain measured."""
     where = f"domain {domain.domain!r}"
-    k = 0 if domain.shape is None else chain_length(
-        domain.shape, "llama.cpp", where, "tune chains only (specscope tune --max-rank 1)")
+    k = (
+        0
+        if domain.shape is None
+        else chain_length(
+            domain.shape, "llama.cpp", where, "tune chains only (specscope tune --max-rank 1)"
+        )
+    )
     if entry.get("k") != k:
-        raise ExportError(f"{where}: the policy's chain has K = {k} but its llama_server setting "
-                          f"was measured with K = {entry.get('k')}; re-run specscope llamacpp")
+        raise ExportError(
+            f"{where}: the policy's chain has K = {k} but its llama_server setting "
+            f"was measured with K = {entry.get('k')}; re-run specscope llamacpp"
+        )
     # the GGUF files measured (a quantisation the grid made may differ from --target's)
     flags: dict = {"--model": entry["target_gguf"]}
     if k:
@@ -116,24 +160,33 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
     return flags
 
 
-def _flags(domain: DomainPlan, options: ExportOptions, poll: int | None,
-           measured: dict | None = None) -> dict:
+def _flags(
+    domain: DomainPlan, options: ExportOptions, poll: int | None, measured: dict | None = None
+) -> dict:
     if measured is not None:
         return _measured_flags(domain, measured, options)
-    flags: dict = {"--model": need(options.target, "--target", "llama.cpp",
-                                   "the target GGUF file")}
+    flags: dict = {"--model": need(options.target, "--target", "llama.cpp", "the target GGUF file")}
     if domain.shape is None:
         return flags  # no --spec-type: llama-server decodes plainly (type defaults to none)
-    k = chain_length(domain.shape, "llama.cpp", f"domain {domain.domain!r}",
-                     "tune chains only (specscope tune --max-rank 1)")
-    flags.update({"--spec-type": "draft-simple",
-                  "--spec-draft-model": need(options.draft, "--draft", "llama.cpp",
-                                             "the draft GGUF file"),
-                  "--spec-draft-n-max": k,
-                  "--spec-draft-n-min": 0,
-                  # p_min 0: always draft n_max tokens, as the tuned chain assumes (llama.cpp
-                  # stops drafting when the draft's top probability falls below p_min)
-                  "--spec-draft-p-min": 0.0})
+    k = chain_length(
+        domain.shape,
+        "llama.cpp",
+        f"domain {domain.domain!r}",
+        "tune chains only (specscope tune --max-rank 1)",
+    )
+    flags.update(
+        {
+            "--spec-type": "draft-simple",
+            "--spec-draft-model": need(
+                options.draft, "--draft", "llama.cpp", "the draft GGUF file"
+            ),
+            "--spec-draft-n-max": k,
+            "--spec-draft-n-min": 0,
+            # p_min 0: always draft n_max tokens, as the tuned chain assumes (llama.cpp
+            # stops drafting when the draft's top probability falls below p_min)
+            "--spec-draft-p-min": 0.0,
+        }
+    )
     if poll is not None:
         # two models on the same cores: with busy-waiting threads (llama.cpp's default) the idle
         # model's threads take the cores from the working one
@@ -152,11 +205,12 @@ def server_args(flags: dict) -> list[str]:
 def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) -> str:
     """The router-mode presets file: one section per domain, keys are flag names without dashes
     (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``)."""
-    lines = [f"; specscope export for llama-server router mode "
-             f"({version.engine} {version.version})",
-             f"; policy: {' '.join((source or '-').splitlines())}",
-             "; start: llama-server --models-preset THIS_FILE; a request's \"model\" names its domain",
-             ""]
+    lines = [
+        f"; specscope export for llama-server router mode ({version.engine} {version.version})",
+        f"; policy: {' '.join((source or '-').splitlines())}",
+        '; start: llama-server --models-preset THIS_FILE; a request\'s "model" names its domain',
+        "",
+    ]
     for name, flags in sections.items():
         lines.append(f"[{name}]")
         lines += [f"{flag.lstrip('-')} = {_value(value)}" for flag, value in flags.items()]
@@ -168,18 +222,28 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
     domains, sections = {}, {}
     server = plan.llama_server or {}
     for domain in plan.domains:
-        measured = (server.get("domains", {}).get(domain.domain) if domain.source == "policy"
-                    else server.get("fallback"))
-        flags = version.validate(_flags(domain, options, options.poll, measured),
-                                 f"domain {domain.domain!r}")
+        measured = (
+            server.get("domains", {}).get(domain.domain)
+            if domain.source == "policy"
+            else server.get("fallback")
+        )
+        flags = version.validate(
+            _flags(domain, options, options.poll, measured), f"domain {domain.domain!r}"
+        )
         sections[domain.domain] = flags
-        domains[domain.domain] = {"tree": domain.tree, "source": domain.source,
-                                  "model": domain.domain, "flags": flags,
-                                  "server_args": ["llama-server", *server_args(flags)]}
-    return {"deployment": "llama-server router mode: one preset per domain over the same target "
-                          "GGUF; the client (or specscope's router) sets each request's \"model\" "
-                          "to its domain; pass no speculation flags on the router's command line "
-                          "(they override every preset)",
-            "router_args": ["llama-server", "--models-preset", options.presets_file],
-            "presets_ini": presets_ini(sections, version, plan.policy_source),
-            "domains": domains}
+        domains[domain.domain] = {
+            "tree": domain.tree,
+            "source": domain.source,
+            "model": domain.domain,
+            "flags": flags,
+            "server_args": ["llama-server", *server_args(flags)],
+        }
+    return {
+        "deployment": "llama-server router mode: one preset per domain over the same target "
+        "GGUF; the client (or specscope's router) sets each request's \"model\" "
+        "to its domain; pass no speculation flags on the router's command line "
+        "(they override every preset)",
+        "router_args": ["llama-server", "--models-preset", options.presets_file],
+        "presets_ini": presets_ini(sections, version, plan.policy_source),
+        "domains": domains,
+    }

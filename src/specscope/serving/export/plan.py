@@ -51,18 +51,31 @@ class DeploymentPlan:
     llama_server: dict | None = None  # the settings `specscope llamacpp` measured, per domain
 
     @classmethod
-    def from_policy(cls, policy: PolicyFile, source: str = "",
-                    router: RuleRouter = RuleRouter()) -> DeploymentPlan:
+    def from_policy(
+        cls, policy: PolicyFile, source: str = "", router: RuleRouter = RuleRouter()
+    ) -> DeploymentPlan:
         produced = tuple(dict.fromkeys((*ROUTED_DOMAINS, router.fallback)))
         unknown = [d for d in policy.trees if d not in produced]
         if unknown:
-            raise ExportError(f"policy domain {unknown[0]!r} is not one the router produces; "
-                              f"allowed: {', '.join(produced)} (other domains use 'uniform')")
+            raise ExportError(
+                f"policy domain {unknown[0]!r} is not one the router produces; "
+                f"allowed: {', '.join(produced)} (other domains use 'uniform')"
+            )
         domains = tuple(
-            DomainPlan(d, policy.trees[d], "policy") if d in policy.trees
-            else DomainPlan(d, policy.uniform, "uniform") for d in produced)
-        return cls(domains, policy.uniform, router, source, policy.info.get("cost_model"),
-                   policy.info.get("acceptance"), policy.info.get("llama_server"))
+            DomainPlan(d, policy.trees[d], "policy")
+            if d in policy.trees
+            else DomainPlan(d, policy.uniform, "uniform")
+            for d in produced
+        )
+        return cls(
+            domains,
+            policy.uniform,
+            router,
+            source,
+            policy.info.get("cost_model"),
+            policy.info.get("acceptance"),
+            policy.info.get("llama_server"),
+        )
 
 
 def is_chain(shape: TreeShape) -> bool:
@@ -75,7 +88,8 @@ def chain_length(shape: TreeShape, engine: str, where: str, instead: str) -> int
     if not is_chain(shape):
         raise ExportError(
             f"{where}: tree {shape.to_paths_literal()} has branches, but {engine} drafts a chain "
-            f"of top-1 tokens; {instead}")
+            f"of top-1 tokens; {instead}"
+        )
     return shape.max_depth
 
 
@@ -87,12 +101,17 @@ def need(value: str | None, option: str, engine: str, what: str) -> str:
 
 def routing_rule(router: RuleRouter) -> dict:
     """The rule that gives a request its domain: the weighted patterns of specscope's router."""
-    return {"router": router.name, "threshold": router.threshold, "fallback": router.fallback,
-            "flags": "IGNORECASE | MULTILINE",
-            "rules": [{"domain": r.domain, "pattern": r.pattern, "weight": r.weight}
-                      for r in router.rules],
-            "decide": "sum the weights of matching rules per domain; the largest sum wins if "
-                      "it reaches the threshold, else the fallback domain"}
+    return {
+        "router": router.name,
+        "threshold": router.threshold,
+        "fallback": router.fallback,
+        "flags": "IGNORECASE | MULTILINE",
+        "rules": [
+            {"domain": r.domain, "pattern": r.pattern, "weight": r.weight} for r in router.rules
+        ],
+        "decide": "sum the weights of matching rules per domain; the largest sum wins if "
+        "it reaches the threshold, else the fallback domain",
+    }
 
 
 def presets_path(out: Path) -> Path:

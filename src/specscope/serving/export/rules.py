@@ -89,8 +89,9 @@ class EngineVersion:
             rule = self.field_names.get(name)
             if rule is None:
                 if self.forbid_extra:
-                    raise ExportError(f"{label} refuses field {name!r}; allowed: "
-                                      f"{', '.join(self.field_names)}")
+                    raise ExportError(
+                        f"{label} refuses field {name!r}; allowed: {', '.join(self.field_names)}"
+                    )
                 continue
             reason = rule.check(value)
             if reason:
@@ -120,5 +121,7 @@ class Engine:
         for v in self.versions:
             if v.version == requested:
                 return v
-        raise ExportError(f"{self.name} version {requested!r} was not checked; checked: "
-                          f"{', '.join(v.version for v in self.versions)} (--engine-version)")
+        raise ExportError(
+            f"{self.name} version {requested!r} was not checked; checked: "
+            f"{', '.join(v.version for v in self.versions)} (--engine-version)"
+        )

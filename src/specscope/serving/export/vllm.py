@@ -29,8 +29,20 @@ from .rules import EngineVersion, ExportError, Field, Rule
 
 VLLM = "vllm-project/vllm"
 # SpeculativeMethod at 002e77c1, less its MTP model types (specscope exports draft_model only)
-METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
-           "eagle3", "extract_hidden_states", "dflash", "ngram_gpu", "dspark")
+METHODS = (
+    "ngram",
+    "medusa",
+    "mlp_speculator",
+    "draft_model",
+    "suffix",
+    "custom_class",
+    "eagle",
+    "eagle3",
+    "extract_hidden_states",
+    "dflash",
+    "ngram_gpu",
+    "dspark",
+)
 
 
 def _schedule_ok(s: dict) -> bool:
@@ -54,49 +66,85 @@ def _schedule_ok(s: dict) -> bool:
 
 
 MAIN_002E77C1 = EngineVersion(
-    engine="vllm", version="main@002e77c1",
+    engine="vllm",
+    version="main@002e77c1",
     about="vLLM main at commit 002e77c1, after PR #42121 removed trees",
     tree_reason="vLLM removed speculative_token_tree (PR #42121, merged 2026-05)",
-    checked_against=(f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
-                     f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc"),
-    fields=(Field("method", str, choices=METHODS, required=True),
-            Field("model", str, required=True),
-            Field("num_speculative_tokens", int, low=1, required=True),
-            Field("num_speculative_tokens_per_batch_size", list)),
+    checked_against=(
+        f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
+        f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc",
+    ),
+    fields=(
+        Field("method", str, choices=METHODS, required=True),
+        Field("model", str, required=True),
+        Field("num_speculative_tokens", int, low=1, required=True),
+        Field("num_speculative_tokens_per_batch_size", list),
+    ),
     forbid_extra=True,  # @config: pydantic extra="forbid"; speculative_token_tree is gone
-    rules=(Rule("num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
-                "sorted, not overlapping, 0 <= K <= num_speculative_tokens", _schedule_ok),),
-    notes=("trees refused: speculative_token_tree was removed (vLLM PR #42121, merged 2026-05) "
-           "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
-           "measured",
-           "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)"),
+    rules=(
+        Rule(
+            "num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
+            "sorted, not overlapping, 0 <= K <= num_speculative_tokens",
+            _schedule_ok,
+        ),
+    ),
+    notes=(
+        "trees refused: speculative_token_tree was removed (vLLM PR #42121, merged 2026-05) "
+        "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
+        "measured",
+        "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)",
+    ),
 )
 
 F19B16D9 = EngineVersion(
-    engine="vllm", version="main@f19b16d9",
+    engine="vllm",
+    version="main@f19b16d9",
     about="vLLM main at commit f19b16d9, before PR #42121: speculative_token_tree still there, "
-          "no batch-size schedule",
+    "no batch-size schedule",
     tree_reason="at this version vLLM drafted trees only with an EAGLE head (method eagle/eagle3) "
-                "and the tree-attention backend, not with the standalone draft specscope measured",
-    checked_against=(f"{VLLM}:vllm/config/speculative.py@f19b16d95e4395790661f4835e4436bc3dd5d9c7",),
-    fields=(Field("method", str, choices=("ngram", "medusa", "mlp_speculator", "draft_model",
-                                          "suffix", "eagle", "eagle3", "mtp", "ngram_gpu"),  # less MTP types
-                  required=True),
-            Field("model", str, required=True),
-            Field("num_speculative_tokens", int, low=1, required=True)),
+    "and the tree-attention backend, not with the standalone draft specscope measured",
+    checked_against=(
+        f"{VLLM}:vllm/config/speculative.py@f19b16d95e4395790661f4835e4436bc3dd5d9c7",
+    ),
+    fields=(
+        Field(
+            "method",
+            str,
+            choices=(
+                "ngram",
+                "medusa",
+                "mlp_speculator",
+                "draft_model",
+                "suffix",
+                "eagle",
+                "eagle3",
+                "mtp",
+                "ngram_gpu",
+            ),  # less MTP types
+            required=True,
+        ),
+        Field("model", str, required=True),
+        Field("num_speculative_tokens", int, low=1, required=True),
+    ),
     forbid_extra=True,  # @config: pydantic extra="forbid"
-    notes=("trees refused: speculative_token_tree needed an EAGLE head (eagle/eagle3) and the "
-           "tree-attention backend, and drafted only trees with the same branching per level; "
-           "specscope measured a standalone draft",
-           "one vLLM server per domain (no per-request speculation length)"),
+    notes=(
+        "trees refused: speculative_token_tree needed an EAGLE head (eagle/eagle3) and the "
+        "tree-attention backend, and drafted only trees with the same branching per level; "
+        "specscope measured a standalone draft",
+        "one vLLM server per domain (no per-request speculation length)",
+    ),
 )
 
 VERSIONS = (MAIN_002E77C1, F19B16D9)
-EXPORTS = ("per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
-           "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
-           "policy's cost model (tuned policies)")
-REFUSES = ("trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
-           "forbidden; earlier trees needed an EAGLE head, not a standalone draft")
+EXPORTS = (
+    "per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
+    "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
+    "policy's cost model (tuned policies)"
+)
+REFUSES = (
+    "trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
+    "forbidden; earlier trees needed an EAGLE head, not a standalone draft"
+)
 
 
 def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[list[int]] | None:
@@ -113,9 +161,12 @@ def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[
         choice, speedup = 0, 1.0
         for k in range(1, k_max + 1):
             chain = TreeShape.from_paths([(0,) * d for d in range(1, k + 1)])
-            step = (interpolate(costs.draft_s, b * costs.root_tokens)
-                    + (k - 1) * interpolate(costs.draft_s, b)
-                    + interpolate(costs.target_s, b * (k + 1)) + costs.overhead_s)
+            step = (
+                interpolate(costs.draft_s, b * costs.root_tokens)
+                + (k - 1) * interpolate(costs.draft_s, b)
+                + interpolate(costs.target_s, b * (k + 1))
+                + costs.overhead_s
+            )
             s = acc.expected_tau(chain) * plain / step
             if s > speedup:
                 choice, speedup = k, s
@@ -139,8 +190,10 @@ def _tuned(plan: DeploymentPlan, domain: DomainPlan) -> tuple[CostModel, Accepta
     if not entry:
         return None
     if not isinstance(entry, dict) or not isinstance(entry.get("rates"), list):
-        raise ExportError(f"policy acceptance[{key!r}] needs 'rates', a [depth][rank] list in "
-                          "[0, 1] (as specscope tune writes it)")
+        raise ExportError(
+            f"policy acceptance[{key!r}] needs 'rates', a [depth][rank] list in "
+            "[0, 1] (as specscope tune writes it)"
+        )
     try:
         acc = AcceptanceVector.from_rates(entry["rates"])
     except (TypeError, ValueError) as e:
@@ -156,21 +209,39 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
         if domain.shape is None:
             domains[domain.domain] = {**entry, "speculative_config": None, "serve_args": []}
             continue
-        k = chain_length(domain.shape, "vLLM (method draft_model)", where,
-                         f"tune chains only (specscope tune --max-rank 1): {version.tree_reason}")
-        config = {"method": "draft_model",
-                  "model": need(options.draft, "--draft", "vllm", "the draft model it should "
-                                "load (a local path or a hub id)"),
-                  "num_speculative_tokens": k}
-        tuned = (_tuned(plan, domain)
-                 if "num_speculative_tokens_per_batch_size" in version.field_names else None)
+        k = chain_length(
+            domain.shape,
+            "vLLM (method draft_model)",
+            where,
+            f"tune chains only (specscope tune --max-rank 1): {version.tree_reason}",
+        )
+        config = {
+            "method": "draft_model",
+            "model": need(
+                options.draft,
+                "--draft",
+                "vllm",
+                "the draft model it should load (a local path or a hub id)",
+            ),
+            "num_speculative_tokens": k,
+        }
+        tuned = (
+            _tuned(plan, domain)
+            if "num_speculative_tokens_per_batch_size" in version.field_names
+            else None
+        )
         if tuned is not None:
             table = batch_schedule(*tuned, k)
             if table is not None:
                 config["num_speculative_tokens_per_batch_size"] = table
         version.validate(config, where)
-        domains[domain.domain] = {**entry, "speculative_config": config,
-                                  "serve_args": ["--speculative-config", json.dumps(config)]}
-    return {"deployment": "one vLLM server per domain (vllm serve TARGET --speculative-config "
-                          "...); route each request to its domain's server",
-            "domains": domains}
+        domains[domain.domain] = {
+            **entry,
+            "speculative_config": config,
+            "serve_args": ["--speculative-config", json.dumps(config)],
+        }
+    return {
+        "deployment": "one vLLM server per domain (vllm serve TARGET --speculative-config "
+        "...); route each request to its domain's server",
+        "domains": domains,
+    }

@@ -19,6 +19,18 @@ from .run import (
     read_log,
 )
 
-__all__ = ["FORMATS", "JOINS", "EngineFormat", "IngestError", "RequestStats", "check_counts",
-           "ingest", "is_ingested", "iter_log", "iter_requests", "load_histogram",
-           "load_ingested", "read_log"]
+__all__ = [
+    "FORMATS",
+    "JOINS",
+    "EngineFormat",
+    "IngestError",
+    "RequestStats",
+    "check_counts",
+    "ingest",
+    "is_ingested",
+    "iter_log",
+    "iter_requests",
+    "load_histogram",
+    "load_ingested",
+    "read_log",
+]

@@ -24,7 +24,7 @@ from .formats import EngineFormat, IngestError, RequestStats, engine_format, sho
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
 STREAM_HINTS = {
     "vllm": "vLLM sends metrics only in the final usage chunk: set stream_options."
-            "include_usage: true or start vLLM with --enable-force-include-usage",
+    "include_usage: true or start vLLM with --enable-force-include-usage",
     "llama.cpp": "llama-server sends timings in the final chunk (stop: true or a finish_reason)",
 }
 
@@ -57,22 +57,27 @@ def _client_id(line: dict, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise IngestError(f"{where}: field 'prompt_id' must be a string or an integer, got "
-                          f"{shown(value)}")
+        raise IngestError(
+            f"{where}: field 'prompt_id' must be a string or an integer, got {shown(value)}"
+        )
     return str(value)
 
 
 def _stream_key(body: dict) -> str:
-    value = body.get("data", body).get("id") if isinstance(body.get("data"), dict) \
-        else body.get("id")
+    value = (
+        body.get("data", body).get("id") if isinstance(body.get("data"), dict) else body.get("id")
+    )
     return str(value) if value is not None else ""
 
 
 def _choice_indices(body: dict) -> set:
     body = body["data"] if isinstance(body.get("data"), dict) else body
     choices = body.get("choices")
-    return {c.get("index", 0) for c in choices if isinstance(c, dict)} \
-        if isinstance(choices, list) else set()
+    return (
+        {c.get("index", 0) for c in choices if isinstance(c, dict)}
+        if isinstance(choices, list)
+        else set()
+    )
 
 
 def iter_requests(path: Path, fmt: str) -> Iterator[LoggedRequest]:
@@ -95,6 +100,8 @@ def iter_requests(path: Path, fmt: str) -> Iterator[LoggedRequest]:
         yield LoggedRequest(where, client, spec.parse(body, where))
     if streams:
         first = next(iter(streams))
-        raise IngestError(f"{path}: the stream of request {first!r} ({len(streams)} stream(s) "
-                          "in all) ends without its final chunk; "
-                          + STREAM_HINTS.get(fmt, "the final chunk carries the statistics"))
+        raise IngestError(
+            f"{path}: the stream of request {first!r} ({len(streams)} stream(s) "
+            "in all) ends without its final chunk; "
+            + STREAM_HINTS.get(fmt, "the final chunk carries the statistics")
+        )

@@ -38,7 +38,9 @@ from .formats import IngestError, RequestStats, engine_format
 from .logs import LoggedRequest, iter_requests
 
 INGEST_FORMAT = "specscope-ingested/2"
-BATCH_ROWS = 65_536  # rows buffered before a Parquet write: ingest's memory does not grow with the log
+BATCH_ROWS = (
+    65_536  # rows buffered before a Parquet write: ingest's memory does not grow with the log
+)
 JOINS = ("id", "order")
 
 
@@ -53,9 +55,11 @@ def _id_join(logged: LoggedRequest) -> str:
     if logged.prompt_id is not None:
         return logged.prompt_id
     if logged.stats.request_id == "":
-        raise IngestError(f"{logged.where}: no prompt_id and no request id to join the prompt by "
-                          "(llama-server /completion responses carry none: wrap each as "
-                          "{\"prompt_id\": ..., \"response\": ...} or use --join order)")
+        raise IngestError(
+            f"{logged.where}: no prompt_id and no request id to join the prompt by "
+            "(llama-server /completion responses carry none: wrap each as "
+            '{"prompt_id": ..., "response": ...} or use --join order)'
+        )
     return logged.stats.request_id
 
 
@@ -67,17 +71,38 @@ def read_log(path: Path, fmt: str) -> list[tuple[str, RequestStats]]:
     return out
 
 
-REQUEST_SCHEMA = pa.schema([
-    ("prompt_id", pa.string()), ("domain", pa.string()), ("prompt_text", pa.string()),
-    ("request_id", pa.string()), ("steps", pa.int64()), ("accepted", pa.int64()),
-    ("drafted", pa.int64()), ("generated", pa.int64()), ("tokens_per_step", pa.float64()),
-    ("derived", pa.string())])
-STEP_SCHEMA = pa.schema([
-    ("prompt_id", pa.string()), ("domain", pa.string()), ("step", pa.int64()),
-    ("accepted_len", pa.int64()), ("tau", pa.int64()), ("drafted", pa.int64())])
-HISTOGRAM_SCHEMA = pa.schema([  # verify steps of a request that accepted `accepted_len` drafts
-    ("prompt_id", pa.string()), ("domain", pa.string()), ("accepted_len", pa.int64()),
-    ("steps", pa.int64())])
+REQUEST_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("prompt_text", pa.string()),
+        ("request_id", pa.string()),
+        ("steps", pa.int64()),
+        ("accepted", pa.int64()),
+        ("drafted", pa.int64()),
+        ("generated", pa.int64()),
+        ("tokens_per_step", pa.float64()),
+        ("derived", pa.string()),
+    ]
+)
+STEP_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("step", pa.int64()),
+        ("accepted_len", pa.int64()),
+        ("tau", pa.int64()),
+        ("drafted", pa.int64()),
+    ]
+)
+HISTOGRAM_SCHEMA = pa.schema(
+    [  # verify steps of a request that accepted `accepted_len` drafts
+        ("prompt_id", pa.string()),
+        ("domain", pa.string()),
+        ("accepted_len", pa.int64()),
+        ("steps", pa.int64()),
+    ]
+)
 
 
 class _ParquetRows:
@@ -101,8 +126,9 @@ class _ParquetRows:
             return
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, self.schema)
-        batch = pa.record_batch([pa.array(c, f.type) for c, f in zip(self.columns, self.schema)],
-                                schema=self.schema)
+        batch = pa.record_batch(
+            [pa.array(c, f.type) for c, f in zip(self.columns, self.schema)], schema=self.schema
+        )
         self.writer.write_batch(batch)
         self.rows += len(self.columns[0])
         for column in self.columns:
@@ -147,14 +173,28 @@ class _Tables:
         self.histogram = _ParquetRows(folder / "histogram.parquet", HISTOGRAM_SCHEMA)
 
     def add(self, prompt_id: str, domain: str, text: str, stats: RequestStats) -> None:
-        self.requests.add(prompt_id, domain, text, stats.request_id, stats.steps, stats.accepted,
-                          stats.drafted, stats.generated,
-                          (stats.accepted + stats.steps) / stats.steps if stats.steps else math.nan,
-                          ",".join(stats.derived))
+        self.requests.add(
+            prompt_id,
+            domain,
+            text,
+            stats.request_id,
+            stats.steps,
+            stats.accepted,
+            stats.drafted,
+            stats.generated,
+            (stats.accepted + stats.steps) / stats.steps if stats.steps else math.nan,
+            ",".join(stats.derived),
+        )
         if stats.per_step_accepted is not None:
             for i, a in enumerate(stats.per_step_accepted):
-                self.steps.add(prompt_id, domain, i, a, a + 1, stats.per_step_drafted[i]
-                               if stats.per_step_drafted is not None else None)
+                self.steps.add(
+                    prompt_id,
+                    domain,
+                    i,
+                    a,
+                    a + 1,
+                    stats.per_step_drafted[i] if stats.per_step_drafted is not None else None,
+                )
         for j, n in enumerate(stats.histogram or ()):
             if n:
                 self.histogram.add(prompt_id, domain, j, n)
@@ -187,12 +227,21 @@ class _Seen:
             self.version, self.version_from = logged, "log"
             return
         said = "--engine-version" if self.version_from == "option" else "earlier lines"
-        raise IngestError(f"{where}: engine version {logged!r} differs from {self.version!r} "
-                          f"({said}); ingest one engine version per run")
+        raise IngestError(
+            f"{where}: engine version {logged!r} differs from {self.version!r} "
+            f"({said}); ingest one engine version per run"
+        )
 
 
-def _join_and_write(log: Path, fmt: str, join: str, items: dict[str, tuple[str, str] | None],
-                    prompts_file: Path, tables: _Tables, seen: _Seen) -> None:
+def _join_and_write(
+    log: Path,
+    fmt: str,
+    join: str,
+    items: dict[str, tuple[str, str] | None],
+    prompts_file: Path,
+    tables: _Tables,
+    seen: _Seen,
+) -> None:
     """Each finished request of ``log`` joined to its prompt and added to ``tables``.
     ``items``: the prompts by id in file order (each set to None once a request has joined it)."""
     order = iter(list(items)) if join == "order" else None
@@ -200,14 +249,18 @@ def _join_and_write(log: Path, fmt: str, join: str, items: dict[str, tuple[str, 
         if order is not None:
             prompt_id = next(order, None)
             if prompt_id is None:
-                raise IngestError(f"{logged.where}: the log has more requests than "
-                                  f"{prompts_file} has prompts (--join order)")
+                raise IngestError(
+                    f"{logged.where}: the log has more requests than "
+                    f"{prompts_file} has prompts (--join order)"
+                )
         else:
             prompt_id = _id_join(logged)
         if prompt_id not in items:
-            raise IngestError(f"request {prompt_id!r} of {logged.where} has no prompt in "
-                              f"{prompts_file} (each line's prompt_id, or the request id, must "
-                              "be a prompt id; or use --join order)")
+            raise IngestError(
+                f"request {prompt_id!r} of {logged.where} has no prompt in "
+                f"{prompts_file} (each line's prompt_id, or the request id, must "
+                "be a prompt id; or use --join order)"
+            )
         if items[prompt_id] is None:
             raise IngestError(f"request {prompt_id!r} of {logged.where} appears twice in {log}")
         domain, text = items[prompt_id]
@@ -219,8 +272,14 @@ def _join_and_write(log: Path, fmt: str, join: str, items: dict[str, tuple[str, 
         tables.add(prompt_id, domain, text, logged.stats)
 
 
-def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path, join: str = "id",
-           engine_version: str | None = None) -> dict:
+def ingest(
+    log: Path,
+    fmt: str,
+    prompts_file: Path,
+    out_dir: Path,
+    join: str = "id",
+    engine_version: str | None = None,
+) -> dict:
     """Write an ingested run; returns its manifest.
 
     ``join``: ``id`` (each line's prompt_id, else the engine's request id) or ``order`` (the
@@ -253,15 +312,26 @@ def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path, join: str = "
                 raise
             if not n_requests:
                 raise IngestError(f"{log} holds no requests")
-            manifest = {"format": INGEST_FORMAT, "kind": "ingested", "engine_format": fmt,
-                        "engine": spec.engine, "engine_version": seen.version,
-                        "engine_version_from": seen.version_from, "parser_source": spec.source,
-                        "join": join, "log": str(log), "prompts_file": str(prompts_file),
-                        "counts": {"requests": n_requests, "steps_logged": n_steps,
-                                   "domains": sorted(seen.domains)},
-                        "per_step": bool(n_steps), "histogram": seen.histogram,
-                        "derived": {name: spec.derivations[name]
-                                    for name in sorted(seen.derived)}}
+            manifest = {
+                "format": INGEST_FORMAT,
+                "kind": "ingested",
+                "engine_format": fmt,
+                "engine": spec.engine,
+                "engine_version": seen.version,
+                "engine_version_from": seen.version_from,
+                "parser_source": spec.source,
+                "join": join,
+                "log": str(log),
+                "prompts_file": str(prompts_file),
+                "counts": {
+                    "requests": n_requests,
+                    "steps_logged": n_steps,
+                    "domains": sorted(seen.domains),
+                },
+                "per_step": bool(n_steps),
+                "histogram": seen.histogram,
+                "derived": {name: spec.derivations[name] for name in sorted(seen.derived)},
+            }
             write_json(tmp / "manifest.json", manifest)
             tmp.chmod(0o777 & ~umask())  # mkdtemp made it 0700
             if out_dir.exists():
@@ -278,8 +348,9 @@ def ingest(log: Path, fmt: str, prompts_file: Path, out_dir: Path, join: str = "
 def is_ingested(run_dir: Path) -> bool:
     """Whether ``run_dir``'s manifest says it is an ingested run (an unreadable one is not)."""
     try:
-        return read_json_object(Path(run_dir) / "manifest.json", IngestError).get(
-            "kind") == "ingested"
+        return (
+            read_json_object(Path(run_dir) / "manifest.json", IngestError).get("kind") == "ingested"
+        )
     except IngestError:
         return False
 
@@ -293,12 +364,15 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except (OSError, ValueError, pa.ArrowException) as e:
-        raise IngestError(f"{path} is damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                          "ingest the log again") from None
+        raise IngestError(
+            f"{path} is damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "ingest the log again"
+        ) from None
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise IngestError(f"{path} has no column {', '.join(map(repr, missing))}; "
-                          "ingest the log again")
+        raise IngestError(
+            f"{path} has no column {', '.join(map(repr, missing))}; ingest the log again"
+        )
     return frame
 
 
@@ -310,16 +384,24 @@ def load_ingested(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | Non
     requests = _read_table(run_dir / "requests.parquet", REQUIRED_COLUMNS)
     for column in ("steps", "accepted", "drafted"):
         if column in requests and not pd.api.types.is_numeric_dtype(requests[column]):
-            raise IngestError(f"{run_dir / 'requests.parquet'}: column {column!r} is not "
-                              "numeric; ingest the log again")
+            raise IngestError(
+                f"{run_dir / 'requests.parquet'}: column {column!r} is not "
+                "numeric; ingest the log again"
+            )
     steps_path = run_dir / "steps.parquet"
-    steps = _read_table(steps_path, ("prompt_id", "step", "accepted_len")) \
-        if steps_path.exists() else None
+    steps = (
+        _read_table(steps_path, ("prompt_id", "step", "accepted_len"))
+        if steps_path.exists()
+        else None
+    )
     return manifest, requests, steps
 
 
 def load_histogram(run_dir: Path) -> pd.DataFrame | None:
     """The run's histogram table (prompt_id, domain, accepted_len, steps), if it has one."""
     path = Path(run_dir) / "histogram.parquet"
-    return _read_table(path, ("prompt_id", "domain", "accepted_len", "steps")) \
-        if path.exists() else None
+    return (
+        _read_table(path, ("prompt_id", "domain", "accepted_len", "steps"))
+        if path.exists()
+        else None
+    )
