@@ -19,6 +19,7 @@ from .cache import cache_dir
 from .errors import extras, missing
 from .hardware import cpu_flags, cpu_name
 from .models import DEMO_MODELS
+from .models.config import fastest_dtype
 
 # The extras a user may want, in the README's order, and what each is for.
 EXTRA_PURPOSES = {
@@ -129,13 +130,19 @@ def recommendations(
     out = []
     if hw.gpus:
         out.append("a GPU is present: measure with --device cuda:0 --dtype bfloat16")
-    elif hw.amx:
-        out.append("this CPU has AMX: bfloat16 matrix work is fast here (--dtype bfloat16)")
     else:
+        # one rule for the float dtype: the one --dtype auto resolves to (models.fastest_dtype)
+        dtype = fastest_dtype("cpu")
+        why = (
+            "bfloat16 instructions (AMX or AVX512-BF16)"
+            if dtype == "bfloat16"
+            else "no bfloat16 instructions: bfloat16 matrix work is emulated"
+        )
         out.append(
-            "no GPU and no AMX: tree passes (several tokens at once) are compute-bound "
-            "and faster in float32 than in bfloat16 (AVX512-BF16 alone was measured not to "
-            "change that): measure with --dtype float32, decode with --int8"
+            f"CPU only, {why}: --dtype auto measures in {dtype} here; --int8 (int8 "
+            "linears: the records then describe the int8 model) was fastest at batch 8 on most "
+            "CPUs timed, not all (BENCHMARKS.md); time both here with python "
+            "benchmarks/bench_batched.py --dtypes bfloat16 int8 --sizes 8"
         )
     if hw.torch_threads > hw.cores:
         out.append(
