@@ -87,7 +87,7 @@ def write(out: Path) -> None:
 
     torch.set_num_threads(1)
     dirs = models(out.parent / "models")
-    prompts = out / "prompts.jsonl"
+    prompts = out.parent / "prompts.jsonl"  # one path for both checkouts: it is in the records
     out.mkdir(parents=True, exist_ok=True)
     prompts.write_text(
         "".join(

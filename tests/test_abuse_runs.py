@@ -250,6 +250,7 @@ def test_a_sweep_shard_takes_the_run_lock(tiny_dirs, prompt_file, tmp_path):
         str(tmp_path / "shards" / "point.0000.json"),
         config,
         items,
+        batch_size=1,
     )
     with run_lock(run_dir, shard="point/0"):  # the first attempt, still alive
         with pytest.raises(RunDirError, match=r"shard point/0 .*pid \d+"):

@@ -35,6 +35,28 @@ pytestmark = [
 MAX_NEW = 8
 
 
+# First in the file: its int8 pair is freed before the module's float32 pair is loaded, so the
+# two never share memory (together about 16 GB plus the loads' copies).
+def test_demo_pair_int8_speculation_equals_plain_greedy():
+    """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
+    from specscope.decode import DecodeConfig, make_decoder
+    from specscope.models import load_pair
+    from specscope.tune.bench import hf_generate
+    from specscope.tune.policy import make_speculation
+
+    pair = load_pair(PairConfig(dtype="float32", quantize="int8"))
+    decoder = make_decoder(pair)
+    for prompt in [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]:
+        ids = render_prompt(pair.tokenizer, list(prompt.messages), "chat", 512).ids
+        plain, _ = hf_generate(decoder.target, ids, 16, decoder.eos)
+        assert len(plain) == 16 or plain[-1] in decoder.eos
+        for spec in (make_speculation("chain", depth=4), make_speculation("paper")):
+            out = decoder.generate(ids, spec, DecodeConfig(max_new_tokens=16))
+            assert out.tokens == plain, (prompt.id, spec)
+            assert out.mean_tau > 1  # real acceptance, not a degenerate pair
+        assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     from specscope.models import load_pair
@@ -96,23 +118,3 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
             )
         recorded = run.prompts.set_index("prompt_id").loc[item.id].output_token_ids
         assert list(recorded) == plain[0, len(ids) :].tolist(), item.id
-
-
-def test_demo_pair_int8_speculation_equals_plain_greedy():
-    """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
-    from specscope.decode import DecodeConfig, make_decoder
-    from specscope.models import load_pair
-    from specscope.tune.bench import hf_generate
-    from specscope.tune.policy import make_speculation
-
-    pair = load_pair(PairConfig(dtype="float32", quantize="int8"))
-    decoder = make_decoder(pair)
-    for prompt in [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]:
-        ids = render_prompt(pair.tokenizer, list(prompt.messages), "chat", 512).ids
-        plain, _ = hf_generate(decoder.target, ids, 16, decoder.eos)
-        assert len(plain) == 16 or plain[-1] in decoder.eos
-        for spec in (make_speculation("chain", depth=4), make_speculation("paper")):
-            out = decoder.generate(ids, spec, DecodeConfig(max_new_tokens=16))
-            assert out.tokens == plain, (prompt.id, spec)
-            assert out.mean_tau > 1  # real acceptance, not a degenerate pair
-        assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain
