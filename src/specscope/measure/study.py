@@ -260,20 +260,21 @@ def measure_prompts(
     def done(state: PromptState, records: PromptRecords) -> None:
         commit(state.order, state.item, records)
 
-    if config.engine == "naive":
-        measure_naive(pair, states, config, shape, run_id, done)
-        return
-    check_batch_memory(
-        pair,
-        min(batch_size, len(states)),
-        config.max_prompt_tokens + config.max_new_tokens,
-        len(shape),
-    )
     # measurement records the draft's q too: with int8, make it batch-invariant like the target,
-    # so that records do not depend on the batch size (decoding leaves the draft on SDPA)
+    # so that records do not depend on the batch size or the engine (decoding leaves the draft
+    # on SDPA)
     with (
         rowwise_attention_during(pair.draft.model)
         if config.pair.quantize == "int8"
         else nullcontext()
     ):
+        if config.engine == "naive":
+            measure_naive(pair, states, config, shape, run_id, done)
+            return
+        check_batch_memory(
+            pair,
+            min(batch_size, len(states)),
+            config.max_prompt_tokens + config.max_new_tokens,
+            len(shape),
+        )
         measure_rows(pair, states, config, shape, run_id, batch_size, done)
