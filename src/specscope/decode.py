@@ -114,8 +114,6 @@ class SpeculativeDecoder(Speculator):
 def check_spec_fits(spec: Speculation, vocab: int) -> None:
     """Refuse a tree that asks for draft tokens of ranks the vocabulary does not have (``run``
     makes the same check), or a dynamic tree that expands more children than there are tokens."""
-    from .run.study import check_tree_fits
-
     if isinstance(spec, DynamicTree):
         if spec.top_k > vocab:
             raise DecodeError(
@@ -123,7 +121,7 @@ def check_spec_fits(spec: Speculation, vocab: int) -> None:
                 f"tokens; give top_k from 1 to {vocab}"
             )
     elif spec is not None:
-        check_tree_fits(spec, vocab)
+        spec.check_fits(vocab)
 
 
 def make_decoder(pair) -> SpeculativeDecoder:

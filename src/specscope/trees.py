@@ -170,6 +170,14 @@ class TreeShape:
     def to_paths_literal(self) -> str:
         return repr(list(self.paths))
 
+    def check_fits(self, vocab: int) -> None:
+        """Refuse a tree that asks for draft tokens of ranks a ``vocab``-token vocabulary lacks."""
+        if max(self.ranks) >= vocab:
+            raise TreeConfigError(
+                f"the tree asks for the draft's token of rank {max(self.ranks)}, but "
+                f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})"
+            )
+
 
 def bfs_shape(num_roots: int, branch: int, depth: int, max_nodes: int) -> TreeShape:
     """Roots, then top-``branch`` children of every node, breadth-first, cut at ``max_nodes``."""

@@ -27,7 +27,6 @@ from ..records import (
     remove_run,
     run_lock,
 )
-from ..trees import TreeShape
 from .config import RunConfig, RunConfigError
 from .manifest import (
     check_identity,
@@ -102,14 +101,6 @@ def check_prompt_ids(items: list[PromptItem]) -> None:
             ) from None
 
 
-def check_tree_fits(shape: TreeShape, vocab: int) -> None:
-    if max(shape.ranks) >= vocab:
-        raise RunConfigError(
-            f"the tree asks for the draft's token of rank {max(shape.ranks)}, but "
-            f"the vocabulary has {vocab} tokens (ranks 0 to {vocab - 1})"
-        )
-
-
 def run_study(
     config: RunConfig,
     out_dir: str | Path,
@@ -182,7 +173,7 @@ def run_study(
             )
 
         pair = pair or load_pair(config.pair)
-        check_tree_fits(shape, pair.vocab_size)
+        shape.check_fits(pair.vocab_size)
         states = start_prompts(pair, config, todo)
         check_batch_memory(
             pair, batch_size, config.max_prompt_tokens + config.max_new_tokens, len(shape)
