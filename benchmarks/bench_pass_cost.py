@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from transformers import DynamicCache
 
+from specscope.core.passes import forward, new_cache
 from specscope.models import PairConfig, load_pair
 from specscope.tune.costs import time_forward
 
@@ -46,12 +46,9 @@ def main() -> None:
         pair = load_pair(config)
         model = getattr(pair, args.role).model
         with torch.inference_mode():
-            cache = DynamicCache(config=model.config)
-            model(
-                input_ids=torch.randint(0, 1000, (1, args.context)),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
+            cache = new_cache(model)
+            forward(
+                model, cache, input_ids=torch.randint(0, 1000, (1, args.context)), logits_to_keep=1
             )
             vocab = model.config.vocab_size
             time_forward(model, cache, args.context, 1, 2, vocab)  # warm-up

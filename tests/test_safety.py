@@ -21,6 +21,7 @@ from specscope.records import RunDirError, load_run
 from specscope.run.config import RunConfigError
 from specscope.run.study import run_study
 from specscope.sweep import SweepError, parse_sweep, run_sweep
+from specscope.trees import TreeConfigError
 
 cli = CliRunner()
 
@@ -148,7 +149,7 @@ def test_a_failed_start_does_not_block_the_corrected_command(tiny_dirs, prompts,
     # before: a run that died before its first prompt left a "running" manifest that refused the
     # corrected command as "a different config"
     out = tmp_path / "r"
-    with pytest.raises(RunConfigError, match="rank"):
+    with pytest.raises(TreeConfigError, match="rank 5000, but the vocabulary has 259 tokens"):
         run_study(
             small_run_config(tiny_dirs, prompts).replace(
                 **{"tree.policy": "static", "tree.paths": "[(0,), (5000,)]"}

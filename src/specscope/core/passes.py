@@ -12,7 +12,9 @@ measurement refills a finished row. This module knows nothing of trees, records 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from functools import cache as memoize
 
 import torch
 
@@ -46,16 +48,26 @@ def new_cache(model):
     return DynamicCache(config=model.config)
 
 
+@memoize
+def _cache_keyword(model_class: type) -> str:
+    """The name ``forward`` takes the KV cache by: ``cache`` from transformers 5.24 on (the old
+    ``past_key_values`` still works there, with a FutureWarning, until 5.40), else the old name."""
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def forward(model, cache, **inputs):
+    """``model(**inputs)`` over ``cache``, which it extends."""
+    return model(**inputs, **{_cache_keyword(type(model)): cache}, use_cache=True)
+
+
 def prefill(model, tokens: Sequence[int], logits: bool = False):
     """A fresh cache holding ``tokens``; with ``logits``, also the logits [V'] after the last."""
     cache = new_cache(model)
     if not tokens:
         return cache, None
-    out = model(
-        input_ids=torch.tensor([list(tokens)], device=model.device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
+    out = forward(
+        model, cache, input_ids=torch.tensor([list(tokens)], device=model.device), logits_to_keep=1
     )  # ids: [1, L]
     return cache, out.logits[0, -1] if logits else None
 
@@ -88,10 +100,10 @@ def feed(
     dev = model.device
     assert ids.dim() == 2 and positions.shape == ids.shape and past.shape[:2] == ids.shape
     mask = additive_mask(past.to(dev), block.to(dev), model.dtype)
-    out = model(
+    out = forward(
+        model,
+        cache,
         input_ids=ids.to(dev),
-        past_key_values=cache,
-        use_cache=True,
         attention_mask=mask,
         position_ids=positions.to(dev),
         logits_to_keep=last,
@@ -119,11 +131,8 @@ def feed_causal(model, cache, ids: torch.Tensor, past: torch.Tensor, last: int =
 def feed_one(model, cache, token: int) -> torch.Tensor:
     """Plain decoding's pass (gpt-fast's ``decode_one_token``): ``token`` after every cached
     entry, without a mask; its logits [V']."""
-    return model(
-        input_ids=torch.tensor([[token]], device=model.device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
+    return forward(
+        model, cache, input_ids=torch.tensor([[token]], device=model.device), logits_to_keep=1
     ).logits[0, -1]
 
 
