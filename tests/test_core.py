@@ -2,12 +2,15 @@
 of one step for B rows (the tree pass against plain forwards), and batched rows; on tiny random
 Llama and Qwen2 models."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
 from conftest import make_model, near_pair
+from specscope.core import passes
 from specscope.core.batch import Batch, Row
 from specscope.core.draft import ChildRule
 from specscope.core.loop import Speculator
@@ -46,6 +49,23 @@ def _branch(tokens: torch.Tensor, shape: TreeShape, n: int) -> list[int]:
 
 
 # --- passes: cache surgery ---------------------------------------------------------------------
+
+
+def test_the_cache_goes_by_the_name_forward_takes(pair):
+    # transformers 5.24 renamed forward's past_key_values to cache; the old name warned on every
+    # forward, into every command's stderr
+    class Renamed:
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...
+
+    class Before:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
+
+    assert passes._cache_keyword(Renamed) == "cache"
+    assert passes._cache_keyword(Before) == "past_key_values"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        cache, logits = prefill(pair[1], [1, 2, 3], logits=True)
+    assert cache.get_seq_length() == 3 and logits is not None
 
 
 def test_keep_positions_gathers_every_layer(tokenizer):
