@@ -118,6 +118,18 @@ small_run_config = functools.partial(
 )
 
 
+def tiny_pair_args(tiny_dirs, arch: str = "qwen2") -> list[str]:
+    """The command-line options that pick a tiny pair of ``tiny_dirs`` in float32."""
+    return [
+        "--draft",
+        str(tiny_dirs[arch, "draft"]),
+        "--target",
+        str(tiny_dirs[arch, "target"]),
+        "--dtype",
+        "float32",
+    ]
+
+
 def read_records(run_dir):
     """A run's node, step and prompt tables without their timing columns."""
     run = load_run(run_dir)

@@ -20,6 +20,7 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
+from conftest import tiny_pair_args
 from specscope.analysis.synthetic import write_synthetic_run
 from specscope.cli import app
 from specscope.trees import TreeShape
@@ -85,17 +86,6 @@ def victim(tmp_path):
 # Models that fail to load at once: a command that should refuse before loading them never gets
 # that far (and old code that loaded them first fails fast instead of fetching the demo pair).
 NO_PAIR = ["--draft", "/nonexistent/draft", "--target", "/nonexistent/target"]
-
-
-def _tiny_pair(tiny_dirs):
-    return [
-        "--draft",
-        tiny_dirs["qwen2", "draft"],
-        "--target",
-        tiny_dirs["qwen2", "target"],
-        "--dtype",
-        "float32",
-    ]
 
 
 # --- case 5: no writes through links planted in a run directory ---------------------------------
@@ -424,7 +414,7 @@ def test_bench_with_one_domain(tmp_path):
 def test_decode_checks_the_tree_against_the_vocabulary(tiny_dirs):
     # before: ranks beyond the vocabulary (which run refuses) and --top-k 1000 ended in
     # tracebacks from torch.topk
-    pair = _tiny_pair(tiny_dirs)
+    pair = tiny_pair_args(tiny_dirs)
     _one_line_error(
         _cli("decode", "hi", "--policy", "static", "--paths", "[(0,), (999,)]", *pair),
         "rank 999",
@@ -441,7 +431,7 @@ def test_decode_records_into_a_missing_directory_are_written(tiny_dirs, tmp_path
     # before: FileNotFoundError after the whole generation; decided: the directories are made
     records = tmp_path / "new" / "dir" / "steps.jsonl"
     result = _cli(
-        "decode", "hi", "--max-new-tokens", 3, "--records", records, *_tiny_pair(tiny_dirs)
+        "decode", "hi", "--max-new-tokens", 3, "--records", records, *tiny_pair_args(tiny_dirs)
     )
     assert result.exit_code == 0, result.output
     assert records.read_text().count("\n") >= 1

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import small_run_config
+from conftest import small_run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.run.config import RunConfig, load_config
 
@@ -46,12 +46,7 @@ def _run_args(tiny_dirs, prompt_file, out, *extra) -> list[str]:
         "--out",
         str(out),
         "--quiet",
-        "--draft",
-        str(tiny_dirs["qwen2", "draft"]),
-        "--target",
-        str(tiny_dirs["qwen2", "target"]),
-        "--dtype",
-        "float32",
+        *tiny_pair_args(tiny_dirs),
         "--prompts",
         str(prompt_file),
         "--policy",

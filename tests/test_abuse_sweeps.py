@@ -20,6 +20,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
+from conftest import tiny_pair_args
 from specscope.analysis import Settings, analyze
 from specscope.analysis.report import write_outputs
 from specscope.analysis.synthetic import DomainProfile, write_synthetic_run
@@ -230,12 +231,7 @@ def test_file_uris_work_end_to_end(tiny_dirs, tmp_path, monkeypatch):
             "run",
             "--out",
             run_uri,
-            "--draft",
-            str(tiny_dirs["llama", "draft"]),
-            "--target",
-            str(tiny_dirs["llama", "target"]),
-            "--dtype",
-            "float32",
+            *tiny_pair_args(tiny_dirs, "llama"),
             "--prompts",
             str(_prompts(tmp_path, 2)),
             "--max-new-tokens",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from typer.testing import CliRunner
 
-from conftest import near_pair
+from conftest import near_pair, tiny_pair_args
 from specscope.cli import app
 from specscope.core.sampling import warp
 from specscope.decode import (
@@ -218,14 +218,7 @@ def _cli(*args):
 
 
 def test_cli_decode_end_to_end(tiny_dirs, tmp_path):
-    model = [
-        "--draft",
-        tiny_dirs["qwen2", "draft"],
-        "--target",
-        tiny_dirs["qwen2", "target"],
-        "--dtype",
-        "float32",
-    ]
+    model = tiny_pair_args(tiny_dirs)
     records = tmp_path / "steps.csv"
     result = _cli(
         "decode",

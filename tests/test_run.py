@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from conftest import read_records, run_config
+from conftest import read_records, run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.measure import study as measure_study
 from specscope.measure.checks import MeasureError
@@ -149,12 +149,7 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
         "--out",
         str(out),
         "--quiet",
-        "--draft",
-        str(tiny_dirs["qwen2", "draft"]),
-        "--target",
-        str(tiny_dirs["qwen2", "target"]),
-        "--dtype",
-        "float32",
+        *tiny_pair_args(tiny_dirs),
         "--prompts",
         str(prompt_file),
         "--max-new-tokens",
@@ -244,12 +239,7 @@ def test_cli_run_end_to_end(tiny_dirs, prompt_file, tmp_path):
         "run",
         "--out",
         str(out),
-        "--draft",
-        str(tiny_dirs["llama", "draft"]),
-        "--target",
-        str(tiny_dirs["llama", "target"]),
-        "--dtype",
-        "float32",
+        *tiny_pair_args(tiny_dirs, "llama"),
         "--prompts",
         str(prompt_file),
         "--max-new-tokens",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import small_run_config
+from conftest import small_run_config, tiny_pair_args
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
 from specscope.analysis.synthetic import write_synthetic_run
@@ -43,12 +43,7 @@ def _run_args(tiny_dirs, prompts, out, *extra):
         "run",
         "--out",
         str(out),
-        "--draft",
-        str(tiny_dirs["qwen2", "draft"]),
-        "--target",
-        str(tiny_dirs["qwen2", "target"]),
-        "--dtype",
-        "float32",
+        *tiny_pair_args(tiny_dirs),
         "--prompts",
         str(prompts),
         "--max-new-tokens",
