@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..drafters import DrafterConfig
 from ..errors import SpecscopeError
 from ..files import read_json, read_toml_table
 from ..models import PairConfig
@@ -109,8 +110,14 @@ class RunConfig:
     rendering: str = "task"  # how prompts become text: specscope.prompts.render.RENDERINGS
     seed: int = 42
     criteria: CriteriaConfig | None = field(default_factory=CriteriaConfig)  # None: no certificates
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def __post_init__(self) -> None:
+        if self.drafter.spec.chain_only and self.tree.policy != "chain":
+            raise RunConfigError(
+                f"the {self.drafter.kind} drafter proposes one chain: use --tree chain --depth K "
+                f"(K tokens per step), not tree policy {self.tree.policy!r}"
+            )
         if self.engine not in ENGINES:
             raise RunConfigError(
                 f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}"
@@ -130,7 +137,10 @@ class RunConfig:
     @property
     def run_id(self) -> str:
         """A content hash of the config: the same config always gives the same id."""
-        text = json.dumps(self.to_dict(), sort_keys=True, default=list)
+        data = self.to_dict()
+        if self.drafter == DrafterConfig():  # runs of the draft model keep their ids
+            del data["drafter"]
+        text = json.dumps(data, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @classmethod
@@ -161,7 +171,12 @@ class RunConfig:
             if isinstance(e, SpecscopeError):
                 raise
             raise RunConfigError(f"criteria: {e}") from None
-        nested = {"pair": PairConfig, "tree": TreeConfig, "prompts": PromptSpec}
+        nested = {
+            "pair": PairConfig,
+            "tree": TreeConfig,
+            "prompts": PromptSpec,
+            "drafter": DrafterConfig,
+        }
         for key, kind in nested.items():
             if key in data:
                 if not isinstance(data[key], dict):
