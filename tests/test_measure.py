@@ -186,7 +186,7 @@ def test_accepted_len_is_longest_accepted_path():
     q = torch.full((1, V), 0.2)
     tokens = torch.tensor([0, 1, 0, 1, 0, 0, 0, 1])
 
-    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0)
+    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape))
     record = step_record(scores, shape)
     assert record.nodes["greedy_accept"].tolist() == [bool(x) for x in (1, 0, 1, 0, 1, 1, 1, 0)]
     assert record.accepted_len == 3  # nodes 4, 5 accept but hang off a rejected root
@@ -200,7 +200,7 @@ def test_one_tie_rule_for_records_and_decoder():
     q = torch.tensor([[0.1, 0.3, 0.5, 0.1]])
     shape = TreeShape(parents=(-1, -1), ranks=(0, 1))
     tokens = torch.tensor([2, 1])  # the draft's top token (2) and runner-up (1)
-    scores = StepScores(tokens, q, torch.tensor([0, 0]), p, 0.0, 0.0)
+    scores = StepScores(tokens, q, torch.tensor([0, 0]), p, 0.0, 0.0, 2)
     rec = step_record(scores, shape)
     assert int(greedy_token(p[0])) == 1 == rec.emitted_token
     assert list(rec.nodes["greedy_accept"]) == [False, True]
@@ -224,7 +224,7 @@ def test_target_rank_equals_a_full_ranking(seed):
     picks = [0, 3, 15, 16, 40, 299]  # ranks to draft at: inside, at the edge and outside the top 16
     tokens = torch.stack([ranked[c][picks[i]] for i, c in enumerate(contexts)])
     q = torch.full((1, V), 1 / V)
-    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0)
+    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape))
     expected = [int((ranked[c] == t).nonzero()) for c, t in zip(contexts, tokens.tolist())]
     assert step_record(scores, shape).nodes["target_rank"].tolist() == expected == picks
 

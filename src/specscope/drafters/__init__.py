@@ -1,130 +1,39 @@
-"""Drafters: what proposes the tree's tokens, and with which parameters.
+"""Drafters: what proposes the tree's tokens.
 
-A drafter is one of :data:`DRAFTERS`:
+- :mod:`.config`: the registry :data:`DRAFTERS` (draft-model, ngram, early-exit) and
+  :class:`DrafterConfig`, validated before any model loads.
+- :mod:`.ngram`: vLLM's ngram proposer (prompt lookup), model-free.
+- :mod:`.early_exit`: the target's first layers, final norm and LM head as a draft model.
 
-- ``draft-model``: the pair's draft model (the default): a tree of its top tokens, with its
-  distribution q recorded at every context.
-- ``ngram``: model-free prompt lookup, vLLM's ngram proposer (:mod:`specscope.drafters.ngram`):
-  one chain of the tokens that followed the latest match of the context's last n tokens. It has
-  no distribution: its proposal probability is 1 (a point mass), so a node's alpha is its
-  p_target.
-- ``early-exit``: self-speculation: the target's first ``exit_layer`` layers, its final norm and
-  its LM head (:mod:`specscope.drafters.early_exit`), a draft that shares the target's weights
-  and vocabulary.
-
-:class:`DrafterConfig` validates a choice before any model loads; it loads nothing itself.
+:func:`lookup_for` turns a model-free drafter into the function the speculation core calls; drafters
+that run a model are loaded by :func:`specscope.models.load.load_pair`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
 
-from ..errors import SpecscopeError
+from .config import DRAFTERS, NGRAM_DEFAULT_N, DrafterConfig, DrafterError, DrafterKind
+from .ngram import propose_ngram
 
+__all__ = [
+    "DRAFTERS",
+    "NGRAM_DEFAULT_N",
+    "DrafterConfig",
+    "DrafterError",
+    "DrafterKind",
+    "Lookup",
+    "lookup_for",
+    "propose_ngram",
+]
 
-class DrafterError(SpecscopeError, ValueError):
-    """A drafter or drafter parameter that cannot be used; the message says what is allowed."""
-
-
-@dataclass(frozen=True)
-class DrafterKind:
-    """One entry of the registry: its parameters and what it proposes."""
-
-    summary: str
-    params: tuple[str, ...]  # the DrafterConfig fields it takes
-    has_distribution: bool  # False: proposals are point masses (p_draft = 1)
-    chain_only: bool  # True: proposes one chain, whose length is the tree's depth
-
-
-DRAFTERS: dict[str, DrafterKind] = {
-    "draft-model": DrafterKind("the pair's draft model", (), True, False),
-    "ngram": DrafterKind(
-        "prompt lookup (vLLM's ngram proposer): the tokens after the latest match of the "
-        "context's last n tokens, n from prompt_lookup_max down to prompt_lookup_min",
-        ("prompt_lookup_min", "prompt_lookup_max"),
-        False,
-        True,
-    ),
-    "early-exit": DrafterKind(
-        "self-speculation: the target's first exit_layer layers, its final norm and LM head",
-        ("exit_layer",),
-        True,
-        False,
-    ),
-}
-# vLLM's defaults (vllm/config/speculative.py): both 5 when neither is given; one given sets both
-NGRAM_DEFAULT_N = 5
+Lookup = Callable[[Sequence[int]], list[int]]
 
 
-@dataclass(frozen=True)
-class DrafterConfig:
-    """Which drafter proposes the tree, and its parameters (None: not given)."""
-
-    kind: str = "draft-model"
-    prompt_lookup_min: int | None = None
-    prompt_lookup_max: int | None = None
-    exit_layer: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in DRAFTERS:
-            raise DrafterError(
-                f"unknown drafter {self.kind!r}; choose one of {', '.join(DRAFTERS)}"
-            )
-        allowed = DRAFTERS[self.kind].params
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "kind" or value is None:
-                continue
-            if f.name not in allowed:
-                owner = next(k for k, v in DRAFTERS.items() if f.name in v.params)
-                raise DrafterError(
-                    f"{f.name} is a parameter of the {owner} drafter, not of {self.kind}"
-                    + (f" (it takes {', '.join(allowed)})" if allowed else " (it takes none)")
-                )
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DrafterError(f"{f.name} must be an integer >= 1, got {value!r}")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if lo is not None and hi is not None and lo > hi:
-            raise DrafterError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
-        if self.kind == "early-exit" and self.exit_layer is None:
-            raise DrafterError(
-                "the early-exit drafter needs exit_layer (1 <= exit_layer < the target's layers)"
-            )
-
-    @property
-    def spec(self) -> DrafterKind:
-        return DRAFTERS[self.kind]
-
-    @property
-    def has_distribution(self) -> bool:
-        return self.spec.has_distribution
-
-    def resolved(self) -> DrafterConfig:
-        """The config with the drafter's defaults filled in, as the engine would run it."""
-        if self.kind != "ngram":
-            return self
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        lo = lo if lo is not None else hi if hi is not None else NGRAM_DEFAULT_N
-        hi = hi if hi is not None else lo
-        return DrafterConfig("ngram", prompt_lookup_min=lo, prompt_lookup_max=hi)
-
-    @property
-    def params(self) -> dict[str, int]:
-        """The resolved parameters, by name."""
-        r = self.resolved()
-        return {name: getattr(r, name) for name in self.spec.params}
-
-    @property
-    def label(self) -> str:
-        """``draft-model``, ``ngram(prompt_lookup_min=2, prompt_lookup_max=4)``,
-        ``early-exit(exit_layer=8)``: the name records and tables carry."""
-        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.kind}({params})" if params else self.kind
-
-    def check_target_layers(self, num_layers: int) -> None:
-        """An early exit must leave at least one of the target's ``num_layers`` layers out."""
-        if self.kind == "early-exit" and not 1 <= self.exit_layer < num_layers:
-            raise DrafterError(
-                f"exit_layer must be in 1..{num_layers - 1} (the target has {num_layers} "
-                f"layers), got {self.exit_layer}"
-            )
+def lookup_for(drafter: DrafterConfig, k: int) -> Lookup | None:
+    """A model-free drafter as a function: a context -> the chain (at most ``k`` tokens) it
+    proposes; None for drafters that run a model."""
+    if drafter.kind != "ngram":
+        return None
+    lo, hi = drafter.params["prompt_lookup_min"], drafter.params["prompt_lookup_max"]
+    return lambda context: propose_ngram(context, lo, hi, k)

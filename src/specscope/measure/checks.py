@@ -62,8 +62,8 @@ def check_batch_memory(
     """Refuse a batch whose KV caches and logits would not fit in the memory free now, naming
     the largest batch size that would (checked before anything is measured or committed)."""
     per_row = 0
-    for m in (pair.draft, pair.target):
-        per_row += kv_bytes_per_token(m.model) * (tokens_per_row + tree_size)
+    for model in pair.models:
+        per_row += kv_bytes_per_token(model) * (tokens_per_row + tree_size)
     per_row += 3 * (tree_size + 1) * pair.vocab_size * 4  # logits, softmax and p rows, float32
     free = _available_bytes(pair.target.device)
     budget = int(0.8 * free)

@@ -17,6 +17,7 @@ import torch
 from ..core.batch import StepScores
 from ..core.draft import grow_tree
 from ..core.passes import softmax
+from ..drafters import Lookup
 from ..trees import TreeShape
 
 
@@ -24,9 +25,10 @@ from ..trees import TreeShape
 class NaiveOracle:
     """Scores one prompt's tree the paper's way: every row a forward over the whole sequence."""
 
-    draft: torch.nn.Module
+    draft: torch.nn.Module | None
     target: torch.nn.Module
     vocab: int
+    lookup: Lookup | None = None  # a model-free drafter (draft None)
 
     @staticmethod
     def _rows(model, rows: list[list[int]]) -> torch.Tensor:
@@ -57,9 +59,15 @@ class NaiveOracle:
             logits = self._rows(self.draft, [context + path(n, tokens[0]) for n in frontier])
             return softmax(logits[:, L + shape.depths[frontier[0]] - 1], self.vocab)[None]
 
-        root = self._rows(self.draft, [context])[0, -1:]
-        tokens, q, q_index = grow_tree(shape, softmax(root, self.vocab), expand)
-        tokens, q = tokens[0], q[0]
+        if self.lookup is not None:
+            chain = self.lookup(context)[:N]
+            tokens = torch.zeros(N, dtype=torch.long)
+            tokens[: len(chain)] = torch.tensor(chain, dtype=torch.long)
+            q, q_index, proposed = None, torch.arange(N), len(chain)
+        else:
+            root = self._rows(self.draft, [context])[0, -1:]
+            tokens, q, q_index = grow_tree(shape, softmax(root, self.vocab), expand)
+            tokens, q, proposed = tokens[0], q[0], N
         t1 = time.perf_counter()
 
         # One batch: the context alone, then the context extended by each root-to-leaf path.
@@ -74,4 +82,4 @@ class NaiveOracle:
                 p_rows[n + 1] = logits[row, L - 1 + shape.depths[n]]
         p = softmax(p_rows, self.vocab)
         t2 = time.perf_counter()
-        return StepScores(tokens, q, q_index, p, t1 - t0, t2 - t1).on(p.device)
+        return StepScores(tokens, q, q_index, p, t1 - t0, t2 - t1, proposed).on(p.device)

@@ -55,6 +55,8 @@ class NodeRecords:
     nodes: dict[str, np.ndarray]
     emitted_token: int
     accepted_len: int
+    root_margin: float  # the target's top-1 minus top-2 probability at the step's context
+    root_kl: float  # KL(p || q) there (NaN for point-mass proposals)
 
 
 def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
@@ -68,28 +70,35 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
     first = [int(np.flatnonzero(inverse == c)[0]) for c in range(len(contexts))]
     node_ctx = torch.as_tensor(inverse, device=scores.p.device)
     p_rows = scores.p[torch.as_tensor(contexts, device=scores.p.device)]  # [C, V]
-    q_rows = scores.q[scores.q_index[first]]  # [C, V]: q at the same contexts
-    log_p, log_q = torch.log(p_rows.clamp_min(1e-30)), torch.log(q_rows.clamp_min(1e-30))
+    log_p = torch.log(p_rows.clamp_min(1e-30))
     target_entropy = -(p_rows * log_p).sum(-1)
-    draft_entropy = -(q_rows * log_q).sum(-1)
-    kl = (p_rows * (log_p - log_q)).sum(-1)
+    if scores.q is None:  # point-mass proposals: q(t) = 1, no entropy, KL(p || q) undefined
+        draft_entropy = torch.zeros_like(target_entropy)
+        kl = torch.full_like(target_entropy, float("nan"))
+        q_t = torch.ones(N, dtype=torch.float64, device=scores.p.device)
+    else:
+        q_rows = scores.q[scores.q_index[first]]  # [C, V]: q at the same contexts
+        log_q = torch.log(q_rows.clamp_min(1e-30))
+        draft_entropy = -(q_rows * log_q).sum(-1)
+        kl = (p_rows * (log_p - log_q)).sum(-1)
+        q_t = q_rows[node_ctx, scores.tokens].double()
     top = torch.topk(p_rows, min(RANK_WIDTH, p_rows.shape[-1]), dim=-1)
     top2 = top.values[:, :2]  # values only: ties are settled by greedy_token
     p_node = p_rows[node_ctx, scores.tokens]
     p_t = p_node.double()
-    q_t = q_rows[node_ctx, scores.tokens].double()
     greedy = greedy_token(p_rows)[node_ctx] == scores.tokens
 
-    parents, depths = np.asarray(shape.parents), np.asarray(shape.depths)
+    n = scores.proposed  # nodes past it were padding (a model-free drafter's short chain)
+    parents, depths = np.asarray(shape.parents)[:n], np.asarray(shape.depths)[:n]
     accepted = tree_paths(
-        greedy.cpu().numpy(), depths, np.asarray(shape.ranks), parents < 0, parents
+        greedy[:n].cpu().numpy(), depths, np.asarray(shape.ranks)[:n], parents < 0, parents
     ).accepted
     accepted_len = int(depths[accepted].max(initial=0))
 
     def host(x: torch.Tensor) -> np.ndarray:
         return x.cpu().numpy()
 
-    nodes = {
+    columns = {
         "node_id": np.arange(N, dtype=np.int16),
         "parent_id": np.asarray(shape.parents, dtype=np.int16),
         "depth": np.asarray(shape.depths, dtype=np.int8),
@@ -106,8 +115,9 @@ def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
         "kl_target_draft": host(kl[node_ctx].double()),
         "target_rank": host(_rank(p_rows, node_ctx, scores.tokens, p_node, top)).astype(np.int32),
     }
+    nodes = {name: values[:n] for name, values in columns.items()}
     emitted = int(greedy_token(scores.p[0]))
-    return NodeRecords(nodes=nodes, emitted_token=emitted, accepted_len=accepted_len)
+    return NodeRecords(nodes, emitted, accepted_len, float(top2[0, 0] - top2[0, 1]), float(kl[0]))
 
 
 def certificate_records(

@@ -28,6 +28,7 @@ import torch
 from ..core.batch import Batch, Row, StepScores
 from ..core.loop import Step
 from ..core.passes import position_limit
+from ..drafters import lookup_for
 from ..models import ModelPair
 from ..models.int8 import rowwise_attention_during
 from ..prompts.items import PromptItem
@@ -77,7 +78,7 @@ def start_prompts(
         states.append(PromptState(item, order, rendered, list(rendered.ids), time.perf_counter()))
     if not states:
         return states
-    limit = position_limit(pair.draft.model, pair.target.model)
+    limit = position_limit(*pair.models)
     extra = config.max_new_tokens + config.tree.shape().max_depth
     longest = max(states, key=lambda s: len(s.context))
     if len(longest.context) + extra > limit:
@@ -98,10 +99,7 @@ def observe(
     record = step_record(scores, shape)
     record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
     # the step row keeps its root context's margin and KL (node 0 is a root), certificates or not
-    step_extras = {
-        "target_margin": float(record.nodes["target_margin"][0]),
-        "kl_target_draft": float(record.nodes["kl_target_draft"][0]),
-    }
+    step_extras = {"target_margin": record.root_margin, "kl_target_draft": record.root_kl}
     if criteria is not None:
         node_certificates, certificates = certificate_records(scores, shape, criteria)
         record.nodes.update(node_certificates)
@@ -127,7 +125,7 @@ def commit_greedy_token(
         Step(
             len(state.steps),
             len(state.context),
-            len(shape),
+            scores.proposed,
             record.accepted_len,
             record.accepted_len + 1,
             token,
@@ -149,7 +147,12 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
     item, n_steps = state.item, len(state.steps)
 
     def common(n: int) -> dict:
-        return {"run_id": [run_id] * n, "prompt_id": [item.id] * n, "domain": [item.domain] * n}
+        return {
+            "run_id": [run_id] * n,
+            "prompt_id": [item.id] * n,
+            "domain": [item.domain] * n,
+            "drafter": [pair.drafter.label] * n,
+        }
 
     nodes = {k: np.concatenate([c[k] for c in state.node_cols]) for k in state.node_cols[0]}
     nodes["position_bin"] = position_bin(nodes["step"]).astype(np.int8)
@@ -188,7 +191,12 @@ def measure_naive(
     commit: Callable[[PromptState, PromptRecords], None],
 ) -> None:
     """The paper's algorithm, every row recomputed, one prompt at a time: the oracle."""
-    naive = NaiveOracle(pair.draft.model, pair.target.model, pair.vocab_size)
+    naive = NaiveOracle(
+        pair.draft and pair.draft.model,
+        pair.target.model,
+        pair.vocab_size,
+        lookup_for(pair.drafter, len(shape)),
+    )
     eos = eos_token_ids(pair)
     for state in states:
         state.t_start = time.perf_counter()
@@ -224,7 +232,12 @@ def measure_rows(
             s.t_start = time.perf_counter()
         return [Row(s.context, s) for s in joining]
 
-    batch = Batch(pair.draft.model, pair.target.model, pair.vocab_size)
+    batch = Batch(
+        pair.draft and pair.draft.model,
+        pair.target.model,
+        pair.vocab_size,
+        lookup_for(pair.drafter, len(shape)),
+    )
     batch.refill([], join(batch_size))
     while batch.rows:
         t0 = time.perf_counter()
@@ -265,7 +278,7 @@ def measure_prompts(
     # on SDPA)
     with (
         rowwise_attention_during(pair.draft.model)
-        if config.pair.quantize == "int8"
+        if config.pair.quantize == "int8" and pair.draft is not None
         else nullcontext()
     ):
         if config.engine == "naive":

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..drafters import DrafterConfig
 from ..errors import SpecscopeError
 from ..hardware import cpu_flags
 
@@ -113,11 +114,20 @@ class LoadedModel:
 
 @dataclass
 class ModelPair:
-    draft: LoadedModel
+    """A target and what drafts for it: the draft model, early exit's view of the target's
+    first layers, or no model at all (``draft`` None: n-gram lookup)."""
+
+    draft: LoadedModel | None
     target: LoadedModel
     vocab_size: int  # logits are cut to this many columns, shared by both models
     provenance: dict = field(default_factory=dict)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        """The models that run: the target, and the draft where there is one."""
+        return tuple(m.model for m in (self.draft, self.target) if m is not None)

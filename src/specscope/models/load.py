@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..drafters import DrafterConfig
+from ..drafters.early_exit import early_exit_view
 from ..errors import require
 from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
 from .demo import demo_checkpoint, demo_spec
@@ -186,24 +188,32 @@ def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
             )
 
 
-def load_pair(config: PairConfig) -> ModelPair:
-    """Check the devices, load tokenizers, check that they agree, then load both models."""
+def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> ModelPair:
+    """Check the devices, load tokenizers, check that they agree, then load both models. A drafter
+    other than the draft model loads no draft: early exit views the target's first layers
+    (:func:`~specscope.drafters.early_exit.early_exit_view`), n-gram lookup needs no model."""
+    own_draft = drafter.kind == "draft-model"
     for device in (config.device, config.draft_device or config.device):
         check_device(device)
-    draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
     target_tok = load_tokenizer(config.target, config.trust_remote_code)
-    check_vocabularies(draft_tok, target_tok)
+    if drafter.kind == "early-exit":
+        drafter.check_target_layers(target_layers(config.target, config.trust_remote_code))
+    if own_draft:
+        draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
+        check_vocabularies(draft_tok, target_tok)
     target = load_model(
         config.target, config.dtype, config.device, config.trust_remote_code, target_tok
     )
-    draft = load_model(
-        config.draft,
-        config.dtype,
-        config.draft_device or config.device,
-        config.trust_remote_code,
-        draft_tok,
-    )
-    vocab = min(draft.model.config.vocab_size, target.model.config.vocab_size)
+    if own_draft:
+        draft = load_model(
+            config.draft,
+            config.dtype,
+            config.draft_device or config.device,
+            config.trust_remote_code,
+            draft_tok,
+        )
+    models = (("draft", draft), ("target", target)) if own_draft else (("target", target),)
+    vocab = min(m.model.config.vocab_size for _, m in models)
     if vocab < len(target_tok):
         raise ModelLoadError(
             f"the models' output layers ({vocab} rows) are smaller than the "
@@ -220,10 +230,45 @@ def load_pair(config: PairConfig) -> ModelPair:
             "device": str(m.device),
             "quantize": config.quantize,
         }
-        for role, m in (("draft", draft), ("target", target))
+        for role, m in models
     }
     if config.quantize == "int8":
-        for m in (draft, target):
+        for _, m in models:
             quantize_int8(m.model)
         use_rowwise_attention(target.model)  # the target's logits must not depend on the batch
-    return ModelPair(draft=draft, target=target, vocab_size=vocab, provenance=provenance)
+    if not own_draft:
+        draft = drafter_model(drafter, target)
+        provenance["draft"] = {"drafter": drafter.label, "shares": "target" if draft else None}
+    return ModelPair(
+        draft=draft, target=target, vocab_size=vocab, provenance=provenance, drafter=drafter
+    )
+
+
+def target_layers(source: str, trust_remote_code: bool = False) -> int:
+    """The decoder layers of the model at ``source``, read from its config (no weights)."""
+    from transformers import AutoConfig
+
+    kind, where = resolve_source(source)
+    if kind == "demo":
+        where = demo_checkpoint(where)
+    if kind == "gguf":
+        from gguf import GGUFReader
+
+        reader = GGUFReader(where)
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        return int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+    try:
+        return AutoConfig.from_pretrained(
+            where, trust_remote_code=trust_remote_code
+        ).num_hidden_layers
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read the config of {source}: {e}") from None
+
+
+def drafter_model(drafter: DrafterConfig, target: LoadedModel) -> LoadedModel | None:
+    """The draft model of a drafter that is not the pair's draft: early exit's view of the
+    target, or None (n-gram lookup runs no model)."""
+    if drafter.kind != "early-exit":
+        return None
+    view = early_exit_view(target.model, drafter.exit_layer)
+    return LoadedModel(view, target.tokenizer, f"{target.source}#{drafter.label}", target.resolved)

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from ..files import os_error_reason, parse_json_object, temporary_name
 from .checks import check_records
-from .schema import SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
+from .schema import FILLED_COLUMNS, SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
 
 def open_location(
@@ -210,6 +210,9 @@ class RunDir:
                 table = self._committed(name)
         except (pa.ArrowInvalid, OSError) as e:
             raise RunDirError(f"{self.root}: cannot read {name} records: {e}") from e
+        for column, value in FILLED_COLUMNS.items():
+            if column in SCHEMAS[name].names and column not in table.column_names:
+                table = table.append_column(column, pa.array([value] * table.num_rows))
         missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
         if missing:
             raise RunDirError(f"{self.root}: {name} records lack columns {missing}")

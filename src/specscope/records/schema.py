@@ -22,6 +22,7 @@ NODE_SCHEMA = pa.schema(
         ("run_id", pa.string()),
         ("prompt_id", pa.string()),
         ("domain", pa.string()),
+        ("drafter", pa.string()),  # DrafterConfig.label: what proposed the tree
         ("step", pa.int32()),  # generation step s = 0, 1, ...; the step emits output token s + 1
         ("position_bin", pa.int8()),  # step // 32: 0 = tokens 1-32, 1 = tokens 33-64, ...
         ("node_id", pa.int16()),  # index in the step's tree (breadth-first order)
@@ -47,6 +48,7 @@ STEP_SCHEMA = pa.schema(
         ("run_id", pa.string()),
         ("prompt_id", pa.string()),
         ("domain", pa.string()),
+        ("drafter", pa.string()),  # DrafterConfig.label: what proposed the tree
         ("step", pa.int32()),
         ("position_bin", pa.int8()),
         ("context_len", pa.int32()),  # tokens in the context the tree grows from
@@ -86,6 +88,8 @@ PROMPT_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"nodes": NODE_SCHEMA, "steps": STEP_SCHEMA, "prompts": PROMPT_SCHEMA}
+# Columns added after schema version 1 was first written, and their value in older records
+FILLED_COLUMNS = {"drafter": "draft-model"}
 
 # Columns whose values depend on the machine's speed rather than on the models and config.
 TIMING_COLUMNS = ("draft_time_s", "verify_time_s", "step_time_s", "time_s")

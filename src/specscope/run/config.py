@@ -113,6 +113,8 @@ class RunConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def __post_init__(self) -> None:
+        if not self.drafter.has_distribution:  # certificates compare p with the draft's q
+            object.__setattr__(self, "criteria", None)
         if self.drafter.spec.chain_only and self.tree.policy != "chain":
             raise RunConfigError(
                 f"the {self.drafter.kind} drafter proposes one chain: use --tree chain --depth K "

@@ -172,7 +172,7 @@ def run_study(
                 already_complete=True,
             )
 
-        pair = pair or load_pair(config.pair)
+        pair = pair or load_pair(config.pair, config.drafter)
         shape.check_fits(pair.vocab_size)
         states = start_prompts(pair, config, todo)
         check_batch_memory(

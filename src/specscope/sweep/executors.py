@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters import DrafterConfig
 from ..measure.study import measure_prompts, start_prompts
 from ..models import ModelPair, PairConfig, load_pair
 from ..prompts.items import PromptItem
@@ -57,14 +58,14 @@ class PairCache:
     """Holds the last loaded pair, so that consecutive shards of one pair load it once."""
 
     def __init__(self) -> None:
-        self._config: PairConfig | None = None
+        self._key: tuple[PairConfig, DrafterConfig] | None = None
         self._pair: ModelPair | None = None
 
-    def get(self, config: PairConfig) -> ModelPair:
-        if config != self._config:
-            self._config, self._pair = None, None  # free the old pair before loading the new
-            self._pair = load_pair(config)
-            self._config = config
+    def get(self, config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> ModelPair:
+        if (config, drafter) != self._key:
+            self._key, self._pair = None, None  # free the old pair before loading the new
+            self._pair = load_pair(config, drafter)
+            self._key = (config, drafter)
         return self._pair
 
 
@@ -143,7 +144,7 @@ def _run_shard(
     if todo:
         pair_config = visible_devices(config.pair) if remap_gpus else config.pair
         with torch_threads(shard.threads):
-            pair = (pairs or PairCache()).get(pair_config)
+            pair = (pairs or PairCache()).get(pair_config, config.drafter)
             models = pair.provenance
 
             def commit(order: int, item: PromptItem, records) -> None:

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..drafters import DrafterConfig, DrafterError
 from ..errors import SpecscopeError
 from ..files import read_toml_table
 from ..models import ModelLoadError, PairConfig
@@ -29,7 +30,13 @@ SWEEP_SCHEMA_VERSION = 1
 MAX_GRID_POINTS = 10_000  # a larger grid is refused before it is expanded ([execution] max_points)
 DIR_NAME_MAX = 200  # bytes of a run directory's name; a longer label gets a hashed name
 RAY_EXTRA_HINT = "pip install 'specscope[ray]'"
-AXES = {"pairs": "pair", "trees": "tree", "domains": "domain", "decode": "decode"}  # file key: axis
+AXES = {
+    "pairs": "pair",
+    "drafters": "drafter",
+    "trees": "tree",
+    "domains": "domain",
+    "decode": "decode",
+}  # file key: axis
 
 
 class SweepError(SpecscopeError, ValueError):
@@ -93,7 +100,7 @@ class GridPoint:
     label: str
     axes: tuple[
         tuple[str, str], ...
-    ]  # (axis, variant name), axis one of pair, tree, domain, decode
+    ]  # (axis, variant name), axis one of pair, drafter, tree, domain, decode
     config: RunConfig
 
     @property
@@ -114,6 +121,7 @@ class SweepSpec:
     name: str
     base: RunConfig
     pairs: tuple[Variant, ...] = ()
+    drafters: tuple[Variant, ...] = ()
     trees: tuple[Variant, ...] = ()
     domains: tuple[Variant, ...] = ()
     decode: tuple[Variant, ...] = ()
@@ -139,7 +147,7 @@ class SweepSpec:
                     _set(data, key, value)
             try:
                 config = RunConfig.from_dict(data, self.trust_remote_code, "the sweep file")
-            except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
+            except (RunConfigError, ModelLoadError, DrafterError, TypeError, ValueError) as e:
                 raise SweepError(f"grid point {label}: {e}") from None
             if label in seen:
                 raise SweepError(
@@ -182,8 +190,10 @@ def _merge(data: dict, overrides: dict, where: str) -> dict:
     return out
 
 
+SECTIONS = ("pair", "drafter", "tree", "prompts")  # run-config tables: axes, not decode settings
 _SECTIONS = {
     "pairs": ("pair", PairConfig),
+    "drafters": ("drafter", DrafterConfig),
     "trees": ("tree", TreeConfig),
     "domains": ("prompts", PromptSpec),
 }
@@ -204,8 +214,12 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
         )
     variants = []
     for i, entry in enumerate(entries):
-        if isinstance(entry, str) and axis in ("trees", "domains"):
-            entry = {"policy": entry} if axis == "trees" else {"name": entry, "domains": [entry]}
+        if isinstance(entry, str) and axis in ("drafters", "trees", "domains"):
+            entry = {
+                "drafters": {"kind": entry},
+                "trees": {"policy": entry},
+                "domains": {"name": entry, "domains": [entry]},
+            }[axis]
         if not isinstance(entry, dict):
             raise SweepError(f"{axis}[{i}]: expected a table, got {entry!r}")
         entry = dict(entry)
@@ -216,7 +230,11 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
                 f"{axis}[{i}]: unknown keys {unknown}; allowed: name, {', '.join(fields)}"
             )
         if name is None:
-            name = {"pairs": f"pair{i}", "trees": str(entry.get("policy", f"tree{i}"))}.get(axis)
+            name = {
+                "pairs": f"pair{i}",
+                "drafters": str(entry.get("kind", f"drafter{i}")),
+                "trees": str(entry.get("policy", f"tree{i}")),
+            }.get(axis)
             if name is None:
                 name = (
                     Path(entry["file"]).stem
@@ -234,6 +252,8 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
             suffix = "".join(f"-{k}{v}" for k, v in zip(grid, values))
             if axis == "domains":  # a prompt set replaces the base's, keeping per_domain, sources
                 chosen = {"file": None, "domains": [], "smoke": False, **chosen}
+            if axis == "drafters":  # a drafter replaces the base's, parameters included
+                chosen = {**dataclasses.asdict(DrafterConfig()), **chosen}
             settings = tuple((f"{section}.{k}", v) for k, v in chosen.items())
             variants.append(Variant(f"{name}{suffix}", settings))
     names = [v.name for v in variants]
@@ -283,10 +303,10 @@ def _decode(table: Any) -> tuple[Variant, ...]:
         raise SweepError(f"[decode]: expected a table of settings, got {table!r}")
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for key in table:
-        if key.partition(".")[0] not in known or key in ("pair", "tree", "prompts"):
+        if key.partition(".")[0] not in known or key in SECTIONS:
             raise SweepError(
                 f"[decode]: unknown setting {key!r}; use a run-config key "
-                f"({', '.join(sorted(known - {'pair', 'tree', 'prompts'}))}) "
+                f"({', '.join(sorted(known - set(SECTIONS)))}) "
                 "or section.key"
             )
     keys = list(table)
@@ -341,6 +361,7 @@ def parse_sweep(
         name=str(data.get("name", name)),
         base=base,
         pairs=_axis("pairs", data["pairs"]) if "pairs" in data else (),
+        drafters=_axis("drafters", data["drafters"]) if "drafters" in data else (),
         trees=_axis("trees", data["trees"]) if "trees" in data else (),
         domains=_axis("domains", data["domains"]) if "domains" in data else (),
         decode=_decode(data["decode"]) if "decode" in data else (),
