@@ -86,6 +86,7 @@ def node_columns(rows) -> dict[str, list]:
     for p, d, s, n, par, depth, rank, alpha, greedy, h in rows:
         values = dict(
             run_id="tiny",
+            drafter="draft-model",
             prompt_id=p,
             domain=d,
             step=s,
@@ -116,6 +117,7 @@ def step_columns(rows) -> dict[str, list]:
     for p, d, s, acc in rows:
         values = dict(
             run_id="tiny",
+            drafter="draft-model",
             prompt_id=p,
             domain=d,
             step=s,

@@ -46,6 +46,7 @@ def tables(prompts: list[tuple[str, str]], steps: int, value) -> tuple[dict, dic
                     accepted = max(accepted, depth)
                 row = dict(
                     run_id="hand",
+                    drafter="draft-model",
                     prompt_id=p,
                     domain=d,
                     step=s,
@@ -70,6 +71,7 @@ def tables(prompts: list[tuple[str, str]], steps: int, value) -> tuple[dict, dic
                     nodes[k].append(row[k])
             row = dict(
                 run_id="hand",
+                drafter="draft-model",
                 prompt_id=p,
                 domain=d,
                 step=s,
@@ -89,6 +91,7 @@ def tables(prompts: list[tuple[str, str]], steps: int, value) -> tuple[dict, dic
     for i, (p, d) in enumerate(prompts):
         row = dict(
             run_id="hand",
+            drafter="draft-model",
             prompt_id=p,
             domain=d,
             order=i,

@@ -35,6 +35,7 @@ from .core.loop import (
 )
 from .core.passes import greedy_token
 from .core.sampling import speculative_sample, warp
+from .drafters import DrafterConfig, lookup_for
 from .trees import DynamicTree, Speculation
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "DecodeResult",
     "Step",
     "SpeculativeDecoder",
+    "check_drafter_fits",
     "check_spec_fits",
     "make_decoder",
     "plain_generate",
@@ -124,13 +126,41 @@ def check_spec_fits(spec: Speculation, vocab: int) -> None:
         spec.check_fits(vocab)
 
 
-def make_decoder(pair) -> SpeculativeDecoder:
-    """The decoder of a loaded :class:`~specscope.models.ModelPair`."""
+def make_decoder(pair, drafter: DrafterConfig | None = None) -> SpeculativeDecoder:
+    """The decoder of a loaded :class:`~specscope.models.ModelPair`, drafting with the pair's
+    drafter or ``drafter``: the pair's draft model (which must be loaded), an early exit of its
+    target (a view sharing the target's weights) or n-gram lookup (no model)."""
+    from .models.load import drafter_model
     from .prompts.render import eos_token_ids
 
+    drafter = drafter or pair.drafter
+    if drafter.kind == "draft-model":
+        if pair.draft is None or pair.drafter.kind != "draft-model":
+            raise DecodeError("the draft-model drafter needs a pair loaded with its draft model")
+        draft = pair.draft.model
+    elif drafter == pair.drafter:
+        draft = None if pair.draft is None else pair.draft.model
+    else:
+        view = drafter_model(drafter, pair.target)
+        draft = None if view is None else view.model
     return SpeculativeDecoder(
-        pair.draft.model, pair.target.model, pair.vocab_size, frozenset(eos_token_ids(pair))
+        draft,
+        pair.target.model,
+        pair.vocab_size,
+        frozenset(eos_token_ids(pair)),
+        lookup_for(drafter),
     )
+
+
+def check_drafter_fits(drafter: DrafterConfig, spec: Speculation) -> None:
+    """Refuse a tree the drafter cannot propose: a chain-only drafter (n-gram) gets chains."""
+    if not drafter.spec.chain_only or spec is None:
+        return
+    if isinstance(spec, DynamicTree) or any(c != 1 for c in spec.depth_counts()):
+        raise DecodeError(
+            f"the {drafter.kind} drafter proposes one chain: use --policy chain --depth K, "
+            "not a tree"
+        )
 
 
 def steps_frame(result: DecodeResult):

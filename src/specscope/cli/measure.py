@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from . import drafting
 from .app import command
 
 # --- run (measurement engine) ------------------------------------------------------------------
@@ -88,8 +89,14 @@ def run(
         help="Replace the specscope run in --out (only a run; after every input is checked) and start over.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    drafter: str | None = drafting.DRAFTER,
+    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = drafting.EXIT_LAYER,
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
+    import dataclasses
+
     from ..files import local_location
     from ..measure.checks import default_batch_size
     from ..run.config import RunConfigError, load_config
@@ -103,6 +110,9 @@ def run(
     if any(len(pair) != 2 for pair in overrides):
         raise RunConfigError(f"--source takes DOMAIN=SOURCE, got {source}")
     base = load_config(config)
+    chosen = drafting.drafter_config(
+        drafter, prompt_lookup_min, prompt_lookup_max, exit_layer, base.drafter
+    )
     if smoke or prompt_file:  # an explicit prompt choice replaces the preset's
         base = base.replace(**{"prompts.domains": (), "prompts.per_domain": None})
     cfg = base.replace(
@@ -129,6 +139,7 @@ def run(
             "max_prompt_tokens": max_prompt_tokens,
             "rendering": rendering,
             "seed": seed,
+            "drafter": dataclasses.asdict(chosen) if chosen else None,
         }
     )
     if int8:

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from ..records import ALL_DOMAINS
+from . import drafting
 from .app import command, fail
 
 # --- decode / tune / bench -------------------------------------------------------------------
@@ -20,9 +21,12 @@ def _decode_pair(
     trust_remote_code: bool,
     int8: bool = False,
     base: dict | None = None,
+    drafter=None,
 ):
-    """Load a pair (``base``: a run's [pair] section) with command-line overrides; remote code
-    runs only with ``--trust-remote-code``, whatever the run's manifest says."""
+    """Load a pair (``base``: a run's [pair] section) with command-line overrides, and the
+    drafter's model if it has one (default: the draft model); remote code runs only with
+    ``--trust-remote-code``, whatever the run's manifest says."""
+    from ..drafters import DrafterConfig
     from ..models import PairConfig, load_pair
     from ..run.config import remote_code_from_command_line
 
@@ -40,7 +44,7 @@ def _decode_pair(
         fields["quantize"] = "int8"
         fields["dtype"] = dtype or "float32"
     try:  # a ModelLoadError is reported by the command decorator
-        return load_pair(PairConfig(**fields))
+        return load_pair(PairConfig(**fields), drafter or DrafterConfig())
     except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
         fail(str(e))
 
@@ -164,9 +168,14 @@ def decode(
     trust_remote_code: bool = _D_TRUST,
     threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
+    drafter: str | None = drafting.DRAFTER,
+    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = drafting.EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
-    from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
+    from ..decode import DecodeConfig, DecodeError, check_drafter_fits, make_decoder, steps_frame
+    from ..drafters import DrafterConfig
     from ..files import read_text
     from ..prompts.render import render_prompt
     from ..records import load_run
@@ -213,8 +222,13 @@ def decode(
             paths=paths,
             acceptance=vector,
         )
+    chosen = (
+        drafting.drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
+        or DrafterConfig()
+    )
+    check_drafter_fits(chosen, spec)
     _set_threads(threads)
-    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
+    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, drafter=chosen)
     ids = render_prompt(
         pair.tokenizer,
         [{"role": "user", "content": text}],
@@ -225,7 +239,7 @@ def decode(
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
     where = f"domain {routed}: " if routed else ""
     typer.secho(
-        f"{where}{describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
+        f"{where}{chosen.label}, {describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
         f"({result.tokens_per_s:.2f} tok/s), {len(result.steps)} steps, mean tau "
         f"{result.mean_tau:.2f}, stop: {result.stop_reason}",
         err=True,
@@ -359,7 +373,7 @@ def bench(
     ),
     methods: str = typer.Option(
         "plain,assisted,chain,uniform,routed",
-        help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic.",
+        help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
     ),
     router_name: str = typer.Option(
         "rules",
@@ -377,15 +391,21 @@ def bench(
     trust_remote_code: bool = _D_TRUST,
     threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
+    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = drafting.EXIT_LAYER,
 ) -> None:
-    """Tokens per second of plain, assisted, chain, uniform-tree and routed decoding, per domain."""
+    """Tokens per second of plain, assisted, chain, uniform-tree, routed, dynamic, ngram and
+    early-exit decoding, per domain."""
     import dataclasses
+    import functools
 
     import torch
     from rich.table import Table
 
     from ..console import make_console
     from ..decode import make_decoder
+    from ..drafters import DrafterConfig
     from ..files import check_output_file, write_json
     from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
     from ..tune.policy import PolicyFile
@@ -400,6 +420,12 @@ def bench(
         chain_depth=chain_depth,
         min_path_prob=min_path_prob,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        ngram=DrafterConfig(
+            "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max
+        ),
+        early_exit=None
+        if exit_layer is None
+        else DrafterConfig("early-exit", exit_layer=exit_layer),
     )
     policy = PolicyFile.load(policy_file) if policy_file else None
     names = [d.strip() for d in domains.split(",") if d.strip()]
@@ -423,9 +449,15 @@ def bench(
     console.print(table)
     router, items = chosen.routers[router_name], chosen.items
     _set_threads(threads)
+    if config.early_exit is not None:  # the exit layer is checked before any weights load
+        from ..models.load import target_layers
+
+        config.early_exit.check_target_layers(
+            target_layers(target or "demo:target", trust_remote_code)
+        )
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
     runs = run_bench(
-        make_decoder(pair),
+        functools.cache(lambda drafter: make_decoder(pair, drafter)),
         pair.tokenizer,
         items,
         policy,

@@ -193,7 +193,7 @@ class Batch:
         tokens = torch.zeros(len(self.rows), n, dtype=torch.long)
         proposed = []
         for b, row in enumerate(self.rows):
-            chain = self.lookup(row.context)[:n]
+            chain = self.lookup(row.context, n)
             tokens[b, : len(chain)] = torch.tensor(chain, dtype=torch.long)
             proposed.append(len(chain))
         return tokens, None, torch.arange(n), proposed

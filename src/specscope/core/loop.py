@@ -4,7 +4,8 @@ one request at a time (B = 1, as gpt-fast and Medusa do).
 One step, for a context of L tokens whose first L - 1 sit in the target's KV cache:
 
     draft   -> feed the draft the tokens its cache lacks, then grow the tree level by level, each
-               level's frontier in ONE batched call (4D tree mask, positions L + depth - 1)
+               level's frontier in ONE batched call (4D tree mask, positions L + depth - 1); or,
+               with a model-free drafter (``lookup``), the chain it proposes from the context
     verify  -> the target scores the last context token and the tree's nodes in ONE pass
     accept  -> an :class:`Acceptor` picks the accepted path and the token after it
     commit  -> keep the accepted path's cache entries, drop the rest; append the path and the
@@ -26,6 +27,7 @@ from typing import Protocol
 
 import torch
 
+from ..drafters import Lookup
 from ..errors import SpecscopeError
 from ..trees import DynamicTree, TreeShape, cut_depth
 from . import stages
@@ -98,9 +100,9 @@ class DecodeResult:
 class Session:
     """One prompt in flight: its tokens and both caches.
 
-    The target cache holds ``tokens[:-1]``; the draft cache holds ``tokens[:draft_len]`` (it may
-    lag when it did not feed the whole accepted path) and, during a step, the tree nodes in
-    ``fed`` order.
+    The target cache holds ``tokens[:-1]``; the draft cache (None without a draft model) holds
+    ``tokens[:draft_len]`` (it may lag when it did not feed the whole accepted path) and, during a
+    step, the tree nodes in ``fed`` order.
     """
 
     tokens: list[int]
@@ -130,19 +132,29 @@ class Acceptor(Protocol):
 
 @dataclass
 class Speculator:
-    """A draft and a target model; the stages of one speculation step, and the loop."""
+    """A drafter and a target model; the stages of one speculation step, and the loop.
 
-    draft: torch.nn.Module
+    The drafter is a draft model (``draft``), or a model-free ``lookup`` with ``draft`` None: it
+    proposes one chain, whose tokens are point masses (no q), and a step where it proposes nothing
+    is a plain decoding step.
+    """
+
+    draft: torch.nn.Module | None
     target: torch.nn.Module
     vocab: int
     eos: frozenset[int] = frozenset()
+    lookup: Lookup | None = None
+
+    def __post_init__(self) -> None:
+        if (self.draft is None) == (self.lookup is None):
+            raise DecodeError("a speculator needs exactly one of a draft model and a lookup")
 
     # prefill ----------------------------------------------------------------------------------
 
     def check_fits(self, prompt: Sequence[int], max_new_tokens: int, depth: int) -> None:
         if not prompt:
             raise DecodeError("the prompt has no tokens")
-        limit = position_limit(self.draft, self.target)
+        limit = position_limit(*(m for m in (self.draft, self.target) if m is not None))
         need = len(prompt) + max_new_tokens + depth
         if need > limit:
             raise DecodeError(
@@ -155,7 +167,7 @@ class Speculator:
         logits [vocab] at the prompt's end."""
         prompt = list(prompt)
         target_cache, logits = prefill(self.target, prompt, logits=True)
-        draft_cache, _ = prefill(self.draft, prompt[:-1])
+        draft_cache = None if self.draft is None else prefill(self.draft, prompt[:-1])[0]
         s = Session(
             prompt, target_cache, draft_cache, len(prompt) - 1, torch.Generator().manual_seed(seed)
         )
@@ -192,12 +204,27 @@ class Speculator:
         s.fed.extend(nodes)
         return logits[0]
 
-    def draft_tree(self, s: Session, spec: TreeShape | DynamicTree, rule: ChildRule) -> DraftTree:
+    def draft_tree(
+        self, s: Session, spec: TreeShape | DynamicTree, rule: ChildRule
+    ) -> DraftTree | None:
+        """The step's tree; None when a model-free drafter proposes nothing."""
+        if self.lookup is not None:
+            return self.propose(s, len(spec))
         root = self.draft_root(s)
         feed_level = lambda *a: self.draft_level(s, *a)  # noqa: E731
         if isinstance(spec, DynamicTree):
             return draft_dynamic(spec, root, feed_level, rule, s.fed)
         return draft_static(spec, root, feed_level, rule, s.generator, s.fed)
+
+    def propose(self, s: Session, k: int) -> DraftTree | None:
+        """A model-free drafter's chain of at most ``k`` tokens: point-mass proposals, nothing in
+        a draft cache."""
+        chain = self.lookup(s.tokens, k)
+        if not chain:
+            return None
+        n = len(chain)
+        shape = TreeShape(tuple(range(-1, n - 1)), (0,) * n)
+        return DraftTree(shape, torch.tensor(chain, dtype=torch.long), None, [0] * n, [-1] * n)
 
     # verify -------------------------------------------------------------------------------------
 
@@ -230,7 +257,8 @@ class Speculator:
             if tree.draft_slot[n] < 0:
                 break
             in_draft.append(L + tree.draft_slot[n])
-        keep_positions(s.draft_cache, list(range(L)) + in_draft)
+        if s.draft_cache is not None:
+            keep_positions(s.draft_cache, list(range(L)) + in_draft)
         s.draft_len = L + len(in_draft)
         emitted = [int(tree.tokens[n]) for n in accepted.path] + [int(accepted.bonus)]
         s.tokens.extend(emitted)
@@ -266,16 +294,26 @@ class Speculator:
             )
             tree = self.draft_tree(s, tree_spec, acceptor.rule)
             t1 = time.perf_counter()
-            logits = self.verify(s, tree)
-            t2 = time.perf_counter()
-            accepted = acceptor.accept(s, tree, logits)
             context_len = len(s.tokens)
-            emitted = self.commit_path(s, tree, accepted)
+            if tree is None:  # nothing proposed: a plain decoding step
+                logits = feed_one(self.target, s.target_cache, s.tokens[-1])
+                t2 = time.perf_counter()
+                rule = acceptor.rule
+                emitted = [
+                    next_token(logits, self.vocab, rule.temperature, rule.top_p, s.generator)
+                ]
+                s.tokens.extend(emitted)
+                accepted = Accepted([], emitted[0])
+            else:
+                logits = self.verify(s, tree)
+                t2 = time.perf_counter()
+                accepted = acceptor.accept(s, tree, logits)
+                emitted = self.commit_path(s, tree, accepted)
             steps.append(
                 Step(
                     len(steps),
                     context_len,
-                    len(tree.shape),
+                    0 if tree is None else len(tree.shape),
                     len(accepted.path),
                     len(accepted.path) + 1,
                     emitted[0],

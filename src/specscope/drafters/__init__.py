@@ -27,13 +27,14 @@ __all__ = [
     "propose_ngram",
 ]
 
-Lookup = Callable[[Sequence[int]], list[int]]
+# (the context so far, the most tokens wanted) -> the chain proposed ([]: no proposal)
+Lookup = Callable[[Sequence[int], int], list[int]]
 
 
-def lookup_for(drafter: DrafterConfig, k: int) -> Lookup | None:
-    """A model-free drafter as a function: a context -> the chain (at most ``k`` tokens) it
+def lookup_for(drafter: DrafterConfig) -> Lookup | None:
+    """A model-free drafter as a function: (context, k) -> the chain of at most ``k`` tokens it
     proposes; None for drafters that run a model."""
     if drafter.kind != "ngram":
         return None
     lo, hi = drafter.params["prompt_lookup_min"], drafter.params["prompt_lookup_max"]
-    return lambda context: propose_ngram(context, lo, hi, k)
+    return lambda context, k: propose_ngram(context, lo, hi, k)

@@ -60,7 +60,7 @@ class NaiveOracle:
             return softmax(logits[:, L + shape.depths[frontier[0]] - 1], self.vocab)[None]
 
         if self.lookup is not None:
-            chain = self.lookup(context)[:N]
+            chain = self.lookup(context, N)
             tokens = torch.zeros(N, dtype=torch.long)
             tokens[: len(chain)] = torch.tensor(chain, dtype=torch.long)
             q, q_index, proposed = None, torch.arange(N), len(chain)

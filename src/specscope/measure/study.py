@@ -97,7 +97,7 @@ def observe(
 ) -> NodeRecords:
     """Record one step's nodes (and certificates) with the prompt."""
     record = step_record(scores, shape)
-    record.nodes["step"] = np.full(len(shape), len(state.node_cols), dtype=np.int32)
+    record.nodes["step"] = np.full(scores.proposed, len(state.node_cols), dtype=np.int32)
     # the step row keeps its root context's margin and KL (node 0 is a root), certificates or not
     step_extras = {"target_margin": record.root_margin, "kl_target_draft": record.root_kl}
     if criteria is not None:
@@ -195,7 +195,7 @@ def measure_naive(
         pair.draft and pair.draft.model,
         pair.target.model,
         pair.vocab_size,
-        lookup_for(pair.drafter, len(shape)),
+        lookup_for(pair.drafter),
     )
     eos = eos_token_ids(pair)
     for state in states:
@@ -236,7 +236,7 @@ def measure_rows(
         pair.draft and pair.draft.model,
         pair.target.model,
         pair.vocab_size,
-        lookup_for(pair.drafter, len(shape)),
+        lookup_for(pair.drafter),
     )
     batch.refill([], join(batch_size))
     while batch.rows:

@@ -91,7 +91,10 @@ def check_records(run: Run) -> None:
             if column not in df or len(df) == 0:
                 continue
             values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+            # NaN allowed: certificates and times not taken; KL(p || q) of a point-mass proposal
+            # (a model-free drafter has no q)
             nullable = column.startswith("cert_") or column.endswith("_time_s")
+            nullable |= column == "kl_target_draft"
             bad = ~((values >= lo) & (values <= hi))
             if nullable:
                 bad &= ~np.isnan(values)

@@ -117,7 +117,7 @@ class RunConfig:
             object.__setattr__(self, "criteria", None)
         if self.drafter.spec.chain_only and self.tree.policy != "chain":
             raise RunConfigError(
-                f"the {self.drafter.kind} drafter proposes one chain: use --tree chain --depth K "
+                f"the {self.drafter.kind} drafter proposes one chain: use --policy chain --depth K "
                 f"(K tokens per step), not tree policy {self.tree.policy!r}"
             )
         if self.engine not in ENGINES:

@@ -1,5 +1,6 @@
 """``specscope bench``: tokens per second of plain, assisted (transformers), chain, uniform-tree,
-routed and dynamic decoding, per domain, every method on every prompt with methods interleaved.
+routed and dynamic decoding, and of chains from the model-free and early-exit drafters (``ngram``,
+``early-exit``), per domain, every method on every prompt with methods interleaved.
 
 Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specscope.tune.policy`).
 """
@@ -7,13 +8,14 @@ Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specs
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
+from ..drafters import DrafterConfig
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
@@ -30,7 +32,18 @@ from .router import (
 
 # --- bench -----------------------------------------------------------------------------------------
 
-BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed", "dynamic")
+BENCH_METHODS = (
+    "plain",
+    "assisted",
+    "chain",
+    "uniform",
+    "routed",
+    "dynamic",
+    "ngram",
+    "early-exit",
+)
+# method -> the drafter it runs (the others draft with the pair's draft model or none)
+DRAFTER_METHODS = {"ngram": "ngram", "early-exit": "early-exit"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class BenchConfig:
     dynamic: DynamicTree = DynamicTree()
     rendering: str = "task"  # see specscope.prompts.render
     max_prompt_tokens: int = 512
+    ngram: DrafterConfig = DrafterConfig("ngram")  # the 'ngram' method's chain of chain_depth
+    early_exit: DrafterConfig | None = None  # the 'early-exit' method's (needs exit_layer)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in BENCH_METHODS]
@@ -70,6 +85,18 @@ class BenchConfig:
             )
         if not 0 <= self.min_path_prob < 1:  # NaN fails too
             raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
+        if "early-exit" in self.methods and self.early_exit is None:
+            raise DecodeError("the bench method 'early-exit' needs an exit layer (--exit-layer)")
+        for method, kind in DRAFTER_METHODS.items():
+            drafter = self.drafter(method)
+            if drafter is not None and drafter.kind != kind:
+                raise DecodeError(
+                    f"the {method!r} method runs the {kind} drafter, not {drafter.kind}"
+                )
+
+    def drafter(self, method: str) -> DrafterConfig | None:
+        """The drafter a method runs; None: the pair's draft model (or no speculation)."""
+        return {"ngram": self.ngram, "early-exit": self.early_exit}.get(method)
 
 
 @dataclass(frozen=True)
@@ -182,13 +209,20 @@ def bench_prompts(
     )
 
 
-def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConfig) -> dict:
+# a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
+DecoderFor = Callable[[DrafterConfig], SpeculativeDecoder]
+
+
+def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) -> dict:
     """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain, first-token s)."""
     greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
+    decoder = decoder_for(DrafterConfig())
 
-    def run(spec):
+    def run(spec, drafter: DrafterConfig | None = None):
+        speculator = decoder if drafter is None else decoder_for(drafter)
+
         def fn(ids, text):
-            r = decoder.generate(ids, spec, greedy)
+            r = speculator.generate(ids, spec, greedy)
             return r.tokens, len(r.steps), "", r.steps[0].step_time_s
 
         return fn
@@ -215,6 +249,7 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
         "uniform": run(policy.uniform if policy else chain),
         "routed": routed,
         "dynamic": run(config.dynamic),
+        **{m: run(chain, config.drafter(m)) for m in DRAFTER_METHODS if m in config.methods},
     }
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
@@ -222,7 +257,7 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
 
 
 def run_bench(
-    decoder: SpeculativeDecoder,
+    decoder_for: DecoderFor,
     tokenizer,
     items,
     policy,
@@ -231,7 +266,7 @@ def run_bench(
     log=None,
 ) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
-    methods = bench_methods(decoder, policy, router, config)
+    methods = bench_methods(decoder_for, policy, router, config)
     rendered = [
         render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
         for item in items

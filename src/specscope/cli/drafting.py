@@ -1,0 +1,57 @@
+"""The drafter options of the commands that speculate (``run``, ``decode``, ``tune``, ``bench``):
+``--drafter``, ``--prompt-lookup-min``/``--prompt-lookup-max`` and ``--exit-layer``, turned into a
+validated :class:`~specscope.drafters.DrafterConfig` before any model loads."""
+
+from __future__ import annotations
+
+import typer
+
+from ..drafters import DRAFTERS, DrafterConfig
+
+DRAFTER = typer.Option(
+    None,
+    "--drafter",
+    help=f"What proposes the tree: {', '.join(DRAFTERS)} (default: draft-model, or the config's).",
+)
+PROMPT_LOOKUP_MIN = typer.Option(
+    None,
+    "--prompt-lookup-min",
+    help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min; default 5, or --prompt-lookup-max).",
+)
+PROMPT_LOOKUP_MAX = typer.Option(
+    None,
+    "--prompt-lookup-max",
+    help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
+)
+EXIT_LAYER = typer.Option(
+    None,
+    "--exit-layer",
+    help="early-exit: the target's layers the draft runs (1 .. the target's layers - 1).",
+)
+
+
+def drafter_config(
+    kind: str | None,
+    prompt_lookup_min: int | None,
+    prompt_lookup_max: int | None,
+    exit_layer: int | None,
+    base: DrafterConfig | None = None,
+) -> DrafterConfig | None:
+    """The drafter the options ask for, or None when none is given. ``--drafter`` starts a drafter
+    afresh; parameters alone change ``base``'s (a config's or a run's drafter). A parameter of
+    another drafter is a :class:`~specscope.drafters.DrafterError` naming it."""
+    given = {
+        name: value
+        for name, value in dict(
+            prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max,
+            exit_layer=exit_layer,
+        ).items()
+        if value is not None
+    }
+    if kind is None and not given:
+        return None
+    if kind is None:
+        start = base or DrafterConfig()
+        return DrafterConfig(**{**start.__dict__, **given})
+    return DrafterConfig(kind, **given)
