@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from specscope.cli import app
 from specscope.decode import DecodeError
+from specscope.drafters import DrafterConfig
 from specscope.prompts.items import PromptItem
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import AcceptanceVector, PolicyError, acceptance_vectors
@@ -20,6 +21,7 @@ from specscope.tune.bench import BenchConfig, summarize_bench
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree
 from specscope.tune.policy import (
+    Choice,
     PolicyFile,
     TuneConfig,
     best_tree,
@@ -169,6 +171,140 @@ def test_policy_file_errors(tmp_path, content, message):
     path.write_text(json.dumps(content))
     with pytest.raises(PolicyError, match=message):
         PolicyFile.load(path)
+
+
+NGRAM_2_4 = {"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def test_policy_file_drafters_round_trip_json_and_toml(tmp_path):
+    chain3 = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    policy = PolicyFile(
+        trees={"code": chain3, "math": TreeShape.from_paths([(0,), (1,)]), "chat": None},
+        uniform=TreeShape.from_paths([(0,)]),
+        drafters={"code": DrafterConfig("ngram", 2, 4)},
+        uniform_drafter=DrafterConfig("early-exit", exit_layer=8),
+    )
+    written = policy.to_dict()
+    assert written["domains"] == {
+        "code": {"tree": "[(0,), (0, 0), (0, 0, 0)]", "drafter": NGRAM_2_4},
+        "math": {"tree": "[(0,), (1,)]"},  # the draft model: no drafter entry
+        "chat": {"tree": "none"},
+    }
+    assert written["uniform"] == {
+        "tree": "[(0,)]",
+        "drafter": {"kind": "early-exit", "exit_layer": 8},
+    }
+    loaded = PolicyFile.load(policy.save(tmp_path / "policy.json"))
+    assert loaded.drafters == policy.drafters and loaded.uniform_drafter == policy.uniform_drafter
+    assert loaded.drafter_for("code").label == "ngram(prompt_lookup_min=2, prompt_lookup_max=4)"
+    assert loaded.drafter_for("math") == DrafterConfig()
+    assert loaded.drafter_for("reasoning").kind == "early-exit"  # not listed: the uniform's
+    assert loaded.to_dict() == written
+    toml = tmp_path / "policy.toml"
+    toml.write_text(
+        '[domains.code]\ntree = "[(0,), (0, 0), (0, 0, 0)]"\n'
+        '[domains.code.drafter]\nkind = "ngram"\nprompt_lookup_min = 2\nprompt_lookup_max = 4\n'
+        '[domains.math]\ntree = "[(0,), (1,)]"\n[domains.chat]\ntree = "none"\n'
+        '[uniform]\ntree = "[(0,)]"\ndrafter = {kind = "early-exit", exit_layer = 8}\n'
+    )
+    from_toml = PolicyFile.load(toml)
+    assert from_toml.to_dict() == written
+    again = PolicyFile.load(from_toml.save(tmp_path / "again.json"))
+    assert again.drafters == policy.drafters and again.trees == policy.trees
+    # ngram with no bounds is written with vLLM's defaults (both 5), as the engine runs it
+    bare = PolicyFile(trees={"code": chain3}, drafters={"code": DrafterConfig("ngram")})
+    assert bare.to_dict()["domains"]["code"]["drafter"] == {
+        "kind": "ngram",
+        "prompt_lookup_min": 5,
+        "prompt_lookup_max": 5,
+    }
+
+
+def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
+    policy = tune(_nodes_frame(), COSTS, TuneConfig(min_count=1))
+    assert policy.drafters == {} and policy.uniform_drafter == DrafterConfig()
+    written = policy.to_dict()
+    assert not any("drafter" in e for e in (*written["domains"].values(), written["uniform"]))
+    loaded = PolicyFile.load(policy.save(tmp_path / "policy.json"))
+    assert loaded.to_dict()["domains"] == {
+        d: {"tree": e["tree"]} for d, e in written["domains"].items()
+    }
+    # the domain policy takes its drafter as an argument (tune will choose it)
+    choice = Choice(TreeShape.from_paths([(0,)]), 1.5, 1.2, 0.1, DrafterConfig("ngram", 1, 3))
+    assert choice.drafter.params == {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize(
+    "drafter, tree, message",
+    [
+        ("ngram", '"[(0,)]"', "drafter must be a table such as"),
+        ({"prompt_lookup_min": 2}, '"[(0,)]"', r"drafter.kind must be one of draft-model, ngram, "),
+        ({"kind": "medusa"}, '"[(0,)]"', r"drafter: unknown drafter 'medusa'; choose one of"),
+        (
+            {"kind": "ngram", "prompt_lookup_min": 0},
+            '"[(0,)]"',
+            r"drafter: prompt_lookup_min must be an integer >= 1, got 0$",
+        ),
+        (
+            {"kind": "ngram", "prompt_lookup_min": 2.0},
+            '"[(0,)]"',
+            r"prompt_lookup_min must be an integer >= 1, got 2.0$",
+        ),
+        (
+            {"kind": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            '"[(0,)]"',
+            r"prompt_lookup_min \(4\) must be <= prompt_lookup_max \(2\)",
+        ),
+        (
+            {"kind": "ngram", "exit_layer": 3},
+            '"[(0,)]"',
+            "exit_layer is a parameter of the early-exit drafter, not of ngram",
+        ),
+        ({"kind": "early-exit"}, '"[(0,)]"', "the early-exit drafter needs exit_layer"),
+        (
+            {"kind": "ngram", "lookahead": 3},
+            '"[(0,)]"',
+            r"drafter has unknown field 'lookahead'; allowed: kind, prompt_lookup_min, "
+            r"prompt_lookup_max, exit_layer$",
+        ),
+        (
+            NGRAM_2_4,
+            '"[(0,), (1,), (0, 0)]"',
+            r"the ngram drafter proposes one chain, but tree \[\(0,\), \(1,\), \(0, 0\)\] "
+            r"has branches; give a chain",
+        ),
+        (NGRAM_2_4, '"none"', "with tree none; a domain that does not speculate has no drafter"),
+    ],
+)
+def test_policy_file_drafter_errors_name_the_domain_and_field(tmp_path, drafter, tree, message):
+    path = tmp_path / "bad.json"
+    path.write_text(
+        f'{{"domains": {{"code": {{"tree": {tree}, "drafter": {json.dumps(drafter)}}}}}}}'
+    )
+    with pytest.raises(PolicyError, match=rf"^{path}: domain 'code': ") as error:
+        PolicyFile.load(path)
+    assert "\n" not in str(error.value)
+    with pytest.raises(PolicyError, match=message):
+        PolicyFile.load(path)
+
+
+def test_policy_drafters_are_checked_when_built_in_code():
+    with pytest.raises(
+        PolicyError, match=r"^domain 'math' has a drafter \(ngram\(.*\)\) but no tree"
+    ):
+        PolicyFile(trees={"code": None}, drafters={"math": DrafterConfig("ngram")})
+    with pytest.raises(PolicyError, match=r"^uniform: the ngram drafter proposes one chain"):
+        PolicyFile(
+            trees={},
+            uniform=TreeShape.from_paths([(0,), (1,)]),
+            uniform_drafter=DrafterConfig("ngram"),
+        )
+    # early exit drafts trees as the draft model does
+    tree = TreeShape.from_paths([(0,), (1,)])
+    policy = PolicyFile(
+        trees={"code": tree}, drafters={"code": DrafterConfig("early-exit", exit_layer=2)}
+    )
+    assert policy.drafter_for("code").exit_layer == 2
 
 
 def test_policy_file_not_json(tmp_path):

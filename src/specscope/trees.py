@@ -148,6 +148,11 @@ class TreeShape:
     def depth_counts(self) -> tuple[int, ...]:
         return tuple(self.depths.count(d) for d in range(1, self.max_depth + 1))
 
+    @property
+    def is_chain(self) -> bool:
+        """One node per depth, each the draft's top-1: ``[(0,), (0, 0), ...]``."""
+        return all(rank == 0 for rank in self.ranks) and len(self) == self.max_depth
+
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: mask[i, j] is True iff j is i or an ancestor of i (i may attend to j)."""
         return ancestor_mask(self.parents)

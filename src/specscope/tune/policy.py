@@ -1,6 +1,11 @@
 """Which speculation to use: policy names as trees (``make_speculation``), the tree of best
 predicted speed-up per domain (``tune``), and that choice as a validated JSON or TOML file
 (:class:`PolicyFile`).
+
+A policy file's domain entry is ``{"tree": ...}`` with, for a drafter other than the draft model,
+``"drafter": {"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}`` (or
+``{"kind": "early-exit", "exit_layer": 8}``); no ``drafter`` means the draft model, so files
+written before drafters existed read, and are written, unchanged.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..drafters.config import DRAFTERS, DrafterConfig, DrafterError
 from ..files import read_json_object, read_toml_table, write_json
 from ..prompts.domains import DOMAINS
 from ..trees import DynamicTree, Speculation, TreeConfig, TreeConfigError, TreeShape
@@ -103,12 +109,13 @@ SPECULATIONS = {
 
 @dataclass(frozen=True)
 class Choice:
-    """The tree chosen for one domain, with its predicted figures."""
+    """The tree chosen for one domain, the drafter that proposes it, and its predicted figures."""
 
     shape: TreeShape | None
     expected_tau: float
     predicted_speedup: float
     step_time_s: float
+    drafter: DrafterConfig = DrafterConfig()  # tune does not choose it yet: the draft model
 
     def to_dict(self) -> dict:
         return {
@@ -186,6 +193,7 @@ def tune(
         for name, acc in vectors.items()
     }
     uniform = choices.pop(ALL_DOMAINS)
+    drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
     info = {
         "cost_model": costs.to_dict(),
         "tune": dict(vars(config)),
@@ -197,6 +205,8 @@ def tune(
         uniform=uniform.shape,
         choices={**choices, ALL_DOMAINS: uniform},
         info=info,
+        drafters=drafters,
+        uniform_drafter=uniform.drafter,
     )
 
 
@@ -205,26 +215,49 @@ def tune(
 
 @dataclass
 class PolicyFile:
-    """Per-domain trees (None: no speculation) and the uniform tree for any other domain."""
+    """Per-domain trees (None: no speculation) and the uniform tree for any other domain, each
+    with the drafter that proposes it (not listed in ``drafters``: the draft model)."""
 
     trees: dict[str, TreeShape | None]
     uniform: TreeShape | None = None
     choices: dict[str, Choice] = field(default_factory=dict)  # predicted figures, if tuned
     info: dict = field(default_factory=dict)
+    drafters: dict[str, DrafterConfig] = field(default_factory=dict)
+    uniform_drafter: DrafterConfig = DrafterConfig()
+
+    def __post_init__(self) -> None:
+        for domain, drafter in self.drafters.items():
+            if domain not in self.trees:
+                raise PolicyError(
+                    f"domain {domain!r} has a drafter ({drafter.label}) but no tree; "
+                    f"domains with trees: {', '.join(self.trees) or 'none'}"
+                )
+            check_drafter(f"domain {domain!r}", self.trees[domain], drafter)
+        check_drafter("uniform", self.uniform, self.uniform_drafter)
 
     def tree_for(self, domain: str) -> TreeShape | None:
         return self.trees.get(domain, self.uniform)
 
+    def drafter_for(self, domain: str) -> DrafterConfig:
+        """The drafter of ``domain``'s tree (the uniform tree's for a domain not listed)."""
+        if domain in self.trees:
+            return self.drafters.get(domain, DrafterConfig())
+        return self.uniform_drafter
+
     def to_dict(self) -> dict:
-        def entry(name: str, shape: TreeShape | None) -> dict:
+        def entry(name: str, shape: TreeShape | None, drafter: DrafterConfig) -> dict:
             if name in self.choices:
-                return self.choices[name].to_dict()
-            return {"tree": shape.to_paths_literal() if shape else "none"}
+                written = self.choices[name].to_dict()
+            else:
+                written = {"tree": shape.to_paths_literal() if shape else "none"}
+            if drafter != DrafterConfig():  # the draft model: no entry, as before drafters
+                written["drafter"] = {"kind": drafter.kind, **drafter.params}
+            return written
 
         return {
             "format": POLICY_FORMAT,
-            "domains": {d: entry(d, s) for d, s in self.trees.items()},
-            "uniform": entry(ALL_DOMAINS, self.uniform),
+            "domains": {d: entry(d, s, self.drafter_for(d)) for d, s in self.trees.items()},
+            "uniform": entry(ALL_DOMAINS, self.uniform, self.uniform_drafter),
             **self.info,
         }
 
@@ -250,10 +283,70 @@ class PolicyFile:
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
         if unknown:
             raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
-        trees = {d: _parse_tree(e, f"{where}: domain {d!r}") for d, e in data["domains"].items()}
-        uniform = _parse_tree(data["uniform"], f"{where}: uniform") if "uniform" in data else None
+        trees, drafters = {}, {}
+        for domain, entry in data["domains"].items():
+            label = f"{where}: domain {domain!r}"
+            trees[domain] = _parse_tree(entry, label)
+            drafters[domain] = _parse_drafter(entry, label)
+            check_drafter(label, trees[domain], drafters[domain])
+        uniform, uniform_drafter = None, DrafterConfig()
+        if "uniform" in data:
+            uniform = _parse_tree(data["uniform"], f"{where}: uniform")
+            uniform_drafter = _parse_drafter(data["uniform"], f"{where}: uniform")
+            check_drafter(f"{where}: uniform", uniform, uniform_drafter)
         info = {k: v for k, v in data.items() if k not in ("format", "domains", "uniform")}
-        return cls(trees=trees, uniform=uniform, info=info)
+        return cls(
+            trees=trees,
+            uniform=uniform,
+            info=info,
+            drafters={d: v for d, v in drafters.items() if v != DrafterConfig()},
+            uniform_drafter=uniform_drafter,
+        )
+
+
+def check_drafter(where: str, shape: TreeShape | None, drafter: DrafterConfig) -> None:
+    """A drafter other than the draft model needs a tree, and a chain-only drafter a chain."""
+    if drafter == DrafterConfig():
+        return
+    if shape is None:
+        raise PolicyError(
+            f"{where}: drafter {drafter.label} with tree none; a domain that does not "
+            "speculate has no drafter (drop 'drafter', or give a tree)"
+        )
+    if drafter.spec.chain_only and not shape.is_chain:
+        raise PolicyError(
+            f"{where}: the {drafter.kind} drafter proposes one chain, but tree "
+            f"{shape.to_paths_literal()} has branches; give a chain such as "
+            "[(0,), (0, 0), (0, 0, 0)]"
+        )
+
+
+# the keys a policy file's drafter table takes: kind and every drafter's parameters
+DRAFTER_KEYS = ("kind", *dict.fromkeys(p for kind in DRAFTERS.values() for p in kind.params))
+
+
+def _parse_drafter(entry, where: str) -> DrafterConfig:
+    """``{"drafter": {"kind": "ngram", "prompt_lookup_min": 2, ...}}``; absent: the draft model."""
+    if not isinstance(entry, dict) or "drafter" not in entry:
+        return DrafterConfig()
+    table = entry["drafter"]
+    example = '{"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+    if not isinstance(table, dict):
+        raise PolicyError(f"{where}: drafter must be a table such as {example}, got {table!r}")
+    unknown = [k for k in table if k not in DRAFTER_KEYS]
+    if unknown:
+        raise PolicyError(
+            f"{where}: drafter has unknown field {unknown[0]!r}; allowed: {', '.join(DRAFTER_KEYS)}"
+        )
+    kind = table.get("kind")
+    if not isinstance(kind, str):
+        raise PolicyError(
+            f"{where}: drafter.kind must be one of {', '.join(DRAFTERS)}, got {kind!r}"
+        )
+    try:
+        return DrafterConfig(**table)
+    except DrafterError as e:
+        raise PolicyError(f"{where}: drafter: {e}") from None
 
 
 def _parse_tree(entry, where: str) -> TreeShape | None:

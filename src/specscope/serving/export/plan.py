@@ -80,7 +80,7 @@ class DeploymentPlan:
 
 def is_chain(shape: TreeShape) -> bool:
     """One node per depth, each the draft's top-1: what a chain-only engine can draft."""
-    return all(rank == 0 for rank in shape.ranks) and len(shape) == shape.max_depth
+    return shape.is_chain
 
 
 def chain_length(shape: TreeShape, engine: str, where: str, instead: str) -> int:
