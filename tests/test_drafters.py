@@ -427,6 +427,49 @@ def test_cli_run_decode_and_bench_with_each_drafter(tiny_dirs, repetitive_prompt
     assert set(load_run(tmp_path / "ng").nodes.drafter) == {
         "ngram(prompt_lookup_min=1, prompt_lookup_max=1)"
     }
+    result = _cli(
+        "run",
+        "--out",
+        tmp_path / "dm",
+        "--prompts",
+        repetitive_prompts,
+        "--policy",
+        "chain",
+        "--depth",
+        3,
+        "--max-new-tokens",
+        4,
+        "-q",
+        *model,
+    )
+    assert result.exit_code == 0, result.output
+    policy = tmp_path / "policy.json"
+    result = _cli(
+        "tune",
+        tmp_path / "dm",
+        tmp_path / "ng",
+        "--out",
+        policy,
+        "--min-count",
+        1,
+        "--min-speedup",
+        0,
+        "--repeats",
+        1,
+        "--context-len",
+        16,
+        *model,
+    )
+    assert result.exit_code == 0, result.output
+    assert "drafter" in result.output
+    written = json.loads(policy.read_text())
+    assert set(written["cost_models"]) == {
+        "draft-model",
+        "ngram(prompt_lookup_min=1, prompt_lookup_max=1)",
+    }
+    assert written["cost_models"]["ngram(prompt_lookup_min=1, prompt_lookup_max=1)"]["model_free"]
+    result = _cli("decode", "def f(x):", "--policy-file", policy, "--max-new-tokens", 4, *model)
+    assert result.exit_code == 0, result.output
     for args in (["--drafter", "ngram"], ["--drafter", "early-exit", "--exit-layer", 1]):
         result = _cli("decode", "a b a b a b", "--max-new-tokens", 6, *args, *model)
         assert result.exit_code == 0, result.output

@@ -16,12 +16,19 @@ from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
 from specscope.prompts.items import PromptItem
 from specscope.trees import TreeShape
-from specscope.tune.acceptance import AcceptanceVector, PolicyError, acceptance_vectors
+from specscope.tune.acceptance import (
+    AcceptanceVector,
+    PolicyError,
+    acceptance_vectors,
+    chain_acceptance,
+    proposal_rates,
+)
 from specscope.tune.bench import BenchConfig, summarize_bench
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree
 from specscope.tune.policy import (
     Choice,
+    Measured,
     PolicyFile,
     TuneConfig,
     best_tree,
@@ -127,10 +134,15 @@ COSTS = CostModel(
 )
 
 
+def draft_model(nodes: pd.DataFrame, costs: CostModel = COSTS) -> Measured:
+    """A draft-model measurement for tune (its step records are not read)."""
+    return Measured(DrafterConfig(), nodes, pd.DataFrame(), costs)
+
+
 def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
     nodes = _nodes_frame()
     nodes.loc[nodes.domain == "chat", "greedy_accept"] = False
-    policy = tune(nodes, COSTS, TuneConfig(min_count=1))
+    policy = tune([draft_model(nodes)], TuneConfig(min_count=1))
     assert policy.tree_for("chat") is None
     code = policy.tree_for("code")
     assert code is not None and code.paths[0] == (0,)
@@ -138,11 +150,70 @@ def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
     assert best_tree(AcceptanceVector.from_rates([[0.01]]), COSTS).shape is None
 
 
+def _ngram_steps() -> pd.DataFrame:
+    """Chains of 3 from a lookup: code proposes every step and accepts 2 nodes in most; chat
+    proposes in one step of ten, and that chain is rejected."""
+    rows = []
+    for step in range(40):
+        rows.append(("code", 3, 2 if step % 4 else 0))
+        rows.append(("chat", 3 if step % 10 == 0 else 0, 0))
+    return pd.DataFrame(rows, columns=["domain", "tree_size", "accepted_len"])
+
+
+def test_chain_acceptance_counts_unproposed_nodes_as_rejected():
+    vectors = chain_acceptance(_ngram_steps(), min_count=1)
+    # code: depth 1 accepted in 30 of 40 steps, depth 2 in 30 of those 30, depth 3 in none
+    np.testing.assert_allclose(vectors["code"].rates[:, 0], [0.75, 1.0, 0.0])
+    assert vectors["code"].expected_tau(TreeShape.from_paths([(0,), (0, 0)])) == 1 + 0.75 + 0.75
+    np.testing.assert_allclose(vectors["chat"].rates[:, 0], [0.0, 0.0, 0.0])
+    assert proposal_rates(_ngram_steps()) == {"chat": 0.1, "code": 1.0, "all": 0.55}
+
+
+def test_step_time_of_a_lookup_that_sometimes_proposes_nothing():
+    lookup = CostModel(
+        draft_s=((1, 0.001),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
+    )
+    chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    assert lookup.draft_time(chain) == 0.001  # one lookup per step, whatever the depth
+    verify = lookup.verify_time(chain)
+    assert lookup.step_time(chain, 0.25) == pytest.approx(0.001 + 0.25 * verify + 0.75 * 0.1)
+    assert CostModel.from_dict(lookup.to_dict()) == lookup
+
+
+def test_tune_picks_the_drafter_per_domain():
+    """A costly draft model that accepts a little everywhere, a lookup that accepts a lot on
+    code and never proposes on chat: code takes the lookup's chain, chat the draft model's tree
+    or nothing, and the policy file says which drafter each domain uses."""
+    nodes = _nodes_frame()
+    slow = CostModel(
+        draft_s=((1, 0.05), (8, 0.06), (64, 0.1)), target_s=COSTS.target_s, plain_token_s=0.1
+    )
+    lookup = CostModel(
+        draft_s=((1, 0.0005),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
+    )
+    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    steps = _ngram_steps()
+    policy = tune(
+        [draft_model(nodes, slow), Measured(ngram, pd.DataFrame(), steps, lookup)],
+        TuneConfig(min_count=1),
+    )
+    assert policy.drafter_for("code") == ngram and policy.tree_for("code").is_chain
+    assert policy.choices["code"].expected_tau == pytest.approx(
+        chain_acceptance(steps, 1)["code"].expected_tau(policy.tree_for("code"))
+    )
+    assert policy.drafter_for("chat") == DrafterConfig()
+    loaded = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
+    assert loaded.drafter_for("code") == ngram and loaded.trees == policy.trees
+    assert set(policy.info["cost_models"]) == {"draft-model", ngram.label}
+    with pytest.raises(PolicyError, match="two runs of one drafter"):
+        tune([draft_model(nodes), draft_model(nodes)])
+
+
 # --- policy files --------------------------------------------------------------------------------
 
 
 def test_policy_file_round_trip(tmp_path):
-    policy = tune(_nodes_frame(), COSTS, TuneConfig(min_count=1))
+    policy = tune([draft_model(_nodes_frame())], TuneConfig(min_count=1))
     path = policy.save(tmp_path / "policy.json")
     loaded = PolicyFile.load(path)
     assert loaded.trees == policy.trees and loaded.uniform == policy.uniform
@@ -221,7 +292,7 @@ def test_policy_file_drafters_round_trip_json_and_toml(tmp_path):
 
 
 def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
-    policy = tune(_nodes_frame(), COSTS, TuneConfig(min_count=1))
+    policy = tune([draft_model(_nodes_frame())], TuneConfig(min_count=1))
     assert policy.drafters == {} and policy.uniform_drafter == DrafterConfig()
     written = policy.to_dict()
     assert not any("drafter" in e for e in (*written["domains"].values(), written["uniform"]))

@@ -222,10 +222,9 @@ def decode(
             paths=paths,
             acceptance=vector,
         )
-    chosen = (
-        drafting.drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
-        or DrafterConfig()
-    )
+    chosen = drafting.drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
+    if chosen is None:  # the policy file's drafter for the domain, else the draft model
+        chosen = policies.drafter_for(routed) if policy_file is not None else DrafterConfig()
     check_drafter_fits(chosen, spec)
     _set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, drafter=chosen)
@@ -251,18 +250,18 @@ def decode(
 
 @command()
 def tune(
-    run_dir: Path = typer.Argument(
+    run_dirs: list[Path] = typer.Argument(
         ...,
-        help="A measurement run (specscope run): its nodes give acceptance by depth and sibling rank per domain.",
+        help="Measurement runs (specscope run), one per drafter, or a sweep over drafters: their nodes give acceptance by depth and sibling rank per domain.",
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."
     ),
     costs: Path | None = typer.Option(
-        None, "--costs", help="Use this cost model (JSON) instead of measuring one now."
+        None, "--costs", help="Use this cost model (JSON) instead of measuring one now (one run)."
     ),
     save_costs: Path | None = typer.Option(
-        None, "--save-costs", help="Also write the measured cost model here."
+        None, "--save-costs", help="Also write the measured cost model here (one run)."
     ),
     max_nodes: int = typer.Option(32, min=1, help="Largest tree considered."),
     max_depth: int = typer.Option(
@@ -290,15 +289,18 @@ def tune(
     threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
 ) -> None:
-    """Pick the best tree per domain (or no speculation) from measured acceptance and measured cost."""
+    """Pick the best drafter and tree per domain (or no speculation) from measured acceptance and
+    costs measured on this hardware, for each drafter measured."""
     from rich.table import Table
 
     from ..console import make_console
     from ..decode import make_decoder
+    from ..drafters import DrafterConfig
     from ..files import check_output_file, inside_of
     from ..records import load_run
+    from ..sweep.driver import expand_run_dirs
     from ..tune.costs import CostModel, measure_costs
-    from ..tune.policy import TuneConfig, short_name
+    from ..tune.policy import Measured, TuneConfig, short_name
     from ..tune.policy import tune as tune_policy
 
     config = TuneConfig(
@@ -309,35 +311,68 @@ def tune(
         min_speedup=min_speedup,
         extrapolate=extrapolate,
     )
-    policy_path = check_output_file(out or run_dir / "policy.json", (run_dir, costs), "--out")
+    dirs = expand_run_dirs(list(run_dirs))
+    run_dir = dirs[0]
+    if len(dirs) > 1 and (costs or save_costs):
+        fail("--costs and --save-costs take one run; with several, tune measures each drafter")
+    policy_path = check_output_file(out or run_dir / "policy.json", (*dirs, costs), "--out")
     if save_costs is not None:
-        check_output_file(save_costs, (run_dir, costs, policy_path), "--save-costs")
-    run = load_run(run_dir)
+        check_output_file(save_costs, (*dirs, costs, policy_path), "--save-costs")
+    runs = [load_run(d) for d in dirs]
+    drafters = [DrafterConfig(**r.manifest.get("config", {}).get("drafter", {})) for r in runs]
+    targets = {r.manifest.get("config", {}).get("pair", {}).get("target") for r in runs}
+    if len(targets) > 1:
+        fail(f"the runs measured different targets ({', '.join(map(str, targets))}); tune one")
     model = CostModel.load(costs) if costs else None
+    models = [model] if model else []
     if model is None:
-        base = run.manifest.get("config", {}).get("pair", {})
+        base = runs[0].manifest.get("config", {}).get("pair", {})
         _set_threads(threads)
-        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base)
-        typer.echo("measuring draft and verify times on this hardware ...", err=True)
-        model = measure_costs(make_decoder(pair), context_len=context_len, repeats=repeats)
+        own = DrafterConfig() if DrafterConfig() in drafters else drafters[0]
+        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base, own)
+        for drafter in drafters:
+            typer.echo(f"measuring {drafter.label}'s draft and verify times here ...", err=True)
+            models.append(
+                measure_costs(make_decoder(pair, drafter), context_len=context_len, repeats=repeats)
+            )
         if save_costs:
-            model.save(save_costs, inside_of(save_costs, run_dir))
+            models[0].save(save_costs, inside_of(save_costs, run_dir))
+    measured = [
+        Measured(d, r.nodes, r.steps, m) for d, r, m in zip(drafters, runs, models, strict=True)
+    ]
+    run = runs[0]
     ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
     source = {
         "run_dir": str(run_dir),
         "run_id": run.manifest.get("run_id"),
         "prompt_ids": list(ids),
     }
-    policy = tune_policy(run.nodes, model, config, source)
+    if len(runs) > 1:
+        source["runs"] = [
+            {"run_dir": str(d), "run_id": r.manifest.get("run_id"), "drafter": f.label}
+            for d, r, f in zip(dirs, runs, drafters, strict=True)
+        ]
+    policy = tune_policy(measured, config, source)
+    model = measured[0].costs
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
     table = Table(
         title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)"
     )
-    for col in ("domain", "tree", "nodes", "expected tau", "step ms", "predicted speed-up"):
-        table.add_column(col, justify="left" if col in ("domain", "tree") else "right")
+    columns = (
+        "domain",
+        "drafter",
+        "tree",
+        "nodes",
+        "expected tau",
+        "step ms",
+        "predicted speed-up",
+    )
+    for col in columns:
+        table.add_column(col, justify="left" if col in columns[:3] else "right")
     for name, choice in policy.choices.items():
         table.add_row(
             "uniform (all)" if name == ALL_DOMAINS else name,
+            choice.drafter.label if choice.shape else "-",
             short_name(choice.shape) if choice.shape else "none (plain decoding)",
             str(len(choice.shape) if choice.shape else 0),
             f"{choice.expected_tau:.2f}",

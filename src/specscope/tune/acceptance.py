@@ -137,3 +137,34 @@ def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, Ac
         rates = np.where(counts >= max(min_count, 1), hits / np.maximum(counts, 1), 0.0)
         out[name] = AcceptanceVector(rates, counts)
     return out
+
+
+def chain_acceptance(steps: pd.DataFrame, min_count: int = 20) -> dict[str, AcceptanceVector]:
+    """The acceptance vector of a chain-only drafter whose chains vary in length (n-gram lookup:
+    no proposal without a match, a short chain near the context's end), from step records: depth
+    d's rate is P(accepted_len >= d | accepted_len >= d - 1) over every step, so a node the drafter
+    did not propose counts as rejected and ``expected_tau`` of a chain is its measured mean."""
+    need = {"domain", "accepted_len", "tree_size"}
+    if missing := need - set(steps.columns):
+        raise PolicyError(f"step records lack the columns {sorted(missing)}")
+    if steps.empty:
+        raise PolicyError("no step records to estimate acceptance from")
+    depth = int(steps["tree_size"].max())
+    if depth < 1:
+        raise PolicyError("the drafter proposed nothing in any step: no chain to tune")
+    out = {}
+    groups = [(d, steps[steps["domain"] == d]) for d in sorted(steps["domain"].unique())]
+    for name, part in groups + [(ALL_DOMAINS, steps)]:
+        accepted = part["accepted_len"].to_numpy(np.int64)
+        reached = np.array([(accepted >= d - 1).sum() for d in range(1, depth + 1)])
+        hits = np.array([(accepted >= d).sum() for d in range(1, depth + 1)], dtype=float)
+        rates = np.where(reached >= max(min_count, 1), hits / np.maximum(reached, 1), 0.0)
+        out[name] = AcceptanceVector(rates[:, None], reached[:, None])
+    return out
+
+
+def proposal_rates(steps: pd.DataFrame) -> dict[str, float]:
+    """Per domain (and ``all``): the fraction of steps in which the drafter proposed a token."""
+    proposed = steps["tree_size"] > 0
+    rates = proposed.groupby(steps["domain"]).mean().to_dict()
+    return {**{str(k): float(v) for k, v in rates.items()}, ALL_DOMAINS: float(proposed.mean())}

@@ -229,7 +229,8 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
     def routed(ids, text):
         domain = router.classify(text)
-        r = decoder.generate(ids, policy.tree_for(domain), greedy)
+        speculator = decoder_for(policy.drafter_for(domain))
+        r = speculator.generate(ids, policy.tree_for(domain), greedy)
         return r.tokens, len(r.steps), domain, r.steps[0].step_time_s
 
     def hf(assistant):

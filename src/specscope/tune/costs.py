@@ -39,7 +39,9 @@ class CostModel:
     A step of a static tree costs one draft call for the pending tokens (about ``root_tokens``),
     one per deeper level (as many tokens as the level's nodes that have children), one target call
     for the last token plus every node, and ``overhead_s`` of bookkeeping. Plain decoding costs
-    ``plain_token_s`` per token.
+    ``plain_token_s`` per token. A model-free drafter (``model_free``: n-gram lookup) drafts with
+    one lookup per step, ``draft_s[0]``, whatever the tree; a step where it proposes nothing is a
+    plain decoding step (see :meth:`step_time`'s ``proposal_rate``).
     """
 
     draft_s: tuple[tuple[int, float], ...]  # (tokens fed, seconds), increasing tokens
@@ -49,6 +51,7 @@ class CostModel:
     root_tokens: int = 2
     context_len: int = 0
     hardware: str = ""
+    model_free: bool = False
 
     def __post_init__(self) -> None:
         for name in ("draft_s", "target_s"):
@@ -69,6 +72,8 @@ class CostModel:
         _check_number("context_len", self.context_len, integer=True, low=0)
 
     def draft_time(self, shape: TreeShape) -> float:
+        if self.model_free:
+            return self.draft_s[0][1]
         calls = [self.root_tokens] + [
             sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
             for d in range(1, shape.max_depth)
@@ -78,14 +83,20 @@ class CostModel:
     def verify_time(self, shape: TreeShape) -> float:
         return interpolate(self.target_s, 1 + len(shape))
 
-    def step_time(self, shape: TreeShape) -> float:
-        return self.draft_time(shape) + self.verify_time(shape) + self.overhead_s
+    def step_time(self, shape: TreeShape, proposal_rate: float = 1.0) -> float:
+        """Expected seconds per step when the drafter proposes in a fraction ``proposal_rate`` of
+        steps (a model-free lookup without a match; 1 for a draft model): the draft, then a
+        verification of the tree, or else a plain decoding pass."""
+        verify = proposal_rate * self.verify_time(shape) + (1 - proposal_rate) * self.plain_token_s
+        return self.draft_time(shape) + verify + self.overhead_s
 
-    def predicted_speedup(self, shape: TreeShape | None, acc: AcceptanceVector) -> float:
+    def predicted_speedup(
+        self, shape: TreeShape | None, acc: AcceptanceVector, proposal_rate: float = 1.0
+    ) -> float:
         """Tokens per second with ``shape`` over tokens per second of plain decoding."""
         if shape is None:
             return 1.0
-        return acc.expected_tau(shape) / self.step_time(shape) * self.plain_token_s
+        return acc.expected_tau(shape) / self.step_time(shape, proposal_rate) * self.plain_token_s
 
     def to_dict(self) -> dict:
         return {
@@ -96,6 +107,7 @@ class CostModel:
             "root_tokens": self.root_tokens,
             "context_len": self.context_len,
             "hardware": self.hardware,
+            **({"model_free": True} if self.model_free else {}),
         }
 
     @classmethod
@@ -120,6 +132,7 @@ class CostModel:
                 root_tokens=data.get("root_tokens", 2),
                 context_len=data.get("context_len", 0),
                 hardware=str(data.get("hardware", "")),
+                model_free=data.get("model_free", False) is True,
             )
         except KeyError as e:
             raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
@@ -186,7 +199,11 @@ def measure_costs(
         0, min(decoder.vocab, 1000), (context_len,), generator=generator
     ).tolist()
     tables = []
+    if decoder.lookup is not None:  # a model-free drafter: one lookup per step
+        tables.append(((1, time_lookup(decoder.lookup, context, max(sizes), repeats)),))
     for model in (decoder.draft, decoder.target):
+        if model is None:
+            continue
         cache, _ = prefill(model, context)
         time_forward(model, cache, context_len, 1, 1, decoder.vocab)  # warm-up
         tables.append(
@@ -204,6 +221,7 @@ def measure_costs(
         plain_token_s=per_token,
         context_len=context_len,
         hardware=hardware or _hardware(),
+        model_free=decoder.lookup is not None,
     )
     # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
     # context): the median of real step times minus the model's prediction for them.
@@ -211,6 +229,18 @@ def measure_costs(
     steps = decoder.generate(context, chain, config).steps[2:]  # after the prefill and one step
     residual = sorted(s.step_time_s - model.step_time(chain) for s in steps)
     return replace(model, overhead_s=max(0.0, residual[len(residual) // 2]) if residual else 0.0)
+
+
+def time_lookup(lookup, context: list[int], k: int, repeats: int) -> float:
+    """Median seconds of one model-free proposal over ``context`` (each timing a batch of 20
+    calls, the lookup being far shorter than a forward pass)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            lookup(context, k)
+        times.append((time.perf_counter() - t0) / 20)
+    return sorted(times)[len(times) // 2]
 
 
 def _hardware() -> str:

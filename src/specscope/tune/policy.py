@@ -10,6 +10,7 @@ written before drafters existed read, and are written, unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from ..drafters.config import DRAFTERS, DrafterConfig, DrafterError
 from ..files import read_json_object, read_toml_table, write_json
 from ..prompts.domains import DOMAINS
 from ..trees import DynamicTree, Speculation, TreeConfig, TreeConfigError, TreeShape
-from .acceptance import ALL_DOMAINS, AcceptanceVector, PolicyError, acceptance_vectors
+from .acceptance import (
+    ALL_DOMAINS,
+    AcceptanceVector,
+    PolicyError,
+    acceptance_vectors,
+    chain_acceptance,
+    proposal_rates,
+)
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
 
@@ -115,7 +123,7 @@ class Choice:
     expected_tau: float
     predicted_speedup: float
     step_time_s: float
-    drafter: DrafterConfig = DrafterConfig()  # tune does not choose it yet: the draft model
+    drafter: DrafterConfig = DrafterConfig()  # what proposes the tree
 
     def to_dict(self) -> dict:
         return {
@@ -134,11 +142,28 @@ def best_tree(
     max_depth: int = 8,
     max_rank: int | None = None,
     min_speedup: float = 1.0,
+    drafter: DrafterConfig = DrafterConfig(),
+    proposal_rate: float = 1.0,
 ) -> Choice:
-    """Over every node budget and depth limit, the optimal tree of best predicted speed-up; no
-    speculation (``shape=None``) unless some tree beats ``min_speedup``."""
+    """Over every node budget and depth limit, the optimal tree of best predicted speed-up (for a
+    chain-only drafter, the best chain); no speculation (``shape=None``) unless some tree beats
+    ``min_speedup``. ``proposal_rate``: the fraction of steps in which the drafter proposes."""
     best = Choice(None, 1.0, 1.0, costs.plain_token_s)
     depth_limit = min(max_depth, acc.max_depth)
+    for shape in _candidates(acc, max_nodes, depth_limit, max_rank, drafter.spec.chain_only):
+        speedup = costs.predicted_speedup(shape, acc, proposal_rate)
+        if speedup > max(best.predicted_speedup, min_speedup):
+            step = costs.step_time(shape, proposal_rate)
+            best = Choice(shape, acc.expected_tau(shape), speedup, step, drafter)
+    return best
+
+
+def _candidates(acc, max_nodes: int, depth_limit: int, max_rank: int | None, chains: bool):
+    """The trees tuning weighs: chains of every depth, or each depth's optimal trees by size."""
+    if chains:
+        for depth in range(1, min(depth_limit, max_nodes) + 1):
+            yield TreeShape.from_paths([(0,) * d for d in range(1, depth + 1)])
+        return
     for depth in range(1, depth_limit + 1):
         rank = min(max_rank or acc.max_rank, acc.max_rank)
         tables, take = forest_tables(acc, max_nodes, depth, rank)
@@ -149,11 +174,7 @@ def best_tree(
             if not paths or tuple(paths) in seen:
                 continue
             seen.add(tuple(paths))
-            shape = TreeShape.from_paths(paths)
-            speedup = costs.predicted_speedup(shape, acc)
-            if speedup > max(best.predicted_speedup, min_speedup):
-                best = Choice(shape, acc.expected_tau(shape), speedup, costs.step_time(shape))
-    return best
+            yield TreeShape.from_paths(paths)
 
 
 @dataclass(frozen=True)
@@ -176,30 +197,66 @@ class TuneConfig:
             raise PolicyError(f"tune needs a finite min_speedup >= 0, got {self.min_speedup}")
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What tuning weighs for one drafter: its measurement run's records and the cost model of
+    decoding with it on this hardware."""
+
+    drafter: DrafterConfig
+    nodes: pd.DataFrame
+    steps: pd.DataFrame
+    costs: CostModel
+
+    def acceptance(self, min_count: int) -> dict[str, AcceptanceVector]:
+        """Per domain (and pooled): from node records, or, for a chain-only drafter whose chains
+        vary in length, from step records (an unproposed node counts as rejected)."""
+        if self.drafter.spec.chain_only:
+            return chain_acceptance(self.steps, min_count)
+        return acceptance_vectors(self.nodes, min_count)
+
+
 def tune(
-    nodes: pd.DataFrame,
-    costs: CostModel,
+    measured: Sequence[Measured],
     config: TuneConfig = TuneConfig(),
     source: dict | None = None,
 ) -> PolicyFile:
-    """Per domain (and pooled: the uniform tree), the tree of best predicted speed-up."""
-    vectors = acceptance_vectors(nodes, config.min_count)
-    if config.extrapolate:
-        vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
-    choices = {
-        name: best_tree(
-            acc, costs, config.max_nodes, config.max_depth, config.max_rank, config.min_speedup
-        )
-        for name, acc in vectors.items()
-    }
+    """Per domain (and pooled: the uniform tree), the drafter and tree of best predicted speed-up
+    over every measured drafter (the first listed wins a tie)."""
+    if not measured:
+        raise PolicyError("tune needs at least one measurement run")
+    labels = [m.drafter.label for m in measured]
+    if len(set(labels)) < len(labels):
+        raise PolicyError(f"tune got two runs of one drafter: {', '.join(labels)}")
+    choices: dict[str, Choice] = {}
+    vector: dict[str, AcceptanceVector] = {}  # the chosen drafter's (the first's if none pays)
+    for m in measured:
+        vectors = m.acceptance(config.min_count)
+        if config.extrapolate:
+            vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+        rates = proposal_rates(m.steps) if m.drafter.spec.chain_only else {}
+        for name, acc in vectors.items():
+            choice = best_tree(
+                acc,
+                m.costs,
+                config.max_nodes,
+                config.max_depth,
+                config.max_rank,
+                config.min_speedup,
+                m.drafter,
+                rates.get(name, 1.0),
+            )
+            if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
+                choices[name], vector[name] = choice, acc
     uniform = choices.pop(ALL_DOMAINS)
     drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
     info = {
-        "cost_model": costs.to_dict(),
+        "cost_model": measured[0].costs.to_dict(),
         "tune": dict(vars(config)),
-        "acceptance": {k: v.to_dict() for k, v in vectors.items()},
+        "acceptance": {k: v.to_dict() for k, v in vector.items()},
         "source": source or {},
     }
+    if len(measured) > 1:
+        info["cost_models"] = {m.drafter.label: m.costs.to_dict() for m in measured}
     return PolicyFile(
         trees={d: c.shape for d, c in choices.items()},
         uniform=uniform.shape,
