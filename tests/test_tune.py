@@ -472,6 +472,17 @@ def test_bench_summary_and_config():
     assert rows["chain", "all"].tokens_per_s == pytest.approx(2.0)
     assert rows["chain", "all"].decode_tokens_per_s == pytest.approx(4 / 2.0)
     assert rows["plain", "all"].decode_tokens_per_s == pytest.approx(4 / 2.0)
+    assert np.isnan(rows["chain", "code"].speedup_lo)  # one prompt per domain: no interval
+    # five prompts of one domain, speed-ups 1.5x to 2.5x: an interval around the pooled ratio
+    many = [
+        BenchRun(method, f"p{i}", "code", "", (1,) * 11, 10, 0.5 + secs, 0.5)
+        for i, factor in enumerate((1.5, 1.75, 2.0, 2.25, 2.5))
+        for method, secs in (("plain", 1.0), ("chain", 1.0 / factor))
+    ]
+    row = {(r.method, r.domain): r for r in summarize_bench(many)}["chain", "code"]
+    pooled = 50 / sum(1 / f for f in (1.5, 1.75, 2.0, 2.25, 2.5)) / 10  # decode tok/s over plain's
+    assert row.speedup == pytest.approx(pooled)
+    assert 1.0 < row.speedup_lo < pooled < row.speedup_hi < 3.0  # a t interval on 4 df
     with pytest.raises(DecodeError, match="unknown bench method"):
         BenchConfig(methods=("plain", "medusa"))
     with pytest.raises(DecodeError, match="reference"):

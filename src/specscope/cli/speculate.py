@@ -512,7 +512,7 @@ def bench(
         "prompts",
         "tokens",
         "decode tok/s",
-        "speed-up",
+        "speed-up (95% CI)",
         "tok/s e2e",
         "speed-up e2e",
         "tau",
@@ -526,7 +526,10 @@ def bench(
             str(r.prompts),
             str(r.tokens),
             f"{r.decode_tokens_per_s:.2f}",
-            f"{r.speedup:.2f}x",
+            f"{r.speedup:.2f}x"
+            + (
+                f" [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo == r.speedup_lo else ""
+            ),
             f"{r.tokens_per_s:.2f}",
             f"{r.e2e_speedup:.2f}x",
             "-" if r.tau != r.tau else f"{r.tau:.2f}",

@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..analysis.stats import ClusterBootstrap, ratio
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
@@ -126,6 +128,8 @@ class BenchRow:
     e2e_speedup: float  # end-to-end tokens per second over plain's
     tau: float  # tokens per verification step (nan where not observed)
     exact: bool  # every output equals plain greedy's
+    speedup_lo: float = float("nan")  # 95% interval of ``speedup``: prompts resampled within
+    speedup_hi: float = float("nan")  # domains, method and plain paired (nan: too few prompts)
 
 
 class _FirstTokenClock:
@@ -303,11 +307,16 @@ def run_bench(
     return runs
 
 
-def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
+def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0) -> list[BenchRow]:
     """Per method and domain (and ``all``): tokens per second end to end and after the first
-    token, speed-ups over plain, tau, exactness. Totals over prompts: tokens / seconds."""
+    token, speed-ups over plain, tau, exactness. Totals over prompts: tokens / seconds. The decode
+    speed-up's interval resamples prompts within domains (a prompt's method and plain times stay
+    paired), as every interval in specscope does (:mod:`specscope.analysis.stats`)."""
     reference = {r.prompt_id: r.tokens for r in runs if r.method == "plain"}
     domains = list(dict.fromkeys(r.domain for r in runs))
+    prompts = list(dict.fromkeys(r.prompt_id for r in runs))
+    domain_of = {r.prompt_id: r.domain for r in runs}
+    boot = ClusterBootstrap.draw(np.array([domain_of[p] for p in prompts]), n_boot, seed)
 
     def rates(part: list[BenchRun]) -> tuple[float, float]:
         secs = sum(r.time_s for r in part)
@@ -319,10 +328,28 @@ def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
             later / decode_secs if decode_secs > 0 else float("nan"),
         )
 
+    def decode_sums(part: list[BenchRun]) -> np.ndarray:
+        """(P, 2): per prompt, tokens after the first and their seconds."""
+        sums = np.zeros((len(prompts), 2))
+        for r in part:
+            if r.tokens:
+                sums[prompts.index(r.prompt_id)] += (len(r.tokens) - 1, r.time_s - r.first_token_s)
+        return sums
+
+    def speedup_interval(mine: list[BenchRun], plain: list[BenchRun]) -> tuple[float, float]:
+        keep = np.array([p in {r.prompt_id for r in mine} for p in prompts])
+        sub = boot.subset(np.flatnonzero(keep))
+        m, p = sub.total(decode_sums(mine)[keep]), sub.total(decode_sums(plain)[keep])
+        reps = ratio(ratio(m[:, 0], m[:, 1]), ratio(p[:, 0], p[:, 1]))
+        strata = len({domain_of[q] for q in np.array(prompts)[keep]})
+        e = sub.estimate(reps, prompts=int(keep.sum()), strata=strata)
+        return e.lo, e.hi
+
     rows = []
     for domain in domains + [ALL_DOMAINS]:
         part = [r for r in runs if domain in (ALL_DOMAINS, r.domain)]
-        plain_tps, plain_decode = rates([r for r in part if r.method == "plain"])
+        plain = [r for r in part if r.method == "plain"]
+        plain_tps, plain_decode = rates(plain)
         for method in dict.fromkeys(r.method for r in part):
             mine = [r for r in part if r.method == method]
             tps, decode = rates(mine)
@@ -341,6 +368,7 @@ def summarize_bench(runs: Sequence[BenchRun]) -> list[BenchRow]:
                     tps / plain_tps,
                     tokens / steps if steps else float("nan"),
                     all(r.tokens == reference[r.prompt_id] for r in mine),
+                    *speedup_interval(mine, plain),
                 )
             )
     return rows
