@@ -218,6 +218,8 @@ def bench_methods(decoder: SpeculativeDecoder, policy, router, config: BenchConf
     }
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
+    if policy is not None and ("uniform" in config.methods or "routed" in config.methods):
+        policy.check_draft_model_only("bench (methods uniform, routed)")
     return {m: table[m] for m in config.methods}
 
 
