@@ -69,7 +69,8 @@ NGRAM_APPROXIMATION = (
     "token windows of every request served (shared across requests, least recently used "
     "evicted), follows the most recently seen continuation (match type BFS), and fills "
     "--speculative-num-draft-tokens - 1 nodes: with breadth 1 a chain from the longest match, "
-    "plus branches from shorter matches where that chain ends early; " + MEASURED_NGRAM
+    "and where that chain ends early, nodes from shorter matches (which may branch); "
+    + MEASURED_NGRAM
 )
 MISSING = {
     "early-exit": "SGLang has no early-exit drafter: none of its algorithms (EAGLE, EAGLE3, "

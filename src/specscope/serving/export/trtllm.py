@@ -23,12 +23,13 @@ TRTLLM = "NVIDIA/TensorRT-LLM"
 
 # tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_draft_tokens, read at 02499765
 # (the pool's rule; the config fields were read at 00043967): patterns of size
-# max_matching_ngram_size down to 1 map to continuations of up to max_draft_len tokens; a
-# pattern keeps only its longest continuations; the draft is the first stored (is_use_oldest)
+# max_matching_ngram_size down to 1 map to continuations of up to max_draft_len tokens; a new
+# continuation evicts the shorter ones of its pattern; the draft is the first stored (is_use_oldest)
 # continuation of the longest pattern that ends the context
 NGRAM_APPROXIMATION = (
     "TensorRT-LLM's NGram is its own drafter, not vLLM's ngram rule: it keeps a pool of "
-    "pattern -> continuations (only the longest continuations seen per pattern), built from "
+    "pattern -> continuations (a longer continuation evicts the shorter ones stored before it), "
+    "built from "
     "the request's own tokens (is_public_pool false; its default, true, shares one pool across "
     "requests), and drafts the oldest continuation of the longest pattern of "
     "max_matching_ngram_size tokens or fewer that ends the context (no minimum length: "
