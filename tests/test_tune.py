@@ -378,6 +378,27 @@ def test_policy_drafters_are_checked_when_built_in_code():
     assert policy.drafter_for("code").exit_layer == 2
 
 
+def test_commands_that_draft_with_the_draft_model_refuse_other_drafters(tmp_path):
+    chain = TreeShape.from_paths([(0,), (0, 0)])
+    policy = PolicyFile(
+        trees={"code": chain, "math": chain}, drafters={"code": DrafterConfig("ngram")}
+    )
+    policy.check_draft_model_only("decode --policy-file", "math")  # the draft model: fine
+    with pytest.raises(
+        PolicyError,
+        match=r"^bench \(methods uniform, routed\) drafts with the draft model only, but the "
+        r"policy gives domain 'code' the ngram\(prompt_lookup_min=5, prompt_lookup_max=5\) "
+        r"drafter; specscope export writes it for an engine$",
+    ):
+        policy.check_draft_model_only("bench (methods uniform, routed)")
+    path = policy.save(tmp_path / "policy.json")
+    result = CliRunner().invoke(
+        app, ["decode", "def f(x):", "--policy-file", str(path), "--domain", "code"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "decode --policy-file drafts with the draft model only" in result.output
+
+
 def test_policy_file_not_json(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("{domains: ")

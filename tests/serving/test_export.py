@@ -7,8 +7,10 @@ Every expected output cites the engine file and commit whose rules it reproduces
 - vLLM main@002e77c1 = vllm-project/vllm vllm/config/speculative.py@002e77c1f0ef (fields, extra
   keys forbidden, no speculative_token_tree) and vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c17
   (batch-size schedule rules).
-- SGLang main@469c63e5 = sgl-project/sglang python/sglang/srt/server_args.py@469c63e54e7d (flags)
-  and python/sglang/srt/speculative/eagle_utils.py organize_draft_results (node budget).
+- SGLang 0.5.23 = sgl-project/sglang v0.5.23 as its PyPI wheel ships it:
+  python/sglang/srt/arg_groups/fields/spec.py (flags), arg_groups/speculative_hook.py (topk 1:
+  num_draft_tokens = steps + 1) and speculative/eagle_utils.py organize_draft_results (node
+  budget); main@469c63e5 = python/sglang/srt/server_args.py@469c63e54e7d (as recorded before).
 - TensorRT-LLM main@00043967 = NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py@000439672005
   (DraftTargetDecodingConfig: decoding_type Draft_Target, max_draft_len > 0, speculative_model).
 - transformers 5.23.0: src/transformers/generation/candidate_generator.py@v5.23.0 (the assistant's
@@ -230,9 +232,11 @@ def test_vllm_main_draft_model_chains():
     assert doc["domains"]["chat"] == {
         "tree": "none",
         "source": "policy",
+        "drafter": None,
         "speculative_config": None,
         "serve_args": [],
     }
+    assert doc["domains"]["code"]["drafter"] == "draft-model"
 
 
 def test_vllm_main_refuses_trees_with_the_dated_reason():
@@ -327,11 +331,13 @@ def test_vllm_f19b16d9_chains_without_a_schedule():
         export_policy(_policy(), "vllm", ExportOptions(draft=DRAFT), engine_version="main@f19b16d9")
 
 
-# --- SGLang main@469c63e5 ----------------------------------------------------------------------
+# --- SGLang 0.5.23 and main@469c63e5 ------------------------------------------------------------
 
 
-def test_sglang_main_flags_and_approximation():
-    doc = export_policy(_policy(), "sglang", ExportOptions(draft=DRAFT))
+@pytest.mark.parametrize("version", ["0.5.23", "main@469c63e5"])
+def test_sglang_flags_and_approximation(version):
+    doc = export_policy(_policy(), "sglang", ExportOptions(draft=DRAFT), engine_version=version)
+    assert doc["engine_version"] == version
     assert doc["domains"]["code"]["serve_args"] == [
         "--speculative-algorithm",
         "STANDALONE",
@@ -362,15 +368,18 @@ def test_sglang_main_flags_and_approximation():
     assert chains["approximation"] is None
 
 
-def test_sglang_budget_rule():
+@pytest.mark.parametrize("version", ["0.5.23", "main@469c63e5"])
+def test_sglang_budget_rule(version):
     # full binary tree of depth 3: 14 nodes, but SGLang scores 2 + 2 * 2^2 = 10 candidates
     with pytest.raises(
         ExportError,
-        match=r"^domain 'math': sglang main@469c63e5: breaks the rule "
+        match=rf"^domain 'math': sglang {version}: breaks the rule "
         r"topk 1: --speculative-num-draft-tokens = steps \+ 1; "
         r"topk > 1: num-draft-tokens - 1 <= topk",
     ):
-        export_policy(_policy(math=BINARY3), "sglang", ExportOptions(draft=DRAFT))
+        export_policy(
+            _policy(math=BINARY3), "sglang", ExportOptions(draft=DRAFT), engine_version=version
+        )
 
 
 # --- TensorRT-LLM main@00043967 ----------------------------------------------------------------
@@ -487,7 +496,7 @@ def test_bad_exports_are_one_line_errors_and_write_nothing(tmp_path):
         (["--to", "sglang"], "sglang needs the draft model it should load: pass --draft"),
         (
             ["--to", "sglang", "--draft", DRAFT, "--engine-version", "0.4"],
-            "sglang version '0.4' was not checked; checked: main@469c63e5",
+            "sglang version '0.4' was not checked; checked: 0.5.23, main@469c63e5",
         ),
     ]
     for args, message in cases:

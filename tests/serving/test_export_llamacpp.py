@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from specscope.drafters import DrafterConfig
 from specscope.serving.export import ENGINES, ExportError, ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
@@ -63,7 +64,13 @@ def parse_presets(text: str) -> dict[str, dict[str, str]]:
 
 
 def _export():
-    policy = PolicyFile(trees={"code": CHAIN3, "math": CHAIN1, "chat": None}, uniform=CHAIN1)
+    """code: the draft model, K = 3; math: ngram-simple (N = 1, M = 1); reasoning: the uniform
+    draft-model chain; chat: plain."""
+    policy = PolicyFile(
+        trees={"code": CHAIN3, "math": CHAIN1, "chat": None},
+        uniform=CHAIN1,
+        drafters={"math": DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)},
+    )
     return export_policy(
         policy, "llama.cpp", ExportOptions(draft="/m/draft.gguf", target="/m/target.gguf")
     )
@@ -72,6 +79,7 @@ def _export():
 def test_every_exported_flag_is_a_llama_server_b11312_option():
     aliases = {a for names in _aliases() for a in names}
     assert {"--spec-draft-n-max", "-md", "--spec-type", "--models-preset"} <= aliases
+    assert {"--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"} <= aliases
     version = ENGINES["llama.cpp"].version("b11312")
     assert set(version.field_names) <= aliases
     for domain in _export()["domains"].values():
@@ -96,6 +104,12 @@ def test_presets_file_parses_as_llama_server_b11312_reads_it():
         "--draft-p-min": "0.0",
         "--poll": "0",
         "--poll-draft": "0",
+    }
+    assert {keys[k]: v for k, v in sections["math"].items()} == {
+        "--model": "/m/target.gguf",
+        "--spec-type": "ngram-simple",
+        "--spec-ngram-simple-size-n": "1",
+        "--spec-ngram-simple-size-m": "1",
     }
     assert sections["chat"] == {"model": "/m/target.gguf"}
 
@@ -125,6 +139,9 @@ def test_llama_server_accepts_presets(tmp_path):
         "--spec-type",
         "--models-preset",
         "-md,",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        "--spec-ngram-simple-size-m",
     ):
         assert flag in help_text
     presets = tmp_path / "presets.ini"

@@ -5,19 +5,26 @@ transformers 5.23.0, src/transformers/generation/candidate_generator.py@v5.23.0:
 ``assistant_confidence_threshold`` from a deep copy of ``assistant_model.generation_config``;
 ``get_candidates`` drafts ``min(num_assistant_tokens, room left)`` tokens. The same values passed
 to ``generate()`` are ignored (issue #40739): the second test shows it, so the first cannot pass
-by accident.
+by accident. ``EarlyExitCandidateGenerator`` is that generator with the model as its own assistant
+(run through ``assistant_early_exit`` layers); ``PromptLookupCandidateGenerator`` takes
+``prompt_lookup_num_tokens`` and ``max_matching_ngram_size`` from ``generate()``
+(generation/utils.py ``_get_candidate_generator``).
 """
 
 import pytest
 import torch
 
 from conftest import make_model
+from specscope.drafters import DrafterConfig
 from specscope.serving.export import ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 
 transformers = pytest.importorskip("transformers")
-from transformers.generation.candidate_generator import AssistedCandidateGenerator
+from transformers.generation.candidate_generator import (
+    AssistedCandidateGenerator,
+    PromptLookupCandidateGenerator,
+)
 
 VOCAB = 64
 MAX_NEW = 13
@@ -95,3 +102,64 @@ def test_generate_kwargs_are_not_what_the_assistant_uses(drafted):
     # the assistant kept its own generation_config: 20 tokens, stopped by confidence 0.4
     assert {(k, t) for _, k, t, _ in drafted} == {(20, 0.4)}
     assert [n for n, *_ in drafted] != [min(3, room) for *_, room in drafted]
+
+
+def test_early_exit_drafts_the_exported_tokens_with_the_exported_layers(monkeypatch):
+    """The exported values on the model's own generation_config and assistant_early_exit to
+    generate(): every draft is K tokens from the model cut after exit_layer layers."""
+    seen: list[tuple[int, int, int]] = []  # (tokens drafted, layers run, room left)
+    original = AssistedCandidateGenerator.get_candidates
+
+    def recording(self, input_ids, **kwargs):
+        layers = self.assistant_model.model.config.num_hidden_layers  # set by the early exit
+        candidates, logits = original(self, input_ids, **kwargs)
+        room = self.main_model_max_length - input_ids.shape[1] - 1
+        seen.append((candidates.shape[1] - input_ids.shape[1], layers, room))
+        return candidates, logits
+
+    monkeypatch.setattr(AssistedCandidateGenerator, "get_candidates", recording)
+    chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    policy = PolicyFile(
+        trees={"code": chain}, drafters={"code": DrafterConfig("early-exit", exit_layer=1)}
+    )
+    doc = export_policy(policy, "transformers", ExportOptions())["domains"]["code"]
+    target, _ = _pair()
+    for name, value in doc["assistant_generation_config"].items():  # what the snippet does
+        setattr(target.generation_config, name, value)
+    prompt = torch.tensor([[5, 9, 17, 3, 22]])
+    out = target.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        **doc["generate_kwargs"],
+    )
+    assert out.shape[1] == 5 + MAX_NEW
+    assert {layers for _, layers, _ in seen} == {1}  # the target's first layer, of 2
+    assert [n for n, _, _ in seen] == [min(3, room) for *_, room in seen]
+    assert target.model.config.num_hidden_layers == 2  # restored after each draft
+
+
+def test_prompt_lookup_takes_the_exported_settings(monkeypatch):
+    made: list[tuple[int, int]] = []
+    original = PromptLookupCandidateGenerator.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append((self.num_output_tokens, self.max_matching_ngram_size))
+
+    monkeypatch.setattr(PromptLookupCandidateGenerator, "__init__", recording)
+    chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=2)
+    policy = PolicyFile(trees={"code": chain}, drafters={"code": ngram})
+    doc = export_policy(policy, "transformers", ExportOptions())["domains"]["code"]
+    target, _ = _pair()
+    prompt = torch.tensor([[5, 9, 17, 3, 5, 9, 17, 3, 5, 9]])
+    target.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        **doc["generate_kwargs"],
+    )
+    assert made == [(3, 2)]

@@ -7,7 +7,10 @@ its checked versions (:class:`~specscope.serving.export.rules.EngineVersion`: th
 the rules were read from, the fields and values allowed, the length and budget rules) and validates
 its own output against the chosen version before returning it. A setting an engine cannot express
 is refused with the reason and what to do instead; an engine that approximates the exported shape
-says so in the document's ``approximation``.
+says so in the document's ``approximation``. Each domain's drafter (the policy's: draft model,
+ngram, early exit) goes to the engine's own method for it, checked like the rest; an engine's
+n-gram drafter that is not the rule specscope measured (vLLM's) is an approximation, and a drafter
+the engine lacks is refused (:func:`~specscope.serving.export.plan.check_drafter`).
 
 Nothing here talks to an engine or writes a file (the command writes the document with
 :func:`specscope.files.write_json`, and llama.cpp's presets file beside it).

@@ -4,9 +4,12 @@ llama-server takes no speculation setting per request: the ``speculative.n_max``
 ``p_min`` request fields are compiled out (``#if 0`` in tools/server/server-schema.cpp) and unknown
 request keys are ignored. A per-domain policy is therefore one server configuration per domain.
 This module writes each domain's flags (``--spec-type draft-simple``, ``--spec-draft-model`` (-md),
-``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``) and the presets file of
-llama-server's router mode (``llama-server --models-preset FILE``): one ``[domain]`` section per
+``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``; for an ngram domain
+``--spec-type ngram-simple`` with ``--spec-ngram-simple-size-n``/``-size-m``) and the presets file
+of llama-server's router mode (``llama-server --models-preset FILE``): one ``[domain]`` section per
 domain over the same target GGUF, started on demand and chosen by the request's ``model`` field.
+llama.cpp's ngram-simple is not the rule specscope measured (vLLM's); the export says so. llama.cpp
+has no early-exit drafter: such a domain is refused.
 
 Facts below were read from llama.cpp's own source as llama-cpp-python 0.3.36 vendors it (llama.cpp
 b11312, commit 0c1e57098): common/arg.cpp (flag names, ranges), common/preset.cpp (the INI parser:
@@ -20,7 +23,15 @@ from __future__ import annotations
 
 import re
 
-from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
+from .plan import (
+    MEASURED_NGRAM,
+    DeploymentPlan,
+    DomainPlan,
+    ExportOptions,
+    chain_length,
+    check_drafter,
+    need,
+)
 from .rules import EngineVersion, ExportError, Field, Rule
 
 LLAMA_CPP = "ggml-org/llama.cpp"
@@ -55,6 +66,9 @@ B11312 = EngineVersion(
         Field("--spec-draft-n-max", int, low=0, high=2**31 - 1),
         Field("--spec-draft-n-min", int, low=0, high=2**31 - 1),
         Field("--spec-draft-p-min", float, low=0.0, high=1.0),
+        # common/arg.cpp: "ngram size N must be between 1 and 1024 inclusive", same for M
+        Field("--spec-ngram-simple-size-n", int, low=1, high=1024),
+        Field("--spec-ngram-simple-size-m", int, low=1, high=1024),
         Field("--poll", int, low=0, high=100),
         Field("--spec-draft-poll", int, low=0, high=1),
         # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
@@ -78,6 +92,15 @@ B11312 = EngineVersion(
             lambda s: s.get("--spec-type") != "draft-simple" or "--spec-draft-model" in s,
         ),
         Rule(
+            # common/ngram-map.cpp common_ngram_simple_draft: copy_max = min(M, tokens after
+            # the match) and "if (copy_max < n_draft_min) return {}" with n_draft_min = N
+            "--spec-ngram-simple-size-m >= --spec-ngram-simple-size-n (ngram-simple drops a "
+            "draft shorter than N, so M < N never drafts)",
+            lambda s: (
+                s.get("--spec-ngram-simple-size-m", 48) >= s.get("--spec-ngram-simple-size-n", 12)
+            ),
+        ),
+        Rule(
             "--spec-draft-n-min <= --spec-draft-n-max (a draft shorter than n_min is dropped)",
             lambda s: s.get("--spec-draft-n-min", 0) <= s.get("--spec-draft-n-max", 3),
         ),
@@ -91,8 +114,32 @@ B11312 = EngineVersion(
         "request fields speculative.n_max/n_min/p_min are compiled out of llama-server "
         "(#if 0 in tools/server/server-schema.cpp) and ignored: speculation is set per server "
         "(per preset), never per request",
+        "ngram domains: --spec-type ngram-simple, N = prompt_lookup_min, M = K: llama.cpp's own "
+        "rule, not the one specscope measured (see approximation)",
+        "early-exit domains refused: llama.cpp has no early-exit drafter",
     ),
+    drafters=("draft-model", "ngram"),
 )
+
+# common/ngram-map.cpp common_ngram_simple_draft (commit 0c1e57098): the pattern is the last N
+# tokens (the sampled one included); the search runs backwards from cur_len - N - 1 down to 1 and
+# stops at the first hit (the latest occurrence; position 0 never matches); the draft is the
+# min(M, tokens after it) tokens that follow, none if that is < N or if cur_len <= N + M + 1;
+# common/speculative.cpp: its draft length is M (common_speculative_n_max), --spec-draft-n-max
+# does not apply
+NGRAM_APPROXIMATION = (
+    "llama.cpp's ngram-simple is not vLLM's ngram rule: it matches one n-gram size N "
+    "(--spec-ngram-simple-size-n, exported as prompt_lookup_min) rather than the longest of "
+    "prompt_lookup_min..prompt_lookup_max, takes the latest earlier occurrence rather than the "
+    "earliest, and drafts nothing while the context has at most N + M + 1 tokens or fewer than "
+    "N tokens follow the match; " + MEASURED_NGRAM
+)
+MISSING = {
+    "early-exit": "llama.cpp has no early-exit drafter: its --spec-type values are draft "
+    "models (draft-simple, draft-eagle3, draft-mtp, draft-dflash, draft-dspark) and n-gram "
+    "lookups; export this domain to transformers (assistant_early_exit), or tune it with the "
+    "draft model or ngram",
+}
 
 VERSIONS = (B11312,)
 EXPORTS = (
@@ -100,11 +147,14 @@ EXPORTS = (
     "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
     "and a router-mode presets file (`--models-preset`), one section per domain; from a "
     "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
-    "polling, batch sizes, quantised GGUF)"
+    "polling, batch sizes, quantised GGUF); ngram domains: `--spec-type ngram-simple`, "
+    "`--spec-ngram-simple-size-n` prompt_lookup_min, `--spec-ngram-simple-size-m` K, "
+    "**approximated** (llama.cpp's rule is not vLLM's)"
 )
 REFUSES = (
     "trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
-    "of llama-server, so not exported)"
+    "of llama-server, so not exported); ngram domains whose K < prompt_lookup_min (never "
+    "drafts); early-exit domains (llama.cpp has no early-exit drafter)"
 )
 
 
@@ -144,6 +194,12 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
             domain.shape, "llama.cpp", where, "tune chains only (specscope tune --max-rank 1)"
         )
     )
+    if k and domain.drafter.kind != "draft-model":
+        raise ExportError(
+            f"{where}: the policy's llama_server setting was measured with the draft model, "
+            f"but the policy gives this domain the {domain.drafter.label} drafter; re-run "
+            "specscope llamacpp, or drop its llama_server entry"
+        )
     if entry.get("k") != k:
         raise ExportError(
             f"{where}: the policy's chain has K = {k} but its llama_server setting "
@@ -174,6 +230,15 @@ def _flags(
         f"domain {domain.domain!r}",
         "tune chains only (specscope tune --max-rank 1)",
     )
+    if domain.drafter.kind == "ngram":  # one model: no draft model, nothing to poll for
+        flags.update(
+            {
+                "--spec-type": "ngram-simple",
+                "--spec-ngram-simple-size-n": domain.drafter.params["prompt_lookup_min"],
+                "--spec-ngram-simple-size-m": k,
+            }
+        )
+        return flags
     flags.update(
         {
             "--spec-type": "draft-simple",
@@ -219,9 +284,10 @@ def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) 
 
 
 def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
-    domains, sections = {}, {}
+    domains, sections, approximated = {}, {}, []
     server = plan.llama_server or {}
     for domain in plan.domains:
+        check_drafter(domain, version, VERSIONS, MISSING)
         measured = (
             server.get("domains", {}).get(domain.domain)
             if domain.source == "policy"
@@ -231,9 +297,11 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             _flags(domain, options, options.poll, measured), f"domain {domain.domain!r}"
         )
         sections[domain.domain] = flags
+        if flags.get("--spec-type") == "ngram-simple":
+            approximated.append(domain.domain)
         domains[domain.domain] = {
-            "tree": domain.tree,
-            "source": domain.source,
+            **domain.summary,
+            "approximated": domain.domain in approximated,
             "model": domain.domain,
             "flags": flags,
             "server_args": ["llama-server", *server_args(flags)],
@@ -243,6 +311,9 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
         "GGUF; the client (or specscope's router) sets each request's \"model\" "
         "to its domain; pass no speculation flags on the router's command line "
         "(they override every preset)",
+        "approximation": (
+            f"{', '.join(approximated)}: {NGRAM_APPROXIMATION}" if approximated else None
+        ),
         "router_args": ["llama-server", "--models-preset", options.presets_file],
         "presets_ini": presets_ini(sections, version, plan.policy_source),
         "domains": domains,

@@ -4,8 +4,8 @@ routing rule that picks it.
 No engine takes a speculation setting per request (llama-server compiles its request fields out,
 vLLM and SGLang have none), so a per-domain policy is deployed as one engine configuration per
 domain and requests routed to it. :class:`DeploymentPlan` lists those domains: each domain the
-router can produce gets the policy's tree for it, or the policy's uniform tree when the policy does
-not list it. A policy domain the router cannot produce is refused.
+router can produce gets the policy's tree for it, with its drafter, or the policy's uniform tree
+and drafter when the policy does not list it. A policy domain the router cannot produce is refused.
 
 This module knows no engine; the engine modules turn a plan into their own settings.
 """
@@ -15,10 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...drafters.config import DrafterConfig
 from ...trees import TreeShape
 from ...tune.policy import PolicyFile
 from ...tune.router import ROUTED_DOMAINS, RuleRouter
-from .rules import ExportError
+from .rules import EngineVersion, ExportError
+
+# What specscope measured for an ngram domain: vLLM's proposer (specscope.drafters.ngram). An
+# engine whose own n-gram drafter differs says so with this, so nobody reads the measured
+# acceptance as that engine's.
+MEASURED_NGRAM = (
+    "specscope measured vLLM's ngram rule (the tokens after the earliest occurrence of the "
+    "longest suffix of prompt_lookup_min..prompt_lookup_max tokens, in this request's own "
+    "tokens); the acceptance it predicts is that rule's, not this engine's"
+)
 
 
 @dataclass(frozen=True)
@@ -34,10 +44,18 @@ class DomainPlan:
     domain: str
     shape: TreeShape | None
     source: str  # "policy" (the policy lists the domain) or "uniform"
+    drafter: DrafterConfig = DrafterConfig()
 
     @property
     def tree(self) -> str:
         return self.shape.to_paths_literal() if self.shape else "none"
+
+    @property
+    def summary(self) -> dict:
+        """What every engine's document says of the domain: its tree, where the tree comes from,
+        and the drafter that proposes it (None: no speculation)."""
+        drafter = self.drafter.label if self.shape is not None else None
+        return {"tree": self.tree, "source": self.source, "drafter": drafter}
 
 
 @dataclass(frozen=True)
@@ -62,9 +80,9 @@ class DeploymentPlan:
                 f"allowed: {', '.join(produced)} (other domains use 'uniform')"
             )
         domains = tuple(
-            DomainPlan(d, policy.trees[d], "policy")
+            DomainPlan(d, policy.trees[d], "policy", policy.drafter_for(d))
             if d in policy.trees
-            else DomainPlan(d, policy.uniform, "uniform")
+            else DomainPlan(d, policy.uniform, "uniform", policy.uniform_drafter)
             for d in produced
         )
         return cls(
@@ -91,6 +109,30 @@ def chain_length(shape: TreeShape, engine: str, where: str, instead: str) -> int
             f"of top-1 tokens; {instead}"
         )
     return shape.max_depth
+
+
+def check_drafter(
+    domain: DomainPlan,
+    version: EngineVersion,
+    versions: tuple[EngineVersion, ...],
+    missing: dict[str, str],
+) -> None:
+    """Refuse a domain whose drafter ``version`` does not export: ``missing[kind]`` says why
+    (the engine has no such drafter) and what to do; otherwise the versions that export it."""
+    kind = domain.drafter.kind
+    if domain.shape is None or kind in version.drafters:
+        return
+    checked = [v.version for v in versions if kind in v.drafters]
+    reason = missing.get(kind) or (
+        f"its {kind} settings were checked at {', '.join(checked)} only "
+        f"(--engine-version {checked[0]})"
+        if checked
+        else f"specscope exports no {kind} drafter to {version.engine}"
+    )
+    raise ExportError(
+        f"domain {domain.domain!r}: {version.engine} {version.version} cannot draft with "
+        f"{domain.drafter.label}: {reason}"
+    )
 
 
 def need(value: str | None, option: str, engine: str, what: str) -> str:

@@ -76,6 +76,7 @@ class EngineVersion:
     approximation: str | None = None  # set when the engine approximates the exported shape
     about: str = ""  # what the version names (the README table)
     tree_reason: str = ""  # why a tree with branches is refused, for chain-only versions
+    drafters: tuple[str, ...] = ("draft-model",)  # specscope drafters exported to its own method
     field_names: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,5 +1,8 @@
-"""vLLM: one ``--speculative-config`` per domain, method ``draft_model`` (a standalone draft chain),
-and where the policy was tuned, ``num_speculative_tokens_per_batch_size`` from its cost model.
+"""vLLM: one ``--speculative-config`` per domain: method ``draft_model`` (a standalone draft chain)
+or, for an ngram domain, method ``ngram`` with the measured ``prompt_lookup_min``/``max`` (the rule
+specscope's ngram drafter re-implements), and where the policy was tuned,
+``num_speculative_tokens_per_batch_size`` from its cost model (draft-model domains only: the cost
+model times the draft model's passes). vLLM has no early-exit drafter: such a domain is refused.
 
 Trees are refused: vLLM removed ``speculative_token_tree`` and tree attention (PR #42121, merged
 2026-05; tree PRs were closed in 2026-06 as "no longer supported") and its ``SpeculativeConfig`` forbids
@@ -24,7 +27,7 @@ from ...records.schema import ALL_DOMAINS
 from ...trees import TreeShape
 from ...tune.acceptance import AcceptanceVector
 from ...tune.costs import CostModel, interpolate
-from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
+from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, check_drafter, need
 from .rules import EngineVersion, ExportError, Field, Rule
 
 VLLM = "vllm-project/vllm"
@@ -65,6 +68,40 @@ def _schedule_ok(s: dict) -> bool:
     return min(e[0] for e in table) == 1
 
 
+# the fields of each method specscope writes (SpeculativeConfig.__post_init__ at both commits:
+# method ngram with num_speculative_tokens and no model sets model "ngram" itself; a
+# draft_model without a model raises "num_speculative_tokens was provided but without
+# speculative model"; prompt_lookup_min > prompt_lookup_max raises)
+METHOD_RULES = (
+    Rule(
+        "method draft_model needs model (the draft model to load)",
+        lambda s: s.get("method") != "draft_model" or "model" in s,
+    ),
+    Rule(
+        "prompt_lookup_min <= prompt_lookup_max",
+        lambda s: s.get("prompt_lookup_min", 0) <= s.get("prompt_lookup_max", 2**31),
+    ),
+)
+# vllm/config/speculative.py (both commits): prompt_lookup_max/prompt_lookup_min are
+# "int | None = Field(default=None, ge=1)", read by method ngram only
+NGRAM_FIELDS = (
+    Field("prompt_lookup_min", int, low=1),
+    Field("prompt_lookup_max", int, low=1),
+)
+NGRAM_NOTE = (
+    "ngram domains: method ngram with the measured prompt_lookup_min/max, the rule specscope "
+    "measured (specscope.drafters.ngram re-implements vllm/v1/spec_decode/ngram_proposer.py "
+    "of vLLM 0.33.0, 4ba787ec9; that file was not re-read at this commit)"
+)
+MISSING = {
+    "early-exit": "vLLM has no early-exit drafter: none of its speculative methods (ngram, "
+    "medusa, mlp_speculator, draft_model, suffix, eagle, eagle3, the MTP heads, ...) drafts "
+    "with the target's own first layers; export this domain to transformers "
+    "(assistant_early_exit), or tune it with the draft model or ngram",
+}
+METHOD = {"draft-model": "draft_model", "ngram": "ngram"}
+
+
 MAIN_002E77C1 = EngineVersion(
     engine="vllm",
     version="main@002e77c1",
@@ -76,12 +113,14 @@ MAIN_002E77C1 = EngineVersion(
     ),
     fields=(
         Field("method", str, choices=METHODS, required=True),
-        Field("model", str, required=True),
+        Field("model", str),
         Field("num_speculative_tokens", int, low=1, required=True),
         Field("num_speculative_tokens_per_batch_size", list),
+        *NGRAM_FIELDS,
     ),
     forbid_extra=True,  # @config: pydantic extra="forbid"; speculative_token_tree is gone
     rules=(
+        *METHOD_RULES,
         Rule(
             "num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
             "sorted, not overlapping, 0 <= K <= num_speculative_tokens",
@@ -93,7 +132,10 @@ MAIN_002E77C1 = EngineVersion(
         "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
         "measured",
         "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)",
+        NGRAM_NOTE + "; no batch-size schedule for them (the cost model times the draft model)",
+        "early-exit domains refused: vLLM has no early-exit drafter",
     ),
+    drafters=("draft-model", "ngram"),
 )
 
 F19B16D9 = EngineVersion(
@@ -123,27 +165,34 @@ F19B16D9 = EngineVersion(
             ),  # less MTP types
             required=True,
         ),
-        Field("model", str, required=True),
+        Field("model", str),
         Field("num_speculative_tokens", int, low=1, required=True),
+        *NGRAM_FIELDS,
     ),
     forbid_extra=True,  # @config: pydantic extra="forbid"
+    rules=METHOD_RULES,
     notes=(
         "trees refused: speculative_token_tree needed an EAGLE head (eagle/eagle3) and the "
         "tree-attention backend, and drafted only trees with the same branching per level; "
         "specscope measured a standalone draft",
         "one vLLM server per domain (no per-request speculation length)",
+        NGRAM_NOTE,
+        "early-exit domains refused: vLLM has no early-exit drafter",
     ),
+    drafters=("draft-model", "ngram"),
 )
 
 VERSIONS = (MAIN_002E77C1, F19B16D9)
 EXPORTS = (
     "per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
     "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
-    "policy's cost model (tuned policies)"
+    "policy's cost model (tuned policies); ngram domains: `method` ngram, "
+    "`prompt_lookup_min`, `prompt_lookup_max`, `num_speculative_tokens` K (the rule measured)"
 )
 REFUSES = (
     "trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
-    "forbidden; earlier trees needed an EAGLE head, not a standalone draft"
+    "forbidden; earlier trees needed an EAGLE head, not a standalone draft; early-exit "
+    "domains (vLLM has no early-exit drafter)"
 )
 
 
@@ -201,20 +250,34 @@ def _tuned(plan: DeploymentPlan, domain: DomainPlan) -> tuple[CostModel, Accepta
     return CostModel.from_dict(plan.cost_model), acc
 
 
+def _ngram_config(domain: DomainPlan, k: int) -> dict:
+    """Method ngram: vLLM's proposer with the measured bounds; vLLM sets model "ngram" itself."""
+    return {"method": "ngram", **domain.drafter.params, "num_speculative_tokens": k}
+
+
 def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion) -> dict:
     domains = {}
     for domain in plan.domains:
         where = f"domain {domain.domain!r}"
-        entry = {"tree": domain.tree, "source": domain.source}
+        entry = domain.summary
         if domain.shape is None:
             domains[domain.domain] = {**entry, "speculative_config": None, "serve_args": []}
             continue
+        check_drafter(domain, version, VERSIONS, MISSING)
         k = chain_length(
             domain.shape,
-            "vLLM (method draft_model)",
+            f"vLLM (method {METHOD[domain.drafter.kind]})",
             where,
             f"tune chains only (specscope tune --max-rank 1): {version.tree_reason}",
         )
+        if domain.drafter.kind == "ngram":
+            config = version.validate(_ngram_config(domain, k), where)
+            domains[domain.domain] = {
+                **entry,
+                "speculative_config": config,
+                "serve_args": ["--speculative-config", json.dumps(config)],
+            }
+            continue
         config = {
             "method": "draft_model",
             "model": need(
