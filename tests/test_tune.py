@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from conftest import tiny_pair_args
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
@@ -378,25 +379,29 @@ def test_policy_drafters_are_checked_when_built_in_code():
     assert policy.drafter_for("code").exit_layer == 2
 
 
-def test_commands_that_draft_with_the_draft_model_refuse_other_drafters(tmp_path):
+def test_decode_follows_the_policy_files_drafter(tiny_dirs, tmp_path):
     chain = TreeShape.from_paths([(0,), (0, 0)])
     policy = PolicyFile(
         trees={"code": chain, "math": chain}, drafters={"code": DrafterConfig("ngram")}
     )
-    policy.check_draft_model_only("decode --policy-file", "math")  # the draft model: fine
-    with pytest.raises(
-        PolicyError,
-        match=r"^bench \(methods uniform, routed\) drafts with the draft model only, but the "
-        r"policy gives domain 'code' the ngram\(prompt_lookup_min=5, prompt_lookup_max=5\) "
-        r"drafter; specscope export writes it for an engine$",
-    ):
-        policy.check_draft_model_only("bench (methods uniform, routed)")
     path = policy.save(tmp_path / "policy.json")
-    result = CliRunner().invoke(
-        app, ["decode", "def f(x):", "--policy-file", str(path), "--domain", "code"]
-    )
-    assert result.exit_code == 2, result.output
-    assert "decode --policy-file drafts with the draft model only" in result.output
+    for domain, label in (("code", "ngram(prompt_lookup_min=5"), ("math", "draft-model, ")):
+        result = CliRunner().invoke(
+            app,
+            [
+                "decode",
+                "def f(x):",
+                "--policy-file",
+                str(path),
+                "--domain",
+                domain,
+                "--max-new-tokens",
+                "3",
+                *tiny_pair_args(tiny_dirs),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert label in result.output
 
 
 def test_policy_file_not_json(tmp_path):

@@ -205,7 +205,6 @@ def decode(
                 "route by the prompt)"
             )
         routed = domain or RuleRouter().classify(text)
-        policies.check_draft_model_only("decode --policy-file", routed)
         spec = policies.tree_for(routed)
     else:
         vector = None

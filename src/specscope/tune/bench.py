@@ -258,8 +258,6 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
     }
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
-    if policy is not None and ("uniform" in config.methods or "routed" in config.methods):
-        policy.check_draft_model_only("bench (methods uniform, routed)")
     return {m: table[m] for m in config.methods}
 
 

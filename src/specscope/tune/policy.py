@@ -301,24 +301,6 @@ class PolicyFile:
             return self.drafters.get(domain, DrafterConfig())
         return self.uniform_drafter
 
-    def check_draft_model_only(self, command: str, domain: str | None = None) -> None:
-        """``command`` drafts with the draft model only: refuse a policy that gives ``domain``
-        (None: any domain, or the uniform tree) another drafter."""
-        named = (
-            {f"domain {domain!r}": self.drafter_for(domain)}
-            if domain is not None
-            else {
-                **{f"domain {d!r}": v for d, v in self.drafters.items()},
-                "the uniform tree": self.uniform_drafter,
-            }
-        )
-        for name, drafter in named.items():
-            if drafter != DrafterConfig():
-                raise PolicyError(
-                    f"{command} drafts with the draft model only, but the policy gives {name} "
-                    f"the {drafter.label} drafter; specscope export writes it for an engine"
-                )
-
     def to_dict(self) -> dict:
         def entry(name: str, shape: TreeShape | None, drafter: DrafterConfig) -> dict:
             if name in self.choices:
