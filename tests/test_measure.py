@@ -186,7 +186,9 @@ def test_accepted_len_is_longest_accepted_path():
     q = torch.full((1, V), 0.2)
     tokens = torch.tensor([0, 1, 0, 1, 0, 0, 0, 1])
 
-    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape))
+    scores = StepScores(
+        tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape)
+    )
     record = step_record(scores, shape)
     assert record.nodes["greedy_accept"].tolist() == [bool(x) for x in (1, 0, 1, 0, 1, 1, 1, 0)]
     assert record.accepted_len == 3  # nodes 4, 5 accept but hang off a rejected root
@@ -224,7 +226,9 @@ def test_target_rank_equals_a_full_ranking(seed):
     picks = [0, 3, 15, 16, 40, 299]  # ranks to draft at: inside, at the edge and outside the top 16
     tokens = torch.stack([ranked[c][picks[i]] for i, c in enumerate(contexts)])
     q = torch.full((1, V), 1 / V)
-    scores = StepScores(tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape))
+    scores = StepScores(
+        tokens, q, torch.zeros(len(shape), dtype=torch.long), p, 0.0, 0.0, len(shape)
+    )
     expected = [int((ranked[c] == t).nonzero()) for c, t in zip(contexts, tokens.tolist())]
     assert step_record(scores, shape).nodes["target_rank"].tolist() == expected == picks
 
