@@ -91,7 +91,12 @@ def check_records(run: Run) -> None:
             if column not in df or len(df) == 0:
                 continue
             values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
-            nullable = column.startswith("cert_") or column.endswith("_time_s")
+            # NaN: no certificate or timing recorded; no KL for point-mass proposals (ngram)
+            nullable = (
+                column.startswith("cert_")
+                or column.endswith("_time_s")
+                or column == "kl_target_draft"
+            )
             bad = ~((values >= lo) & (values <= hi))
             if nullable:
                 bad &= ~np.isnan(values)
