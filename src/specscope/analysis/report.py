@@ -24,13 +24,15 @@ from pathlib import Path
 
 from .. import __version__
 from ..files import json_text, write_output
+from .drafters import DrafterComparison
 from .paper import PAPER, load_paper_tables, paper_data
-from .plots import Plot, plots_unavailable, write_plots
+from .plots import Plot, plots_unavailable, write_drafter_plots, write_plots
 from .prepare import ALL
 from .render import (
     Column,
     Grid,
     analysis_grids,
+    drafter_grids,
     findings_grid,
     markdown_escape,
     to_csv,
@@ -364,6 +366,32 @@ def write_report(
     return write_output(out_path, page, inside)
 
 
+@dataclass(frozen=True)
+class DrafterOutputs:
+    out_dir: Path
+    markdown: Path
+    latex: Path
+    csv_dir: Path
+    json: Path
+    plots: tuple[Plot, ...]
+    plot_message: str | None
+
+
+def write_drafter_outputs(
+    c: DrafterComparison, out_dir: str | Path, plots: bool = True, inside: Path | None = None
+) -> DrafterOutputs:
+    """A drafter comparison into ``out_dir``: tables.md, tables.tex, csv/, drafters.json and
+    plots/drafter_tau.png|svg."""
+    out_dir = Path(out_dir)
+    md, tex, csv_dir = write_tables(
+        drafter_grids(c), out_dir, f"specscope drafters: {', '.join(c.drafters)}", inside
+    )
+    js = write_output(out_dir / "drafters.json", json_text(to_jsonable(c), indent=1), inside)
+    message = plots_unavailable() if plots else "plots not requested"
+    drawn = write_drafter_plots(c, out_dir / "plots", inside) if plots else []
+    return DrafterOutputs(out_dir, md, tex, csv_dir, js, tuple(drawn), message)
+
+
 # --- HTML ------------------------------------------------------------------------------------------
 
 CSS = """
@@ -535,6 +563,7 @@ def html_report(
 
 
 __all__ = [
+    "DrafterOutputs",
     "Outputs",
     "compare",
     "compare_flat",
@@ -547,5 +576,6 @@ __all__ = [
     "to_jsonable",
     "write_outputs",
     "write_report",
+    "write_drafter_outputs",
     "write_tables",
 ]

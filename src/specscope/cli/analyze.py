@@ -1,4 +1,4 @@
-"""`specscope analyze`, `report`, `compare` and `certify`: reading run directories.
+"""`specscope analyze`, `report`, `compare`, `drafters` and `certify`: reading run directories.
 
 Every path argument and option is a local path or a ``file://`` URI (``files.local_location``);
 another URI (``s3://``) is refused in one line, never taken for a local directory named ``s3:``.
@@ -234,7 +234,9 @@ def compare(
         )
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
-        grids = compare_runs(*analyses)
+        grids = compare_runs(*analyses) + _drafter_grids_if_they_differ(
+            expanded, boot, seed, confidence
+        )
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
     if out is not None:
@@ -242,6 +244,69 @@ def compare(
             grids, out, f"specscope comparison: {title}", inside_of(out, run_dir)
         )
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
+
+
+def _drafter_grids_if_they_differ(
+    run_dirs: list[Path], boot: int, seed: int, confidence: float
+) -> list:
+    """The drafter comparison of runs whose drafters differ ([] when they are one drafter's)."""
+    from ..analysis import Settings
+    from ..analysis.drafters import compare_drafters, run_drafter
+    from ..analysis.prepare import read_run
+    from ..analysis.render import drafter_grids
+
+    runs = [read_run(path) for path in run_dirs]
+    if len({run_drafter(run) for run in runs}) < 2:
+        return []
+    settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
+    return drafter_grids(compare_drafters(runs, settings))
+
+
+@command()
+def drafters(
+    run_dirs: list[str] = typer.Argument(
+        ...,
+        help="Runs of one drafter each (draft-model, ngram, early-exit) on the same prompts and target; every claim names the earlier run's drafter first. Paths or file:// URIs.",
+    ),
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Also write tables.md, tables.tex, csv/, drafters.json and plots/ here.",
+    ),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
+    plots: bool = _PLOTS,
+) -> None:
+    """Drafters side by side on the same prompts: tau, proposals and greedy acceptance by depth per domain, and whether one accepts more than another (paired by prompt)."""
+    from ..analysis import Settings
+    from ..analysis.drafters import compare_drafters
+    from ..analysis.render import drafter_grids
+    from ..analysis.report import write_drafter_outputs
+    from ..files import check_output, inside_of
+    from ..records import check_writable_dir
+
+    run_dirs = [local_location(path, "RUN_DIRS") for path in run_dirs]
+    out = local_location(out, "--out")
+    inside = None
+    if out is not None:
+        check_output(out, tuple(run_dirs))
+        # a downloaded run's links are refused, not followed
+        inside = next(filter(None, (inside_of(out, run_dir) for run_dir in run_dirs)), None)
+        check_writable_dir(out)
+    comparison = compare_drafters(run_dirs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+    _print_grids(drafter_grids(comparison))
+    for warning in comparison.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    if out is not None:
+        written = write_drafter_outputs(comparison, out, plots, inside)
+        if plots and written.plot_message:
+            typer.secho(written.plot_message, fg=typer.colors.YELLOW, err=True)
+        typer.echo(
+            f"wrote {written.markdown}, {written.latex}, {written.csv_dir}/, {written.json}, "
+            f"{len(written.plots)} plots"
+        )
 
 
 # --- certify ----------------------------------------------------------------------------------
