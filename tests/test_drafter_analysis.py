@@ -274,9 +274,27 @@ def test_cli_drafters_and_compare(drafter_runs, tmp_path):
     assert "Drafters side by side" in result.output
     result = runner.invoke(app, ["compare", model, model, "--boot", "20"])
     assert result.exit_code == 0 and "Drafters side by side" not in result.output
+    page = tmp_path / "r.html"
+    result = runner.invoke(
+        app, ["report", model, lookup, "--boot", "20", "--no-plots", "--out", str(page)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Drafters side by side" in page.read_text()
     result = runner.invoke(app, ["drafters", model, str(tmp_path / "missing")])
     assert result.exit_code == 2 and "error:" in result.output
     assert runner.invoke(app, ["drafters", "--help"]).exit_code == 0
+
+
+def test_compare_of_other_prompts_warns_instead_of_failing(drafter_runs, tmp_path):
+    other = write_synthetic_drafter_runs(
+        tmp_path, {"early-exit(exit_layer=8)": DrafterProfile(0.6)}, domains=("legal",), steps=4
+    )
+    model, early = str(drafter_runs["draft-model"]), str(other["early-exit(exit_layer=8)"])
+    result = runner.invoke(app, ["compare", model, early, "--boot", "20"])
+    assert result.exit_code == 0, result.output
+    assert "drafters not compared" in result.output and "share no prompt" in result.output
+    result = runner.invoke(app, ["drafters", model, early, "--boot", "20"])
+    assert result.exit_code == 2 and "share no prompt" in result.output
 
 
 @pytest.mark.slow  # about 40 seconds

@@ -166,7 +166,7 @@ def report(
         help="Include the comparison with the paper's published figures.",
     ),
 ) -> None:
-    """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
+    """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs; runs of different drafters also side by side."""
     from ..analysis.plots import plots_unavailable
     from ..analysis.report import write_report
     from ..files import check_output, inside_of
@@ -187,9 +187,11 @@ def report(
     check_output(out, tuple(run_dirs))
     inside = inside_of(out, run_dirs[0])
     analyses = _analyses(expanded, boot, seed, confidence)
+    drafters = _drafters_if_they_differ(expanded, boot, seed, confidence)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
-    typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots, inside=inside)}")
+    path = write_report(analyses, out, paper=paper, plots=plots, inside=inside, drafters=drafters)
+    typer.echo(f"wrote {path}")
 
 
 @command()
@@ -212,7 +214,7 @@ def compare(
     confidence: float = _CONFIDENCE,
 ) -> None:
     """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
-    from ..analysis.render import findings_grid
+    from ..analysis.render import drafter_grids, findings_grid
     from ..analysis.report import compare as compare_runs
     from ..analysis.report import compare_with_paper, summary_grid, write_tables
     from ..files import check_output, inside_of
@@ -234,9 +236,9 @@ def compare(
         )
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
-        grids = compare_runs(*analyses) + _drafter_grids_if_they_differ(
-            expanded, boot, seed, confidence
-        )
+        grids = compare_runs(*analyses)
+        if drafters := _drafters_if_they_differ(expanded, boot, seed, confidence):
+            grids += drafter_grids(drafters)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
     if out is not None:
@@ -246,20 +248,21 @@ def compare(
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
 
 
-def _drafter_grids_if_they_differ(
-    run_dirs: list[Path], boot: int, seed: int, confidence: float
-) -> list:
-    """The drafter comparison of runs whose drafters differ ([] when they are one drafter's)."""
+def _drafters_if_they_differ(run_dirs: list[Path], boot: int, seed: int, confidence: float):
+    """The drafter comparison of runs whose drafters differ; None when they are one drafter's,
+    or (with a warning) when they are not the same prompts."""
     from ..analysis import Settings
-    from ..analysis.drafters import compare_drafters, run_drafter
+    from ..analysis.drafters import DrafterComparisonError, compare_drafters, run_drafter
     from ..analysis.prepare import read_run
-    from ..analysis.render import drafter_grids
 
     runs = [read_run(path) for path in run_dirs]
     if len({run_drafter(run) for run in runs}) < 2:
-        return []
-    settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
-    return drafter_grids(compare_drafters(runs, settings))
+        return None
+    try:
+        return compare_drafters(runs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+    except DrafterComparisonError as e:
+        typer.secho(f"warning: drafters not compared: {e}", fg=typer.colors.YELLOW, err=True)
+        return None
 
 
 @command()
