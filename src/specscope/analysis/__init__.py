@@ -16,6 +16,8 @@ Modules:
   ``results`` (the typed tables), ``resampling`` (the resamples one analysis shares);
 - ``echo`` (prompt echo), ``effects`` (depth deltas, effect sizes, profiles), ``findings`` (the
   paper's claims and their verdicts), ``tables`` (every table and metric of a run);
+- ``drafters`` (runs of several drafters on the same prompts: tau, proposals, chain acceptance,
+  and the paired verdict "drafter A accepts more than B");
 - ``paper`` (the published figures), ``render`` (terminal, Markdown, CSV, LaTeX, HTML tables),
   ``plots`` (matplotlib, optional), ``report`` (output files, HTML reports, comparisons);
 - ``synthetic`` (synthetic runs of known structure), ``calibration`` (the verdicts' error rates
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .drafters import DrafterComparison, compare_drafters
 from .findings import Finding, Verdict, evaluate_findings
 from .paper import expected_length, load_paper_tables
 from .prepare import ALL, Records, prepare, read_run
@@ -54,6 +57,7 @@ __all__ = [
     "EMPTY",
     "Analysis",
     "ClusterBootstrap",
+    "DrafterComparison",
     "Estimate",
     "Finding",
     "PaperTables",
@@ -63,6 +67,7 @@ __all__ = [
     "analyze",
     "analyze_records",
     "compare",
+    "compare_drafters",
     "compare_with_paper",
     "evaluate_findings",
     "expected_length",

@@ -12,6 +12,11 @@ calibrated the same way on worlds where the claim holds at every rank, and on Si
 worlds where it holds pooled (or at rank 0) but runs the other way at rank 1
 (:data:`STRATIFIED_TRUTH`).
 
+The drafter comparison ("drafter A accepts more than B in a domain", :mod:`.drafters`) is
+calibrated on pairs of synthetic drafters measured on the same prompts whose tau is known: equal
+at every prompt (alike, or a lookup that proposes in only some steps but whose longer chains make
+up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
+
 ``tests/test_calibration.py`` runs a small version in CI; the full table of the README comes from
 ``python -m specscope.analysis.calibration``. Nothing here reads a model.
 """
@@ -26,10 +31,18 @@ import numpy as np
 import pandas as pd
 
 from ..records import Run
+from .drafters import DrafterComparison, compare_drafters
 from .findings import Verdict
 from .prepare import ALL, prepare
 from .results import Analysis, Settings
-from .synthetic import DomainProfile, synthetic_tables
+from .synthetic import (
+    DomainProfile,
+    DrafterProfile,
+    chain_expected_length,
+    drafter_rates,
+    synthetic_drafter_tables,
+    synthetic_tables,
+)
 from .tables import analyze_records
 
 DOMAINS = ("chat", "code", "math", "reasoning")
@@ -300,6 +313,167 @@ def interval_coverage(
     return pd.DataFrame(rows)
 
 
+# --- the drafter comparison -----------------------------------------------------------------------
+
+MODEL = DrafterProfile(0.70)  # a chain of 4, each node accepted with odds 0.70 at an average prompt
+LOOKUP_PROPOSE_SD = 0.3  # sd of a lookup's proposal log-odds across prompts
+
+
+def _lookup(matches: str) -> DrafterProfile:
+    """A prompt-lookup drafter: proposes in 75% of steps (by prompt), a chain of 8 point masses
+    whose acceptance is solved to give ``matches``'s expected tau at every prompt."""
+    return DrafterProfile(matches=matches, propose=0.75, depth=8, point_mass=True)
+
+
+@dataclass(frozen=True)
+class DrafterWorld:
+    """Synthetic drafters measured on the same prompts, of which ``pair`` is compared ("the
+    first accepts more than the second"); another only serves as the reference a lookup matches."""
+
+    description: str
+    drafters: dict[str, DrafterProfile]
+    prompt_sd: float = 0.35
+    pair: tuple[str, str] = ("A", "B")
+
+
+DRAFTER_WORLDS = {
+    "equal": DrafterWorld(
+        "two drafters alike: chains of 4, acceptance odds 0.70 (tau 2.78 both)",
+        {"A": MODEL, "B": MODEL},
+    ),
+    "equal_heterogeneous": DrafterWorld(
+        "the same, prompts very unlike each other (prompt sd 1.0 logits)",
+        {"A": MODEL, "B": MODEL},
+        prompt_sd=1.0,
+    ),
+    "equal_lookup": DrafterWorld(
+        "a draft model and a lookup that proposes in 75% of steps, with the same expected tau at "
+        "every prompt",
+        {"A": MODEL, "B": _lookup("A")},
+    ),
+    "behind": DrafterWorld(
+        "A behind B: odds 0.62 vs 0.70 (tau 2.41 vs 2.78)",
+        {"A": DrafterProfile(0.62), "B": MODEL},
+    ),
+    "ahead_small": DrafterWorld(
+        "A ahead of B by 0.15 tokens per pass: odds 0.70 vs 0.67 (tau 2.78 vs 2.63)",
+        {"A": MODEL, "B": DrafterProfile(0.67)},
+    ),
+    "ahead": DrafterWorld(
+        "A ahead of B by 0.28 tokens per pass: odds 0.70 vs 0.64 (tau 2.78 vs 2.50)",
+        {"A": MODEL, "B": DrafterProfile(0.64)},
+    ),
+    "ahead_of_lookup": DrafterWorld(
+        "A ahead by 0.28 of a lookup with the expected tau of odds 0.64 at every prompt",
+        {"A": MODEL, "reference": DrafterProfile(0.64), "B": _lookup("reference")},
+    ),
+}
+
+# "A accepts more than B" per domain and over all domains: worlds where it is true, and false.
+_TRUE = ("ahead_small", "ahead", "ahead_of_lookup")
+_FALSE = ("equal", "equal_heterogeneous", "equal_lookup", "behind")
+DRAFTER_TRUTH = {
+    "drafter_accepts_more (per domain)": (_TRUE, _FALSE),
+    "drafter_accepts_more (All)": (_TRUE, _FALSE),
+}
+
+
+def true_taus(world: DrafterWorld, draws: int = 200_000, seed: int = 0) -> dict[str, float]:
+    """Each drafter's expected tau over the world's population of prompts (Monte Carlo)."""
+    rng = np.random.default_rng(seed)
+    effect = rng.normal(0, world.prompt_sd, size=draws)
+    rates = drafter_rates(world.drafters, effect, rng, LOOKUP_PROPOSE_SD)
+    return {
+        label: 1 + float(np.mean(propose * chain_expected_length(accept, d.depth)))
+        for (label, (propose, accept)), d in zip(rates.items(), world.drafters.values())
+    }
+
+
+def simulate_drafters(
+    world: DrafterWorld,
+    prompts_per_domain: int,
+    seed: int,
+    steps: int = 32,
+    settings: Settings | None = None,
+) -> DrafterComparison:
+    """Compare the pair of drafters of one synthetic measurement of ``world``."""
+    tables = synthetic_drafter_tables(
+        world.drafters,
+        prompts_per_domain=prompts_per_domain,
+        steps=steps,
+        seed=seed,
+        prompt_sd=world.prompt_sd,
+        propose_sd=LOOKUP_PROPOSE_SD,
+        run_id=f"calibration-{seed}",
+    )
+    runs = [
+        Run(
+            Path(f"synthetic-{seed}-{i}"),
+            {"run_id": f"calibration-{seed}-{i}", "status": "complete"},
+            *(t.to_pandas() for t in tables[label]),
+        )
+        for i, label in enumerate(world.pair)
+    ]
+    return compare_drafters(runs, settings or Settings(n_boot=200, seed=seed))
+
+
+def drafter_verdict_rates(
+    prompts_per_domain: int = 10,
+    reps: int = 40,
+    steps: int = 32,
+    worlds: tuple[str, ...] | None = None,
+    n_boot: int = 200,
+    min_prompts: int | None = None,
+) -> pd.DataFrame:
+    """One row per (claim, world), as :func:`verdict_rates`: the share of each verdict on "A
+    accepts more than B" in each domain ("per domain": 4 verdicts per run) and over all domains."""
+    worlds = worlds or tuple(DRAFTER_WORLDS)
+    rows = []
+    for name in worlds:
+        counts = {key: {v: 0 for v in Verdict} for key in DRAFTER_TRUTH}
+        for r in range(reps):
+            settings = Settings(n_boot=n_boot, seed=r)
+            if min_prompts is not None:
+                settings = Settings(n_boot=n_boot, seed=r, min_prompts=min_prompts)
+            c = simulate_drafters(
+                DRAFTER_WORLDS[name], prompts_per_domain, 1000 * r + 7, steps, settings
+            )
+            for v in c.verdicts:
+                scope = "All" if v.domain == ALL else "per domain"
+                counts[f"drafter_accepts_more ({scope})"][v.verdict] += 1
+        for key, c in counts.items():
+            true_in, _ = DRAFTER_TRUTH[key]
+            total = sum(c.values())
+            rows.append(
+                {
+                    "claim": key,
+                    "world": name,
+                    "claim is": "true" if name in true_in else "false",
+                    "prompts per domain": prompts_per_domain,
+                    "runs": total,
+                    **{v.value: c[v] / total for v in Verdict},
+                }
+            )
+    return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)
+
+
+def _print_drafter_rates(prompts: list[int], reps: int, steps: int) -> None:
+    for n in prompts:
+        rates = drafter_verdict_rates(n, reps, steps)
+        print(
+            f"\n## Drafter comparison: {n} prompts per domain, {reps} runs per world, "
+            f"{steps} steps\n"
+        )
+        print(summary(rates).to_markdown(index=False))
+        print()
+        print(rates.to_markdown(index=False, floatfmt=".3f"))
+    print("\n## Drafter comparison below the minimum: verdicts forced at 2 and 5 prompts\n")
+    for n in (2, 5):
+        forced = drafter_verdict_rates(n, reps, steps, min_prompts=0)
+        print(f"\n{n} prompts per domain:\n")
+        print(summary(forced).to_markdown(index=False))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="synthetic runs per world")
@@ -316,8 +490,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only the verdicts stratified by sibling rank",
     )
+    parser.add_argument(
+        "--drafters-only",
+        action="store_true",
+        help="only the drafter comparison (drafter A accepts more than B)",
+    )
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60)
+    if args.drafters_only:
+        _print_drafter_rates(args.prompts, args.reps, args.steps)
+        return
     for n in args.prompts:
         for stratified in (True,) if args.stratified_only else (False, True):
             rates = verdict_rates(n, args.reps, args.steps, stratified=stratified)
@@ -342,6 +524,7 @@ def main(argv: list[str] | None = None) -> None:
             index=False, floatfmt=".3f"
         )
     )
+    _print_drafter_rates(args.prompts, args.reps, args.steps)
 
 
 if __name__ == "__main__":

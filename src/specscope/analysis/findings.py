@@ -144,6 +144,17 @@ def _decide(holds: bool, fails: bool) -> Verdict:
     return Verdict.HOLDS if holds else Verdict.INCONCLUSIVE
 
 
+def one_sided_verdict(e: Estimate, confidence: float, x: float = 0.0) -> Verdict:
+    """The verdict on "the true value exceeds ``x``" from one figure, by the rules above: holds
+    if it is significantly above ``x``, does not hold if significantly below (each test one-sided
+    at half of 1 - ``confidence``), inconclusive otherwise; not testable without a standard
+    error (too few prompts for an interval)."""
+    if not e.testable:
+        return Verdict.UNTESTABLE
+    t = _Test(1 - confidence)
+    return _decide(t.above(e, x), t.below(e, x))
+
+
 def figures_text(figures: Sequence[tuple[str, Estimate]], digits: int = 3) -> str:
     """Named figures with their intervals, "; "-separated (differences signed); "—" if none."""
     return (

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..files import write_output
 from ..records import ALL_DOMAINS
+from .drafters import DrafterComparison
 from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile
 from .stats import Estimate
@@ -247,6 +248,47 @@ def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) ->
             write_output(path, image.getvalue(), inside)
         plots.append(Plot(name, title, png, svg))
     return plots
+
+
+# --- drafters side by side ---------------------------------------------------------------------
+
+
+def drafter_tau_plot(c: DrafterComparison):
+    """Mean tau per domain (and All), one series per drafter, with 95% whiskers."""
+    labels = list(c.domains) + [ALL]
+    fig = _figure(max(6.0, 1.6 * len(labels) + 2), 4)
+    ax = fig.subplots()
+    x = np.arange(len(labels), dtype=float)
+    spread = 0.6 / max(len(c.drafters), 1)
+    for i, drafter in enumerate(c.drafters):
+        rows = [c.row(drafter, lab) for lab in labels]
+        v, err = _values(tuple(r.tau for r in rows))
+        ax.errorbar(
+            x + (i - (len(c.drafters) - 1) / 2) * spread,
+            v,
+            yerr=err,
+            marker="o",
+            capsize=3,
+            linestyle="none",
+            label=drafter,
+        )
+    ax.set_xticks(x, labels)
+    ax.axhline(1, color="grey", linewidth=0.8)  # no proposal accepted: 1 token per pass
+    ax.set_ylabel("mean tau: tokens per target pass (95% CI)")
+    ax.set_title("Tokens per target pass by drafter and domain (same prompts)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def write_drafter_plots(
+    c: DrafterComparison, out_dir: str | Path, inside: Path | None = None
+) -> list[Plot]:
+    """The drafter comparison's plot as PNG and SVG; [] when matplotlib is missing."""
+    if plots_unavailable():
+        return []
+    png, svg = write_figure(drafter_tau_plot(c), out_dir, "drafter_tau", inside)
+    return [Plot("drafter_tau", "Tokens per target pass by drafter and domain", png, svg)]
 
 
 # --- certify: certified fraction by target-margin bin ------------------------------------------

@@ -13,6 +13,8 @@ import io
 import math
 from dataclasses import dataclass
 
+from .drafters import RULE as DRAFTER_RULE
+from .drafters import DrafterComparison
 from .findings import LABELS, STRATIFIED_RULE, Finding, StratifiedFinding, figures_text
 from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
@@ -678,6 +680,52 @@ def echo_grid(a: Analysis) -> Grid | None:
     )
 
 
+def drafter_grids(c: DrafterComparison) -> list[Grid]:
+    """The drafters side by side per domain, and the verdicts on each pair of them."""
+    labels = c.domains + (ALL,)
+    order = {d: i for i, d in enumerate(labels)}
+    rows = sorted(c.rows, key=lambda r: order[r.domain])  # stable: drafters in the runs' order
+    table = Grid(
+        "drafters",
+        "Drafters side by side on the same prompts",
+        (
+            Column("Domain"),
+            Column("Drafter"),
+            Column("Prompts"),
+            Column("Steps"),
+            Column("mean tau"),
+            Column("steps with a proposal"),
+        )
+        + tuple(Column(f"greedy | parent, depth {d}") for d in c.depths),
+        tuple(
+            (r.domain, r.drafter, r.prompts, r.steps, r.tau, r.proposal_share) + r.chain_acceptance
+            for r in rows
+        ),
+        "mean tau: tokens per target pass (accepted_len + 1, the bonus token counted; a step "
+        "without a proposal counts 1). steps with a proposal: share of steps where the drafter "
+        "proposed at least one token (a lookup finds no match in the others). greedy | parent: "
+        "greedy acceptance of top-1-chain nodes whose parent path is accepted (a chain "
+        "drafter's whole proposal, a tree's sibling-rank-0 path). Only prompts that every "
+        "drafter measured; 95% intervals resample prompts within domains, the same resamples "
+        "for every drafter.",
+    )
+    verdicts = tuple(sorted(c.verdicts, key=lambda v: order[v.domain]))
+    comparison = Grid(
+        "drafter_verdicts",
+        "Does one drafter accept more than another? (paired by prompt)",
+        (
+            Column("Domain"),
+            Column("Claim"),
+            Column("Δ mean tau [95% CI]", signed=True),
+            Column("Verdict"),
+        ),
+        tuple((v.domain, v.claim, v.difference, v.verdict.value) for v in verdicts),
+        f"Δ mean tau: the first drafter's mean tau minus the second's on the same prompts. "
+        f"{DRAFTER_RULE} Error rates: docs/calibration.md.",
+    )
+    return [table, comparison] if verdicts else [table]
+
+
 def analysis_grids(a: Analysis) -> list[Grid]:
     """Every table of an analysis, in report order."""
     stratified = a.stratification.findings if a.stratification is not None else ()
@@ -706,6 +754,7 @@ __all__ = [
     "Column",
     "Grid",
     "analysis_grids",
+    "drafter_grids",
     "paper_grids",
     "to_csv",
     "to_html",

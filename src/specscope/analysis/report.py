@@ -19,18 +19,21 @@ import html
 import json
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..files import json_text, write_output
+from .drafters import DrafterComparison
 from .paper import PAPER, load_paper_tables, paper_data
-from .plots import Plot, plots_unavailable, write_plots
+from .plots import Plot, plots_unavailable, write_drafter_plots, write_plots
 from .prepare import ALL
 from .render import (
     Column,
     Grid,
     analysis_grids,
+    drafter_grids,
     findings_grid,
     markdown_escape,
     to_csv,
@@ -353,15 +356,53 @@ def write_report(
     paper: bool = True,
     plots: bool = True,
     inside: Path | None = None,
+    drafters: DrafterComparison | None = None,
 ) -> Path:
-    """One self-contained HTML report of one run, or a comparison of several."""
+    """One self-contained HTML report of one run, or a comparison of several (with ``drafters``,
+    the runs' drafters side by side)."""
     message = plots_unavailable() if plots else "plots not requested"
     with tempfile.TemporaryDirectory() as tmp:
         drawn = {
             i: write_plots(a, Path(tmp) / str(i)) if plots else [] for i, a in enumerate(analyses)
         }
-        page = html_report(analyses, drawn, paper=paper, plot_message=message)
+        drafter_plots = []
+        if drafters is not None and plots:
+            drafter_plots = write_drafter_plots(drafters, Path(tmp) / "drafters")
+        page = html_report(
+            analyses,
+            drawn,
+            paper=paper,
+            plot_message=message,
+            drafters=drafters,
+            drafter_plots=drafter_plots,
+        )
     return write_output(out_path, page, inside)
+
+
+@dataclass(frozen=True)
+class DrafterOutputs:
+    out_dir: Path
+    markdown: Path
+    latex: Path
+    csv_dir: Path
+    json: Path
+    plots: tuple[Plot, ...]
+    plot_message: str | None
+
+
+def write_drafter_outputs(
+    c: DrafterComparison, out_dir: str | Path, plots: bool = True, inside: Path | None = None
+) -> DrafterOutputs:
+    """A drafter comparison into ``out_dir``: tables.md, tables.tex, csv/, drafters.json and
+    plots/drafter_tau.png|svg."""
+    out_dir = Path(out_dir)
+    md, tex, csv_dir = write_tables(
+        drafter_grids(c), out_dir, f"specscope drafters: {', '.join(c.drafters)}", inside
+    )
+    js = write_output(out_dir / "drafters.json", json_text(to_jsonable(c), indent=1), inside)
+    message = plots_unavailable() if plots else "plots not requested"
+    drawn = write_drafter_plots(c, out_dir / "plots", inside) if plots else []
+    return DrafterOutputs(out_dir, md, tex, csv_dir, js, tuple(drawn), message)
 
 
 # --- HTML ------------------------------------------------------------------------------------------
@@ -497,8 +538,11 @@ def html_report(
     plots: dict[int, list[Plot]],
     paper: bool = True,
     plot_message: str | None = None,
+    drafters: DrafterComparison | None = None,
+    drafter_plots: Sequence[Plot] = (),
 ) -> str:
-    """The HTML text of a report of one or more runs (the first is the reference)."""
+    """The HTML text of a report of one or more runs (the first is the reference); ``drafters``
+    adds their drafters side by side to the comparison."""
     esc = html.escape
     names = ", ".join(a.info.run_id for a in analyses)
     title = f"specscope report: {names}" if len(analyses) == 1 else f"specscope comparison: {names}"
@@ -516,6 +560,10 @@ def html_report(
         for j, other in enumerate(analyses[1:], start=1):
             comp.append(f"<h3>{esc(ref.info.run_id)} vs {esc(other.info.run_id)}</h3>")
             comp += [to_html(g, f"c{j}-") for g in compare(ref, other)]
+        if drafters is not None:
+            comp.append("<h3>Drafters side by side</h3>")
+            comp += [to_html(g, "d-") for g in drafter_grids(drafters)]
+            comp += [_img(p) for p in drafter_plots]
         comp.append("</section>")
         body.append("\n".join(comp))
     toc.append("</ul></nav>")
@@ -535,6 +583,7 @@ def html_report(
 
 
 __all__ = [
+    "DrafterOutputs",
     "Outputs",
     "compare",
     "compare_flat",
@@ -547,5 +596,6 @@ __all__ = [
     "to_jsonable",
     "write_outputs",
     "write_report",
+    "write_drafter_outputs",
     "write_tables",
 ]

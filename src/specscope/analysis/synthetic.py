@@ -56,6 +56,34 @@ def _depths(parents: tuple[int, ...]) -> np.ndarray:
     return depth
 
 
+def _prompts_table(run_id: str, prompt_ids, domains, prompt_domain, n_steps):
+    """The prompts table of a synthetic run: one row per prompt, ``n_steps[i]`` tokens generated."""
+    P = len(prompt_ids)
+    return _table(
+        {
+            "run_id": [run_id] * P,
+            "prompt_id": list(prompt_ids),
+            "domain": [domains[d] for d in prompt_domain],
+            "order": np.arange(P, dtype=np.int32),
+            "source": ["synthetic"] * P,
+            "source_index": np.arange(P, dtype=np.int64),
+            "messages_json": ["[]"] * P,
+            "prompt_text": [
+                f"Synthetic {domains[d]} prompt {i}. {ESCAPE_PROBE}"
+                for i, d in enumerate(prompt_domain)
+            ],
+            "prompt_tokens": np.full(P, 32, np.int32),
+            "truncated": np.zeros(P, bool),
+            "generated_tokens": n_steps.astype(np.int32),
+            "output_token_ids": [[0] * int(n) for n in n_steps],
+            "output_text": [f"output {i} <end>" for i in range(P)],
+            "stop_reason": ["max_new_tokens"] * P,
+            "time_s": n_steps * 0.03,
+        },
+        "prompts",
+    )
+
+
 def synthetic_tables(
     prompts_per_domain: int = 50,
     steps: int | tuple[int, int] = 64,
@@ -198,52 +226,274 @@ def synthetic_tables(
         },
         "steps",
     )
-    prompts = _table(
-        {
-            "run_id": [run_id] * P,
-            "prompt_id": list(prompt_ids),
-            "domain": [domains[d] for d in prompt_domain],
-            "order": np.arange(P, dtype=np.int32),
-            "source": ["synthetic"] * P,
-            "source_index": np.arange(P, dtype=np.int64),
-            "messages_json": ["[]"] * P,
-            "prompt_text": [
-                f"Synthetic {domains[d]} prompt {i}. {ESCAPE_PROBE}"
-                for i, d in enumerate(prompt_domain)
-            ],
-            "prompt_tokens": np.full(P, 32, np.int32),
-            "truncated": np.zeros(P, bool),
-            "generated_tokens": n_steps.astype(np.int32),
-            "output_token_ids": [[0] * int(n) for n in n_steps],
-            "output_text": [f"output {i} <end>" for i in range(P)],
-            "stop_reason": ["max_new_tokens"] * P,
-            "time_s": n_steps * 0.03,
-        },
-        "prompts",
-    )
+    prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
     return nodes, steps_table, prompts
 
 
-def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
-    """Write a complete synthetic run directory; keyword arguments go to synthetic_tables."""
+def _write_run(run_dir: str | Path, tables, run_id: str, config: dict) -> Path:
+    """A complete run directory of the (nodes, steps, prompts) ``tables``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tables = synthetic_tables(**kwargs)
     rundir = RunDir(run_dir)
     for name, table in zip(TABLES, tables):
         rundir.write_table(name, table)
     manifest = {
         "schema_version": SCHEMA_VERSION,
-        "run_id": kwargs.get("run_id", "synthetic"),
+        "run_id": run_id,
         "status": "complete",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "config": {
-            "synthetic": True,
-            "tree": "paper",
-            "seed": kwargs.get("seed", 0),
-            "prompts_per_domain": kwargs.get("prompts_per_domain", 50),
-        },
+        "config": {"synthetic": True, **config},
         "counts": {name: t.num_rows for name, t in zip(TABLES, tables)},
     }
     rundir.write_manifest(manifest)
     return run_dir
+
+
+def write_synthetic_run(run_dir: str | Path, **kwargs) -> Path:
+    """Write a complete synthetic run directory; keyword arguments go to synthetic_tables."""
+    config = {
+        "tree": "paper",
+        "seed": kwargs.get("seed", 0),
+        "prompts_per_domain": kwargs.get("prompts_per_domain", 50),
+    }
+    return _write_run(
+        run_dir, synthetic_tables(**kwargs), kwargs.get("run_id", "synthetic"), config
+    )
+
+
+# --- drafters side by side --------------------------------------------------------------------------
+
+DRAFTER_DOMAINS = ("chat", "code", "math", "reasoning")
+
+
+@dataclass(frozen=True)
+class DrafterProfile:
+    """How one synthetic drafter behaves at every step of every prompt.
+
+    It proposes a chain of ``depth`` tokens with probability ``propose`` (below 1: a model-free
+    lookup that finds no match proposes nothing; its log-odds vary from prompt to prompt), and
+    each node of the chain is greedy-accepted, given its parent is, with log-odds
+    logit(``accept``) plus the prompt's effect, which every drafter shares (a prompt easy for one
+    drafter is easy for all). ``matches`` names an earlier drafter instead of ``accept``: each
+    prompt's acceptance is then solved so that this drafter's expected tau equals that drafter's
+    at every prompt (equal tau, different structure). ``point_mass``: p_draft = 1 and
+    alpha = p_target, no draft entropy and no KL, as the ngram drafter records.
+    """
+
+    accept: float | None = None
+    propose: float = 1.0
+    depth: int = 4
+    point_mass: bool = False
+    matches: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.accept is None) == (self.matches is None):
+            raise ValueError("a DrafterProfile takes accept or matches, exactly one of them")
+        if self.accept is not None and not 0 < self.accept < 1:
+            raise ValueError(f"accept must be in (0, 1), got {self.accept}")
+        if not 0 < self.propose <= 1 or self.depth < 1:
+            raise ValueError("propose must be in (0, 1] and depth at least 1")
+
+
+def chain_expected_length(accept: np.ndarray, depth: int) -> np.ndarray:
+    """Expected accepted length of a chain of ``depth`` nodes, each accepted given its parent
+    with probability ``accept``: sum over d = 1..depth of accept**d (tau is one more)."""
+    accept = np.asarray(accept, dtype=float)
+    return sum(accept**d for d in range(1, depth + 1))
+
+
+def _solve_accept(length: np.ndarray, depth: int) -> np.ndarray:
+    """The per-node acceptance whose chain of ``depth`` has expected accepted length ``length``."""
+    if (length > depth).any() or (length < 0).any():
+        raise ValueError(
+            f"no chain of depth {depth} has an expected accepted length of {length.max():.3f}: "
+            "a deeper chain, or a drafter that proposes more often, can match"
+        )
+    lo, hi = np.zeros_like(length), np.ones_like(length)
+    for _ in range(60):  # bisection: chain_expected_length rises with the acceptance
+        mid = (lo + hi) / 2
+        low = chain_expected_length(mid, depth) < length
+        lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+    return (lo + hi) / 2
+
+
+def _logistic(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _logit(p: float) -> float:
+    return float(np.log(p / (1 - p)))
+
+
+def drafter_rates(
+    drafters: dict[str, DrafterProfile],
+    prompt_effect: np.ndarray,
+    rng: np.random.Generator,
+    propose_sd: float = 0.5,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each drafter's probabilities per prompt: (of proposing at a step, of a chain node being
+    accepted given its parent), for prompts of the given effects on the log-odds of acceptance.
+    A drafter's expected tau at a prompt is ``1 + propose * chain_expected_length(accept, depth)``.
+    """
+    P = len(prompt_effect)
+    expected: dict[str, np.ndarray] = {}
+    out = {}
+    for label, profile in drafters.items():
+        propose = np.ones(P)
+        if profile.propose < 1:
+            propose = _logistic(_logit(profile.propose) + rng.normal(0, propose_sd, size=P))
+        if profile.matches is None:
+            accept = _logistic(_logit(profile.accept) + prompt_effect)
+        elif profile.matches in expected:
+            accept = _solve_accept(expected[profile.matches] / propose, profile.depth)
+        else:
+            raise ValueError(
+                f"{label} matches {profile.matches!r}, which is not an earlier drafter"
+            )
+        expected[label] = propose * chain_expected_length(accept, profile.depth)
+        out[label] = (propose, accept)
+    return out
+
+
+def synthetic_drafter_tables(
+    drafters: dict[str, DrafterProfile],
+    prompts_per_domain: int = 50,
+    steps: int | tuple[int, int] = 64,
+    seed: int = 0,
+    domains: tuple[str, ...] = DRAFTER_DOMAINS,
+    prompt_sd: float = 0.35,
+    propose_sd: float = 0.5,
+    run_id: str = "synthetic",
+) -> dict[str, tuple]:
+    """(nodes, steps, prompts) tables of one run per drafter (keyed by its label, which the
+    records' ``drafter`` column carries), measured on the same prompts: the same prompt ids, the
+    same number of steps per prompt and the same emitted tokens, as greedy verification gives
+    every drafter the target's trajectory. Drafter ``i``'s run id is ``{run_id}-{i}``.
+
+    Each drafter is a :class:`DrafterProfile`; the prompts' effects (normal, sd ``prompt_sd``, on
+    the log-odds of acceptance) are shared, the proposal log-odds of a drafter with ``propose``
+    below 1 vary by prompt with sd ``propose_sd``. A step without a proposal records no nodes,
+    tree_size 0 and tau 1. Every expected tau is known (:func:`chain_expected_length`), which is
+    what the calibration of the drafter comparison needs.
+    """
+    rng = np.random.default_rng(seed)
+    domains = tuple(sorted(domains))
+    prompt_domain = np.repeat(np.arange(len(domains)), prompts_per_domain)
+    P = len(prompt_domain)
+    if isinstance(steps, tuple):
+        n_steps = rng.integers(steps[0], steps[1] + 1, size=P)
+    else:
+        n_steps = np.full(P, steps)
+    step_prompt = np.repeat(np.arange(P), n_steps)
+    step_index = np.concatenate([np.arange(n) for n in n_steps])
+    prompt_ids = np.array(
+        [f"{domains[d]}-{i:04d}" for i, d in enumerate(prompt_domain)], dtype=object
+    )
+    prompt_effect = rng.normal(0, prompt_sd, size=P)
+    emitted = rng.integers(0, 32000, size=len(step_prompt)).astype(np.int32)
+    rates = drafter_rates(drafters, prompt_effect, rng, propose_sd)
+    schedule = (prompt_ids, domains, prompt_domain, n_steps, step_prompt, step_index, emitted)
+    out = {}
+    for i, (label, profile) in enumerate(drafters.items()):
+        propose, accept = rates[label]
+        out[label] = _drafter_run(rng, f"{run_id}-{i}", label, profile, accept, propose, schedule)
+    return out
+
+
+def _drafter_run(rng, run_id, label, profile, accept, propose, schedule) -> tuple:
+    """One drafter's (nodes, steps, prompts) tables over the shared schedule of steps."""
+    prompt_ids, domains, prompt_domain, n_steps, step_prompt, step_index, emitted = schedule
+    S, D = len(step_prompt), profile.depth
+    proposes = rng.random(S) < propose[step_prompt]
+    greedy = rng.random((S, D)) < accept[step_prompt][:, None]
+    accepted_len = np.where(proposes, np.cumprod(greedy, axis=1).sum(axis=1), 0)
+
+    rows = np.flatnonzero(proposes)  # steps that proposed: D nodes each, a chain
+    N = len(rows) * D
+    node_row = np.repeat(rows, D)
+    depth = np.tile(np.arange(1, D + 1), len(rows))
+    g = greedy[rows].ravel()
+    accept_draw = rng.random(N)
+    alpha = np.where(
+        g,
+        np.where(accept_draw < 0.7, 1.0, rng.beta(4.0, 1.5, size=N)),
+        np.where(accept_draw < 0.12, 1.0, rng.beta(1.0, 2.5, size=N)),
+    )
+    entropy = rng.gamma(2.0, 0.5, size=N)
+    if profile.point_mass:  # q(t) = 1: alpha is p_target; no draft entropy, KL undefined
+        p_draft, draft_entropy, kl = np.ones(N), np.zeros(N), np.full(N, np.nan)
+    else:
+        p_draft = rng.uniform(0.05, 0.95, size=N)
+        draft_entropy = entropy * rng.uniform(0.8, 1.2, size=N)
+        kl = rng.gamma(1.0, 0.3, size=N)
+    node_prompt = step_prompt[node_row]
+    step_domain = np.array(domains, dtype=object)[prompt_domain[step_prompt]]
+    nodes = _table(
+        {
+            "run_id": [run_id] * N,
+            "prompt_id": prompt_ids[node_prompt],
+            "domain": step_domain[node_row],
+            "drafter": [label] * N,
+            "step": step_index[node_row].astype(np.int32),
+            "position_bin": position_bin(step_index[node_row]).astype(np.int8),
+            "node_id": (depth - 1).astype(np.int16),
+            "parent_id": (depth - 2).astype(np.int16),
+            "depth": depth.astype(np.int8),
+            "sibling_rank": np.zeros(N, np.int16),
+            "token_id": rng.integers(0, 32000, size=N).astype(np.int32),
+            "p_draft": p_draft,
+            "p_target": np.minimum(alpha * p_draft, 1.0),
+            "alpha": alpha,
+            "greedy_accept": g,
+            "target_entropy": entropy,
+            "draft_entropy": draft_entropy,
+            "target_top1_prob": np.exp(-entropy),
+            "target_margin": np.exp(-entropy) / 2,
+            "kl_target_draft": kl,
+            "target_rank": np.where(g, 0, rng.integers(1, 50, size=N)).astype(np.int32),
+        },
+        "nodes",
+    )
+    steps_table = _table(
+        {
+            "run_id": [run_id] * S,
+            "prompt_id": prompt_ids[step_prompt],
+            "domain": step_domain,
+            "drafter": [label] * S,
+            "step": step_index.astype(np.int32),
+            "position_bin": position_bin(step_index).astype(np.int8),
+            "context_len": (100 + step_index).astype(np.int32),
+            "tree_size": np.where(proposes, D, 0).astype(np.int16),
+            "emitted_token": emitted,
+            "accepted_len": accepted_len.astype(np.int16),
+            "tau": (accepted_len + 1).astype(np.int16),
+            "draft_time_s": np.full(S, 0.01),
+            "verify_time_s": np.full(S, 0.02),
+            "step_time_s": np.full(S, 0.03),
+        },
+        "steps",
+    )
+    prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
+    return nodes, steps_table, prompts
+
+
+def write_synthetic_drafter_runs(
+    out_dir: str | Path, drafters: dict[str, DrafterProfile], **kwargs
+) -> dict[str, Path]:
+    """One run directory per drafter under ``out_dir`` (``0-draft-model``, ``1-ngram``, ...);
+    keyword arguments go to :func:`synthetic_drafter_tables`."""
+    tables = synthetic_drafter_tables(drafters, **kwargs)
+    run_id = kwargs.get("run_id", "synthetic")
+    config = {
+        "seed": kwargs.get("seed", 0),
+        "prompts_per_domain": kwargs.get("prompts_per_domain", 50),
+    }
+    return {
+        label: _write_run(
+            Path(out_dir) / f"{i}-{label.split('(')[0]}",
+            t,
+            f"{run_id}-{i}",
+            {**config, "drafter": label},
+        )
+        for i, (label, t) in enumerate(tables.items())
+    }

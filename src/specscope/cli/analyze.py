@@ -1,4 +1,4 @@
-"""`specscope analyze`, `report`, `compare` and `certify`: reading run directories.
+"""`specscope analyze`, `report`, `compare`, `drafters` and `certify`: reading run directories.
 
 Every path argument and option is a local path or a ``file://`` URI (``files.local_location``);
 another URI (``s3://``) is refused in one line, never taken for a local directory named ``s3:``.
@@ -166,7 +166,7 @@ def report(
         help="Include the comparison with the paper's published figures.",
     ),
 ) -> None:
-    """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs."""
+    """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs; runs of different drafters also side by side."""
     from ..analysis.plots import plots_unavailable
     from ..analysis.report import write_report
     from ..files import check_output, inside_of
@@ -187,9 +187,11 @@ def report(
     check_output(out, tuple(run_dirs))
     inside = inside_of(out, run_dirs[0])
     analyses = _analyses(expanded, boot, seed, confidence)
+    drafters = _drafters_if_they_differ(expanded, boot, seed, confidence)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
-    typer.echo(f"wrote {write_report(analyses, out, paper=paper, plots=plots, inside=inside)}")
+    path = write_report(analyses, out, paper=paper, plots=plots, inside=inside, drafters=drafters)
+    typer.echo(f"wrote {path}")
 
 
 @command()
@@ -212,7 +214,7 @@ def compare(
     confidence: float = _CONFIDENCE,
 ) -> None:
     """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
-    from ..analysis.render import findings_grid
+    from ..analysis.render import drafter_grids, findings_grid
     from ..analysis.report import compare as compare_runs
     from ..analysis.report import compare_with_paper, summary_grid, write_tables
     from ..files import check_output, inside_of
@@ -235,6 +237,8 @@ def compare(
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
         grids = compare_runs(*analyses)
+        if drafters := _drafters_if_they_differ(expanded, boot, seed, confidence):
+            grids += drafter_grids(drafters)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
     if out is not None:
@@ -242,6 +246,70 @@ def compare(
             grids, out, f"specscope comparison: {title}", inside_of(out, run_dir)
         )
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
+
+
+def _drafters_if_they_differ(run_dirs: list[Path], boot: int, seed: int, confidence: float):
+    """The drafter comparison of runs whose drafters differ; None when they are one drafter's,
+    or (with a warning) when they are not the same prompts."""
+    from ..analysis import Settings
+    from ..analysis.drafters import DrafterComparisonError, compare_drafters, run_drafter
+    from ..analysis.prepare import read_run
+
+    runs = [read_run(path) for path in run_dirs]
+    if len({run_drafter(run) for run in runs}) < 2:
+        return None
+    try:
+        return compare_drafters(runs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+    except DrafterComparisonError as e:
+        typer.secho(f"warning: drafters not compared: {e}", fg=typer.colors.YELLOW, err=True)
+        return None
+
+
+@command()
+def drafters(
+    run_dirs: list[str] = typer.Argument(
+        ...,
+        help="Runs of one drafter each (draft-model, ngram, early-exit) on the same prompts and target; every claim names the earlier run's drafter first. Paths or file:// URIs.",
+    ),
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Also write tables.md, tables.tex, csv/, drafters.json and plots/ here.",
+    ),
+    boot: int = _BOOT,
+    seed: int = _BOOT_SEED,
+    confidence: float = _CONFIDENCE,
+    plots: bool = _PLOTS,
+) -> None:
+    """Drafters side by side on the same prompts: tau, proposals and greedy acceptance by depth per domain, and whether one accepts more than another (paired by prompt)."""
+    from ..analysis import Settings
+    from ..analysis.drafters import compare_drafters
+    from ..analysis.render import drafter_grids
+    from ..analysis.report import write_drafter_outputs
+    from ..files import check_output, inside_of
+    from ..records import check_writable_dir
+
+    run_dirs = [local_location(path, "RUN_DIRS") for path in run_dirs]
+    out = local_location(out, "--out")
+    inside = None
+    if out is not None:
+        check_output(out, tuple(run_dirs))
+        # a downloaded run's links are refused, not followed
+        inside = next(filter(None, (inside_of(out, run_dir) for run_dir in run_dirs)), None)
+        check_writable_dir(out)
+    comparison = compare_drafters(run_dirs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+    _print_grids(drafter_grids(comparison))
+    for warning in comparison.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+    if out is not None:
+        written = write_drafter_outputs(comparison, out, plots, inside)
+        if plots and written.plot_message:
+            typer.secho(written.plot_message, fg=typer.colors.YELLOW, err=True)
+        typer.echo(
+            f"wrote {written.markdown}, {written.latex}, {written.csv_dir}/, {written.json}, "
+            f"{len(written.plots)} plots"
+        )
 
 
 # --- certify ----------------------------------------------------------------------------------
