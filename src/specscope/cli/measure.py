@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from . import drafting
 from .app import command
+from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- run (measurement engine) ------------------------------------------------------------------
 
@@ -89,10 +89,10 @@ def run(
         help="Replace the specscope run in --out (only a run; after every input is checked) and start over.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    drafter: str | None = drafting.DRAFTER,
-    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = drafting.EXIT_LAYER,
+    drafter: str | None = DRAFTER,
+    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = EXIT_LAYER,
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
     import dataclasses
@@ -110,9 +110,7 @@ def run(
     if any(len(pair) != 2 for pair in overrides):
         raise RunConfigError(f"--source takes DOMAIN=SOURCE, got {source}")
     base = load_config(config)
-    chosen = drafting.drafter_config(
-        drafter, prompt_lookup_min, prompt_lookup_max, exit_layer, base.drafter
-    )
+    chosen = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer, base.drafter)
     if smoke or prompt_file:  # an explicit prompt choice replaces the preset's
         base = base.replace(**{"prompts.domains": (), "prompts.per_domain": None})
     cfg = base.replace(

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from ..records import ALL_DOMAINS
-from . import drafting
 from .app import command, fail
+from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- decode / tune / bench -------------------------------------------------------------------
 
@@ -168,10 +168,10 @@ def decode(
     trust_remote_code: bool = _D_TRUST,
     threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
-    drafter: str | None = drafting.DRAFTER,
-    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = drafting.EXIT_LAYER,
+    drafter: str | None = DRAFTER,
+    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
     from ..decode import DecodeConfig, DecodeError, check_drafter_fits, make_decoder, steps_frame
@@ -222,7 +222,7 @@ def decode(
             paths=paths,
             acceptance=vector,
         )
-    chosen = drafting.drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
+    chosen = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
     if chosen is None:  # the policy file's drafter for the domain, else the draft model
         chosen = policies.drafter_for(routed) if policy_file is not None else DrafterConfig()
     check_drafter_fits(chosen, spec)
@@ -426,9 +426,9 @@ def bench(
     trust_remote_code: bool = _D_TRUST,
     threads: int | None = _D_THREADS,
     int8: bool = _D_INT8,
-    prompt_lookup_min: int | None = drafting.PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = drafting.PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = drafting.EXIT_LAYER,
+    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = EXIT_LAYER,
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree, routed, dynamic, ngram and
     early-exit decoding, per domain."""
