@@ -35,8 +35,6 @@ from .draft import grow_tree
 from .passes import gather_rows, keep_positions, prefill, softmax
 from .stages import draft_context, draft_level, verify
 
-# a model-free drafter: a context -> the chain of tokens it proposes after it (maybe none)
-
 
 @dataclass
 class StepScores:
