@@ -269,7 +269,7 @@ def _drafters_if_they_differ(run_dirs: list[Path], boot: int, seed: int, confide
 def drafters(
     run_dirs: list[str] = typer.Argument(
         ...,
-        help="Runs of one drafter each (draft-model, ngram, early-exit) on the same prompts and target; every claim names the earlier run's drafter first. Paths or file:// URIs.",
+        help="Runs of one drafter each (draft-model, ngram, early-exit) on the same prompts and target, or a sweep over drafters; every claim names the earlier run's drafter first. Paths or file:// URIs.",
     ),
     out: str | None = typer.Option(
         None,
@@ -290,7 +290,7 @@ def drafters(
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
-    run_dirs = [local_location(path, "RUN_DIRS") for path in run_dirs]
+    run_dirs, _ = _expand_sweeps([local_location(path, "RUN_DIRS") for path in run_dirs])
     out = local_location(out, "--out")
     inside = None
     if out is not None:
