@@ -242,19 +242,22 @@ def verdict_rates(
         true_in, false_in = truth.get(key, ((), ()))
         if name not in true_in + false_in:
             continue
-        total = sum(c.values())
         claim = f"{key} (by {STRATIFIED})" if stratified else key
-        rows.append(
-            {
-                "claim": claim,
-                "world": name,
-                "claim is": "true" if name in true_in else "false",
-                "prompts per domain": prompts_per_domain,
-                "runs": total,
-                **{v.value: c[v] / total for v in Verdict},
-            }
-        )
+        rows.append(_rate_row(claim, name, name in true_in, prompts_per_domain, c))
     return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)
+
+
+def _rate_row(claim: str, world: str, true: bool, prompts_per_domain: int, counts: dict) -> dict:
+    """One row of a verdict-rate table: the share of each verdict over the runs counted."""
+    total = sum(counts.values())
+    return {
+        "claim": claim,
+        "world": world,
+        "claim is": "true" if true else "false",
+        "prompts per domain": prompts_per_domain,
+        "runs": total,
+        **{v.value: counts[v] / total for v in Verdict},
+    }
 
 
 def summary(rates: pd.DataFrame) -> pd.DataFrame:
@@ -443,17 +446,7 @@ def drafter_verdict_rates(
                 counts[f"drafter_accepts_more ({scope})"][v.verdict] += 1
         for key, c in counts.items():
             true_in, _ = DRAFTER_TRUTH[key]
-            total = sum(c.values())
-            rows.append(
-                {
-                    "claim": key,
-                    "world": name,
-                    "claim is": "true" if name in true_in else "false",
-                    "prompts per domain": prompts_per_domain,
-                    "runs": total,
-                    **{v.value: c[v] / total for v in Verdict},
-                }
-            )
+            rows.append(_rate_row(key, name, name in true_in, prompts_per_domain, c))
     return pd.DataFrame(rows).sort_values(["claim", "claim is", "world"], ignore_index=True)
 
 
