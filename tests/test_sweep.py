@@ -245,6 +245,39 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
     assert set(run.prompts.domain) == {"chat"} and set(run.nodes.depth) == {1, 2, 3}
 
 
+def test_a_sweep_over_drafters_measures_each_on_the_same_prompts(tiny_dirs, tmp_path):
+    spec = parse_sweep(
+        {
+            **_spec(tiny_dirs, tmp_path, domains=("code",), prompts=2, max_new_tokens=4).source,
+            "trees": [{"policy": "chain", "depth": 2}],
+            "drafters": [
+                "draft-model",
+                {"name": "lookup", "kind": "ngram", "prompt_lookup_min": [1, 2]},
+                {"kind": "early-exit", "exit_layer": 1},
+            ],
+        }
+    )
+    assert [p.label for p in spec.points()] == [
+        "draft-model.chain.code",
+        "lookup-prompt_lookup_min1.chain.code",
+        "lookup-prompt_lookup_min2.chain.code",
+        "early-exit.chain.code",
+    ]
+    run_sweep(spec, tmp_path / "out", execution=ONE_THREAD, progress=False)
+    runs = sweep_run_dirs(tmp_path / "out")
+    labels = [set(load_run(d).nodes.drafter) | set(load_run(d).steps.drafter) for d in runs]
+    assert labels == [
+        {"draft-model"},
+        {"ngram(prompt_lookup_min=1, prompt_lookup_max=1)"},
+        {"ngram(prompt_lookup_min=2, prompt_lookup_max=2)"},
+        {"early-exit(exit_layer=1)"},
+    ]
+    prompts = [sorted(load_run(d).prompts.prompt_id) for d in runs]
+    assert all(p == prompts[0] for p in prompts)
+    with pytest.raises(SweepError, match="prompt_lookup_max is a parameter of the ngram"):
+        parse_sweep({"drafters": [{"kind": "draft-model", "prompt_lookup_max": 3}]})
+
+
 def test_interrupted_sweep_resumes_without_redoing_finished_shards(
     local_sweep, tiny_dirs, tmp_path, monkeypatch
 ):
