@@ -330,10 +330,15 @@ def tune(
         _set_threads(threads)
         own = DrafterConfig() if DrafterConfig() in drafters else drafters[0]
         pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base, own)
-        for drafter in drafters:
+        for drafter in drafters:  # the target's passes timed once, for every drafter
             typer.echo(f"measuring {drafter.label}'s draft and verify times here ...", err=True)
             models.append(
-                measure_costs(make_decoder(pair, drafter), context_len=context_len, repeats=repeats)
+                measure_costs(
+                    make_decoder(pair, drafter),
+                    context_len=context_len,
+                    repeats=repeats,
+                    target_costs=models[0] if models else None,
+                )
             )
         if save_costs:
             models[0].save(save_costs, inside_of(save_costs, run_dir))

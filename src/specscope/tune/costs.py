@@ -191,33 +191,39 @@ def measure_costs(
     sizes: Sequence[int] = COST_SIZES,
     repeats: int = 3,
     hardware: str = "",
+    target_costs: CostModel | None = None,
 ) -> CostModel:
     """Time draft and target forwards by tokens fed, plain decoding per token, and the per-step
-    bookkeeping of a real speculative decode, over a synthetic context of ``context_len``."""
+    bookkeeping of a real speculative decode, over a synthetic context of ``context_len``.
+    ``target_costs``: take the target's passes and plain decoding from this model (measured with
+    another drafter of the same target), so that drafters are weighed against one target table."""
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(
         0, min(decoder.vocab, 1000), (context_len,), generator=generator
     ).tolist()
-    tables = []
-    if decoder.lookup is not None:  # a model-free drafter: one lookup per step
-        tables.append(((1, time_lookup(decoder.lookup, context, max(sizes), repeats)),))
-    for model in (decoder.draft, decoder.target):
-        if model is None:
-            continue
+
+    def table(model) -> tuple[tuple[int, float], ...]:
         cache, _ = prefill(model, context)
-        time_forward(model, cache, context_len, 1, 1, decoder.vocab)  # warm-up
-        tables.append(
-            tuple(
-                (k, time_forward(model, cache, context_len, k, repeats, decoder.vocab))
-                for k in sizes
-            )
+        for k in (1, 1, 1, max(sizes)):  # warm-up: the first passes run cold
+            time_forward(model, cache, context_len, k, 1, decoder.vocab)
+        return tuple(
+            (k, time_forward(model, cache, context_len, k, repeats, decoder.vocab)) for k in sizes
         )
+
+    if decoder.lookup is not None:  # a model-free drafter: one lookup per step
+        draft_s = ((1, time_lookup(decoder.lookup, context, max(sizes), repeats)),)
+    else:
+        draft_s = table(decoder.draft)
     config = DecodeConfig(max_new_tokens=16)
-    plain = plain_generate(decoder.target, context, config, decoder.vocab)
-    per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
+    if target_costs is None:
+        target_s = table(decoder.target)
+        plain = plain_generate(decoder.target, context, config, decoder.vocab)
+        per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
+    else:
+        target_s, per_token = target_costs.target_s, target_costs.plain_token_s
     model = CostModel(
-        draft_s=tables[0],
-        target_s=tables[1],
+        draft_s=draft_s,
+        target_s=target_s,
         plain_token_s=per_token,
         context_len=context_len,
         hardware=hardware or _hardware(),
