@@ -22,6 +22,7 @@ from specscope.tune.acceptance import (
     PolicyError,
     acceptance_vectors,
     chain_acceptance,
+    chain_walk,
     proposal_rates,
 )
 from specscope.tune.bench import BenchConfig, summarize_bench
@@ -152,22 +153,30 @@ def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
 
 
 def _ngram_steps() -> pd.DataFrame:
-    """Chains of 3 from a lookup: code proposes every step and accepts 2 nodes in most; chat
-    proposes in one step of ten, and that chain is rejected."""
+    """Chains of 3 from a lookup, one prompt per domain, a step per position: code proposes at
+    every position and accepts 2 nodes at three positions of four; chat proposes at one position
+    of ten, and that chain is rejected."""
     rows = []
     for step in range(40):
-        rows.append(("code", 3, 2 if step % 4 else 0))
-        rows.append(("chat", 3 if step % 10 == 0 else 0, 0))
-    return pd.DataFrame(rows, columns=["domain", "tree_size", "accepted_len"])
+        rows.append(("c", "code", step, 3, 2 if step % 4 else 0))
+        rows.append(("h", "chat", step, 3 if step % 10 == 0 else 0, 0))
+    return pd.DataFrame(rows, columns=["prompt_id", "domain", "step", "tree_size", "accepted_len"])
 
 
-def test_chain_acceptance_counts_unproposed_nodes_as_rejected():
-    vectors = chain_acceptance(_ngram_steps(), min_count=1)
-    # code: depth 1 accepted in 30 of 40 steps, depth 2 in 30 of those 30, depth 3 in none
-    np.testing.assert_allclose(vectors["code"].rates[:, 0], [0.75, 1.0, 0.0])
-    assert vectors["code"].expected_tau(TreeShape.from_paths([(0,), (0, 0)])) == 1 + 0.75 + 0.75
+def test_chain_acceptance_replays_measurement_as_decoding():
+    steps = _ngram_steps()
+    # code, chain of 3: positions 0 (1 token), 1 (3 tokens: 1, 2, 3), 4 (1), 5 (3), ... : 40
+    # tokens in 20 decoding steps, where the mean over positions would say 1 + 30/40 * 2 = 2.5
+    assert chain_walk(steps[steps.domain == "code"], 3) == (40, 20, 20)
+    vectors = chain_acceptance(steps, min_count=1)
+    chains = [TreeShape.from_paths([(0,) * d for d in range(1, k + 1)]) for k in (1, 2, 3)]
+    for k, chain in enumerate(chains, start=1):
+        tokens, decoded, _ = chain_walk(steps[steps.domain == "code"], k)
+        assert vectors["code"].expected_tau(chain) == pytest.approx(tokens / decoded)
+    assert vectors["code"].expected_tau(chains[2]) == pytest.approx(40 / 20)
     np.testing.assert_allclose(vectors["chat"].rates[:, 0], [0.0, 0.0, 0.0])
-    assert proposal_rates(_ngram_steps()) == {"chat": 0.1, "code": 1.0, "all": 0.55}
+    # chat: every position is a decoding step, 4 of 40 with a proposal; code: all 20
+    assert proposal_rates(steps) == pytest.approx({"chat": 0.1, "code": 1.0, "all": 24 / 60})
 
 
 def test_step_time_of_a_lookup_that_sometimes_proposes_nothing():

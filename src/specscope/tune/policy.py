@@ -208,9 +208,11 @@ class Measured:
     costs: CostModel
 
     def acceptance(self, min_count: int) -> dict[str, AcceptanceVector]:
-        """Per domain (and pooled): from node records, or, for a chain-only drafter whose chains
-        vary in length, from step records (an unproposed node counts as rejected)."""
-        if self.drafter.spec.chain_only:
+        """Per domain (and pooled): a run that measured chains (every chain-only drafter's) is
+        replayed as decoding from its step records (:func:`chain_walk`: tokens per decoding
+        step, an unproposed node rejected); a tree's from node records (acceptance per position,
+        which overstates decoding's tokens per step where acceptance comes in runs)."""
+        if self.drafter.spec.chain_only or (self.nodes["sibling_rank"] == 0).all():
             return chain_acceptance(self.steps, min_count)
         return acceptance_vectors(self.nodes, min_count)
 
