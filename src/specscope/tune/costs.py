@@ -132,7 +132,7 @@ class CostModel:
                 root_tokens=data.get("root_tokens", 2),
                 context_len=data.get("context_len", 0),
                 hardware=str(data.get("hardware", "")),
-                model_free=data.get("model_free", False) is True,
+                model_free=_flag(data.get("model_free", False), "model_free"),
             )
         except KeyError as e:
             raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
@@ -148,6 +148,12 @@ class CostModel:
         except PolicyError as e:
             message = str(e)
             raise PolicyError(message if str(path) in message else f"{path}: {message}") from None
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"cost model: {name} must be true or false, got {value!r}")
+    return value
 
 
 def _check_number(
