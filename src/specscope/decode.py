@@ -156,7 +156,7 @@ def check_drafter_fits(drafter: DrafterConfig, spec: Speculation) -> None:
     """Refuse a tree the drafter cannot propose: a chain-only drafter (n-gram) gets chains."""
     if not drafter.spec.chain_only or spec is None:
         return
-    if isinstance(spec, DynamicTree) or any(c != 1 for c in spec.depth_counts()):
+    if isinstance(spec, DynamicTree) or not spec.is_chain:
         raise DecodeError(
             f"the {drafter.kind} drafter proposes one chain: use --policy chain --depth K, "
             "not a tree"

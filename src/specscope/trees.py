@@ -148,6 +148,11 @@ class TreeShape:
     def depth_counts(self) -> tuple[int, ...]:
         return tuple(self.depths.count(d) for d in range(1, self.max_depth + 1))
 
+    @classmethod
+    def chain(cls, depth: int) -> TreeShape:
+        """One path of ``depth`` top-1 tokens: ``[(0,), (0, 0), ...]``."""
+        return cls(tuple(range(-1, depth - 1)), (0,) * depth)
+
     @property
     def is_chain(self) -> bool:
         """One node per depth, each the draft's top-1: ``[(0,), (0, 0), ...]``."""
@@ -203,7 +208,7 @@ def _breadth_first(config: TreeConfig) -> TreeShape:
 
 
 def _chain(config: TreeConfig) -> TreeShape:
-    return TreeShape.from_paths([(0,) * d for d in range(1, config.depth + 1)])
+    return TreeShape.chain(config.depth)
 
 
 def _static(config: TreeConfig) -> TreeShape:

@@ -223,8 +223,8 @@ class Speculator:
         if not chain:
             return None
         n = len(chain)
-        shape = TreeShape(tuple(range(-1, n - 1)), (0,) * n)
-        return DraftTree(shape, torch.tensor(chain, dtype=torch.long), None, [0] * n, [-1] * n)
+        tokens = torch.tensor(chain, dtype=torch.long)
+        return DraftTree(TreeShape.chain(n), tokens, None, [0] * n, [-1] * n)
 
     # verify -------------------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads
 
 
 def chain(k: int) -> TreeShape | None:
-    return TreeShape.from_paths([(0,) * d for d in range(1, k + 1)]) if k > 0 else None
+    return TreeShape.chain(k) if k > 0 else None
 
 
 def chain_k(shape: TreeShape | None) -> int:

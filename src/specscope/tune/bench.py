@@ -246,7 +246,7 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
         return fn
 
-    chain = TreeShape.from_paths([(0,) * d for d in range(1, config.chain_depth + 1)])
+    chain = TreeShape.chain(config.chain_depth)
     table = {
         "plain": hf(None),
         "assisted": hf(decoder.draft),

@@ -162,7 +162,7 @@ def _candidates(acc, max_nodes: int, depth_limit: int, max_rank: int | None, cha
     """The trees tuning weighs: chains of every depth, or each depth's optimal trees by size."""
     if chains:
         for depth in range(1, min(depth_limit, max_nodes) + 1):
-            yield TreeShape.from_paths([(0,) * d for d in range(1, depth + 1)])
+            yield TreeShape.chain(depth)
         return
     for depth in range(1, depth_limit + 1):
         rank = min(max_rank or acc.max_rank, acc.max_rank)

@@ -209,7 +209,7 @@ def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[
         plain = costs.plain_token_s * interpolate(costs.target_s, b) / one  # b tokens per pass
         choice, speedup = 0, 1.0
         for k in range(1, k_max + 1):
-            chain = TreeShape.from_paths([(0,) * d for d in range(1, k + 1)])
+            chain = TreeShape.chain(k)
             step = (
                 interpolate(costs.draft_s, b * costs.root_tokens)
                 + (k - 1) * interpolate(costs.draft_s, b)
