@@ -315,6 +315,7 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
     reference = {r.prompt_id: r.tokens for r in runs if r.method == "plain"}
     domains = list(dict.fromkeys(r.domain for r in runs))
     prompts = list(dict.fromkeys(r.prompt_id for r in runs))
+    column = {p: i for i, p in enumerate(prompts)}
     domain_of = {r.prompt_id: r.domain for r in runs}
     boot = ClusterBootstrap.draw(np.array([domain_of[p] for p in prompts]), n_boot, seed)
 
@@ -333,11 +334,12 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
         sums = np.zeros((len(prompts), 2))
         for r in part:
             if r.tokens:
-                sums[prompts.index(r.prompt_id)] += (len(r.tokens) - 1, r.time_s - r.first_token_s)
+                sums[column[r.prompt_id]] += (len(r.tokens) - 1, r.time_s - r.first_token_s)
         return sums
 
     def speedup_interval(mine: list[BenchRun], plain: list[BenchRun]) -> tuple[float, float]:
-        keep = np.array([p in {r.prompt_id for r in mine} for p in prompts])
+        timed = {r.prompt_id for r in mine}
+        keep = np.array([p in timed for p in prompts])
         sub = boot.subset(np.flatnonzero(keep))
         m, p = sub.total(decode_sums(mine)[keep]), sub.total(decode_sums(plain)[keep])
         reps = ratio(ratio(m[:, 0], m[:, 1]), ratio(p[:, 0], p[:, 1]))
