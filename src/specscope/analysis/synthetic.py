@@ -49,6 +49,38 @@ def _table(columns: dict, name: str):
     return to_table(columns, name)
 
 
+def _steps_table(
+    run_id: str,
+    prompt_id: np.ndarray,
+    domain: np.ndarray,
+    step: np.ndarray,
+    tree_size: np.ndarray,
+    emitted: np.ndarray,
+    accepted_len: np.ndarray,
+    drafter: str | None = None,
+):
+    """The step records of a synthetic run, one row per step (constant timings)."""
+    S = len(step)
+    columns = {
+        "run_id": [run_id] * S,
+        "prompt_id": prompt_id,
+        "domain": domain,
+        "step": step.astype(np.int32),
+        "position_bin": position_bin(step).astype(np.int8),
+        "context_len": (100 + step).astype(np.int32),
+        "tree_size": tree_size.astype(np.int16),
+        "emitted_token": emitted,
+        "accepted_len": accepted_len.astype(np.int16),
+        "tau": (accepted_len + 1).astype(np.int16),
+        "draft_time_s": np.full(S, 0.01),
+        "verify_time_s": np.full(S, 0.02),
+        "step_time_s": np.full(S, 0.03),
+    }
+    if drafter is not None:
+        columns["drafter"] = [drafter] * S
+    return _table(columns, "steps")
+
+
 def _depths(parents: tuple[int, ...]) -> np.ndarray:
     depth = np.zeros(len(parents), np.int64)
     for i, p in enumerate(parents):
@@ -208,23 +240,14 @@ def synthetic_tables(
         },
         "nodes",
     )
-    steps_table = _table(
-        {
-            "run_id": [run_id] * S,
-            "prompt_id": prompt_ids[step_prompt],
-            "domain": np.array(domains, dtype=object)[step_domain],
-            "step": step_index.astype(np.int32),
-            "position_bin": position_bin(step_index).astype(np.int8),
-            "context_len": (100 + step_index).astype(np.int32),
-            "tree_size": np.full(S, K, np.int16),
-            "emitted_token": rng.integers(0, 32000, size=S).astype(np.int32),
-            "accepted_len": accepted_len.astype(np.int16),
-            "tau": (accepted_len + 1).astype(np.int16),
-            "draft_time_s": np.full(S, 0.01),
-            "verify_time_s": np.full(S, 0.02),
-            "step_time_s": np.full(S, 0.03),
-        },
-        "steps",
+    steps_table = _steps_table(
+        run_id,
+        prompt_ids[step_prompt],
+        np.array(domains, dtype=object)[step_domain],
+        step_index,
+        np.full(S, K),
+        rng.integers(0, 32000, size=S).astype(np.int32),
+        accepted_len,
     )
     prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
     return nodes, steps_table, prompts
@@ -454,24 +477,15 @@ def _drafter_run(rng, run_id, label, profile, accept, propose, schedule) -> tupl
         },
         "nodes",
     )
-    steps_table = _table(
-        {
-            "run_id": [run_id] * S,
-            "prompt_id": prompt_ids[step_prompt],
-            "domain": step_domain,
-            "drafter": [label] * S,
-            "step": step_index.astype(np.int32),
-            "position_bin": position_bin(step_index).astype(np.int8),
-            "context_len": (100 + step_index).astype(np.int32),
-            "tree_size": np.where(proposes, D, 0).astype(np.int16),
-            "emitted_token": emitted,
-            "accepted_len": accepted_len.astype(np.int16),
-            "tau": (accepted_len + 1).astype(np.int16),
-            "draft_time_s": np.full(S, 0.01),
-            "verify_time_s": np.full(S, 0.02),
-            "step_time_s": np.full(S, 0.03),
-        },
-        "steps",
+    steps_table = _steps_table(
+        run_id,
+        prompt_ids[step_prompt],
+        step_domain,
+        step_index,
+        np.where(proposes, D, 0),
+        emitted,
+        accepted_len,
+        drafter=label,
     )
     prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
     return nodes, steps_table, prompts
