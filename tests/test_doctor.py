@@ -28,3 +28,56 @@ def test_doctor_text():
 
 def test_extras_come_from_the_package_metadata():
     assert "accelerate" in extras()["demo"] and "accelerate" in extras()["gguf"]
+
+
+def _cgroup(tmp_path, v2: str | None = None, v1: tuple[str, str] | None = None):
+    """A fake cgroup directory with a v2 ``cpu.max`` or v1 quota and period files."""
+    tmp_path.mkdir(parents=True)
+    if v2 is not None:
+        (tmp_path / "cpu.max").write_text(v2)
+    if v1 is not None:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(v1[0])
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(v1[1])
+    return tmp_path
+
+
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
+    from specscope.hardware import cpu_quota
+
+    assert cpu_quota(_cgroup(tmp_path / "a", v2="200000 100000\n")) == 2.0
+    assert cpu_quota(_cgroup(tmp_path / "b", v2="max 100000\n")) is None
+    assert cpu_quota(_cgroup(tmp_path / "c", v1=("150000\n", "100000\n"))) == 1.5
+    assert cpu_quota(_cgroup(tmp_path / "d", v1=("-1\n", "100000\n"))) is None
+    assert cpu_quota(_cgroup(tmp_path / "e", v2="garbage")) is None
+    assert cpu_quota(tmp_path / "none") is None
+
+
+def test_usable_cpus_is_the_affinity_capped_by_the_quota_rounded_up(tmp_path, monkeypatch):
+    from specscope import hardware
+
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: set(range(64)))
+    for quota, usable in (("200000 100000", 2), ("150000 100000", 2), ("50000 100000", 1)):
+        assert hardware.usable_cpus(_cgroup(tmp_path / quota.split()[0], v2=quota)) == usable
+    assert hardware.usable_cpus(_cgroup(tmp_path / "max", v2="max 100000")) == 64
+    assert hardware.usable_cpus(_cgroup(tmp_path / "big", v2="12800000 100000")) == 64
+
+
+def test_model_commands_cap_torch_threads_at_the_usable_cpus(monkeypatch):
+    """A container limited to 2 CPUs on a many-core host: torch would start 16 threads; the
+    command line's default gives it 2, and --threads still wins."""
+    import torch
+
+    from specscope import hardware
+    from specscope.cli.app import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(16)
+        monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
+        set_threads(None)
+        assert torch.get_num_threads() == 2
+        set_threads(3)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

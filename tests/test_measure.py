@@ -327,3 +327,21 @@ def test_bad_batch_sizes_are_refused_before_anything_is_written(
     assert not (tmp_path / "zero").exists() and not (tmp_path / "huge").exists()
     with pytest.raises(MeasureError, match="needs the cached engine"):
         run_study(config.replace(engine="naive"), tmp_path / "n", progress=False, batch_size=2)
+
+
+def test_int8_records_are_the_same_from_a_cold_and_a_warm_int8_cache(
+    tiny_dirs, prompts, tmp_path, monkeypatch
+):
+    """The second int8 run reads both models from the int8 cache and measures what the first
+    measured from the float weights: the same records and the same models in the manifest."""
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path / "cache"))
+    config = run_config(tiny_dirs, prompts, "llama", pair={"quantize": "int8"}, max_new_tokens=6)
+    run_study(config, tmp_path / "cold", progress=False, batch_size=4)
+    assert len(list((tmp_path / "cache" / "int8").iterdir())) == 2  # draft and target
+    run_study(config, tmp_path / "warm", progress=False, batch_size=4)
+    for cold, warm in zip(read_records(tmp_path / "cold"), read_records(tmp_path / "warm")):
+        pd.testing.assert_frame_equal(cold, warm)
+    models = [
+        json.loads((tmp_path / r / "manifest.json").read_text())["models"] for r in ("cold", "warm")
+    ]
+    assert models[0] == models[1]

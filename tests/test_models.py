@@ -1,6 +1,7 @@
 """Pairs: vocabulary check, source resolution, demo-part assembly and its errors; int8 on the CPU."""
 
 import hashlib
+import shutil
 from importlib import metadata
 
 import pytest
@@ -195,7 +196,7 @@ def test_int8_linear_is_batch_invariant_and_close():
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
-    int8 = Int8Linear(linear)
+    int8 = Int8Linear.quantize(linear)
     x = torch.randn(2, 9, 64) * torch.rand(2, 9, 1) * 10
     with torch.inference_mode():
         together = int8(x)
@@ -293,3 +294,93 @@ def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arc
                     input_ids=nodes[a].view(1, 1), past_key_values=alone, use_cache=True
                 ).logits[0, -1]
             assert torch.equal(tree[n], logits), n
+
+
+def _int8_state(model) -> dict[str, torch.Tensor]:
+    """Every int8 weight and scale and every float tensor of an int8 model, by name."""
+    from specscope.models.int8_cache import _float_tensors, _int8_modules
+
+    state = dict(_float_tensors(model))
+    for name, module in _int8_modules(model).items():
+        state[f"{name}.weight"], state[f"{name}.scale"] = module.int8_weight()
+        state[f"{name}.bias"] = module.bias
+    return state
+
+
+def test_int8_cache_rebuilds_the_quantised_model_bit_for_bit(
+    tiny_dirs, arch, tmp_path, monkeypatch
+):
+    """The first int8 load quantises and keeps the weights; the second reads them, quantises
+    nothing, and gives the same tensors, logits, config and parameter count."""
+    from specscope.models import load as load_module
+    from specscope.models.int8_cache import entry_dir
+    from specscope.models.load import load_model, model_identity
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    source = str(tiny_dirs[arch, "target"])
+    fresh = load_model(source, "float32", quantize="int8")
+    entry = entry_dir(model_identity(source)["fingerprint"])
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "float.safetensors",
+        "int8.safetensors",
+        "meta.json",
+    ]
+    assert not list(entry.parent.glob(".*.tmp"))  # no temporary left beside it
+
+    def refuse(model):
+        raise AssertionError("a cached int8 model was quantised again")
+
+    monkeypatch.setattr(load_module, "quantize_int8", refuse)
+    cached = load_model(source, "float32", quantize="int8")
+    a, b = _int8_state(fresh.model), _int8_state(cached.model)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert (a[name] is None and b[name] is None) or torch.equal(a[name], b[name]), name
+    assert (
+        cached.parameters
+        == fresh.parameters
+        == sum(p.numel() for p in make_model(arch, 259, seed=2, layers=2).parameters())
+    )
+    assert cached.model.config.to_dict() == fresh.model.config.to_dict()
+    assert cached.model.generation_config.to_dict() == fresh.model.generation_config.to_dict()
+    ids = torch.tensor([[5, 17, 99, 3, 42, 42, 7]])
+    with torch.inference_mode():
+        assert torch.equal(cached.model(ids).logits, fresh.model(ids).logits)
+    assert not any(p.requires_grad for p in cached.model.parameters())
+
+
+def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_model(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    from specscope.models import int8_cache
+    from specscope.models.int8_cache import entry_dir
+    from specscope.models.load import load_model, model_identity
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    source = str(tiny_dirs["qwen2", "target"])
+    entry = entry_dir(model_identity(source)["fingerprint"])
+    good = load_model(source, "float32", quantize="int8")
+    ids = torch.tensor([[1, 2, 3, 200]])
+    with torch.inference_mode():
+        expected = good.model(ids).logits
+    for damage in (
+        lambda: (entry / "float.safetensors").write_bytes(b"\0" * 64),
+        lambda: (entry / "meta.json").write_text("{"),
+        lambda: (entry / "int8.safetensors").unlink(),
+    ):
+        damage()
+        again = load_model(source, "float32", quantize="int8")
+        with torch.inference_mode():
+            assert torch.equal(again.model(ids).logits, expected)
+        assert int8_cache.load_int8(entry) is not None  # written again, whole
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+    for path in entry.parent.iterdir():
+        shutil.rmtree(path)
+    model = load_model(source, "float32", quantize="int8")  # works; keeps nothing
+    with torch.inference_mode():
+        assert torch.equal(model.model(ids).logits, expected)
+    assert list(entry.parent.iterdir()) == []

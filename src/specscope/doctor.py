@@ -17,7 +17,7 @@ import torch
 
 from .cache import cache_dir
 from .errors import extras, missing
-from .hardware import cpu_flags, cpu_name
+from .hardware import cpu_flags, cpu_name, cpu_quota, usable_cpus
 from .models import DEMO_MODELS
 from .models.config import fastest_dtype
 
@@ -59,8 +59,10 @@ class DemoStatus:
 @dataclass(frozen=True)
 class Hardware:
     cpu: str
-    cores: int
-    torch_threads: int
+    cores: int  # CPUs the machine has
+    usable_cpus: int  # CPUs this process may use: affinity mask, capped by a cgroup quota
+    cpu_quota: float | None  # the cgroup's CPU quota in CPUs (None: no quota)
+    torch_threads: int  # torch's own default here, before specscope caps it
     avx2: bool
     avx512_bf16: bool
     amx: bool
@@ -104,6 +106,8 @@ def hardware() -> Hardware:
     return Hardware(
         cpu=cpu_name(),
         cores=os.cpu_count() or 1,
+        usable_cpus=usable_cpus(),
+        cpu_quota=cpu_quota(),
         torch_threads=torch.get_num_threads(),
         avx2="avx2" in flags,
         avx512_bf16="avx512_bf16" in flags,
@@ -144,9 +148,12 @@ def recommendations(
             "CPUs timed, not all (BENCHMARKS.md); time both here with python "
             "benchmarks/bench_batched.py --dtypes bfloat16 int8 --sizes 8"
         )
-    if hw.torch_threads > hw.cores:
+    if hw.torch_threads > hw.usable_cpus:
         out.append(
-            f"torch uses {hw.torch_threads} threads on {hw.cores} cores: pass --threads {hw.cores}"
+            f"torch would use {hw.torch_threads} threads but this process may use "
+            f"{hw.usable_cpus} CPUs (affinity, container quota): specscope's model commands "
+            f"run {hw.usable_cpus} unless --threads says otherwise (int8 measurement ran 2.2 to "
+            "2.5x slower with 2 to 4 threads per CPU, BENCHMARKS.md)"
         )
     for e in extra_status:
         if not e.ok and e.name in ("demo", "domains", "plot"):

@@ -88,3 +88,19 @@ def command(*args, **kwargs):
         return app.command(*args, **kwargs)(guarded)
 
     return register
+
+
+THREADS_HELP = (
+    "CPU threads for torch (default: torch's own, capped at the CPUs this process may use: its "
+    "affinity mask and its container's CPU quota)."
+)
+
+
+def set_threads(threads: int | None) -> None:
+    """Give torch ``threads`` CPU threads; by default its own count, capped at
+    :func:`~specscope.hardware.usable_cpus` (threads beyond a container's quota slow int8 most)."""
+    import torch
+
+    from ..hardware import usable_cpus
+
+    torch.set_num_threads(threads or min(torch.get_num_threads(), usable_cpus()))

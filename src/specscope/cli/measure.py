@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .app import command
+from .app import THREADS_HELP, command, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- run (measurement engine) ------------------------------------------------------------------
@@ -78,6 +78,7 @@ def run(
         "-b",
         help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster.",
     ),
+    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
     int8: bool = typer.Option(
         False,
         "--int8",
@@ -156,6 +157,7 @@ def run(
     check_policy_options(cfg.tree.policy, given)
     if batch_size is None:
         batch_size = default_batch_size(cfg)
+    set_threads(threads)
     summary = run_study(cfg, out, overwrite=overwrite, progress=not quiet, batch_size=batch_size)
     if summary.already_complete:
         typer.echo(
@@ -204,7 +206,7 @@ def sweep(
     ),
     threads: int | None = typer.Option(
         None,
-        help="Torch threads per shard (default: cpus-per-shard on Ray, torch's default locally).",
+        help="Torch threads per shard (default: cpus-per-shard on Ray; locally torch's own, capped at the CPUs this process may use).",
     ),
     batch_size: int | None = typer.Option(
         None,
@@ -259,6 +261,7 @@ def sweep(
             )
         typer.echo(f"{len(points)} grid point(s); sweep {spec.sweep_id} -> {out}")
         return
+    set_threads(None)  # local shards without [execution] threads run with the capped default
     summary = run_sweep(
         spec,
         out,

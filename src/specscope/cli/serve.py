@@ -289,7 +289,9 @@ def doctor(
             f"cache {'built' if d.cache_built else 'not built'} at {d.cache}"
         )
     console.print(
-        f"CPU: {hw.cpu}, {hw.cores} cores, torch threads {hw.torch_threads}, "
+        f"CPU: {hw.cpu}, {hw.cores} CPUs ({hw.usable_cpus} usable here"
+        + (f", quota {hw.cpu_quota:g}" if hw.cpu_quota else "")
+        + f"), torch threads {hw.torch_threads}, "
         f"AVX2 {hw.avx2}, AVX512-BF16 {hw.avx512_bf16}, AMX {hw.amx}, torch kernels "
         f"{hw.torch_cpu_capability}"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ..records import ALL_DOMAINS
-from .app import command, fail
+from .app import THREADS_HELP, command, fail, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- decode / tune / bench -------------------------------------------------------------------
@@ -94,15 +94,8 @@ _D_THREADS = typer.Option(
     None,
     "--threads",
     min=1,
-    help="CPU threads for torch (default: torch's choice). Measure costs (tune) and bench with the same number.",
+    help=f"{THREADS_HELP} Measure costs (tune) and bench with the same number.",
 )
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 @command()
@@ -226,7 +219,7 @@ def decode(
     if chosen is None:  # the policy file's drafter for the domain, else the draft model
         chosen = policies.drafter_for(routed) if policy_file is not None else DrafterConfig()
     check_drafter_fits(chosen, spec)
-    _set_threads(threads)
+    set_threads(threads)
     pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, drafter=chosen)
     ids = render_prompt(
         pair.tokenizer,
@@ -327,7 +320,7 @@ def tune(
     models = [model] if model else []
     if model is None:
         base = runs[0].manifest.get("config", {}).get("pair", {})
-        _set_threads(threads)
+        set_threads(threads)
         own = DrafterConfig() if DrafterConfig() in drafters else drafters[0]
         pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base, own)
         for drafter in drafters:  # the target's passes timed once, for every drafter
@@ -488,7 +481,7 @@ def bench(
         )
     console.print(table)
     router, items = chosen.routers[router_name], chosen.items
-    _set_threads(threads)
+    set_threads(threads)
     if config.early_exit is not None:  # the exit layer is checked before any weights load
         from ..models.load import target_layers
 

@@ -106,6 +106,7 @@ class LoadedModel:
     source: str
     resolved: str  # directory or file the weights came from
     sha256: str | None = None  # of the GGUF file, where there is one
+    parameters: int | None = None  # of the float model, tied weights once (before any int8)
 
     @property
     def device(self) -> torch.device:

@@ -29,8 +29,19 @@ class Int8Linear(torch.nn.Module):
     small CPU, where float32 and bfloat16 passes grow several times (BENCHMARKS.md).
     """
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None):
+        """``qweight``: the [out, in] weight quantised per output channel (qint8, zero point 0)."""
         super().__init__()
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("bias", bias)
+        pin = torch.zeros(self.in_features)
+        pin[0], pin[-1] = -1.0, 1.0
+        self.register_buffer("pin", pin)
+
+    @classmethod
+    def quantize(cls, linear: torch.nn.Linear) -> Int8Linear:
+        """Quantise a float ``nn.Linear``: each output channel scaled by its absolute maximum."""
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
         with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
@@ -38,12 +49,23 @@ class Int8Linear(torch.nn.Module):
             qweight = torch.quantize_per_channel(
                 weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8
             )
-        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
-        pin = torch.zeros(self.in_features)
-        pin[0], pin[-1] = -1.0, 1.0
-        self.register_buffer("pin", pin)
+        return cls(qweight, None if linear.bias is None else linear.bias.detach().float())
+
+    @classmethod
+    def from_int8(
+        cls, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> Int8Linear:
+        """Rebuild from :meth:`int8_weight`'s integers and per-channel scales (bit for bit)."""
+        zero = torch.zeros(len(scale), dtype=torch.long)
+        with warnings.catch_warnings():  # as in quantize
+            warnings.simplefilter("ignore")
+            qweight = torch._make_per_channel_quantized_tensor(weight, scale, zero, 0)
+        return cls(qweight, bias)
+
+    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight's int8 values [out, in] and its per-channel scales (float64)."""
+        qweight, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return qweight.int_repr(), qweight.q_per_channel_scales()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -147,5 +169,5 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(module, child_name, Int8Linear(child))
+                setattr(module, child_name, Int8Linear.quantize(child))
     return model

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..console import make_console
 from ..drafters import DrafterConfig
 from ..drafters.early_exit import early_exit_view
 from ..errors import require
@@ -31,6 +32,7 @@ from .demo import demo_checkpoint, demo_spec
 from .fingerprint import model_fingerprint
 from .gguf import load_gguf
 from .int8 import quantize_int8, use_rowwise_attention
+from .int8_cache import entry_dir, load_int8, save_int8
 
 
 @contextmanager
@@ -103,37 +105,59 @@ def load_model(
     device: str = "cpu",
     trust_remote_code: bool = False,
     tokenizer=None,
+    quantize: str | None = None,
 ) -> LoadedModel:
-    from transformers import AutoModelForCausalLM
-
+    """Load one model. ``quantize="int8"`` (dtype float32, CPU) gives it int8 linears, read from
+    the int8 cache where an earlier load of the same weights left them (:mod:`.int8_cache`),
+    else quantised from float32 and kept there."""
     kind, where = resolve_source(source)
-    torch_dtype = DTYPES[dtype]
     sha = None
     if kind == "demo":
         sha = DEMO_MODELS[where].sha256
         where = demo_checkpoint(where)
+    tok = tokenizer
+    entry = None
+    if quantize == "int8" and (fingerprint := model_identity(source)["fingerprint"]):
+        entry = entry_dir(fingerprint)
+        if (cached := load_int8(entry, trust_remote_code)) is not None:
+            tok = tok or load_tokenizer(source, trust_remote_code)
+            return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
     if kind == "gguf":
-        model, tok = load_gguf(where, torch_dtype)
+        model, tok = load_gguf(where, DTYPES[dtype])
         sha = model_fingerprint(where)
     else:
-        try:
-            with _quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(
-                    where,
-                    dtype=torch_dtype,
-                    attn_implementation="sdpa",
-                    trust_remote_code=trust_remote_code,
-                )
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"cannot load model {source}: {e}") from None
-        except pickle.UnpicklingError:
-            raise ModelLoadError(_refused_pickle(source, where)) from None
-        tok = tokenizer or load_tokenizer(source, trust_remote_code)
+        model = _load_checkpoint(source, where, dtype, trust_remote_code)
+        tok = tok or load_tokenizer(source, trust_remote_code)
     model.to(device).eval()
     model.requires_grad_(False)
-    return LoadedModel(
-        model=model, tokenizer=tokenizer or tok, source=source, resolved=str(where), sha256=sha
-    )
+    parameters = sum(p.numel() for p in model.parameters())
+    if quantize == "int8":
+        with make_console(stderr=True).status(
+            f"quantising {source} to int8 (kept for later loads)"
+            if entry
+            else f"quantising {source} to int8"
+        ):
+            quantize_int8(model)
+            if entry is not None:
+                save_int8(model, entry, parameters)
+    return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters)
+
+
+def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _quiet_loading():
+            return AutoModelForCausalLM.from_pretrained(
+                where,
+                dtype=DTYPES[dtype],
+                attn_implementation="sdpa",
+                trust_remote_code=trust_remote_code,
+            )
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load model {source}: {e}") from None
+    except pickle.UnpicklingError:
+        raise ModelLoadError(_refused_pickle(source, where)) from None
 
 
 def check_device(name: str) -> None:
@@ -202,7 +226,12 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
         draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
         check_vocabularies(draft_tok, target_tok)
     target = load_model(
-        config.target, config.dtype, config.device, config.trust_remote_code, target_tok
+        config.target,
+        config.dtype,
+        config.device,
+        config.trust_remote_code,
+        target_tok,
+        config.quantize,
     )
     if own_draft:
         draft = load_model(
@@ -211,6 +240,7 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
             config.draft_device or config.device,
             config.trust_remote_code,
             draft_tok,
+            config.quantize,
         )
     models = (("draft", draft), ("target", target)) if own_draft else (("target", target),)
     vocab = min(m.model.config.vocab_size for _, m in models)
@@ -226,15 +256,13 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
             "sha256": m.sha256,
             "commit": getattr(m.model.config, "_commit_hash", None),
             "architecture": type(m.model).__name__,
-            "parameters": sum(p.numel() for p in m.model.parameters()),
+            "parameters": m.parameters,
             "device": str(m.device),
             "quantize": config.quantize,
         }
         for role, m in models
     }
     if config.quantize == "int8":
-        for _, m in models:
-            quantize_int8(m.model)
         use_rowwise_attention(target.model)  # the target's logits must not depend on the batch
     if not own_draft:
         draft = drafter_model(drafter, target)
