@@ -1,10 +1,12 @@
 """Where measurement's time goes on the demo pair: one run under cProfile, for one dtype and batch.
 
     python benchmarks/profile_measure.py bfloat16|float32|int8 [--batch 8] [--max-new-tokens 16]
+                                         [--threads N]
 
 Loads the demo pair (the load timed apart), measures 2 offline prompts per domain with the paper
 tree at the given batch size, and prints nodes per second and the functions with the most time
-of their own. Run one process per dtype, on an otherwise idle machine.
+of their own. Run one process per dtype, on an otherwise idle machine. ``--threads`` sets torch's
+threads (more than the cores: what a container with a CPU quota on a larger host gets by default).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--top", type=int, default=18, help="functions listed")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     pair = load_pair(PAIRS[args.dtype])
     print(f"load {time.perf_counter() - t0:.1f} s, {torch.get_num_threads()} torch threads")

@@ -248,6 +248,24 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
         assert hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
 
 
+def test_auto_dtype_is_the_measurement_default_and_resolves_by_the_cpu(monkeypatch):
+    """PairConfig's default dtype is resolved at once (a run's identity names the dtype used):
+    bfloat16 with AVX512-BF16 or AMX, float32 on other CPUs, bfloat16 on a GPU."""
+    from specscope.models import config
+
+    for flags, device, expected in (
+        ({"avx2", "avx512_bf16"}, "cpu", "bfloat16"),
+        ({"avx2", "amx_bf16"}, "cpu", "bfloat16"),
+        ({"avx2"}, "cpu", "float32"),
+        (set(), "cpu", "float32"),
+        (set(), "cuda:0", "bfloat16"),
+    ):
+        monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: flags)
+        assert PairConfig(device=device).dtype == expected
+        assert PairConfig(device=device, dtype="auto").dtype == expected
+    assert PairConfig(dtype="float16").dtype == "float16"
+
+
 def test_int8_needs_float32_on_the_cpu(tokenizer):
     from specscope.models import ModelLoadError, PairConfig
     from specscope.models.int8 import quantize_int8
@@ -255,7 +273,7 @@ def test_int8_needs_float32_on_the_cpu(tokenizer):
     with pytest.raises(ModelLoadError, match="float32"):
         quantize_int8(make_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
     with pytest.raises(ModelLoadError, match="float32"):
-        PairConfig(quantize="int8")  # dtype defaults to bfloat16
+        PairConfig(dtype="bfloat16", quantize="int8")
     with pytest.raises(ModelLoadError, match="unknown quantization"):
         PairConfig(dtype="float32", quantize="int4")
 
@@ -384,3 +402,11 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
     with torch.inference_mode():
         assert torch.equal(model.model(ids).logits, expected)
     assert list(entry.parent.iterdir()) == []
+
+
+def test_int8_models_whose_code_comes_from_the_hub_are_not_cached(tiny_dirs, tmp_path, monkeypatch):
+    from specscope.models.load import load_model
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    load_model(str(tiny_dirs["llama", "draft"]), "float32", trust_remote_code=True, quantize="int8")
+    assert not (tmp_path / "int8").exists()

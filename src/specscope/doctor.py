@@ -143,10 +143,11 @@ def recommendations(
             else "no bfloat16 instructions: bfloat16 matrix work is emulated"
         )
         out.append(
-            f"CPU only, {why}: --dtype auto measures in {dtype} here; --int8 (int8 "
-            "linears: the records then describe the int8 model) was fastest at batch 8 on most "
-            "CPUs timed, not all (BENCHMARKS.md); time both here with python "
-            "benchmarks/bench_batched.py --dtypes bfloat16 int8 --sizes 8"
+            f"CPU only, {why}: run and sweep measure in {dtype} here (--dtype auto, their "
+            "default); --int8 (int8 linears: the records then describe the int8 model) was the "
+            "fastest at batch 8 on the CPUs we timed, though one report had it 4x slower than "
+            "bfloat16, as torch threads beyond the CPUs make it (BENCHMARKS.md); time both "
+            "here with python benchmarks/bench_batched.py --dtypes bfloat16 int8 --sizes 8"
         )
     if hw.torch_threads > hw.usable_cpus:
         out.append(

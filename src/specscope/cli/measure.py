@@ -31,7 +31,7 @@ def run(
     ),
     dtype: str | None = typer.Option(
         None,
-        help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32).",
+        help="bfloat16, float16, float32, or auto (the default, unless the config sets one: the fastest here, bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32; the manifest names the one used).",
     ),
     device: str | None = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
     draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),

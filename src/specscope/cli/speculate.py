@@ -43,6 +43,10 @@ def _decode_pair(
     if int8:
         fields["quantize"] = "int8"
         fields["dtype"] = dtype or "float32"
+    # decoding passes hold a few tokens, where bfloat16 was the fastest float dtype on every CPU
+    # kind timed, up to 6 tokens without bfloat16 instructions (BENCHMARKS.md, "Defaults per
+    # machine"); measurement's default is "auto"
+    fields.setdefault("dtype", "bfloat16")
     try:  # a ModelLoadError is reported by the command decorator
         return load_pair(PairConfig(**fields), drafter or DrafterConfig())
     except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
@@ -81,7 +85,9 @@ _D_TARGET = typer.Option(
     None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default)."
 )
 _D_DTYPE = typer.Option(
-    None, "--dtype", help="bfloat16, float16, float32 or auto (default: bfloat16, or the run's)."
+    None,
+    "--dtype",
+    help="bfloat16, float16, float32 or auto (default: the run's, else bfloat16: the fastest float dtype for passes of a few tokens on the CPUs timed).",
 )
 _D_DEVICE = typer.Option(None, "--device", help="Device of both models, e.g. cpu or cuda:0.")
 _D_TRUST = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub.")

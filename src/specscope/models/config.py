@@ -62,7 +62,7 @@ class PairConfig:
 
     draft: str = "demo:draft"
     target: str = "demo:target"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # resolved at once: fastest_dtype(device)
     device: str = "cpu"  # the target's device
     draft_device: str | None = None  # defaults to ``device``; the paper put the draft on cuda:1
     trust_remote_code: bool = False
@@ -93,7 +93,9 @@ class PairConfig:
 def fastest_dtype(device: str) -> str:
     """The float dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with
     bfloat16 instructions (AMX or AVX512-BF16), float32 on other CPUs, where bfloat16 matrix work
-    is emulated and slow (BENCHMARKS.md)."""
+    is emulated and grows with the tokens in a pass (a measurement pass holds batch x tree tokens,
+    8 or more). Measured on two CPU kinds (BENCHMARKS.md, "Defaults per machine"). int8 is never
+    chosen here: it measures another model (``--int8`` asks for it)."""
     if device.startswith("cuda") or {"amx_bf16", "avx512_bf16"} & cpu_flags():
         return "bfloat16"
     return "float32"

@@ -14,8 +14,9 @@ fingerprint and the torch, transformers and entry-format versions. It holds:
 Tensors and JSON only, nothing a load executes. An entry is written whole into a temporary
 directory and renamed into place, so an interrupted write leaves no entry; an entry that is
 damaged, or whose model class or tensors do not match its skeleton, is ignored and replaced.
-A load from an entry gives the model bit for bit (:func:`load_int8`'s tests compare logits and
-records). Sources with no fingerprint known before loading (hub ids) are not cached.
+A load from an entry gives the model bit for bit (its tests compare tensors, logits and
+records). Not cached: sources with no fingerprint known before loading (hub ids), and models
+whose code comes from the hub (``trust_remote_code``), which a skeleton would need.
 
 What it does not do: quantise (:mod:`~specscope.models.int8`) or decide when a model is int8
 (:mod:`~specscope.models.load`).
@@ -113,7 +114,7 @@ def save_int8(model: torch.nn.Module, entry: Path, parameters: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_int8(entry: Path, trust_remote_code: bool = False) -> CachedInt8 | None:
+def load_int8(entry: Path) -> CachedInt8 | None:
     """The model kept at ``entry``, on the CPU in float32 with int8 linears; None where there is
     no usable entry (the caller then quantises and writes it again)."""
     from safetensors import SafetensorError
@@ -129,10 +130,7 @@ def load_int8(entry: Path, trust_remote_code: bool = False) -> CachedInt8 | None
         config = AutoConfig.for_model(**meta["config"])
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config,
-                dtype=torch.float32,
-                attn_implementation="sdpa",
-                trust_remote_code=trust_remote_code,
+                config, dtype=torch.float32, attn_implementation="sdpa"
             )
         if type(model).__name__ != meta["model_class"]:
             return None

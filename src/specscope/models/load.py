@@ -117,9 +117,10 @@ def load_model(
         where = demo_checkpoint(where)
     tok = tokenizer
     entry = None
-    if quantize == "int8" and (fingerprint := model_identity(source)["fingerprint"]):
+    fingerprint = model_identity(source)["fingerprint"] if quantize == "int8" else None
+    if fingerprint and not trust_remote_code:  # a remote-code skeleton needs the hub's code
         entry = entry_dir(fingerprint)
-        if (cached := load_int8(entry, trust_remote_code)) is not None:
+        if (cached := load_int8(entry)) is not None:
             tok = tok or load_tokenizer(source, trust_remote_code)
             return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
     if kind == "gguf":
