@@ -154,7 +154,7 @@ def recommendations(
             f"torch would use {hw.torch_threads} threads but this process may use "
             f"{hw.usable_cpus} CPUs (affinity, container quota): specscope's model commands "
             f"run {hw.usable_cpus} unless --threads says otherwise (int8 measurement ran 2.2 to "
-            "2.5x slower with 2 to 4 threads per CPU, BENCHMARKS.md)"
+            "3.1x slower with 2 to 8 threads per CPU, BENCHMARKS.md)"
         )
     for e in extra_status:
         if not e.ok and e.name in ("demo", "domains", "plot"):

@@ -60,7 +60,7 @@ def usable_cpus(cgroup: Path = CGROUP) -> int:
     """The CPUs this process can keep busy at once: those its affinity mask allows, capped by its
     cgroup's CPU quota rounded up. A container limited to 2 CPUs' time on a 64-core host sees 64
     CPUs; threads beyond its quota wait at every parallel region while the quota is spent (int8
-    measurement on 2 cores ran 2.2x slower with 4 threads, 2.5x with 8; BENCHMARKS.md)."""
+    measurement on 2 cores ran 2.2x slower with 4 threads, 3.1x with 16; BENCHMARKS.md)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
