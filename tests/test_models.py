@@ -337,7 +337,8 @@ def test_int8_cache_rebuilds_the_quantised_model_bit_for_bit(
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     source = str(tiny_dirs[arch, "target"])
     fresh = load_model(source, "float32", quantize="int8")
-    entry = entry_dir(model_identity(source)["fingerprint"])
+    entry = entry_dir("dir", model_identity(source)["fingerprint"])
+    assert entry != entry_dir("gguf", model_identity(source)["fingerprint"])
     assert sorted(p.name for p in entry.iterdir()) == [
         "float.safetensors",
         "int8.safetensors",
@@ -376,7 +377,7 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
 
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     source = str(tiny_dirs["qwen2", "target"])
-    entry = entry_dir(model_identity(source)["fingerprint"])
+    entry = entry_dir("dir", model_identity(source)["fingerprint"])
     good = load_model(source, "float32", quantize="int8")
     ids = torch.tensor([[1, 2, 3, 200]])
     with torch.inference_mode():

@@ -1,7 +1,7 @@
 """An int8 model's weights kept between runs, so that a later int8 load reads int8 weights instead
 of loading the model in float32 and quantising every linear again.
 
-An entry is a directory under ``<cache>/int8/``, named by a key over the source's weight
+An entry is a directory under ``<cache>/int8/``, named by a key over the source's kind and weight
 fingerprint and the torch, transformers and entry-format versions. It holds:
 
 - ``int8.safetensors``: each :class:`~specscope.models.int8.Int8Linear`'s int8 weight, per-channel
@@ -50,10 +50,13 @@ class CachedInt8:
     parameters: int  # of the float model, tied weights once
 
 
-def entry_dir(fingerprint: str) -> Path:
-    """Where the int8 weights of the model with weight fingerprint ``fingerprint`` are kept."""
-    versions = f"{fingerprint} torch {torch.__version__} transformers {transformers.__version__}"
-    key = hashlib.sha256(f"{versions} format {FORMAT}".encode()).hexdigest()[:24]
+def entry_dir(kind: str, fingerprint: str) -> Path:
+    """Where the int8 weights are kept of the model whose weights have ``fingerprint``, loaded as
+    ``kind`` (a source kind of :func:`~specscope.models.load.resolve_source`): the demo pair's
+    bf16 checkpoint and its GGUF file share a fingerprint but not their float32 weights."""
+    versions = f"torch {torch.__version__} transformers {transformers.__version__}"
+    key = hashlib.sha256(f"{kind} {fingerprint} {versions} format {FORMAT}".encode())
+    key = key.hexdigest()[:24]
     return cache_dir() / "int8" / key
 
 

@@ -115,17 +115,18 @@ def load_model(
     if kind == "demo":
         sha = DEMO_MODELS[where].sha256
         where = demo_checkpoint(where)
+    elif kind == "gguf":
+        sha = model_fingerprint(where)
     tok = tokenizer
     entry = None
     fingerprint = model_identity(source)["fingerprint"] if quantize == "int8" else None
     if fingerprint and not trust_remote_code:  # a remote-code skeleton needs the hub's code
-        entry = entry_dir(fingerprint)
+        entry = entry_dir(kind, fingerprint)
         if (cached := load_int8(entry)) is not None:
             tok = tok or load_tokenizer(source, trust_remote_code)
             return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
     if kind == "gguf":
         model, tok = load_gguf(where, DTYPES[dtype])
-        sha = model_fingerprint(where)
     else:
         model = _load_checkpoint(source, where, dtype, trust_remote_code)
         tok = tok or load_tokenizer(source, trust_remote_code)
