@@ -377,7 +377,8 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
 
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     source = str(tiny_dirs["qwen2", "target"])
-    entry = entry_dir("dir", model_identity(source)["fingerprint"])
+    fingerprint = model_identity(source)["fingerprint"]
+    entry = entry_dir("dir", fingerprint)
     good = load_model(source, "float32", quantize="int8")
     ids = torch.tensor([[1, 2, 3, 200]])
     with torch.inference_mode():
@@ -391,7 +392,7 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
         again = load_model(source, "float32", quantize="int8")
         with torch.inference_mode():
             assert torch.equal(again.model(ids).logits, expected)
-        assert int8_cache.load_int8(entry) is not None  # written again, whole
+        assert int8_cache.load_int8("dir", fingerprint) is not None  # written again, whole
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -411,3 +412,25 @@ def test_int8_models_whose_code_comes_from_the_hub_are_not_cached(tiny_dirs, tmp
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     load_model(str(tiny_dirs["llama", "draft"]), "float32", trust_remote_code=True, quantize="int8")
     assert not (tmp_path / "int8").exists()
+
+
+def test_an_int8_entry_of_other_versions_is_replaced_not_kept_beside(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    """After a transformers (or torch) upgrade the first int8 load writes a new entry and removes
+    the old one of the same weights; other models' entries stay."""
+    from specscope.models import int8_cache
+    from specscope.models.int8_cache import entry_dir
+    from specscope.models.load import load_model, model_identity
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    source, other = str(tiny_dirs["qwen2", "draft"]), str(tiny_dirs["llama", "draft"])
+    fingerprint = model_identity(source)["fingerprint"]
+    load_model(source, "float32", quantize="int8")
+    load_model(other, "float32", quantize="int8")
+    old = entry_dir("dir", fingerprint)
+    monkeypatch.setattr(int8_cache.transformers, "__version__", "99.0.0")
+    load_model(source, "float32", quantize="int8")
+    new = entry_dir("dir", fingerprint)
+    assert new != old and new.is_dir() and not old.exists()
+    assert len(list((tmp_path / "int8").iterdir())) == 2  # the other model's entry stays

@@ -9,7 +9,8 @@ fingerprint and the torch, transformers and entry-format versions. It holds:
 - ``float.safetensors``: every other parameter and buffer, non-persistent buffers (rotary
   frequencies) included, so nothing is computed again at load;
 - ``meta.json``: the model's config, generation config, class, float parameter count, commit,
-  and which names share a tensor.
+  which names share a tensor, and which weights it holds (source kind and fingerprint): writing
+  an entry removes the entries of the same weights made by other versions.
 
 Tensors and JSON only, nothing a load executes. An entry is written whole into a temporary
 directory and renamed into place, so an interrupted write leaves no entry; an entry that is
@@ -75,10 +76,15 @@ def _float_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in named if t is not None and not name.startswith(inside)}
 
 
-def save_int8(model: torch.nn.Module, entry: Path, parameters: int) -> None:
-    """Write ``model``'s int8 entry at ``entry``, whole or not at all (a failed write, a full
-    disk included, leaves no entry and no temporary behind; the model is still usable)."""
+def save_int8(model: torch.nn.Module, kind: str, fingerprint: str, parameters: int) -> None:
+    """Keep ``model``'s int8 weights (the model of :func:`entry_dir`'s ``kind`` and
+    ``fingerprint``), whole or not at all: a failed write, a full disk included, leaves no entry
+    and no temporary behind, and the model is still usable. Entries of the same weights made by
+    other torch or transformers versions are removed (an upgrade leaves no 3 GB behind; two
+    environments of different versions sharing a cache each write their own again)."""
     from safetensors.torch import save_file
+
+    entry, weights = entry_dir(kind, fingerprint), f"{kind} {fingerprint}"
 
     int8: dict[str, torch.Tensor] = {}
     for name, module in _int8_modules(model).items():
@@ -103,6 +109,7 @@ def save_int8(model: torch.nn.Module, entry: Path, parameters: int) -> None:
         "parameters": parameters,
         "int8": sorted(_int8_modules(model)),
         "aliases": aliases,
+        "weights": weights,
     }
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(temporary_name(entry))
@@ -115,17 +122,34 @@ def save_int8(model: torch.nn.Module, entry: Path, parameters: int) -> None:
         os.replace(tmp, entry)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        return
+    for other in entry.parent.iterdir():
+        try:
+            superseded = other != entry and _meta(other).get("weights") == weights
+        except (OSError, ValueError):
+            continue
+        if superseded:
+            shutil.rmtree(other, ignore_errors=True)
 
 
-def load_int8(entry: Path) -> CachedInt8 | None:
-    """The model kept at ``entry``, on the CPU in float32 with int8 linears; None where there is
-    no usable entry (the caller then quantises and writes it again)."""
+def _meta(entry: Path) -> dict:
+    meta = json.loads((entry / "meta.json").read_text())
+    if not isinstance(meta, dict):
+        raise ValueError(f"{entry}/meta.json is not an object")
+    return meta
+
+
+def load_int8(kind: str, fingerprint: str) -> CachedInt8 | None:
+    """The kept int8 model of :func:`entry_dir`'s ``kind`` and ``fingerprint``, on the CPU in
+    float32 with int8 linears; None where there is no usable entry (the caller then quantises and
+    keeps it again)."""
+    entry = entry_dir(kind, fingerprint)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     try:
-        meta = json.loads((entry / "meta.json").read_text())
+        meta = _meta(entry)
         if meta.get("format") != FORMAT:
             return None
         int8 = load_file(entry / "int8.safetensors")

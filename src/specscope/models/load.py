@@ -32,7 +32,7 @@ from .demo import demo_checkpoint, demo_spec
 from .fingerprint import model_fingerprint
 from .gguf import load_gguf
 from .int8 import quantize_int8, use_rowwise_attention
-from .int8_cache import entry_dir, load_int8, save_int8
+from .int8_cache import load_int8, save_int8
 
 
 @contextmanager
@@ -118,13 +118,11 @@ def load_model(
     elif kind == "gguf":
         sha = model_fingerprint(where)
     tok = tokenizer
-    entry = None
     fingerprint = model_identity(source)["fingerprint"] if quantize == "int8" else None
-    if fingerprint and not trust_remote_code:  # a remote-code skeleton needs the hub's code
-        entry = entry_dir(kind, fingerprint)
-        if (cached := load_int8(entry)) is not None:
-            tok = tok or load_tokenizer(source, trust_remote_code)
-            return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
+    keep = fingerprint is not None and not trust_remote_code  # remote code: the hub's skeleton
+    if keep and (cached := load_int8(kind, fingerprint)) is not None:
+        tok = tok or load_tokenizer(source, trust_remote_code)
+        return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
     if kind == "gguf":
         model, tok = load_gguf(where, DTYPES[dtype])
     else:
@@ -135,13 +133,11 @@ def load_model(
     parameters = sum(p.numel() for p in model.parameters())
     if quantize == "int8":
         with make_console(stderr=True).status(
-            f"quantising {source} to int8 (kept for later loads)"
-            if entry
-            else f"quantising {source} to int8"
+            f"quantising {source} to int8" + (" (kept for later loads)" if keep else "")
         ):
             quantize_int8(model)
-            if entry is not None:
-                save_int8(model, entry, parameters)
+            if keep:
+                save_int8(model, kind, fingerprint, parameters)
     return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters)
 
 
