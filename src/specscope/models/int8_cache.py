@@ -143,11 +143,11 @@ def load_int8(kind: str, fingerprint: str) -> CachedInt8 | None:
     """The kept int8 model of :func:`entry_dir`'s ``kind`` and ``fingerprint``, on the CPU in
     float32 with int8 linears; None where there is no usable entry (the caller then quantises and
     keeps it again)."""
-    entry = entry_dir(kind, fingerprint)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    entry = entry_dir(kind, fingerprint)
     try:
         meta = _meta(entry)
         if meta.get("format") != FORMAT:
@@ -182,7 +182,15 @@ def load_int8(kind: str, fingerprint: str) -> CachedInt8 | None:
                 module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
             else:
                 module._buffers[leaf] = tensor
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError, SafetensorError):
+    except (
+        OSError,
+        KeyError,
+        ValueError,
+        TypeError,
+        AttributeError,  # a module name the skeleton does not have
+        RuntimeError,
+        SafetensorError,
+    ):
         return None
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
         return None
