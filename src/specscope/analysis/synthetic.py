@@ -88,6 +88,21 @@ def _depths(parents: tuple[int, ...]) -> np.ndarray:
     return depth
 
 
+def _schedule(
+    rng: np.random.Generator, n_domains: int, prompts_per_domain: int, steps: int | tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each prompt's domain and number of steps (``steps``, or drawn uniformly from the inclusive
+    range ``(lo, hi)``), and each step's prompt and index within it."""
+    prompt_domain = np.repeat(np.arange(n_domains), prompts_per_domain)
+    if isinstance(steps, tuple):
+        n_steps = rng.integers(steps[0], steps[1] + 1, size=len(prompt_domain))
+    else:
+        n_steps = np.full(len(prompt_domain), steps)
+    step_prompt = np.repeat(np.arange(len(prompt_domain)), n_steps)
+    step_index = np.concatenate([np.arange(n) for n in n_steps])
+    return prompt_domain, n_steps, step_prompt, step_index
+
+
 def _prompts_table(run_id: str, prompt_ids, domains, prompt_domain, n_steps):
     """The prompts table of a synthetic run: one row per prompt, ``n_steps[i]`` tokens generated."""
     P = len(prompt_ids)
@@ -151,14 +166,10 @@ def synthetic_tables(
     parents_a, ranks_a, depth = np.array(parents), np.array(ranks), _depths(parents)
     K = len(parents)
     domains = sorted(profiles)
-    prompt_domain = np.repeat(np.arange(len(domains)), prompts_per_domain)
+    prompt_domain, n_steps, step_prompt, step_index = _schedule(
+        rng, len(domains), prompts_per_domain, steps
+    )
     P = len(prompt_domain)
-    if isinstance(steps, tuple):
-        n_steps = rng.integers(steps[0], steps[1] + 1, size=P)
-    else:
-        n_steps = np.full(P, steps)
-    step_prompt = np.repeat(np.arange(P), n_steps)
-    step_index = np.concatenate([np.arange(n) for n in n_steps])
     S = len(step_prompt)
     step_domain = prompt_domain[step_prompt]
 
@@ -401,14 +412,10 @@ def synthetic_drafter_tables(
     """
     rng = np.random.default_rng(seed)
     domains = tuple(sorted(domains))
-    prompt_domain = np.repeat(np.arange(len(domains)), prompts_per_domain)
+    prompt_domain, n_steps, step_prompt, step_index = _schedule(
+        rng, len(domains), prompts_per_domain, steps
+    )
     P = len(prompt_domain)
-    if isinstance(steps, tuple):
-        n_steps = rng.integers(steps[0], steps[1] + 1, size=P)
-    else:
-        n_steps = np.full(P, steps)
-    step_prompt = np.repeat(np.arange(P), n_steps)
-    step_index = np.concatenate([np.arange(n) for n in n_steps])
     prompt_ids = np.array(
         [f"{domains[d]}-{i:04d}" for i, d in enumerate(prompt_domain)], dtype=object
     )
