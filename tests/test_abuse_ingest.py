@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import tracemalloc
 from functools import partial
@@ -423,7 +424,8 @@ def test_out_an_existing_file_is_refused_and_kept(tmp_path):
     ],
 )
 def test_bad_fields_and_lines_are_one_line_naming_the_line(tmp_path, line, message):
-    log, _ = _files(tmp_path, "vllm", GOOD["vllm"], line)
+    # a good line after the bad one: only a torn last line is skipped (see below)
+    log, _ = _files(tmp_path, "vllm", GOOD["vllm"], line, vllm(3, 2, 6, prompt="p2"))
     error = _one_error_line(_ingest_cli(tmp_path, "vllm"))
     assert f"{log}:2: " in error
     assert re.search(message, error), error
@@ -494,3 +496,163 @@ def test_tables_md_of_an_ingested_run_escapes_domain_names(tmp_path):
     assert result.exit_code == 0, result.output
     tables = (tmp_path / "run" / "analysis" / "tables.md").read_text()
     assert hostile not in tables and "&lt;img" in tables
+
+
+# --- issue 37: logs that keep what they can (review cases 50, 87, 96, 98) ---------------------------
+
+
+def _gateway(prompt, response, **fields):
+    """A line of the gateway's request log (``response``) or errors log (no response)."""
+    entry = {
+        "prompt_id": prompt,
+        "domain": "code",
+        "backend": "http://127.0.0.1:8081",
+        "model": "code",
+        "path": "/v1/chat/completions",
+    }
+    return json.dumps(entry | fields | ({"response": response} if response else {}))
+
+
+def _read_back(tmp_path):
+    rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    return rows["prompt_id"].tolist(), manifest
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    # Before (case 87): "...:31: not valid JSON", the 30 good records unusable. The gateway on a
+    # full disk (or killed mid-write) leaves its last record cut short, with no newline.
+    torn = vllm(3, 2, 6, prompt="p2")[:57]
+    log, _ = _files(tmp_path, "vllm", GOOD["vllm"], vllm(3, 2, 6))
+    with log.open("a") as f:
+        f.write(torn)
+    result = _ingest_cli(tmp_path, "vllm")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: {log}:3: the last line is not valid JSON and was skipped (a line cut short "
+        "when its writer was killed or the disk filled)\n"
+    )
+    prompt_ids, manifest = _read_back(tmp_path)
+    assert prompt_ids == ["p0", "p1"]
+    assert manifest["skipped"] == {"torn_last_line": f"{log}:3", "without_statistics": 0}
+    assert manifest["counts"]["requests"] == 2
+
+
+def test_a_last_line_cut_inside_a_character_and_blank_lines_after_it_are_a_torn_line(tmp_path):
+    line = vllm(3, 2, 6).replace('"id": "b"', '"id": "b", "text": "日本"')
+    log, prompts = _files(tmp_path, "vllm", GOOD["vllm"])
+    with log.open("ab") as f:
+        f.write(line.encode()[: line.encode().index("日".encode()) + 2] + b"\n\n")
+    manifest = ingest(log, "vllm", prompts, tmp_path / "run")
+    assert manifest["skipped"]["torn_last_line"] == f"{log}:2"
+    assert manifest["counts"]["requests"] == 1
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        # a torn line in the middle: the file is damaged, not cut short at the end
+        (vllm(3, 2, 6)[:57], r"not valid JSON"),
+        # valid JSON, but no record (in the middle or at the end)
+        ('{"prompt_id": "p1"}', r"no metrics.speculative_decoding"),
+    ],
+)
+def test_a_torn_middle_line_or_an_incomplete_record_refuses_the_log(tmp_path, bad, message):
+    for lines in ((GOOD["vllm"], bad, vllm(3, 2, 6, prompt="p2")), (GOOD["vllm"], bad)):
+        if "not valid JSON" in message and len(lines) == 2:
+            continue  # that one is the torn last line above
+        log, _ = _files(tmp_path, "vllm", *lines)
+        error = _one_error_line(_ingest_cli(tmp_path, "vllm"))
+        assert error.startswith(f"error: {log}:2: ") and re.search(message, error), error
+        _nothing_written(tmp_path)
+
+
+ERRORS_LOG = [
+    _gateway("p1", None, status=502, error="backend code for domain 'code' is unreachable"),
+    _gateway("p2", None, status=500, body='{"error": "oops"}'),
+    _gateway("p3", None, stream=True, status=200, error="the stream ended early"),
+]
+
+
+def test_the_gateways_errors_log_is_named_as_such(tmp_path):
+    # Before (case 96): "...:1: no timings".
+    log, _ = _files(tmp_path, "llama.cpp", *ERRORS_LOG)
+    error = _one_error_line(_ingest_cli(tmp_path, "llama.cpp"))
+    assert error == (
+        f"error: {log}:1: this line is a failed request (status 502) as the gateway's errors "
+        "log records them (fields 'error'/'status', no 'response'), not an answer with "
+        "statistics: ingest the gateway's request log (the --log file, not X.errors.jsonl)"
+    )
+    _nothing_written(tmp_path)
+    # case 98: the request log and the errors log in one file
+    log, _ = _files(tmp_path, "llama.cpp", GOOD["llama.cpp"], *ERRORS_LOG[1:])
+    error = _one_error_line(_ingest_cli(tmp_path, "llama.cpp"))
+    assert error.startswith(f"error: {log}:2: this line is a failed request (status 500) as ")
+    _nothing_written(tmp_path)
+
+
+def _stream_final(prompt, timings=None):
+    """The gateway's record of a streamed answer: its last event, which carries llama-server's
+    ``timings`` if given (and no statistics of any engine if not)."""
+    chunk = {
+        "id": f"chatcmpl-{prompt}",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }
+    return _gateway(prompt, chunk | ({"timings": timings} if timings else {}), stream=True)
+
+
+@pytest.mark.parametrize(
+    "fmt,hint",
+    [
+        (
+            "vllm",
+            "no metrics; vLLM sends metrics only in the final usage chunk: set "
+            "stream_options.include_usage: true or start vLLM with "
+            "--enable-force-include-usage",
+        ),
+        (
+            "llama.cpp",
+            "no timings; llama-server sends timings in the final chunk (stop: true or a "
+            "finish_reason)",
+        ),
+    ],
+)
+def test_streamed_answers_without_statistics_are_skipped_and_counted(tmp_path, fmt, hint):
+    # Before (case 50): the gateway logged them in the request log and ingest refused the log
+    # ("no timings"); a vLLM log ended in "the stream ... ends without its final chunk".
+    unstated = [_stream_final(f"p{i}") for i in (1, 2, 3)]
+    log, _ = _files(tmp_path, fmt, unstated[0], GOOD[fmt], *unstated[1:])
+    result = _ingest_cli(tmp_path, fmt)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: 3 line(s) without statistics skipped ({log}:1, {log}:3, {log}:4): streamed "
+        f"answers whose events carried {hint}\n"
+    )
+    prompt_ids, manifest = _read_back(tmp_path)
+    assert prompt_ids == ["p0"]
+    assert manifest["skipped"] == {"torn_last_line": None, "without_statistics": 3}
+    assert manifest["warnings"] == [result.stderr[len("warning: ") : -1]]
+    # a log of nothing else holds no requests, and says why
+    shutil.rmtree(tmp_path / "run")
+    _files(tmp_path, fmt, *unstated)
+    error = _one_error_line(_ingest_cli(tmp_path, fmt))
+    assert error == (
+        f"error: {log} holds no requests: 3 line(s) without statistics skipped ({log}:1, "
+        f"{log}:2, {log}:3): streamed answers whose events carried {hint}"
+    )
+    _nothing_written(tmp_path)
+
+
+def test_a_streamed_answer_with_statistics_is_read_and_more_than_three_skipped_are_counted(
+    tmp_path,
+):
+    timings = {"predicted_n": 10, "draft_n": 6, "draft_n_accepted": 6}  # 3 verify steps
+    lines = [_stream_final("p0", timings)] + [_stream_final(f"p{i}") for i in (1, 2, 3, 1, 2)]
+    log, prompts = _files(tmp_path, "llama.cpp", *lines)
+    manifest = ingest(log, "llama.cpp", prompts, tmp_path / "run")
+    rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert rows[["prompt_id", "steps", "accepted"]].values.tolist() == [["p0", 3, 6]]
+    assert manifest["warnings"][0].startswith(
+        f"5 line(s) without statistics skipped ({log}:2, {log}:3, {log}:4 and 2 more): "
+    )

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from conftest import tiny_pair_args
 from specscope.analysis.synthetic import write_synthetic_run
 from specscope.cli import app
+from specscope.drafters import DrafterConfig
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import PolicyError
 from specscope.tune.costs import CostModel
@@ -33,6 +34,7 @@ COSTS = CostModel(
     draft_s=((1, 0.01), (8, 0.012), (64, 0.03)),
     target_s=((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4)),
     plain_token_s=0.1,
+    drafter=DrafterConfig(),  # the drafter of the run_dir fixture's run
 )
 
 

@@ -373,11 +373,12 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
 ):
     from specscope.models import int8_cache
     from specscope.models.int8_cache import entry_dir
-    from specscope.models.load import load_model, model_identity
+    from specscope.models.load import _source_config, load_model, model_identity
 
     monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
     source = str(tiny_dirs["qwen2", "target"])
     fingerprint = model_identity(source)["fingerprint"]
+    config = _source_config("dir", tiny_dirs["qwen2", "target"])
     entry = entry_dir("dir", fingerprint)
     good = load_model(source, "float32", quantize="int8")
     ids = torch.tensor([[1, 2, 3, 200]])
@@ -392,7 +393,7 @@ def test_a_damaged_or_unwritable_int8_entry_costs_a_quantisation_not_a_wrong_mod
         again = load_model(source, "float32", quantize="int8")
         with torch.inference_mode():
             assert torch.equal(again.model(ids).logits, expected)
-        assert int8_cache.load_int8("dir", fingerprint) is not None  # written again, whole
+        assert int8_cache.load_int8("dir", fingerprint, config) is not None  # written again, whole
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

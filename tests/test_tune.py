@@ -1,5 +1,5 @@
-"""tune/: optimal trees, acceptance vectors, the tuner, policy files, routers, the bench summary,
-and ``specscope tune`` feeding a routed ``decode``."""
+"""tune/: optimal trees, acceptance vectors, the tuner, policy files, the bench summary, and
+``specscope tune`` feeding a routed ``decode`` (the routers: test_router.py)."""
 
 import itertools
 import json
@@ -15,7 +15,6 @@ from conftest import tiny_pair_args
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
-from specscope.prompts.items import PromptItem
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
@@ -36,13 +35,6 @@ from specscope.tune.policy import (
     best_tree,
     make_speculation,
     tune,
-)
-from specscope.tune.router import (
-    LearnedRouter,
-    RuleRouter,
-    holdout_split,
-    prompt_text,
-    router_accuracy,
 )
 
 # --- the optimal tree ------------------------------------------------------------------------------
@@ -429,60 +421,6 @@ def test_make_speculation_errors():
         make_speculation("dynamic", max_nodes=0)
     assert make_speculation("none") is None
     assert len(make_speculation("chain", depth=3)) == 3
-
-
-# --- router ----------------------------------------------------------------------------------------
-
-
-def _items():
-    texts = {
-        "code": [
-            "Complete the following Python function.\n```python\ndef f(x):\n    return x\n```",
-            "Implement a function in Python that reverses a list.",
-        ],
-        "math": [
-            "Find all real numbers x such that x^2 - 5x + 6 = 0.",
-            "Let f(x) be a polynomial with integer coefficients. Prove f(2) is even.",
-        ],
-        "reasoning": [
-            "Tom has 12 apples and buys 5 more. How many apples does he have in total?",
-            "A shirt costs $15. Mia buys 3. How much does she pay? Give the result as your final answer.",
-        ],
-        "chat": ["Write a short poem about the sea.", "Describe your favourite holiday."],
-    }
-    return [
-        PromptItem(f"{d}-{i}", d, ({"role": "user", "content": t},))
-        for d, ts in texts.items()
-        for i, t in enumerate(ts)
-    ]
-
-
-def test_rule_router_and_accuracy_report():
-    items = _items()
-    report = router_accuracy(RuleRouter(), items)
-    assert report.accuracy == 1.0
-    assert report.per_domain == {d: (2, 2) for d in ("code", "math", "reasoning", "chat")}
-
-    class AlwaysChat:
-        name = "chat-only"
-
-        def classify(self, text):
-            return "chat"
-
-    report = router_accuracy(AlwaysChat(), items)
-    assert report.accuracy == 0.25 and report.domain_accuracy("chat") == 1.0
-    assert report.domain_accuracy("code") == 0.0 and report.confusion["code", "chat"] == 2
-    assert RuleRouter().explain(prompt_text(items[0]))
-
-
-def test_holdout_split_and_learned_router():
-    items = _items() * 1
-    train, test = holdout_split(items, 0.5, seed=3)
-    assert {i.id for i in train}.isdisjoint({i.id for i in test})
-    assert sorted(i.id for i in train + test) == sorted(i.id for i in items)
-    assert holdout_split(items, 0.5, seed=3) == (train, test)
-    router = LearnedRouter().fit([prompt_text(i) for i in items], [i.domain for i in items])
-    assert router_accuracy(router, items).accuracy == 1.0
 
 
 # --- bench summary ---------------------------------------------------------------------------------

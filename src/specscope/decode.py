@@ -33,10 +33,10 @@ from .core.loop import (
     Step,
     plain_generate,
 )
-from .core.passes import greedy_token
+from .core.passes import greedy_token, position_limit
 from .core.sampling import speculative_sample, warp
 from .drafters import DrafterConfig, lookup_for
-from .trees import DynamicTree, Speculation
+from .trees import DynamicTree, Speculation, check_depth_fits
 
 __all__ = [
     "DecodeConfig",
@@ -106,6 +106,8 @@ class SpeculativeDecoder(Speculator):
         if spec is None:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         check_spec_fits(spec, self.vocab)
+        limit = position_limit(*(m for m in (self.draft, self.target) if m is not None))
+        check_depth_fits(spec.max_depth, config.max_new_tokens, limit)
         rule = ChildRule(
             self.vocab, config.temperature, config.top_p, min_path_prob=config.min_path_prob
         )
@@ -153,14 +155,10 @@ def make_decoder(pair, drafter: DrafterConfig | None = None) -> SpeculativeDecod
 
 
 def check_drafter_fits(drafter: DrafterConfig, spec: Speculation) -> None:
-    """Refuse a tree the drafter cannot propose: a chain-only drafter (n-gram) gets chains."""
-    if not drafter.spec.chain_only or spec is None:
-        return
-    if isinstance(spec, DynamicTree) or not spec.is_chain:
-        raise DecodeError(
-            f"the {drafter.kind} drafter proposes one chain: use --policy chain --depth K, "
-            "not a tree"
-        )
+    """Refuse a tree the drafter cannot propose (:meth:`DrafterConfig.check_chain`, the check
+    ``run`` makes too): a chain-only drafter (n-gram) gets chains, never a dynamic tree."""
+    if spec is not None:
+        drafter.check_chain(not isinstance(spec, DynamicTree) and spec.is_chain)
 
 
 def steps_frame(result: DecodeResult):

@@ -20,6 +20,7 @@ from functools import cached_property, lru_cache
 import torch
 
 from .errors import SpecscopeError
+from .limits import MAX_TREE_NODES, out_of_range
 
 Path = tuple[int, ...]
 
@@ -62,6 +63,8 @@ class TreeShape:
             raise TreeConfigError("parents and ranks must have the same length")
         if not self.parents:
             raise TreeConfigError("a tree needs at least one node")
+        if len(self.parents) > MAX_TREE_NODES:
+            raise TreeConfigError(f"a tree has 1..{MAX_TREE_NODES} nodes, got {len(self.parents)}")
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise TreeConfigError(
@@ -70,7 +73,9 @@ class TreeShape:
         depths = self.depths
         if any(depths[i] < depths[i - 1] for i in range(1, len(depths))):
             raise TreeConfigError("nodes must be in breadth-first order (depth non-decreasing)")
-        if len(set(self.paths)) != len(self.paths):
+        # two nodes share a path iff they share a parent and a rank (no path tuples built here:
+        # a chain's are quadratic in its depth)
+        if len(set(zip(self.parents, self.ranks))) != len(self.parents):
             raise TreeConfigError("two nodes have the same path (same parent and sibling rank)")
 
     @classmethod
@@ -190,17 +195,22 @@ class TreeShape:
 
 
 def bfs_shape(num_roots: int, branch: int, depth: int, max_nodes: int) -> TreeShape:
-    """Roots, then top-``branch`` children of every node, breadth-first, cut at ``max_nodes``."""
-    paths: list[Path] = []
-    frontier: list[Path] = [(r,) for r in range(num_roots)]
+    """Roots, then top-``branch`` children of every node, breadth-first, cut at ``max_nodes``;
+    built as a parents array node by node, so the cut bounds the work whatever ``branch`` is."""
+    parents: list[int] = []
+    ranks: list[int] = []
+    level = [-1]  # the parents of the next level: the virtual root, then each level's nodes
     for d in range(1, depth + 1):
-        for p in frontier:
-            if len(paths) == max_nodes:
-                return TreeShape.from_paths(paths)
-            paths.append(p)
-        if d < depth:
-            frontier = [p + (r,) for p in frontier for r in range(branch)]
-    return TreeShape.from_paths(paths)
+        below = []
+        for parent in level:
+            for rank in range(num_roots if d == 1 else branch):
+                if len(parents) == max_nodes:
+                    return TreeShape(tuple(parents), tuple(ranks))
+                below.append(len(parents))
+                parents.append(parent)
+                ranks.append(rank)
+        level = below
+    return TreeShape(tuple(parents), tuple(ranks))
 
 
 def _breadth_first(config: TreeConfig) -> TreeShape:
@@ -281,8 +291,9 @@ class TreeConfig:
                 raise TreeConfigError("policy 'static' needs paths, e.g. \"[(0,), (1,), (0, 0)]\"")
             return
         for name in ("depth", "top_k", "branch", "max_nodes"):
-            if getattr(self, name) < 1:
-                raise TreeConfigError(f"tree {name} must be >= 1, got {getattr(self, name)}")
+            reason = out_of_range(f"tree {name}", getattr(self, name), 1, MAX_TREE_NODES)
+            if reason:
+                raise TreeConfigError(reason)
         roots = self.num_roots
         if self.policy != "chain" and self.max_nodes < roots:
             raise TreeConfigError(
@@ -299,6 +310,26 @@ class TreeConfig:
 
     def shape(self) -> TreeShape:
         return TREE_SHAPES[self.policy](self)
+
+
+def check_depth_fits(depth: int, max_new_tokens: int, limit: int) -> None:
+    """Refuse a tree of ``depth`` levels that cannot fit the models' ``limit`` positions with
+    ``max_new_tokens`` new tokens and even one prompt token, naming the most that fit: a step
+    feeds the context, then one level per depth."""
+    if 1 + max_new_tokens + depth <= limit:
+        return
+    if max_new_tokens + 2 > limit:
+        raise TreeConfigError(
+            f"max_new_tokens {max_new_tokens} leaves no room in the models' {limit} positions "
+            f"(one prompt token and one tree level need 2): max_new_tokens must be in "
+            f"1..{limit - 2} for these models"
+        )
+    raise TreeConfigError(
+        f"a tree of depth {depth} with max_new_tokens {max_new_tokens} needs "
+        f"{1 + max_new_tokens + depth} positions with a one-token prompt, but the models allow "
+        f"{limit}: the depth must be in 1..{limit - 1 - max_new_tokens} for these models and "
+        "max_new_tokens (or lower --max-new-tokens)"
+    )
 
 
 @lru_cache(maxsize=256)
@@ -336,10 +367,9 @@ class DynamicTree:
 
     def __post_init__(self) -> None:
         for name in ("max_nodes", "depth", "top_k"):
-            if getattr(self, name) < 1:
-                raise TreeConfigError(
-                    f"dynamic tree {name} must be >= 1, got {getattr(self, name)}"
-                )
+            reason = out_of_range(f"dynamic tree {name}", getattr(self, name), 1, MAX_TREE_NODES)
+            if reason:
+                raise TreeConfigError(reason)
 
     @property
     def max_depth(self) -> int:

@@ -33,10 +33,10 @@ from specscope.serving.gateway import (
     Backend,
     Deployment,
     DeploymentError,
+    SseScanner,
     errors_path,
     make_app,
     request_text,
-    sse_events,
 )
 from specscope.serving.ingest import ingest
 
@@ -323,12 +323,11 @@ def test_request_text_reads_chat_turns_and_completion_prompts():
     assert request_text({"prompt": [1, 2, 3]}) == ""  # token ids: the fallback's
 
 
-def test_sse_events_keeps_an_incomplete_line_for_the_next_chunk():
-    buffer = bytearray(b'data: {"a": 1}\n\ndata: [DONE]\n\ndata: {"b"')
-    assert sse_events(buffer) == [{"a": 1}]
-    assert bytes(buffer) == b'data: {"b"'
-    buffer += b": 2}\n"
-    assert sse_events(buffer) == [{"b": 2}] and buffer == b""
+def test_sse_scanner_keeps_an_incomplete_line_for_the_next_chunk():
+    scanner = SseScanner()
+    assert scanner.feed(b'data: {"a": 1}\r\n\r\ndata: [DONE]\n\ndata: {"b"') == [{"a": 1}]
+    assert scanner.done and bytes(scanner._line) == b'data: {"b"'
+    assert scanner.feed(b": 2}\n") == [{"b": 2}] and scanner._line == b""
 
 
 DEPLOYMENT = """

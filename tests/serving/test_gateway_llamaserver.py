@@ -312,3 +312,40 @@ def test_a_streamed_chat_request_through_the_gateway(deployment):
     assert line["stream"] is True and line["model"] == "code"
     # the logged event is the engine's last one with its timings: it drafted (K = 3 preset)
     assert line["response"] == last and line["response"]["timings"]["draft_n"] > 0
+
+
+def test_the_openai_sdk_through_the_gateway(deployment):
+    """A real client: the ``openai`` SDK, streaming and not, against the gateway in front of
+    llama-server; both answers are logged with the engine's timings and routed by domain."""
+    openai = pytest.importorskip("openai")
+    _, url, tmp, _, held_out = deployment
+    code = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "code")
+    chat = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "chat")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
+    answer = client.chat.completions.with_raw_response.create(
+        model="ignored",  # the gateway sets the domain's preset
+        messages=list(code.messages),
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Prompt-Id": "sdk-" + code.id},
+    )
+    assert answer.headers["x-specscope-domain"] == "code"
+    completion = answer.parse()
+    assert completion.choices[0].message.content and completion.usage.completion_tokens == 8
+    stream = client.chat.completions.create(
+        model="ignored",
+        messages=list(chat.messages),
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        extra_headers={"X-Prompt-Id": "sdk-" + chat.id},
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text
+    lines = {
+        x["prompt_id"]: x for x in map(json.loads, (tmp / "gateway.jsonl").read_text().splitlines())
+    }
+    assert (lines["sdk-" + code.id]["model"], lines["sdk-" + chat.id]["model"]) == ("code", "chat")
+    assert lines["sdk-" + code.id]["response"]["timings"]["draft_n"] > 0
+    assert lines["sdk-" + chat.id]["stream"] is True
+    assert "timings" in lines["sdk-" + chat.id]["response"]

@@ -101,8 +101,15 @@ def test_llamacpp_completion_responses_join_by_order_and_no_draft_n_is_no_drafti
     # 16 tokens: 1 from the prefill, 15 from verify steps accepting 11 drafts -> 4 steps (derived);
     # the second reply drafted nothing (no draft_n): 0 verify steps, not an error.
     log = _write(tmp_path / "log.jsonl", [llama_completion(16, (12, 11)), llama_completion(1)])
-    with pytest.raises(IngestError, match="no prompt_id and no request id.*--join order"):
+    with pytest.raises(IngestError) as error:
         ingest(log, "llama.cpp", _prompts(tmp_path), tmp_path / "by-id")
+    assert str(error.value) == (
+        f"{log}:1: no prompt_id and no request id to join the prompt by (llama-server "
+        '/completion responses carry none): wrap each as {"prompt_id": ..., "response": ...}, '
+        "or use --join order, which is right only when the log's lines are in the prompts "
+        "file's order (one client sending the prompts one at a time, in that order; the "
+        "gateway logs in completion order)"
+    )
     manifest = ingest(
         log,
         "llama.cpp",

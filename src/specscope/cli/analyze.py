@@ -11,14 +11,17 @@ from pathlib import Path
 import typer
 
 from ..files import local_location
+from ..limits import MAX_BOOT, MAX_SEED
 from .app import command, fail
 
 # --- analyze / report / compare ----------------------------------------------------------------
 
 _BOOT = typer.Option(
-    1000, "--boot", min=0, help="Bootstrap resamples of prompts (0: no intervals)."
+    1000, "--boot", min=0, max=MAX_BOOT, help="Bootstrap resamples of prompts (0: no intervals)."
 )
-_BOOT_SEED = typer.Option(0, "--seed", help="Seed of the bootstrap resampling.")
+_BOOT_SEED = typer.Option(
+    0, "--seed", min=0, max=MAX_SEED, help="Seed of the bootstrap resampling."
+)
 _CONFIDENCE = typer.Option(
     0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals."
 )

@@ -17,6 +17,7 @@ import typer
 
 from ..errors import SpecscopeError
 from ..files import os_error_reason
+from ..limits import MAX_THREADS
 
 app = typer.Typer(
     name="specscope",
@@ -91,8 +92,8 @@ def command(*args, **kwargs):
 
 
 THREADS_HELP = (
-    "CPU threads for torch (default: torch's own, capped at the CPUs this process may use: its "
-    "affinity mask and its container's CPU quota)."
+    f"CPU threads for torch, 1 to {MAX_THREADS} (default: torch's own, capped at the CPUs this "
+    "process may use: its affinity mask and its container's CPU quota)."
 )
 
 

@@ -18,34 +18,94 @@ def gateway(
     backend: list[str] = typer.Option(
         [],
         "--backend",
-        help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat).",
+        help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat; DOMAIN must be one of the document's).",
     ),
     log: Path = typer.Option(
         Path("gateway.jsonl"),
         "--log",
-        help="Request log that specscope ingest reads (appended to).",
+        help="Request log that specscope ingest reads (appended to; a symbolic link is refused). A device or FIFO (/dev/null) is written as it is and needs --errors-log.",
     ),
     errors_log: Path | None = typer.Option(
         None,
         "--errors-log",
-        help="Log of failed requests (default: LOG with .errors before its suffix).",
+        help="Log of every request that is not in the request log, with the reason (default: LOG with .errors before its suffix; never the request log itself).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    max_in_flight: int = typer.Option(
+        64,
+        "--max-in-flight",
+        min=1,
+        max=100_000,
+        help="Requests in flight per backend URL (its connection pool); beyond: 503 at once.",
+    ),
+    connect_timeout: float = typer.Option(
+        5.0, "--connect-timeout", min=0.001, max=3600, help="Seconds to connect to a backend."
+    ),
+    read_timeout: float = typer.Option(
+        600.0,
+        "--read-timeout",
+        min=0.001,
+        max=86_400,
+        help="Seconds a backend may stay silent within an answer (a streamed one between chunks) before a 502.",
+    ),
+    max_request_mb: int = typer.Option(
+        16, "--max-request-mb", min=1, max=4096, help="Largest request body in MiB (beyond: 413)."
+    ),
+    max_answer_mb: int = typer.Option(
+        64,
+        "--max-answer-mb",
+        min=1,
+        max=4096,
+        help="Largest non-streamed answer in MiB (beyond: 502); it is logged whole.",
+    ),
+    policy: Path | None = typer.Option(
+        None,
+        "--policy",
+        help="The specscope tune policy (JSON) the deployment serves: /metrics then shows each domain's predicted tokens per step and whether what is served drifts from it.",
+    ),
+    graceful_timeout: float = typer.Option(
+        30.0,
+        "--graceful-timeout",
+        min=0.001,
+        max=86_400,
+        help="At SIGTERM/Ctrl-C, seconds for requests in flight to finish; those left go to the errors log.",
+    ),
 ) -> None:
     """Route each request by its prompt's domain to that domain's engine, pass the answer
     (streamed or not, errors included) back unchanged, and log the engine's speculation stats.
 
-    Serves POST /v1/chat/completions, /v1/completions and /completion, and GET /health. A
-    client's X-Prompt-Id header names the request in the log (for specscope ingest --prompts)."""
-    from ..serving.gateway import Deployment, serve
+    Serves POST /v1/chat/completions, /v1/completions and /completion, GET /health and GET
+    /metrics (Prometheus, per domain; with --policy, the drift from its predictions). A
+    client's X-Prompt-Id header (UTF-8) names the request in the log (for specscope ingest
+    --prompts). Each backend URL gets its own connections and timeouts, so a backend that hangs
+    delays only its own domains. The request log holds only answers that carry the engine's
+    statistics; every other request (an engine error, an answer without statistics, a refused
+    or stopped request, a backend fault) is in the errors log with the reason. Backend
+    credentials (http://user:pw@host) are sent, and shown nowhere."""
+    from ..serving.gateway import Deployment, GatewayLimits, MiB, serve
+    from ..serving.gateway_metrics import load_predictions
 
+    limits = GatewayLimits(
+        max_request_bytes=max_request_mb * MiB,
+        max_answer_bytes=max_answer_mb * MiB,
+        max_in_flight=max_in_flight,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        graceful_timeout=graceful_timeout,
+    )
     backends = {}
     for value in backend:
         domain, sep, url = value.partition("=")
         backends.update({domain: url} if sep and "://" not in domain else {"*": value})
     plan = Deployment.load(deployment, backends)
+    predictions = load_predictions(policy) if policy is not None else None
     for domain, server in [*plan.domains.items(), ("other", plan.fallback)]:
         typer.echo(f"{domain}: {server.name}", err=True)
-    typer.echo(f"specscope gateway on http://{host}:{port} ({plan.engine}); log {log}", err=True)
-    serve(plan, log, host, port, errors_log)
+
+    def ready() -> None:
+        typer.echo(
+            f"specscope gateway on http://{host}:{port} ({plan.engine}); log {log}", err=True
+        )
+
+    serve(plan, log, host, port, errors_log, limits, predictions=predictions, ready=ready)

@@ -6,6 +6,16 @@ from pathlib import Path
 
 import typer
 
+from ..limits import (
+    MAX_BATCH,
+    MAX_GRID,
+    MAX_PROMPTS,
+    MAX_RETRIES,
+    MAX_SEED,
+    MAX_THREADS,
+    MAX_TOKENS,
+    MAX_TREE_NODES,
+)
 from .app import THREADS_HELP, command, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
@@ -40,11 +50,17 @@ def run(
     ),
     policy: str | None = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
     top_k: int | None = typer.Option(
-        None, help="Root candidates (paper: min(top_k, branch) roots)."
+        None, help=f"Root candidates (paper: min(top_k, branch) roots), 1 to {MAX_TREE_NODES}."
     ),
-    branch: int | None = typer.Option(None, help="Children per node."),
-    depth: int | None = typer.Option(None, help="Tree depth (chain length for 'chain')."),
-    max_nodes: int | None = typer.Option(None, help="Node cap, breadth-first."),
+    branch: int | None = typer.Option(None, help=f"Children per node, 1 to {MAX_TREE_NODES}."),
+    depth: int | None = typer.Option(
+        None,
+        help=f"Tree depth (chain length for 'chain'), 1 to {MAX_TREE_NODES} and within the "
+        "models' positions with the prompt and the new tokens.",
+    ),
+    max_nodes: int | None = typer.Option(
+        None, help=f"Node cap, breadth-first, 1 to {MAX_TREE_NODES}."
+    ),
     paths: str | None = typer.Option(
         None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
     ),
@@ -57,28 +73,38 @@ def run(
     domains: str | None = typer.Option(
         None, help="Comma-separated domains, e.g. code,math,reasoning,chat."
     ),
-    per_domain: int | None = typer.Option(None, help="Prompts sampled per domain."),
+    per_domain: int | None = typer.Option(
+        None, min=1, max=MAX_PROMPTS, help="Prompts sampled per domain."
+    ),
     source: list[str] | None = typer.Option(
         None,
         "--source",
         help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains).",
     ),
     smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
-    max_new_tokens: int | None = typer.Option(None, help="Tokens to generate per prompt."),
-    max_prompt_tokens: int | None = typer.Option(None, help="Keep the last N prompt tokens."),
+    max_new_tokens: int | None = typer.Option(
+        None, min=1, max=MAX_TOKENS, help="Tokens to generate per prompt."
+    ),
+    max_prompt_tokens: int | None = typer.Option(
+        None, min=1, max=MAX_TOKENS, help="Keep the last N prompt tokens."
+    ),
     rendering: str | None = typer.Option(
         None,
         "--rendering",
         help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code).",
     ),
-    seed: int | None = typer.Option(None, help="Seed for prompt sampling."),
+    seed: int | None = typer.Option(None, min=0, max=MAX_SEED, help="Seed for prompt sampling."),
     batch_size: int | None = typer.Option(
         None,
         "--batch-size",
         "-b",
+        min=1,
+        max=MAX_BATCH,
         help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster.",
     ),
-    threads: int | None = typer.Option(None, "--threads", min=1, help=THREADS_HELP),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP
+    ),
     int8: bool = typer.Option(
         False,
         "--int8",
@@ -196,9 +222,14 @@ def sweep(
         help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine).",
     ),
     prompts_per_shard: int | None = typer.Option(
-        None, help="Prompts per shard (a worker loads its pair once per shard)."
+        None,
+        min=1,
+        max=MAX_PROMPTS,
+        help="Prompts per shard (a worker loads its pair once per shard).",
     ),
-    max_retries: int | None = typer.Option(None, help="Ray retries of a shard whose worker died."),
+    max_retries: int | None = typer.Option(
+        None, min=0, max=MAX_RETRIES, help="Ray retries of a shard whose worker died."
+    ),
     cpus_per_shard: float | None = typer.Option(None, help="CPUs a shard reserves on Ray."),
     gpus_per_shard: float | None = typer.Option(
         None,
@@ -206,17 +237,23 @@ def sweep(
     ),
     threads: int | None = typer.Option(
         None,
+        min=1,
+        max=MAX_THREADS,
         help="Torch threads per shard (default: cpus-per-shard on Ray; locally torch's own, capped at the CPUs this process may use).",
     ),
     batch_size: int | None = typer.Option(
         None,
         "--batch-size",
         "-b",
+        min=1,
+        max=MAX_BATCH,
         help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster.",
     ),
     max_points: int | None = typer.Option(
         None,
         "--max-points",
+        min=1,
+        max=MAX_GRID,
         help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000).",
     ),
     trust_remote_code: bool = typer.Option(

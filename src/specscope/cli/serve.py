@@ -6,6 +6,14 @@ from pathlib import Path
 
 import typer
 
+from ..limits import (
+    MAX_BOOT,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    MAX_THREADS,
+    MAX_TOKENS,
+    MAX_TREE_NODES,
+)
 from .app import command
 
 # --- export (serving engines) -------------------------------------------------------------------
@@ -115,7 +123,7 @@ def ingest(
     join: str = typer.Option(
         "id",
         "--join",
-        help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt (llama-server /completion responses carry no id).",
+        help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt, only for lines that carry no id (llama-server /completion responses) and are in the prompts file's order (one client sending the prompts one at a time; the gateway logs in completion order).",
     ),
     engine_version: str | None = typer.Option(
         None,
@@ -126,10 +134,14 @@ def ingest(
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
     A line may wrap the engine's response as {"prompt_id": ..., "response": {...}} (the client's
-    own id). Counts the engine does not log are derived and named in the run's manifest."""
+    own id), as the gateway's request log does. Counts the engine does not log are derived and
+    named in the run's manifest. A torn last line and streamed answers without statistics are
+    skipped with a warning; any other bad line refuses the log, naming it."""
     from ..serving.ingest import ingest as ingest_log
 
     manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
+    for warning in manifest["warnings"]:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     counts = manifest["counts"]
     version = manifest["engine_version"] or "version not stated (--engine-version)"
     typer.echo(
@@ -167,13 +179,18 @@ def llamacpp(
         "--per-domain",
         "-n",
         min=1,
+        max=MAX_PROMPTS,
         help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict.",
     ),
     max_new_tokens: int = typer.Option(
-        64, "--max-new-tokens", min=1, help="Tokens generated per request."
+        64, "--max-new-tokens", min=1, max=MAX_TOKENS, help="Tokens generated per request."
     ),
     ks: list[int] = typer.Option(
-        list((1, 2, 3, 4)), "--k", help="Chain lengths to price and benchmark (repeat the option)."
+        list((1, 2, 3, 4)),
+        "--k",
+        min=1,
+        max=MAX_TREE_NODES,
+        help="Chain lengths to price and benchmark (repeat the option).",
     ),
     costs: Path | None = typer.Option(
         None,
@@ -181,10 +198,18 @@ def llamacpp(
         help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench.",
     ),
     threads: list[int] = typer.Option(
-        [2], "--threads", min=1, help="Target threads to price (repeat the option)."
+        [2],
+        "--threads",
+        min=1,
+        max=MAX_THREADS,
+        help="Target threads to price (repeat the option).",
     ),
     draft_threads: list[int] = typer.Option(
-        [2], "--draft-threads", min=1, help="Draft threads to price (repeat the option)."
+        [2],
+        "--draft-threads",
+        min=1,
+        max=MAX_THREADS,
+        help="Draft threads to price (repeat the option).",
     ),
     poll: list[int] = typer.Option(
         [0, 50],
@@ -198,11 +223,19 @@ def llamacpp(
         "--quant",
         help="Target quantisations to price (Q4_0, Q8_0, ...), made from the target GGUF with llama-quantize (repeat the option; default: the GGUF as given).",
     ),
-    max_pass: int = typer.Option(8, "--max-pass", min=2, help="Price passes of 1..N tokens."),
-    repetitions: int = typer.Option(
-        5, "--repetitions", min=1, help="llama-bench repetitions per pass size."
+    max_pass: int = typer.Option(
+        8, "--max-pass", min=2, max=MAX_TREE_NODES, help="Price passes of 1..N tokens."
     ),
-    n_boot: int = typer.Option(1000, "--n-boot", min=0, help="Prompt resamples for the intervals."),
+    repetitions: int = typer.Option(
+        5,
+        "--repetitions",
+        min=1,
+        max=MAX_REPEATS,
+        help="llama-bench repetitions per pass size.",
+    ),
+    n_boot: int = typer.Option(
+        1000, "--n-boot", min=0, max=MAX_BOOT, help="Prompt resamples for the intervals."
+    ),
 ) -> None:
     """llama-server end to end: price settings with llama-bench, choose the fastest per domain
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on

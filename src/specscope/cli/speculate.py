@@ -6,6 +6,17 @@ from pathlib import Path
 
 import typer
 
+from ..limits import (
+    MAX_COUNT,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    MAX_SEED,
+    MAX_THREADS,
+    MAX_TOKENS,
+    MAX_TREE_NODES,
+    MAX_TUNE_DEPTH,
+    MAX_TUNE_NODES,
+)
 from ..records import ALL_DOMAINS
 from .app import THREADS_HELP, command, fail, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
@@ -100,6 +111,7 @@ _D_THREADS = typer.Option(
     None,
     "--threads",
     min=1,
+    max=MAX_THREADS,
     help=f"{THREADS_HELP} Measure costs (tune) and bench with the same number.",
 )
 
@@ -116,16 +128,19 @@ def decode(
         "chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."
     ),
     depth: int | None = typer.Option(
-        None, min=1, help="Tree depth (chain 4, dynamic 5, optimal 6)."
+        None, min=1, max=MAX_TREE_NODES, help="Tree depth (chain 4, dynamic 5, optimal 6)."
     ),
     top_k: int | None = typer.Option(
         None,
         min=1,
+        max=MAX_TREE_NODES,
         help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary.",
     ),
-    branch: int | None = typer.Option(None, min=1, help="paper: children per node."),
+    branch: int | None = typer.Option(
+        None, min=1, max=MAX_TREE_NODES, help="paper: children per node."
+    ),
     max_nodes: int | None = typer.Option(
-        None, min=1, help="Node budget (paper 8, dynamic 16, optimal 16)."
+        None, min=1, max=MAX_TREE_NODES, help="Node budget (paper 8, dynamic 16, optimal 16)."
     ),
     paths: str | None = typer.Option(
         None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
@@ -147,16 +162,18 @@ def decode(
     ),
     temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
-    seed: int = typer.Option(0, help="Seed of the sampling."),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the sampling."),
     min_path_prob: float = typer.Option(
         0.0,
         help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree).",
     ),
-    max_new_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
+    max_new_tokens: int = typer.Option(64, min=1, max=MAX_TOKENS, help="Tokens to generate."),
     chat_template: bool = typer.Option(
         True, "--chat-template/--no-chat-template", help="Apply the model's chat template."
     ),
-    max_prompt_tokens: int = typer.Option(512, min=1, help="Keep the last N prompt tokens."),
+    max_prompt_tokens: int = typer.Option(
+        512, min=1, max=MAX_TOKENS, help="Keep the last N prompt tokens."
+    ),
     records: Path | None = typer.Option(
         None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."
     ),
@@ -247,6 +264,24 @@ def decode(
         _write_records(steps_frame(result), records)
 
 
+def _target_record(source, pair, drafters, trust_remote_code: bool) -> dict:
+    """The target a policy was tuned for and its layer count (an export checks early exits
+    against it): read off the loaded pair, or off the target's config when only an early exit
+    needs it; None where not known."""
+    layers = None
+    if pair is not None:
+        layers = getattr(pair.target.model.config, "num_hidden_layers", None)
+    elif source and any(d.kind == "early-exit" for d in drafters):
+        from ..errors import SpecscopeError
+        from ..models.load import target_layers
+
+        try:
+            layers = target_layers(source, trust_remote_code)
+        except SpecscopeError:  # the export then says the exit layer is unchecked
+            layers = None
+    return {"model": source, "layers": layers}
+
+
 @command()
 def tune(
     run_dirs: list[Path] = typer.Argument(
@@ -262,12 +297,16 @@ def tune(
     save_costs: Path | None = typer.Option(
         None, "--save-costs", help="Also write the measured cost model here (one run)."
     ),
-    max_nodes: int = typer.Option(32, min=1, help="Largest tree considered."),
+    max_nodes: int = typer.Option(32, min=1, max=MAX_TUNE_NODES, help="Largest tree considered."),
     max_depth: int = typer.Option(
-        8, min=1, help="Deepest tree considered (capped by the run's tree)."
+        8, min=1, max=MAX_TUNE_DEPTH, help="Deepest tree considered (capped by the run's tree)."
     ),
-    max_rank: int | None = typer.Option(None, min=1, help="Highest sibling rank + 1 considered."),
-    min_count: int = typer.Option(20, min=0, help="Acceptance cells seen fewer times count as 0."),
+    max_rank: int | None = typer.Option(
+        None, min=1, max=MAX_TREE_NODES, help="Highest sibling rank + 1 considered."
+    ),
+    min_count: int = typer.Option(
+        20, min=0, max=MAX_COUNT, help="Acceptance cells seen fewer times count as 0."
+    ),
     min_speedup: float = typer.Option(
         1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."
     ),
@@ -276,9 +315,14 @@ def tune(
         "--extrapolate",
         help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth).",
     ),
-    context_len: int = typer.Option(256, min=1, help="Context length of the cost measurement."),
+    context_len: int = typer.Option(
+        256,
+        min=1,
+        max=MAX_TOKENS,
+        help="Context length of the cost measurement (it must fit the models' positions).",
+    ),
     repeats: int = typer.Option(
-        3, min=1, help="Timings per point of the cost measurement (median)."
+        3, min=1, max=MAX_REPEATS, help="Timings per point of the cost measurement (median)."
     ),
     draft: str | None = _D_DRAFT,
     target: str | None = _D_TARGET,
@@ -298,7 +342,7 @@ def tune(
     from ..files import check_output_file, inside_of
     from ..records import load_run
     from ..sweep.driver import expand_run_dirs
-    from ..tune.costs import CostModel, measure_costs
+    from ..tune.costs import CostModel, drafting_model, measure_costs
     from ..tune.policy import Measured, TuneConfig, short_name
     from ..tune.policy import tune as tune_policy
 
@@ -324,6 +368,12 @@ def tune(
         fail(f"the runs measured different targets ({', '.join(map(str, targets))}); tune one")
     model = CostModel.load(costs) if costs else None
     models = [model] if model else []
+    if model is not None:  # priced only for the drafter it was timed with
+        models_run = runs[0].manifest.get("models", {})
+        warning = model.check_drafter(drafters[0], drafting_model(models_run, drafters[0]))
+        if warning:
+            typer.secho(warning, err=True, fg=typer.colors.YELLOW)
+    pair = None
     if model is None:
         base = runs[0].manifest.get("config", {}).get("pair", {})
         set_threads(threads)
@@ -337,6 +387,8 @@ def tune(
                     context_len=context_len,
                     repeats=repeats,
                     target_costs=models[0] if models else None,
+                    drafter=drafter,
+                    drafter_model=drafting_model(pair.provenance, drafter),
                 )
             )
         if save_costs:
@@ -350,6 +402,7 @@ def tune(
         "run_dir": str(run_dir),
         "run_id": run.manifest.get("run_id"),
         "prompt_ids": list(ids),
+        "target": _target_record(target or next(iter(targets)), pair, drafters, trust_remote_code),
     }
     if len(runs) > 1:
         source["runs"] = [
@@ -396,16 +449,23 @@ def bench(
     ),
     domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
     per_domain: int = typer.Option(
-        2, min=1, help="Prompts per domain (held out from the tuning run)."
+        2, min=1, max=MAX_PROMPTS, help="Prompts per domain (held out from the tuning run)."
     ),
-    max_new_tokens: int = typer.Option(48, min=1, help="Tokens to generate per prompt."),
+    max_new_tokens: int = typer.Option(
+        48, min=1, max=MAX_TOKENS, help="Tokens to generate per prompt."
+    ),
     warmup: int = typer.Option(
-        1, min=0, help="Untimed rounds of every method on the first prompt."
+        1, min=0, max=MAX_REPEATS, help="Untimed rounds of every method on the first prompt."
     ),
     repeats: int = typer.Option(
-        3, min=1, help="Timed runs per method and prompt (the median is kept)."
+        3,
+        min=1,
+        max=MAX_REPEATS,
+        help="Timed runs per method and prompt (the median is kept).",
     ),
-    chain_depth: int = typer.Option(4, min=1, help="Depth of the 'chain' method."),
+    chain_depth: int = typer.Option(
+        4, min=1, max=MAX_TREE_NODES, help="Depth of the 'chain' method."
+    ),
     min_path_prob: float = typer.Option(
         0.0,
         help="specscope methods: stop growing a tree when no frontier path has this draft probability.",
@@ -419,7 +479,9 @@ def bench(
         "--router",
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
     ),
-    seed: int = typer.Option(42, help="Seed of the prompt sample and the router's split."),
+    seed: int = typer.Option(
+        42, min=0, max=MAX_SEED, help="Seed of the prompt sample and the router's split."
+    ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write every run and the summary as JSON."
     ),

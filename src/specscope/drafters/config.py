@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..errors import SpecscopeError
+from ..limits import MAX_LAYERS, MAX_NGRAM
 
 
 class DrafterError(SpecscopeError, ValueError):
@@ -57,6 +58,13 @@ DRAFTERS: dict[str, DrafterKind] = {
 # method "ngram" and neither bound given, both are 5; one given, the other takes its value (the
 # field docstring's "Defaults to 1" for prompt_lookup_min is not what the code does)
 NGRAM_DEFAULT_N = 5
+# The largest value of each parameter (specscope.limits); an early exit is checked against its
+# target's layers once the target is known (DrafterConfig.check_target_layers).
+PARAM_MAX = {
+    "prompt_lookup_min": MAX_NGRAM,
+    "prompt_lookup_max": MAX_NGRAM,
+    "exit_layer": MAX_LAYERS,
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,9 @@ class DrafterConfig:
                 )
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DrafterError(f"{f.name} must be an integer >= 1, got {value!r}")
+            high = PARAM_MAX[f.name]
+            if value > high:
+                raise DrafterError(f"{f.name} must be an integer in 1..{high}, got {value!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is not None and hi is not None and lo > hi:
             raise DrafterError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
@@ -123,6 +134,16 @@ class DrafterConfig:
         ``early-exit(exit_layer=8)``: the name records and tables carry."""
         params = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.kind}({params})" if params else self.kind
+
+    def check_chain(self, is_chain: bool) -> None:
+        """Refuse a tree this drafter cannot propose: a chain-only drafter (n-gram) proposes one
+        chain of top-1 tokens, so its tree must be one (``is_chain``), whatever policy built it.
+        The one check of ``run``, ``decode`` and policy files."""
+        if self.spec.chain_only and not is_chain:
+            raise DrafterError(
+                f"the {self.kind} drafter proposes one chain: use --policy chain --depth K "
+                "(K tokens per step), not a tree with branches"
+            )
 
     def check_target_layers(self, num_layers: int) -> None:
         """An early exit must leave at least one of the target's ``num_layers`` layers out."""

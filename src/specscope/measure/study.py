@@ -36,7 +36,7 @@ from ..prompts.render import RenderedPrompt, eos_token_ids, render_item
 from ..records import position_bin, to_table
 from ..run.config import RunConfig
 from ..theory import CriteriaConfig
-from ..trees import TreeShape
+from ..trees import TreeShape, check_depth_fits
 from .checks import MeasureError, check_batch_memory
 from .naive import NaiveOracle
 from .records import NodeRecords, certificate_records, step_record
@@ -72,13 +72,14 @@ def start_prompts(
 ) -> list[PromptState]:
     """Render ``todo`` ((order, item) pairs) and check that every prompt, its new tokens and a
     tree fit in the positions both models were built for, before any of them is measured."""
+    limit = position_limit(*pair.models)
+    check_depth_fits(config.tree.shape().max_depth, config.max_new_tokens, limit)
     states = []
     for order, item in todo:
         rendered = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens)
         states.append(PromptState(item, order, rendered, list(rendered.ids), time.perf_counter()))
     if not states:
         return states
-    limit = position_limit(*pair.models)
     extra = config.max_new_tokens + config.tree.shape().max_depth
     longest = max(states, key=lambda s: len(s.context))
     if len(longest.context) + extra > limit:

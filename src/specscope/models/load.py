@@ -11,8 +11,10 @@ A model source is one string:
 - a local directory holding a ``transformers`` checkpoint;
 - anything else is taken as a Hugging Face hub id.
 
-The pair's vocabularies are compared before any weights are loaded. ``quantize="int8"`` runs both
-models' linear layers in int8 on the CPU (:class:`Int8Linear`).
+The pair's vocabularies are compared before any weights are loaded. A checkpoint is loaded whole
+or refused: a damaged safetensors file is named, and a tensor missing or of the wrong shape (which
+transformers would fill with random values, only logging it) is refused naming it.
+``quantize="int8"`` runs both models' linear layers in int8 on the CPU (:class:`Int8Linear`).
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def load_model(
     tok = tokenizer
     fingerprint = model_identity(source)["fingerprint"] if quantize == "int8" else None
     keep = fingerprint is not None and not trust_remote_code  # remote code: the hub's skeleton
-    if keep and (cached := load_int8(kind, fingerprint)) is not None:
+    if keep and (cached := load_int8(kind, fingerprint, _source_config(kind, where))) is not None:
         tok = tok or load_tokenizer(source, trust_remote_code)
         return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
     if kind == "gguf":
@@ -141,21 +143,79 @@ def load_model(
     return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters)
 
 
+def _source_config(kind: str, where: Path) -> dict:
+    """The config a local source loads with, as a dict (what an int8 cache entry must match)."""
+    from transformers import AutoConfig
+
+    try:
+        if kind == "gguf":
+            return AutoConfig.from_pretrained(where.parent, gguf_file=where.name).to_dict()
+        return AutoConfig.from_pretrained(where).to_dict()
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{where}: cannot read its config: {e}") from None
+
+
+def _damaged_file(where: Path | str) -> tuple[Path, str] | None:
+    """The first safetensors file of a local checkpoint whose header cannot be read, and why."""
+    from safetensors import SafetensorError, safe_open
+
+    if not Path(where).is_dir():
+        return None
+    for path in sorted(Path(where).glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            return path, str(e)
+    return None
+
+
 def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_code: bool):
+    """A checkpoint's model, every tensor of which came from its files: a damaged file, a tensor
+    of the wrong shape or a missing one (transformers would fill it with random values and only
+    log it) is a :class:`ModelLoadError` naming the file or the tensors."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     try:
         with _quiet_loading():
-            return AutoModelForCausalLM.from_pretrained(
+            model, info = AutoModelForCausalLM.from_pretrained(
                 where,
                 dtype=DTYPES[dtype],
                 attn_implementation="sdpa",
                 trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported in info, refused below
             )
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load model {source}: {e}") from None
+    except SafetensorError as e:
+        path, why = _damaged_file(where) or (where, str(e))
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({why})") from None
     except pickle.UnpicklingError:
         raise ModelLoadError(_refused_pickle(source, where)) from None
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load model {source}: {e}") from None
+    missing = sorted(info["missing_keys"])
+    mismatched = [
+        f"{key} of shape {_shape(stored)} where its config needs {_shape(needed)}"
+        for key, stored, needed in sorted(info["mismatched_keys"])
+    ]
+    if missing or mismatched:
+        lacks = f"lacks {_names(missing)}" if missing else ""
+        wrong = f"has {_names(mismatched)}" if mismatched else ""
+        raise ModelLoadError(
+            f"{where}: the checkpoint {' and '.join(filter(None, (lacks, wrong)))}; refusing "
+            "to measure a model with randomly initialised tensors"
+        )
+    return model
+
+
+def _shape(shape) -> str:
+    return "x".join(str(n) for n in shape) or "scalar"
+
+
+def _names(keys: list[str], shown: int = 5) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"tensor{'s' if len(keys) > 1 else ''} " + ", ".join(keys[:shown]) + more
 
 
 def check_device(name: str) -> None:

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ..drafters import DrafterConfig
+from ..drafters import DrafterConfig, DrafterError
 from ..errors import SpecscopeError
 from ..files import read_json, read_toml_table
+from ..limits import MAX_PROMPTS, MAX_SEED, MAX_TOKENS, out_of_range
 from ..models import PairConfig
 from ..prompts.items import (
     SMOKE_PROMPTS,
@@ -72,6 +73,12 @@ class PromptSpec:
     sources: tuple[tuple[str, str], ...] = ()  # (domain, source name) overrides
     smoke: bool = False
 
+    def __post_init__(self) -> None:
+        if self.per_domain is not None and self.per_domain > MAX_PROMPTS:
+            raise RunConfigError(
+                f"per_domain must be in 1..{MAX_PROMPTS} (prompts per domain), got {self.per_domain}"
+            )
+
     def select(self, seed: int) -> list[PromptItem]:
         if self.smoke:
             return list(SMOKE_PROMPTS)
@@ -115,19 +122,23 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.drafter.has_distribution:  # certificates compare p with the draft's q
             object.__setattr__(self, "criteria", None)
-        if self.drafter.spec.chain_only and self.tree.policy != "chain":
-            raise RunConfigError(
-                f"the {self.drafter.kind} drafter proposes one chain: use --policy chain --depth K "
-                f"(K tokens per step), not tree policy {self.tree.policy!r}"
-            )
+        if self.drafter.spec.chain_only:  # the check decode makes too, on the tree's shape
+            try:
+                self.drafter.check_chain(self.tree.shape().is_chain)
+            except DrafterError as e:
+                raise RunConfigError(f"{e} (tree policy {self.tree.policy!r})") from None
         if self.engine not in ENGINES:
             raise RunConfigError(
                 f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}"
             )
-        if self.max_new_tokens < 1:
-            raise RunConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_prompt_tokens < 1:
-            raise RunConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        for name, low, high in (
+            ("max_new_tokens", 1, MAX_TOKENS),
+            ("max_prompt_tokens", 1, MAX_TOKENS),
+            ("seed", 0, MAX_SEED),
+        ):
+            reason = out_of_range(name, getattr(self, name), low, high)
+            if reason:
+                raise RunConfigError(reason)
         if self.rendering not in RENDERINGS:
             raise RunConfigError(
                 f"unknown rendering {self.rendering!r}; allowed: {', '.join(RENDERINGS)}"

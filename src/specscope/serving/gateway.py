@@ -7,41 +7,67 @@ as one engine configuration per domain: a llama-server router-mode preset (the r
 that deployment look like one server:
 
 1. it reads the request body (``/v1/chat/completions``, ``/v1/completions`` or llama-server's
-   ``/completion``) and classifies the prompt with specscope's router
-   (:class:`~specscope.tune.router.RuleRouter` over :func:`~specscope.tune.router.prompt_text`);
-2. it forwards the body to the backend that the :class:`Deployment` names for that domain (or the
-   fallback), setting ``model`` where the deployment gives a preset name;
+   ``/completion``; at most :attr:`GatewayLimits.max_request_bytes`, else 413; nested too deeply
+   or holding NaN/Infinity, 400) and classifies the prompt with specscope's router
+   (:class:`~specscope.tune.router.RuleRouter` over :func:`~specscope.tune.router.prompt_text`)
+   in a worker thread, so that no prompt holds up the other requests or ``/health``;
+2. it forwards the body as ``application/json`` to the backend that the :class:`Deployment`
+   names for that domain (or the fallback), setting ``model`` where the deployment gives a preset
+   name. Each backend URL has its own connection pool, timeouts (connect, read, write, pool) and
+   a bound on the requests in flight (beyond it: 503 at once), so a backend that hangs holds up
+   only its own domains; a client that leaves cancels its upstream request;
 3. it returns the engine's answer unchanged: a streamed answer (server-sent events) chunk by chunk
-   as the engine sends them, an engine's error with its own status and body;
-4. it appends one JSON line per answered request to a log that ``specscope ingest --format
-   llama.cpp|vllm|sglang`` reads: ``{"prompt_id", "domain", "backend", "model", "path",
-   "response"}``, where ``response`` is the engine's answer or, streamed, its last event that
-   carries the engine's statistics (llama-server ``timings``, vLLM ``metrics``, SGLang
-   ``meta_info``). Failures go to a second log (the errors log), so the first stays ingestible.
+   as the engine sends them, an engine's error with its own status and body. A non-streamed
+   answer larger than :attr:`GatewayLimits.max_answer_bytes`, one cut short, or any other
+   backend fault is a JSON 502 naming the backend and its domain; no answer carries a traceback;
+4. it appends one JSON line per request to one of two logs. The request log holds only what
+   ``specscope ingest --format llama.cpp|vllm|sglang`` reads: ``{"prompt_id", "domain",
+   "backend", "model", "path", "status", "latency_s", "response"}``, where ``response`` is the
+   engine's answer or, streamed, its last event that carries the engine's statistics
+   (llama-server ``timings``, vLLM ``metrics``, SGLang ``meta_info``). Everything else goes to
+   the errors log with an ``error`` naming why: answers without those statistics, engine errors,
+   refused requests, backend faults, clients that left, and requests still in flight when the
+   gateway stops. A record is written before the client receives the end of its answer (a
+   stream's closing chunks are held back until then), each line whole or not at all (a failed
+   write is cut back and reported, never a torn line or a failed answer).
 
-A backend that cannot be reached gets a 502 JSON error naming it and its domain; the other
-domains keep being served. The prompt id is the client's ``X-Prompt-Id`` header (so that the log
-joins the client's prompts file), else one the gateway makes up.
+The prompt id is the client's ``X-Prompt-Id`` header read as UTF-8 (so that the log joins the
+client's prompts file), else one the gateway makes up. Backend URLs are checked at start, and
+their credentials (``http://user:pw@host``, sent as Basic auth) are shown nowhere: ``/health``,
+log lines, messages and start-up output name :attr:`Backend.display`. Observers are told of
+every record written: :class:`~specscope.serving.gateway_metrics.GatewayMetrics` is one, served
+at ``/metrics`` (Prometheus: per-domain requests, tokens, drafted and accepted tokens, latency,
+and the drift of tokens per step from the policy's prediction).
 
 It does not start or stop engines (:mod:`specscope.serving.llamaserver` does for llama-server), choose
-settings (``specscope tune``/``llamacpp``) or read the log (:mod:`specscope.serving.ingest`).
+settings (``specscope tune``/``llamacpp``), read the log (:mod:`specscope.serving.ingest`) or
+count what it serves (:mod:`specscope.serving.gateway_metrics`); it does not authenticate
+clients (it listens on 127.0.0.1 by default).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import itertools
 import json
+import math
 import os
+import socket
+import stat
+import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import SpecscopeError, require
-from ..files import read_json_object, read_toml_table
+from ..files import os_error_reason, read_json_object, read_toml_table
 from ..tune.router import Rule, RuleRouter, prompt_text
+from .gateway_metrics import GatewayMetrics, Prediction
 
 # the ingest formats whose engines the gateway can stand in front of, and the key of each
 # engine's per-request statistics in its answer (the event to keep from a stream)
@@ -50,11 +76,20 @@ ENGINE_STATS_KEY: dict[str, str] = {
     "vllm": "metrics",
     "sglang": "meta_info",
 }
+# what each engine needs to put its statistics in an answer (ingest's hints say the same)
+_STATS_HINT = {
+    "llama.cpp": "llama-server adds timings to every answer, a stream's in its final chunk",
+    "vllm": "vLLM adds them with --per-request-spec-decode-metrics summary|detailed (>= 0.29), "
+    "and a streaming client must send stream_options.include_usage: true (or start vLLM with "
+    "--enable-force-include-usage)",
+    "sglang": "SGLang adds them to its native /generate answers",
+}
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/completion")
-PROMPT_ID_HEADER = "x-prompt-id"
+PROMPT_ID_HEADER = b"x-prompt-id"
 DOMAIN_HEADER = "x-specscope-domain"
-# headers that describe one hop of a connection, not the message (RFC 9110 7.6.1), and those
-# that httpx recomputes for the body it sends or has already decoded
+STOPPED = "the gateway stopped before the engine answered"
+# headers that describe one hop of a connection, not the message (RFC 9110 7.6.1), those that
+# httpx recomputes for the body it sends or has already decoded, and the body's type (always JSON)
 _HOP_HEADERS = frozenset(
     {
         "connection",
@@ -70,22 +105,69 @@ _HOP_HEADERS = frozenset(
         "content-encoding",
     }
 )
+_NOT_FORWARDED = _HOP_HEADERS | {"content-type", "accept-encoding", PROMPT_ID_HEADER.decode()}
+MiB = 1 << 20
 
 
 class DeploymentError(SpecscopeError, ValueError):
     """A deployment file that cannot be served; the message names the field and what is allowed."""
 
 
+class GatewayError(SpecscopeError):
+    """The gateway cannot start: a log it cannot open, an address it cannot listen on."""
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """How much one request may ask of the gateway, and how long it waits for a backend."""
+
+    max_request_bytes: int = 16 * MiB  # a larger request body: 413
+    max_answer_bytes: int = 64 * MiB  # a larger non-streamed answer: 502 (it is logged whole)
+    max_event_bytes: int = 1 * MiB  # a longer SSE line is relayed but not read for statistics
+    max_in_flight: int = 64  # per backend URL; beyond it: 503 at once
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0  # between two reads of an answer: a long generation is fine
+    write_timeout: float = 60.0
+    pool_timeout: float = 10.0  # waiting for one of the backend's max_in_flight connections
+    graceful_timeout: float = 30.0  # at SIGTERM, for requests in flight to finish
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise GatewayError(f"{f.name} must be a positive finite number, got {value!r}")
+
+
+def _redact(parts) -> str:
+    """A URL's text with its userinfo (credentials) replaced by ``***``."""
+    if parts.username is None and parts.password is None:
+        return urlunsplit(parts)
+    netloc = "***@" + parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 @dataclass(frozen=True)
 class Backend:
     """Where one domain's requests go."""
 
-    url: str  # base URL of the engine's server, e.g. http://127.0.0.1:8080
+    url: str  # base URL of the engine's server, e.g. http://127.0.0.1:8080 (credentials included)
     model: str | None = None  # the body's ``model`` to set (llama-server router: the preset name)
 
     @property
+    def display(self) -> str:
+        """The URL as shown anywhere (health, logs, messages): credentials replaced by ``***``."""
+        return _redact(urlsplit(self.url))
+
+    @property
     def name(self) -> str:
-        return self.url + (f" (model {self.model!r})" if self.model else "")
+        return self.display + (f" (model {self.model!r})" if self.model else "")
+
+    def redact(self, text: str) -> str:
+        """``text`` (an error message) with this backend's URL and credentials shown as
+        :attr:`display` shows them."""
+        userinfo, at, _ = urlsplit(self.url).netloc.rpartition("@")
+        text = text.replace(self.url, self.display)
+        return text.replace(userinfo + at, "***@") if at else text
 
 
 @dataclass(frozen=True)
@@ -115,6 +197,10 @@ class Deployment:
         """The domain of a prompt and the backend that serves it."""
         domain = self.router.classify(text)
         return domain, self.domains.get(domain, self.fallback)
+
+    def backend_urls(self) -> tuple[str, ...]:
+        """Each distinct backend URL, once."""
+        return tuple(dict.fromkeys(b.url for b in (*self.domains.values(), self.fallback)))
 
     @classmethod
     def from_table(cls, table: Mapping, where: str = "deployment") -> Deployment:
@@ -151,11 +237,20 @@ class Deployment:
         """From a ``specscope export`` document: its engine, its routing rule (the gateway
         routes exactly as exported) and each domain's ``model`` (llama.cpp: the preset named
         after the domain). ``backends``: domain -> base URL, ``"*"`` for every domain not named
-        (one llama-server in router mode serves them all)."""
+        (one llama-server in router mode serves them all); a domain the document does not have
+        is refused."""
         engine, domains = document.get("engine"), document.get("domains")
         if not isinstance(domains, Mapping) or not domains:
             raise DeploymentError(f"{where}: not a specscope export document (no 'domains')")
         router = _router(document.get("routing"), where)
+        known = [str(d) for d in domains] + (["fallback"] if "fallback" in document else [])
+        for domain, url in backends.items():
+            check_backend_url(url, f"--backend {domain}")
+            if domain != "*" and domain not in known:
+                raise DeploymentError(
+                    f"--backend {domain}=...: {where} has no domain {domain!r}; "
+                    f"allowed: {', '.join(known)} (or --backend URL for all)"
+                )
 
         def backend(domain: str, entry) -> Backend:
             url = backends.get(domain, backends.get("*"))
@@ -202,7 +297,9 @@ class Deployment:
 
 
 def _router(routing, where: str) -> RuleRouter:
-    """The router an export document's routing rule describes (specscope's by default)."""
+    """The router an export document's routing rule describes (specscope's by default); a rule
+    whose pattern does not compile, or a weight or threshold that is not finite, is refused
+    (the router's own checks, :class:`~specscope.tune.router.RouterError`)."""
     if routing is None:
         return RuleRouter()
     try:
@@ -221,6 +318,45 @@ def routable_domains(router: RuleRouter) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*(r.domain for r in router.rules), router.fallback]))
 
 
+def check_backend_url(url, where: str) -> str:
+    """``url`` without a trailing slash if it is a base URL the gateway can forward to: http or
+    https, a host, a port in 1..65535 if one is given, no query, fragment, whitespace or control
+    character, at most one ``@``; else a :class:`DeploymentError` naming what is wrong."""
+    if not isinstance(url, str):
+        raise DeploymentError(f"{where}: url must be a string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:
+        raise DeploymentError(f"{where}: url is not a URL ({e})") from None
+    shown = repr(_redact(parts))  # urlsplit drops tabs and line breaks: the check is on url
+    bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise DeploymentError(
+            f"{where}: url {shown} holds the character {bad!r}; "
+            "write it without spaces or control characters (percent-encode them)"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DeploymentError(
+            f"{where}: url must be an http:// or https:// base URL with a host, got {shown}"
+        )
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise DeploymentError(
+            f"{where}: url {shown} has a query or fragment; a base URL has neither "
+            "(the request's own path is appended to it)"
+        )
+    if parts.netloc.count("@") > 1:
+        raise DeploymentError(
+            f"{where}: url {shown} holds '@' more than once; percent-encode '@' in credentials"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or (port is None and parts.netloc.rpartition("@")[2].endswith(":")):
+        raise DeploymentError(f"{where}: url {shown}: the port must be a number in 1..65535")
+    return url.rstrip("/")
+
+
 def _backend(entry, where: str) -> Backend:
     if not isinstance(entry, Mapping):
         raise DeploymentError(f"{where}: must be a table with url (and optionally model)")
@@ -228,17 +364,13 @@ def _backend(entry, where: str) -> Backend:
     if unknown:
         raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: url, model")
     url, model = entry.get("url"), entry.get("model")
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DeploymentError(
-            f"{where}: url must be an http:// or https:// base URL with a host, got {url!r}"
-        )
+    url = check_backend_url(url, where)
     if model is not None and (not isinstance(model, str) or not model):
         raise DeploymentError(
             f"{where}: model must be a non-empty string (the preset or model "
             f"name the engine serves), got {model!r}"
         )
-    return Backend(url.rstrip("/"), model)
+    return Backend(url, model)
 
 
 # --- what a request says -----------------------------------------------------------------------
@@ -258,35 +390,142 @@ def request_text(body: Mapping) -> str:
     return ""
 
 
-def sse_events(buffer: bytearray) -> list[dict]:
-    """The JSON objects of the complete ``data:`` lines at the start of ``buffer`` (removed from
-    it); what is left is an incomplete line. ``data: [DONE]`` and other non-JSON data are skipped."""
-    events = []
-    while (end := buffer.find(b"\n")) >= 0:
-        line = bytes(buffer[:end]).rstrip(b"\r")
-        del buffer[: end + 1]
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NonFinite(f"the request body holds {name}; JSON numbers must be finite")
+
+
+def parse_request(raw: bytes) -> dict:
+    """A request body as a JSON object; ValueError naming what is wrong (not JSON, nested too
+    deeply, NaN or Infinity, not an object)."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("the request body is nested too deeply") from None
+    except _NonFinite:
+        raise
+    except ValueError as e:
+        raise ValueError(f"the request body must be a JSON object ({e})") from None
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    return body
+
+
+def json_bytes(obj, allow_nan: bool = True) -> bytes:
+    """``obj`` as UTF-8 JSON; strings holding lone surrogates (valid escapes in JSON, not
+    encodable as UTF-8) make the whole text ASCII with ``\\u`` escapes instead."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, allow_nan=allow_nan).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, allow_nan=allow_nan).encode()
+
+
+class SseScanner:
+    """The JSON objects of a server-sent event stream fed chunk by chunk: ``data:`` lines,
+    ``[DONE]`` and other non-JSON data skipped. At most ``max_line`` bytes of an unfinished line
+    are held: a longer line is skipped to its end (:attr:`overlong` says one was)."""
+
+    def __init__(self, max_line: int = MiB):
+        self.max_line = max_line
+        self.done = False  # a ``data: [DONE]`` line was seen
+        self.overlong = False
+        self._line = bytearray()
+        self._skipping = False
+
+    def feed(self, chunk: bytes) -> list[dict]:
+        events, start = [], 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if not self._skipping and len(self._line) + end - start <= self.max_line:
+                self._line += chunk[start:end]
+                event = self._event(bytes(self._line).rstrip(b"\r"))
+                if event is not None:
+                    events.append(event)
+            self._line.clear()
+            self._skipping = False
+            start = end + 1
+        if not self._skipping:
+            if len(self._line) + len(chunk) - start > self.max_line:
+                self._line.clear()
+                self._skipping = self.overlong = True
+            else:
+                self._line += chunk[start:]
+        return events
+
+    def _event(self, line: bytes) -> dict | None:
         if not line.startswith(b"data:"):
-            continue
+            return None
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return None
         try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+            event = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        return event if isinstance(event, dict) else None
+
+
+# --- the logs --------------------------------------------------------------------------------
+
+
+def _is_stream(path: Path) -> bool:
+    """A log to write into as it is (a device, a FIFO, anything under /dev or /proc), not a
+    regular file whose links are refused and whose errors log is named after it."""
+    if Path(path).absolute().parts[1:2] in (("dev",), ("proc",)):
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 class RequestLog:
-    """An append-only JSON-lines file: each record one line, written by one ``write`` call
-    (``O_APPEND``), so concurrent requests never interleave within a line."""
+    """An append-only JSON-lines file: each record one line, whole or not at all.
 
-    def __init__(self, path: str | Path):
+    Opened with ``O_APPEND`` and, for a regular file, ``O_NOFOLLOW`` (a symbolic link at the path
+    is refused, not written through). A record is written by ``write`` calls on the one event
+    loop thread (so concurrent requests never interleave), retried after a short write; a write
+    that fails (a full disk) cuts the file back to its length before the record and raises."""
+
+    def __init__(self, path: str | Path, option: str = "--log"):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        stream = _is_stream(self.path)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        if not stream:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            flags |= os.O_NOFOLLOW
+        try:
+            self._fd = os.open(self.path, flags, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP and self.path.is_symlink():
+                raise GatewayError(
+                    f"{option} {self.path} is a symbolic link; the gateway does not write "
+                    "through links (name the file itself)"
+                ) from None
+            raise
+        info = os.fstat(self._fd)
+        self.regular = stat.S_ISREG(info.st_mode)
+        self.identity = (info.st_dev, info.st_ino)
 
     def append(self, record: dict) -> None:
-        os.write(self._fd, (json.dumps(record, ensure_ascii=False) + "\n").encode())
+        line = memoryview(json_bytes(record) + b"\n")
+        size = os.fstat(self._fd).st_size if self.regular else 0
+        try:
+            while line:
+                line = line[os.write(self._fd, line) :]
+        except OSError:
+            if self.regular:
+                try:
+                    os.ftruncate(self._fd, size)
+                except OSError as e:
+                    print(
+                        f"specscope gateway: {self.path}: cannot cut back a torn line: {e}",
+                        file=sys.stderr,
+                    )
+            raise
 
     def close(self) -> None:
         os.close(self._fd)
@@ -298,173 +537,568 @@ def errors_path(log: str | Path) -> Path:
     return log.with_name(log.stem + ".errors" + (log.suffix or ".jsonl"))
 
 
+def open_logs(log: str | Path, errors_log: str | Path | None = None) -> dict[str, RequestLog]:
+    """The request log and the errors log, opened (so that one that cannot be written fails at
+    start). The errors log is named after a regular request log unless given; a request log
+    that is no regular file (``/dev/null``, a FIFO) needs ``errors_log``; the two may be one
+    file only if it is no regular file (``--log /dev/null --errors-log /dev/null``)."""
+    if errors_log is None and _is_stream(Path(log)):
+        raise GatewayError(
+            f"--log {log} is not a regular file, so no errors log is named after it; "
+            "give one with --errors-log (it may be the same device, e.g. /dev/null)"
+        )
+    requests = RequestLog(log, "--log")
+    try:
+        errors = RequestLog(errors_log or errors_path(log), "--errors-log")
+    except BaseException:
+        requests.close()
+        raise
+    if requests.regular and requests.identity == errors.identity:
+        requests.close()
+        errors.close()
+        raise GatewayError(
+            f"--errors-log {errors_log} is the request log {log}; ingest reads the request log "
+            "whole, so failures must go to another file"
+        )
+    return {"requests": requests, "errors": errors}
+
+
 # --- the proxy -------------------------------------------------------------------------------
 
+Observer = Callable[[str, dict], None]
 
-def _json_response(status: int, payload: dict):
+
+def _json_response(status: int, payload: dict, headers: Mapping[str, str] | None = None):
     from starlette.responses import JSONResponse  # the gateway extra
 
-    return JSONResponse(payload, status_code=status)
+    return JSONResponse(payload, status_code=status, headers=headers)
 
 
 def _error(status: int, message: str, kind: str, **extra) -> dict:
     return {"error": {"message": message, "type": kind, "code": status, **extra}}
 
 
-def make_app(
-    deployment: Deployment,
-    log: str | Path,
-    errors_log: str | Path | None = None,
-    connect_timeout: float = 5.0,
-):
-    """The gateway as an ASGI application (Starlette); run it with uvicorn."""
-    require("gateway", "specscope gateway", ("starlette", "httpx", "uvicorn"))
-    import httpx  # the gateway extra, like starlette and uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
+class _Refusal(Exception):
+    """A request the gateway answers itself with a JSON error."""
 
-    stats_key = ENGINE_STATS_KEY[deployment.engine]
-    ids = itertools.count()
-    # opened now, so that a log that cannot be written fails at start, not at the first request
-    logs = {"requests": RequestLog(log), "errors": RequestLog(errors_log or errors_path(log))}
-    # no read timeout: a long generation is not a failure; a backend that is down fails to connect
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect_timeout))
+    def __init__(self, status: int, message: str, kind: str, **extra):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.extra = status, message, kind, extra
 
-    def record(kind: str, entry: dict) -> None:
-        logs[kind].append(entry)
-
-    async def proxy(request: Request):
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            return _json_response(
-                400, _error(400, "the request body must be a JSON object", "invalid_request_error")
-            )
-        domain, backend = deployment.route(request_text(body))
-        if backend.model is not None:
-            body = {**body, "model": backend.model}
-        prompt_id = (
-            request.headers.get(PROMPT_ID_HEADER) or f"gw-{uuid.uuid4().hex[:12]}-{next(ids)}"
+    def response(self):
+        headers = {"retry-after": "1"} if self.status == 503 else None
+        return _json_response(
+            self.status, _error(self.status, self.message, self.kind, **self.extra), headers
         )
+
+
+class _ClientLeft(Exception):
+    """The client disconnected before its answer was complete."""
+
+
+async def _until_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(work: Awaitable, receive):
+    """``work``'s result, or :class:`_ClientLeft` (``work`` cancelled) if the client disconnects
+    first. Cancelling the caller (a gateway that stops) cancels ``work`` too."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watch):
+            t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        raise _ClientLeft
+    return task.result()
+
+
+@dataclass
+class _Upstream:
+    """One backend URL's client (its own pool and timeouts) and its requests in flight."""
+
+    client: object  # httpx.AsyncClient
+    in_flight: int = 0
+
+
+@dataclass
+class _Pending:
+    entry: dict
+    started: float
+
+
+class _Gateway:
+    """The state behind the ASGI app: the logs, each backend's client, the requests in flight."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        logs: Mapping[str, RequestLog],
+        limits: GatewayLimits,
+        observers: Sequence[Observer],
+    ):
+        import httpx  # the gateway extra, like starlette and uvicorn
+
+        self.httpx = httpx
+        self.deployment, self.logs, self.limits = deployment, logs, limits
+        self.observers = tuple(observers)
+        self.stats_key = ENGINE_STATS_KEY[deployment.engine]
+        timeout = httpx.Timeout(
+            connect=limits.connect_timeout,
+            read=limits.read_timeout,
+            write=limits.write_timeout,
+            pool=limits.pool_timeout,
+        )
+        pool = httpx.Limits(
+            max_connections=limits.max_in_flight,
+            max_keepalive_connections=min(limits.max_in_flight, 16),
+        )
+        self.upstreams = {
+            url: _Upstream(httpx.AsyncClient(timeout=timeout, limits=pool))
+            for url in deployment.backend_urls()
+        }
+        self.pending: dict[int, _Pending] = {}
+        self.ids = itertools.count()
+
+    # --- records ---
+
+    def _record(self, kind: str, entry: dict) -> None:
+        """Append ``entry`` to the ``kind`` log; if that fails, to the errors log (the answer as
+        ``answer``), else a line on stderr. Never raises: a log is no reason to fail an answer."""
+        written = kind
+        try:
+            self.logs[kind].append(entry)
+        except (OSError, ValueError, RecursionError) as e:
+            reason = f"the {kind} log {self.logs[kind].path} could not be written: " + (
+                os_error_reason(e) if isinstance(e, OSError) else str(e)
+            )
+            written = None
+            if kind == "requests":
+                # the answer kept as "answer": no errors-log line has a "response" to ingest
+                entry = {k: v for k, v in entry.items() if k != "response"} | {
+                    "answer": entry.get("response"),
+                    "error": reason,
+                }
+                try:
+                    self.logs["errors"].append(entry)
+                    written = "errors"
+                except (OSError, ValueError, RecursionError):
+                    pass
+            if written is None:
+                print(
+                    f"specscope gateway: {reason}; request {entry['prompt_id']!r} is in no log",
+                    file=sys.stderr,
+                )
+        if written is not None:
+            for observer in self.observers:
+                try:
+                    observer(written, entry)
+                except Exception as e:  # an observer's bug must not fail the answer
+                    print(f"specscope gateway: observer {observer!r}: {e!r}", file=sys.stderr)
+
+    def _begin(self, entry: dict, started: float) -> int:
+        token = next(self.ids)
+        self.pending[token] = _Pending(entry, started)
+        return token
+
+    def _finish(self, token: int, kind: str, **fields_) -> None:
+        """Log a request in flight once (a second call, e.g. after :meth:`stop`, does nothing)."""
+        pending = self.pending.pop(token, None)
+        if pending is not None:
+            latency = round(time.monotonic() - pending.started, 6)
+            self._record(kind, {**pending.entry, **fields_, "latency_s": latency})
+
+    def _refused(self, entry: dict, started: float, refusal: _Refusal):
+        latency = round(time.monotonic() - started, 6)
+        self._record(
+            "errors",
+            {**entry, "status": refusal.status, "error": refusal.message, "latency_s": latency},
+        )
+        return refusal.response()
+
+    def _stats_missing(self, overlong: bool = False) -> str:
+        return (
+            f"an event line longer than {self.limits.max_event_bytes} bytes was relayed "
+            "unread, and "
+            if overlong
+            else ""
+        ) + f"the answer carries no {self.stats_key} ({_STATS_HINT[self.deployment.engine]})"
+
+    async def stop(self) -> None:
+        for token in list(self.pending):
+            self._finish(token, "errors", status=503, error=STOPPED)
+        for upstream in self.upstreams.values():
+            await upstream.client.aclose()
+        for opened in self.logs.values():
+            opened.close()
+
+    # --- requests ---
+
+    async def _read_body(self, request) -> bytes:
+        limit = self.limits.max_request_bytes
+        too_large = _Refusal(
+            413,
+            f"the request body is larger than the gateway's limit of {limit} bytes",
+            "invalid_request_error",
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    def _route(self, body: dict) -> tuple[str, Backend]:
+        return self.deployment.route(request_text(body))
+
+    @staticmethod
+    def _prompt_id(scope) -> str | None:
+        for name, value in scope["headers"]:
+            if name == PROMPT_ID_HEADER:
+                try:
+                    return value.decode("utf-8") or None
+                except UnicodeDecodeError:
+                    return value.decode("latin-1")
+        return None
+
+    async def proxy(self, request):
+        import anyio
+
+        started = time.monotonic()
         entry = {
-            "prompt_id": prompt_id,
-            "domain": domain,
-            "backend": backend.url,
-            "model": backend.model,
+            "prompt_id": self._prompt_id(request.scope)
+            or f"gw-{uuid.uuid4().hex[:12]}-{next(self.ids)}",
+            "domain": None,
+            "backend": None,
+            "model": None,
             "path": request.url.path,
         }
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in _HOP_HEADERS and k.lower() != PROMPT_ID_HEADER
-        }
-        upstream = client.build_request(
-            "POST",
-            backend.url + request.url.path,
-            params=request.query_params,
-            json=body,
-            headers=headers,
-        )
         try:
-            answer = await client.send(upstream, stream=True)
-        except httpx.TransportError as e:
+            try:
+                body = parse_request(await self._read_body(request))
+            except ValueError as e:
+                raise _Refusal(400, str(e), "invalid_request_error") from None
+            try:  # deep but parsed JSON can still be too deep to walk or write again
+                domain, backend = await anyio.to_thread.run_sync(self._route, body)
+                if backend.model is not None:
+                    body = {**body, "model": backend.model}
+                content = json_bytes(body, allow_nan=False)
+            except RecursionError:
+                message = "the request body is nested too deeply"
+                raise _Refusal(400, message, "invalid_request_error") from None
+            entry.update(domain=domain, backend=backend.display, model=backend.model)
+            upstream = self.upstreams[backend.url]
+            if upstream.in_flight >= self.limits.max_in_flight:
+                raise _Refusal(
+                    503,
+                    f"backend {backend.name} for domain {domain!r} has "
+                    f"{self.limits.max_in_flight} requests in flight, the gateway's limit; "
+                    "try again later",
+                    "backend_busy",
+                    domain=domain,
+                    backend=backend.display,
+                )
+        except _Refusal as refusal:
+            return self._refused(entry, started, refusal)
+        except Exception as e:  # a bug: logged and answered, never a traceback to the client
+            message = f"the gateway failed: {type(e).__name__}: {e}"
+            return self._refused(entry, started, _Refusal(500, message, "internal_error"))
+        upstream.in_flight += 1
+        token = self._begin(entry, started)
+        relayed = False
+        try:
+            headers = [
+                (k, v)
+                for k, v in request.scope["headers"]
+                if k.decode("latin-1") not in _NOT_FORWARDED
+            ]
+            headers.append((b"content-type", b"application/json"))
+            outgoing = upstream.client.build_request(
+                "POST",
+                backend.url + request.url.path,
+                params=request.query_params,
+                content=content,
+                headers=headers,
+            )
+            answer, body = await _unless_client_leaves(
+                self._exchange(upstream.client, outgoing), request.receive
+            )
+            # the engine's headers as it sent them (bytes: not re-encoded)
+            out_headers = [
+                (k, v)
+                for k, v in answer.headers.raw
+                if k.decode("latin-1").lower() not in _HOP_HEADERS
+            ]
+            out_headers.append((DOMAIN_HEADER.encode(), domain.encode()))
+            if body is None:
+                relayed = True
+                return _Relay(self, answer, out_headers, token, upstream)
+            self._log_answer(token, answer.status_code, body)
+            from starlette.responses import Response
+
+            whole = Response(body, status_code=answer.status_code)
+            whole.raw_headers = [*out_headers, (b"content-length", str(len(body)).encode())]
+            return whole
+        except _ClientLeft:
+            self._finish(token, "errors", status=499, error="the client left before the answer")
+            return _json_response(499, _error(499, "client left", "client_closed_request"))
+        except self.httpx.HTTPError as e:
+            return self._backend_fault(token, backend, domain, e)
+        except _AnswerTooLarge:
             message = (
-                f"backend {backend.name} for domain {domain!r} is unreachable: "
-                f"{type(e).__name__}: {e or 'no answer'}"
+                f"backend {backend.name} for domain {domain!r} answered more than the "
+                f"gateway's limit of {self.limits.max_answer_bytes} bytes"
             )
-            record("errors", {**entry, "status": 502, "error": message})
+            self._finish(token, "errors", status=502, error=message)
             return _json_response(
-                502, _error(502, message, "backend_unavailable", domain=domain, backend=backend.url)
+                502, _error(502, message, "backend_error", domain=domain, backend=backend.display)
             )
-        out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_HEADERS}
-        out_headers[DOMAIN_HEADER] = domain
-        if answer.is_success and "text/event-stream" in answer.headers.get("content-type", ""):
-            return StreamingResponse(
-                _relay(answer, entry), status_code=answer.status_code, headers=out_headers
+        except asyncio.CancelledError:
+            self._finish(token, "errors", status=503, error=STOPPED)
+            raise
+        except Exception as e:  # a bug: logged and answered, never a traceback to the client
+            message = f"the gateway failed: {type(e).__name__}: {backend.redact(str(e))}"
+            self._finish(token, "errors", status=500, error=message)
+            return _json_response(500, _error(500, message, "internal_error"))
+        finally:
+            if not relayed:
+                upstream.in_flight -= 1
+
+    async def _exchange(self, client, outgoing):
+        """The backend's answer and its body; the body is None for a stream (still open)."""
+        answer = await client.send(outgoing, stream=True)
+        try:
+            streamed = answer.is_success and "text/event-stream" in answer.headers.get(
+                "content-type", ""
             )
-        content = await answer.aread()
-        await answer.aclose()
-        if not answer.is_success:
-            record(
-                "errors",
-                {**entry, "status": answer.status_code, "body": content.decode("utf-8", "replace")},
-            )
-            return Response(content, status_code=answer.status_code, headers=out_headers)
+            if streamed:
+                return answer, None
+            body = bytearray()
+            async for chunk in answer.aiter_bytes():  # decoded: content-encoding is not relayed
+                body += chunk
+                if len(body) > self.limits.max_answer_bytes:
+                    raise _AnswerTooLarge
+            await answer.aclose()
+            return answer, bytes(body)
+        except BaseException:
+            await answer.aclose()
+            raise
+
+    def _log_answer(self, token: int, status: int, content: bytes) -> None:
+        """Log a whole answer: an engine error or one without statistics in the errors log."""
+        if not 200 <= status < 300:
+            self._finish(token, "errors", status=status, body=content.decode("utf-8", "replace"))
+            return
         try:
             response = json.loads(content)
         except ValueError:
-            response = None
-        if isinstance(response, dict):
-            record("requests", {**entry, "response": response})
+            response, reason = None, "the engine's answer is not a JSON object"
+        except RecursionError:
+            response, reason = None, "the engine's answer is nested too deeply to read"
         else:
-            record(
-                "errors",
-                {
-                    **entry,
-                    "status": answer.status_code,
-                    "error": "the engine's answer is not a JSON object",
-                },
+            reason = "the engine's answer is not a JSON object"
+        if not isinstance(response, dict):
+            self._finish(token, "errors", status=status, error=reason)
+        elif response.get(self.stats_key) is None:
+            self._finish(
+                token, "errors", status=status, error=self._stats_missing(), answer=response
             )
-        return Response(content, status_code=answer.status_code, headers=out_headers)
+        else:
+            self._finish(token, "requests", status=status, response=response)
 
-    async def _relay(answer, entry: dict) -> AsyncIterator[bytes]:
-        """The engine's stream, chunk by chunk; then its last event with statistics is logged."""
-        buffer, last, stats = bytearray(), None, None
-        complete = False
-        try:
-            async for chunk in answer.aiter_bytes():  # decoded: content-encoding is not relayed
-                buffer += chunk
-                for event in sse_events(buffer):
-                    last = event
-                    if stats_key in event and event[stats_key] is not None:
-                        stats = event
-                yield chunk
-            complete = True
-        finally:
-            await answer.aclose()
-            final = stats or last
-            if complete and final is not None:
-                record("requests", {**entry, "stream": True, "response": final})
-            else:
-                record(
-                    "errors",
-                    {
-                        **entry,
-                        "stream": True,
-                        "status": answer.status_code,
-                        "error": "the stream ended early"
-                        if not complete
-                        else "the stream held no JSON event",
-                    },
-                )
+    def _backend_fault(self, token: int, backend: Backend, domain: str, error: Exception):
+        httpx = self.httpx
+        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+            what, kind = "is unreachable", "backend_unavailable"
+        elif isinstance(error, httpx.PoolTimeout):
+            what, kind = "has no free connection", "backend_unavailable"
+        elif isinstance(error, httpx.TimeoutException):
+            what, kind = "did not answer in time", "backend_timeout"
+        else:
+            what, kind = "failed", "backend_error"
+        message = (
+            f"backend {backend.name} for domain {domain!r} {what}: "
+            f"{type(error).__name__}: {backend.redact(str(error)) or 'no answer'}"
+        )
+        self._finish(token, "errors", status=502, error=message)
+        return _json_response(
+            502, _error(502, message, kind, domain=domain, backend=backend.display)
+        )
 
-    async def health(request: Request):
+    async def health(self, request):
         return _json_response(
             200,
             {
                 "status": "ok",
-                "engine": deployment.engine,
-                "domains": {d: b.name for d, b in deployment.domains.items()},
-                "fallback": deployment.fallback.name,
+                "engine": self.deployment.engine,
+                "domains": {d: b.name for d, b in self.deployment.domains.items()},
+                "fallback": self.deployment.fallback.name,
+                "in_flight": sum(u.in_flight for u in self.upstreams.values()),
             },
         )
+
+
+class _AnswerTooLarge(Exception):
+    """A non-streamed answer beyond the gateway's limit."""
+
+
+class _Relay:
+    """An ASGI response relaying the engine's stream chunk by chunk while the client listens.
+
+    Chunks from the first that holds the statistics event or ``data: [DONE]`` on are held back
+    until the next chunk shows the stream goes on, or until the request is logged: a client never
+    sees the end of a stream whose record is not written."""
+
+    def __init__(self, gateway: _Gateway, answer, headers: list, token: int, upstream: _Upstream):
+        self.gateway, self.answer, self.token, self.upstream = gateway, answer, token, upstream
+        self.headers = headers
+
+    async def __call__(self, scope, receive, send) -> None:
+        gateway, answer = self.gateway, self.answer
+        outcome: dict = {"status": 499, "error": "the client left before the stream ended"}
+        try:
+            outcome = await _unless_client_leaves(self._pump(send), receive)
+        except (_ClientLeft, OSError):  # uvicorn's ClientDisconnected is an OSError
+            pass
+        except asyncio.CancelledError:
+            outcome = {"status": 503, "error": STOPPED}
+            raise
+        except Exception as e:  # a bug, once the answer has begun: logged, the stream cut
+            outcome = {"status": 500, "error": f"the gateway failed: {type(e).__name__}: {e}"}
+        finally:
+            await asyncio.shield(answer.aclose())
+            self.upstream.in_flight -= 1
+            gateway._finish(self.token, "errors", stream=True, **outcome)
+
+    async def _pump(self, send) -> dict:
+        """Relay the stream; the fields of its errors-log record if it is not logged."""
+        gateway, answer = self.gateway, self.answer
+        key = gateway.stats_key
+        scanner = SseScanner(gateway.limits.max_event_bytes)
+        last = stats = None
+        held: list[bytes] = []
+        await send(
+            {"type": "http.response.start", "status": answer.status_code, "headers": self.headers}
+        )
+        try:
+            async for chunk in answer.aiter_bytes():  # decoded: content-encoding is not relayed
+                done = scanner.done
+                events = scanner.feed(chunk)
+                closing = scanner.done and not done
+                for event in events:
+                    last = event
+                    if event.get(key) is not None:
+                        stats, closing = event, True
+                if closing or scanner.done:
+                    held.append(chunk)
+                    continue
+                for piece in (*held, chunk):
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                held.clear()
+        except gateway.httpx.HTTPError as e:
+            error = f"the stream ended early: {type(e).__name__}: {e or 'no answer'}"
+            return {"status": answer.status_code, "error": error}
+        if stats is not None:
+            gateway._finish(
+                self.token, "requests", stream=True, status=answer.status_code, response=stats
+            )
+        else:
+            reason = (
+                gateway._stats_missing(scanner.overlong)
+                if last is not None or scanner.overlong
+                else "the stream held no JSON event"
+            )
+            gateway._finish(
+                self.token,
+                "errors",
+                stream=True,
+                status=answer.status_code,
+                error=reason,
+                **({"answer": last} if last is not None else {}),
+            )
+        for piece in held:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return {}
+
+
+def make_app(
+    deployment: Deployment,
+    log: str | Path,
+    errors_log: str | Path | None = None,
+    limits: GatewayLimits | None = None,
+    observers: Sequence[Observer] = (),
+    predictions: Mapping[str, Prediction | None] | None = None,
+):
+    """The gateway as an ASGI application (Starlette); run it with uvicorn.
+
+    ``observers`` are called as ``observer(kind, entry)`` after each record is written to the
+    ``kind`` log (``"requests"`` or ``"errors"``); ``entry`` holds ``status`` and ``latency_s``
+    (seconds from the request to the end of its answer). The gateway's own
+    :class:`~specscope.serving.gateway_metrics.GatewayMetrics` is one of them, served at
+    ``/metrics``; ``predictions`` (each domain's predicted tokens per step, from the policy)
+    give its drift signal."""
+    require("gateway", "specscope gateway", ("starlette", "httpx", "uvicorn", "prometheus_client"))
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    # opened now, so that a log that cannot be written fails at start, not at the first request
+    logs = open_logs(log, errors_log)
+    metrics = GatewayMetrics(deployment.engine, routable_domains(deployment.router), predictions)
+    observers = (metrics.observe, *observers)
+    gateway = _Gateway(deployment, logs, limits or GatewayLimits(), observers)
+
+    async def exposition(request):
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @asynccontextmanager
     async def lifespan(app):
         try:
             yield
         finally:
-            await client.aclose()
-            for opened in logs.values():
-                opened.close()
+            await gateway.stop()
 
-    routes = [Route(path, proxy, methods=["POST"]) for path in ROUTES]
-    routes.append(Route("/health", health, methods=["GET"]))
-    return Starlette(routes=routes, lifespan=lifespan)
+    async def internal_error(request, error: Exception):
+        print(f"specscope gateway: {type(error).__name__}: {error}", file=sys.stderr)
+        return _json_response(500, _error(500, "the gateway failed", "internal_error"))
+
+    routes = [Route(path, gateway.proxy, methods=["POST"]) for path in ROUTES]
+    routes.append(Route("/health", gateway.health, methods=["GET"]))
+    routes.append(Route("/metrics", exposition, methods=["GET"]))
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={Exception: internal_error},
+    )
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (as uvicorn binds one), or a :class:`GatewayError`
+    naming why not (an address in use, a host that does not resolve)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise GatewayError(f"--host {host}: cannot listen there ({os_error_reason(e)})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise GatewayError(
+            f"cannot listen on {host}:{port} ({os_error_reason(e)}); "
+            "choose another --port or --host"
+        ) from None
+    return sock
 
 
 def serve(
@@ -473,24 +1107,50 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     errors_log: str | Path | None = None,
+    limits: GatewayLimits | None = None,
+    observers: Sequence[Observer] = (),
+    predictions: Mapping[str, Prediction | None] | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run the gateway until interrupted (uvicorn, one process)."""
+    """Run the gateway until SIGINT or SIGTERM (uvicorn, one process); ``ready`` is called once
+    the address is bound and the logs are open. At a stop, requests in flight get
+    ``limits.graceful_timeout`` seconds to finish; those left are logged as stopped."""
     import uvicorn  # the gateway extra
 
-    uvicorn.run(make_app(deployment, log, errors_log), host=host, port=port, log_level="warning")
+    limits = limits or GatewayLimits()
+    sock = listen(host, port)
+    try:
+        app = make_app(deployment, log, errors_log, limits, observers, predictions)
+    except BaseException:
+        sock.close()
+        raise
+    if ready is not None:
+        ready()
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=math.ceil(limits.graceful_timeout)
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 __all__ = [
     "ENGINE_STATS_KEY",
     "ROUTES",
+    "STOPPED",
     "Backend",
     "Deployment",
     "DeploymentError",
+    "GatewayError",
+    "GatewayLimits",
     "RequestLog",
+    "SseScanner",
+    "check_backend_url",
     "errors_path",
+    "json_bytes",
+    "listen",
     "make_app",
+    "open_logs",
+    "parse_request",
     "request_text",
     "routable_domains",
     "serve",
-    "sse_events",
 ]

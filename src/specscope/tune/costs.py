@@ -1,5 +1,9 @@
 """Draft and verify time measured on this hardware, and the predicted speed-up of a tree:
 ``tau / step time``, relative to plain decoding's time per token.
+
+A cost model records the drafter it was timed with (its kind and parameters, and the model that
+drafts where there is one), and prices only runs of that drafter (:meth:`CostModel.check_drafter`):
+a lookup's costs would price a draft model as one lookup.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import numpy as np
 import torch
 
 from ..core.loop import DecodeConfig, plain_generate
-from ..core.passes import crop, feed_causal, prefill
+from ..core.passes import crop, feed_causal, position_limit, prefill
 from ..decode import SpeculativeDecoder
+from ..drafters import DrafterConfig, DrafterError
 from ..files import read_json_object, write_json
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
@@ -42,6 +47,10 @@ class CostModel:
     ``plain_token_s`` per token. A model-free drafter (``model_free``: n-gram lookup) drafts with
     one lookup per step, ``draft_s[0]``, whatever the tree; a step where it proposes nothing is a
     plain decoding step (see :meth:`step_time`'s ``proposal_rate``).
+
+    ``drafter`` is the drafter timed and ``drafter_model`` the model that drafts for it (the
+    draft model, or the target an early exit is cut from: its fingerprint, else its source);
+    None where not recorded (files written before cost models recorded their drafter).
     """
 
     draft_s: tuple[tuple[int, float], ...]  # (tokens fed, seconds), increasing tokens
@@ -52,8 +61,15 @@ class CostModel:
     context_len: int = 0
     hardware: str = ""
     model_free: bool = False
+    drafter: DrafterConfig | None = None
+    drafter_model: str | None = None
 
     def __post_init__(self) -> None:
+        if self.drafter is not None and self.drafter.has_distribution == self.model_free:
+            raise PolicyError(
+                f"cost model: model_free is {str(self.model_free).lower()}, but its drafter "
+                f"{self.drafter.label} {'runs a model' if self.drafter.has_distribution else 'runs none'}"
+            )
         for name in ("draft_s", "target_s"):
             table = getattr(self, name)
             if not table:
@@ -108,6 +124,12 @@ class CostModel:
             "context_len": self.context_len,
             "hardware": self.hardware,
             **({"model_free": True} if self.model_free else {}),
+            **(
+                {"drafter": {"kind": self.drafter.kind, **self.drafter.params}}
+                if self.drafter is not None
+                else {}
+            ),
+            **({"drafter_model": self.drafter_model} if self.drafter_model is not None else {}),
         }
 
     @classmethod
@@ -133,6 +155,8 @@ class CostModel:
                 context_len=data.get("context_len", 0),
                 hardware=str(data.get("hardware", "")),
                 model_free=_flag(data.get("model_free", False), "model_free"),
+                drafter=_drafter(data.get("drafter")),
+                drafter_model=_text(data.get("drafter_model"), "drafter_model"),
             )
         except KeyError as e:
             raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
@@ -148,6 +172,74 @@ class CostModel:
         except PolicyError as e:
             message = str(e)
             raise PolicyError(message if str(path) in message else f"{path}: {message}") from None
+
+    def check_drafter(self, drafter: DrafterConfig, model: str | None) -> str | None:
+        """Refuse to price a run of ``drafter`` (drafting with ``model``, see
+        :func:`drafting_model`) with this cost model unless it was timed for that drafter: the
+        same kind and parameters, and the same model where both know it.
+
+        A file that records no drafter (written before cost models did) is taken, with the
+        warning returned, only where its ``model_free`` flag gives the run's kind: a lookup's
+        costs for an n-gram run, a model's for a draft-model run (the one model drafter before
+        early exits; an early exit's costs depend on its exit layer, which such a file does not
+        record, so an early-exit run is refused). Any other pairing misprices the drafter and is
+        refused, naming both."""
+        retime = "re-time it for this run: specscope tune RUN --save-costs FILE"
+        if self.drafter is None:
+            timed = "a model-free drafter (n-gram lookup)" if self.model_free else "a model"
+            assumed = {True: "ngram", False: "draft-model"}[self.model_free]
+            if drafter.kind == assumed:
+                return (
+                    f"warning: the cost model records no drafter; timed for {timed}, it is taken "
+                    f"as {drafter.label}'s ({retime} to record it)"
+                )
+            raise PolicyError(
+                f"the cost model records no drafter (it was written before cost models did) "
+                f"and was timed for {timed}; the run measured {drafter.label}, which it would "
+                f"misprice: {retime}"
+            )
+        if self.drafter.label != drafter.label:
+            raise PolicyError(
+                f"the cost model was timed for drafter {self.drafter.label}, but the run "
+                f"measured {drafter.label}: its costs would misprice that drafter; {retime}"
+            )
+        if self.drafter_model and model and self.drafter_model != model:
+            raise PolicyError(
+                f"the cost model was timed for {drafter.label} drafting with {self.drafter_model}, "
+                f"but the run's drafts came from {model}; {retime}"
+            )
+        return None
+
+
+def drafting_model(models: dict, drafter: DrafterConfig) -> str | None:
+    """The model that drafts for ``drafter`` in a pair's provenance (a run manifest's
+    ``models``, or :attr:`ModelPair.provenance`): the draft model's, or for an early exit the
+    target's, fingerprint (else its source); None for a model-free drafter or when not known."""
+    role = {"draft-model": "draft", "early-exit": "target"}.get(drafter.kind)
+    identity = models.get(role) if role and isinstance(models, dict) else None
+    if not isinstance(identity, dict):
+        return None
+    found = identity.get("fingerprint") or identity.get("source")
+    return str(found) if found else None
+
+
+def _drafter(table) -> DrafterConfig | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
+        raise PolicyError(
+            f'cost model: drafter must be a table such as {{"kind": "draft-model"}}, got {table!r}'
+        )
+    try:
+        return DrafterConfig(**table)
+    except (DrafterError, TypeError) as e:
+        raise PolicyError(f"cost model: drafter: {e}") from None
+
+
+def _text(value, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise PolicyError(f"cost model: {name} must be a string, got {value!r}")
+    return value
 
 
 def _flag(value, name: str) -> bool:
@@ -175,6 +267,7 @@ def _check_number(
 # --- measuring costs ----------------------------------------------------------------------------
 
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+COST_DECODE_TOKENS = 16  # tokens of the plain and speculative decodes timed
 
 
 def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
@@ -198,11 +291,22 @@ def measure_costs(
     repeats: int = 3,
     hardware: str = "",
     target_costs: CostModel | None = None,
+    drafter: DrafterConfig | None = None,
+    drafter_model: str | None = None,
 ) -> CostModel:
     """Time draft and target forwards by tokens fed, plain decoding per token, and the per-step
     bookkeeping of a real speculative decode, over a synthetic context of ``context_len``.
     ``target_costs``: take the target's passes and plain decoding from this model (measured with
-    another drafter of the same target), so that drafters are weighed against one target table."""
+    another drafter of the same target), so that drafters are weighed against one target table.
+    ``drafter`` and ``drafter_model``: what ``decoder`` drafts with, recorded in the model.
+    The context and the longest timed pass must fit the models' positions."""
+    limit = position_limit(*(m for m in (decoder.draft, decoder.target) if m is not None))
+    need = max(max(sizes), COST_DECODE_TOKENS + 2)  # the longest pass, or the timed decodes
+    if context_len + need > limit:
+        raise PolicyError(
+            f"context_len must be in 1..{limit - need} for these models ({limit} positions, "
+            f"{need} of them for the timed passes), got {context_len}"
+        )
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(
         0, min(decoder.vocab, 1000), (context_len,), generator=generator
@@ -220,7 +324,7 @@ def measure_costs(
         draft_s = ((1, time_lookup(decoder.lookup, context, max(sizes), repeats)),)
     else:
         draft_s = table(decoder.draft)
-    config = DecodeConfig(max_new_tokens=16)
+    config = DecodeConfig(max_new_tokens=COST_DECODE_TOKENS)
     if target_costs is None:
         target_s = table(decoder.target)
         plain = plain_generate(decoder.target, context, config, decoder.vocab)
@@ -234,6 +338,8 @@ def measure_costs(
         context_len=context_len,
         hardware=hardware or _hardware(),
         model_free=decoder.lookup is not None,
+        drafter=drafter,
+        drafter_model=drafter_model,
     )
     # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
     # context): the median of real step times minus the model's prediction for them.

@@ -67,7 +67,7 @@ def export_policy(
         "engine_version": version.version,
         "checked_against": list(version.checked_against),
         "approximation": approximation,
-        "notes": list(version.notes),
+        "notes": [*version.notes, *plan.notes],
         "policy": source,
         **body,
         "routing": routing_rule(router),

@@ -5,7 +5,9 @@ No engine takes a speculation setting per request (llama-server compiles its req
 vLLM and SGLang have none), so a per-domain policy is deployed as one engine configuration per
 domain and requests routed to it. :class:`DeploymentPlan` lists those domains: each domain the
 router can produce gets the policy's tree for it, with its drafter, or the policy's uniform tree
-and drafter when the policy does not list it. A policy domain the router cannot produce is refused.
+and drafter when the policy does not list it. A policy domain the router cannot produce is refused,
+and so is an early exit at or past the layers of the target the policy was tuned for (``tune``
+records them); where the policy does not record them, the plan's ``notes`` say so.
 
 This module knows no engine; the engine modules turn a plan into their own settings.
 """
@@ -15,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...drafters.config import DrafterConfig
+from ...drafters.config import DrafterConfig, DrafterError
 from ...trees import TreeShape
 from ...tune.policy import PolicyFile
-from ...tune.router import ROUTED_DOMAINS, RuleRouter
+from ...tune.router import ROUTED_CHARS, ROUTED_DOMAINS, RuleRouter
 from .rules import EngineVersion, ExportError
 
 # What specscope measured for an ngram domain: vLLM's proposer (specscope.drafters.ngram). An
@@ -67,6 +69,7 @@ class DeploymentPlan:
     cost_model: dict | None = None  # the policy's cost model, if it was tuned (vLLM schedule)
     acceptance: dict | None = None  # the policy's acceptance vectors, if tuned
     llama_server: dict | None = None  # the settings `specscope llamacpp` measured, per domain
+    notes: tuple[str, ...] = ()  # what the document must say of this policy (unchecked layers)
 
     @classmethod
     def from_policy(
@@ -93,7 +96,39 @@ class DeploymentPlan:
             policy.info.get("cost_model"),
             policy.info.get("acceptance"),
             policy.info.get("llama_server"),
+            check_exit_layers(domains, policy.info.get("source")),
         )
+
+
+def check_exit_layers(domains: tuple[DomainPlan, ...], source) -> tuple[str, ...]:
+    """Refuse an early exit at or past the layers of the target the policy was tuned for (its
+    ``source.target.layers``, written by ``tune``); where they are not recorded, a note saying
+    that the exit layers are unchecked."""
+    exits = [d for d in domains if d.shape is not None and d.drafter.kind == "early-exit"]
+    if not exits:
+        return ()
+    target = source.get("target") if isinstance(source, dict) else None
+    layers = target.get("layers") if isinstance(target, dict) else None
+    if layers is None:
+        return (
+            "the policy does not record its target's layer count (tune it again to record it): "
+            "early-exit layer(s) "
+            + ", ".join(f"{d.drafter.exit_layer} ({d.domain})" for d in exits)
+            + " are not checked against the target; each must be below its layer count",
+        )
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 2:
+        raise ExportError(
+            f"the policy's source.target.layers must be an integer >= 2, got {layers!r}"
+        )
+    for d in exits:
+        try:
+            d.drafter.check_target_layers(layers)
+        except DrafterError as e:
+            model = target.get("model") or "the target"
+            raise ExportError(
+                f"domain {d.domain!r}: {e} ({model}, as the policy records)"
+            ) from None
+    return ()
 
 
 def is_chain(shape: TreeShape) -> bool:
@@ -148,6 +183,8 @@ def routing_rule(router: RuleRouter) -> dict:
         "threshold": router.threshold,
         "fallback": router.fallback,
         "flags": "IGNORECASE | MULTILINE",
+        "syntax": "RE2 (linear-time; \\w, \\d, \\s and \\b are ASCII)",
+        "reads": f"the first {ROUTED_CHARS} characters of the user turns' text",
         "rules": [
             {"domain": r.domain, "pattern": r.pattern, "weight": r.weight} for r in router.rules
         ],

@@ -8,7 +8,7 @@ SGLang ``meta_info``, llama-server ``timings``, Spec-Bench ``accept_lengths``);
 """
 
 from .formats import FORMATS, EngineFormat, IngestError, RequestStats, check_counts
-from .logs import iter_requests
+from .logs import Skipped, iter_requests
 from .run import (
     JOINS,
     ingest,
@@ -25,6 +25,7 @@ __all__ = [
     "EngineFormat",
     "IngestError",
     "RequestStats",
+    "Skipped",
     "check_counts",
     "ingest",
     "is_ingested",

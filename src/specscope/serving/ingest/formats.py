@@ -492,10 +492,13 @@ def _llamacpp_version(version: str) -> None:
 @dataclass(frozen=True)
 class EngineFormat:
     """One engine's log format: its parser, how to tell a stream chunk that is not the last,
-    which versions it reads, and how each count it may derive is derived."""
+    which versions it reads, and how each count it may derive is derived. ``stats_key``: the
+    field of an answer that carries its statistics (the one the gateway looks for in a stream's
+    events); None where no answer goes without them."""
 
     engine: str
     parse: Callable[[dict, str], RequestStats]
+    stats_key: str | None = None
     partial: Callable[[dict], bool] = lambda line: False
     check_version: Callable[[str], None] = lambda version: None
     derivations: dict[str, str] = field(default_factory=dict)
@@ -506,6 +509,7 @@ FORMATS: dict[str, EngineFormat] = {
     "vllm": EngineFormat(
         "vLLM",
         _vllm,
+        "metrics",
         _vllm_partial,
         _vllm_version,
         source="vllm docs/features/speculative_decoding/acceptance_metrics.md @02cf515f",
@@ -513,6 +517,7 @@ FORMATS: dict[str, EngineFormat] = {
     "sglang": EngineFormat(
         "SGLang",
         _sglang,
+        "meta_info",
         derivations={
             "accepted": "completion_tokens - 1 - spec_verify_ct (SGLang logged no "
             "accepted-draft count)"
@@ -522,6 +527,7 @@ FORMATS: dict[str, EngineFormat] = {
     "llama.cpp": EngineFormat(
         "llama.cpp",
         _llamacpp,
+        "timings",
         _llamacpp_partial,
         _llamacpp_version,
         derivations={"steps": LLAMACPP_STEPS},

@@ -3,7 +3,10 @@
 ``specscope ingest LOG --format F --prompts PROMPTS.jsonl --out DIR`` joins each finished request
 of the log (:mod:`specscope.serving.ingest.logs`) to its prompt and domain, by the client's id (the
 line's ``prompt_id``) or else the engine's request id (``--join id``), or by the order of the
-prompts file (``--join order``, for llama-server ``/completion`` responses, which carry no id). It
+prompts file (``--join order``, for llama-server ``/completion`` responses, which carry no id).
+A join by order is refused on a line that carries a ``prompt_id``: such lines are joined by it,
+and a log's order is the order its answers finished (the gateway's, under concurrency), which is
+the prompts file's only for one client sending the prompts one at a time. It
 writes an *ingested run*: ``manifest.json`` (``kind: ingested``, the engine, its version, the
 counts that were derived and how), ``requests.parquet`` (one row per request), ``steps.parquet``
 where the engine logged every verify step, and ``histogram.parquet`` where it logged (or its
@@ -11,7 +14,9 @@ steps give) how many verify steps accepted each number of drafts. ``specscope an
 (:mod:`specscope.analysis.stepwise`).
 
 Every line is checked before it is kept (:mod:`specscope.serving.ingest.formats`); a line that fails is
-refused naming the log file, its line, the field and the rule, and nothing is written. The log is
+refused naming the log file, its line, the field and the rule, and nothing is written; the lines
+:class:`~specscope.serving.ingest.logs.Skipped` counts (a torn last line, answers without
+statistics) are left out and named in the manifest's ``skipped`` and ``warnings``. The log is
 read one line at a time and written in batches: memory grows with the prompt file, not with the
 log. Node-level figures (alpha, entropies, trees) cannot come from these logs and are not invented.
 """
@@ -35,7 +40,7 @@ from ...prompts.items import PromptSourceError, iter_jsonl
 from ...records import check_writable_dir
 from ...tune.router import prompt_text
 from .formats import IngestError, RequestStats, engine_format
-from .logs import LoggedRequest, iter_requests
+from .logs import LoggedRequest, Skipped, iter_requests
 
 INGEST_FORMAT = "specscope-ingested/2"
 BATCH_ROWS = (
@@ -44,11 +49,20 @@ BATCH_ROWS = (
 JOINS = ("id", "order")
 
 
-def iter_log(path: Path, fmt: str):
+ORDER_ONLY_IF = (
+    "--join order, which is right only when the log's lines are in the prompts file's order "
+    "(one client sending the prompts one at a time, in that order; the gateway logs in "
+    "completion order)"
+)
+
+
+def iter_log(path: Path, fmt: str, skipped: Skipped | None = None):
     """(where, prompt id, stats) per finished request: the line's ``prompt_id`` if present, else
-    the engine's request id (see :func:`iter_requests`)."""
-    for logged in iter_requests(Path(path), fmt):
-        yield logged.where, _id_join(logged), logged.stats
+    the engine's request id (see :func:`iter_requests`; the lines left out are counted in
+    ``skipped``)."""
+    for logged in iter_requests(Path(path), fmt, skipped):
+        if logged.stats is not None:
+            yield logged.where, _id_join(logged), logged.stats
 
 
 def _id_join(logged: LoggedRequest) -> str:
@@ -57,17 +71,25 @@ def _id_join(logged: LoggedRequest) -> str:
     if logged.stats.request_id == "":
         raise IngestError(
             f"{logged.where}: no prompt_id and no request id to join the prompt by "
-            "(llama-server /completion responses carry none: wrap each as "
-            '{"prompt_id": ..., "response": ...} or use --join order)'
+            "(llama-server /completion responses carry none): wrap each as "
+            f'{{"prompt_id": ..., "response": ...}}, or use {ORDER_ONLY_IF}'
         )
     return logged.stats.request_id
 
 
-def read_log(path: Path, fmt: str) -> list[tuple[str, RequestStats]]:
+def _no_requests(log: Path, skipped: Skipped) -> IngestError:
+    said = "; ".join(skipped.warnings())
+    return IngestError(f"{log} holds no requests" + (f": {said}" if said else ""))
+
+
+def read_log(
+    path: Path, fmt: str, skipped: Skipped | None = None
+) -> list[tuple[str, RequestStats]]:
     """(prompt id, stats) per finished request of a log (see :func:`iter_log`), all in memory."""
-    out = [(prompt_id, stats) for _, prompt_id, stats in iter_log(path, fmt)]
+    skipped = skipped if skipped is not None else Skipped(fmt)
+    out = [(prompt_id, stats) for _, prompt_id, stats in iter_log(path, fmt, skipped)]
     if not out:
-        raise IngestError(f"{path} holds no requests")
+        raise _no_requests(Path(path), skipped)
     return out
 
 
@@ -148,7 +170,7 @@ class _ParquetRows:
                 self.writer.close()
 
 
-def _prompts(path: Path) -> dict[str, tuple[str, str] | None]:
+def _prompts(path: Path) -> dict[str, tuple[str, str] | str]:
     """id -> (domain, prompt text) of a prompt file in its order, read one line at a time."""
     try:
         return {item.id: (item.domain, prompt_text(item)) for item in iter_jsonl(path)}
@@ -233,38 +255,73 @@ class _Seen:
         )
 
 
+def _next_in_order(order, logged: LoggedRequest, prompts_file: Path) -> str:
+    """The prompt the n-th line joins by order; a line that carries a prompt_id is refused."""
+    if logged.prompt_id is not None:
+        raise IngestError(
+            f"{logged.where}: the line carries prompt_id {logged.prompt_id!r}: a log whose "
+            "lines carry prompt ids is joined by them (--join id, the default); --join order is "
+            "only for logs whose lines carry no id, as a log's lines are in the order the "
+            "answers finished (the gateway's, under concurrency), not the prompts file's"
+        )
+    prompt_id = next(order, None)
+    if prompt_id is None:
+        raise IngestError(
+            f"{logged.where}: the log has more requests than {prompts_file} has prompts "
+            "(--join order)"
+        )
+    return prompt_id
+
+
+def _unknown_prompt(prompt_id: str, logged: LoggedRequest, prompts_file: Path) -> IngestError:
+    if logged.prompt_id is not None:
+        how = (
+            "each line's prompt_id must be an id of the prompts file (the gateway writes the "
+            "client's X-Prompt-Id header there, or an id of its own when the client sent none: "
+            "send each prompt's id as X-Prompt-Id)"
+        )
+    else:
+        how = (
+            "the engine's request id is no prompt id: wrap each line as "
+            f'{{"prompt_id": ..., "response": ...}}, or use {ORDER_ONLY_IF}'
+        )
+    return IngestError(
+        f"request {prompt_id!r} of {logged.where} has no prompt in {prompts_file}: {how}"
+    )
+
+
 def _join_and_write(
     log: Path,
     fmt: str,
     join: str,
-    items: dict[str, tuple[str, str] | None],
+    items: dict[str, tuple[str, str] | str],
     prompts_file: Path,
     tables: _Tables,
     seen: _Seen,
+    skipped: Skipped,
 ) -> None:
     """Each finished request of ``log`` joined to its prompt and added to ``tables``.
-    ``items``: the prompts by id in file order (each set to None once a request has joined it)."""
+    ``items``: the prompts by id in file order (each replaced by the joining line's path:line).
+    An answer without statistics is left out (counted in ``skipped``); joined by order, it still
+    takes its prompt's place."""
     order = iter(list(items)) if join == "order" else None
-    for logged in iter_requests(log, fmt):
+    for logged in iter_requests(log, fmt, skipped):
         if order is not None:
-            prompt_id = next(order, None)
-            if prompt_id is None:
-                raise IngestError(
-                    f"{logged.where}: the log has more requests than "
-                    f"{prompts_file} has prompts (--join order)"
-                )
-        else:
+            prompt_id = _next_in_order(order, logged, prompts_file)
+        if logged.stats is None:
+            continue
+        if order is None:
             prompt_id = _id_join(logged)
         if prompt_id not in items:
+            raise _unknown_prompt(prompt_id, logged, prompts_file)
+        if isinstance(items[prompt_id], str):
             raise IngestError(
-                f"request {prompt_id!r} of {logged.where} has no prompt in "
-                f"{prompts_file} (each line's prompt_id, or the request id, must "
-                "be a prompt id; or use --join order)"
+                f"request {prompt_id!r} of {logged.where} appears twice in {log} (first at "
+                f"{items[prompt_id]}): each prompt joins one answer (a client that retried a "
+                "request with the same id logs it twice; keep the line to measure)"
             )
-        if items[prompt_id] is None:
-            raise IngestError(f"request {prompt_id!r} of {logged.where} appears twice in {log}")
         domain, text = items[prompt_id]
-        items[prompt_id] = None  # joined: a second line for it is refused, its text is freed
+        items[prompt_id] = logged.where  # joined: a second line is refused, the text is freed
         seen.domains.add(domain)
         seen.derived.update(logged.stats.derived)
         seen.histogram |= bool(logged.stats.histogram)
@@ -283,7 +340,9 @@ def ingest(
     """Write an ingested run; returns its manifest.
 
     ``join``: ``id`` (each line's prompt_id, else the engine's request id) or ``order`` (the
-    n-th finished request joins the n-th prompt). ``engine_version``: the engine's version, checked
+    n-th finished request joins the n-th prompt; refused on a line that carries a prompt_id).
+    Lines left out (a torn last line, answers without statistics) are counted in the manifest's
+    ``skipped`` and said in its ``warnings``. ``engine_version``: the engine's version, checked
     against the versions the format reads and against the version the log states, if any.
 
     The log is read one line at a time and written in batches, so memory grows with the prompt
@@ -304,14 +363,15 @@ def ingest(
         try:
             tables = _Tables(tmp)
             seen = _Seen(engine_version, "option" if engine_version else None)
+            skipped = Skipped(fmt)
             try:
-                _join_and_write(log, fmt, join, items, prompts_file, tables, seen)
+                _join_and_write(log, fmt, join, items, prompts_file, tables, seen, skipped)
                 n_requests, n_steps = tables.close()
             except BaseException:
                 tables.abandon()
                 raise
             if not n_requests:
-                raise IngestError(f"{log} holds no requests")
+                raise _no_requests(log, skipped)
             manifest = {
                 "format": INGEST_FORMAT,
                 "kind": "ingested",
@@ -331,6 +391,8 @@ def ingest(
                 "per_step": bool(n_steps),
                 "histogram": seen.histogram,
                 "derived": {name: spec.derivations[name] for name in sorted(seen.derived)},
+                "skipped": skipped.as_dict(),
+                "warnings": skipped.warnings(),
             }
             write_json(tmp / "manifest.json", manifest)
             tmp.chmod(0o777 & ~umask())  # mkdtemp made it 0700
