@@ -32,6 +32,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from typer.testing import CliRunner
 
 import specscope.serving.gateway as gw
+import specscope.serving.gateway.logs as gateway_logs
 from specscope.cli import app
 from specscope.serving.gateway import (
     STOPPED,
@@ -46,7 +47,7 @@ from specscope.serving.gateway import (
     make_app,
     open_logs,
 )
-from specscope.serving.gateway_metrics import Prediction
+from specscope.serving.gateway.metrics import Prediction
 from specscope.serving.ingest import ingest
 from specscope.tune.router import RuleRouter
 
@@ -365,16 +366,16 @@ def test_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
             return real(fd, bytes(data[:7]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gw.os, "write", full)
+    monkeypatch.setattr(gateway_logs.os, "write", full)
     with pytest.raises(OSError):
         log.append({"n": 2, "text": "x" * 100})
-    monkeypatch.setattr(gw.os, "write", real)
+    monkeypatch.setattr(gateway_logs.os, "write", real)
     log.append({"n": 3})
     assert read_lines(tmp_path / "g.jsonl") == [{"n": 1}, {"n": 3}]
     # short writes are continued: a line written in 3-byte pieces is whole
-    monkeypatch.setattr(gw.os, "write", lambda fd, data: real(fd, bytes(data[:3])))
+    monkeypatch.setattr(gateway_logs.os, "write", lambda fd, data: real(fd, bytes(data[:3])))
     log.append({"n": 4, "s": "ok\ud800"})  # a lone surrogate: escaped, the line stays JSON
-    monkeypatch.setattr(gw.os, "write", real)
+    monkeypatch.setattr(gateway_logs.os, "write", real)
     assert read_lines(tmp_path / "g.jsonl")[-1] == {"n": 4, "s": "ok\ud800"}
 
 
@@ -700,9 +701,9 @@ def test_a_full_disk_answers_200_and_leaves_no_torn_line(gateway, backend, monke
             return real(fd, bytes(data[:20]))  # a short write, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gw.os, "write", full)
+    monkeypatch.setattr(gateway_logs.os, "write", full)
     answers = [post(url, prompt_id=f"full{i}") for i in range(3)]
-    monkeypatch.setattr(gw.os, "write", real)
+    monkeypatch.setattr(gateway_logs.os, "write", real)
     assert [a.status_code for a in answers] == [200] * 3
     assert [a.json()["timings"] for a in answers] == [TIMINGS] * 3
     assert post(url, prompt_id="after").status_code == 200

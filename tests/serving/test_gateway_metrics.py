@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from specscope.serving.gateway_metrics import (
+from specscope.serving.gateway.metrics import (
     MIN_REQUESTS,
     DomainTally,
     GatewayMetrics,

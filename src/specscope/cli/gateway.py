@@ -84,7 +84,7 @@ def gateway(
     or stopped request, a backend fault) is in the errors log with the reason. Backend
     credentials (http://user:pw@host) are sent, and shown nowhere."""
     from ..serving.gateway import Deployment, GatewayLimits, MiB, serve
-    from ..serving.gateway_metrics import load_predictions
+    from ..serving.gateway.metrics import load_predictions
 
     limits = GatewayLimits(
         max_request_bytes=max_request_mb * MiB,

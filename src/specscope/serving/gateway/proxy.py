@@ -1,81 +1,31 @@
-"""One OpenAI-compatible endpoint in front of a per-domain deployment (``specscope gateway``).
+"""The proxy itself: the ASGI application, its limits, each backend's client, the relay of
+answers and the records it hands to the logs and observers.
 
-No serving engine takes a speculation setting per request (llama-server compiles those fields
-out; vLLM and SGLang take one speculative config per server), so a per-domain policy is deployed
-as one engine configuration per domain: a llama-server router-mode preset (the request's
-``model`` picks it), or a vLLM/SGLang server per domain. This module is the thin proxy that makes
-that deployment look like one server:
-
-1. it reads the request body (``/v1/chat/completions``, ``/v1/completions`` or llama-server's
-   ``/completion``; at most :attr:`GatewayLimits.max_request_bytes`, else 413; nested too deeply
-   or holding NaN/Infinity, 400) and classifies the prompt with specscope's router
-   (:class:`~specscope.tune.router.RuleRouter` over :func:`~specscope.tune.router.prompt_text`)
-   in a worker thread, so that no prompt holds up the other requests or ``/health``;
-2. it forwards the body as ``application/json`` to the backend that the :class:`Deployment`
-   names for that domain (or the fallback), setting ``model`` where the deployment gives a preset
-   name. Each backend URL has its own connection pool, timeouts (connect, read, write, pool) and
-   a bound on the requests in flight (beyond it: 503 at once), so a backend that hangs holds up
-   only its own domains; a client that leaves cancels its upstream request;
-3. it returns the engine's answer unchanged: a streamed answer (server-sent events) chunk by chunk
-   as the engine sends them, an engine's error with its own status and body. A non-streamed
-   answer larger than :attr:`GatewayLimits.max_answer_bytes`, one cut short, or any other
-   backend fault is a JSON 502 naming the backend and its domain; no answer carries a traceback;
-4. it appends one JSON line per request to one of two logs. The request log holds only what
-   ``specscope ingest --format llama.cpp|vllm|sglang`` reads: ``{"prompt_id", "domain",
-   "backend", "model", "path", "status", "latency_s", "response"}``, where ``response`` is the
-   engine's answer or, streamed, its last event that carries the engine's statistics
-   (llama-server ``timings``, vLLM ``metrics``, SGLang ``meta_info``). Everything else goes to
-   the errors log with an ``error`` naming why: answers without those statistics, engine errors,
-   refused requests, backend faults, clients that left, and requests still in flight when the
-   gateway stops. A record is written before the client receives the end of its answer (a
-   stream's closing chunks are held back until then), each line whole or not at all (a failed
-   write is cut back and reported, never a torn line or a failed answer).
-
-The prompt id is the client's ``X-Prompt-Id`` header read as UTF-8 (so that the log joins the
-client's prompts file), else one the gateway makes up. Backend URLs are checked at start, and
-their credentials (``http://user:pw@host``, sent as Basic auth) are shown nowhere: ``/health``,
-log lines, messages and start-up output name :attr:`Backend.display`. Observers are told of
-every record written: :class:`~specscope.serving.gateway_metrics.GatewayMetrics` is one, served
-at ``/metrics`` (Prometheus: per-domain requests, tokens, drafted and accepted tokens, latency,
-and the drift of tokens per step from the policy's prediction).
-
-It does not start or stop engines (:mod:`specscope.serving.llamaserver` does for llama-server), choose
-settings (``specscope tune``/``llamacpp``), read the log (:mod:`specscope.serving.ingest`) or
-count what it serves (:mod:`specscope.serving.gateway_metrics`); it does not authenticate
-clients (it listens on 127.0.0.1 by default).
+It does not read deployment files (:mod:`.deployment`), open log files (:mod:`.logs`) or count
+what it serves (:mod:`.metrics`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
 import json
 import math
-import os
 import socket
-import stat
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import SpecscopeError, require
-from ..files import os_error_reason, read_json_object, read_toml_table
-from ..tune.router import Rule, RuleRouter, prompt_text
-from .gateway_metrics import GatewayMetrics, Prediction
+from ...errors import require
+from ...files import os_error_reason
+from .deployment import ENGINE_STATS_KEY, Backend, Deployment, request_text, routable_domains
+from .logs import GatewayError, RequestLog, json_bytes, open_logs
+from .metrics import GatewayMetrics, Prediction
 
-# the ingest formats whose engines the gateway can stand in front of, and the key of each
-# engine's per-request statistics in its answer (the event to keep from a stream)
-ENGINE_STATS_KEY: dict[str, str] = {
-    "llama.cpp": "timings",
-    "vllm": "metrics",
-    "sglang": "meta_info",
-}
 # what each engine needs to put its statistics in an answer (ingest's hints say the same)
 _STATS_HINT = {
     "llama.cpp": "llama-server adds timings to every answer, a stream's in its final chunk",
@@ -109,14 +59,6 @@ _NOT_FORWARDED = _HOP_HEADERS | {"content-type", "accept-encoding", PROMPT_ID_HE
 MiB = 1 << 20
 
 
-class DeploymentError(SpecscopeError, ValueError):
-    """A deployment file that cannot be served; the message names the field and what is allowed."""
-
-
-class GatewayError(SpecscopeError):
-    """The gateway cannot start: a log it cannot open, an address it cannot listen on."""
-
-
 @dataclass(frozen=True)
 class GatewayLimits:
     """How much one request may ask of the gateway, and how long it waits for a backend."""
@@ -136,258 +78,6 @@ class GatewayLimits:
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise GatewayError(f"{f.name} must be a positive finite number, got {value!r}")
-
-
-def _redact(parts) -> str:
-    """A URL's text with its userinfo (credentials) replaced by ``***``."""
-    if parts.username is None and parts.password is None:
-        return urlunsplit(parts)
-    netloc = "***@" + parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Where one domain's requests go."""
-
-    url: str  # base URL of the engine's server, e.g. http://127.0.0.1:8080 (credentials included)
-    model: str | None = None  # the body's ``model`` to set (llama-server router: the preset name)
-
-    @property
-    def display(self) -> str:
-        """The URL as shown anywhere (health, logs, messages): credentials replaced by ``***``."""
-        return _redact(urlsplit(self.url))
-
-    @property
-    def name(self) -> str:
-        return self.display + (f" (model {self.model!r})" if self.model else "")
-
-    def redact(self, text: str) -> str:
-        """``text`` (an error message) with this backend's URL and credentials shown as
-        :attr:`display` shows them."""
-        userinfo, at, _ = urlsplit(self.url).netloc.rpartition("@")
-        text = text.replace(self.url, self.display)
-        return text.replace(userinfo + at, "***@") if at else text
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """Each domain's backend, the fallback's, and the engine whose statistics the log keeps."""
-
-    engine: str
-    domains: Mapping[str, Backend]
-    fallback: Backend
-    router: RuleRouter = field(default_factory=RuleRouter)
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINE_STATS_KEY:
-            raise DeploymentError(
-                f"engine {self.engine!r} is not one the gateway logs for; "
-                f"allowed: {', '.join(ENGINE_STATS_KEY)}"
-            )
-        produced = routable_domains(self.router)
-        for domain in self.domains:
-            if domain not in produced:
-                raise DeploymentError(
-                    f"domain {domain!r}: specscope's router never routes to it (it produces "
-                    f"{', '.join(produced)}); remove it or name one of those"
-                )
-
-    def route(self, text: str) -> tuple[str, Backend]:
-        """The domain of a prompt and the backend that serves it."""
-        domain = self.router.classify(text)
-        return domain, self.domains.get(domain, self.fallback)
-
-    def backend_urls(self) -> tuple[str, ...]:
-        """Each distinct backend URL, once."""
-        return tuple(dict.fromkeys(b.url for b in (*self.domains.values(), self.fallback)))
-
-    @classmethod
-    def from_table(cls, table: Mapping, where: str = "deployment") -> Deployment:
-        """From a deployment table: ``engine``, ``[fallback]`` and ``[domains.NAME]`` tables of
-        ``url`` and optional ``model`` (see the README)."""
-        unknown = set(table) - {"engine", "fallback", "domains"}
-        if unknown:
-            raise DeploymentError(
-                f"{where}: unknown key {min(unknown)!r}; allowed: engine, fallback, domains"
-            )
-        engine = table.get("engine", "llama.cpp")
-        if not isinstance(engine, str):
-            raise DeploymentError(
-                f"{where}: engine must be a string, one of {', '.join(ENGINE_STATS_KEY)}"
-            )
-        if "fallback" not in table:
-            raise DeploymentError(
-                f"{where}: no [fallback] table (the backend of any prompt "
-                "whose domain has no table of its own)"
-            )
-        domains = table.get("domains", {})
-        if not isinstance(domains, Mapping):
-            raise DeploymentError(f"{where}: domains must be a table of [domains.NAME] tables")
-        return cls(
-            engine,
-            {str(d): _backend(b, f"{where}: domains.{d}") for d, b in domains.items()},
-            _backend(table["fallback"], f"{where}: fallback"),
-        )
-
-    @classmethod
-    def from_export(
-        cls, document: Mapping, backends: Mapping[str, str], where: str = "export"
-    ) -> Deployment:
-        """From a ``specscope export`` document: its engine, its routing rule (the gateway
-        routes exactly as exported) and each domain's ``model`` (llama.cpp: the preset named
-        after the domain). ``backends``: domain -> base URL, ``"*"`` for every domain not named
-        (one llama-server in router mode serves them all); a domain the document does not have
-        is refused."""
-        engine, domains = document.get("engine"), document.get("domains")
-        if not isinstance(domains, Mapping) or not domains:
-            raise DeploymentError(f"{where}: not a specscope export document (no 'domains')")
-        router = _router(document.get("routing"), where)
-        known = [str(d) for d in domains] + (["fallback"] if "fallback" in document else [])
-        for domain, url in backends.items():
-            check_backend_url(url, f"--backend {domain}")
-            if domain != "*" and domain not in known:
-                raise DeploymentError(
-                    f"--backend {domain}=...: {where} has no domain {domain!r}; "
-                    f"allowed: {', '.join(known)} (or --backend URL for all)"
-                )
-
-        def backend(domain: str, entry) -> Backend:
-            url = backends.get(domain, backends.get("*"))
-            if url is None:
-                raise DeploymentError(
-                    f"{where}: no backend URL for domain {domain!r}; pass "
-                    f"--backend {domain}=URL (or --backend URL for all)"
-                )
-            model = entry.get("model") if isinstance(entry, Mapping) else None
-            if model is None and engine == "llama.cpp":
-                model = domain  # the router-mode preset is named after its domain
-            return _backend(
-                {"url": url, **({"model": model} if model else {})}, f"{where}: domains.{domain}"
-            )
-
-        named = {str(d): backend(str(d), e) for d, e in domains.items()}
-        # the router's fallback domain is itself a domain of the export: its backend serves
-        # prompts no rule claims
-        if router.fallback in named:
-            fallback = named[router.fallback]
-        elif "fallback" in document:
-            fallback = backend("fallback", document["fallback"])
-        else:
-            raise DeploymentError(
-                f"{where}: no setting for the router's fallback domain {router.fallback!r}"
-            )
-        return cls(engine if isinstance(engine, str) else "", named, fallback, router)
-
-    @classmethod
-    def load(cls, path: str | Path, backends: Mapping[str, str] | None = None) -> Deployment:
-        """A deployment file (TOML), or an export document (JSON) with ``backends``."""
-        if Path(path).suffix == ".json":
-            return cls.from_export(
-                read_json_object(path, DeploymentError, "export document"),
-                backends or {},
-                str(path),
-            )
-        if backends:
-            raise DeploymentError(
-                f"{path}: a deployment file names its backends itself; "
-                "--backend is for an export document (JSON)"
-            )
-        return cls.from_table(read_toml_table(path, DeploymentError, "deployment file"), str(path))
-
-
-def _router(routing, where: str) -> RuleRouter:
-    """The router an export document's routing rule describes (specscope's by default); a rule
-    whose pattern does not compile, or a weight or threshold that is not finite, is refused
-    (the router's own checks, :class:`~specscope.tune.router.RouterError`)."""
-    if routing is None:
-        return RuleRouter()
-    try:
-        rules = tuple(
-            Rule(str(r["domain"]), str(r["pattern"]), float(r["weight"])) for r in routing["rules"]
-        )
-        return RuleRouter(rules, float(routing["threshold"]), str(routing["fallback"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise DeploymentError(
-            f"{where}: routing rule unreadable (missing or bad {e}); export the policy again"
-        ) from None
-
-
-def routable_domains(router: RuleRouter) -> tuple[str, ...]:
-    """The domains ``router`` can produce: those its rules score, and its fallback."""
-    return tuple(dict.fromkeys([*(r.domain for r in router.rules), router.fallback]))
-
-
-def check_backend_url(url, where: str) -> str:
-    """``url`` without a trailing slash if it is a base URL the gateway can forward to: http or
-    https, a host, a port in 1..65535 if one is given, no query, fragment, whitespace or control
-    character, at most one ``@``; else a :class:`DeploymentError` naming what is wrong."""
-    if not isinstance(url, str):
-        raise DeploymentError(f"{where}: url must be a string, got {url!r}")
-    try:
-        parts = urlsplit(url)
-    except ValueError as e:
-        raise DeploymentError(f"{where}: url is not a URL ({e})") from None
-    shown = repr(_redact(parts))  # urlsplit drops tabs and line breaks: the check is on url
-    bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
-    if bad is not None:
-        raise DeploymentError(
-            f"{where}: url {shown} holds the character {bad!r}; "
-            "write it without spaces or control characters (percent-encode them)"
-        )
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DeploymentError(
-            f"{where}: url must be an http:// or https:// base URL with a host, got {shown}"
-        )
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise DeploymentError(
-            f"{where}: url {shown} has a query or fragment; a base URL has neither "
-            "(the request's own path is appended to it)"
-        )
-    if parts.netloc.count("@") > 1:
-        raise DeploymentError(
-            f"{where}: url {shown} holds '@' more than once; percent-encode '@' in credentials"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0 or (port is None and parts.netloc.rpartition("@")[2].endswith(":")):
-        raise DeploymentError(f"{where}: url {shown}: the port must be a number in 1..65535")
-    return url.rstrip("/")
-
-
-def _backend(entry, where: str) -> Backend:
-    if not isinstance(entry, Mapping):
-        raise DeploymentError(f"{where}: must be a table with url (and optionally model)")
-    unknown = set(entry) - {"url", "model"}
-    if unknown:
-        raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: url, model")
-    url, model = entry.get("url"), entry.get("model")
-    url = check_backend_url(url, where)
-    if model is not None and (not isinstance(model, str) or not model):
-        raise DeploymentError(
-            f"{where}: model must be a non-empty string (the preset or model "
-            f"name the engine serves), got {model!r}"
-        )
-    return Backend(url, model)
-
-
-# --- what a request says -----------------------------------------------------------------------
-
-
-def request_text(body: Mapping) -> str:
-    """The text to classify: the user turns of a chat request, or a completion's prompt (a
-    string or a list of strings; token ids are no text and classify as the fallback)."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return prompt_text([m for m in messages if isinstance(m, Mapping)])
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n\n".join(p for p in prompt if isinstance(p, str))
-    return ""
 
 
 class _NonFinite(ValueError):
@@ -412,15 +102,6 @@ def parse_request(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     return body
-
-
-def json_bytes(obj, allow_nan: bool = True) -> bytes:
-    """``obj`` as UTF-8 JSON; strings holding lone surrogates (valid escapes in JSON, not
-    encodable as UTF-8) make the whole text ASCII with ``\\u`` escapes instead."""
-    try:
-        return json.dumps(obj, ensure_ascii=False, allow_nan=allow_nan).encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj, allow_nan=allow_nan).encode()
 
 
 class SseScanner:
@@ -467,103 +148,6 @@ class SseScanner:
             return None
         return event if isinstance(event, dict) else None
 
-
-# --- the logs --------------------------------------------------------------------------------
-
-
-def _is_stream(path: Path) -> bool:
-    """A log to write into as it is (a device, a FIFO, anything under /dev or /proc), not a
-    regular file whose links are refused and whose errors log is named after it."""
-    if Path(path).absolute().parts[1:2] in (("dev",), ("proc",)):
-        return True
-    try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-class RequestLog:
-    """An append-only JSON-lines file: each record one line, whole or not at all.
-
-    Opened with ``O_APPEND`` and, for a regular file, ``O_NOFOLLOW`` (a symbolic link at the path
-    is refused, not written through). A record is written by ``write`` calls on the one event
-    loop thread (so concurrent requests never interleave), retried after a short write; a write
-    that fails (a full disk) cuts the file back to its length before the record and raises."""
-
-    def __init__(self, path: str | Path, option: str = "--log"):
-        self.path = Path(path)
-        stream = _is_stream(self.path)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        if not stream:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            flags |= os.O_NOFOLLOW
-        try:
-            self._fd = os.open(self.path, flags, 0o666)
-        except OSError as e:
-            if e.errno == errno.ELOOP and self.path.is_symlink():
-                raise GatewayError(
-                    f"{option} {self.path} is a symbolic link; the gateway does not write "
-                    "through links (name the file itself)"
-                ) from None
-            raise
-        info = os.fstat(self._fd)
-        self.regular = stat.S_ISREG(info.st_mode)
-        self.identity = (info.st_dev, info.st_ino)
-
-    def append(self, record: dict) -> None:
-        line = memoryview(json_bytes(record) + b"\n")
-        size = os.fstat(self._fd).st_size if self.regular else 0
-        try:
-            while line:
-                line = line[os.write(self._fd, line) :]
-        except OSError:
-            if self.regular:
-                try:
-                    os.ftruncate(self._fd, size)
-                except OSError as e:
-                    print(
-                        f"specscope gateway: {self.path}: cannot cut back a torn line: {e}",
-                        file=sys.stderr,
-                    )
-            raise
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def errors_path(log: str | Path) -> Path:
-    """The errors log beside a request log: ``gateway.jsonl`` -> ``gateway.errors.jsonl``."""
-    log = Path(log)
-    return log.with_name(log.stem + ".errors" + (log.suffix or ".jsonl"))
-
-
-def open_logs(log: str | Path, errors_log: str | Path | None = None) -> dict[str, RequestLog]:
-    """The request log and the errors log, opened (so that one that cannot be written fails at
-    start). The errors log is named after a regular request log unless given; a request log
-    that is no regular file (``/dev/null``, a FIFO) needs ``errors_log``; the two may be one
-    file only if it is no regular file (``--log /dev/null --errors-log /dev/null``)."""
-    if errors_log is None and _is_stream(Path(log)):
-        raise GatewayError(
-            f"--log {log} is not a regular file, so no errors log is named after it; "
-            "give one with --errors-log (it may be the same device, e.g. /dev/null)"
-        )
-    requests = RequestLog(log, "--log")
-    try:
-        errors = RequestLog(errors_log or errors_path(log), "--errors-log")
-    except BaseException:
-        requests.close()
-        raise
-    if requests.regular and requests.identity == errors.identity:
-        requests.close()
-        errors.close()
-        raise GatewayError(
-            f"--errors-log {errors_log} is the request log {log}; ingest reads the request log "
-            "whole, so failures must go to another file"
-        )
-    return {"requests": requests, "errors": errors}
-
-
-# --- the proxy -------------------------------------------------------------------------------
 
 Observer = Callable[[str, dict], None]
 
@@ -1042,7 +626,7 @@ def make_app(
     ``observers`` are called as ``observer(kind, entry)`` after each record is written to the
     ``kind`` log (``"requests"`` or ``"errors"``); ``entry`` holds ``status`` and ``latency_s``
     (seconds from the request to the end of its answer). The gateway's own
-    :class:`~specscope.serving.gateway_metrics.GatewayMetrics` is one of them, served at
+    :class:`~specscope.serving.gateway.metrics.GatewayMetrics` is one of them, served at
     ``/metrics``; ``predictions`` (each domain's predicted tokens per step, from the policy)
     give its drift signal."""
     require("gateway", "specscope gateway", ("starlette", "httpx", "uvicorn", "prometheus_client"))
@@ -1130,27 +714,3 @@ def serve(
         app, log_level="warning", timeout_graceful_shutdown=math.ceil(limits.graceful_timeout)
     )
     uvicorn.Server(config).run(sockets=[sock])
-
-
-__all__ = [
-    "ENGINE_STATS_KEY",
-    "ROUTES",
-    "STOPPED",
-    "Backend",
-    "Deployment",
-    "DeploymentError",
-    "GatewayError",
-    "GatewayLimits",
-    "RequestLog",
-    "SseScanner",
-    "check_backend_url",
-    "errors_path",
-    "json_bytes",
-    "listen",
-    "make_app",
-    "open_logs",
-    "parse_request",
-    "request_text",
-    "routable_domains",
-    "serve",
-]

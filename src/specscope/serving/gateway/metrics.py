@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecscopeError, require
-from ..files import read_json_object
-from .ingest.formats import IngestError, engine_format
+from ...errors import SpecscopeError, require
+from ...files import read_json_object
+from ..ingest.formats import IngestError, engine_format
 
 MIN_REQUESTS = 30  # speculated requests a domain needs before its drift is tested
 Z99 = 2.5758293035489004  # two-sided 99% normal quantile (see the module docstring)
