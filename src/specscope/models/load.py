@@ -29,6 +29,7 @@ from ..console import make_console
 from ..drafters import DrafterConfig
 from ..drafters.early_exit import early_exit_view
 from ..errors import require
+from .checkpoint import refuse_incomplete
 from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
 from .demo import demo_checkpoint, demo_spec
 from .fingerprint import model_fingerprint
@@ -194,28 +195,8 @@ def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_co
         raise ModelLoadError(_refused_pickle(source, where)) from None
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load model {source}: {e}") from None
-    missing = sorted(info["missing_keys"])
-    mismatched = [
-        f"{key} of shape {_shape(stored)} where its config needs {_shape(needed)}"
-        for key, stored, needed in sorted(info["mismatched_keys"])
-    ]
-    if missing or mismatched:
-        lacks = f"lacks {_names(missing)}" if missing else ""
-        wrong = f"has {_names(mismatched)}" if mismatched else ""
-        raise ModelLoadError(
-            f"{where}: the checkpoint {' and '.join(filter(None, (lacks, wrong)))}; refusing "
-            "to measure a model with randomly initialised tensors"
-        )
+    refuse_incomplete(where, info)
     return model
-
-
-def _shape(shape) -> str:
-    return "x".join(str(n) for n in shape) or "scalar"
-
-
-def _names(keys: list[str], shown: int = 5) -> str:
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return f"tensor{'s' if len(keys) > 1 else ''} " + ", ".join(keys[:shown]) + more
 
 
 def check_device(name: str) -> None:
