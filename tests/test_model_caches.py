@@ -299,8 +299,8 @@ def fake_demo(tmp_path, cache, monkeypatch, tokenizer):
 
 def _count_hashes(monkeypatch) -> list[str]:
     hashed = []
-    real = demo._file_sha256
-    monkeypatch.setattr(demo, "_file_sha256", lambda p: hashed.append(p.name) or real(p))
+    real = demo.file_sha256
+    monkeypatch.setattr(demo, "file_sha256", lambda p: hashed.append(p.name) or real(p))
     return hashed
 
 

@@ -30,6 +30,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import stat
 import tomllib
 import uuid
@@ -113,6 +114,30 @@ def _is_stream(path: Path) -> bool:
     if path.absolute().parts[1:2] in (("dev",), ("proc",)):
         return True
     return path.exists() and not stat.S_ISREG(path.stat().st_mode)
+
+
+def discard(path: Path) -> None:
+    """Remove a directory (or file) kept by a cache; where a link stands in its place, only the
+    link: nothing it points at is touched."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def place_dir(tmp: Path, target: Path) -> bool:
+    """Rename the finished directory ``tmp`` to ``target`` (replacing what :func:`discard` leaves
+    of an older one), so that ``target`` is never seen half-written. False, with ``tmp``
+    removed, where another process placed ``target`` in the meantime."""
+    discard(target)
+    try:
+        os.replace(tmp, target)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
 
 
 def write_output(path: str | Path, data: bytes | str, inside: Path | None = None) -> Path:

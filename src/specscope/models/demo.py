@@ -34,8 +34,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from ..cache import cache_dir
 from ..console import make_console
-from ..files import os_error_reason, write_output
+from ..files import discard, os_error_reason, place_dir, write_output
 from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
+from .fingerprint import file_sha256
 from .gguf import load_gguf
 
 _ROOM_HINT = "free some space or point SPECSCOPE_CACHE at a disk with room"
@@ -152,11 +153,6 @@ def demo_gguf(role: str) -> Path:
     return path if path.is_file() else assemble_demo_gguf(role, path)
 
 
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _stamp(path: Path) -> list[int]:
     """What changes whenever a file's bytes do: device, inode, size, mtime and ctime (a write
     sets ctime to now, and no call sets it back)."""
@@ -168,7 +164,7 @@ def _digests(directory: Path) -> dict[str, dict]:
     """Size, sha256 and stamp of every file of a built checkpoint, by name (the marker's
     ``files``)."""
     return {
-        p.name: {"size": p.stat().st_size, "sha256": _file_sha256(p), "stamp": _stamp(p)}
+        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p), "stamp": _stamp(p)}
         for p in sorted(directory.iterdir())
         if p.name != MARKER
     }
@@ -204,7 +200,7 @@ def _problem(target: Path, spec: DemoModel) -> str | None:
                 return f"{name} does not have the size it was built with"
         stale = [name for name, path in present.items() if _stamp(path) != files[name].get("stamp")]
         for name in stale:
-            if _file_sha256(present[name]) != files[name].get("sha256"):
+            if file_sha256(present[name]) != files[name].get("sha256"):
                 return f"{name} does not have the sha256 it was built with"
             files[name]["stamp"] = _stamp(present[name])
     except FileNotFoundError:
@@ -219,14 +215,6 @@ def _problem(target: Path, spec: DemoModel) -> str | None:
     return None
 
 
-def _discard(path: Path) -> None:
-    """Remove a checkpoint directory, or only the link where a link stands in its place."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def demo_checkpoint(role: str) -> Path:
     """The cached bf16 safetensors checkpoint of a demo model, verified against its marker (see
     the module docstring), built on first use and built again where it fails the check (from the
@@ -239,7 +227,7 @@ def demo_checkpoint(role: str) -> Path:
     existed = target.exists() or target.is_symlink()
     if existed:
         log.warning("discarding the demo cache %s (%s); building it again", target, problem)
-        _discard(target)
+        discard(target)
     try:
         _build_checkpoint(role, spec, target)
     except ModelLoadError as e:
@@ -281,13 +269,7 @@ def _build_checkpoint(role: str, spec: DemoModel, target: Path) -> None:
             tokenizer.save_pretrained(tmp)
             marker = {"format": MARKER_FORMAT, "source_sha256": spec.sha256, "files": _digests(tmp)}
             (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
-            _discard(target)
-            try:
-                os.replace(tmp, target)
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)  # another process built it meanwhile
+            place_dir(tmp, target)  # False: another process built it meanwhile
         except (OSError, SafetensorError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             why = os_error_reason(e) if isinstance(e, OSError) else str(e)

@@ -29,11 +29,9 @@ What it does not do: quantise (:mod:`~specscope.models.int8`) or decide when a m
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
-import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +41,8 @@ import torch
 import transformers
 
 from ..cache import cache_dir
-from ..files import os_error_reason, temporary_name
+from ..files import discard, os_error_reason, place_dir, temporary_name
+from .fingerprint import file_sha256
 from .int8 import Int8Linear
 
 FORMAT = 2
@@ -96,19 +95,6 @@ def same_config(stored: dict, source: dict) -> bool:
         return identity(json.loads(json.dumps(config, sort_keys=True, default=str)))
 
     return round_trip(stored) == round_trip(source)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _discard(entry: Path) -> None:
-    """Remove an entry, or only the link where a symbolic link stands in its place."""
-    if entry.is_symlink():
-        entry.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _int8_modules(model: torch.nn.Module) -> dict[str, Int8Linear]:
@@ -175,16 +161,10 @@ def save_int8(model: torch.nn.Module, kind: str, fingerprint: str, parameters: i
         tmp.mkdir()
         save_file(int8, tmp / "int8.safetensors")
         save_file(floats, tmp / "float.safetensors")
-        meta["sha256"] = {name: _sha256(tmp / name) for name in TENSOR_FILES}
+        meta["sha256"] = {name: file_sha256(tmp / name) for name in TENSOR_FILES}
         (tmp / "meta.json").write_text(json.dumps(meta))
-        _discard(entry)
-        try:
-            os.replace(tmp, entry)
-        except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process kept these weights first
-            return
+        if not place_dir(tmp, entry):
+            return  # another process kept these weights first
     except BaseException as error:  # a full disk is a SafetensorError, not an OSError
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(error, Exception):
@@ -201,7 +181,7 @@ def save_int8(model: torch.nn.Module, kind: str, fingerprint: str, parameters: i
         except (OSError, ValueError):
             continue
         if superseded:
-            _discard(other)
+            discard(other)
 
 
 def _meta(entry: Path) -> dict:
@@ -230,7 +210,7 @@ def _checked_meta(entry: Path, weights: str, config: dict) -> dict:
     if not isinstance(recorded, dict):
         raise UnusableEntry("it records no sha256 of its tensor files")
     with ThreadPoolExecutor(len(TENSOR_FILES)) as pool:
-        digests = dict(zip(TENSOR_FILES, pool.map(_sha256, [entry / n for n in TENSOR_FILES])))
+        digests = dict(zip(TENSOR_FILES, pool.map(file_sha256, [entry / n for n in TENSOR_FILES])))
     for name, digest in digests.items():
         if recorded.get(name) != digest:
             raise UnusableEntry(f"{name} does not have the sha256 it was written with")
