@@ -127,11 +127,15 @@ def jsonl_objects(
     error: type[SpecscopeError],
     what: str = "prompt file",
     unframe: Callable[[bytes], bytes] | None = None,
+    on_torn_end: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[str, object]]:
     """``(where, object)`` for each non-empty line of a UTF-8 JSONL file, ``where`` being
     ``path:line``; a missing file, bad bytes, bad JSON or JSON nested too deeply raise ``error``
     naming the line. ``unframe`` maps each line's bytes to the JSON they carry (empty: none),
-    e.g. to read server-sent events.
+    e.g. to read server-sent events. With ``on_torn_end``, a last non-empty line that was cut
+    short (bytes that are not UTF-8 or broken JSON syntax: its writer killed mid-line, a full
+    disk) is skipped and its ``where`` passed to it; such a line anywhere else still raises, as
+    the file is then damaged, not cut.
 
     The file is read one line at a time (memory does not grow with its length). Lines end at
     ``\\n`` only (a trailing ``\\r`` is JSON whitespace): U+2028, U+2029, U+0085 and the other
@@ -149,8 +153,28 @@ def jsonl_objects(
                 raw = unframe(raw)
             if not raw.strip():
                 continue
-            obj = parse_json(raw, error, where)
+            try:
+                obj = parse_json(raw, error, where)
+            except error:
+                if on_torn_end is None or not _cut_short(raw):
+                    raise
+                if any(rest.strip() for rest in lines):  # not the last line: damaged
+                    raise
+                on_torn_end(where)
+                return
             yield where, obj
+
+
+def _cut_short(data: bytes) -> bool:
+    """Whether bytes that are not JSON can be a line cut short: not UTF-8 (a character cut) or
+    broken JSON syntax, not JSON nested too deeply or a number too long."""
+    try:
+        json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return True
+    except (RecursionError, ValueError):
+        return False
+    return False
 
 
 def iter_jsonl(path: str | Path, domain: str | None = None) -> Iterator[PromptItem]:

@@ -20,7 +20,7 @@ from typing import Any
 from ..drafters import DrafterConfig, DrafterError
 from ..errors import SpecscopeError
 from ..files import read_toml_table
-from ..limits import MAX_THREADS
+from ..limits import MAX_THREADS, out_of_range
 from ..models import ModelLoadError, PairConfig
 from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
 from ..trees import TreeConfig
@@ -82,8 +82,10 @@ class Execution:
             raise SweepError(f"cpus_per_shard must be > 0, got {self.cpus_per_shard}")
         if self.gpus_per_shard is not None and self.gpus_per_shard <= 0:
             raise SweepError(f"gpus_per_shard must be > 0, got {self.gpus_per_shard}")
-        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise SweepError(f"threads must be in 1..{MAX_THREADS}, got {self.threads}")
+        if self.threads is not None and (
+            reason := out_of_range("threads", self.threads, 1, MAX_THREADS)
+        ):
+            raise SweepError(reason)
         if self.max_points < 1:
             raise SweepError(f"max_points must be >= 1, got {self.max_points}")
         if self.batch_size is not None and self.batch_size < 1:

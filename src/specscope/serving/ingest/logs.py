@@ -24,12 +24,11 @@ This module does not join prompts or write files (:mod:`specscope.serving.ingest
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...files import parse_json
+from ...prompts.items import jsonl_objects
 from .formats import EngineFormat, IngestError, RequestStats, engine_format, shown
 
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
@@ -99,42 +98,14 @@ def _unframe(raw: bytes) -> bytes:
     return b"" if raw.startswith(SSE_FIELDS) else raw
 
 
-def _cut_short(data: bytes) -> bool:
-    """Whether a line that is not JSON can be one cut short: bytes that are not UTF-8 (a
-    character cut) or broken JSON syntax, not JSON nested too deeply or a number too long."""
-    try:
-        json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return True
-    except (RecursionError, ValueError):
-        return False
-    return False
-
-
 def _objects(path: Path, skipped: Skipped) -> Iterator[tuple[str, object]]:
-    """``(path:line, JSON value)`` of each line holding JSON, SSE framing removed, read one line
-    at a time (lines end at ``\\n`` only). A last line cut short is recorded in ``skipped``; any
-    other line that is not JSON raises naming it."""
-    if not path.is_file():
-        raise IngestError(
-            f"log file {path} does not exist"
-            if not path.exists()
-            else f"log file {path} is not a file"
-        )
-    with path.open("rb") as lines:
-        for lineno, raw in enumerate(lines, start=1):
-            where = f"{path}:{lineno}"
-            data = _unframe(raw)
-            if not data.strip():
-                continue
-            try:
-                value = parse_json(data, IngestError, where)
-            except IngestError:
-                if _cut_short(data) and not any(rest.strip() for rest in lines):
-                    skipped.torn_last_line = where
-                    return
-                raise
-            yield where, value
+    """``(path:line, JSON value)`` of each line holding JSON, SSE framing removed; a last line cut
+    short is recorded in ``skipped``, any other line that is not JSON raises naming it."""
+
+    def torn(where: str) -> None:
+        skipped.torn_last_line = where
+
+    return jsonl_objects(path, IngestError, "log file", _unframe, on_torn_end=torn)
 
 
 def _failed_request(line: dict, where: str) -> IngestError:
