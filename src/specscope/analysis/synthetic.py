@@ -518,3 +518,85 @@ def write_synthetic_drafter_runs(
         )
         for i, (label, t) in enumerate(tables.items())
     }
+
+
+# --- tokens per step at known shares: a chain whose acceptance differs by domain and prompt -------
+
+
+def synthetic_chain_tables(
+    domain_accept: dict[str, float],
+    depth: int = 4,
+    prompts_per_domain: int = 50,
+    steps: int = 64,
+    seed: int = 0,
+    prompt_sd: float = 0.35,
+    run_id: str = "synthetic",
+) -> tuple:
+    """(nodes, steps, prompts) tables of a chain drafter of ``depth`` nodes whose every node is
+    greedy-accepted, given its parent is, with log-odds logit(``domain_accept[domain]``) plus the
+    prompt's effect ~ N(0, ``prompt_sd``). Every prompt has ``steps`` steps. The shares of the
+    variance of tau that domain, prompt and step explain are then known
+    (:func:`chain_tau_shares`), which is what the calibration of the level-wise variance
+    decomposition (:mod:`.levels`) needs. The other generators' draws are untouched."""
+    rng = np.random.default_rng(seed)
+    domains = tuple(sorted(domain_accept))
+    prompt_domain, n_steps, step_prompt, step_index = _schedule(
+        rng, len(domains), prompts_per_domain, steps
+    )
+    P = len(prompt_domain)
+    prompt_ids = np.array(
+        [f"{domains[d]}-{i:04d}" for i, d in enumerate(prompt_domain)], dtype=object
+    )
+    base = np.array([_logit(domain_accept[d]) for d in domains])[prompt_domain]
+    accept = _logistic(base + rng.normal(0, prompt_sd, size=P))
+    emitted = rng.integers(0, 32000, size=len(step_prompt)).astype(np.int32)
+    schedule = (prompt_ids, domains, prompt_domain, n_steps, step_prompt, step_index, emitted)
+    profile = DrafterProfile(accept=0.5, depth=depth)  # only its depth is read: accept is given
+    return _drafter_run(rng, run_id, "chain", profile, accept, np.ones(P), schedule)
+
+
+@dataclass(frozen=True)
+class TauShares:
+    """Population shares of the variance of tau (``accepted_len + 1``) of a synthetic chain run:
+    between domains, between prompts of one domain, and between steps of one prompt (they sum to
+    1); and the domain's share of the variance of a prompt's mean tau over its steps."""
+
+    domain: float
+    prompt: float
+    within: float
+    prompt_mean_domain: float
+
+
+def chain_tau_shares(
+    domain_accept: dict[str, float],
+    depth: int,
+    prompt_sd: float,
+    steps: int,
+    points: int = 80,
+) -> TauShares:
+    """The :class:`TauShares` of :func:`synthetic_chain_tables` with the same arguments (equal
+    prompts per domain, ``steps`` steps per prompt), exact up to Gauss-Hermite quadrature of the
+    prompt effect with ``points`` points. Given a prompt's acceptance ``a``, the accepted length
+    ``L`` is ``l < depth`` with probability ``a**l (1 - a)`` and ``depth`` with ``a**depth``."""
+    x, w = np.polynomial.hermite_e.hermegauss(points)
+    w = w / w.sum()
+    lengths = np.arange(depth + 1)
+    means, prompt_vars, step_vars = [], [], []
+    for d in sorted(domain_accept):
+        a = _logistic(_logit(domain_accept[d]) + prompt_sd * x)[:, None]  # (points, 1)
+        p = np.where(lengths < depth, a**lengths * (1 - a), a**depth)  # P(L = l | a)
+        m = (p * lengths).sum(axis=1)
+        v = (p * lengths**2).sum(axis=1) - m**2
+        mean = float(w @ m)
+        means.append(mean)
+        prompt_vars.append(float(w @ (m - mean) ** 2))
+        step_vars.append(float(w @ v))
+    between = float(np.var(means))
+    prompt, within = float(np.mean(prompt_vars)), float(np.mean(step_vars))
+    total = between + prompt + within
+    return TauShares(
+        between / total,
+        prompt / total,
+        within / total,
+        between / (between + prompt + within / steps),
+    )
