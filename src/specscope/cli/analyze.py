@@ -11,30 +11,23 @@ from pathlib import Path
 import typer
 
 from ..files import local_location
-from ..limits import MAX_BOOT, MAX_SEED
-from .app import command, fail
+from . import options
+from .app import ANALYZE, command, fail
 
 # --- analyze / report / compare ----------------------------------------------------------------
 
-_BOOT = typer.Option(
-    1000, "--boot", min=0, max=MAX_BOOT, help="Bootstrap resamples of prompts (0: no intervals)."
-)
-_BOOT_SEED = typer.Option(
-    0, "--seed", min=0, max=MAX_SEED, help="Seed of the bootstrap resampling."
-)
-_CONFIDENCE = typer.Option(
-    0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals."
-)
-_PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).")
 
-
-def _analyses(
-    run_dirs: list[Path], boot: int, seed: int, confidence: float, stratify: str = "auto"
-):
+def _settings(n_boot: int, seed: int | None, confidence: float):
+    """The analyses' settings the options give (no seed: :data:`options.DEFAULT_SEED`)."""
     from ..analysis import Settings
+
+    seed = options.DEFAULT_SEED if seed is None else seed
+    return Settings(n_boot=n_boot, seed=seed, confidence=confidence)
+
+
+def _analyses(run_dirs: list[Path], settings, stratify: str = "auto"):
     from ..analysis import analyze as analyze_run
 
-    settings = Settings(n_boot=boot, seed=seed, confidence=confidence)
     out = []
     for run_dir in run_dirs:
         out.append(analyze_run(run_dir, settings, stratify))
@@ -60,7 +53,7 @@ def _print_grids(grids) -> None:
         console.print()
 
 
-@command()
+@command(panel=ANALYZE)
 def analyze(
     run_dir: str = typer.Argument(
         ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
@@ -68,10 +61,10 @@ def analyze(
     out: str | None = typer.Option(
         None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."
     ),
-    boot: int = _BOOT,
-    seed: int = _BOOT_SEED,
-    confidence: float = _CONFIDENCE,
-    plots: bool = _PLOTS,
+    n_boot: int = options.N_BOOT,
+    seed: int | None = options.SEED,
+    confidence: float = options.CONFIDENCE,
+    plots: bool = options.PLOTS,
     show: str = typer.Option("main", "--show", help="Tables to print: main, all or none."),
     stratify: str = typer.Option(
         "auto",
@@ -94,6 +87,7 @@ def analyze(
     out_dir = check_output(out or run_dir / "analysis")
     inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
     check_writable_dir(out_dir)
+    settings = _settings(n_boot, seed, confidence)
     from ..serving.ingest import is_ingested
 
     if is_ingested(run_dir):  # engine logs: step-level figures only
@@ -102,14 +96,14 @@ def analyze(
 
         manifest, requests, _ = load_ingested(run_dir)
         stepwise = analyze_ingested(
-            manifest, requests, boot, seed, confidence, histogram=load_histogram(run_dir)
+            manifest, requests, n_boot, settings.seed, confidence, histogram=load_histogram(run_dir)
         )
         if show != "none":
             typer.echo(stepwise.to_markdown())
         md, js = write_ingested_analysis(stepwise, out_dir)
         typer.echo(f"wrote {md}, {js}")
         return
-    (a,) = _analyses([run_dir], boot, seed, confidence, stratify)
+    (a,) = _analyses([run_dir], settings, stratify)
     grids = analysis_grids(a)
     if show == "main":
         keep = {
@@ -147,7 +141,7 @@ def analyze(
     )
 
 
-@command()
+@command(panel=ANALYZE)
 def report(
     run_dirs: list[str] = typer.Argument(
         ...,
@@ -159,10 +153,10 @@ def report(
         "-o",
         help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs).",
     ),
-    boot: int = _BOOT,
-    seed: int = _BOOT_SEED,
-    confidence: float = _CONFIDENCE,
-    plots: bool = _PLOTS,
+    n_boot: int = options.N_BOOT,
+    seed: int | None = options.SEED,
+    confidence: float = options.CONFIDENCE,
+    plots: bool = options.PLOTS,
     paper: bool = typer.Option(
         True,
         "--paper/--no-paper",
@@ -189,15 +183,16 @@ def report(
     check_writable_file(out, (".html", ".htm"))
     check_output(out, tuple(run_dirs))
     inside = inside_of(out, run_dirs[0])
-    analyses = _analyses(expanded, boot, seed, confidence)
-    drafters = _drafters_if_they_differ(expanded, boot, seed, confidence)
+    settings = _settings(n_boot, seed, confidence)
+    analyses = _analyses(expanded, settings)
+    drafters = _drafters_if_they_differ(expanded, settings)
     if plots and plots_unavailable():
         typer.secho(plots_unavailable(), fg=typer.colors.YELLOW, err=True)
     path = write_report(analyses, out, paper=paper, plots=plots, inside=inside, drafters=drafters)
     typer.echo(f"wrote {path}")
 
 
-@command()
+@command(panel=ANALYZE)
 def compare(
     run_dir: str = typer.Argument(
         ...,
@@ -212,9 +207,9 @@ def compare(
         "-o",
         help="Also write the comparison as tables.md, tables.tex and csv/ here.",
     ),
-    boot: int = _BOOT,
-    seed: int = _BOOT_SEED,
-    confidence: float = _CONFIDENCE,
+    n_boot: int = options.N_BOOT,
+    seed: int | None = options.SEED,
+    confidence: float = options.CONFIDENCE,
 ) -> None:
     """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
     from ..analysis.render import drafter_grids, findings_grid
@@ -229,7 +224,8 @@ def compare(
         check_output(out)
         check_writable_dir(out)
     expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
-    analyses = _analyses(expanded, boot, seed, confidence)
+    settings = _settings(n_boot, seed, confidence)
+    analyses = _analyses(expanded, settings)
     if has_sweep:
         grids = [summary_grid(analyses)]
         title = f"{len(analyses)} runs of {', '.join(str(p) for p in (run_dir, other) if p)}"
@@ -240,7 +236,7 @@ def compare(
         title = f"{analyses[0].info.run_id} vs the paper"
     else:
         grids = compare_runs(*analyses)
-        if drafters := _drafters_if_they_differ(expanded, boot, seed, confidence):
+        if drafters := _drafters_if_they_differ(expanded, settings):
             grids += drafter_grids(drafters)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
     _print_grids(grids)
@@ -251,10 +247,9 @@ def compare(
         typer.echo(f"wrote {md}, {tex}, {csv_dir}/")
 
 
-def _drafters_if_they_differ(run_dirs: list[Path], boot: int, seed: int, confidence: float):
+def _drafters_if_they_differ(run_dirs: list[Path], settings):
     """The drafter comparison of runs whose drafters differ; None when they are one drafter's,
     or (with a warning) when they are not the same prompts."""
-    from ..analysis import Settings
     from ..analysis.drafters import DrafterComparisonError, compare_drafters, run_drafter
     from ..analysis.prepare import read_run
 
@@ -262,13 +257,13 @@ def _drafters_if_they_differ(run_dirs: list[Path], boot: int, seed: int, confide
     if len({run_drafter(run) for run in runs}) < 2:
         return None
     try:
-        return compare_drafters(runs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+        return compare_drafters(runs, settings)
     except DrafterComparisonError as e:
         typer.secho(f"warning: drafters not compared: {e}", fg=typer.colors.YELLOW, err=True)
         return None
 
 
-@command()
+@command(panel=ANALYZE)
 def drafters(
     run_dirs: list[str] = typer.Argument(
         ...,
@@ -280,13 +275,12 @@ def drafters(
         "-o",
         help="Also write tables.md, tables.tex, csv/, drafters.json and plots/ here.",
     ),
-    boot: int = _BOOT,
-    seed: int = _BOOT_SEED,
-    confidence: float = _CONFIDENCE,
-    plots: bool = _PLOTS,
+    n_boot: int = options.N_BOOT,
+    seed: int | None = options.SEED,
+    confidence: float = options.CONFIDENCE,
+    plots: bool = options.PLOTS,
 ) -> None:
     """Drafters side by side on the same prompts: tau, proposals and greedy acceptance by depth per domain, and whether one accepts more than another (paired by prompt)."""
-    from ..analysis import Settings
     from ..analysis.drafters import compare_drafters
     from ..analysis.render import drafter_grids
     from ..analysis.report import write_drafter_outputs
@@ -301,7 +295,7 @@ def drafters(
         # a downloaded run's links are refused, not followed
         inside = next(filter(None, (inside_of(out, run_dir) for run_dir in run_dirs)), None)
         check_writable_dir(out)
-    comparison = compare_drafters(run_dirs, Settings(n_boot=boot, seed=seed, confidence=confidence))
+    comparison = compare_drafters(run_dirs, _settings(n_boot, seed, confidence))
     _print_grids(drafter_grids(comparison))
     for warning in comparison.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
@@ -318,7 +312,7 @@ def drafters(
 # --- certify ----------------------------------------------------------------------------------
 
 
-@command()
+@command(panel=ANALYZE)
 def certify(
     run_dir: str = typer.Argument(
         ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
@@ -326,19 +320,15 @@ def certify(
     out: str | None = typer.Option(
         None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."
     ),
-    plot: bool = typer.Option(
-        True,
-        "--plot/--no-plot",
-        help="With --out: plot certificate vs target margin and certified fraction by margin bin (needs matplotlib, the plot extra).",
-    ),
+    plots: bool = options.PLOTS,
     margin_bins: str | None = typer.Option(
         None,
         "--margin-bins",
         help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error.",
     ),
-    boot: int = _BOOT,
-    seed: int = _BOOT_SEED,
-    confidence: float = _CONFIDENCE,
+    n_boot: int = options.N_BOOT,
+    seed: int | None = options.SEED,
+    confidence: float = options.CONFIDENCE,
 ) -> None:
     """Certificates of acceptance: distributions, certified steps, soundness, tree coverage, and certified fraction by target-margin bin (docs/theory.md)."""
     import math
@@ -368,8 +358,8 @@ def certify(
     report = certify_run(
         load_run(run_dir),
         edges,
-        n_boot=boot,
-        seed=seed,
+        n_boot=n_boot,
+        seed=options.DEFAULT_SEED if seed is None else seed,
         confidence=confidence,
         require_margins=margin_bins is not None,
     )
@@ -467,13 +457,13 @@ def certify(
             console.print(
                 f"wrote {out / 'certified_by_margin.csv'}, {out / 'certified_by_margin.md'}"
             )
-        if plot:
+        if plots:
             try:
                 paths = plot_certificates(report, out, inside) + plot_margin_table(
                     report, out, inside
                 )
             except ImportError as e:
-                fail(f"{e} (or pass --no-plot)")
+                fail(f"{e} (or pass --no-plots)")
             for path in paths:
                 console.print(f"wrote {path}")
     if report.violations:

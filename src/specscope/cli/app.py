@@ -17,7 +17,7 @@ import typer
 
 from ..errors import SpecscopeError
 from ..files import os_error_reason
-from ..limits import MAX_THREADS
+from .options import RenamingCommand
 
 app = typer.Typer(
     name="specscope",
@@ -73,9 +73,17 @@ def refuse_uris(options: dict) -> None:
                 )
 
 
-def command(*args, **kwargs):
-    """``app.command`` whose function refuses URIs given for local paths (:func:`refuse_uris`)
-    and turns any expected failure (:data:`EXPECTED`) into :func:`fail`."""
+# The help panels of ``specscope --help``, in order: what each group of commands is for.
+MEASURE, ANALYZE, SPECULATE, SERVE, MACHINE = "measure", "analyze", "speculate", "serve", "machine"
+PANELS = (MEASURE, ANALYZE, SPECULATE, SERVE, MACHINE)
+
+
+def command(*args, panel: str, **kwargs):
+    """``app.command`` in help panel ``panel`` (one of :data:`PANELS`) whose function refuses URIs
+    given for local paths (:func:`refuse_uris`), turns any expected failure (:data:`EXPECTED`)
+    into :func:`fail`, and still takes its options' old names
+    (:class:`~specscope.cli.options.RenamingCommand`)."""
+    assert panel in PANELS, f"help panel {panel!r} is not one of {', '.join(PANELS)}"
 
     def register(function):
         @functools.wraps(function)
@@ -86,15 +94,9 @@ def command(*args, **kwargs):
             except EXPECTED as e:
                 fail(describe(e))
 
-        return app.command(*args, **kwargs)(guarded)
+        return app.command(*args, cls=RenamingCommand, rich_help_panel=panel, **kwargs)(guarded)
 
     return register
-
-
-THREADS_HELP = (
-    f"CPU threads for torch, 1 to {MAX_THREADS} (default: torch's own, capped at the CPUs this "
-    "process may use: its affinity mask and its container's CPU quota)."
-)
 
 
 def set_threads(threads: int | None) -> None:

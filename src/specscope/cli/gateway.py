@@ -6,10 +6,11 @@ from pathlib import Path
 
 import typer
 
-from .app import command
+from . import options
+from .app import SERVE, command
 
 
-@command()
+@command(panel=SERVE)
 def gateway(
     deployment: Path = typer.Argument(
         ...,
@@ -59,11 +60,7 @@ def gateway(
         max=4096,
         help="Largest non-streamed answer in MiB (beyond: 502); it is logged whole.",
     ),
-    policy: Path | None = typer.Option(
-        None,
-        "--policy",
-        help="The specscope tune policy (JSON) the deployment serves: /metrics then shows each domain's predicted tokens per step and whether what is served drifts from it.",
-    ),
+    policy: Path | None = options.POLICY_FILE,
     graceful_timeout: float = typer.Option(
         30.0,
         "--graceful-timeout",
@@ -76,7 +73,7 @@ def gateway(
     (streamed or not, errors included) back unchanged, and log the engine's speculation stats.
 
     Serves POST /v1/chat/completions, /v1/completions and /completion, GET /health and GET
-    /metrics (Prometheus, per domain; with --policy, the drift from its predictions). A
+    /metrics (Prometheus, per domain; with --policy-file, the drift from its predictions). A
     client's X-Prompt-Id header (UTF-8) names the request in the log (for specscope ingest
     --prompts). Each backend URL gets its own connections and timeouts, so a backend that hangs
     delays only its own domains. The request log holds only answers that carry the engine's

@@ -6,23 +6,15 @@ from pathlib import Path
 
 import typer
 
-from ..limits import (
-    MAX_BATCH,
-    MAX_GRID,
-    MAX_PROMPTS,
-    MAX_RETRIES,
-    MAX_SEED,
-    MAX_THREADS,
-    MAX_TOKENS,
-    MAX_TREE_NODES,
-)
-from .app import THREADS_HELP, command, set_threads
+from ..limits import MAX_GRID, MAX_PROMPTS, MAX_RETRIES
+from . import options
+from .app import MEASURE, command, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- run (measurement engine) ------------------------------------------------------------------
 
 
-@command()
+@command(panel=MEASURE)
 def run(
     out: str = typer.Option(
         "runs/demo",
@@ -33,89 +25,43 @@ def run(
     config: str | None = typer.Option(
         None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."
     ),
-    draft: str | None = typer.Option(
-        None, help="Draft model: hub id, local dir, .gguf file, or demo:draft."
-    ),
-    target: str | None = typer.Option(
-        None, help="Target model: hub id, local dir, .gguf file, or demo:target."
-    ),
-    dtype: str | None = typer.Option(
-        None,
-        help="bfloat16, float16, float32, or auto (the default, unless the config sets one: the fastest here, bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else float32; the manifest names the one used).",
-    ),
-    device: str | None = typer.Option(None, help="Target device, e.g. cpu or cuda:0."),
+    draft: str | None = options.DRAFT,
+    target: str | None = options.TARGET,
+    dtype: str | None = options.DTYPE,
+    device: str | None = options.DEVICE,
     draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
-    trust_remote_code: bool | None = typer.Option(
-        None, "--trust-remote-code", help="Allow model code from the hub."
-    ),
+    trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     policy: str | None = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
-    top_k: int | None = typer.Option(
-        None, help=f"Root candidates (paper: min(top_k, branch) roots), 1 to {MAX_TREE_NODES}."
-    ),
-    branch: int | None = typer.Option(None, help=f"Children per node, 1 to {MAX_TREE_NODES}."),
-    depth: int | None = typer.Option(
-        None,
-        help=f"Tree depth (chain length for 'chain'), 1 to {MAX_TREE_NODES} and within the "
-        "models' positions with the prompt and the new tokens.",
-    ),
-    max_nodes: int | None = typer.Option(
-        None, help=f"Node cap, breadth-first, 1 to {MAX_TREE_NODES}."
-    ),
-    paths: str | None = typer.Option(
-        None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
-    ),
+    top_k: int | None = options.TOP_K,
+    branch: int | None = options.BRANCH,
+    depth: int | None = options.TREE_DEPTH,
+    max_nodes: int | None = options.MAX_NODES,
+    paths: str | None = options.PATHS,
     engine: str | None = typer.Option(
         None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."
     ),
-    prompts: Path | None = typer.Option(
-        None, "--prompts", help="JSONL file of {id, domain, prompt|messages}."
-    ),
-    domains: str | None = typer.Option(
-        None, help="Comma-separated domains, e.g. code,math,reasoning,chat."
-    ),
-    per_domain: int | None = typer.Option(
-        None, min=1, max=MAX_PROMPTS, help="Prompts sampled per domain."
-    ),
+    prompts: Path | None = options.PROMPTS,
+    domains: list[str] | None = options.DOMAINS,
+    per_domain: int | None = options.PER_DOMAIN,
     source: list[str] | None = typer.Option(
         None,
         "--source",
         help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains).",
     ),
     smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
-    max_new_tokens: int | None = typer.Option(
-        None, min=1, max=MAX_TOKENS, help="Tokens to generate per prompt."
-    ),
-    max_prompt_tokens: int | None = typer.Option(
-        None, min=1, max=MAX_TOKENS, help="Keep the last N prompt tokens."
-    ),
-    rendering: str | None = typer.Option(
-        None,
-        "--rendering",
-        help="How prompts become text: task (default: the chat template, a code item's reply opening with its function so the model writes the body), chat (the chat template only) or raw (no template, the paper's code).",
-    ),
-    seed: int | None = typer.Option(None, min=0, max=MAX_SEED, help="Seed for prompt sampling."),
-    batch_size: int | None = typer.Option(
-        None,
-        "--batch-size",
-        "-b",
-        min=1,
-        max=MAX_BATCH,
-        help="Prompts measured together (cached engine; default: 8 on a CPU, 32 on a GPU). Same records as one at a time, faster.",
-    ),
-    threads: int | None = typer.Option(
-        None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP
-    ),
-    int8: bool = typer.Option(
-        False,
-        "--int8",
-        help="Both models' linear layers in int8 on the CPU (implies --dtype float32); records then do not depend on the batch size.",
-    ),
+    max_new_tokens: int | None = options.MAX_NEW_TOKENS,
+    max_prompt_tokens: int | None = options.MAX_PROMPT_TOKENS,
+    rendering: str | None = options.RENDERING,
+    seed: int | None = options.SEED,
+    batch_size: int | None = options.BATCH_SIZE,
+    threads: int | None = options.THREADS,
+    int8: bool = options.INT8,
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
         help="Replace the specscope run in --out (only a run; after every input is checked) and start over.",
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = options.QUIET,
     drafter: str | None = DRAFTER,
     prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
@@ -132,7 +78,7 @@ def run(
 
     out = local_location(out, "--out")
     prompt_file = str(prompts) if prompts else None
-    domain_list = tuple(d.strip() for d in domains.split(",") if d.strip()) if domains else None
+    domain_list = options.names(domains)
     overrides = tuple(tuple(s.split("=", 1)) for s in source or ())
     if any(len(pair) != 2 for pair in overrides):
         raise RunConfigError(f"--source takes DOMAIN=SOURCE, got {source}")
@@ -147,7 +93,7 @@ def run(
             "pair.dtype": dtype,
             "pair.device": device,
             "pair.draft_device": draft_device,
-            "pair.trust_remote_code": trust_remote_code,
+            "pair.trust_remote_code": trust_remote_code or None,  # else the config's
             "tree.policy": policy,
             "tree.top_k": top_k,
             "tree.branch": branch,
@@ -201,7 +147,7 @@ def run(
 # --- sweep ------------------------------------------------------------------------------------
 
 
-@command()
+@command(panel=MEASURE)
 def sweep(
     sweep_file: str = typer.Argument(..., help="Sweep file (TOML): base config, axes, execution."),
     out: str | None = typer.Option(
@@ -235,20 +181,8 @@ def sweep(
         None,
         help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU).",
     ),
-    threads: int | None = typer.Option(
-        None,
-        min=1,
-        max=MAX_THREADS,
-        help="Torch threads per shard (default: cpus-per-shard on Ray; locally torch's own, capped at the CPUs this process may use).",
-    ),
-    batch_size: int | None = typer.Option(
-        None,
-        "--batch-size",
-        "-b",
-        min=1,
-        max=MAX_BATCH,
-        help="Prompts measured together in a shard (default: [execution] batch_size, else run's: 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records, faster.",
-    ),
+    threads: int | None = options.THREADS,
+    batch_size: int | None = options.BATCH_SIZE,
     max_points: int | None = typer.Option(
         None,
         "--max-points",
@@ -256,16 +190,12 @@ def sweep(
         max=MAX_GRID,
         help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000).",
     ),
-    trust_remote_code: bool = typer.Option(
-        False,
-        "--trust-remote-code",
-        help="Allow model code from the hub for every pair (never taken from the sweep file).",
-    ),
+    trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Delete what the sweep directory holds and start over."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = options.QUIET,
 ) -> None:
     """Run a grid of runs (pairs x trees x domains x decode settings), locally or on a Ray cluster.
 
@@ -334,7 +264,7 @@ def sweep(
 # --- domains ----------------------------------------------------------------------------------
 
 
-@command()
+@command(panel=MEASURE)
 def domains() -> None:
     """List the prompt domains, their sources, item counts and what works offline now."""
     from rich.table import Table

@@ -6,20 +6,14 @@ from pathlib import Path
 
 import typer
 
-from ..limits import (
-    MAX_BOOT,
-    MAX_PROMPTS,
-    MAX_REPEATS,
-    MAX_THREADS,
-    MAX_TOKENS,
-    MAX_TREE_NODES,
-)
-from .app import command
+from ..limits import MAX_THREADS, MAX_TREE_NODES
+from . import options
+from .app import MACHINE, SERVE, command
 
 # --- export (serving engines) -------------------------------------------------------------------
 
 
-@command()
+@command(panel=SERVE)
 def export(
     policy: Path = typer.Argument(
         ..., help="A policy file written by specscope tune (JSON or TOML)."
@@ -27,11 +21,7 @@ def export(
     to: str = typer.Option(
         ..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."
     ),
-    engine_version: str | None = typer.Option(
-        None,
-        "--engine-version",
-        help="An engine version the export was checked against (default: the newest checked; the README lists them).",
-    ),
+    engine_version: str | None = options.ENGINE_VERSION,
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -106,30 +96,21 @@ def export(
 # --- ingest (engine logs) -------------------------------------------------------------------------
 
 
-@command()
+@command(panel=SERVE)
 def ingest(
     log: Path = typer.Argument(
         ...,
         help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line.",
     ),
     fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
-    prompts: Path = typer.Option(
-        ...,
-        "--prompts",
-        "-p",
-        help="The requests' prompts: JSONL with id, domain and prompt (or messages).",
-    ),
+    prompts: Path = options.with_default(options.PROMPTS, ...),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     join: str = typer.Option(
         "id",
         "--join",
         help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt, only for lines that carry no id (llama-server /completion responses) and are in the prompts file's order (one client sending the prompts one at a time; the gateway logs in completion order).",
     ),
-    engine_version: str | None = typer.Option(
-        None,
-        "--engine-version",
-        help="The engine's version, recorded in the run (checked against the log where the log states it, e.g. llama-server's system_fingerprint).",
-    ),
+    engine_version: str | None = options.ENGINE_VERSION,
 ) -> None:
     """Turn an engine's per-request speculation stats into a run that `specscope analyze` reads.
 
@@ -156,7 +137,7 @@ def ingest(
 # --- llama.cpp --------------------------------------------------------------------------------------
 
 
-@command()
+@command(panel=SERVE)
 def llamacpp(
     run_dir: Path = typer.Argument(
         ...,
@@ -174,17 +155,8 @@ def llamacpp(
     draft_gguf: Path | None = typer.Option(
         None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."
     ),
-    per_domain: int = typer.Option(
-        10,
-        "--per-domain",
-        "-n",
-        min=1,
-        max=MAX_PROMPTS,
-        help="Held-out prompts per domain (from the run's sources, none of the run's prompts); 10 is specscope's minimum for a verdict.",
-    ),
-    max_new_tokens: int = typer.Option(
-        64, "--max-new-tokens", min=1, max=MAX_TOKENS, help="Tokens generated per request."
-    ),
+    per_domain: int = options.with_default(options.PER_DOMAIN, 10),
+    max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
     ks: list[int] = typer.Option(
         list((1, 2, 3, 4)),
         "--k",
@@ -192,28 +164,24 @@ def llamacpp(
         max=MAX_TREE_NODES,
         help="Chain lengths to price and benchmark (repeat the option).",
     ),
-    costs: Path | None = typer.Option(
-        None,
-        "--costs",
-        help="A cost grid measured before (cost_grid.json, e.g. by benchmarks/bench_llama_costs.py): skips llama-bench.",
-    ),
+    cost_grid: Path | None = options.COST_GRID,
     threads: list[int] = typer.Option(
         [2],
-        "--threads",
+        "--grid-threads",
         min=1,
         max=MAX_THREADS,
         help="Target threads to price (repeat the option).",
     ),
     draft_threads: list[int] = typer.Option(
         [2],
-        "--draft-threads",
+        "--grid-draft-threads",
         min=1,
         max=MAX_THREADS,
         help="Draft threads to price (repeat the option).",
     ),
     poll: list[int] = typer.Option(
         [0, 50],
-        "--poll",
+        "--grid-poll",
         min=0,
         max=100,
         help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default).",
@@ -226,16 +194,8 @@ def llamacpp(
     max_pass: int = typer.Option(
         8, "--max-pass", min=2, max=MAX_TREE_NODES, help="Price passes of 1..N tokens."
     ),
-    repetitions: int = typer.Option(
-        5,
-        "--repetitions",
-        min=1,
-        max=MAX_REPEATS,
-        help="llama-bench repetitions per pass size.",
-    ),
-    n_boot: int = typer.Option(
-        1000, "--n-boot", min=0, max=MAX_BOOT, help="Prompt resamples for the intervals."
-    ),
+    repeats: int = options.with_default(options.REPEATS, 5),
+    n_boot: int = options.N_BOOT,
 ) -> None:
     """llama-server end to end: price settings with llama-bench, choose the fastest per domain
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
@@ -256,7 +216,7 @@ def llamacpp(
         tuple(quant),
         max_pass,
         192,
-        repetitions,
+        repeats,
     )
     study = run_llamacpp_study(
         run_dir,
@@ -267,7 +227,7 @@ def llamacpp(
         max_new_tokens,
         tuple(ks),
         grid,
-        costs,
+        cost_grid,
         n_boot,
         echo=lambda line: typer.echo(line, err=True),
     )
@@ -277,7 +237,7 @@ def llamacpp(
 # --- doctor ---------------------------------------------------------------------------------------
 
 
-@command()
+@command(panel=MACHINE)
 def doctor(
     as_json: bool = typer.Option(
         False, "--json", help="Print the report as JSON (for a bug report)."

@@ -8,20 +8,21 @@ import typer
 
 from ..limits import (
     MAX_COUNT,
-    MAX_PROMPTS,
     MAX_REPEATS,
-    MAX_SEED,
-    MAX_THREADS,
     MAX_TOKENS,
     MAX_TREE_NODES,
     MAX_TUNE_DEPTH,
     MAX_TUNE_NODES,
 )
 from ..records import ALL_DOMAINS
-from .app import THREADS_HELP, command, fail, set_threads
+from . import options
+from .app import SPECULATE, command, fail, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- decode / tune / bench -------------------------------------------------------------------
+
+BENCH_DOMAINS = ("code", "math", "reasoning", "chat")
+BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed")
 
 
 def _decode_pair(
@@ -89,34 +90,7 @@ def _write_records(frame, path: Path) -> None:
     write_output(path, data)
 
 
-_D_DRAFT = typer.Option(
-    None, "--draft", help="Draft model: hub id, local dir, .gguf file, or demo:draft (default)."
-)
-_D_TARGET = typer.Option(
-    None, "--target", help="Target model: hub id, local dir, .gguf file, or demo:target (default)."
-)
-_D_DTYPE = typer.Option(
-    None,
-    "--dtype",
-    help="bfloat16, float16, float32 or auto (default: the run's, else bfloat16: the fastest float dtype for passes of a few tokens on the CPUs timed).",
-)
-_D_DEVICE = typer.Option(None, "--device", help="Device of both models, e.g. cpu or cuda:0.")
-_D_TRUST = typer.Option(False, "--trust-remote-code", help="Allow model code from the hub.")
-_D_INT8 = typer.Option(
-    False,
-    "--int8",
-    help="Run both models' linear layers in int8 on the CPU (implies --dtype float32): passes of a few tokens cost about one; greedy outputs stay exactly plain decoding's of the same model.",
-)
-_D_THREADS = typer.Option(
-    None,
-    "--threads",
-    min=1,
-    max=MAX_THREADS,
-    help=f"{THREADS_HELP} Measure costs (tune) and bench with the same number.",
-)
-
-
-@command()
+@command(panel=SPECULATE)
 def decode(
     prompt: str | None = typer.Argument(
         None, help="The prompt (one user message); or --prompt-file."
@@ -127,34 +101,17 @@ def decode(
     policy: str = typer.Option(
         "chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."
     ),
-    depth: int | None = typer.Option(
-        None, min=1, max=MAX_TREE_NODES, help="Tree depth (chain 4, dynamic 5, optimal 6)."
-    ),
-    top_k: int | None = typer.Option(
-        None,
-        min=1,
-        max=MAX_TREE_NODES,
-        help="paper: root candidates; dynamic: nodes expanded per depth and children each (4); at most the vocabulary.",
-    ),
-    branch: int | None = typer.Option(
-        None, min=1, max=MAX_TREE_NODES, help="paper: children per node."
-    ),
-    max_nodes: int | None = typer.Option(
-        None, min=1, max=MAX_TREE_NODES, help="Node budget (paper 8, dynamic 16, optimal 16)."
-    ),
-    paths: str | None = typer.Option(
-        None, help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
-    ),
+    depth: int | None = options.TREE_DEPTH,
+    top_k: int | None = options.TOP_K,
+    branch: int | None = options.BRANCH,
+    max_nodes: int | None = options.MAX_NODES,
+    paths: str | None = options.PATHS,
     acceptance: Path | None = typer.Option(
         None,
         "--acceptance",
         help="optimal: run directory whose node records give the acceptance vector.",
     ),
-    policy_file: Path | None = typer.Option(
-        None,
-        "--policy-file",
-        help="Per-domain trees from `specscope tune`: the router picks the prompt's domain and its tree.",
-    ),
+    policy_file: Path | None = options.POLICY_FILE,
     domain: str | None = typer.Option(
         None,
         "--domain",
@@ -162,28 +119,21 @@ def decode(
     ),
     temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
-    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the sampling."),
-    min_path_prob: float = typer.Option(
-        0.0,
-        help="Stop growing the tree when no frontier path has this draft probability (0: grow the whole tree).",
-    ),
-    max_new_tokens: int = typer.Option(64, min=1, max=MAX_TOKENS, help="Tokens to generate."),
-    chat_template: bool = typer.Option(
-        True, "--chat-template/--no-chat-template", help="Apply the model's chat template."
-    ),
-    max_prompt_tokens: int = typer.Option(
-        512, min=1, max=MAX_TOKENS, help="Keep the last N prompt tokens."
-    ),
+    seed: int | None = options.SEED,
+    min_path_prob: float = options.MIN_PATH_PROB,
+    max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
+    rendering: str | None = options.RENDERING,
+    max_prompt_tokens: int = options.with_default(options.MAX_PROMPT_TOKENS, 512),
     records: Path | None = typer.Option(
         None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."
     ),
-    draft: str | None = _D_DRAFT,
-    target: str | None = _D_TARGET,
-    dtype: str | None = _D_DTYPE,
-    device: str | None = _D_DEVICE,
-    trust_remote_code: bool = _D_TRUST,
-    threads: int | None = _D_THREADS,
-    int8: bool = _D_INT8,
+    draft: str | None = options.DRAFT,
+    target: str | None = options.TARGET,
+    dtype: str | None = options.DTYPE,
+    device: str | None = options.DEVICE,
+    trust_remote_code: bool = options.TRUST_REMOTE_CODE,
+    threads: int | None = options.THREADS,
+    int8: bool = options.INT8,
     drafter: str | None = DRAFTER,
     prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
@@ -208,7 +158,7 @@ def decode(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
-        seed=seed,
+        seed=options.DEFAULT_SEED if seed is None else seed,
         min_path_prob=min_path_prob,
     )
     routed = None
@@ -247,7 +197,7 @@ def decode(
     ids = render_prompt(
         pair.tokenizer,
         [{"role": "user", "content": text}],
-        "chat" if chat_template else "raw",
+        rendering or options.DECODE_RENDERING,
         max_prompt_tokens,
     ).ids
     result = make_decoder(pair).generate(ids, spec, config)
@@ -282,7 +232,7 @@ def _target_record(source, pair, drafters, trust_remote_code: bool) -> dict:
     return {"model": source, "layers": layers}
 
 
-@command()
+@command(panel=SPECULATE)
 def tune(
     run_dirs: list[Path] = typer.Argument(
         ...,
@@ -291,13 +241,11 @@ def tune(
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."
     ),
-    costs: Path | None = typer.Option(
-        None, "--costs", help="Use this cost model (JSON) instead of measuring one now (one run)."
-    ),
+    costs: Path | None = options.COSTS,
     save_costs: Path | None = typer.Option(
         None, "--save-costs", help="Also write the measured cost model here (one run)."
     ),
-    max_nodes: int = typer.Option(32, min=1, max=MAX_TUNE_NODES, help="Largest tree considered."),
+    max_nodes: int = options.with_default(options.MAX_NODES, 32, MAX_TUNE_NODES),
     max_depth: int = typer.Option(
         8, min=1, max=MAX_TUNE_DEPTH, help="Deepest tree considered (capped by the run's tree)."
     ),
@@ -321,16 +269,14 @@ def tune(
         max=MAX_TOKENS,
         help="Context length of the cost measurement (it must fit the models' positions).",
     ),
-    repeats: int = typer.Option(
-        3, min=1, max=MAX_REPEATS, help="Timings per point of the cost measurement (median)."
-    ),
-    draft: str | None = _D_DRAFT,
-    target: str | None = _D_TARGET,
-    dtype: str | None = _D_DTYPE,
-    device: str | None = _D_DEVICE,
-    trust_remote_code: bool = _D_TRUST,
-    threads: int | None = _D_THREADS,
-    int8: bool = _D_INT8,
+    repeats: int = options.REPEATS,
+    draft: str | None = options.DRAFT,
+    target: str | None = options.TARGET,
+    dtype: str | None = options.DTYPE,
+    device: str | None = options.DEVICE,
+    trust_remote_code: bool = options.TRUST_REMOTE_CODE,
+    threads: int | None = options.THREADS,
+    int8: bool = options.INT8,
 ) -> None:
     """Pick the best drafter and tree per domain (or no speculation) from measured acceptance and
     costs measured on this hardware, for each drafter measured."""
@@ -440,58 +386,40 @@ def tune(
     typer.echo(f"wrote {path}")
 
 
-@command()
+@command(panel=SPECULATE)
 def bench(
-    policy_file: Path | None = typer.Option(
-        None,
-        "--policy-file",
-        help="Per-domain trees from `specscope tune` (for uniform and routed).",
-    ),
-    domains: str = typer.Option("code,math,reasoning,chat", help="Comma-separated domains."),
-    per_domain: int = typer.Option(
-        2, min=1, max=MAX_PROMPTS, help="Prompts per domain (held out from the tuning run)."
-    ),
-    max_new_tokens: int = typer.Option(
-        48, min=1, max=MAX_TOKENS, help="Tokens to generate per prompt."
-    ),
+    policy_file: Path | None = options.POLICY_FILE,
+    domains: list[str] | None = options.DOMAINS,
+    per_domain: int = options.with_default(options.PER_DOMAIN, 2),
+    max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 48),
     warmup: int = typer.Option(
         1, min=0, max=MAX_REPEATS, help="Untimed rounds of every method on the first prompt."
     ),
-    repeats: int = typer.Option(
-        3,
-        min=1,
-        max=MAX_REPEATS,
-        help="Timed runs per method and prompt (the median is kept).",
-    ),
+    repeats: int = options.REPEATS,
     chain_depth: int = typer.Option(
         4, min=1, max=MAX_TREE_NODES, help="Depth of the 'chain' method."
     ),
-    min_path_prob: float = typer.Option(
-        0.0,
-        help="specscope methods: stop growing a tree when no frontier path has this draft probability.",
-    ),
-    methods: str = typer.Option(
-        "plain,assisted,chain,uniform,routed",
-        help="Comma-separated: plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
+    min_path_prob: float = options.MIN_PATH_PROB,
+    methods: list[str] | None = typer.Option(
+        None,
+        help="Methods to time (default plain,assisted,chain,uniform,routed; repeat the option or separate by commas): plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
     ),
     router_name: str = typer.Option(
         "rules",
         "--router",
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
     ),
-    seed: int = typer.Option(
-        42, min=0, max=MAX_SEED, help="Seed of the prompt sample and the router's split."
-    ),
+    seed: int | None = options.SEED,
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write every run and the summary as JSON."
     ),
-    draft: str | None = _D_DRAFT,
-    target: str | None = _D_TARGET,
-    dtype: str | None = _D_DTYPE,
-    device: str | None = _D_DEVICE,
-    trust_remote_code: bool = _D_TRUST,
-    threads: int | None = _D_THREADS,
-    int8: bool = _D_INT8,
+    draft: str | None = options.DRAFT,
+    target: str | None = options.TARGET,
+    dtype: str | None = options.DTYPE,
+    device: str | None = options.DEVICE,
+    trust_remote_code: bool = options.TRUST_REMOTE_CODE,
+    threads: int | None = options.THREADS,
+    int8: bool = options.INT8,
     prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
     exit_layer: int | None = EXIT_LAYER,
@@ -520,7 +448,7 @@ def bench(
         repeats=repeats,
         chain_depth=chain_depth,
         min_path_prob=min_path_prob,
-        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        methods=options.names(methods) or BENCH_METHODS,
         ngram=DrafterConfig(
             "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max
         ),
@@ -529,9 +457,10 @@ def bench(
         else DrafterConfig("early-exit", exit_layer=exit_layer),
     )
     policy = PolicyFile.load(policy_file) if policy_file else None
-    names = [d.strip() for d in domains.split(",") if d.strip()]
+    names = list(options.names(domains) or BENCH_DOMAINS)
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
+    seed = options.DEFAULT_SEED if seed is None else seed
     chosen = bench_prompts(names, per_domain, seed, policy, router_name)
     table = Table(title=f"router accuracy on {chosen.held_out} held-out prompts")
     for col in ["router"] + names + [ALL_DOMAINS]:
