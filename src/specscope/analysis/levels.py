@@ -172,7 +172,11 @@ def _node_shares(variance: VarianceDecomposition) -> tuple[LevelShares, ...]:
                 domain.one_way.n,
                 domain.one_way,
                 domain.corrected,
-                tuple(Component(r.factor, r.sequential) for r in rows),
+                tuple(
+                    Component(r.factor, r.sequential)
+                    for r in rows
+                    if r.factor == RESIDUAL or r.levels > 1  # a factor of one level explains 0
+                ),
             )
         )
     return tuple(out)
@@ -373,8 +377,10 @@ def shortfall(domain_prompts: tuple[tuple[str, int], ...], need: int) -> str | N
     return f"not testable: {fewest} prompts per domain ({listing}), need {need}"
 
 
-def budget_finding(levels: LevelEffects, settings: Settings) -> LevelFinding:
-    """ "Task type is a stronger predictor than depth", tested where per-task budgets act.
+def budget_finding(
+    b: BudgetComparison, domain_prompts: tuple[tuple[str, int], ...], settings: Settings
+) -> LevelFinding:
+    """The verdict on "task type is a stronger predictor than depth" where per-task budgets act.
 
     The paper's implication is a speculation budget per task type: how far to draft for a
     request of a given domain. A budget drafts a chain and buys the tokens of its accepted
@@ -395,7 +401,6 @@ def budget_finding(levels: LevelEffects, settings: Settings) -> LevelFinding:
     two domains or with a chain of one depth. Its false-positive rate is measured in
     ``tests/test_levels.py``.
     """
-    b = levels.budget
     claim = (
         "Task type is a stronger predictor than depth of the acceptance a speculation budget "
         "multiplies (greedy acceptance of a top-1-chain node given its parent is accepted)."
@@ -408,10 +413,10 @@ def budget_finding(levels: LevelEffects, settings: Settings) -> LevelFinding:
         f"depth {b.depth.format(4)}"
     )
     why = None
-    if len(levels.domain_prompts) < 2 or b.depths < 2:
+    if len(domain_prompts) < 2 or b.depths < 2:
         why = "needs at least two domains and a top-1 chain of two depths"
     else:
-        why = shortfall(levels.domain_prompts, settings.min_prompts)
+        why = shortfall(domain_prompts, settings.min_prompts)
     verdict = Verdict.UNTESTABLE if why else one_sided_verdict(b.difference, settings.confidence)
     detail = f"{why}; {detail}" if why else detail
     finding = Finding(BUDGET_KEY, claim, paper, measure, b.difference, verdict, detail, figures)
