@@ -98,3 +98,83 @@ def test_a_list_is_repeated_or_comma_separated():
     assert names(["code,math", "chat"]) == ("code", "math", "chat")
     assert names(["code", " math ,"]) == ("code", "math")
     assert names([]) is None and names(None) is None and names([","]) is None
+
+
+# --- the reference pages, and one meaning per name ------------------------------------------------
+
+# Option names whose meaning (help) genuinely differs between commands, each with the reason.
+HELP_MAY_DIFFER = {
+    # where a command writes: a run directory, a policy file, an HTML page, tables ... each
+    # command's help says what it writes there
+    "--out": "each command's own output",
+    # export names the models as the serving engine loads them (a path it reads, a GGUF file for
+    # llama.cpp); specscope loads nothing there
+    "--draft": "export: the engine's model, not one specscope loads",
+    "--target": "export: the engine's model, not one specscope loads",
+}
+# (option, command) whose default genuinely differs from the option's own (None: the config's).
+DEFAULT_MAY_DIFFER = {
+    **{("--out", c): "each command's own output" for c in ("run", "ingest")},
+    ("--policy", "decode"): "decode has no config: it decodes with a chain by default",
+    ("--max-nodes", "tune"): "tune's search bound, not one tree's budget",
+    ("--prompts", "ingest"): "ingest joins a log to its prompts: they are required",
+    ("--per-domain", "bench"): "bench times every method on each prompt: 2 keeps it to minutes",
+    ("--per-domain", "llamacpp"): "10 held-out prompts: specscope's minimum for a verdict",
+    ("--max-new-tokens", "decode"): "decode has no config",
+    ("--max-new-tokens", "bench"): "bench times every method on each prompt",
+    ("--max-new-tokens", "llamacpp"): "llamacpp has no config",
+    ("--max-prompt-tokens", "decode"): "decode has no config",
+    ("--repeats", "llamacpp"): "llama-bench's own default repetitions",
+}
+
+
+def _options_by_name():
+    from specscope.cli.reference import param_docs
+
+    by_name = {}
+    for doc in param_docs():
+        if doc.kind == "option":
+            by_name.setdefault(doc.name, []).append(doc)
+    return by_name
+
+
+def test_no_option_name_carries_two_meanings():
+    for name, uses in _options_by_name().items():
+        if name not in HELP_MAY_DIFFER:
+            assert len({u.help for u in uses}) == 1, (
+                f"{name} means different things in " + ", ".join(u.command for u in uses)
+            )
+
+
+def test_no_option_name_carries_two_defaults():
+    differ = set()
+    for name, uses in _options_by_name().items():
+        counts = {}
+        for use in uses:
+            counts.setdefault(use.default, []).append(use.command)
+        # the option's own default: none (the config's, or the command's own choice) where any
+        # command has none, else the most common
+        usual = "-" if "-" in counts else max(counts, key=lambda d: len(counts[d]))
+        differ |= {(name, c) for d, cs in counts.items() if d != usual for c in cs}
+    assert differ == set(DEFAULT_MAY_DIFFER)
+
+
+def test_a_short_name_is_one_option_everywhere():
+    seen = {}
+    for name, uses in _options_by_name().items():
+        for use in uses:
+            for short in use.short:
+                assert seen.setdefault(short, name) == name, (short, name, seen[short])
+
+
+def test_the_reference_pages_are_current():
+    from pathlib import Path
+
+    from specscope.cli.reference import commands_markdown, options_markdown
+
+    reference = Path(__file__).resolve().parent.parent / "docs" / "reference"
+    fix = "run python scripts/cli_reference.py"
+    assert (reference / "cli.md").read_text() == commands_markdown(), fix
+    assert (reference / "options.md").read_text() == options_markdown(), fix
+    for name in _options_by_name():
+        assert f"`{name}`" in (reference / "options.md").read_text()

@@ -31,7 +31,7 @@ def run(
     device: str | None = options.DEVICE,
     draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    policy: str | None = typer.Option(None, help="Tree policy: paper, paper-text, chain, static."),
+    policy: str | None = options.TREE_POLICY,
     top_k: int | None = options.TOP_K,
     branch: int | None = options.BRANCH,
     depth: int | None = options.TREE_DEPTH,
@@ -56,11 +56,7 @@ def run(
     batch_size: int | None = options.BATCH_SIZE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Replace the specscope run in --out (only a run; after every input is checked) and start over.",
-    ),
+    overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
     drafter: str | None = DRAFTER,
     prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
@@ -192,9 +188,7 @@ def sweep(
     ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Delete what the sweep directory holds and start over."
-    ),
+    overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
 ) -> None:
     """Run a grid of runs (pairs x trees x domains x decode settings), locally or on a Ray cluster.

@@ -162,6 +162,13 @@ REPEATS = typer.Option(
 
 # --- trees ------------------------------------------------------------------------------------------
 
+TREE_POLICY = typer.Option(
+    None,
+    "--policy",
+    help="Tree policy: paper, paper-text, chain or static (run and decode), dynamic, optimal or "
+    "none (decode: trees built while decoding, or plain decoding). Default: the config's; "
+    "decode: chain.",
+)
 TREE_DEPTH = typer.Option(
     None,
     "--depth",
@@ -210,6 +217,12 @@ BATCH_SIZE = typer.Option(
     help="Prompts measured together (cached engine; default: a sweep file's [execution] "
     "batch_size, else 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records as one at "
     "a time, faster.",
+)
+OVERWRITE = typer.Option(
+    False,
+    "--overwrite",
+    help="Replace what specscope wrote in --out (a run, or a sweep's runs) and start over, after "
+    "every input is checked; a directory specscope did not write is never touched.",
 )
 QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
 

@@ -98,9 +98,7 @@ def decode(
     prompt_file: Path | None = typer.Option(
         None, "--prompt-file", help="Read the prompt from this file."
     ),
-    policy: str = typer.Option(
-        "chain", help="Tree policy: chain, static, paper, paper-text, dynamic, optimal or none."
-    ),
+    policy: str = options.with_default(options.TREE_POLICY, "chain"),
     depth: int | None = options.TREE_DEPTH,
     top_k: int | None = options.TOP_K,
     branch: int | None = options.BRANCH,
