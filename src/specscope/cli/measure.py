@@ -10,6 +10,7 @@ from ..limits import MAX_GRID, MAX_PROMPTS, MAX_RETRIES
 from . import options
 from .app import MEASURE, command, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
+from .progress import ProgressBar
 
 # --- run (measurement engine) ------------------------------------------------------------------
 
@@ -126,7 +127,9 @@ def run(
     if batch_size is None:
         batch_size = default_batch_size(cfg)
     set_threads(threads)
-    summary = run_study(cfg, out, overwrite=overwrite, progress=not quiet, batch_size=batch_size)
+    summary = run_study(
+        cfg, out, overwrite=overwrite, progress=ProgressBar(bar=not quiet), batch_size=batch_size
+    )
     if summary.already_complete:
         typer.echo(
             f"{out}: run {summary.run_id} is already complete ({summary.prompts_total} prompts); nothing to do"
@@ -230,7 +233,7 @@ def sweep(
         address=address,
         execution=execution,
         overwrite=overwrite,
-        progress=not quiet,
+        progress=ProgressBar(bar=not quiet),
     )
     if not summary.shards_run:
         typer.echo(

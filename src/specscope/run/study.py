@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from ..measure.checks import check_batch_memory, check_batch_size
-from ..measure.study import PromptRecords, measure_prompts, start_prompts
+from ..measure.study import PromptRecords, PromptState, measure_prompts, start_prompts
 from ..models import ModelPair, load_pair, model_identity
+from ..progress import Progress, Tally, observer
 from ..prompts.items import PromptItem
 from ..records import (
     RunDir,
@@ -101,11 +102,42 @@ def check_prompt_ids(items: list[PromptItem]) -> None:
             ) from None
 
 
+def _measure(
+    pair: ModelPair,
+    config: RunConfig,
+    states: list[PromptState],
+    writer: RunDir,
+    progress: Progress,
+    done: int,
+    total: int,
+    batch_size: int,
+) -> int:
+    """Measure the prompts ``states`` start and commit each as it is done, telling ``progress``
+    (``done`` of ``total`` prompts were committed before); the nodes recorded."""
+    t_loop, measured, nodes = time.perf_counter(), 0, 0
+
+    def tally() -> Tally:
+        return Tally(done + measured, total, measured, nodes, time.perf_counter() - t_loop)
+
+    def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
+        nonlocal measured, nodes
+        writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
+        measured, nodes = measured + 1, nodes + records.nodes.num_rows
+        progress.update(tally())
+
+    progress.start("measuring", "prompts", tally())
+    try:
+        measure_prompts(pair, config, states, config.run_id, commit, batch_size)
+    finally:
+        progress.stop()
+    return nodes
+
+
 def run_study(
     config: RunConfig,
     out_dir: str | Path,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress | None = None,
     pair: ModelPair | None = None,
     batch_size: int = 1,
 ) -> RunSummary:
@@ -113,21 +145,12 @@ def run_study(
 
     ``batch_size`` prompts are measured together (> 1: the cached engine only;
     :func:`~specscope.measure.checks.default_batch_size` is the command line's default); it
-    changes how fast, not what: it is not part of the run's identity.
+    changes how fast, not what: it is not part of the run's identity. ``progress`` observes the
+    measuring (:mod:`specscope.progress`; none: silent).
     """
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from ..console import make_console
-
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
-    console = make_console(stderr=True)
+    progress = observer(progress)
     # Every input is checked before a model loads or a file is written or removed.
     shape = config.tree.shape()
     items = config.prompts.select(config.seed)
@@ -158,8 +181,8 @@ def run_study(
             if writer.damaged(existing.get("counts") or {}):
                 existing.update(counts=writer.consolidate())
                 writer.write_manifest(existing)
-                console.print(
-                    f"[yellow]{out_dir}: rebuilt damaged consolidated records from parts/"
+                progress.note(
+                    f"{out_dir}: rebuilt damaged consolidated records from parts/", "warning"
                 )
             return RunSummary(
                 out_dir,
@@ -188,31 +211,10 @@ def run_study(
         out_dir.mkdir(parents=True, exist_ok=True)
         writer.write_manifest(manifest)
         if empty:
-            console.print(f"[yellow]skipped {len(empty)} empty prompt(s): {', '.join(empty)}")
-
-        nodes_total = 0
-        t_loop = time.perf_counter()
-        with Progress(
-            TextColumn("[bold]measuring"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("prompts  {task.fields[nodes]} nodes  {task.fields[rate]} nodes/s"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not progress,
-        ) as bar:
-            task = bar.add_task(
-                "run", total=len(items), completed=len(items) - len(todo), nodes=0, rate="-"
-            )
-
-            def commit(order: int, item: PromptItem, records: PromptRecords) -> None:
-                nonlocal nodes_total
-                writer.commit_prompt(order, item.id, records.nodes, records.steps, records.prompt)
-                nodes_total += records.nodes.num_rows
-                rate = nodes_total / (time.perf_counter() - t_loop)
-                bar.update(task, advance=1, nodes=nodes_total, rate=f"{rate:.1f}")
-
-            measure_prompts(pair, config, states, run_id, commit, batch_size)
+            progress.note(f"skipped {len(empty)} empty prompt(s): {', '.join(empty)}", "warning")
+        nodes_total = _measure(
+            pair, config, states, writer, progress, len(items) - len(todo), len(items), batch_size
+        )
 
         counts = writer.consolidate()
         seconds = time.perf_counter() - t_start

@@ -54,13 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import __version__
-from ..console import make_console
 from ..files import read_json_object
 from ..measure.checks import MeasureError, check_batch_size, default_batch_size
 from ..models import resolve_source
+from ..progress import Progress, Tally, observer
 from ..prompts.items import PromptItem
 from ..records import (
     RunDir,
@@ -371,25 +370,11 @@ def remove_sweep(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
 
 
 class SweepBoard:
-    """The sweep's one progress display (shards done, prompts, nodes, nodes/s) and its tallies."""
+    """The sweep's tallies (shards done, prompts, nodes, seconds per run), told to ``progress``."""
 
-    def __init__(self, shards_total: int, shards_done: int, enabled: bool):
-        self.console = make_console(stderr=True)
-        self.bar = Progress(
-            TextColumn("[bold]sweep"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(
-                "shards  {task.fields[prompts]} prompts  {task.fields[nodes]} nodes  "
-                "{task.fields[rate]} nodes/s"
-            ),
-            TimeElapsedColumn(),
-            console=self.console,
-            disable=not enabled,
-        )
-        self.task = self.bar.add_task(
-            "sweep", total=shards_total, completed=shards_done, prompts=0, nodes=0, rate="-"
-        )
+    def __init__(self, shards_total: int, shards_done: int, progress: Progress):
+        self.progress = progress
+        self.shards_total, self.shards_done = shards_total, shards_done
         self.prompts = self.nodes = 0  # of finished shards
         self.live_prompts = self.live_nodes = 0  # of the shard in flight (local executor)
         self.seconds: dict[str, float] = {}  # shard seconds per run label
@@ -398,35 +383,37 @@ class SweepBoard:
         self.t0 = time.perf_counter()
 
     def __enter__(self) -> SweepBoard:
-        self.bar.__enter__()
+        self.progress.start("sweep", "shards", self.tally())
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
+        self.progress.stop()
 
-    def _show(self) -> None:
-        nodes = self.nodes + self.live_nodes
-        rate = nodes / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.update(
-            self.task, prompts=self.prompts + self.live_prompts, nodes=nodes, rate=f"{rate:.1f}"
+    def tally(self) -> Tally:
+        return Tally(
+            self.shards_done,
+            self.shards_total,
+            self.prompts + self.live_prompts,
+            self.nodes + self.live_nodes,
+            time.perf_counter() - self.t0,
         )
 
     def prompt_done(self, nodes: int) -> None:
         self.live_prompts += 1
         self.live_nodes += nodes
-        self._show()
+        self.progress.update(self.tally())
 
     def shard_done(self, result: ShardResult) -> None:
         self.live_prompts = self.live_nodes = 0
         if result.error:
             self.failures.append(result)
-            self.console.print(f"[red]shard {result.shard_id} failed: {result.error}")
+            self.progress.note(f"shard {result.shard_id} failed: {result.error}", "error")
         self.prompts += result.prompts
         self.nodes += result.nodes
         self.seconds[result.label] = self.seconds.get(result.label, 0.0) + result.seconds
         self.nodes_by_run[result.label] = self.nodes_by_run.get(result.label, 0) + result.nodes
-        self.bar.update(self.task, advance=1)
-        self._show()
+        self.shards_done += 1
+        self.progress.update(self.tally())
 
 
 def _open_runs(spec: SweepSpec, states: list[PointState]) -> None:
@@ -477,20 +464,23 @@ def run_sweep(
     address: str | None = None,
     execution: Execution | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress | None = None,
 ) -> SweepSummary:
     """Run every grid point of ``spec`` into ``out_dir``, resuming what an earlier call left.
 
     ``out_dir`` is a local directory or a URI (``s3://bucket/sweeps/x``). Raises SweepError when
     a shard failed (after Ray's retries); the finished shards stay committed and the same call
     resumes the rest. On a local disk the sweep holds its directory's lock (:func:`run_lock`) for
-    its life: a second sweep on the same directory is refused, naming the live one.
+    its life: a second sweep on the same directory is refused, naming the live one. ``progress``
+    observes the shards (:mod:`specscope.progress`; none: silent).
     """
     fs, root = open_location(out_dir)
     if fs.get_file_info(root).type == pafs.FileType.File:
         raise SweepError(f"{root} is a file, not a directory; give a sweep directory")
     with run_lock(out_dir):
-        return _run_sweep(spec, out_dir, executor, address, execution, overwrite, progress)
+        return _run_sweep(
+            spec, out_dir, executor, address, execution, overwrite, observer(progress)
+        )
 
 
 def _run_sweep(
@@ -500,7 +490,7 @@ def _run_sweep(
     address: str | None,
     execution: Execution | None,
     overwrite: bool,
-    progress: bool,
+    progress: Progress,
 ) -> SweepSummary:
     t_start = time.perf_counter()
     execution = execution or spec.execution
@@ -518,9 +508,7 @@ def _run_sweep(
     )
     if overwrite and existing is not None:  # every input is checked: now remove the old sweep
         for warning in remove_sweep(fs, root, existing):
-            make_console(stderr=True).print(
-                f"warning: {warning}", style="yellow", markup=False, highlight=False
-            )
+            progress.note(f"warning: {warning}", "warning")
         existing = None
     created = (existing or {}).get("created", now_utc())
     shards = [shard for s in states for shard in s.shards]
@@ -542,7 +530,9 @@ def _run_sweep(
             state.manifest["models"] = result.models  # provenance, as soon as a worker has it
             state.writer.write_manifest(state.manifest)
 
-    with SweepBoard(shards_total, shards_total - len(shards), progress and bool(shards)) as board:
+    # nothing to run: no progress shown
+    quiet = progress if shards else observer(None)
+    with SweepBoard(shards_total, shards_total - len(shards), quiet) as board:
         backend.run(shards, report, board.prompt_done)
     _close_runs(states, board)
     write_sweep_manifest("complete" if all(s.complete for s in states) else "incomplete")

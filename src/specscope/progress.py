@@ -1,0 +1,72 @@
+"""How long library work (a run, a sweep) reports its progress: to an observer its caller passes in.
+
+The library never writes to the terminal. :func:`specscope.run.study.run_study` and
+:func:`specscope.sweep.run_sweep` take a :class:`Progress` and tell it when the work starts, each
+time a unit (a prompt, a shard) is done, what the caller should know (a skipped prompt, a failed
+shard), and when the work stops. The default, :data:`SILENT`, drops everything; the command line
+passes a rich progress bar (``specscope.cli.progress``). This module knows nothing of terminals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Level = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Where the work stands: ``done`` of ``total`` units (earlier calls' included), and the
+    prompts measured and nodes recorded by this call in ``seconds``."""
+
+    done: int
+    total: int
+    prompts: int
+    nodes: int
+    seconds: float
+
+    @property
+    def nodes_per_s(self) -> float:
+        return self.nodes / self.seconds if self.seconds > 0 else 0.0
+
+
+class Progress(Protocol):
+    """An observer of long work: ``start``, any number of ``update`` and ``note``, then ``stop``."""
+
+    def start(self, what: str, unit: str, tally: Tally) -> None:
+        """The work ``what`` (e.g. "measuring") starts, counted in ``unit`` ("prompts")."""
+
+    def update(self, tally: Tally) -> None:
+        """The work has moved on."""
+
+    def note(self, message: str, level: Level = "info") -> None:
+        """Something the caller should know, in one line."""
+
+    def stop(self) -> None:
+        """The work has stopped (finished or failed)."""
+
+
+class Silent:
+    """The :class:`Progress` that drops everything: the library's default."""
+
+    def start(self, what: str, unit: str, tally: Tally) -> None:
+        pass
+
+    def update(self, tally: Tally) -> None:
+        pass
+
+    def note(self, message: str, level: Level = "info") -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+SILENT = Silent()
+
+
+def observer(progress: Progress | None) -> Progress:
+    """``progress``, or :data:`SILENT` for none (``None``; ``False`` from callers of the old
+    ``progress=False`` flag)."""
+    return progress or SILENT
