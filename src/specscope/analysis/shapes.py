@@ -107,6 +107,16 @@ class ShapeVerdict:
 
 
 @dataclass(frozen=True)
+class PairDifference:
+    """One domain's figure minus another's, in one shape (the same resamples for both)."""
+
+    quantity: str
+    first: str
+    second: str
+    difference: Estimate  # first - second
+
+
+@dataclass(frozen=True)
 class ShapeResult:
     """The per-domain figures, their orderings and the domain findings of one shape."""
 
@@ -117,6 +127,7 @@ class ShapeResult:
     figures: tuple[DomainFigure, ...]
     orderings: tuple[tuple[str, tuple[str, ...]], ...]  # (quantity, domains lowest first)
     verdicts: tuple[ShapeVerdict, ...]
+    differences: tuple[PairDifference, ...]  # every pair of domains, every quantity
 
     def figure(self, domain: str, quantity: str) -> Estimate | None:
         return next(
@@ -129,6 +140,23 @@ class ShapeResult:
     def verdict(self, key: str) -> ShapeVerdict | None:
         return next((v for v in self.verdicts if v.key == key), None)
 
+    def difference(self, quantity: str, first: str, second: str) -> Estimate | None:
+        for d in self.differences:
+            if (d.quantity, d.first, d.second) == (quantity, first, second):
+                return d.difference
+        return None
+
+
+@dataclass(frozen=True)
+class PairFlip:
+    """Two domains whose order on a figure is not the same in every shape."""
+
+    quantity: str
+    first: str
+    second: str
+    differences: tuple[Estimate | None, ...]  # first - second, per shape (None: not in it)
+    resolved: bool  # significantly one way in some shape and the other way in another
+
 
 @dataclass(frozen=True)
 class ShapeChange:
@@ -138,6 +166,7 @@ class ShapeChange:
     subject: str  # the quantity, or the finding's key
     shapes: tuple[str, ...]  # every shape compared
     states: tuple[str, ...]  # per shape: the ordering ("chat 1.23 < math 1.31 < ...") or verdict
+    flips: tuple[PairFlip, ...] = ()  # for an ordering: the pairs of domains that swap
 
 
 @dataclass(frozen=True)
@@ -177,6 +206,22 @@ def _figures(a: Analysis) -> tuple[DomainFigure, ...]:
     return tuple(out)
 
 
+def _difference(eng: Resampler, reps: np.ndarray, g: int, h: int) -> Estimate:
+    """Domain g's figure minus domain h's, from (B + 1, G) replicates."""
+    prompts = np.bincount(eng.rec.prompt_domain, minlength=eng.G)
+    return eng.boot.estimate(reps[:, g] - reps[:, h], 0, int(prompts[g] + prompts[h]), 2)
+
+
+def _pairs(eng: Resampler, reps: dict[str, np.ndarray]) -> tuple[PairDifference, ...]:
+    domains = eng.rec.domains
+    return tuple(
+        PairDifference(q, domains[g], domains[h], _difference(eng, r, g, h))
+        for q, r in reps.items()
+        for g in range(len(domains))
+        for h in range(g + 1, len(domains))
+    )
+
+
 def _lowest(
     eng: Resampler,
     reps: np.ndarray,
@@ -188,12 +233,7 @@ def _lowest(
     """Is ``domain``'s figure below every other domain's? (the rule of the module docstring)"""
     rec = eng.rec
     g = rec.domains.index(domain)
-    prompts = np.bincount(rec.prompt_domain, minlength=eng.G)
-    diffs = [
-        (other, eng.boot.estimate(reps[:, h] - reps[:, g], 0, int(prompts[g] + prompts[h]), 2))
-        for h, other in enumerate(rec.domains)
-        if h != g
-    ]
+    diffs = [(other, _difference(eng, reps, h, g)) for h, other in enumerate(rec.domains) if h != g]
     k = len(diffs)
     strict = 1 - (1 - settings.confidence) / max(k, 1)
     nominal = [one_sided_verdict(e, settings.confidence) for _, e in diffs]
@@ -253,6 +293,7 @@ def shape_result(
         _figures(a),
         orderings,
         tuple(verdicts),
+        _pairs(eng, reps),
     )
 
 
@@ -267,7 +308,30 @@ def _ordering_text(result: ShapeResult, quantity: str) -> str:
     return " < ".join(parts)
 
 
-def shape_changes(results: Sequence[ShapeResult]) -> tuple[ShapeChange, ...]:
+def _flips(
+    results: Sequence[ShapeResult], quantity: str, confidence: float
+) -> tuple[PairFlip, ...]:
+    """The pairs of domains whose order on ``quantity`` differs between shapes; a flip is
+    resolved if each order is significant (one-sided, half of 1 - ``confidence``) in some shape."""
+    level = (1 - confidence) / 2
+    pairs = dict.fromkeys(
+        (d.first, d.second) for r in results for d in r.differences if d.quantity == quantity
+    )
+    out = []
+    for first, second in pairs:
+        diffs = tuple(r.difference(quantity, first, second) for r in results)
+        signs = {np.sign(e.value) for e in diffs if e is not None and e.defined}
+        if len(signs - {0.0}) < 2:
+            continue
+        above = any(e is not None and e.p_above() < level for e in diffs)
+        below = any(e is not None and e.p_below() < level for e in diffs)
+        out.append(PairFlip(quantity, first, second, diffs, above and below))
+    return tuple(out)
+
+
+def shape_changes(
+    results: Sequence[ShapeResult], confidence: float = 0.95
+) -> tuple[ShapeChange, ...]:
     """Every ordering and verdict that is not the same in all shapes."""
     names = tuple(r.shape for r in results)
     changes = []
@@ -275,7 +339,7 @@ def shape_changes(results: Sequence[ShapeResult]) -> tuple[ShapeChange, ...]:
         orders = [r.ordering(q) for r in results]
         if len(set(orders)) > 1:
             states = tuple(_ordering_text(r, q) for r in results)
-            changes.append(ShapeChange(ORDERING, q, names, states))
+            changes.append(ShapeChange(ORDERING, q, names, states, _flips(results, q, confidence)))
     keys = dict.fromkeys(v.key for r in results for v in r.verdicts)
     for key in keys:
         found = [r.verdict(key) for r in results]
@@ -302,4 +366,4 @@ def compare_shapes(
     first = shape_result(shapes[0], settings)
     reference = {q: order[0] for q, order in first.orderings}
     results = [first] + [shape_result(s, settings, reference) for s in shapes[1:]]
-    return ShapeComparison(tuple(results), shape_changes(results))
+    return ShapeComparison(tuple(results), shape_changes(results, settings.confidence))
