@@ -12,17 +12,17 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import tiny_pair_args
+from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, top_chain
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
+from specscope.records import tree_paths
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
     PolicyError,
     acceptance_vectors,
     chain_acceptance,
-    chain_walk,
-    proposal_rates,
 )
 from specscope.tune.bench import BenchConfig, summarize_bench
 from specscope.tune.costs import CostModel
@@ -36,6 +36,7 @@ from specscope.tune.policy import (
     make_speculation,
     tune,
 )
+from specscope.tune.predict import EXTRAPOLATED, REPLAY, Prediction, Predictor
 
 # --- the optimal tree ------------------------------------------------------------------------------
 
@@ -128,9 +129,31 @@ COSTS = CostModel(
 )
 
 
+def _steps_of(nodes: pd.DataFrame) -> pd.DataFrame:
+    """The step records that node records imply (accepted_len: the deepest accepted path)."""
+    nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
+    first = nodes.groupby(["prompt_id", "step"]).cumcount().to_numpy()
+    parent = nodes["parent_id"].to_numpy()
+    row = np.where(parent < 0, -1, np.arange(len(nodes)) - first + parent)
+    depth = nodes["depth"].to_numpy()
+    paths = tree_paths(
+        nodes["greedy_accept"].to_numpy(bool),
+        depth,
+        nodes["sibling_rank"].to_numpy(),
+        parent < 0,
+        row,
+    )
+    nodes = nodes.assign(accepted_len=np.where(paths.accepted, depth, 0))
+    keys = ["prompt_id", "domain", "step"]
+    steps = nodes.groupby(keys, as_index=False).agg(
+        accepted_len=("accepted_len", "max"), tree_size=("node_id", "size")
+    )
+    return steps.assign(tau=steps.accepted_len + 1)
+
+
 def draft_model(nodes: pd.DataFrame, costs: CostModel = COSTS) -> Measured:
-    """A draft-model measurement for tune (its step records are not read)."""
-    return Measured(DrafterConfig(), nodes, pd.DataFrame(), costs)
+    """A draft-model measurement for tune, its step records derived from its nodes."""
+    return Measured(DrafterConfig(), nodes, _steps_of(nodes), costs)
 
 
 def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
@@ -155,20 +178,75 @@ def _ngram_steps() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["prompt_id", "domain", "step", "tree_size", "accepted_len"])
 
 
-def test_chain_acceptance_replays_measurement_as_decoding():
-    steps = _ngram_steps()
-    # code, chain of 3: positions 0 (1 token), 1 (3 tokens: 1, 2, 3), 4 (1), 5 (3), ... : 40
-    # tokens in 20 decoding steps, where the mean over positions would say 1 + 30/40 * 2 = 2.5
-    assert chain_walk(steps[steps.domain == "code"], 3) == (40, 20, 20)
-    vectors = chain_acceptance(steps, min_count=1)
-    chains = [TreeShape.from_paths([(0,) * d for d in range(1, k + 1)]) for k in (1, 2, 3)]
-    for k, chain in enumerate(chains, start=1):
-        tokens, decoded, _ = chain_walk(steps[steps.domain == "code"], k)
-        assert vectors["code"].expected_tau(chain) == pytest.approx(tokens / decoded)
-    assert vectors["code"].expected_tau(chains[2]) == pytest.approx(40 / 20)
-    np.testing.assert_allclose(vectors["chat"].rates[:, 0], [0.0, 0.0, 0.0])
-    # chat: every position is a decoding step, 4 of 40 with a proposal; code: all 20
-    assert proposal_rates(steps) == pytest.approx({"chat": 0.1, "code": 1.0, "all": 24 / 60})
+def test_chain_acceptance_is_conditional_per_depth_beyond_depth_two():
+    """Accepted lengths 4, 3, 3, 1, 0 (chains of 4): depth d's rate is P(>= d | >= d - 1)."""
+    steps = pd.DataFrame(
+        {
+            "prompt_id": "p",
+            "domain": "code",
+            "step": range(5),
+            "tree_size": 4,
+            "accepted_len": [4, 3, 3, 1, 0],
+        }
+    )
+    acc = chain_acceptance(steps, min_count=1)["code"]
+    np.testing.assert_allclose(acc.rates[:, 0], [4 / 5, 3 / 4, 3 / 3, 1 / 3])
+    assert acc.counts[:, 0].tolist() == [5, 4, 3, 3]
+    # a chain of k: 1 + P(>= 1) + ... + P(>= k), the position mean of min(accepted_len, k) + 1
+    for k in range(1, 5):
+        position_mean = 1 + np.minimum(steps.accepted_len, k).mean()
+        assert acc.expected_tau(TreeShape.chain(k)) == pytest.approx(position_mean)
+
+
+@pytest.mark.parametrize("positions", [40, 42, 7])
+def test_a_perfect_drafter_predicts_k_plus_one_tokens_per_step_less_the_end(positions):
+    """A drafter that always accepts its chain of 4: the vector says 5.0 for a chain of 4 (the
+    old per-depth rates said 3.657), and tune's replay says what decoding does: L tokens in
+    ceil(L / (k + 1)) steps (the last step cut at the output's end)."""
+    steps = pd.DataFrame(
+        {
+            "prompt_id": "p",
+            "domain": "math",
+            "step": range(positions),
+            "tree_size": 4,
+            "accepted_len": 4,
+        }
+    )
+    acc = chain_acceptance(steps, min_count=1)["math"]
+    assert acc.expected_tau(TreeShape.chain(4)) == pytest.approx(5.0)
+    predictor = Predictor(ReplayRecords.from_frames(pd.DataFrame(), steps), {"math": acc})
+    for k in range(1, 5):
+        exact = positions / -(-positions // (k + 1))
+        prediction = predictor.predict(TreeShape.chain(k), "math")
+        assert prediction.tokens_per_step == pytest.approx(exact) and prediction.method == REPLAY
+    assert predictor.predict(TreeShape.chain(4), "math").tokens_per_step == pytest.approx(
+        5.0 if positions % 5 == 0 else positions / -(-positions // 5)
+    )
+
+
+def test_tune_replays_chains_that_accept_past_depth_two():
+    """Chains of 3 from a lookup that accepts 3 at positions 0, 4, 8, ... and 2 elsewhere:
+    the chain of 3 decodes 4 + 4 + ... tokens, and tune's prediction is that replay."""
+    steps = pd.DataFrame(
+        {
+            "prompt_id": "c",
+            "domain": "code",
+            "step": range(40),
+            "tree_size": 3,
+            "accepted_len": [3 if i % 4 == 0 else 2 for i in range(40)],
+        }
+    )
+    rec = ReplayRecords.from_frames(pd.DataFrame(), steps)
+    assert replay_counts(rec, top_chain(3)).steps.tolist() == [10]  # 0 -> 4 -> 8 ... -> 40
+    lookup = CostModel(
+        draft_s=((1, 0.0005),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
+    )
+    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    policy = tune([Measured(ngram, pd.DataFrame(), steps, lookup)], TuneConfig(min_count=1))
+    choice = policy.choices["code"]
+    assert choice.shape == TreeShape.chain(3)
+    assert choice.expected_tau == pytest.approx(4.0) and choice.prediction.method == REPLAY
+    assert choice.predicted_speedup == pytest.approx(4.0 / lookup.step_time(choice.shape) * 0.1)
 
 
 def test_step_time_of_a_lookup_that_sometimes_proposes_nothing():
@@ -200,15 +278,38 @@ def test_tune_picks_the_drafter_per_domain():
         TuneConfig(min_count=1),
     )
     assert policy.drafter_for("code") == ngram and policy.tree_for("code").is_chain
-    assert policy.choices["code"].expected_tau == pytest.approx(
-        chain_acceptance(steps, 1)["code"].expected_tau(policy.tree_for("code"))
+    replayed = replay_counts(
+        ReplayRecords.from_frames(pd.DataFrame(), steps), Subtree(policy.tree_for("code"))
     )
+    code = (replayed.positions[0], replayed.steps[0])  # prompts sorted: c (code), h (chat)
+    assert policy.choices["code"].expected_tau == pytest.approx(code[0] / code[1])
     assert policy.drafter_for("chat") == DrafterConfig()
     loaded = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
     assert loaded.drafter_for("code") == ngram and loaded.trees == policy.trees
     assert set(policy.info["cost_models"]) == {"draft-model", ngram.label}
     with pytest.raises(PolicyError, match="two runs of one drafter"):
         tune([draft_model(nodes), draft_model(nodes)])
+
+
+def test_trees_deeper_than_measured_are_extrapolated_and_labelled():
+    """Records of depth 2: a chain of 3 is the vector's tau, scaled by replay over vector on the
+    chain of 2 the records hold, and says it is extrapolated; a chain of 2 is replayed."""
+    nodes = _nodes_frame()
+    vectors = {k: v.extrapolated(3) for k, v in acceptance_vectors(nodes, 1).items()}
+    predictor = Predictor(ReplayRecords.from_frames(nodes, _steps_of(nodes)), vectors)
+    two, three = TreeShape.chain(2), TreeShape.chain(3)
+    replayed = predictor.predict(two, "code")
+    assert replayed.method == REPLAY and replayed.tokens_per_step == pytest.approx(2.0)
+    far = predictor.predict(three, "code")
+    assert far.extrapolated and far.method == EXTRAPOLATED
+    scale = 2.0 / vectors["code"].expected_tau(two)
+    assert far.tokens_per_step == pytest.approx(vectors["code"].expected_tau(three) * scale)
+    assert predictor.with_interval(three, "code") == far  # no interval to give
+    assert far.to_dict() == {
+        "tokens_per_step": round(far.tokens_per_step, 4),
+        "interval": None,
+        "method": "extrapolated (acceptance vector)",
+    }
 
 
 # --- policy files --------------------------------------------------------------------------------
@@ -224,6 +325,30 @@ def test_policy_file_round_trip(tmp_path):
     loaded = PolicyFile.load(toml)
     assert loaded.tree_for("code").paths == ((0,), (0, 0)) and loaded.tree_for("chat") is None
     assert loaded.tree_for("math") is None  # not listed, no uniform tree: plain decoding
+    # a tuned file says how each tree's tokens per step were predicted, and reads back
+    entry = json.loads(path.read_text())["domains"]["code"]
+    assert entry["prediction"]["method"] == "replay"
+    reloaded = PolicyFile.load(path)
+    assert reloaded.predictions["code"].tokens_per_step == pytest.approx(
+        policy.choices["code"].expected_tau, abs=1e-4
+    )
+    again = PolicyFile.load(reloaded.save(tmp_path / "again.json"))
+    assert again.predictions == reloaded.predictions
+    extrapolated = Prediction(4.2, method=EXTRAPOLATED)
+    assert Prediction.from_dict(extrapolated.to_dict(), "here") == extrapolated
+    with pytest.raises(PolicyError, match="domain 'code'.*method 'guess' is unknown"):
+        PolicyFile.from_dict(
+            {
+                "domains": {
+                    "code": {
+                        "tree": "[(0,)]",
+                        "prediction": {"tokens_per_step": 2, "method": "guess"},
+                    }
+                }
+            }
+        )
+    with pytest.raises(PolicyError, match="tokens_per_step must be a number >= 1"):
+        Prediction.from_dict({"tokens_per_step": "3", "method": "replay"}, "here")
 
 
 @pytest.mark.parametrize(
@@ -299,8 +424,8 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
     written = policy.to_dict()
     assert not any("drafter" in e for e in (*written["domains"].values(), written["uniform"]))
     loaded = PolicyFile.load(policy.save(tmp_path / "policy.json"))
-    assert loaded.to_dict()["domains"] == {
-        d: {"tree": e["tree"]} for d, e in written["domains"].items()
+    assert loaded.to_dict()["domains"] == {  # the tree and how its tau was predicted
+        d: {"tree": e["tree"], "prediction": e["prediction"]} for d, e in written["domains"].items()
     }
     # the domain policy takes its drafter as an argument (tune will choose it)
     choice = Choice(TreeShape.from_paths([(0,)]), 1.5, 1.2, 0.1, DrafterConfig("ngram", 1, 3))

@@ -124,6 +124,13 @@ class ReplayRecords:
         """(positions,) the prompt of each flat position."""
         return np.repeat(np.arange(self.n_prompts), self.lengths)
 
+    def holds(self, shape: TreeShape) -> bool:
+        """Whether every node of ``shape`` is in the records (steps only: a chain no deeper
+        than the measured chains), so that replaying it needs no extrapolation."""
+        if not self.has_nodes:
+            return shape.is_chain and len(shape) <= self.spine_depth
+        return set(shape.paths) <= set(self.paths)
+
     def path_index(self, paths: tuple[TreePath, ...]) -> np.ndarray:
         """The index of each of ``paths`` in :attr:`paths`; a path the records lack is refused."""
         known = {p: i for i, p in enumerate(self.paths)}
@@ -447,11 +454,13 @@ class ReplayCounts:
         """(P, 4): positions, steps, proposals, tau sum: the columns of :data:`_COLUMNS`."""
         return np.column_stack([self.positions, self.steps, self.proposals, self.tau_sum])
 
-    def tokens_per_step(self, rec: ReplayRecords) -> dict[str, float]:
-        """Point estimates per domain and pooled (``ALL``), no interval: for choosing fast."""
+    def ratios(self, rec: ReplayRecords, num: str, den: str) -> dict[str, float]:
+        """Point estimates (no interval: for choosing fast) of a ratio of two columns' sums per
+        domain and pooled (``ALL``): ``("positions", "steps")`` is tokens per step."""
         onehot = np.eye(len(rec.domains))[rec.prompt_domain]
-        tokens, steps = onehot.T @ self.positions, onehot.T @ self.steps
-        values = ratio(np.r_[tokens, tokens.sum()], np.r_[steps, steps.sum()])
+        sums = onehot.T @ self.per_prompt()  # (G, 4)
+        sums = np.vstack([sums, sums.sum(axis=0)])
+        values = ratio(sums[:, _COLUMNS[num]], sums[:, _COLUMNS[den]])
         return dict(zip((*rec.domains, ALL), map(float, values)))
 
 

@@ -139,36 +139,16 @@ def acceptance_vectors(nodes: pd.DataFrame, min_count: int = 20) -> dict[str, Ac
     return out
 
 
-def chain_walk(steps: pd.DataFrame, k: int) -> tuple[int, int, int]:
-    """Greedy decoding with a chain of ``k`` replayed over measured steps: measurement commits one
-    token per step, so its steps are every position of the target's greedy output, while decoding
-    jumps past the tokens it accepts (a step at position i accepts ``min(accepted_len_i, k)`` and
-    the next step is at i + that + 1). Returns (tokens, decoding steps, steps with a proposal),
-    summed over prompts. This is what decoding those prompts does, exactly, for a drafter whose
-    chain of k is the first k tokens of its longer chain (a lookup, a draft model's chain); the
-    mean of ``tau`` over positions overstates it where acceptance comes in runs, as a lookup's
-    does (a copied span is counted at each of its positions)."""
-    tokens = decoded = proposed = 0
-    for _, part in steps.sort_values(["prompt_id", "step"]).groupby("prompt_id", sort=False):
-        accepted = part["accepted_len"].to_numpy(np.int64)
-        sizes = part["tree_size"].to_numpy(np.int64)
-        i = 0
-        while i < len(accepted):
-            take = min(int(accepted[i]), k, len(accepted) - i - 1)
-            tokens += take + 1
-            decoded += 1
-            proposed += int(sizes[i] > 0)
-            i += take + 1
-    return tokens, decoded, proposed
-
-
 def chain_acceptance(steps: pd.DataFrame, min_count: int = 20) -> dict[str, AcceptanceVector]:
     """The acceptance vector of a chain-only drafter (n-gram lookup: chains that vary in length,
-    none without a match), from step records replayed as decoding (:func:`chain_walk`): depth d's
-    rate is set so that a chain of d has the expected tau that decoding got, tokens over decoding
-    steps; a node the drafter did not propose counts as rejected. Depths whose chain decoded in
-    fewer than ``min_count`` steps get rate 0."""
-    need = {"prompt_id", "step", "domain", "accepted_len", "tree_size"}
+    none without a match) from its step records: depth d's rate is ``P(accepted_len >= d |
+    accepted_len >= d - 1)`` over output positions, a node the drafter did not propose counting
+    as rejected. A chain of k then has ``expected_tau = 1 + sum over d <= k of P(accepted_len >=
+    d)``, the position mean of ``min(accepted_len, k) + 1``: what extrapolates to chains deeper
+    than measured. Tokens per step of a measured chain come from the replay
+    (:mod:`specscope.analysis.replay`), which the position mean overstates (runs of acceptance,
+    the output's end). Depths reached by fewer than ``min_count`` positions get rate 0."""
+    need = {"domain", "accepted_len", "tree_size"}
     if missing := need - set(steps.columns):
         raise PolicyError(f"step records lack the columns {sorted(missing)}")
     if steps.empty:
@@ -179,23 +159,9 @@ def chain_acceptance(steps: pd.DataFrame, min_count: int = 20) -> dict[str, Acce
     out = {}
     groups = [(d, steps[steps["domain"] == d]) for d in sorted(steps["domain"].unique())]
     for name, part in groups + [(ALL_DOMAINS, steps)]:
-        walks = [chain_walk(part, k) for k in range(depth + 1)]
-        tau = np.array([tokens / decoded for tokens, decoded, _ in walks])
-        reach = np.maximum.accumulate(np.maximum(tau - 1, 0))  # P(depth d accepted), cumulative
-        counts = np.array([decoded for _, decoded, _ in walks[1:]])
-        above = np.concatenate([[1.0], reach[1:-1]])
-        rates = np.clip(np.where(above > 0, np.diff(reach) / np.maximum(above, 1e-12), 0), 0, 1)
-        rates = np.where(counts >= max(min_count, 1), rates, 0.0)
-        out[name] = AcceptanceVector(rates[:, None], counts[:, None])
+        accepted = np.minimum(part["accepted_len"].to_numpy(np.int64), depth)
+        reached = np.bincount(accepted, minlength=depth + 1)[::-1].cumsum()[::-1]  # >= d
+        eligible, hits = reached[:-1], reached[1:]  # depth d: >= d - 1 accepted, >= d accepted
+        rates = np.where(eligible >= max(min_count, 1), hits / np.maximum(eligible, 1), 0.0)
+        out[name] = AcceptanceVector(rates[:, None], eligible[:, None])
     return out
-
-
-def proposal_rates(steps: pd.DataFrame) -> dict[str, float]:
-    """Per domain (and ``all``): the fraction of decoding steps in which the drafter proposed a
-    token, with its longest chain replayed as decoding (:func:`chain_walk`)."""
-    depth = int(steps["tree_size"].max())
-    rates = {}
-    for name, part in [*steps.groupby("domain"), (ALL_DOMAINS, steps)]:
-        _, decoded, proposed = chain_walk(part, depth)
-        rates[str(name)] = proposed / decoded if decoded else 0.0
-    return rates

@@ -2,6 +2,12 @@
 predicted speed-up per domain (``tune``), and that choice as a validated JSON or TOML file
 (:class:`PolicyFile`).
 
+``tune`` predicts a tree's tokens per step with :class:`.predict.Predictor`: by replaying the
+measurement's recorded trees as greedy decoding for every tree they hold, and from the
+acceptance vector only for a tree deeper or wider than measured. A tuned domain entry says which
+(``"prediction": {"tokens_per_step": 3.61, "interval": [3.55, 3.68], "method": "replay"}``, or
+``"method": "extrapolated (acceptance vector)"`` with no interval); files without it still read.
+
 A policy file's domain entry is ``{"tree": ...}`` with, for a drafter other than the draft model,
 ``"drafter": {"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}`` (or
 ``{"kind": "early-exit", "exit_layer": 8}``); no ``drafter`` means the draft model, so files
@@ -10,12 +16,15 @@ written before drafters existed read, and are written, unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.replay import ReplayRecords, shape_label
 from ..drafters.config import DRAFTERS, DrafterConfig, DrafterError
 from ..files import read_json_object, read_toml_table, write_json
 from ..prompts.domains import DOMAINS
@@ -26,23 +35,17 @@ from .acceptance import (
     PolicyError,
     acceptance_vectors,
     chain_acceptance,
-    proposal_rates,
 )
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
+from .predict import Prediction, Predictor
 
 POLICY_FORMAT = "specscope-policy/1"
 
 # --- dynamic trees -------------------------------------------------------------------------------
 
 
-def short_name(shape: TreeShape | None) -> str:
-    """``none``, ``chain(4)`` or nodes per depth, e.g. ``tree 2/4/2``."""
-    if shape is None:
-        return "none"
-    if all(c == 1 for c in shape.depth_counts()):
-        return f"chain({len(shape)})"
-    return "tree " + "/".join(str(c) for c in shape.depth_counts())
+short_name = shape_label  # ``none``, ``chain(4)`` or nodes per depth, e.g. ``tree 2/4/2``
 
 
 def describe(spec: Speculation) -> str:
@@ -124,6 +127,7 @@ class Choice:
     predicted_speedup: float
     step_time_s: float
     drafter: DrafterConfig = DrafterConfig()  # what proposes the tree
+    prediction: Prediction | None = None  # how expected_tau was predicted (None: no tree)
 
     def to_dict(self) -> dict:
         return {
@@ -132,6 +136,7 @@ class Choice:
             "expected_tau": round(self.expected_tau, 4),
             "predicted_speedup": round(self.predicted_speedup, 4),
             "step_time_s": round(self.step_time_s, 6),
+            **({"prediction": self.prediction.to_dict()} if self.prediction else {}),
         }
 
 
@@ -144,17 +149,22 @@ def best_tree(
     min_speedup: float = 1.0,
     drafter: DrafterConfig = DrafterConfig(),
     proposal_rate: float = 1.0,
+    predict: Callable[[TreeShape], Prediction] | None = None,
 ) -> Choice:
-    """Over every node budget and depth limit, the optimal tree of best predicted speed-up (for a
-    chain-only drafter, the best chain); no speculation (``shape=None``) unless some tree beats
-    ``min_speedup``. ``proposal_rate``: the fraction of steps in which the drafter proposes."""
+    """Over every node budget and depth limit, the optimal tree (under ``acc``) of best predicted
+    speed-up (for a chain-only drafter, the best chain); no speculation (``shape=None``) unless
+    some tree beats ``min_speedup``. ``predict``: a tree's predicted tokens per step and
+    proposal rate (:meth:`.predict.Predictor.predict`); without it, ``acc``'s expected tau and
+    ``proposal_rate`` (the fraction of steps in which the drafter proposes), unlabelled."""
     best = Choice(None, 1.0, 1.0, costs.plain_token_s)
     depth_limit = min(max_depth, acc.max_depth)
     for shape in _candidates(acc, max_nodes, depth_limit, max_rank, drafter.spec.chain_only):
-        speedup = costs.predicted_speedup(shape, acc, proposal_rate)
+        prediction = predict(shape) if predict else None
+        tau = prediction.tokens_per_step if prediction else acc.expected_tau(shape)
+        step = costs.step_time(shape, prediction.proposal_rate if prediction else proposal_rate)
+        speedup = tau / step * costs.plain_token_s
         if speedup > max(best.predicted_speedup, min_speedup):
-            step = costs.step_time(shape, proposal_rate)
-            best = Choice(shape, acc.expected_tau(shape), speedup, step, drafter)
+            best = Choice(shape, tau, speedup, step, drafter, prediction)
     return best
 
 
@@ -203,18 +213,22 @@ class Measured:
     decoding with it on this hardware."""
 
     drafter: DrafterConfig
-    nodes: pd.DataFrame
+    nodes: pd.DataFrame  # may be empty for a chain-only drafter: its steps say it all
     steps: pd.DataFrame
     costs: CostModel
 
     def acceptance(self, min_count: int) -> dict[str, AcceptanceVector]:
-        """Per domain (and pooled): a run that measured chains (every chain-only drafter's) is
-        replayed as decoding from its step records (:func:`chain_walk`: tokens per decoding
-        step, an unproposed node rejected); a tree's from node records (acceptance per position,
-        which overstates decoding's tokens per step where acceptance comes in runs)."""
+        """Per domain (and pooled): the acceptance vector that proposes candidate trees and
+        extrapolates past the measured ones: a run that measured chains (every chain-only
+        drafter's) from its step records (:func:`chain_acceptance`), a tree's from node
+        records (:func:`acceptance_vectors`)."""
         if self.drafter.spec.chain_only or (self.nodes["sibling_rank"] == 0).all():
             return chain_acceptance(self.steps, min_count)
         return acceptance_vectors(self.nodes, min_count)
+
+    def predictor(self, vectors: dict[str, AcceptanceVector]) -> Predictor:
+        """Tokens per step by replay of these records, ``vectors`` past them."""
+        return Predictor(ReplayRecords.from_frames(self.nodes, self.steps), vectors)
 
 
 def tune(
@@ -223,7 +237,8 @@ def tune(
     source: dict | None = None,
 ) -> PolicyFile:
     """Per domain (and pooled: the uniform tree), the drafter and tree of best predicted speed-up
-    over every measured drafter (the first listed wins a tie)."""
+    over every measured drafter (the first listed wins a tie); each chosen tree's prediction
+    carries its interval (replayed) or says it is extrapolated."""
     if not measured:
         raise PolicyError("tune needs at least one measurement run")
     labels = [m.drafter.label for m in measured]
@@ -231,11 +246,12 @@ def tune(
         raise PolicyError(f"tune got two runs of one drafter: {', '.join(labels)}")
     choices: dict[str, Choice] = {}
     vector: dict[str, AcceptanceVector] = {}  # the chosen drafter's (the first's if none pays)
+    predictors: dict[str, Predictor] = {}  # per domain: the chosen drafter's
     for m in measured:
         vectors = m.acceptance(config.min_count)
         if config.extrapolate:
             vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
-        rates = proposal_rates(m.steps) if m.drafter.spec.chain_only else {}
+        predictor = m.predictor(vectors)
         for name, acc in vectors.items():
             choice = best_tree(
                 acc,
@@ -245,10 +261,14 @@ def tune(
                 config.max_rank,
                 config.min_speedup,
                 m.drafter,
-                rates.get(name, 1.0),
+                predict=functools.partial(predictor.predict, domain=name),
             )
             if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
-                choices[name], vector[name] = choice, acc
+                choices[name], vector[name], predictors[name] = choice, acc, predictor
+    for name, choice in choices.items():
+        if choice.shape is not None:
+            interval = predictors[name].with_interval(choice.shape, name)
+            choices[name] = dataclasses.replace(choice, prediction=interval)
     uniform = choices.pop(ALL_DOMAINS)
     drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
     info = {
@@ -283,6 +303,7 @@ class PolicyFile:
     info: dict = field(default_factory=dict)
     drafters: dict[str, DrafterConfig] = field(default_factory=dict)
     uniform_drafter: DrafterConfig = DrafterConfig()
+    predictions: dict[str, Prediction] = field(default_factory=dict)  # read back from a file
 
     def __post_init__(self) -> None:
         for domain, drafter in self.drafters.items():
@@ -309,6 +330,8 @@ class PolicyFile:
                 written = self.choices[name].to_dict()
             else:
                 written = {"tree": shape.to_paths_literal() if shape else "none"}
+                if name in self.predictions:
+                    written["prediction"] = self.predictions[name].to_dict()
             if drafter != DrafterConfig():  # the draft model: no entry, as before drafters
                 written["drafter"] = {"kind": drafter.kind, **drafter.params}
             return written
@@ -342,17 +365,23 @@ class PolicyFile:
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
         if unknown:
             raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
-        trees, drafters = {}, {}
+        trees, drafters, predictions = {}, {}, {}
         for domain, entry in data["domains"].items():
             label = f"{where}: domain {domain!r}"
             trees[domain] = _parse_tree(entry, label)
             drafters[domain] = _parse_drafter(entry, label)
             check_drafter(label, trees[domain], drafters[domain])
+            if isinstance(entry, dict) and "prediction" in entry:
+                predictions[domain] = Prediction.from_dict(entry["prediction"], label)
         uniform, uniform_drafter = None, DrafterConfig()
         if "uniform" in data:
             uniform = _parse_tree(data["uniform"], f"{where}: uniform")
             uniform_drafter = _parse_drafter(data["uniform"], f"{where}: uniform")
             check_drafter(f"{where}: uniform", uniform, uniform_drafter)
+            if isinstance(data["uniform"], dict) and "prediction" in data["uniform"]:
+                predictions[ALL_DOMAINS] = Prediction.from_dict(
+                    data["uniform"]["prediction"], f"{where}: uniform"
+                )
         info = {k: v for k, v in data.items() if k not in ("format", "domains", "uniform")}
         return cls(
             trees=trees,
@@ -360,6 +389,7 @@ class PolicyFile:
             info=info,
             drafters={d: v for d, v in drafters.items() if v != DrafterConfig()},
             uniform_drafter=uniform_drafter,
+            predictions=predictions,
         )
 
 

@@ -1,0 +1,142 @@
+"""One predictor of tokens per step for ``tune``: the recorded trees replayed as greedy decoding
+(:mod:`specscope.analysis.replay`) for every candidate the measured tree holds, with a
+prompt-resampled interval; the acceptance vector (:meth:`AcceptanceVector.expected_tau`) only for
+a tree deeper or wider than measured, and that prediction is labelled extrapolated.
+
+An extrapolation is the vector's expected tau of the whole tree times replay over vector on the
+part of the tree the records hold (the vector's tau is a mean over positions, which overstates
+decoding; the factor carries the measured overstatement over to the deeper tree, an assumption
+that the label names). Without a measured part (no node of the tree recorded) it is the vector's
+tau alone.
+
+It does not time anything (:mod:`.costs`) or choose (:mod:`.policy`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..analysis.prepare import ALL
+from ..analysis.replay import MeasuredTree, ReplayCounts, ReplayRecords, Subtree, estimate
+from ..analysis.replay import replay_counts as replay_prompts
+from ..analysis.results import Settings
+from ..records import ALL_DOMAINS
+from ..trees import TreeShape
+from .acceptance import AcceptanceVector, PolicyError
+
+REPLAY = "replay"
+EXTRAPOLATED = "extrapolated (acceptance vector)"
+METHODS = (REPLAY, EXTRAPOLATED)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted tokens per decoding step of one tree in one domain, and how it was obtained."""
+
+    tokens_per_step: float
+    lo: float = math.nan  # the interval (prompts resampled within domains); NaN: none
+    hi: float = math.nan
+    method: str = REPLAY
+    proposal_rate: float = 1.0  # share of decoding steps in which the drafter proposes
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise PolicyError(
+                f"prediction method {self.method!r} is unknown; known: {', '.join(METHODS)}"
+            )
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.method == EXTRAPOLATED
+
+    def to_dict(self) -> dict:
+        interval = None
+        if math.isfinite(self.lo) and math.isfinite(self.hi):
+            interval = [round(self.lo, 4), round(self.hi, 4)]
+        return {
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "interval": interval,
+            "method": self.method,
+        }
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> Prediction:
+        """A domain entry's ``prediction`` table, checked (files from before it lack it)."""
+        example = '{"tokens_per_step": 3.1, "interval": [3.0, 3.2], "method": "replay"}'
+        if not isinstance(data, dict):
+            raise PolicyError(f"{where}: prediction must be a table such as {example}")
+        value, interval = data.get("tokens_per_step"), data.get("interval")
+        if not _number(value) or value < 1:
+            raise PolicyError(f"{where}: prediction.tokens_per_step must be a number >= 1")
+        if interval is not None and not (
+            isinstance(interval, list) and len(interval) == 2 and all(map(_number, interval))
+        ):
+            raise PolicyError(f"{where}: prediction.interval must be [lo, hi] or null")
+        lo, hi = interval if interval is not None else (math.nan, math.nan)
+        try:
+            return cls(float(value), float(lo), float(hi), data.get("method"))
+        except PolicyError as e:
+            raise PolicyError(f"{where}: {e}") from None
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class Predictor:
+    """Tokens per step of candidate trees for one drafter's measurement run, per domain
+    (``ALL_DOMAINS`` pooled). Replays are computed once per tree and shared by every domain."""
+
+    def __init__(
+        self,
+        records: ReplayRecords,
+        vectors: dict[str, AcceptanceVector],
+        settings: Settings | None = None,
+    ):
+        self.records = records
+        self.vectors = vectors
+        self.settings = settings or Settings()
+        self._counts: dict[tuple, ReplayCounts] = {}
+        self._measured = replay_prompts(records, MeasuredTree())
+
+    def counts(self, shape: TreeShape) -> ReplayCounts:
+        key = shape.paths
+        if key not in self._counts:
+            self._counts[key] = replay_prompts(self.records, Subtree(shape))
+        return self._counts[key]
+
+    def predict(self, shape: TreeShape, domain: str) -> Prediction:
+        """The point prediction (no interval): replayed where the records hold ``shape``."""
+        name = ALL if domain == ALL_DOMAINS else domain
+        if not self.records.holds(shape):
+            share = self._measured.ratios(self.records, "proposals", "steps")[name]
+            tau = self.vectors[domain].expected_tau(shape) * self._scale(shape, domain)
+            return Prediction(tau, method=EXTRAPOLATED, proposal_rate=share)
+        counts = self.counts(shape)
+        tau = counts.ratios(self.records, "positions", "steps")[name]
+        share = counts.ratios(self.records, "proposals", "steps")[name]
+        return Prediction(tau, proposal_rate=share)
+
+    def _scale(self, shape: TreeShape, domain: str) -> float:
+        """Replayed over the vector's tokens per step of the part of ``shape`` the records hold
+        (1 when they hold none of it)."""
+        if self.records.has_nodes:
+            known = set(self.records.paths)
+            inside = [p for p in shape.paths if p in known]  # parent-closed: so is shape
+        else:
+            inside = [p for p in shape.paths if not any(p)][: self.records.spine_depth]
+        if not inside:
+            return 1.0
+        part = TreeShape.from_paths(inside)
+        vector = self.vectors[domain].expected_tau(part)
+        return self.predict(part, domain).tokens_per_step / vector if vector > 0 else 1.0
+
+    def with_interval(self, shape: TreeShape, domain: str) -> Prediction:
+        """:meth:`predict` with the replay's interval (an extrapolation has none)."""
+        point = self.predict(shape, domain)
+        if point.extrapolated:
+            return point
+        figure = estimate(self.records, self.counts(shape), self.settings)[0]
+        tokens = figure.row(ALL if domain == ALL_DOMAINS else domain).tokens_per_step
+        return Prediction(tokens.value, tokens.lo, tokens.hi, REPLAY, point.proposal_rate)
