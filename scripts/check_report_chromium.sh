@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Render specscope's HTML report in headless Chromium: it must load offline, show its plots (every
 # <img> decoded by the browser, with a natural width, and visible in a screenshot), and contain
-# every table. Usage: scripts/check_report_chromium.sh [RUN_DIR] [OUT_DIR]
+# every table. Its first screen, at a fixed 1280x800 viewport, must hold the claims' forest plot and
+# tokens per step by domain (decoded, inside the first 800 px) and no table; it is saved as
+# OUT_DIR/first-screen.png. Usage: scripts/check_report_chromium.sh [RUN_DIR] [OUT_DIR]
 # Without RUN_DIR a small synthetic run is written first. Needs chromium (Debian: apt-get install
 # -y chromium) and the [plot] extra; $PYTHON (default: python) runs specscope. Exits non-zero on
 # any failed check.
@@ -22,19 +24,27 @@ if [[ -z "$browser" ]]; then
   exit 3
 fi
 
-"$python" -m specscope.cli report "$run" --out "$out/report.html" --boot 200
+"$python" -m specscope.cli report "$run" --out "$out/report.html" --n-boot 200
 # A copy of the page with a script that, once the page has loaded, records what the browser made of
-# each image: the report itself has no script.
+# each image (decoded, natural size, where it lies) and where each table lies, with the viewport:
+# the report itself has no script.
 "$python" - "$out" <<'PY'
 import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
 probe = """<script>window.addEventListener("load", () => {
-  const imgs = [...document.images];
+  const box = e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.width, r.height]; };
   const pre = document.createElement("pre");
   pre.id = "img-check";
-  pre.textContent = JSON.stringify(imgs.map(i => [i.complete, i.naturalWidth, i.naturalHeight]));
+  pre.textContent = JSON.stringify({
+    viewport: [window.innerWidth, window.innerHeight],
+    images: [...document.images].map(i => ({
+      figure: i.closest("figure") ? i.closest("figure").id : "", alt: i.alt,
+      complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, box: box(i)})),
+    tables: [...document.querySelectorAll("table")].map(t => ({id: t.id, box: box(t),
+      visible: t.checkVisibility(), folded: t.closest("details:not([open])") !== null})),
+  });
   document.body.appendChild(pre);
 });</script>"""
 page = (out / "report.html").read_text()
@@ -43,7 +53,9 @@ PY
 flags=(--headless --no-sandbox --disable-gpu --disable-background-networking --hide-scrollbars)
 "$browser" "${flags[@]}" --window-size=1400,16000 --screenshot="$out/report.png" \
   "file://$(realpath "$out/report.html")" 2>/dev/null
-"$browser" "${flags[@]}" --virtual-time-budget=10000 --dump-dom \
+"$browser" "${flags[@]}" --window-size=1280,800 --screenshot="$out/first-screen.png" \
+  "file://$(realpath "$out/report.html")" 2>/dev/null
+"$browser" "${flags[@]}" --window-size=1280,800 --virtual-time-budget=10000 --dump-dom \
   "file://$(realpath "$out/report-check.html")" 2>/dev/null > "$out/dom.html"
 
 "$python" - "$out" <<'PY'
@@ -60,13 +72,32 @@ required = [f"r0-{k}" for k in ("findings", "table1", "table2", "table3", "table
 missing = [k for k in required if f'id="{k}"' not in dom]
 images = dom.count('src="data:image/png;base64,')
 assert not missing, f"tables missing from the rendered page: {missing}"
-assert images >= 5, f"expected 5 embedded plots, found {images}"
+assert images >= 7, f"expected at least 7 embedded plots, found {images}"
 check = re.search(r'<pre id="img-check">(.*?)</pre>', dom, re.S)
 assert check, "the page did not finish loading in the browser (no image check recorded)"
-decoded = json.loads(html.unescape(check.group(1)))
-broken = [i for i, (complete, w, h) in enumerate(decoded) if not (complete and w > 0 and h > 0)]
+probe = json.loads(html.unescape(check.group(1)))
+decoded = probe["images"]
+broken = [i["figure"] for i in decoded if not (i["complete"] and i["width"] > 0 and i["height"] > 0)]
 assert len(decoded) == images and not broken, f"images the browser could not draw: {broken}"
+assert all(i["alt"] for i in decoded), "an image without alt text"
 assert "<script>alert" not in dom, "prompt text is not escaped"
+
+# The first screen is the screenshot's 1280x800. The page's layout depends on the width alone (the
+# probe's window may be shorter: headless Chromium can keep room for its toolbar), so the plots must
+# end within the first 800 px of a 1280 px wide page.
+fold = 800
+assert probe["viewport"][0] == 1280, f"viewport {probe['viewport']}, expected 1280 px wide"
+by_figure = {i["figure"]: i for i in decoded}
+for name in ("r0-plot-claims_forest", "r0-plot-tokens_per_step"):
+    assert name in by_figure, f"the first screen's plot {name} is not on the page"
+    top, bottom, width, height = by_figure[name]["box"]
+    assert width > 0 and height > 0 and 0 <= top and bottom <= fold, (
+        f"{name} is not inside the first {fold} px: top {top:.0f}, bottom {bottom:.0f}"
+    )
+seen = [t["id"] for t in probe["tables"] if t["visible"] and t["box"][0] < fold]
+assert not seen, f"tables visible in the first screen: {seen}"
+shown = [t["id"] or "(no id)" for t in probe["tables"] if t["visible"] or not t["folded"]]
+assert not shown, f"tables shown unfolded (every table belongs in a closed <details>): {shown}"
 png = (out / "report.png").read_bytes()
 assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000, "screenshot missing or blank"
 try:
@@ -78,7 +109,13 @@ if imread is not None:  # plots are the only large coloured areas of the page
     coloured = (pixels.max(axis=2) - pixels.min(axis=2) > 0.2).mean(axis=1) > 0.05
     assert pixels.std() > 0.05, "screenshot looks blank"
     assert coloured.sum() > 500, f"plots not visible in the screenshot ({coloured.sum()} rows)"
-sizes = ", ".join(f"{w}x{h}" for _, w, h in decoded)
-print(f"ok: {len(required)} tables and {images} plots rendered ({sizes}); "
-      f"screenshot {out / 'report.png'}")
+    first = imread(out / "first-screen.png")[..., :3]
+    assert first.shape[:2] == (fold, 1280), f"first screen is {first.shape[1]}x{first.shape[0]}"
+    # the claims' lines alone colour about 120 rows (their verdicts); the two plots over 250
+    rows = ((first.max(axis=2) - first.min(axis=2) > 0.2).mean(axis=1) > 0.005).sum()
+    assert rows > 200, f"plots not visible in the first screen ({rows} coloured rows)"
+sizes = ", ".join(f"{i['width']}x{i['height']}" for i in decoded)
+print(f"ok: {len(required)} tables and {images} plots rendered ({sizes}); first screen holds the "
+      f"claims and tokens per step, no table; screenshots {out / 'report.png'}, "
+      f"{out / 'first-screen.png'}")
 PY

@@ -775,8 +775,9 @@ CHROMIUM = next(
     reason="chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
 )
 def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
-    """The report opened in a real browser: every table there, every plot decoded with a natural
-    width (a script run after load records it), and the plots visible in a screenshot."""
+    """The report opened in a real browser: every table there (folded), every plot decoded with a
+    natural width (a script run after load records it), the plots visible in a screenshot, and the
+    first screen at 1280x800 holding the claims' forest plot and tokens per step and no table."""
     pytest.importorskip("matplotlib")
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_chromium.sh"
     env = {
@@ -793,8 +794,9 @@ def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
         env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "plots rendered" in result.stdout
+    assert "plots rendered" in result.stdout and "first screen holds the claims" in result.stdout
     assert (tmp_path / "report.png").stat().st_size > 50_000
+    assert (tmp_path / "first-screen.png").stat().st_size > 20_000
 
 
 def test_bootstrap_gives_no_interval_when_resamples_cannot_vary():

@@ -1,5 +1,10 @@
 """Plots of an analysis (matplotlib, the ``plot`` extra), written as PNG and SVG.
 
+Two plots open the report (:data:`FIRST_SCREEN`): the paper's claims as a forest plot (every figure
+a verdict is decided on, with its interval, coloured by the claim's verdict) and tokens per step by
+domain. The others show one kind of result each. This module draws; it decides nothing (verdicts
+come from :mod:`.findings`) and writes no HTML (:mod:`.report` does).
+
 matplotlib is imported lazily and used through its object-oriented API (``Figure``), so no global
 backend or pyplot state is touched. Without matplotlib, :func:`write_plots` returns no plots and
 :func:`plots_unavailable` says why.
@@ -17,6 +22,8 @@ import numpy as np
 from ..files import write_output
 from ..records import ALL_DOMAINS
 from .drafters import DrafterComparison
+from .findings import Finding, Verdict
+from .paper import paper_data
 from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile
 from .stats import Estimate
@@ -222,7 +229,130 @@ def variance_plot(a: Analysis):
     return fig
 
 
+# --- the first screen: the claims and tokens per step ---------------------------------------------
+
+VERDICT_COLOURS = {  # the report's verdict colours (its CSS uses the same)
+    Verdict.HOLDS: "#1a7f37",
+    Verdict.FAILS: "#c62828",
+    Verdict.INCONCLUSIVE: "#b08800",
+    Verdict.UNTESTABLE: "#8c8c8c",
+}
+
+
+def claim_references(key: str) -> tuple[float, ...]:
+    """Where a claim's figures are judged: the value (or the two ends of the range) each figure is
+    tested against; () for a claim without one."""
+    if key == "rho_weak_range":
+        lo, hi = paper_data()["claims"]["rho_weak_range"]
+        return (float(lo), float(hi))
+    if key in ("only_chat_above_one", "below_one_no_speedup"):
+        return (1.0,)
+    if key.startswith(("task_type_over_depth", "rises_with_depth", "rho_negative", "chat_paradox")):
+        return (0.0,)
+    return ()
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _forest_panel(ax, f: Finding) -> None:
+    """One claim: its figures top to bottom, each a point with its interval, in the verdict's
+    colour, against the claim's reference (dashed; a range is shaded)."""
+    import textwrap
+
+    colour = VERDICT_COLOURS[f.verdict]
+    ax.set_title(
+        "\n".join(textwrap.wrap(f"{f.label} — {f.verdict.value}", 52)),
+        fontsize=7.5,
+        loc="left",
+        color=colour,
+    )
+    ax.tick_params(labelsize=7)
+    ax.locator_params(axis="x", nbins=5)
+    ax.grid(axis="x", alpha=0.3)
+    refs = claim_references(f.key)
+    if len(refs) == 2:
+        ax.axvspan(*refs, color="#dddddd", zorder=0)
+    for x in refs:
+        ax.axvline(x, color="#444444", linestyle="--", linewidth=0.9, zorder=1)
+    if not any(e.defined for _, e in f.figures):
+        ax.set_yticks([])
+        ax.text(
+            0.5, 0.5, _clipped(f.detail or f.verdict.value, 70), transform=ax.transAxes,
+            ha="center", va="center", fontsize=7, color=colour, wrap=True,
+        )  # fmt: skip
+        return
+    names = [name for name, _ in f.figures]
+    v, err = _values(tuple(e for _, e in f.figures))
+    y = np.arange(len(names))[::-1]
+    ax.errorbar(v, y, xerr=err, fmt="o", color=colour, markersize=4, capsize=2, zorder=2)
+    ax.set_yticks(y, [_clipped(n, 26) for n in names])
+    ax.set_ylim(-0.6, len(names) - 0.4)
+
+
+def forest_plot(a: Analysis):
+    """The paper's claims: one panel per claim, the figures its verdict uses with their intervals."""
+    from matplotlib.lines import Line2D
+
+    findings: tuple[Finding, ...] = a.findings
+    cols = 2
+    rows = max(math.ceil(len(findings) / cols), 1)
+    heights = [
+        max((max(len(f.figures), 1) for f in findings[r * cols : (r + 1) * cols]), default=1) + 1.4
+        for r in range(rows)
+    ]
+    fig = _figure(8.6, 0.75 + 0.19 * sum(heights))
+    axes = fig.subplots(rows, cols, squeeze=False, height_ratios=heights).ravel()
+    for ax, f in zip(axes, findings):
+        _forest_panel(ax, f)
+    for ax in axes[len(findings) :]:
+        ax.set_visible(False)
+    handles = [
+        Line2D([], [], color=c, marker="o", linestyle="-", label=v.value)
+        for v, c in VERDICT_COLOURS.items()
+    ] + [Line2D([], [], color="#444444", linestyle="--", label="claim's reference")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
+    fig.suptitle(
+        f"The paper's claims checked against this run ({a.settings.confidence:.0%} CI)",
+        fontsize=10,
+    )
+    return fig
+
+
+TOKENS_PER_STEP = "tokens per step (position mean)"
+
+
+def tokens_per_step_plot(a: Analysis):
+    """Mean tokens emitted per target pass by domain, with intervals, against 1 (no gain)."""
+    rows = [r for r in a.tau if r.steps > 0]
+    fig = _figure(4.4, 4.2)
+    ax = fig.subplots()
+    x = np.arange(len(rows), dtype=float)
+    for i, r in enumerate(rows):
+        v, err = _values((r.tau,))
+        style = {"color": "black"} if r.domain == ALL else {"color": f"C{i}"}
+        ax.errorbar(x[i : i + 1], v, yerr=err, fmt="o", capsize=4, markersize=6, **style)
+        ax.annotate(
+            r.tau.format(2, interval=False), (x[i], v[0]), xytext=(7, 0),
+            textcoords="offset points", va="center", fontsize=8,
+        )  # fmt: skip
+    ax.axhline(1, color="#444444", linestyle="--", linewidth=0.9)
+    ax.set_xticks(x, [r.domain for r in rows])
+    ax.set_xlim(-0.6, len(rows) - 0.2)
+    ax.set_ylabel(f"{TOKENS_PER_STEP}, {a.settings.confidence:.0%} CI", fontsize=8)
+    ax.set_title("Tokens per step by domain\n(accepted + bonus; dashed: 1, no gain)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+FIRST_SCREEN = {
+    "claims_forest": ("The paper's claims: each figure with its interval, by verdict", forest_plot),
+    "tokens_per_step": (f"Tokens per step by domain: {TOKENS_PER_STEP}", tokens_per_step_plot),
+}
+
 PLOTS = {
+    **FIRST_SCREEN,
     "acceptance_by_depth": ("Acceptance by depth per domain", depth_plot),
     "tau_distribution": ("Distribution of tau per domain", tau_plot),
     "acceptance_vs_entropy": ("Acceptance vs target entropy", entropy_plot),

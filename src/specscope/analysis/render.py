@@ -199,11 +199,16 @@ def to_latex(grid: Grid) -> str:
 
 
 _VERDICT_CLASS = {
-    "holds": " v-holds",
-    "does not hold": " v-fails",
-    "inconclusive": " v-inconclusive",
-    "not testable": " v-untestable",
+    "holds": "v-holds",
+    "does not hold": "v-fails",
+    "inconclusive": "v-inconclusive",
+    "not testable": "v-untestable",
 }
+
+
+def verdict_css_class(text: str) -> str:
+    """The HTML class that colours a verdict's text ("holds" -> "v-holds"); "" for other text."""
+    return _VERDICT_CLASS.get(text, "")
 
 
 def to_html(grid: Grid, id_prefix: str = "") -> str:
@@ -221,7 +226,8 @@ def to_html(grid: Grid, id_prefix: str = "") -> str:
                 text += f' <span class="ci">[{esc(lo)}, {esc(hi)}]</span>'
             numeric = isinstance(v, (Estimate, int, float)) and not isinstance(v, bool)
             cls = "num" if numeric and i else "text"
-            cls += _VERDICT_CLASS.get(text, "")
+            if verdict := verdict_css_class(text):
+                cls += f" {verdict}"
             cells.append(f'<td class="{cls}">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     note = f'<p class="note">{esc(grid.note)}</p>' if grid.note else ""
@@ -761,4 +767,5 @@ __all__ = [
     "to_latex",
     "to_markdown",
     "to_rich",
+    "verdict_css_class",
 ]

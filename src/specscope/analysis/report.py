@@ -4,6 +4,13 @@
 
     tables.md  tables.tex  csv/<table>.csv  analysis.json  plots/<plot>.png|svg  report.html
 
+The HTML report shows before it tells. Each run opens with its first screen: the paper's claims as a
+forest plot (each figure a verdict uses, with its interval, in the verdict's colour) beside tokens
+per step by domain, then one line per claim in words. One part per kind of result follows
+(:data:`RUN_SECTIONS`: its plots shown, its tables folded in a ``<details>``), then the comparison
+with the paper, the prompts and the run's information, folded. The report draws no conclusions of
+its own: figures and verdicts come from the analysis.
+
 The HTML report needs no network: styles are inline, plots are embedded as base64 PNG, and every
 piece of text that comes from records (prompt text, outputs, domain names, the manifest) is
 escaped with ``html.escape``.
@@ -26,8 +33,9 @@ from pathlib import Path
 from .. import __version__
 from ..files import json_text, write_output
 from .drafters import DrafterComparison
+from .findings import Finding, Verdict
 from .paper import PAPER, load_paper_tables, paper_data
-from .plots import Plot, plots_unavailable, write_drafter_plots, write_plots
+from .plots import FIRST_SCREEN, Plot, plots_unavailable, write_drafter_plots, write_plots
 from .prepare import ALL
 from .render import (
     Column,
@@ -40,6 +48,7 @@ from .render import (
     to_html,
     to_latex,
     to_markdown,
+    verdict_css_class,
 )
 from .results import Analysis, PaperTables
 from .stats import EMPTY, Estimate
@@ -406,12 +415,24 @@ def write_drafter_outputs(
 
 
 # --- HTML ------------------------------------------------------------------------------------------
+# A run's page shows before it tells: first the claims as a forest plot and tokens per step by domain
+# (the first screen), one line per claim in words; then one part per kind of result, its plots shown
+# and its tables folded in a <details>; the run's information last, folded.
 
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0.6em auto;
        max-width: 1400px; padding: 0 1em; color: #222; line-height: 1.4; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 2px solid #444; margin-top: 2em; }
-h3 { margin-top: 1.6em; }
+h1 { font-size: 1.3em; margin: 0.2em 0 0.3em; }
+h2 { font-size: 1.2em; border-bottom: 2px solid #444; margin: 1.6em 0 0.4em; }
+section.run > h2 { margin-top: 0.3em; }
+h3 { margin: 1.6em 0 0.4em; }
+.overview { display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 1fr); gap: 1em;
+            align-items: start; }
+.overview figure { margin: 0; }
+.overview img { max-width: 100%; max-height: 640px; width: auto; height: auto; }
+@media (max-width: 900px) { .overview { grid-template-columns: minmax(0, 1fr); } }
+ul.claims { font-size: 0.9em; padding-left: 1.2em; margin: 0.6em 0; }
+details { margin: 0.6em 0; } summary { cursor: pointer; color: #333; font-size: 0.9em; }
 .grid { overflow-x: auto; margin: 1em 0; }
 table { border-collapse: collapse; font-size: 0.85em; }
 caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
@@ -427,17 +448,81 @@ td.text { min-width: 8ch; max-width: 48ch; }
 figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.8em; }
-nav ul { columns: 3; font-size: 0.9em; }
+nav ul { columns: 3; font-size: 0.9em; margin: 0.3em 0; }
 .prompt { white-space: pre-wrap; max-width: 70ch; font-family: ui-monospace, monospace;
           font-size: 0.85em; }
 """
 
 
-def _img(plot: Plot) -> str:
+@dataclass(frozen=True)
+class Section:
+    """One kind of result in a run's report: the plots shown under its heading and the tables
+    (grid keys of :func:`~specscope.analysis.render.analysis_grids`) folded beneath them."""
+
+    key: str
+    title: str
+    plots: tuple[str, ...] = ()
+    grids: tuple[str, ...] = ()
+
+
+CLAIM_GRIDS = ("findings", "findings_figures", "stratified_findings")  # folded under the claims
+
+# The parts that follow the first screen, in order: plotted results first, then the tables alone.
+# A grid that no section names is still shown, in "Other tables".
+RUN_SECTIONS: tuple[Section, ...] = (
+    Section("tokens", "Tokens per target pass", ("tau_distribution",), ("tau", "tau_distribution")),
+    Section(
+        "depth",
+        "Acceptance by depth",
+        ("acceptance_by_depth",),
+        ("table1", "table2", "table3", "table4", "depth_profile"),
+    ),
+    Section("vector", "Acceptance vector", ("acceptance_vector",), ("acceptance_vector",)),
+    Section(
+        "entropy",
+        "Acceptance and target entropy",
+        ("acceptance_vs_entropy",),
+        ("table6", "entropy_profile", "paradox"),
+    ),
+    Section(
+        "position",
+        "Acceptance by position in the generation",
+        ("acceptance_by_position",),
+        ("table5", "position_profile"),
+    ),
+    Section(
+        "drivers",
+        "What drives acceptance",
+        ("variance_decomposition",),
+        ("effects", "variance", "stratified_rho", "stratified_alpha", "stratified_depth"),
+    ),
+    Section("echo", "Prompt echo", (), ("echo",)),
+    Section(
+        "greedy",
+        "The paper's tables with greedy acceptance",
+        (),
+        tuple(f"greedy_table{i}" for i in range(1, 7)),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A rendered part of the page: a heading, what is shown under it, and what is folded."""
+
+    key: str
+    title: str
+    shown: str  # HTML shown under the heading (plots, notes)
+    folded: str  # HTML inside the <details>
+    summary: str  # the <details>' summary, in words
+
+
+def _img(plot: Plot, prefix: str = "") -> str:
+    esc = html.escape
     data = base64.b64encode(plot.png.read_bytes()).decode("ascii")
     return (
-        f'<figure id="plot-{html.escape(plot.name)}"><img alt="{html.escape(plot.title)}" '
-        f'src="data:image/png;base64,{data}"><figcaption>{html.escape(plot.title)} '
+        f'<figure id="{esc(prefix)}plot-{esc(plot.name)}"><img alt="{esc(plot.title)}" '
+        f'src="data:image/png;base64,{data}"><figcaption>{esc(plot.title)} '
         f"(SVG written beside the PNG)</figcaption></figure>"
     )
 
@@ -446,7 +531,100 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " …"
 
 
-def _prompts_html(a: Analysis, limit: int = 400) -> str:
+def _folded(summary: str, body: str) -> str:
+    """``body`` in a closed <details> under ``summary`` (text, escaped here); "" without a body."""
+    if not body:
+        return ""
+    return f"<details><summary>{html.escape(summary)}</summary>{body}</details>"
+
+
+def _tables_summary(grids: Sequence[Grid]) -> str:
+    titles = "; ".join(g.title for g in grids)
+    return f"{len(grids)} table{'s' if len(grids) != 1 else ''}: {_clip(titles, 220)}"
+
+
+def _part_html(part: Part, prefix: str) -> str:
+    return (
+        f'<section class="part" id="{html.escape(prefix)}part-{html.escape(part.key)}">'
+        f"<h3>{html.escape(part.title)}</h3>{part.shown}"
+        f"{_folded(part.summary, part.folded)}</section>"
+    )
+
+
+def _claim_line(f: Finding) -> str:
+    """One claim in words: its verdict, its short name, and the figure (or why there is none)."""
+    esc = html.escape
+    if f.verdict == Verdict.UNTESTABLE:
+        why = f.detail.split(";")[0].removeprefix("not testable: ")
+        said = f"{f.label}: {why}"
+    else:
+        said = f"{f.label}: {f.measure} {f.estimate.format(3)}"
+    return (
+        f'<li><span class="{verdict_css_class(f.verdict.value)}">{esc(f.verdict.value)}</span>'
+        f" — {esc(_clip(said, 200))}</li>"
+    )
+
+
+def _overview(
+    a: Analysis, plots: dict[str, Plot], plot_message: str | None, grids: dict[str, Grid], pre: str
+) -> str:
+    """The first screen (the claims' forest plot beside tokens per step by domain), one line per
+    claim, the run's warnings, and the claims' tables folded."""
+    first = [plots[name] for name in FIRST_SCREEN if name in plots]
+    if first:
+        shown = (
+            f'<div class="overview" id="{pre}overview">{"".join(_img(p, pre) for p in first)}</div>'
+        )
+    else:
+        shown = f'<p class="warn">{html.escape(plot_message or "no plots")}</p>'
+    lines = "".join(_claim_line(f) for f in a.findings)
+    warnings = "".join(f'<p class="warn">{html.escape(w)}</p>' for w in a.warnings)
+    claims = [grids[k] for k in CLAIM_GRIDS if k in grids]
+    folded = "".join(to_html(g, pre) for g in claims)
+    return (
+        f'{shown}<ul class="claims" id="{pre}claims">{lines}</ul>{warnings}'
+        f"{_folded('The claims in full (rules, figures, details): ' + _tables_summary(claims), folded)}"
+    )
+
+
+def _section_parts(plots: dict[str, Plot], grids: dict[str, Grid], pre: str) -> list[Part]:
+    """One part per :data:`RUN_SECTIONS` entry the run has something for, then the plots and
+    grids that no section names (so a new result is shown before it is given a section)."""
+    parts = []
+    for s in RUN_SECTIONS:
+        figs = [plots[n] for n in s.plots if n in plots]
+        tables = [grids[k] for k in s.grids if k in grids]
+        if figs or tables:
+            shown = "".join(_img(p, pre) for p in figs)
+            folded = "".join(to_html(g, pre) for g in tables)
+            parts.append(Part(s.key, s.title, shown, folded, _tables_summary(tables)))
+    named = set(CLAIM_GRIDS).union(*(s.grids for s in RUN_SECTIONS))
+    drawn = set(FIRST_SCREEN).union(*(s.plots for s in RUN_SECTIONS))
+    figs = [p for name, p in plots.items() if name not in drawn]
+    tables = [g for k, g in grids.items() if k not in named]
+    if figs or tables:
+        shown = "".join(_img(p, pre) for p in figs)
+        folded = "".join(to_html(g, pre) for g in tables)
+        parts.append(Part("other", "Other results", shown, folded, _tables_summary(tables)))
+    return parts
+
+
+def _paper_part(a: Analysis, pre: str) -> Part:
+    note = (
+        f'<p class="note">{html.escape(paper_data()["source"])}; draft '
+        f"{html.escape(paper_data()['draft'])}, target {html.escape(paper_data()['target'])}.</p>"
+    )
+    grids = compare_with_paper(a)
+    return Part(
+        "paper",
+        "Compared with the paper's published figures",
+        note,
+        "".join(to_html(g, pre) for g in grids),
+        _tables_summary(grids),
+    )
+
+
+def _prompts_part(a: Analysis, limit: int = 400) -> Part:
     esc = html.escape
     rows = "".join(
         f"<tr><td>{esc(p.prompt_id)}</td><td>{esc(p.domain)}</td><td>{esc(p.source)}</td>"
@@ -456,19 +634,16 @@ def _prompts_html(a: Analysis, limit: int = 400) -> str:
         f'<td><div class="prompt">{esc(_clip(p.output_text, limit))}</div></td></tr>'
         for p in a.prompts
     )
-    return (
-        f"<details><summary>{len(a.prompts)} prompts (text clipped to {limit} characters)"
-        f'</summary><div class="grid"><table><thead><tr><th>Prompt</th><th>Domain</th>'
-        f"<th>Source</th><th>Steps</th><th>mean tau</th><th>Prompt text</th><th>Output</th>"
-        f"</tr></thead><tbody>{rows}</tbody></table></div></details>"
+    table = (
+        '<div class="grid"><table><thead><tr><th>Prompt</th><th>Domain</th>'
+        "<th>Source</th><th>Steps</th><th>mean tau</th><th>Prompt text</th><th>Output</th>"
+        f"</tr></thead><tbody>{rows}</tbody></table></div>"
     )
+    summary = f"{len(a.prompts)} prompts (text clipped to {limit} characters)"
+    return Part("prompts", "Prompts", "", table, summary)
 
 
-def _run_section(
-    i: int, a: Analysis, plots: list[Plot], paper: bool, plot_message: str | None
-) -> str:
-    esc = html.escape
-    pre = f"r{i}-"
+def _info_part(a: Analysis, pre: str) -> Part:
     s = a.settings
     info = Grid(
         "info",
@@ -487,50 +662,62 @@ def _run_section(
                 "bootstrap",
                 (
                     f"{s.n_boot} prompt-clustered resamples (stratified by domain), seed "
-                    f"{s.seed}, {s.confidence:.0%} percentile intervals"
+                    f"{s.seed}, {s.confidence:.0%} t intervals on the bootstrap standard error"
                 ),
             ),
         ),
     )
-    parts = [f'<section id="run-{i}"><h2>Run {esc(a.info.run_id)}</h2>', to_html(info, pre)]
-    parts += [f'<p class="warn">{esc(w)}</p>' for w in a.warnings]
-    grids = analysis_grids(a)
-    heads = {
-        "findings": "Findings",
-        "table1": "The paper's tables (alpha)",
-        "tau": "Corrected metrics",
-        "greedy_table1": "The paper's tables with greedy_accept",
-        "variance": "What drives acceptance",
-        "stratified_rho": "Stratified tables",
-        "entropy_profile": "Profiles",
-        "echo": "Prompt echo",
-    }
-    folded = {"findings_figures", "stratified_findings"}  # long listings: one click away
-    for g in grids:
-        if g.key in heads:
-            parts.append(f"<h3>{esc(heads[g.key])}</h3>")
-        if g.key in folded:
-            parts.append(f"<details><summary>{esc(g.title)}</summary>{to_html(g, pre)}</details>")
-        else:
-            parts.append(to_html(g, pre))
-    parts.append(f'<h3 id="{pre}plots">Plots</h3>')
-    if plots:
-        parts += [_img(p) for p in plots]
-    else:
-        parts.append(f'<p class="warn">{esc(plot_message or "no plots")}</p>')
+    manifest = html.escape(json.dumps(to_jsonable(a.info.manifest), indent=2))
+    folded = f"{to_html(info, pre)}<h4>Provenance (manifest)</h4><pre>{manifest}</pre>"
+    return Part("info", "Run information", "", folded, "the run, its bootstrap and its manifest")
+
+
+def _run_section(
+    i: int, a: Analysis, plots: list[Plot], paper: bool, plot_message: str | None
+) -> str:
+    pre = f"r{i}-"
+    by_name = {p.name: p for p in plots}
+    grids = {g.key: g for g in analysis_grids(a)}
+    parts = _section_parts(by_name, grids, pre)
     if paper:
-        parts.append("<h3>Compared with the paper's published figures</h3>")
-        parts.append(
-            f'<p class="note">{esc(paper_data()["source"])}; draft '
-            f"{esc(paper_data()['draft'])}, target {esc(paper_data()['target'])}.</p>"
+        parts.append(_paper_part(a, pre))
+    parts += [_prompts_part(a), _info_part(a, pre)]
+    return (
+        f'<section class="run" id="run-{i}"><h2>Run {html.escape(a.info.run_id)}</h2>'
+        + _overview(a, by_name, plot_message, grids, pre)
+        + "\n".join(_part_html(p, pre) for p in parts)
+        + "</section>"
+    )
+
+
+def _comparison_section(
+    analyses: list[Analysis], drafters: DrafterComparison | None, drafter_plots: Sequence[Plot]
+) -> str:
+    """Several runs side by side: the drafters' plot shown, every table folded."""
+    summary = summary_grid(analyses)
+    parts = [
+        Part(
+            "summary", "Runs side by side", "", to_html(summary, "c0-"), _tables_summary([summary])
         )
-        parts += [to_html(g, pre) for g in compare_with_paper(a)]
-    parts.append("<h3>Prompts</h3>")
-    parts.append(_prompts_html(a))
-    parts.append("<h3>Provenance (manifest)</h3>")
-    parts.append(f"<pre>{esc(json.dumps(to_jsonable(a.info.manifest), indent=2))}</pre>")
-    parts.append("</section>")
-    return "\n".join(parts)
+    ]
+    ref = analyses[0]
+    for j, other in enumerate(analyses[1:], start=1):
+        grids = compare(ref, other)
+        folded = "".join(to_html(g, f"c{j}-") for g in grids)
+        title = f"{ref.info.run_id} vs {other.info.run_id}"
+        parts.append(Part(f"vs-{j}", title, "", folded, _tables_summary(grids)))
+    if drafters is not None:
+        grids = drafter_grids(drafters)
+        shown = "".join(_img(p, "d-") for p in drafter_plots)
+        folded = "".join(to_html(g, "d-") for g in grids)
+        parts.append(
+            Part("drafters", "Drafters side by side", shown, folded, _tables_summary(grids))
+        )
+    return (
+        '<section id="comparison"><h2>Comparison</h2>'
+        + "\n".join(_part_html(p, "c-") for p in parts)
+        + "</section>"
+    )
 
 
 def html_report(
@@ -546,36 +733,23 @@ def html_report(
     esc = html.escape
     names = ", ".join(a.info.run_id for a in analyses)
     title = f"specscope report: {names}" if len(analyses) == 1 else f"specscope comparison: {names}"
-    toc = ["<nav><ul>"]
-    for i, a in enumerate(analyses):
-        toc.append(f'<li><a href="#run-{i}">Run {esc(a.info.run_id)}</a></li>')
-    body = []
-    if len(analyses) > 1:
-        toc.append('<li><a href="#comparison">Comparison</a></li>')
-        comp = [
-            '<section id="comparison"><h2>Comparison</h2>',
-            to_html(summary_grid(analyses), "c0-"),
-        ]
-        ref = analyses[0]
-        for j, other in enumerate(analyses[1:], start=1):
-            comp.append(f"<h3>{esc(ref.info.run_id)} vs {esc(other.info.run_id)}</h3>")
-            comp += [to_html(g, f"c{j}-") for g in compare(ref, other)]
-        if drafters is not None:
-            comp.append("<h3>Drafters side by side</h3>")
-            comp += [to_html(g, "d-") for g in drafter_grids(drafters)]
-            comp += [_img(p) for p in drafter_plots]
-        comp.append("</section>")
-        body.append("\n".join(comp))
-    toc.append("</ul></nav>")
     body = [
         _run_section(i, a, plots.get(i, []), paper, plot_message) for i, a in enumerate(analyses)
-    ] + body
+    ]
+    nav = ""
+    if len(analyses) > 1:
+        body.append(_comparison_section(analyses, drafters, drafter_plots))
+        links = [
+            f'<li><a href="#run-{i}">Run {esc(a.info.run_id)}</a></li>'
+            for i, a in enumerate(analyses)
+        ]
+        nav = f'<nav><ul>{"".join(links)}<li><a href="#comparison">Comparison</a></li></ul></nav>'
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{esc(title)}</h1>{''.join(toc)}\n"
+        f"<h1>{esc(title)}</h1>{nav}\n"
         + "\n".join(body)
         + f'<footer><p class="note">Generated by specscope {esc(__version__)} on {stamp}. '
         f"Self-contained: no network needed.</p></footer></body></html>\n"

@@ -1,0 +1,204 @@
+"""The report shows before it tells: the claims' forest plot and tokens per step come first, one
+line per claim follows, and every table is folded in a closed <details>.
+
+The layout in a real browser (what a 1280x800 first screen holds) is checked by
+``scripts/check_report_chromium.sh`` through ``test_report_renders_in_headless_chromium`` in
+``tests/test_analysis.py``; these tests check the plots' content and the page's structure.
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specscope.analysis import analyze
+from specscope.analysis.findings import Verdict
+from specscope.analysis.prepare import ALL
+from specscope.analysis.render import Column, Grid, analysis_grids
+from specscope.analysis.report import CLAIM_GRIDS, RUN_SECTIONS, write_outputs, write_report
+from specscope.analysis.results import Settings
+from specscope.analysis.synthetic import write_synthetic_run
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    run = write_synthetic_run(
+        tmp_path_factory.mktemp("first") / "run", prompts_per_domain=12, steps=(10, 40), seed=3
+    )
+    return analyze(run, Settings(n_boot=100, seed=0))
+
+
+class _Page(HTMLParser):
+    """The order of the page's landmarks, and whether each table lies inside a <details>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []  # (tag, id or alt)
+        self.details = 0
+        self.open_details = 0
+        self.unfolded_tables: list[str] = []
+        self.claims: list[str] = []  # the class of each claim line's verdict
+        self._in_claims = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "details":
+            self.details += 1
+            self.open_details += "open" in a
+        elif tag == "table":
+            self.events.append(("table", a.get("id") or ""))
+            if not self.details:
+                self.unfolded_tables.append(a.get("id") or "")
+        elif tag == "img":
+            self.events.append(("img", a.get("alt") or ""))
+        elif tag in ("figure", "section", "div", "ul") and a.get("id"):
+            self.events.append((tag, a["id"]))
+        if tag == "ul" and a.get("class") == "claims":
+            self._in_claims = True
+        elif tag == "span" and self._in_claims:
+            self.claims.append(a.get("class") or "")
+
+    def handle_endtag(self, tag):
+        if tag == "details":
+            self.details -= 1
+        elif tag == "ul":
+            self._in_claims = False
+
+
+def _parse(page: str) -> _Page:
+    parser = _Page()
+    parser.feed(page)
+    return parser
+
+
+def _index(events: list[tuple[str, str]], event: tuple[str, str]) -> int:
+    return events.index(event)
+
+
+def test_forest_plot_draws_each_claims_figures_in_its_verdicts_colour(synthetic):
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_hex
+
+    from specscope.analysis.plots import VERDICT_COLOURS, claim_references, forest_plot
+
+    fig = forest_plot(synthetic)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == len(synthetic.findings)
+    for ax, f in zip(panels, synthetic.findings):
+        assert ax.get_title(loc="left").replace("\n", " ").endswith(f.verdict.value)
+        points = [line for line in ax.lines if line.get_marker() == "o"]
+        defined = [e for _, e in f.figures if e.defined]
+        if not defined:
+            assert not points
+            continue
+        (line,) = points
+        assert to_hex(line.get_color()) == VERDICT_COLOURS[f.verdict]
+        # top to bottom in the finding's order: the first figure has the highest y
+        xs = np.asarray(line.get_xdata(), dtype=float)
+        expected = np.array([e.value for _, e in f.figures], dtype=float)
+        np.testing.assert_allclose(xs, expected)
+        refs = [
+            line.get_xdata()[0]
+            for line in ax.lines
+            if line.get_linestyle() == "--" and line.get_marker() != "o"
+        ]
+        assert refs == list(claim_references(f.key)), f.key
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:4] == [v.value for v in Verdict]
+
+
+def test_claim_references_are_the_claims_thresholds():
+    from specscope.analysis.plots import claim_references
+
+    assert claim_references("only_chat_above_one") == (1.0,)
+    assert claim_references("below_one_no_speedup") == (1.0,)
+    assert claim_references("rho_negative") == (0.0,)
+    assert claim_references("rises_with_depth_top1_chain") == (0.0,)
+    assert claim_references("task_type_over_depth_greedy") == (0.0,)
+    assert claim_references("rho_weak_range") == (-0.3, -0.1)
+    assert claim_references("a claim of someone else") == ()
+
+
+def test_tokens_per_step_plot_shows_the_position_mean_of_tau(synthetic):
+    pytest.importorskip("matplotlib")
+    from specscope.analysis.plots import TOKENS_PER_STEP, tokens_per_step_plot
+
+    ax = tokens_per_step_plot(synthetic).axes[0]
+    assert TOKENS_PER_STEP in ax.get_ylabel()
+    assert TOKENS_PER_STEP == "tokens per step (position mean)"
+    rows = [r for r in synthetic.tau if r.steps > 0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [r.domain for r in rows]
+    points = [line for line in ax.lines if line.get_marker() == "o"]
+    assert [float(line.get_ydata()[0]) for line in points] == [r.tau.value for r in rows]
+    assert rows[-1].domain == ALL and points[-1].get_color() == "black"
+
+
+def test_the_page_opens_with_the_plots_and_folds_every_table(synthetic, tmp_path):
+    out = write_outputs(synthetic, tmp_path / "analysis")
+    page = _parse(out.html.read_text())
+    events = page.events
+    first_table = next(i for i, (tag, _) in enumerate(events) if tag == "table")
+    if out.plots:
+        forest = _index(events, ("figure", "r0-plot-claims_forest"))
+        tokens = _index(events, ("figure", "r0-plot-tokens_per_step"))
+        assert forest < tokens < _index(events, ("ul", "r0-claims")) < first_table
+        assert events[forest + 1][0] == "img" and events[forest + 1][1]  # with alt text
+        drawn = [e for e in events if e[0] == "figure" and e[1].startswith("r0-plot-")]
+        assert len(drawn) == len(out.plots)  # the other plots follow, shown (not folded)
+    assert page.unfolded_tables == [] and page.open_details == 0
+    assert len(page.claims) == len(synthetic.findings)
+    verdict_class = {
+        Verdict.HOLDS: "v-holds",
+        Verdict.FAILS: "v-fails",
+        Verdict.INCONCLUSIVE: "v-inconclusive",
+        Verdict.UNTESTABLE: "v-untestable",
+    }
+    assert page.claims == [verdict_class[f.verdict] for f in synthetic.findings]
+    # every table of the analysis is on the page, and the run's information comes last
+    ids = [i for tag, i in events if tag == "table"]
+    assert {f"r0-{g.key}" for g in analysis_grids(synthetic)} <= set(ids)
+    parts = [i.removeprefix("r0-part-") for tag, i in events if i.startswith("r0-part-")]
+    named = [s.key for s in RUN_SECTIONS]
+    assert [k for k in parts if k in named] == [k for k in named if k in parts]
+    assert parts[-3:] == ["paper", "prompts", "info"] and ids[-1] == "r0-info"
+
+
+def test_a_grid_no_section_names_is_still_shown_folded(synthetic, tmp_path, monkeypatch):
+    from specscope.analysis import report
+
+    extra = Grid("someone_new", "A new result", (Column("Domain"), Column("Value")), (("x", 1),))
+    monkeypatch.setattr(report, "analysis_grids", lambda a: analysis_grids(a) + [extra])
+    page = write_report([synthetic], tmp_path / "r.html", plots=False).read_text()
+    parsed = _parse(page)
+    assert ("table", "r0-someone_new") in parsed.events and parsed.unfolded_tables == []
+    assert 'id="r0-part-other"' in page and "A new result" in page
+    assert set(CLAIM_GRIDS) & {s for sec in RUN_SECTIONS for s in sec.grids} == set()
+
+
+def test_without_plots_the_claims_still_come_first(synthetic, tmp_path):
+    page = write_report([synthetic], tmp_path / "r.html", plots=False).read_text()
+    parsed = _parse(page)
+    first_table = next(i for i, (tag, _) in enumerate(parsed.events) if tag == "table")
+    assert _index(parsed.events, ("ul", "r0-claims")) < first_table
+    assert "plots not requested" in page and "data:image/png" not in page
+    assert len(parsed.claims) == len(synthetic.findings)
+
+
+def test_a_comparison_folds_its_tables_and_keeps_one_first_screen_per_run(synthetic, tmp_path):
+    pytest.importorskip("matplotlib")
+    page = write_report([synthetic, synthetic], tmp_path / "c.html").read_text()
+    parsed = _parse(page)
+    assert parsed.unfolded_tables == []
+    ids = [i for tag, i in parsed.events if tag == "figure"]
+    assert {"r0-plot-claims_forest", "r1-plot-claims_forest", "r1-plot-tokens_per_step"} <= set(ids)
+    assert len(ids) == len(set(ids))  # figure ids are unique on a page of several runs
+    assert page.count('<section class="run" id="run-') == 2 and 'id="c0-summary"' in page
+
+
+def test_docs_screenshot_is_a_small_png():
+    png = Path(__file__).resolve().parents[1] / "docs" / "img" / "report-first-screen.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 20_000 < len(data) < 400_000
