@@ -595,3 +595,118 @@ def plot_margin_table(
     return write_figure(
         certified_by_margin_plot(report.margins), out_dir, "certified_by_margin", inside
     )
+
+
+# --- the report's tables and files -----------------------------------------------------------------
+
+SUMMARY_COLUMNS = ("n", "median", "p5", "frac_ok", "frac_certified", "run_mean", "run_max")
+
+
+def _fraction(row: dict, col: str) -> str:
+    """A certified fraction with its interval where it has one; a dash where there is none."""
+    value, lo, hi = row[col], row[f"{col}_lo"], row[f"{col}_hi"]
+    if not math.isfinite(value):
+        return "—"
+    interval = f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"{value:.3f}{interval}"
+
+
+def _summary_row(row: dict, key: str) -> tuple:
+    violations = row["violations"]
+    return (
+        row["domain"],
+        row[key],
+        *(_fraction(row, c) if c.startswith("frac_") else row[c] for c in SUMMARY_COLUMNS),
+        "n/a" if violations != violations else int(violations),
+    )
+
+
+def summary_grid(df: pd.DataFrame, title: str, key: str) -> Grid | None:
+    """Per (domain, ``key``) rows of :attr:`CertifyReport.criteria` (``key`` "criterion") or
+    :attr:`CertifyReport.trees` (``key`` "tree") as a table; None when there are none."""
+    if not len(df):
+        return None
+    names = {"frac_ok": "accepted" if key == "criterion" else "covered"}
+    names["frac_certified"] = "certified"
+    columns = (
+        Column("domain"),
+        Column(key),
+        *(Column(names.get(c, c)) for c in SUMMARY_COLUMNS),
+        Column("violations"),
+    )
+    rows = tuple(_summary_row(r._asdict(), key) for r in df.itertuples(index=False))
+    return Grid(f"{key}_certificates", title, columns, rows)
+
+
+def published_grid(report: CertifyReport) -> Grid:
+    """The published figures beside this run's."""
+    df = report.published
+    return Grid(
+        "published_comparison",
+        "published (Qwen3-1.7B, UltraChat, greedy) vs this run",
+        tuple(Column(c) for c in df.columns),
+        tuple(tuple(row) for row in df.itertuples(index=False)),
+    )
+
+
+def certify_grids(report: CertifyReport, confidence: float) -> list[Grid]:
+    """What ``specscope certify`` shows, in order: acceptance certificates, tree coverage, the
+    certified fraction by margin bin (all domains), the published figures."""
+    grids = [
+        summary_grid(
+            report.criteria,
+            f"acceptance certificates per step (nats; source: {report.source}; fractions with "
+            f"{confidence:.0%} prompt-clustered intervals)",
+            "criterion",
+        ),
+        summary_grid(report.trees, "tree coverage certificates per step (nats)", "tree"),
+        report.margins.grid() if report.margins is not None else None,
+        published_grid(report),
+    ]
+    return [g for g in grids if g is not None]
+
+
+@dataclass(frozen=True)
+class CertifyFiles:
+    """What :func:`write_certify_outputs` wrote."""
+
+    tables: tuple[Path, ...]  # certificates, tree certificates, published comparison (CSV)
+    margins: tuple[Path, ...]  # certified_by_margin.csv and .md; none without margins
+    plots: tuple[Path, ...]  # PNG and SVG; none without plots
+
+
+def write_margin_tables(report: CertifyReport, out: Path, inside: Path | None) -> tuple[Path, ...]:
+    """certified_by_margin.csv (every domain) and .md (one table per domain); none without a
+    margin table."""
+    if report.margins is None:
+        return ()
+    from .render import to_csv, to_markdown
+
+    m = report.margins
+    csv_path, md_path = out / "certified_by_margin.csv", out / "certified_by_margin.md"
+    write_output(csv_path, to_csv(m.all_grid()), inside)
+    domains = dict.fromkeys(r.domain for r in m.rows)
+    write_output(md_path, "\n".join(to_markdown(m.grid(d)) for d in domains), inside)
+    return csv_path, md_path
+
+
+def write_certify_outputs(
+    report: CertifyReport, out: str | Path, plots: bool, inside: Path | None = None
+) -> CertifyFiles:
+    """The report's tables as CSV (and Markdown by margin bin) in ``out``, and with ``plots`` its
+    plots (needs matplotlib: :class:`~specscope.errors.MissingExtraError`), written through
+    :func:`specscope.files.write_output` (``inside``: the run directory ``out`` lies in)."""
+    out = Path(out)
+    tables = []
+    for name, df in (
+        ("certificates", report.criteria),
+        ("tree_certificates", report.trees),
+        ("published_comparison", report.published),
+    ):
+        tables.append(out / f"{name}.csv")
+        write_output(tables[-1], df.to_csv(index=False), inside)
+    margins = write_margin_tables(report, out, inside)
+    drawn = ()
+    if plots:
+        drawn = (*plot_certificates(report, out, inside), *plot_margin_table(report, out, inside))
+    return CertifyFiles(tuple(tables), margins, tuple(drawn))

@@ -43,14 +43,16 @@ def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
     return expand_run_dirs(paths), True
 
 
-def _print_grids(grids) -> None:
+def _print_grids(grids, blank: bool = True) -> None:
+    """Each grid as a rich table on stdout, with (``blank``) an empty line after each."""
     from ..analysis.render import to_rich
     from ..console import make_console
 
     console = make_console()
     for grid in grids:
         console.print(to_rich(grid))
-        console.print()
+        if blank:
+            console.print()
 
 
 @command(panel=ANALYZE)
@@ -331,20 +333,15 @@ def certify(
     confidence: float = options.CONFIDENCE,
 ) -> None:
     """Certificates of acceptance: distributions, certified steps, soundness, tree coverage, and certified fraction by target-margin bin (docs/theory.md)."""
-    import math
-
-    from rich.table import Table
-
     from ..analysis.certify import (
         DEFAULT_MARGIN_BINS,
+        certify_grids,
         certify_run,
         parse_margin_bins,
-        plot_certificates,
-        plot_margin_table,
+        write_certify_outputs,
     )
-    from ..analysis.render import to_csv, to_markdown, to_rich
     from ..console import make_console
-    from ..files import check_output, inside_of, write_output
+    from ..files import check_output, inside_of
     from ..records import check_writable_dir, load_run
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
@@ -354,7 +351,6 @@ def certify(
         check_output(out)
         inside = inside_of(out, run_dir)  # a downloaded run's links are refused, not followed
         check_writable_dir(out)
-
     report = certify_run(
         load_run(run_dir),
         edges,
@@ -363,109 +359,19 @@ def certify(
         confidence=confidence,
         require_margins=margin_bins is not None,
     )
+    _print_grids(certify_grids(report, confidence), blank=False)
     console = make_console()
-
-    def fraction(r: dict, col: str) -> str:
-        value, lo, hi = r[col], r[f"{col}_lo"], r[f"{col}_hi"]
-        if not math.isfinite(value):
-            return "—"
-        return f"{value:.3f}" + (
-            f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-        )
-
-    def show(df, title: str, key: str) -> None:
-        if not len(df):
-            return
-        table = Table(title=title)
-        for col in (
-            "domain",
-            key,
-            "n",
-            "median",
-            "p5",
-            "frac_ok",
-            "frac_certified",
-            "run_mean",
-            "run_max",
-            "violations",
-        ):
-            table.add_column(
-                {
-                    "frac_ok": "accepted" if key == "criterion" else "covered",
-                    "frac_certified": "certified",
-                }.get(col, col),
-                justify="left" if col in ("domain", key) else "right",
-            )
-        for row in df.itertuples(index=False):
-            r = row._asdict()
-            v = r["violations"]
-            table.add_row(
-                *(
-                    fraction(r, c)
-                    if c.startswith("frac_")
-                    else f"{r[c]:.3f}"
-                    if isinstance(r[c], float)
-                    else str(r[c])
-                    for c in (
-                        "domain",
-                        key,
-                        "n",
-                        "median",
-                        "p5",
-                        "frac_ok",
-                        "frac_certified",
-                        "run_mean",
-                        "run_max",
-                    )
-                ),
-                "n/a" if v != v else (f"[red]{int(v)}[/]" if v else "0"),
-            )
-        console.print(table)
-
-    show(
-        report.criteria,
-        f"acceptance certificates per step (nats; source: {report.source}; fractions with {confidence:.0%} prompt-clustered intervals)",
-        "criterion",
-    )
-    show(report.trees, "tree coverage certificates per step (nats)", "tree")
-    if report.margins is not None:
-        console.print(to_rich(report.margins.grid()))
-    pub = Table(title="published (Qwen3-1.7B, UltraChat, greedy) vs this run")
-    for col in report.published.columns:
-        pub.add_column(col, justify="left" if col in ("certificate", "statistic") else "right")
-    for row in report.published.itertuples(index=False):
-        pub.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
-    console.print(pub)
     for note in report.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     if out is not None:
-        for name, df in (
-            ("certificates", report.criteria),
-            ("tree_certificates", report.trees),
-            ("published_comparison", report.published),
-        ):
-            write_output(out / f"{name}.csv", df.to_csv(index=False), inside)
-        if report.margins is not None:
-            m = report.margins
-            write_output(out / "certified_by_margin.csv", to_csv(m.all_grid()), inside)
-            domains = dict.fromkeys(r.domain for r in m.rows)
-            write_output(
-                out / "certified_by_margin.md",
-                "\n".join(to_markdown(m.grid(d)) for d in domains),
-                inside,
-            )
-            console.print(
-                f"wrote {out / 'certified_by_margin.csv'}, {out / 'certified_by_margin.md'}"
-            )
-        if plots:
-            try:
-                paths = plot_certificates(report, out, inside) + plot_margin_table(
-                    report, out, inside
-                )
-            except ImportError as e:
-                fail(f"{e} (or pass --no-plots)")
-            for path in paths:
-                console.print(f"wrote {path}")
+        try:
+            written = write_certify_outputs(report, out, plots, inside)
+        except ImportError as e:  # the plot extra (MissingExtraError)
+            fail(f"{e} (or pass --no-plots)")
+        if written.margins:
+            console.print(f"wrote {', '.join(str(p) for p in written.margins)}")
+        for path in written.plots:
+            console.print(f"wrote {path}")
     if report.violations:
         console.print(
             f"[red]soundness violated on {report.violations} step(s): KL < C but rejected[/]"
