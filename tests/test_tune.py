@@ -222,6 +222,12 @@ def test_a_perfect_drafter_predicts_k_plus_one_tokens_per_step_less_the_end(posi
     assert predictor.predict(TreeShape.chain(4), "math").tokens_per_step == pytest.approx(
         5.0 if positions % 5 == 0 else positions / -(-positions // 5)
     )
+    # as specscope's decoder counts: a plain prefill step, then chains from the second token
+    decoder = Predictor(predictor.records, {"math": acc}, prefill_drafts=False)
+    steps_after = -(-(positions - 1) // 5)
+    assert decoder.predict(TreeShape.chain(4), "math").tokens_per_step == pytest.approx(
+        positions / (1 + steps_after)
+    )
 
 
 def test_tune_replays_chains_that_accept_past_depth_two():

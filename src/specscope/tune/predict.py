@@ -86,24 +86,28 @@ def _number(x) -> bool:
 
 class Predictor:
     """Tokens per step of candidate trees for one drafter's measurement run, per domain
-    (``ALL_DOMAINS`` pooled). Replays are computed once per tree and shared by every domain."""
+    (``ALL_DOMAINS`` pooled). Replays are computed once per tree and shared by every domain.
+    ``prefill_drafts``: the replay's convention (:mod:`specscope.analysis.replay`); False counts
+    steps as specscope's decoder does (a plain prefill pass, trees from the second token on)."""
 
     def __init__(
         self,
         records: ReplayRecords,
         vectors: dict[str, AcceptanceVector],
         settings: Settings | None = None,
+        prefill_drafts: bool = True,
     ):
         self.records = records
         self.vectors = vectors
         self.settings = settings or Settings()
+        self.prefill_drafts = prefill_drafts
         self._counts: dict[tuple, ReplayCounts] = {}
-        self._measured = replay_prompts(records, MeasuredTree())
+        self._measured = replay_prompts(records, MeasuredTree(), prefill_drafts)
 
     def counts(self, shape: TreeShape) -> ReplayCounts:
         key = shape.paths
         if key not in self._counts:
-            self._counts[key] = replay_prompts(self.records, Subtree(shape))
+            self._counts[key] = replay_prompts(self.records, Subtree(shape), self.prefill_drafts)
         return self._counts[key]
 
     def predict(self, shape: TreeShape, domain: str) -> Prediction:
