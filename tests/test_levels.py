@@ -31,6 +31,7 @@ from specscope.analysis.effects import variance_decomposition
 from specscope.analysis.findings import Verdict
 from specscope.analysis.levels import (
     BUDGET_KEY,
+    DECODED,
     NODE,
     POSITION_MEAN,
     PROMPT,
@@ -44,6 +45,7 @@ from specscope.analysis.levels import (
     finding_level,
     level_effects,
     prompt_share_reps,
+    replayed_tokens,
     shortfall,
 )
 from specscope.analysis.prepare import prepare
@@ -154,6 +156,25 @@ def test_replayed_tokens_replace_the_position_mean(paper_run):
     assert lv.effect(PROMPT, "chat").mean.value == pytest.approx(np.nanmean(values[1:12]))
     with pytest.raises(LevelsError, match="one value per prompt"):
         level_effects(eng, variance_decomposition(eng), PromptTokens("short", values[:3]))
+
+
+def test_replayed_tokens_are_decoded_tokens_per_step(paper_run):
+    tokens = replayed_tokens(paper_run)
+    assert tokens.label == DECODED and tokens.values.shape == (paper_run.n_prompts,)
+    steps = paper_run.steps
+    for p in range(paper_run.n_prompts):  # greedy decoding by hand: jump past each accepted run
+        accepted = steps.accepted_len[steps.prompt == p][np.argsort(steps.step[steps.prompt == p])]
+        i = n = 0
+        while i < len(accepted):
+            i += min(accepted[i], len(accepted) - i - 1) + 1
+            n += 1
+        assert tokens.values[p] == pytest.approx(len(accepted) / n)
+    nothing = _records(
+        synthetic_tables(
+            prompts_per_domain=3, steps=10, seed=2, profiles=WORLDS["no_acceptance"].profiles
+        )
+    )
+    assert np.array_equal(replayed_tokens(nothing).values, np.ones(nothing.n_prompts))
 
 
 def test_budget_verdict_names_its_level_and_needs_enough_prompts(paper_run):

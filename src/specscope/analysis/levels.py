@@ -15,7 +15,8 @@ question is asked of:
   (each prompt counts once, as a request does). Its mean is over the steps the run recorded: by
   default the *position mean* (tau at every recorded output position, as a teacher-forced
   measurement gives it), which overstates decoding; pass :class:`PromptTokens` with decoded tokens
-  per step (a replay of the recorded trees) to use those instead. Either way the label says which.
+  per step (:func:`replayed_tokens`: the recorded trees replayed as greedy decoding) to use those
+  instead. Either way the label says which.
 
 Every share comes with the raw eta^2 as well (the figure a one-way ANOVA prints) and a
 prompt-clustered interval from the analysis' resamples (prompts resampled within domains).
@@ -32,6 +33,8 @@ import numpy as np
 
 from ..errors import SpecscopeError
 from .findings import Finding, Verdict, one_sided_verdict
+from .prepare import Records
+from .replay import MeasuredTree, index_records, replay_counts
 from .resampling import Resampler
 from .results import Settings, VarianceDecomposition
 from .stats import (
@@ -45,6 +48,7 @@ from .stats import (
 
 NODE, STEP, PROMPT = "node", "step", "prompt"
 POSITION_MEAN = "position mean"  # tau averaged over the recorded output positions
+DECODED = "decoded (replay)"  # output tokens over greedy decoding's steps (.replay)
 WITHIN_DOMAIN = "prompt within domain"
 WITHIN_PROMPT = "step within prompt"
 RESIDUAL = "residual"
@@ -212,6 +216,16 @@ def position_mean_tokens(eng: Resampler) -> PromptTokens:
         np.bincount(steps.prompt, minlength=P),
     )
     return PromptTokens(POSITION_MEAN, values)
+
+
+def replayed_tokens(rec: Records) -> PromptTokens:
+    """Each prompt's decoded tokens per step: its recorded trees replayed as greedy decoding
+    (:func:`.replay.replay_counts` of the measured tree; output tokens over decoding steps)."""
+    replayed = index_records(rec.run)
+    counts = replay_counts(replayed, MeasuredTree())
+    per_prompt = dict(zip(replayed.prompt_ids, ratio(counts.positions, counts.steps)))
+    values = np.array([per_prompt.get(pid, np.nan) for pid in rec.prompt_ids], dtype=float)
+    return PromptTokens(DECODED, values)
 
 
 def _checked(eng: Resampler, tokens: PromptTokens) -> np.ndarray:
