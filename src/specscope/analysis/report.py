@@ -683,7 +683,7 @@ def _run_section(
         parts.append(_paper_part(a, pre))
     parts += [_prompts_part(a), _info_part(a, pre)]
     return (
-        f'<section class="run" id="run-{i}"><h2>Run {html.escape(a.info.run_id)}</h2>'
+        f'<section id="run-{i}" class="run"><h2>Run {html.escape(a.info.run_id)}</h2>'
         + _overview(a, by_name, plot_message, grids, pre)
         + "\n".join(_part_html(p, pre) for p in parts)
         + "</section>"
