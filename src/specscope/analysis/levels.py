@@ -248,7 +248,7 @@ def _prompt_shares(eng: Resampler, tokens: PromptTokens) -> LevelShares:
     n = len(idx)
     return LevelShares(
         PROMPT,
-        f"prompt's mean tau ({tokens.label})",
+        f"prompt's tokens per step ({tokens.label})",
         n,
         _estimate(eng, raw, n, n),
         _estimate(eng, domain, n, n),
@@ -302,7 +302,7 @@ def _effects(eng: Resampler, tokens: PromptTokens) -> tuple[DomainEffect, ...]:
     has = np.isfinite(x)
     s = eng.boot.total(onehot * np.where(has, x, 0.0)[:, None])
     c = eng.boot.total(onehot * has[:, None])
-    by_prompt = _relative(eng, PROMPT, f"prompt's mean tau ({tokens.label})", s, c, c[0])
+    by_prompt = _relative(eng, PROMPT, f"prompt's tokens per step ({tokens.label})", s, c, c[0])
     return by_step + by_prompt
 
 
