@@ -292,8 +292,10 @@ def _effects(eng: Resampler, tokens: PromptTokens) -> tuple[DomainEffect, ...]:
     onehot = np.zeros((P, G))
     onehot[np.arange(P), rec.prompt_domain] = 1.0
     per_prompt = np.column_stack(
-        [np.bincount(steps.prompt, weights=steps.tau.astype(float), minlength=P)]
-        + [np.bincount(steps.prompt, minlength=P)]
+        [
+            np.bincount(steps.prompt, weights=steps.tau.astype(float), minlength=P),
+            np.bincount(steps.prompt, minlength=P),
+        ]
     )
     t = eng.boot.total(onehot[:, :, None] * per_prompt[:, None, :])  # (B + 1, G, 2)
     step_n = t[0, :, 1]
