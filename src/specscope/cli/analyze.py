@@ -12,7 +12,7 @@ import typer
 
 from ..files import local_location
 from . import options
-from .app import ANALYZE, command, fail
+from .app import ANALYZE, command, fail, print_grids
 
 # --- analyze / report / compare ----------------------------------------------------------------
 
@@ -41,18 +41,6 @@ def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
     from ..sweep import expand_run_dirs  # imports torch: only for sweeps
 
     return expand_run_dirs(paths), True
-
-
-def _print_grids(grids, blank: bool = True) -> None:
-    """Each grid as a rich table on stdout, with (``blank``) an empty line after each."""
-    from ..analysis.render import to_rich
-    from ..console import make_console
-
-    console = make_console()
-    for grid in grids:
-        console.print(to_rich(grid))
-        if blank:
-            console.print()
 
 
 @command(panel=ANALYZE)
@@ -131,7 +119,7 @@ def analyze(
             g for g in grids if g.key in keep - {"findings"}
         ]
     if show != "none":
-        _print_grids(grids)
+        print_grids(grids)
     for warning in a.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     outputs = write_outputs(a, out_dir, plots=plots, inside=inside)
@@ -241,7 +229,7 @@ def compare(
         if drafters := _drafters_if_they_differ(expanded, settings):
             grids += drafter_grids(drafters)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
-    _print_grids(grids)
+    print_grids(grids)
     if out is not None:
         md, tex, csv_dir = write_tables(
             grids, out, f"specscope comparison: {title}", inside_of(out, run_dir)
@@ -298,7 +286,7 @@ def drafters(
         inside = next(filter(None, (inside_of(out, run_dir) for run_dir in run_dirs)), None)
         check_writable_dir(out)
     comparison = compare_drafters(run_dirs, _settings(n_boot, seed, confidence))
-    _print_grids(drafter_grids(comparison))
+    print_grids(drafter_grids(comparison))
     for warning in comparison.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if out is not None:
@@ -359,7 +347,7 @@ def certify(
         confidence=confidence,
         require_margins=margin_bins is not None,
     )
-    _print_grids(certify_grids(report, confidence), blank=False)
+    print_grids(certify_grids(report, confidence), blank=False)
     console = make_console()
     for note in report.notes:
         console.print(f"note: {note}", markup=False, highlight=False)

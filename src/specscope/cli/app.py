@@ -39,6 +39,19 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def print_grids(grids, blank: bool = True) -> None:
+    """Each of the library's tables (:class:`~specscope.analysis.render.Grid`) as a rich table on
+    stdout, with (``blank``) an empty line after each."""
+    from ..analysis.render import to_rich
+    from ..console import make_console
+
+    console = make_console()
+    for grid in grids:
+        console.print(to_rich(grid))
+        if blank:
+            console.print()
+
+
 def describe(error: BaseException) -> str:
     """One line for an expected failure that escaped the library without a specscope message."""
     if isinstance(error, OSError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import typer
@@ -14,55 +15,21 @@ from ..limits import (
     MAX_TUNE_DEPTH,
     MAX_TUNE_NODES,
 )
-from ..records import ALL_DOMAINS
 from . import options
-from .app import SPECULATE, command, fail, set_threads
+from .app import SPECULATE, command, fail, print_grids, set_threads
 from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
 
 # --- decode / tune / bench -------------------------------------------------------------------
+
 
 BENCH_DOMAINS = ("code", "math", "reasoning", "chat")
 BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed")
 
 
-def _decode_pair(
-    draft: str | None,
-    target: str | None,
-    dtype: str,
-    device: str,
-    trust_remote_code: bool,
-    int8: bool = False,
-    base: dict | None = None,
-    drafter=None,
-):
-    """Load a pair (``base``: a run's [pair] section) with command-line overrides, and the
-    drafter's model if it has one (default: the draft model); remote code runs only with
-    ``--trust-remote-code``, whatever the run's manifest says."""
-    from ..drafters import DrafterConfig
-    from ..models import PairConfig, load_pair
-    from ..run.config import remote_code_from_command_line
+def _pair_request(draft, target, dtype, device, trust_remote_code: bool, int8: bool):
+    from ..tune.choose import PairRequest
 
-    fields = remote_code_from_command_line(
-        dict(base or {}), trust_remote_code, "the run's manifest.json"
-    )
-    fields.update(
-        {
-            k: v
-            for k, v in dict(draft=draft, target=target, dtype=dtype, device=device).items()
-            if v is not None
-        }
-    )
-    if int8:
-        fields["quantize"] = "int8"
-        fields["dtype"] = dtype or "float32"
-    # decoding passes hold a few tokens, where bfloat16 was the fastest float dtype on every CPU
-    # kind timed, up to 6 tokens without bfloat16 instructions (BENCHMARKS.md, "Defaults per
-    # machine"); measurement's default is "auto"
-    fields.setdefault("dtype", "bfloat16")
-    try:  # a ModelLoadError is reported by the command decorator
-        return load_pair(PairConfig(**fields), drafter or DrafterConfig())
-    except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
-        fail(str(e))
+    return PairRequest(draft, target, dtype, device, trust_remote_code, int8)
 
 
 RECORD_SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -138,14 +105,11 @@ def decode(
     exit_layer: int | None = EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
-    from ..decode import DecodeConfig, DecodeError, check_drafter_fits, make_decoder, steps_frame
-    from ..drafters import DrafterConfig
+    from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
     from ..files import read_text
     from ..prompts.render import render_prompt
-    from ..records import load_run
-    from ..tune.acceptance import PolicyError, acceptance_vectors
-    from ..tune.policy import PolicyFile, describe, make_speculation
-    from ..tune.router import RuleRouter
+    from ..tune.choose import TreeRequest, choose_speculation, load_decode_pair
+    from ..tune.policy import describe
 
     if (prompt is None) == (prompt_file is None):
         fail("give a prompt, or --prompt-file (one of them)")
@@ -159,75 +123,32 @@ def decode(
         seed=options.DEFAULT_SEED if seed is None else seed,
         min_path_prob=min_path_prob,
     )
-    routed = None
-    if policy_file is not None:
-        policies = PolicyFile.load(policy_file)
-        if domain is not None and domain not in policies.trees:
-            raise PolicyError(
-                f"{policy_file} has no domain {domain!r}; it has "
-                f"{', '.join(policies.trees) or 'none'} (omit --domain to "
-                "route by the prompt)"
-            )
-        routed = domain or RuleRouter().classify(text)
-        spec = policies.tree_for(routed)
-    else:
-        vector = None
-        if acceptance is not None:
-            vectors = acceptance_vectors(load_run(acceptance).nodes)
-            if (domain or ALL_DOMAINS) not in vectors:
-                fail(f"{acceptance} has no domain {domain!r}; it has {', '.join(vectors)}")
-            vector = vectors[domain or ALL_DOMAINS]
-        spec = make_speculation(
-            policy,
-            depth=depth,
-            top_k=top_k,
-            branch=branch,
-            max_nodes=max_nodes,
-            paths=paths,
-            acceptance=vector,
-        )
-    chosen = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
-    if chosen is None:  # the policy file's drafter for the domain, else the draft model
-        chosen = policies.drafter_for(routed) if policy_file is not None else DrafterConfig()
-    check_drafter_fits(chosen, spec)
+    tree = TreeRequest(
+        policy, depth, top_k, branch, max_nodes, paths, acceptance, policy_file, domain
+    )
+    drafter_given = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
+    choice = choose_speculation(tree, text, drafter_given)
     set_threads(threads)
-    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, drafter=chosen)
-    ids = render_prompt(
-        pair.tokenizer,
-        [{"role": "user", "content": text}],
-        rendering or options.DECODE_RENDERING,
-        max_prompt_tokens,
-    ).ids
-    result = make_decoder(pair).generate(ids, spec, config)
+    pair = load_decode_pair(
+        _pair_request(draft, target, dtype, device, trust_remote_code, int8),
+        drafter=choice.drafter,
+    )
+    messages = [{"role": "user", "content": text}]
+    rendered = render_prompt(
+        pair.tokenizer, messages, rendering or options.DECODE_RENDERING, max_prompt_tokens
+    )
+    result = make_decoder(pair).generate(rendered.ids, choice.speculation, config)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
-    where = f"domain {routed}: " if routed else ""
+    where = f"domain {choice.domain}: " if choice.domain else ""
     typer.secho(
-        f"{where}{chosen.label}, {describe(spec)}\n{len(result.tokens)} tokens in {result.time_s:.2f} s "
-        f"({result.tokens_per_s:.2f} tok/s), {len(result.steps)} steps, mean tau "
-        f"{result.mean_tau:.2f}, stop: {result.stop_reason}",
+        f"{where}{choice.drafter.label}, {describe(choice.speculation)}\n{len(result.tokens)} "
+        f"tokens in {result.time_s:.2f} s ({result.tokens_per_s:.2f} tok/s), "
+        f"{len(result.steps)} steps, mean tau {result.mean_tau:.2f}, stop: {result.stop_reason}",
         err=True,
         fg=typer.colors.CYAN,
     )
     if records is not None:
         _write_records(steps_frame(result), records)
-
-
-def _target_record(source, pair, drafters, trust_remote_code: bool) -> dict:
-    """The target a policy was tuned for and its layer count (an export checks early exits
-    against it): read off the loaded pair, or off the target's config when only an early exit
-    needs it; None where not known."""
-    layers = None
-    if pair is not None:
-        layers = getattr(pair.target.model.config, "num_hidden_layers", None)
-    elif source and any(d.kind == "early-exit" for d in drafters):
-        from ..errors import SpecscopeError
-        from ..models.load import target_layers
-
-        try:
-            layers = target_layers(source, trust_remote_code)
-        except SpecscopeError:  # the export then says the exit layer is unchecked
-            layers = None
-    return {"model": source, "layers": layers}
 
 
 @command(panel=SPECULATE)
@@ -278,16 +199,10 @@ def tune(
 ) -> None:
     """Pick the best drafter and tree per domain (or no speculation) from measured acceptance and
     costs measured on this hardware, for each drafter measured."""
-    from rich.table import Table
-
-    from ..console import make_console
-    from ..decode import make_decoder
-    from ..drafters import DrafterConfig
     from ..files import check_output_file, inside_of
-    from ..records import load_run
-    from ..sweep.driver import expand_run_dirs
-    from ..tune.costs import CostModel, drafting_model, measure_costs
-    from ..tune.policy import Measured, TuneConfig, short_name
+    from ..tune import choose
+    from ..tune.costs import CostModel
+    from ..tune.policy import Measured, TuneConfig
     from ..tune.policy import tune as tune_policy
 
     config = TuneConfig(
@@ -298,89 +213,37 @@ def tune(
         min_speedup=min_speedup,
         extrapolate=extrapolate,
     )
-    dirs = expand_run_dirs(list(run_dirs))
-    run_dir = dirs[0]
-    if len(dirs) > 1 and (costs or save_costs):
+    runs = choose.load_tune_runs(run_dirs)
+    run_dir = runs.dirs[0]
+    if len(runs.dirs) > 1 and (costs or save_costs):
         fail("--costs and --save-costs take one run; with several, tune measures each drafter")
-    policy_path = check_output_file(out or run_dir / "policy.json", (*dirs, costs), "--out")
+    policy_path = check_output_file(out or run_dir / "policy.json", (*runs.dirs, costs), "--out")
     if save_costs is not None:
-        check_output_file(save_costs, (*dirs, costs, policy_path), "--save-costs")
-    runs = [load_run(d) for d in dirs]
-    drafters = [DrafterConfig(**r.manifest.get("config", {}).get("drafter", {})) for r in runs]
-    targets = {r.manifest.get("config", {}).get("pair", {}).get("target") for r in runs}
-    if len(targets) > 1:
-        fail(f"the runs measured different targets ({', '.join(map(str, targets))}); tune one")
-    model = CostModel.load(costs) if costs else None
-    models = [model] if model else []
-    if model is not None:  # priced only for the drafter it was timed with
-        models_run = runs[0].manifest.get("models", {})
-        warning = model.check_drafter(drafters[0], drafting_model(models_run, drafters[0]))
-        if warning:
-            typer.secho(warning, err=True, fg=typer.colors.YELLOW)
+        check_output_file(save_costs, (*runs.dirs, costs, policy_path), "--save-costs")
     pair = None
-    if model is None:
-        base = runs[0].manifest.get("config", {}).get("pair", {})
+    if costs is not None:  # priced only for the drafter it was timed with
+        models = [CostModel.load(costs)]
+        if warning := choose.cost_model_warning(runs, models[0]):
+            typer.secho(warning, err=True, fg=typer.colors.YELLOW)
+    else:
         set_threads(threads)
-        own = DrafterConfig() if DrafterConfig() in drafters else drafters[0]
-        pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8, base, own)
-        for drafter in drafters:  # the target's passes timed once, for every drafter
-            typer.echo(f"measuring {drafter.label}'s draft and verify times here ...", err=True)
-            models.append(
-                measure_costs(
-                    make_decoder(pair, drafter),
-                    context_len=context_len,
-                    repeats=repeats,
-                    target_costs=models[0] if models else None,
-                    drafter=drafter,
-                    drafter_model=drafting_model(pair.provenance, drafter),
-                )
-            )
+        pair = choose.load_decode_pair(
+            _pair_request(draft, target, dtype, device, trust_remote_code, int8),
+            runs.pair_section,
+            choose.timing_drafter(runs.drafters),
+        )
+        log = functools.partial(typer.echo, err=True)
+        models = choose.cost_models(pair, runs.drafters, context_len, repeats, log)
         if save_costs:
             models[0].save(save_costs, inside_of(save_costs, run_dir))
     measured = [
-        Measured(d, r.nodes, r.steps, m) for d, r, m in zip(drafters, runs, models, strict=True)
+        Measured(d, r.nodes, r.steps, m)
+        for d, r, m in zip(runs.drafters, runs.runs, models, strict=True)
     ]
-    run = runs[0]
-    ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
-    source = {
-        "run_dir": str(run_dir),
-        "run_id": run.manifest.get("run_id"),
-        "prompt_ids": list(ids),
-        "target": _target_record(target or next(iter(targets)), pair, drafters, trust_remote_code),
-    }
-    if len(runs) > 1:
-        source["runs"] = [
-            {"run_dir": str(d), "run_id": r.manifest.get("run_id"), "drafter": f.label}
-            for d, r, f in zip(dirs, runs, drafters, strict=True)
-        ]
-    policy = tune_policy(measured, config, source)
-    model = measured[0].costs
+    tuned_for = choose.target_record(target or runs.target, pair, runs.drafters, trust_remote_code)
+    policy = tune_policy(measured, config, choose.tune_source(runs, tuned_for))
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
-    table = Table(
-        title=f"best tree per domain (plain decoding: {1 / model.plain_token_s:.2f} tok/s)"
-    )
-    columns = (
-        "domain",
-        "drafter",
-        "tree",
-        "nodes",
-        "expected tau",
-        "step ms",
-        "predicted speed-up",
-    )
-    for col in columns:
-        table.add_column(col, justify="left" if col in columns[:3] else "right")
-    for name, choice in policy.choices.items():
-        table.add_row(
-            "uniform (all)" if name == ALL_DOMAINS else name,
-            choice.drafter.label if choice.shape else "-",
-            short_name(choice.shape) if choice.shape else "none (plain decoding)",
-            str(len(choice.shape) if choice.shape else 0),
-            f"{choice.expected_tau:.2f}",
-            f"{1000 * choice.step_time_s:.0f}",
-            f"{choice.predicted_speedup:.2f}x",
-        )
-    make_console().print(table)
+    print_grids([choose.policy_grid(policy, measured[0].costs.plain_token_s)], blank=False)
     typer.echo(f"wrote {path}")
 
 
@@ -424,22 +287,17 @@ def bench(
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree, routed, dynamic, ngram and
     early-exit decoding, per domain."""
-    import dataclasses
-    import functools
-
     import torch
-    from rich.table import Table
 
-    from ..console import make_console
     from ..decode import make_decoder
     from ..drafters import DrafterConfig
     from ..files import check_output_file, write_json
+    from ..tune import choose
     from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
     from ..tune.policy import PolicyFile
 
     if out is not None:
         check_output_file(out, (policy_file,), "--out")
-    console = make_console()
     config = BenchConfig(
         max_new_tokens=max_new_tokens,
         warmup=warmup,
@@ -460,22 +318,7 @@ def bench(
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
     chosen = bench_prompts(names, per_domain, seed, policy, router_name)
-    table = Table(title=f"router accuracy on {chosen.held_out} held-out prompts")
-    for col in ["router"] + names + [ALL_DOMAINS]:
-        table.add_column(col, justify="left" if col == "router" else "right")
-    for rep in chosen.reports:
-        table.add_row(
-            rep.router,
-            *(
-                f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"
-                if d in rep.per_domain
-                else "-"
-                for d in names
-            ),
-            f"{rep.accuracy:.1%}",
-        )
-    console.print(table)
-    router, items = chosen.routers[router_name], chosen.items
+    print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
     if config.early_exit is not None:  # the exit layer is checked before any weights load
         from ..models.load import target_layers
@@ -483,68 +326,27 @@ def bench(
         config.early_exit.check_target_layers(
             target_layers(target or "demo:target", trust_remote_code)
         )
-    pair = _decode_pair(draft, target, dtype, device, trust_remote_code, int8)
+    pair = choose.load_decode_pair(
+        _pair_request(draft, target, dtype, device, trust_remote_code, int8)
+    )
     runs = run_bench(
         functools.cache(lambda drafter: make_decoder(pair, drafter)),
         pair.tokenizer,
-        items,
+        chosen.items,
         policy,
-        router,
+        chosen.routers[router_name],
         config,
-        log=lambda line: typer.echo(line, err=True),
+        log=functools.partial(typer.echo, err=True),
     )
     rows = summarize_bench(runs)
-    table = Table(
-        title=f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after "
-        f"{warmup} warm-up; {pair.target.model.dtype}, {torch.get_num_threads()} "
-        f"threads{', int8' if int8 else ''}"
+    setting = choose.BenchSetting(
+        policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()
     )
-    for col in (
-        "domain",
-        "method",
-        "prompts",
-        "tokens",
-        "decode tok/s",
-        "speed-up (95% CI)",
-        "tok/s e2e",
-        "speed-up e2e",
-        "tau",
-        "= plain",
-    ):
-        table.add_column(col, justify="left" if col in ("domain", "method") else "right")
-    for r in rows:
-        table.add_row(
-            r.domain,
-            r.method,
-            str(r.prompts),
-            str(r.tokens),
-            f"{r.decode_tokens_per_s:.2f}",
-            f"{r.speedup:.2f}x"
-            + (
-                f" [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo == r.speedup_lo else ""
-            ),
-            f"{r.tokens_per_s:.2f}",
-            f"{r.e2e_speedup:.2f}x",
-            "-" if r.tau != r.tau else f"{r.tau:.2f}",
-            "yes" if r.exact else "[red]no[/]",
-        )
-    console.print(table)
+    title = (
+        f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
+        f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
+    )
+    print_grids([choose.bench_grid(rows, title)], blank=False)
     if out is not None:
-        write_json(
-            out,
-            {
-                "config": dataclasses.asdict(config),
-                "policy_file": str(policy_file or ""),
-                "router": router_name,
-                "dtype": str(pair.target.model.dtype),
-                "int8": int8,
-                "threads": torch.get_num_threads(),
-                "router_accuracy": [
-                    {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
-                    for r in chosen.reports
-                ],
-                "rows": [dataclasses.asdict(r) for r in rows],
-                "runs": [dataclasses.asdict(r) for r in runs],
-            },
-        )
+        write_json(out, choose.bench_document(config, setting, chosen, rows, runs))
         typer.echo(f"wrote {out}")

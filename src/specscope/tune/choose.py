@@ -1,0 +1,399 @@
+"""What the speculating commands decide, as library functions: which speculation and drafter a
+decode uses (:func:`choose_speculation`), the pair a decode, tune or bench loads
+(:func:`load_decode_pair`), what ``specscope tune`` tunes from (:func:`load_tune_runs`,
+:func:`cost_models`, :func:`tune_source`), and the tables ``tune`` and ``bench`` show
+(:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`) and the record bench writes
+(:func:`bench_document`).
+
+The command line (``specscope.cli.speculate``) parses options into these calls and prints what
+they return; this module prints nothing (``log`` callbacks carry its progress lines). It does not
+choose trees itself: :mod:`specscope.tune.policy` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..analysis.render import Column, Grid
+from ..drafters import DrafterConfig
+from ..records import ALL_DOMAINS, Run
+from ..trees import Speculation
+from .acceptance import PolicyError
+from .bench import BenchConfig, BenchPrompts, BenchRow, BenchRun
+from .costs import CostModel
+from .policy import PolicyFile
+
+Log = Callable[[str], None]
+
+# Decoding passes hold a few tokens, where bfloat16 was the fastest float dtype on every CPU kind
+# timed, up to 6 tokens without bfloat16 instructions (BENCHMARKS.md, "Defaults per machine");
+# measurement's default is "auto".
+DECODE_DTYPE = "bfloat16"
+
+# --- decode: which speculation ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeRequest:
+    """A decode's tree options: a policy and its parameters, or a policy file (routed by the
+    prompt's domain, or ``domain``'s), or an optimal tree from a run's acceptance."""
+
+    policy: str = "chain"
+    depth: int | None = None
+    top_k: int | None = None
+    branch: int | None = None
+    max_nodes: int | None = None
+    paths: str | None = None
+    acceptance: Path | None = None  # optimal: a run whose node records give the acceptance
+    policy_file: Path | None = None
+    domain: str | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a decode speculates with: the tree (or dynamic growth, or none), the drafter, and the
+    domain the prompt was routed to (None when no policy file routed it)."""
+
+    speculation: Speculation
+    drafter: DrafterConfig
+    domain: str | None
+
+
+def _routed(request: TreeRequest, text: str) -> tuple[PolicyFile, str]:
+    from .router import RuleRouter
+
+    policies = PolicyFile.load(request.policy_file)
+    if request.domain is not None and request.domain not in policies.trees:
+        raise PolicyError(
+            f"{request.policy_file} has no domain {request.domain!r}; it has "
+            f"{', '.join(policies.trees) or 'none'} (omit --domain to route by the prompt)"
+        )
+    return policies, request.domain or RuleRouter().classify(text)
+
+
+def _acceptance_vector(request: TreeRequest):
+    from ..records import load_run
+    from .acceptance import acceptance_vectors
+
+    if request.acceptance is None:
+        return None
+    vectors = acceptance_vectors(load_run(request.acceptance).nodes)
+    domain = request.domain or ALL_DOMAINS
+    if domain not in vectors:
+        raise PolicyError(
+            f"{request.acceptance} has no domain {request.domain!r}; it has {', '.join(vectors)}"
+        )
+    return vectors[domain]
+
+
+def choose_speculation(
+    request: TreeRequest, text: str, drafter: DrafterConfig | None = None
+) -> Choice:
+    """The speculation a decode of ``text`` uses, and its drafter: ``drafter`` when given, else
+    the policy file's for the routed domain, else the draft model. Checks that the drafter can
+    propose the tree (:func:`specscope.decode.check_drafter_fits`)."""
+    from ..decode import check_drafter_fits
+    from .policy import make_speculation
+
+    if request.policy_file is not None:
+        policies, domain = _routed(request, text)
+        spec = policies.tree_for(domain)
+        drafter = drafter or policies.drafter_for(domain)
+    else:
+        domain = None
+        spec = make_speculation(
+            request.policy,
+            depth=request.depth,
+            top_k=request.top_k,
+            branch=request.branch,
+            max_nodes=request.max_nodes,
+            paths=request.paths,
+            acceptance=_acceptance_vector(request),
+        )
+        drafter = drafter or DrafterConfig()
+    check_drafter_fits(drafter, spec)
+    return Choice(spec, drafter, domain)
+
+
+# --- the pair a decode, tune or bench loads ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """The models the command line asks for (None: the run's, else the defaults)."""
+
+    draft: str | None = None
+    target: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    trust_remote_code: bool = False
+    int8: bool = False
+
+
+def load_decode_pair(
+    request: PairRequest, base: dict | None = None, drafter: DrafterConfig | None = None
+):
+    """Load a pair (``base``: a run's [pair] section) with the request's overrides, and the
+    drafter's model if it has one (default: the draft model); remote code runs only when the
+    request allows it, whatever the run's manifest says; no dtype given: :data:`DECODE_DTYPE`."""
+    from ..models import PairConfig, load_pair
+    from ..run.config import remote_code_from_command_line
+
+    fields = remote_code_from_command_line(
+        dict(base or {}), request.trust_remote_code, "the run's manifest.json"
+    )
+    given = dict(
+        draft=request.draft, target=request.target, dtype=request.dtype, device=request.device
+    )
+    fields.update({k: v for k, v in given.items() if v is not None})
+    if request.int8:
+        fields["quantize"] = "int8"
+        fields["dtype"] = request.dtype or "float32"
+    fields.setdefault("dtype", DECODE_DTYPE)
+    try:
+        config = PairConfig(**fields)
+    except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
+        raise PolicyError(f"the run's [pair] section: {e}") from None
+    return load_pair(config, drafter or DrafterConfig())
+
+
+# --- tune -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TuneRuns:
+    """The measurement runs a tune reads, one per drafter, and the target they measured."""
+
+    dirs: tuple[Path, ...]
+    runs: tuple[Run, ...]
+    drafters: tuple[DrafterConfig, ...]
+    target: str | None
+
+    @property
+    def pair_section(self) -> dict:
+        """The first run's [pair] config: the pair costs are timed with by default."""
+        return self.runs[0].manifest.get("config", {}).get("pair", {})
+
+
+def load_tune_runs(run_dirs: Sequence[Path]) -> TuneRuns:
+    """The runs (a sweep stands for its grid points) and each one's drafter; runs of different
+    targets are refused (a policy is tuned for one target)."""
+    from ..records import load_run
+    from ..sweep.driver import expand_run_dirs
+
+    dirs = tuple(expand_run_dirs(list(run_dirs)))
+    runs = tuple(load_run(d) for d in dirs)
+    configs = [r.manifest.get("config", {}) for r in runs]
+    drafters = tuple(DrafterConfig(**c.get("drafter", {})) for c in configs)
+    targets = {c.get("pair", {}).get("target") for c in configs}
+    if len(targets) > 1:
+        raise PolicyError(
+            f"the runs measured different targets ({', '.join(map(str, targets))}); tune one"
+        )
+    return TuneRuns(dirs, runs, drafters, next(iter(targets)))
+
+
+def cost_model_warning(runs: TuneRuns, model: CostModel) -> str | None:
+    """A warning when a given cost model was timed for another drafter than the run's."""
+    from .costs import drafting_model
+
+    drafter = runs.drafters[0]
+    models = runs.runs[0].manifest.get("models", {})
+    return model.check_drafter(drafter, drafting_model(models, drafter))
+
+
+def cost_models(
+    pair, drafters: Sequence[DrafterConfig], context_len: int, repeats: int, log: Log
+) -> list[CostModel]:
+    """Each drafter's cost model timed here on ``pair`` (the target's passes timed once, for
+    every drafter); ``log`` hears which drafter is being timed."""
+    from ..decode import make_decoder
+    from .costs import drafting_model, measure_costs
+
+    models: list[CostModel] = []
+    for drafter in drafters:
+        log(f"measuring {drafter.label}'s draft and verify times here ...")
+        models.append(
+            measure_costs(
+                make_decoder(pair, drafter),
+                context_len=context_len,
+                repeats=repeats,
+                target_costs=models[0] if models else None,
+                drafter=drafter,
+                drafter_model=drafting_model(pair.provenance, drafter),
+            )
+        )
+    return models
+
+
+def timing_drafter(drafters: Sequence[DrafterConfig]) -> DrafterConfig:
+    """The drafter whose model a tune loads with the pair: the draft model where one was
+    measured, else the first run's drafter."""
+    return DrafterConfig() if DrafterConfig() in drafters else drafters[0]
+
+
+def target_record(source: str | None, pair, drafters, trust_remote_code: bool) -> dict:
+    """The target a policy was tuned for and its layer count (an export checks early exits
+    against it): read off the loaded pair, or off the target's config when only an early exit
+    needs it; None where not known."""
+    from ..errors import SpecscopeError
+
+    layers = None
+    if pair is not None:
+        layers = getattr(pair.target.model.config, "num_hidden_layers", None)
+    elif source and any(d.kind == "early-exit" for d in drafters):
+        from ..models.load import target_layers
+
+        try:
+            layers = target_layers(source, trust_remote_code)
+        except SpecscopeError:  # the export then says the exit layer is unchecked
+            layers = None
+    return {"model": source, "layers": layers}
+
+
+def tune_source(runs: TuneRuns, target: dict) -> dict:
+    """What a policy file records of what it was tuned from: the first run, its prompts (bench
+    holds them out), the target, and with several runs each run's drafter."""
+    run = runs.runs[0]
+    ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
+    source = {
+        "run_dir": str(runs.dirs[0]),
+        "run_id": run.manifest.get("run_id"),
+        "prompt_ids": list(ids),
+        "target": target,
+    }
+    if len(runs.runs) > 1:
+        source["runs"] = [
+            {"run_dir": str(d), "run_id": r.manifest.get("run_id"), "drafter": f.label}
+            for d, r, f in zip(runs.dirs, runs.runs, runs.drafters, strict=True)
+        ]
+    return source
+
+
+def policy_grid(policy: PolicyFile, plain_token_s: float) -> Grid:
+    """The best tree per domain a tune chose, with its prediction."""
+    from .policy import short_name
+
+    rows = tuple(
+        (
+            "uniform (all)" if name == ALL_DOMAINS else name,
+            choice.drafter.label if choice.shape else "-",
+            short_name(choice.shape) if choice.shape else "none (plain decoding)",
+            len(choice.shape) if choice.shape else 0,
+            f"{choice.expected_tau:.2f}",
+            f"{1000 * choice.step_time_s:.0f}",
+            f"{choice.predicted_speedup:.2f}x",
+        )
+        for name, choice in policy.choices.items()
+    )
+    columns = ("domain", "drafter", "tree", "nodes", "expected tau", "step ms")
+    return Grid(
+        "policy",
+        f"best tree per domain (plain decoding: {1 / plain_token_s:.2f} tok/s)",
+        tuple(Column(c) for c in (*columns, "predicted speed-up")),
+        rows,
+    )
+
+
+# --- bench ------------------------------------------------------------------------------------------
+
+
+def router_grid(chosen: BenchPrompts, domains: Sequence[str]) -> Grid:
+    """Each router's accuracy per domain on the held-out prompts."""
+    rows = tuple(
+        (
+            rep.router,
+            *(
+                f"{rep.domain_accuracy(d):.1%} ({rep.per_domain.get(d, (0, 0))[1]})"
+                if d in rep.per_domain
+                else "-"
+                for d in domains
+            ),
+            f"{rep.accuracy:.1%}",
+        )
+        for rep in chosen.reports
+    )
+    return Grid(
+        "router_accuracy",
+        f"router accuracy on {chosen.held_out} held-out prompts",
+        tuple(Column(c) for c in ("router", *domains, ALL_DOMAINS)),
+        rows,
+    )
+
+
+def _speedup(r: BenchRow) -> str:
+    interval = f" [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo == r.speedup_lo else ""
+    return f"{r.speedup:.2f}x{interval}"
+
+
+BENCH_COLUMNS = (
+    "domain",
+    "method",
+    "prompts",
+    "tokens",
+    "decode tok/s",
+    "speed-up (95% CI)",
+    "tok/s e2e",
+    "speed-up e2e",
+    "tau",
+    "= plain",
+)
+
+
+def bench_grid(rows: Sequence[BenchRow], title: str) -> Grid:
+    """Tokens per second and speed-up of each method per domain."""
+    cells = tuple(
+        (
+            r.domain,
+            r.method,
+            r.prompts,
+            r.tokens,
+            f"{r.decode_tokens_per_s:.2f}",
+            _speedup(r),
+            f"{r.tokens_per_s:.2f}",
+            f"{r.e2e_speedup:.2f}x",
+            "-" if r.tau != r.tau else f"{r.tau:.2f}",
+            "yes" if r.exact else "no",
+        )
+        for r in rows
+    )
+    return Grid("bench", title, tuple(Column(c) for c in BENCH_COLUMNS), cells)
+
+
+@dataclass(frozen=True)
+class BenchSetting:
+    """How a bench ran, as its record names it."""
+
+    policy_file: Path | None
+    router: str
+    dtype: str
+    int8: bool
+    threads: int
+
+
+def bench_document(
+    config: BenchConfig,
+    setting: BenchSetting,
+    chosen: BenchPrompts,
+    rows: Sequence[BenchRow],
+    runs: Sequence[BenchRun],
+) -> dict:
+    """The JSON record of a bench: its config and setting, the routers' accuracy, the summary
+    rows and every timed run."""
+    return {
+        "config": dataclasses.asdict(config),
+        "policy_file": str(setting.policy_file or ""),
+        "router": setting.router,
+        "dtype": setting.dtype,
+        "int8": setting.int8,
+        "threads": setting.threads,
+        "router_accuracy": [
+            {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
+            for r in chosen.reports
+        ],
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "runs": [dataclasses.asdict(r) for r in runs],
+    }
