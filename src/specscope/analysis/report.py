@@ -543,6 +543,20 @@ def _tables_summary(grids: Sequence[Grid]) -> str:
     return f"{len(grids)} table{'s' if len(grids) != 1 else ''}: {_clip(titles, 220)}"
 
 
+def _part(
+    key: str,
+    title: str,
+    pre: str,
+    figs: Sequence[Plot] = (),
+    tables: Sequence[Grid] = (),
+    note: str = "",
+) -> Part:
+    """A part of plots (shown, after ``note``) and tables (folded); ``pre`` prefixes their ids."""
+    shown = note + "".join(_img(p, pre) for p in figs)
+    folded = "".join(to_html(g, pre) for g in tables)
+    return Part(key, title, shown, folded, _tables_summary(tables))
+
+
 def _part_html(part: Part, prefix: str) -> str:
     return (
         f'<section class="part" id="{html.escape(prefix)}part-{html.escape(part.key)}">'
@@ -595,17 +609,13 @@ def _section_parts(plots: dict[str, Plot], grids: dict[str, Grid], pre: str) -> 
         figs = [plots[n] for n in s.plots if n in plots]
         tables = [grids[k] for k in s.grids if k in grids]
         if figs or tables:
-            shown = "".join(_img(p, pre) for p in figs)
-            folded = "".join(to_html(g, pre) for g in tables)
-            parts.append(Part(s.key, s.title, shown, folded, _tables_summary(tables)))
+            parts.append(_part(s.key, s.title, pre, figs, tables))
     named = set(CLAIM_GRIDS).union(*(s.grids for s in RUN_SECTIONS))
     drawn = set(FIRST_SCREEN).union(*(s.plots for s in RUN_SECTIONS))
     figs = [p for name, p in plots.items() if name not in drawn]
     tables = [g for k, g in grids.items() if k not in named]
     if figs or tables:
-        shown = "".join(_img(p, pre) for p in figs)
-        folded = "".join(to_html(g, pre) for g in tables)
-        parts.append(Part("other", "Other results", shown, folded, _tables_summary(tables)))
+        parts.append(_part("other", "Other results", pre, figs, tables))
     return parts
 
 
@@ -614,14 +624,8 @@ def _paper_part(a: Analysis, pre: str) -> Part:
         f'<p class="note">{html.escape(paper_data()["source"])}; draft '
         f"{html.escape(paper_data()['draft'])}, target {html.escape(paper_data()['target'])}.</p>"
     )
-    grids = compare_with_paper(a)
-    return Part(
-        "paper",
-        "Compared with the paper's published figures",
-        note,
-        "".join(to_html(g, pre) for g in grids),
-        _tables_summary(grids),
-    )
+    title = "Compared with the paper's published figures"
+    return _part("paper", title, pre, tables=compare_with_paper(a), note=note)
 
 
 def _prompts_part(a: Analysis, limit: int = 400) -> Part:
@@ -694,25 +698,14 @@ def _comparison_section(
     analyses: list[Analysis], drafters: DrafterComparison | None, drafter_plots: Sequence[Plot]
 ) -> str:
     """Several runs side by side: the drafters' plot shown, every table folded."""
-    summary = summary_grid(analyses)
-    parts = [
-        Part(
-            "summary", "Runs side by side", "", to_html(summary, "c0-"), _tables_summary([summary])
-        )
-    ]
+    parts = [_part("summary", "Runs side by side", "c0-", tables=[summary_grid(analyses)])]
     ref = analyses[0]
     for j, other in enumerate(analyses[1:], start=1):
-        grids = compare(ref, other)
-        folded = "".join(to_html(g, f"c{j}-") for g in grids)
         title = f"{ref.info.run_id} vs {other.info.run_id}"
-        parts.append(Part(f"vs-{j}", title, "", folded, _tables_summary(grids)))
+        parts.append(_part(f"vs-{j}", title, f"c{j}-", tables=compare(ref, other)))
     if drafters is not None:
-        grids = drafter_grids(drafters)
-        shown = "".join(_img(p, "d-") for p in drafter_plots)
-        folded = "".join(to_html(g, "d-") for g in grids)
-        parts.append(
-            Part("drafters", "Drafters side by side", shown, folded, _tables_summary(grids))
-        )
+        title = "Drafters side by side"
+        parts.append(_part("drafters", title, "d-", drafter_plots, drafter_grids(drafters)))
     return (
         '<section id="comparison"><h2>Comparison</h2>'
         + "\n".join(_part_html(p, "c-") for p in parts)
