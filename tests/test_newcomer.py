@@ -56,8 +56,12 @@ class Guide:
     """A docs page's marked first command and the input files it shows."""
 
     name: str
-    command: str
+    commands: tuple[str, ...]  # the marked block's, the first command first
     files: dict[str, str]
+
+    @property
+    def command(self) -> str:
+        return self.commands[0]
 
 
 def commands(block: str) -> list[str]:
@@ -80,7 +84,7 @@ def guide(page: Path) -> Guide:
     marks = COMMAND_MARK.findall(text)
     assert len(marks) == 1, f"{page}: one <!-- newcomer: NAME --> block, found {len(marks)}"
     name, body = marks[0]
-    return Guide(name, commands(body)[0], dict(FILE_MARK.findall(text)))
+    return Guide(name, tuple(commands(body)), dict(FILE_MARK.findall(text)))
 
 
 def guides() -> dict[str, Guide]:
@@ -182,15 +186,18 @@ def test_measure_my_pair_on_my_prompts(measured):
     assert len(run.nodes) > 0
 
 
-def test_choose_a_policy(measured):
-    """deploy's first command tunes the measured run (the tiny pair's costs timed here)."""
+def test_choose_and_deploy_a_policy(measured):
+    """deploy's first command tunes the measured run (the tiny pair's costs timed here); its
+    second exports the policy for an engine."""
     import json
 
     cwd, _ = measured
-    command = guides()["deploy"].command
-    run_cli(command, cwd)
-    policy = json.loads((cwd / shlex.split(command)[-1]).read_text())
+    tune, export = guides()["deploy"].commands
+    run_cli(tune, cwd)
+    policy = json.loads((cwd / shlex.split(tune)[-1]).read_text())
     assert set(policy["domains"]) <= {"code", "math", "reasoning", "chat"}
+    run_cli(export, cwd)
+    assert json.loads((cwd / shlex.split(export)[-1]).read_text())["domains"]
 
 
 def test_read_engine_logs(tmp_path):
