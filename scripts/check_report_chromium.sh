@@ -3,7 +3,8 @@
 # <img> decoded by the browser, with a natural width, and visible in a screenshot), and contain
 # every table. Its first screen, at a fixed 1280x800 viewport, must hold the claims' forest plot and
 # tokens per step by domain (decoded, inside the first 800 px) and no table; it is saved as
-# OUT_DIR/first-screen.png. Usage: scripts/check_report_chromium.sh [RUN_DIR] [OUT_DIR]
+# OUT_DIR/first-screen.png (docs/img/report-first-screen.png is that of the synthetic run below,
+# reduced to 256 colours). Usage: scripts/check_report_chromium.sh [RUN_DIR] [OUT_DIR]
 # Without RUN_DIR a small synthetic run is written first. Needs chromium (Debian: apt-get install
 # -y chromium) and the [plot] extra; $PYTHON (default: python) runs specscope. Exits non-zero on
 # any failed check.

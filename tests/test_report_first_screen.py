@@ -110,6 +110,22 @@ def test_forest_plot_draws_each_claims_figures_in_its_verdicts_colour(synthetic)
     assert labels[:4] == [v.value for v in Verdict]
 
 
+def test_forest_plot_says_why_a_claim_has_no_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from specscope.analysis.plots import forest_plot
+    from specscope.analysis.synthetic import PROFILES
+
+    profiles = {d: p for d, p in PROFILES.items() if d != "chat"}
+    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=3, steps=8, profiles=profiles)
+    a = analyze(run, Settings(n_boot=20, seed=0))
+    paradox = next(f for f in a.findings if f.key == "chat_paradox")
+    assert paradox.verdict == Verdict.UNTESTABLE and not paradox.figures
+    fig = forest_plot(a)
+    ax = [ax for ax in fig.axes if ax.get_visible()][list(a.findings).index(paradox)]
+    assert not [line for line in ax.lines if line.get_marker() == "o"]
+    assert [t.get_text() for t in ax.texts] == [paradox.detail]
+
+
 def test_claim_references_are_the_claims_thresholds():
     from specscope.analysis.plots import claim_references
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,7 +232,7 @@ def variance_plot(a: Analysis):
 
 # --- the first screen: the claims and tokens per step ---------------------------------------------
 
-VERDICT_COLOURS = {  # the report's verdict colours (its CSS uses the same)
+VERDICT_COLOURS = {  # the hues of the report's verdict text (its CSS darkens the lighter two)
     Verdict.HOLDS: "#1a7f37",
     Verdict.FAILS: "#c62828",
     Verdict.INCONCLUSIVE: "#b08800",
@@ -252,15 +253,9 @@ def claim_references(key: str) -> tuple[float, ...]:
     return ()
 
 
-def _clipped(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _forest_panel(ax, f: Finding) -> None:
     """One claim: its figures top to bottom, each a point with its interval, in the verdict's
     colour, against the claim's reference (dashed; a range is shaded)."""
-    import textwrap
-
     colour = VERDICT_COLOURS[f.verdict]
     ax.set_title(
         "\n".join(textwrap.wrap(f"{f.label} — {f.verdict.value}", 52)),
@@ -279,15 +274,22 @@ def _forest_panel(ax, f: Finding) -> None:
     if not any(e.defined for _, e in f.figures):
         ax.set_yticks([])
         ax.text(
-            0.5, 0.5, _clipped(f.detail or f.verdict.value, 70), transform=ax.transAxes,
-            ha="center", va="center", fontsize=7, color=colour, wrap=True,
-        )  # fmt: skip
+            0.5,
+            0.5,
+            textwrap.shorten(f.detail or f.verdict.value, 70, placeholder="…"),
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color=colour,
+            wrap=True,
+        )
         return
     names = [name for name, _ in f.figures]
     v, err = _values(tuple(e for _, e in f.figures))
     y = np.arange(len(names))[::-1]
     ax.errorbar(v, y, xerr=err, fmt="o", color=colour, markersize=4, capsize=2, zorder=2)
-    ax.set_yticks(y, [_clipped(n, 26) for n in names])
+    ax.set_yticks(y, [textwrap.shorten(n, 26, placeholder="…") for n in names])
     ax.set_ylim(-0.6, len(names) - 0.4)
 
 
@@ -334,9 +336,13 @@ def tokens_per_step_plot(a: Analysis):
         style = {"color": "black"} if r.domain == ALL else {"color": f"C{i}"}
         ax.errorbar(x[i : i + 1], v, yerr=err, fmt="o", capsize=4, markersize=6, **style)
         ax.annotate(
-            r.tau.format(2, interval=False), (x[i], v[0]), xytext=(7, 0),
-            textcoords="offset points", va="center", fontsize=8,
-        )  # fmt: skip
+            r.tau.format(2, interval=False),
+            (x[i], v[0]),
+            xytext=(7, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.axhline(1, color="#444444", linestyle="--", linewidth=0.9)
     ax.set_xticks(x, [r.domain for r in rows])
     ax.set_xlim(-0.6, len(rows) - 0.2)
