@@ -17,6 +17,7 @@ from specscope.decode import (
     DecodeConfig,
     DecodeError,
     SpeculativeDecoder,
+    emitted_per_step,
     plain_generate,
 )
 from specscope.trees import DynamicTree, TreeShape
@@ -96,6 +97,7 @@ def test_greedy_speculation_equals_plain_greedy(
     spec_out = decoder.generate(ids, spec, config)
     assert spec_out.tokens == plain.tokens
     assert sum(s.tau for s in spec_out.steps) >= len(spec_out.tokens)
+    assert sum(emitted_per_step(spec_out)) == len(spec_out.tokens)  # the end cuts the last step
     assert all(s.tau == s.accepted_len + 1 for s in spec_out.steps)
 
 

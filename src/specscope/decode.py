@@ -11,7 +11,14 @@ Greedy verification is lossless: the output is the target's plain greedy output,
 tree's children are drawn from the draft without replacement (Gumbel-top-k) and verified against
 the draft's distribution; a dynamic tree's children are the draft's top tokens, verified as
 point-mass proposals, which keeps it lossless although its shape depends on the draft.
-This module does not time methods against each other (:mod:`specscope.tune.bench`) or measure
+
+``p_min`` (greedy, static trees and chains): llama.cpp's ``--spec-draft-p-min`` stop rule, a node
+whose draft probability is below it is not drafted (:class:`~specscope.core.draft.ChildRule`);
+replaying the measured trees under :class:`~specscope.analysis.replay.StopRule` predicts it.
+
+A step's ``tau`` is its accepted path plus the bonus token, as verified; the tokens a step adds to
+the output, cut at EOS and ``max_new_tokens``, are :func:`emitted_per_step` (they sum to the
+output's length). This module does not time methods against each other (:mod:`specscope.tune.bench`) or measure
 costs (:mod:`specscope.tune.costs`).
 """
 
@@ -48,7 +55,9 @@ __all__ = [
     "check_spec_fits",
     "make_decoder",
     "plain_generate",
+    "emitted_per_step",
     "steps_frame",
+    "tokens_per_step",
 ]
 
 
@@ -101,15 +110,26 @@ class SpeculativeDecoder(Speculator):
     """Generate with a draft tree (or plainly, with ``spec=None``)."""
 
     def generate(
-        self, prompt: Sequence[int], spec: Speculation, config: DecodeConfig = DecodeConfig()
+        self,
+        prompt: Sequence[int],
+        spec: Speculation,
+        config: DecodeConfig = DecodeConfig(),
+        p_min: float = 0.0,
     ) -> DecodeResult:
+        """Decode ``prompt`` with ``spec`` (None: plainly); ``p_min`` > 0 stops drafting at the
+        first node whose draft probability is below it (see the module's docstring)."""
         if spec is None:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         check_spec_fits(spec, self.vocab)
+        check_p_min(p_min, spec, config)
         limit = position_limit(*(m for m in (self.draft, self.target) if m is not None))
         check_depth_fits(spec.max_depth, config.max_new_tokens, limit)
         rule = ChildRule(
-            self.vocab, config.temperature, config.top_p, min_path_prob=config.min_path_prob
+            self.vocab,
+            config.temperature,
+            config.top_p,
+            min_path_prob=config.min_path_prob,
+            p_min=p_min,
         )
         acceptor = GreedyAcceptor(rule) if config.greedy else SampledAcceptor(rule)
         return self.run(prompt, spec, config, acceptor)
@@ -126,6 +146,20 @@ def check_spec_fits(spec: Speculation, vocab: int) -> None:
             )
     elif spec is not None:
         spec.check_fits(vocab)
+
+
+def check_p_min(p_min: float, spec: Speculation, config: DecodeConfig) -> None:
+    """Refuse a ``p_min`` outside [0, 1], or one given with sampling or a dynamic tree: the rule
+    cuts greedy static trees (a cut that depends on a sampled draft's probability would change
+    the output's distribution; a dynamic tree has its own growth rule, ``min_path_prob``)."""
+    if not 0 <= p_min <= 1:  # NaN fails too
+        raise DecodeError(f"p_min is a draft probability in [0, 1] (0: off), got {p_min}")
+    if p_min > 0 and not config.greedy:
+        raise DecodeError("p_min stops greedy drafting; with temperature > 0 leave it at 0")
+    if p_min > 0 and isinstance(spec, DynamicTree):
+        raise DecodeError(
+            "p_min cuts static trees and chains; a dynamic tree grows by min_path_prob instead"
+        )
 
 
 def make_decoder(pair, drafter: DrafterConfig | None = None) -> SpeculativeDecoder:
@@ -161,8 +195,27 @@ def check_drafter_fits(drafter: DrafterConfig, spec: Speculation) -> None:
         drafter.check_chain(not isinstance(spec, DynamicTree) and spec.is_chain)
 
 
+def emitted_per_step(result: DecodeResult) -> list[int]:
+    """The tokens each step added to the output: its ``tau``, except that the output's end (EOS
+    or ``max_new_tokens``) cuts the last step's. They sum to ``len(result.tokens)``."""
+    left, emitted = len(result.tokens), []
+    for step in result.steps:
+        emitted.append(min(step.tau, left))
+        left -= emitted[-1]
+    return emitted
+
+
+def tokens_per_step(result: DecodeResult) -> float:
+    """Output tokens over decoding steps (the prefill's step included), as the replay of a
+    measurement counts them with ``prefill_drafts=False``."""
+    return len(result.tokens) / len(result.steps) if result.steps else float("nan")
+
+
 def steps_frame(result: DecodeResult):
-    """The per-step records as a DataFrame."""
+    """The per-step records as a DataFrame: the :class:`Step` fields and ``emitted``, the tokens
+    the step added to the output (``tau`` cut at the output's end; they sum to its length)."""
     import pandas as pd
 
-    return pd.DataFrame([vars(s) for s in result.steps])
+    frame = pd.DataFrame([vars(s) for s in result.steps])
+    frame["emitted"] = emitted_per_step(result)
+    return frame

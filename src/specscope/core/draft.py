@@ -10,7 +10,8 @@ The functions here take the draft's forward as a callable, so they know nothing 
 sessions. :func:`grow_tree` chooses the tokens of B rows that share one shape (batched
 measurement, :mod:`specscope.core.batch`, and the naive oracle); :func:`draft_static` and
 :func:`draft_dynamic` grow one prompt's tree with decoding's options (sampled children, early
-stops, EAGLE-2 growth), bound to a prompt by :mod:`specscope.core.loop`.
+stops, a draft-probability stop rule, EAGLE-2 growth), bound to a prompt by
+:mod:`specscope.core.loop`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class ChildRule:
     ``temperature`` 0: the draft's top tokens; > 0: draws without replacement from q at that
     temperature and ``top_p``. ``keep_q``: keep q at every context (measurement records it; sampled
     verification needs it). ``min_path_prob``: stop growing once no frontier path is this likely.
+    ``p_min`` (0: off; greedy drafting): a static tree's stop rule, as llama.cpp's
+    ``--spec-draft-p-min`` and :class:`specscope.analysis.replay.StopRule` define it: a node whose
+    token has draft probability below ``p_min`` (q at temperature 1 over the whole vocabulary,
+    the ``p_draft`` that measurement records) is not drafted, nor are its descendants; growth
+    ends once no node of a level is kept.
     """
 
     vocab: int
@@ -59,6 +65,13 @@ class ChildRule:
     top_p: float = 1.0
     keep_q: bool = False
     min_path_prob: float = 0.0
+    p_min: float = 0.0
+
+    @property
+    def needs_q(self) -> bool:
+        """Whether drafting needs the draft's distribution at every context, not only its top
+        tokens."""
+        return not self.greedy or self.keep_q or self.min_path_prob > 0 or self.p_min > 0
 
     @property
     def greedy(self) -> bool:
@@ -111,15 +124,17 @@ def draft_static(
     rule: ChildRule,
     generator: torch.Generator,
     fed: list[int],
-) -> DraftTree:
+) -> DraftTree | None:
     """One prompt's static tree. Children are the draft's top tokens, or draws without replacement
     when sampling; growth stops early once no frontier path has draft probability
-    ``rule.min_path_prob``. ``fed`` collects the nodes fed to the draft, in cache order."""
+    ``rule.min_path_prob``, and ``rule.p_min`` drops unlikely nodes (None: it dropped every
+    root). ``fed`` collects the nodes fed to the draft, in cache order."""
     rows: list[torch.Tensor] = []  # q at the root and at each fed node, when kept
     path_prob: dict[int, float] = {-1: 1.0}
+    kept: dict[int, bool] = {-1: True}  # under rule.p_min: the node and its ancestors pass
 
     def scores(logits: torch.Tensor) -> torch.Tensor:
-        if rule.greedy and not (rule.min_path_prob or rule.keep_q):
+        if not rule.needs_q:
             return logits  # the top tokens; no distribution needed
         q = warp(logits, rule.vocab, rule.temperature or 1.0, 1.0 if rule.greedy else rule.top_p)
         rows.extend(q)
@@ -128,28 +143,66 @@ def draft_static(
     def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
         return scores(feed_level(frontier, tokens[0].cpu(), anc))[None]
 
-    def unlikely(frontier: list[int], tokens: torch.Tensor) -> bool:
-        for n in frontier:
-            parent = shape.parents[n]
-            row = rows[0 if parent < 0 else 1 + fed.index(parent)]
-            path_prob[n] = path_prob[parent] * float(row[tokens[0, n]])
-        return max(path_prob[n] for n in frontier) < rule.min_path_prob
+    def q_of(n: int, tokens: torch.Tensor) -> float:
+        parent = shape.parents[n]
+        return float(rows[0 if parent < 0 else 1 + fed.index(parent)][tokens[0, n]])
+
+    def stop(frontier: list[int], tokens: torch.Tensor) -> bool:
+        level = shape.nodes_at_depth(shape.depths[frontier[0]])
+        if rule.p_min > 0:
+            kept.update(
+                {n: kept[shape.parents[n]] and q_of(n, tokens) >= rule.p_min for n in level}
+            )
+            if not any(kept[n] for n in frontier):
+                return True
+        if rule.min_path_prob > 0:
+            path_prob.update({n: path_prob[shape.parents[n]] * q_of(n, tokens) for n in frontier})
+            return max(path_prob[n] for n in frontier) < rule.min_path_prob
+        return False
 
     if not rule.greedy:  # draws are taken in order: a node's children are draws 0..k-1
         shape = contiguous_ranks(shape)
     anc = shape.ancestor_mask()
     tokens, _, q_index = grow_tree(
-        shape, scores(root_logits[None]), expand, stop=unlikely if rule.min_path_prob > 0 else None
+        shape,
+        scores(root_logits[None]),
+        expand,
+        stop=stop if rule.min_path_prob > 0 or rule.p_min > 0 else None,
     )
     shape = bfs_prefix(shape, tokens.shape[1])
     slot = {n: i for i, n in enumerate(fed)}
-    kept = rule.keep_q or not rule.greedy
-    return DraftTree(
+    tree = DraftTree(
         shape,
         tokens[0].cpu(),
-        torch.stack(rows) if kept else None,
+        torch.stack(rows) if rule.keep_q or not rule.greedy else None,
         q_index.tolist(),
         [slot.get(n, -1) for n in range(len(shape))],
+    )
+    if rule.p_min <= 0:
+        return tree
+    for n in range(len(shape)):  # the last level is never a frontier: checked here
+        if n not in kept:
+            kept[n] = kept[shape.parents[n]] and q_of(n, tokens) >= rule.p_min
+    return keep_nodes(tree, [n for n in range(len(shape)) if kept[n]])
+
+
+def keep_nodes(tree: DraftTree, nodes: list[int]) -> DraftTree | None:
+    """``tree`` cut to ``nodes`` (ascending, closed under parents), their paths unchanged; None
+    when no node is left."""
+    if len(nodes) == len(tree.shape):
+        return tree
+    if not nodes:
+        return None
+    index = {n: i for i, n in enumerate(nodes)}
+    parents = tuple(
+        -1 if tree.shape.parents[n] < 0 else index[tree.shape.parents[n]] for n in nodes
+    )
+    return DraftTree(
+        TreeShape(parents, tuple(tree.shape.ranks[n] for n in nodes)),
+        tree.tokens[nodes],
+        tree.proposals,
+        [tree.proposal_row[n] for n in nodes],
+        [tree.draft_slot[n] for n in nodes],
     )
 
 

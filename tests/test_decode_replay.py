@@ -1,0 +1,194 @@
+"""Decoding is what the replay of a measurement predicts: a tiny float32 pair is measured with a
+tree (``run_study``), then the same prompts are decoded by specscope's decoder with a chain
+inside that tree, a subtree and a draft-probability stop rule; per prompt, decode's output tokens
+and steps equal those of the recorded trees replayed as greedy decoding
+(:mod:`specscope.analysis.replay`, ``prefill_drafts=False``), and decode's output is the
+measurement's trajectory. A perfect drafter (draft = target) decodes K + 1 tokens per step with a
+chain of K, less the output's end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import near_pair, run_config
+from specscope.analysis.replay import (
+    StopRule,
+    Subtree,
+    index_records,
+    replay_counts,
+    top_chain,
+)
+from specscope.decode import (
+    DecodeConfig,
+    DecodeError,
+    SpeculativeDecoder,
+    emitted_per_step,
+    make_decoder,
+    tokens_per_step,
+)
+from specscope.models.load import load_pair
+from specscope.prompts.render import render_item
+from specscope.run.study import run_study
+from specscope.trees import DynamicTree, TreeConfig, TreeShape
+
+MEASURED = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
+NEW_TOKENS = 20
+PROMPTS = [
+    ("c0", "code", "def add(a, b):\n    return"),
+    ("c1", "code", "x = [1, 2, 3]\nfor i in"),
+    ("h0", "chat", "The capital of France is"),
+    ("h1", "chat", "Once upon a time"),
+]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, tokenizer):
+    """A near pair (many nodes accepted) saved as checkpoints, measured with MEASURED on PROMPTS:
+    (the run's config, its directory, the loaded pair)."""
+    root = tmp_path_factory.mktemp("decode-replay")
+    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    dirs = {}
+    for role, model in (("draft", draft), ("target", target)):
+        model.save_pretrained(root / role)
+        tokenizer.save_pretrained(root / role)
+        dirs["qwen2", role] = root / role
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": i, "domain": d, "prompt": p}) + "\n" for i, d, p in PROMPTS)
+    )
+    config = run_config(
+        dirs,
+        prompts,
+        tree=TreeConfig(policy="static", paths=MEASURED),
+        max_new_tokens=NEW_TOKENS,
+        criteria=None,
+    )
+    run_dir = root / "run"
+    run_study(config, run_dir, progress=False)
+    return config, run_dir, load_pair(config.pair)
+
+
+def _decode_all(measured, spec, p_min: float = 0.0) -> dict:
+    """prompt id -> decode's result on the measured prompt, rendered as the run rendered it."""
+    config, _, pair = measured
+    decoder = make_decoder(pair)
+    out = {}
+    for item in config.prompts.select(config.seed):
+        ids = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+        out[item.id] = decoder.generate(ids, spec, DecodeConfig(NEW_TOKENS), p_min=p_min)
+    return out
+
+
+def _p_min_between_recorded_values(run_dir) -> float:
+    """A threshold between the recorded draft probabilities' 30th and 70th percentiles (so that
+    it stops some nodes and keeps others), in the widest gap there: no recorded value within 1e-4
+    of it (float32 drafts of the same context may differ in the last digits)."""
+    from specscope.records import load_run
+
+    p = np.sort(load_run(run_dir).nodes["p_draft"].to_numpy())
+    lo, hi = np.quantile(p, [0.3, 0.7])
+    gap, middle = max((b - a, (a + b) / 2) for a, b in zip(p, p[1:]) if lo < (a + b) / 2 < hi)
+    assert gap > 2e-4
+    return float(middle)
+
+
+@pytest.mark.parametrize("candidate", ["chain(1)", "chain(3)", "chain(4)", "subtree", "p_min"])
+def test_decoding_equals_the_replay_of_the_measured_trees(measured, candidate):
+    config, run_dir, _ = measured
+    p_min = 0.0
+    if candidate == "subtree":
+        shape = TreeShape.parse("[(0,), (1,), (0, 0), (0, 0, 0)]")
+        rule = Subtree(shape)
+    elif candidate == "p_min":
+        shape, p_min = TreeShape.parse(MEASURED), _p_min_between_recorded_values(run_dir)
+        rule = StopRule(Subtree(shape), p_min=p_min)
+    else:
+        rule = top_chain(int(candidate[6:-1]))
+        shape = rule.shape
+    rec = index_records(run_dir)
+    counts = replay_counts(rec, rule, prefill_drafts=False)
+    decoded = _decode_all(measured, shape, p_min)
+    steps = load_run_steps(run_dir)
+    accepted_somewhere = 0
+    for p, prompt in enumerate(rec.prompt_ids):
+        result = decoded[prompt]
+        assert result.tokens == steps[prompt], prompt  # the measurement's trajectory
+        assert (len(result.tokens), len(result.steps)) == (counts.positions[p], counts.steps[p])
+        proposed = sum(s.tree_size > 0 for s in result.steps)
+        assert proposed == counts.proposals[p], prompt
+        accepted_somewhere += sum(s.accepted_len for s in result.steps)
+    assert accepted_somewhere > 0  # the check is not only of empty trees
+
+
+def load_run_steps(run_dir) -> dict[str, list[int]]:
+    """prompt id -> the target's greedy tokens the measurement committed, in order."""
+    from specscope.records import load_run
+
+    steps = load_run(run_dir).steps.sort_values(["prompt_id", "step"])
+    return {p: g["emitted_token"].tolist() for p, g in steps.groupby("prompt_id")}
+
+
+def test_the_stop_rule_drafts_less_than_the_tree_it_cuts(measured):
+    _, run_dir, _ = measured
+    shape = TreeShape.parse(MEASURED)
+    p_min = _p_min_between_recorded_values(run_dir)
+    whole = _decode_all(measured, shape)
+    cut = _decode_all(measured, shape, p_min)
+    drafted = [sum(s.tree_size for s in r.steps) for r in whole.values()]
+    kept = [sum(s.tree_size for s in r.steps) for r in cut.values()]
+    assert sum(kept) < sum(drafted)
+    assert all(a.tokens == b.tokens for a, b in zip(whole.values(), cut.values()))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("new_tokens", [1, 7, 16])
+def test_a_perfect_drafter_decodes_k_plus_one_tokens_per_step(tokenizer, k, new_tokens):
+    _, target = near_pair("llama", tokenizer, noise=0.0)
+    decoder = SpeculativeDecoder(target, target, len(tokenizer), frozenset())
+    ids = tokenizer("def add(a, b):\n    return")["input_ids"]
+    result = decoder.generate(ids, TreeShape.chain(k), DecodeConfig(new_tokens))
+    n = len(result.tokens)
+    assert n == new_tokens  # no EOS: the budget ends the output
+    # the prefill's token, then K + 1 per step until fewer are left: the last step takes the rest
+    expected = (
+        [1] + [k + 1] * ((n - 1) // (k + 1)) + ([(n - 1) % (k + 1)] if (n - 1) % (k + 1) else [])
+    )
+    assert emitted_per_step(result) == expected
+    assert tokens_per_step(result) == n / (1 + math.ceil((n - 1) / (k + 1)))
+
+
+def test_records_count_the_tokens_the_output_keeps(measured):
+    """The output's end cuts the last step: a step's ``emitted`` sums to the output's length,
+    while its ``tau`` (accepted path + bonus, as verified) may exceed it."""
+    from specscope.decode import steps_frame
+
+    for result in _decode_all(measured, TreeShape.parse(MEASURED)).values():
+        frame = steps_frame(result)
+        assert frame["emitted"].sum() == len(result.tokens) == NEW_TOKENS
+        assert (frame["emitted"] <= frame["tau"]).all()
+        assert (frame["emitted"].iloc[:-1] == frame["tau"].iloc[:-1]).all()
+
+
+def test_p_min_is_refused_where_it_has_no_meaning(measured):
+    _, _, pair = measured
+    decoder = make_decoder(pair)
+    chain = TreeShape.chain(2)
+    with pytest.raises(DecodeError, match="in \\[0, 1\\]"):
+        decoder.generate([1, 2, 3], chain, DecodeConfig(4), p_min=1.5)
+    with pytest.raises(DecodeError, match="temperature"):
+        decoder.generate([1, 2, 3], chain, DecodeConfig(4, temperature=1.0), p_min=0.5)
+    with pytest.raises(DecodeError, match="dynamic tree"):
+        decoder.generate([1, 2, 3], DynamicTree(), DecodeConfig(4), p_min=0.5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
