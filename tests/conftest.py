@@ -7,11 +7,20 @@ happened before) -> test_safety.py, or test_abuse_*.py for hostile input; otherw
 after the package or module it tests: core/ -> test_core.py, decode.py -> test_decode.py,
 measure/ -> test_measure.py, run/ -> test_run.py, sweep/ -> test_sweep.py, tune/ -> test_tune.py,
 models/ -> test_models.py, trees.py -> test_trees.py, theory/ -> test_theory.py, and so on.
+
+The fast subset is ``python -m pytest --fast``: every test without one of the marks in NOT_FAST
+(pyproject.toml says what each means; docs/contributing.md how long each set takes). A test that
+takes more than a few seconds on 2 CPU cores carries one of them. Between test files, and after a
+test of the real weights, garbage is collected and freed heap pages are handed back to the system
+(release_memory), so that one file's models do not stay resident under the next one's.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
+import gc
 
 import pytest
 import torch
@@ -25,6 +34,53 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+# the marks that take a test out of the fast subset (``--fast``); pyproject.toml defines each
+NOT_FAST = ("slow", "int8", "calibration", "weights", "llamacpp")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help=f"run only the fast subset: leave out the tests marked {', '.join(NOT_FAST)}",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``--fast``, deselect (and count as deselected) every test carrying a NOT_FAST mark."""
+    if not config.getoption("fast"):
+        return
+    fast = [item for item in items if not any(item.get_closest_marker(m) for m in NOT_FAST)]
+    if len(fast) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+        items[:] = fast
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+
+
+def release_memory() -> None:
+    """Collect reference cycles, then return the heap's free pages to the system where the C
+    library can (malloc_trim); elsewhere only the collection."""
+    gc.collect()
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the fixtures of ``item`` are torn down: release memory when the next test is in
+    another file (its module fixtures are gone) or ``item`` held real weights."""
+    result = yield
+    if nextitem is None or nextitem.path != item.path or item.get_closest_marker("weights"):
+        release_memory()
+    return result
 
 
 def make_tokenizer():

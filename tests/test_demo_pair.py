@@ -35,8 +35,10 @@ pytestmark = [
 MAX_NEW = 8
 
 
-# First in the file: its int8 pair is freed before the module's float32 pair is loaded, so the
-# two never share memory (together about 16 GB plus the loads' copies).
+# Tests that load models of their own come before demo_run, whose float32 pair (about 8 GB) stays
+# loaded until the end of the file, so that none of them shares memory with it: the int8 pair
+# (with it, about 16 GB plus the loads' copies) and the refused GGUF (the draft dequantised twice,
+# up to about 2 GB each time).
 def test_demo_pair_int8_speculation_equals_plain_greedy():
     """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
     from specscope.decode import DecodeConfig, make_decoder
@@ -55,6 +57,50 @@ def test_demo_pair_int8_speculation_equals_plain_greedy():
             assert out.tokens == plain, (prompt.id, spec)
             assert out.mean_tau > 1  # real acceptance, not a degenerate pair
         assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain
+
+
+def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
+    """The demo draft's GGUF rewritten without one tensor: transformers would initialise it at
+    random and only print a load report; specscope refuses it, naming the tensor."""
+    import gguf
+    from typer.testing import CliRunner
+
+    from specscope.cli import app
+    from specscope.models.demo import demo_gguf
+    from specscope.models.gguf import load_gguf
+    from specscope.models.load import ModelLoadError
+
+    reader = gguf.GGUFReader(demo_gguf("draft"))
+    out = tmp_path / "draft-lacking.gguf"
+    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        kind = f.types[0]
+        sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), kind, sub_type=sub)
+    kept = [t for t in reader.tensors if t.name != "blk.1.ffn_up.weight"]
+    assert len(kept) == len(reader.tensors) - 1
+    for t in kept:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in kept:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    message = (
+        f"{out}: the checkpoint lacks tensor model.layers.1.mlp.up_proj.weight; refusing to "
+        "measure a model with randomly initialised tensors"
+    )
+    with pytest.raises(ModelLoadError) as refused:
+        load_gguf(out, torch.float32)
+    assert str(refused.value) == message
+    result = CliRunner().invoke(
+        app, ["decode", "def f(x):", "--draft", str(out), "--target", str(out)]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "lacks tensor model.layers.1.mlp.up_proj.weight" in result.output
 
 
 @pytest.fixture(scope="module")
@@ -118,47 +164,3 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
             )
         recorded = run.prompts.set_index("prompt_id").loc[item.id].output_token_ids
         assert list(recorded) == plain[0, len(ids) :].tolist(), item.id
-
-
-def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
-    """The demo draft's GGUF rewritten without one tensor: transformers would initialise it at
-    random and only print a load report; specscope refuses it, naming the tensor."""
-    import gguf
-    from typer.testing import CliRunner
-
-    from specscope.cli import app
-    from specscope.models.demo import demo_gguf
-    from specscope.models.gguf import load_gguf
-    from specscope.models.load import ModelLoadError
-
-    reader = gguf.GGUFReader(demo_gguf("draft"))
-    out = tmp_path / "draft-lacking.gguf"
-    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        kind = f.types[0]
-        sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(f.name, f.contents(), kind, sub_type=sub)
-    kept = [t for t in reader.tensors if t.name != "blk.1.ffn_up.weight"]
-    assert len(kept) == len(reader.tensors) - 1
-    for t in kept:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in kept:
-        writer.write_tensor_data(t.data)
-    writer.close()
-    message = (
-        f"{out}: the checkpoint lacks tensor model.layers.1.mlp.up_proj.weight; refusing to "
-        "measure a model with randomly initialised tensors"
-    )
-    with pytest.raises(ModelLoadError) as refused:
-        load_gguf(out, torch.float32)
-    assert str(refused.value) == message
-    result = CliRunner().invoke(
-        app, ["decode", "def f(x):", "--draft", str(out), "--target", str(out)]
-    )
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "lacks tensor model.layers.1.mlp.up_proj.weight" in result.output

@@ -297,7 +297,7 @@ def test_compare_of_other_prompts_warns_instead_of_failing(drafter_runs, tmp_pat
     assert result.exit_code == 2 and "share no prompt" in result.output
 
 
-@pytest.mark.slow  # about 20 seconds
+@pytest.mark.calibration  # about 20 seconds
 def test_drafter_verdicts_are_calibrated():
     # 30 synthetic measurements per world at 10 prompts per domain (the minimum); the table in
     # docs/calibration.md comes from the same code with 100 per world

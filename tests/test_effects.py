@@ -356,15 +356,20 @@ def test_levels_combine_as_documented():
 
 @pytest.fixture(scope="module")
 def stratified_rates() -> pd.DataFrame:
-    # 10 runs per world (about 2 minutes); docs/calibration.md has the figures of longer runs
+    # 10 runs per world (about 2 minutes, so its tests are marked slow); docs/calibration.md has
+    # the figures of longer runs
     return verdict_rates(prompts_per_domain=10, reps=10, steps=32, n_boot=150, stratified=True)
 
 
+@pytest.mark.slow
+@pytest.mark.calibration
 def test_every_stratified_claim_is_calibrated(stratified_rates):
     claims = {c.split(" (by ")[0] for c in stratified_rates["claim"]}
     assert claims == set(STRATIFIED_TRUTH)
 
 
+@pytest.mark.slow
+@pytest.mark.calibration
 def test_stratified_false_positives_stay_low(stratified_rates):
     false = stratified_rates[stratified_rates["claim is"] == "false"]
     # 10 runs: 3 or more "holds" at a nominal 2.5% has p < 0.002
@@ -372,6 +377,8 @@ def test_stratified_false_positives_stay_low(stratified_rates):
     assert bad.empty, bad[["claim", "world", Verdict.HOLDS.value]].to_string()
 
 
+@pytest.mark.slow
+@pytest.mark.calibration
 def test_stratified_claims_are_found_where_true(stratified_rates):
     true = stratified_rates[stratified_rates["claim is"] == "true"]
     assert (true[Verdict.FAILS.value] <= 2 / 10).all(), true.to_string()
@@ -386,6 +393,8 @@ def test_stratified_claims_are_found_where_true(stratified_rates):
         assert (found[Verdict.HOLDS.value] >= power).all(), found.to_string()
 
 
+@pytest.mark.slow
+@pytest.mark.calibration
 def test_simpson_worlds_are_caught(stratified_rates):
     # pooled, rho < 0 holds in this world (rank 0 dominates); within rank 1 rho > 0
     r = stratified_rates.set_index(["claim", "world"])

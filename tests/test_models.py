@@ -222,6 +222,7 @@ def test_rowwise_attention_causal_prefix_equals_the_masked_gather():
     assert torch.equal(no_mask, masked)
 
 
+@pytest.mark.int8  # about 36 s each on 2 CPU cores
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its

@@ -126,6 +126,7 @@ def _server() -> str | None:
     return path if path and Path(path).is_file() else None
 
 
+@pytest.mark.llamacpp
 @pytest.mark.skipif(_server() is None, reason="no llama-server (set SPECSCOPE_LLAMA_SERVER)")
 def test_llama_server_accepts_presets(tmp_path):
     server = _server()

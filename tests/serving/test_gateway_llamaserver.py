@@ -55,7 +55,8 @@ from specscope.serving.llamaserver import (
 from specscope.tune.policy import PolicyFile
 from specscope.tune.router import RuleRouter, prompt_text
 
-pytestmark = [pytest.mark.weights, pytest.mark.slow]  # the demo GGUFs; about 14 minutes
+# the demo GGUFs behind a built llama-server; about 14 minutes
+pytestmark = [pytest.mark.weights, pytest.mark.slow, pytest.mark.llamacpp]
 
 N_PREDICT = 16
 PER_DOMAIN = 2  # held-out prompts per domain (and as many measured, for drafting domains)

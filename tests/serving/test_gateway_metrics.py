@@ -105,7 +105,7 @@ def _true_tau(a: float, b: float, k: int) -> float:
     return 1.0 + sum(moments)
 
 
-@pytest.mark.slow  # a calibration: 1,800 simulated domains, about 10 s
+@pytest.mark.calibration  # 1,800 simulated domains, about 10 s
 @pytest.mark.parametrize("a, b", [(6.0, 3.0), (2.0, 2.0)])
 def test_drift_false_alarms_at_most_nominal_and_a_real_shift_is_found(a, b):
     """Requests whose truth is the prediction raise an alarm in at most 5% of domains (the

@@ -55,6 +55,7 @@ def test_chain_shapes():
 
 
 @pytest.mark.weights
+@pytest.mark.llamacpp  # llama-cpp-python
 def test_llamacpp_greedy_speculation_follows_plain_greedy_on_the_demo_pair():
     pytest.importorskip("llama_cpp")
     from specscope.models.demo import demo_gguf

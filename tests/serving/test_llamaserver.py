@@ -250,6 +250,7 @@ def test_speed_table_and_bias_exact():
     assert bias["speculative"].over_predicted == 2 and bias["plain"].cells == 2
 
 
+@pytest.mark.calibration
 def test_bias_verdict_is_calibrated():
     """Synthetic worlds of known truth: predictions right on average (false positives) or 10%
     too high (power), per-prompt speed noise of 15%, 10 prompts in each of 3 domains. Over 300
@@ -323,6 +324,7 @@ def _demo_or_skip():
 
 
 @pytest.mark.weights
+@pytest.mark.llamacpp
 def test_llama_server_speculates_with_a_model_as_its_own_draft():
     from specscope.serving.llamaserver import LlamaServer
 
