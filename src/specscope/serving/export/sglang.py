@@ -11,9 +11,12 @@ count (``torch.topk`` fails at run time), and says it approximates.
 
 SGLang's NGRAM is not the rule specscope measured for an ngram domain (vLLM's): it drafts from a
 trie of recent token windows shared by every request (python/sglang/kernels/jit/csrc/ngram_corpus/
-trie.cpp), with no minimum or maximum match length to set. The export maps the chain's K to its
-node budget, asks for a chain (BFS breadth 1) in recency order, and says the measured acceptance
-is vLLM's rule's. SGLang has no early-exit drafter: such a domain is refused. It starts no server.
+trie.cpp), with no minimum or maximum match length to set; it inserts only each request's last
+``--speculative-ngram-max-trie-depth`` (18) tokens after each step, and pads every draft to the
+node budget and verifies it, so a step without a match costs a full verify. The export maps the
+chain's K to its node budget, asks for a chain (BFS breadth 1) in recency order, and says all of
+this and that the measured acceptance is vLLM's rule's. SGLang has no early-exit drafter: such a
+domain is refused. It starts no server.
 """
 
 from __future__ import annotations
@@ -61,7 +64,16 @@ APPROXIMATION = (
 # max_trie_depth found in the trie; Trie::buildRecency: BFS from each match, longest first, children
 # most recently used first, breadth from min to max_bfs_breadth by match depth, until
 # draft_token_num nodes), ngram.cpp Ngram::batchMatch (one trie for all requests), param.h
-# get_draft_token_num (--speculative-num-draft-tokens - 1 nodes)
+# get_draft_token_num (--speculative-num-draft-tokens - 1 nodes).
+# What enters the trie and what is verified, python/sglang/srt/speculative/ngram_worker.py (0.5.23
+# lines 403-420 and 301-302; read here in doublewordai/sglang-upstream@5af0f1f7bee4, a copy of
+# upstream's file, functions _update_ngram_corpus and _prepare_draft_tokens): after each verify
+# step, put_ids = _efficient_concat_last_n(origin_input_ids, output_ids[-max_trie_depth:] + the
+# step's accepted tokens, max_trie_depth), so only a request's last max_trie_depth tokens are
+# inserted (the body of a long prompt never is); _prepare_draft_tokens asserts that every request
+# gets num_draft_tokens tokens ("here we always enforce it"), and fillResult pads a short draft
+# with token 0 (kernels/jit/csrc/ngram_corpus/result.cpp line 34, "zero padding to length", read
+# at sgl-project/sglang@f58236f24fa7), so every step verifies the full node budget.
 NGRAM_APPROXIMATION = (
     "SGLang's NGRAM is its own drafter, not vLLM's ngram rule: it matches every suffix "
     "length of the context (up to --speculative-ngram-max-trie-depth, 18 by default; "
@@ -69,8 +81,14 @@ NGRAM_APPROXIMATION = (
     "token windows of every request served (shared across requests, least recently used "
     "evicted), follows the most recently seen continuation (match type BFS), and fills "
     "--speculative-num-draft-tokens - 1 nodes: with breadth 1 a chain from the longest match, "
-    "and where that chain ends early, nodes from shorter matches (which may branch); "
-    + MEASURED_NGRAM
+    "and where that chain ends early, nodes from shorter matches (which may branch). After "
+    "each step it inserts only the last --speculative-ngram-max-trie-depth (18) tokens of each "
+    "request into the trie (SGLang 0.5.23, speculative/ngram_worker.py 403-420), so the body "
+    "of a prompt is never searched, only its last 18 tokens and the text generated since; and "
+    "it pads every draft to the node budget with token 0 and always verifies it "
+    "(ngram_worker.py 301-302, ngram_corpus/result.cpp 34), so a step without a match still "
+    "costs a full verify of --speculative-num-draft-tokens tokens, where vLLM's rule drafts "
+    "nothing and decodes one token; " + MEASURED_NGRAM
 )
 MISSING = {
     "early-exit": "SGLang has no early-exit drafter: none of its algorithms (EAGLE, EAGLE3, "
