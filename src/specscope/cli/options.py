@@ -67,8 +67,8 @@ DEVICE = typer.Option(
 TRUST_REMOTE_CODE = typer.Option(
     False,
     "--trust-remote-code",
-    help="Allow model code from the hub (never taken from a config, sweep file or run manifest "
-    "alone where the command line can say it).",
+    help="Allow model code from the hub (only this flag allows it: a config, sweep file or run "
+    "manifest that asks for it is ignored).",
 )
 INT8 = typer.Option(
     False,
