@@ -7,8 +7,9 @@ import pytest
 
 from specscope.serving.llamarouter import (
     ChainCounts,
-    chain_acceptance,
+    agreement_steps,
     chain_counts,
+    chain_predictions,
     first_difference,
     preset_section,
     presets_ini,
@@ -31,14 +32,34 @@ def test_chain_counts_step_as_llama_server_does():
     assert chain_counts([], 2) == ChainCounts(0, 0, 0, 0)
 
 
-def test_chain_acceptance_counts_eligible_and_accepted_drafts_by_depth():
-    acc = chain_acceptance({"p": np.array(AGREE)}, {"p": "code"}, 3)
-    # positions 1..9 are each a step: depth 1 eligible 9 times, hit where a[t]; depth 2 eligible
-    # where a[t] (and t+1 < 10), hit where a[t] and a[t+1]; ...
-    assert acc.eligible.tolist() == [[9, 6, 4]]
-    assert acc.hits.tolist() == [[6, 4, 2]]
-    assert acc.tau(3)[0] == pytest.approx(1 + 6 / 9 + 6 / 9 * 4 / 6 + 6 / 9 * 4 / 6 * 2 / 4)
-    assert acc.subset("code").prompts.tolist() == ["p"] and not len(acc.subset("math").prompts)
+def test_agreements_become_the_step_records_of_a_chain_drafter():
+    steps = agreement_steps({"p": np.array(AGREE)}, {"p": "code"}, 3)
+    # runs of agreement from each position, capped at 3; drafts that fit before the end
+    assert steps["accepted_len"].tolist() == [3, 2, 1, 0, 3, 3, 2, 1, 0, 0]
+    assert steps["tree_size"].tolist() == [3] * 8 + [2, 1]
+    assert steps["step"].tolist() == list(range(10)) and set(steps["domain"]) == {"code"}
+
+
+def test_chain_predictions_replay_measured_chains_and_label_deeper_ones_extrapolated():
+    agreements = {"p": np.array(AGREE), "q": np.array([True] * 16), "r": np.array([False] * 5)}
+    domains = {"p": "code", "q": "code", "r": "chat"}
+    got = {
+        (c.domain, c.k): c.prediction for c in chain_predictions(agreements, domains, (2, 3, 5), 3)
+    }
+    # replayed: what llama-server's steps give, counting the prompt's pass as one step with
+    # one token (chain_counts counts verify steps only)
+    for k in (2, 3):
+        counts = [chain_counts(agreements[p], k) for p in ("p", "q")]
+        tokens = sum(c.generated for c in counts)
+        assert got["code", k].tokens_per_step == pytest.approx(
+            tokens / sum(c.steps + 1 for c in counts)
+        )
+        assert got["code", k].method == "replay"
+        assert got["code", k].lo <= got["code", k].tokens_per_step <= got["code", k].hi
+    assert got["chat", 3].tokens_per_step == pytest.approx(5 / 5)  # nothing ever agrees
+    # past the 3 drafts measured: extrapolated, labelled, no interval
+    assert got["code", 5].extrapolated and np.isnan(got["code", 5].lo)
+    assert got["code", 5].tokens_per_step >= got["code", 3].tokens_per_step
 
 
 def test_first_difference():

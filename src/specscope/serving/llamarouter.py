@@ -12,9 +12,14 @@
   per disagreement).
 - :func:`chain_counts`: what greedy chain speculation of K tokens does on such an output, step by
   step as llama-server does it (K drafts, capped at the tokens left minus one; accepted drafts
-  plus the target's token per verify step), and :func:`chain_acceptance`: the per-depth
-  acceptance (:class:`~specscope.serving.llamacpp.ChainAcceptance`) that predicts tokens per step for any
-  K, with prompt-resampled intervals.
+  plus the target's token per verify step).
+- :func:`chain_predictions`: tokens per step of chains of K per domain, from agreements measured
+  on other prompts, by the one predictor ``tune`` uses (:class:`~specscope.tune.predict.Predictor`):
+  replayed as greedy decoding (:func:`~specscope.analysis.replay.top_chain`) for every K the
+  measured window holds, with a prompt-resampled interval; from the acceptance vector, flat past
+  the window and labelled extrapolated, beyond it. Steps are counted as llama-server runs them
+  and as specscope's decoder counts them: the prompt's pass emits the first token and counts as
+  one step (``prefill_drafts=False``), so tokens per step is output tokens over verify steps + 1.
 
 It does not route requests (:mod:`specscope.serving.gateway`) or build llama.cpp
 (:mod:`specscope.serving.llamaserver`).
@@ -30,8 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from .llamacpp import ChainAcceptance
+from ..analysis.replay import ReplayRecords
+from ..trees import TreeShape
+from ..tune.acceptance import chain_acceptance
+from ..tune.predict import Prediction, Predictor
 from .llamaserver import LlamaServer, LlamaToolsError, ServerSetting
 
 
@@ -192,20 +201,61 @@ def chain_counts(agree: Sequence[bool], k: int) -> ChainCounts:
     return ChainCounts(n, drafted, accepted, steps)
 
 
-def chain_acceptance(
+def agreement_steps(
     agreements: Mapping[str, np.ndarray], domains: Mapping[str, str], max_k: int
-) -> ChainAcceptance:
-    """Per prompt and depth d (1..max_k): steps whose first d - 1 drafts agreed (eligible) and
-    those whose first d agreed (hits), one step per output position as in a measurement run."""
-    prompts = np.array(sorted(agreements))
-    eligible = np.zeros((len(prompts), max_k))
-    hits = np.zeros((len(prompts), max_k))
-    for i, p in enumerate(prompts):
-        a = np.asarray(agreements[p], bool)
-        for t in range(1, len(a)):  # every position after the prompt's own token
-            for d in range(min(max_k, len(a) - t)):
-                eligible[i, d] += 1
-                if not a[t + d]:
-                    break
-                hits[i, d] += 1
-    return ChainAcceptance(prompts, np.array([domains[p] for p in prompts]), eligible, hits)
+) -> pd.DataFrame:
+    """The step records a chain drafter of ``max_k`` would leave on these outputs, one row per
+    output position t (as a measurement run has): ``accepted_len`` the run of agreeing tokens from
+    t (at most ``max_k``), ``tree_size`` the drafts that fit before the output's end."""
+    if max_k < 1:
+        raise LlamaToolsError(f"a chain needs max_k >= 1 drafts, got {max_k}")
+    rows = []
+    for prompt in sorted(agreements):
+        agree = np.asarray(agreements[prompt], bool)
+        n = len(agree)
+        # run[t]: agreeing tokens from t on, found backwards
+        run = np.zeros(n + 1, np.int64)
+        for t in range(n - 1, -1, -1):
+            run[t] = run[t + 1] + 1 if agree[t] else 0
+        rows += [
+            (prompt, domains[prompt], t, min(int(run[t]), max_k), min(max_k, n - t))
+            for t in range(n)
+        ]
+    columns = ["prompt_id", "domain", "step", "accepted_len", "tree_size"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+@dataclass(frozen=True)
+class ChainPrediction:
+    """Predicted tokens per step of a chain of ``k`` drafts in one domain."""
+
+    domain: str
+    k: int
+    prediction: Prediction  # method "replay" (within the window) or extrapolated
+
+
+def chain_predictions(
+    agreements: Mapping[str, np.ndarray],
+    domains: Mapping[str, str],
+    ks: Sequence[int],
+    max_k: int,
+    min_count: int = 20,
+) -> tuple[ChainPrediction, ...]:
+    """Per domain (sorted) and K: tokens per step of a chain of K, replayed where K <= ``max_k``
+    (the drafts each agreement window holds), extrapolated from the acceptance vector (depths
+    past ``max_k`` taking its deepest rate) beyond; see the module's docstring for the count."""
+    if not agreements:
+        raise LlamaToolsError("no agreements to predict from: measure some prompts first")
+    steps = agreement_steps(agreements, domains, max_k)
+    vectors = {
+        name: vector.extrapolated(max(max(ks), max_k))
+        for name, vector in chain_acceptance(steps, min_count).items()
+    }
+    predictor = Predictor(
+        ReplayRecords.from_frames(pd.DataFrame(), steps), vectors, prefill_drafts=False
+    )
+    return tuple(
+        ChainPrediction(domain, k, predictor.with_interval(TreeShape.chain(k), domain))
+        for domain in sorted(set(steps["domain"]))
+        for k in ks
+    )
