@@ -178,3 +178,28 @@ def test_the_reference_pages_are_current():
     assert (reference / "options.md").read_text() == options_markdown(), fix
     for name in _options_by_name():
         assert f"`{name}`" in (reference / "options.md").read_text()
+
+
+# --- merged commands ----------------------------------------------------------------------------------
+
+
+def test_drafters_is_compare_by_drafter_and_still_works(tmp_path):
+    commands = _commands()
+    assert commands["drafters"].hidden and _takes("compare", "--by-drafter")
+    listing = CliRunner().invoke(app, ["--help"], terminal_width=200).stdout
+    assert "│ drafters " not in listing and "│ compare " in listing
+    result = CliRunner().invoke(app, ["drafters", str(tmp_path / "missing")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(
+        "note: specscope drafters is now specscope compare --by-drafter"
+    )
+    assert "error:" in result.stderr and "missing" in result.stderr
+    by_drafter = CliRunner().invoke(app, ["compare", "--by-drafter", str(tmp_path / "missing")])
+    assert by_drafter.exit_code == 2 and by_drafter.stderr == result.stderr.split("\n", 1)[1]
+
+
+def test_compare_of_three_runs_asks_for_by_drafter_or_a_sweep(tmp_path):
+    result = CliRunner().invoke(app, ["compare", "a", "b", "c"])
+    assert result.exit_code == 2
+    assert "compare takes one run or two, got 3" in result.stderr
+    assert "--by-drafter" in result.stderr

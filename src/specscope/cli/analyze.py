@@ -182,39 +182,65 @@ def report(
     typer.echo(f"wrote {path}")
 
 
+RUN_DIRS_TO_COMPARE = typer.Argument(
+    ...,
+    help="A run directory (against the paper's published figures), two runs, or a sweep "
+    "directory (one row per grid point); with --by-drafter, runs of one drafter each on the same "
+    "prompts and target, or a sweep over drafters (every claim names the earlier run's drafter "
+    "first). Paths or file:// URIs.",
+)
+COMPARE_OUT = typer.Option(
+    None,
+    "--out",
+    "-o",
+    help="Also write the comparison as tables.md, tables.tex and csv/ here (--by-drafter: also "
+    "drafters.json and plots/).",
+)
+
+
 @command(panel=ANALYZE)
 def compare(
-    run_dir: str = typer.Argument(
-        ...,
-        help="A run directory, or a sweep directory (one row per grid point); a path or a file:// URI.",
-    ),
-    other: str | None = typer.Argument(
-        None, help="Another run (or sweep) directory; omitted: the paper's published figures."
-    ),
-    out: str | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Also write the comparison as tables.md, tables.tex and csv/ here.",
-    ),
+    run_dirs: list[str] = RUN_DIRS_TO_COMPARE,
+    out: str | None = COMPARE_OUT,
     n_boot: int = options.N_BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
+    plots: bool = options.PLOTS,
+    by_drafter: bool = typer.Option(
+        False,
+        "--by-drafter",
+        help="Drafters side by side on the same prompts: tau, proposals and greedy acceptance by "
+        "depth per domain, and whether one accepts more than another (paired by prompt).",
+    ),
 ) -> None:
-    """Side by side: this run's tables and another run's, the paper's figures, or a sweep's runs."""
+    """Side by side: this run's tables and another run's, the paper's figures, a sweep's runs, or
+    (--by-drafter) several drafters' runs on the same prompts."""
+    if by_drafter:
+        _compare_drafters(run_dirs, out, _settings(n_boot, seed, confidence), plots)
+        return
+    if len(run_dirs) > 2:
+        fail(
+            f"compare takes one run or two, got {len(run_dirs)}; several drafters' runs: "
+            "--by-drafter; a grid of runs: their sweep directory"
+        )
+    _compare_runs(run_dirs, out, _settings(n_boot, seed, confidence))
+
+
+def _compare_runs(run_dirs: list[str], out: str | None, settings) -> None:
+    """One run against the paper, two runs, or a sweep's runs: the tables printed (and written)."""
     from ..analysis.render import drafter_grids, findings_grid
     from ..analysis.report import compare as compare_runs
     from ..analysis.report import compare_with_paper, summary_grid, write_tables
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
-    run_dir, other = local_location(run_dir, "RUN_DIR"), local_location(other, "OTHER")
+    run_dir, *others = (local_location(path, "RUN_DIRS") for path in run_dirs)
+    other = others[0] if others else None
     out = local_location(out, "--out")
     if out is not None:
         check_output(out)
         check_writable_dir(out)
-    expanded, has_sweep = _expand_sweeps([run_dir] + ([other] if other else []))
-    settings = _settings(n_boot, seed, confidence)
+    expanded, has_sweep = _expand_sweeps([run_dir, *others])
     analyses = _analyses(expanded, settings)
     if has_sweep:
         grids = [summary_grid(analyses)]
@@ -253,24 +279,22 @@ def _drafters_if_they_differ(run_dirs: list[Path], settings):
         return None
 
 
-@command(panel=ANALYZE)
+@command(panel=ANALYZE, hidden=True)
 def drafters(
-    run_dirs: list[str] = typer.Argument(
-        ...,
-        help="Runs of one drafter each (draft-model, ngram, early-exit) on the same prompts and target, or a sweep over drafters; every claim names the earlier run's drafter first. Paths or file:// URIs.",
-    ),
-    out: str | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Also write tables.md, tables.tex, csv/, drafters.json and plots/ here.",
-    ),
+    run_dirs: list[str] = RUN_DIRS_TO_COMPARE,
+    out: str | None = COMPARE_OUT,
     n_boot: int = options.N_BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
 ) -> None:
-    """Drafters side by side on the same prompts: tau, proposals and greedy acceptance by depth per domain, and whether one accepts more than another (paired by prompt)."""
+    """Now `specscope compare --by-drafter`: drafters side by side on the same prompts."""
+    typer.echo("note: specscope drafters is now specscope compare --by-drafter", err=True)
+    _compare_drafters(run_dirs, out, _settings(n_boot, seed, confidence), plots)
+
+
+def _compare_drafters(run_dirs: list[str], out: str | None, settings, plots: bool) -> None:
+    """Drafters side by side: the tables printed, warnings on stderr, outputs written to ``out``."""
     from ..analysis.drafters import compare_drafters
     from ..analysis.render import drafter_grids
     from ..analysis.report import write_drafter_outputs
@@ -285,7 +309,7 @@ def drafters(
         # a downloaded run's links are refused, not followed
         inside = next(filter(None, (inside_of(out, run_dir) for run_dir in run_dirs)), None)
         check_writable_dir(out)
-    comparison = compare_drafters(run_dirs, _settings(n_boot, seed, confidence))
+    comparison = compare_drafters(run_dirs, settings)
     print_grids(drafter_grids(comparison))
     for warning in comparison.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
