@@ -600,3 +600,111 @@ def chain_tau_shares(
         within / total,
         between / (between + prompt + within / steps),
     )
+
+
+# --- acceptance predictors of known quality ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PredictorProfile:
+    """A chain drafter whose every node's greedy acceptance is Bernoulli(p_draft ** ``power``),
+    independently of everything else given its draft probability.
+
+    Each prompt is of one of the ``mixes`` (drawn uniformly): its nodes' draft probabilities are
+    Beta(a, b) with that mix's (a, b), so nodes of one prompt are alike (the scored rows are
+    clustered by prompt). ``power`` < 1 makes the draft probability, read as a probability of
+    acceptance, too low (a known calibration error). Every other signal is noise.
+    """
+
+    power: float = 0.6
+    mixes: tuple[tuple[float, float], ...] = ((2.0, 2.0), (4.0, 1.5), (1.2, 3.0))
+    depth: int = 4
+
+    def __post_init__(self) -> None:
+        if self.power <= 0 or self.depth < 1 or not self.mixes:
+            raise ValueError("power must be > 0, depth at least 1, and mixes not empty")
+        if any(a <= 0 or b <= 0 for a, b in self.mixes):
+            raise ValueError(f"every Beta mix needs a, b > 0, got {self.mixes}")
+
+
+def predictor_draws(
+    rng: np.random.Generator, profile: PredictorProfile, step_prompt: np.ndarray, n_prompts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(S, depth) draft probabilities and greedy acceptances of the steps of ``step_prompt``.
+    The same draws, at a large number of prompts, give the population's metrics: the truth the
+    scorecard's estimates are checked against."""
+    mix = rng.integers(0, len(profile.mixes), size=n_prompts)[step_prompt]
+    a, b = np.array(profile.mixes, dtype=float).T
+    shape = (len(step_prompt), profile.depth)
+    p_draft = rng.beta(a[mix][:, None] * np.ones(shape), b[mix][:, None] * np.ones(shape))
+    greedy = rng.random(shape) < p_draft**profile.power
+    return p_draft, greedy
+
+
+def synthetic_predictor_tables(
+    profile: PredictorProfile | None = None,
+    prompts_per_domain: int = 20,
+    steps: int = 32,
+    seed: int = 0,
+    domains: tuple[str, ...] = ("code", "math"),
+    run_id: str = "synthetic",
+) -> tuple:
+    """(nodes, steps, prompts) tables of a chain drafter whose acceptance follows a
+    :class:`PredictorProfile`: the true quality of the draft probability as a predictor of
+    acceptance is known (:func:`predictor_draws` at a large sample), which is what the
+    calibration of the predictor scorecard (:mod:`.scorecard`) needs. The other generators'
+    draws are untouched."""
+    profile = profile or PredictorProfile()
+    rng = np.random.default_rng(seed)
+    domains = tuple(sorted(domains))
+    prompt_domain, n_steps, step_prompt, step_index = _schedule(
+        rng, len(domains), prompts_per_domain, steps
+    )
+    prompt_ids = np.array(
+        [f"{domains[d]}-{i:04d}" for i, d in enumerate(prompt_domain)], dtype=object
+    )
+    p_draft, greedy = predictor_draws(rng, profile, step_prompt, len(prompt_domain))
+    S, D = p_draft.shape
+    N = S * D
+    node_row = np.repeat(np.arange(S), D)
+    depth = np.tile(np.arange(1, D + 1), S)
+    g = greedy.ravel()
+    entropy = rng.gamma(2.0, 0.5, size=N)
+    alpha = np.where(g, 1.0, rng.uniform(0.0, 1.0, size=N))
+    step_domain = np.array(domains, dtype=object)[prompt_domain[step_prompt]]
+    nodes = _table(
+        {
+            "run_id": [run_id] * N,
+            "prompt_id": prompt_ids[step_prompt[node_row]],
+            "domain": step_domain[node_row],
+            "step": step_index[node_row].astype(np.int32),
+            "position_bin": position_bin(step_index[node_row]).astype(np.int8),
+            "node_id": (depth - 1).astype(np.int16),
+            "parent_id": (depth - 2).astype(np.int16),
+            "depth": depth.astype(np.int8),
+            "sibling_rank": np.zeros(N, np.int16),
+            "token_id": rng.integers(0, 32000, size=N).astype(np.int32),
+            "p_draft": p_draft.ravel(),
+            "p_target": np.minimum(alpha * p_draft.ravel(), 1.0),
+            "alpha": alpha,
+            "greedy_accept": g,
+            "target_entropy": entropy,
+            "draft_entropy": rng.gamma(2.0, 0.5, size=N),
+            "target_top1_prob": np.exp(-entropy),
+            "target_margin": np.exp(-entropy) / 2,
+            "kl_target_draft": rng.gamma(1.0, 0.3, size=N),
+            "target_rank": np.where(g, 0, rng.integers(1, 50, size=N)).astype(np.int32),
+        },
+        "nodes",
+    )
+    steps_table = _steps_table(
+        run_id,
+        prompt_ids[step_prompt],
+        step_domain,
+        step_index,
+        np.full(S, D),
+        rng.integers(0, 32000, size=S).astype(np.int32),
+        np.cumprod(greedy, axis=1).sum(axis=1),
+    )
+    prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
+    return nodes, steps_table, prompts
