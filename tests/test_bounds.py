@@ -43,6 +43,10 @@ HUGE = str(10**30)
 # by the library carry the library's own message (a config file's value is checked the same way);
 # test_library_checked_options_refuse_huge_values proves each is bounded.
 LIBRARY_CHECKED = {
+    ("run", "top_k"): "TreeConfig: 1..4096 (a config file's [tree] too)",
+    ("run", "branch"): "TreeConfig: 1..4096",
+    ("run", "depth"): "TreeConfig: 1..4096, then the model's positions",
+    ("run", "max_nodes"): "TreeConfig: 1..4096",
     **{
         (command, param): "DrafterConfig: 1..1024 (an exit layer then below the target's layers)"
         for command in ("run", "decode", "bench")
@@ -125,6 +129,10 @@ def no_weights(monkeypatch):
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["run", "--smoke", "--policy", "chain", "--depth", HUGE], "tree depth must be in 1..4096"),
+        (["run", "--smoke", "--top-k", HUGE], "tree top_k must be in 1..4096"),
+        (["run", "--smoke", "--branch", HUGE], "tree branch must be in 1..4096"),
+        (["run", "--smoke", "--max-nodes", HUGE], "tree max_nodes must be in 1..4096"),
         (
             ["run", "--smoke", "--drafter", "ngram", "--prompt-lookup-max", HUGE],
             f"prompt_lookup_max must be an integer in 1..1024, got {HUGE}",
@@ -157,7 +165,8 @@ def test_library_checked_options_refuse_huge_values(tiny_dirs, tmp_path, no_weig
 
 
 def test_every_library_checked_option_is_tried():
-    tried = {
+    tried = {("run", "top_k"), ("run", "branch"), ("run", "depth"), ("run", "max_nodes")}
+    tried |= {
         (c, p)
         for c in ("run", "decode", "bench")
         for p in ("prompt_lookup_min", "prompt_lookup_max", "exit_layer")
@@ -190,10 +199,6 @@ def test_huge_thread_counts_are_refused_naming_the_range(tiny_dirs, no_weights, 
         (["run", "--smoke"], "--per-domain", "1<=x<=1000000"),
         (["run", "--smoke"], "--batch-size", "1<=x<=65536"),
         (["run", "--smoke"], "--seed", "0<=x<=4294967295"),
-        (["run", "--smoke"], "--depth", "1<=x<=4096"),
-        (["run", "--smoke"], "--top-k", "1<=x<=4096"),
-        (["run", "--smoke"], "--branch", "1<=x<=4096"),
-        (["run", "--smoke"], "--max-nodes", "1<=x<=4096"),
         (["sweep", "x.toml"], "--batch-size", "1<=x<=65536"),
         (["sweep", "x.toml"], "--prompts-per-shard", "1<=x<=1000000"),
         (["sweep", "x.toml"], "--max-points", "1<=x<=1000000"),
@@ -372,8 +377,12 @@ def test_a_chain_of_depth_100000_is_refused_at_once(tiny_dirs, tmp_path, no_weig
         "bench": ["bench", "--chain-depth"],
     }[command]
     result, seconds = _cli(*args, 100_000, *tiny_pair_args(tiny_dirs))
-    option = "--chain-depth" if command == "bench" else "--depth"
-    assert _out_of_range(result, option, 100_000, 1, MAX_TREE_NODES), result.output
+    if command == "run":  # the tree's own check: a config file's depth gets it too
+        assert result.exit_code == 2
+        assert "error: tree depth must be in 1..4096, got 100000" in result.output
+    else:
+        option = "--depth" if command == "decode" else "--chain-depth"
+        assert _out_of_range(result, option, 100_000, 1, MAX_TREE_NODES), result.output
     assert seconds < 10
 
 

@@ -33,10 +33,11 @@ def run(
     draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     policy: str | None = options.TREE_POLICY,
-    top_k: int | None = options.TOP_K,
-    branch: int | None = options.BRANCH,
-    depth: int | None = options.TREE_DEPTH,
-    max_nodes: int | None = options.MAX_NODES,
+    # checked by TreeConfig, as a config file's [tree] is
+    top_k: int | None = options.checked_by_library(options.TOP_K),
+    branch: int | None = options.checked_by_library(options.BRANCH),
+    depth: int | None = options.checked_by_library(options.TREE_DEPTH),
+    max_nodes: int | None = options.checked_by_library(options.MAX_NODES),
     paths: str | None = options.PATHS,
     engine: str | None = typer.Option(
         None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."

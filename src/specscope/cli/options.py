@@ -270,6 +270,14 @@ def with_default(option: OptionInfo, default, high: int | None = None) -> Option
     return changed
 
 
+def checked_by_library(option: OptionInfo) -> OptionInfo:
+    """``option`` without the command line's range: for a command whose library checks the value
+    as it checks a config file's (run's tree options: TreeConfig), with the library's message."""
+    unbounded = copy.copy(option)
+    unbounded.min = unbounded.max = None
+    return unbounded
+
+
 def names(values: Iterable[str] | None) -> tuple[str, ...] | None:
     """The names a list option was given, each value repeated or comma-separated; None when none."""
     if not values:
