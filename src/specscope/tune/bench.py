@@ -2,27 +2,50 @@
 routed and dynamic decoding, and of chains from the model-free and early-exit drafters (``ngram``,
 ``early-exit``), per domain, every method on every prompt with methods interleaved.
 
+What a bench can confirm:
+
+- **Held-out prompts.** The prompts that any tuning run of the policy measured (the policy file's
+  ``source``: its ``prompt_ids``, and each run's, or the run directory's manifest) are never timed
+  (:func:`tuning_prompts`, :func:`check_held_out`); with ``in_sample`` they may be, and every run
+  on one is labelled in-sample.
+- **Predicted against measured, every cell** (:func:`predicted_vs_measured`): the tokens per step
+  and the speed-up the policy file predicted when it was tuned, before the bench, beside what the
+  bench measured (tokens per decoding step counted as the decoder counts them: the prefill's
+  token is one step).
+- **Is the interval narrow enough** (:func:`speedup_precision`): each domain's decode speed-up
+  with an interval that resamples prompts and, within each prompt, the repeats (method and
+  plain paired by repeat), whether its half-width is within ±5% of the speed-up, and if not how
+  many prompts (at these repeats) or repeats (at these prompts, when repeats alone can get
+  there) would make it so, from the two resamplings' variances.
+
 Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specscope.tune.policy`).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
+from ..analysis.render import Column, Grid
 from ..analysis.stats import ClusterBootstrap, ratio
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
+from ..errors import SpecscopeError
+from ..files import read_json_object, read_toml_table
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
 from ..trees import DynamicTree, TreeShape
+from .predict import Prediction
 from .router import (
     LearnedRouter,
     RouterReport,
@@ -113,6 +136,9 @@ class BenchRun:
     steps: int  # verification steps (forward passes of the target for plain)
     time_s: float
     first_token_s: float  # the prompt's prefill and the first token (the same work in every method)
+    repeat_times_s: tuple[float, ...] = ()  # every repeat's time, in repeat order
+    repeat_first_token_s: tuple[float, ...] = ()  # every repeat's first-token time
+    in_sample: bool = False  # a tuning run of the policy measured this prompt
 
 
 @dataclass(frozen=True)
@@ -173,6 +199,73 @@ def hf_generate(
 ROUTERS = ("rules", "learned")
 
 
+class BenchError(SpecscopeError, ValueError):
+    """A bench that could not confirm what it is asked to: tuning prompts among those timed,
+    a policy whose tuning runs cannot be traced; the message says what and what to do."""
+
+
+@dataclass(frozen=True)
+class TuningPrompts:
+    """The prompts the tuning runs of a policy measured, and where that came from."""
+
+    ids: frozenset[str]
+    runs: tuple[str, ...]  # each tuning run, by run id (or directory)
+    known: bool  # False: the policy names no tuning runs (written by hand, or no policy)
+
+
+def tuning_prompts(policy) -> TuningPrompts:
+    """The prompt ids of every run a policy was tuned on: its ``source.prompt_ids`` (the first
+    run's) and, for each of ``source.runs``, the run's ``prompt_ids`` or, where the file lacks
+    them, the ``prompts.ids`` of the manifest in its ``run_dir``. A run found in neither is
+    refused: the bench could not tell its prompts from held-out ones."""
+    source = (policy.info.get("source") if policy is not None else None) or {}
+    if not source:
+        return TuningPrompts(frozenset(), (), known=False)
+    ids = set(source.get("prompt_ids") or ())
+    first = str(source.get("run_id") or source.get("run_dir") or "the first tuning run")
+    if not ids:
+        ids |= _run_prompt_ids(source, first)
+    runs = [first]
+    for run in source.get("runs") or ():
+        name = str(run.get("run_id") or run.get("run_dir") or "a tuning run")
+        if name == first:  # the first run: its ids are source.prompt_ids
+            continue
+        runs.append(name)
+        ids |= set(run.get("prompt_ids") or ()) or _run_prompt_ids(run, name)
+    return TuningPrompts(frozenset(ids), tuple(runs), known=True)
+
+
+def _run_prompt_ids(run: Mapping, name: str) -> set[str]:
+    """A tuning run's prompt ids from its run directory's manifest (or prompts table)."""
+    from ..records.rundir import RunDir
+
+    run_dir = Path(str(run.get("run_dir") or ""))
+    manifest = RunDir(run_dir).read_manifest() if (run_dir / "manifest.json").is_file() else None
+    ids = ((manifest or {}).get("prompts") or {}).get("ids")
+    if ids:
+        return set(map(str, ids))
+    if (run_dir / "prompts.parquet").is_file():
+        return set(pd.read_parquet(run_dir / "prompts.parquet", columns=["prompt_id"])["prompt_id"])
+    raise BenchError(
+        f"the policy was tuned on run {name}, but its file lists none of that run's prompt ids "
+        f"and its run directory {str(run_dir) or '(none named)'} holds no manifest or prompts "
+        "table: the bench cannot tell its prompts from held-out ones; tune the policy again "
+        "(a policy records every tuning run's prompts), or make the run directory readable"
+    )
+
+
+def check_held_out(items: Sequence[PromptItem], tuned: TuningPrompts, in_sample: bool) -> None:
+    """Refuse timing a prompt a tuning run measured, unless ``in_sample`` (then it is labelled)."""
+    seen = [it.id for it in items if it.id in tuned.ids]
+    if seen and not in_sample:
+        raise BenchError(
+            f"{len(seen)} of the bench's prompts were measured by the policy's tuning runs "
+            f"({', '.join(tuned.runs)}), e.g. {seen[0]!r}: a prediction checked on them is "
+            "checked in-sample; time held-out prompts, or label them in-sample (in_sample, "
+            "--in-sample)"
+        )
+
+
 @dataclass(frozen=True)
 class BenchPrompts:
     """What the bench times, chosen so that nothing it is scored on was seen before."""
@@ -181,17 +274,33 @@ class BenchPrompts:
     routers: dict[str, object]  # ROUTERS -> a router (the learned one trained on the other half)
     reports: list[RouterReport]  # each router's accuracy on the held-out half
     held_out: int  # prompts in the held-out half
+    tuned: TuningPrompts = TuningPrompts(frozenset(), (), known=False)
+    in_sample: bool = False  # tuning prompts may be timed (labelled in-sample)
+
+    @property
+    def in_sample_ids(self) -> frozenset[str]:
+        """The timed prompts a tuning run measured."""
+        return frozenset(it.id for it in self.items if it.id in self.tuned.ids)
 
 
 def bench_prompts(
-    domains: list[str], per_domain: int, seed: int, policy, router: str = "rules"
+    domains: list[str],
+    per_domain: int,
+    seed: int,
+    policy,
+    router: str = "rules",
+    in_sample: bool = False,
 ) -> BenchPrompts:
-    """Every prompt of ``domains`` except the tuning run's (``policy``'s source), split in half:
-    one half trains the learned router; the other scores the routers and gives ``per_domain``
-    prompts per domain to time. The learned router is trained only where its training half has
-    two domains or more (a classifier needs two classes); asking for it with fewer is refused."""
-    tuned = set((policy.info.get("source", {}) if policy else {}).get("prompt_ids", []))
-    pool = [it for it in select_prompts(domains, None, seed=seed) if it.id not in tuned]
+    """Every prompt of ``domains`` except those the policy's tuning runs measured
+    (:func:`tuning_prompts`; with ``in_sample`` they stay, to be labelled), split in half: one
+    half trains the learned router; the other scores the routers and gives ``per_domain``
+    prompts per domain to time. A domain with fewer held-out prompts than ``per_domain`` is
+    refused. The learned router is trained only where its training half has two domains or more
+    (a classifier needs two classes); asking for it with fewer is refused."""
+    tuned = tuning_prompts(policy)
+    pool = [
+        it for it in select_prompts(domains, None, seed=seed) if in_sample or it.id not in tuned.ids
+    ]
     train, test = holdout_split(pool, 0.5, seed)
     routers: dict[str, object] = {"rules": RuleRouter()}
     if len({i.domain for i in train}) >= 2:
@@ -203,13 +312,24 @@ def bench_prompts(
             "--router learned needs prompts of two domains or more to train on; "
             f"got {', '.join(domains)} (use --router rules, or give more domains)"
         )
-    items = [
-        it
-        for d in domains
-        for it in sample_items([i for i in test if i.domain == d], per_domain, seed)
-    ]
+    items = []
+    for d in domains:
+        held = [i for i in test if i.domain == d]
+        if len(held) < per_domain:
+            raise BenchError(
+                f"domain {d!r} has {len(held)} held-out prompts to time (its prompts less those "
+                f"the tuning runs measured, halved for the learned router), fewer than the "
+                f"{per_domain} asked for: ask for fewer, or label tuning prompts in-sample"
+            )
+        items += sample_items(held, per_domain, seed)
+    check_held_out(items, tuned, in_sample)
     return BenchPrompts(
-        items, routers, [router_accuracy(r, test) for r in routers.values()], len(test)
+        items,
+        routers,
+        [router_accuracy(r, test) for r in routers.values()],
+        len(test),
+        tuned,
+        in_sample,
     )
 
 
@@ -269,8 +389,10 @@ def run_bench(
     router,
     config: BenchConfig = BenchConfig(),
     log=None,
+    in_sample_ids: frozenset[str] = frozenset(),
 ) -> list[BenchRun]:
-    """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`)."""
+    """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`),
+    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample."""
     methods = bench_methods(decoder_for, policy, router, config)
     rendered = [
         render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
@@ -296,7 +418,19 @@ def run_bench(
             median = sorted(times[name])[len(times[name]) // 2]
             first = sorted(firsts[name])[len(firsts[name]) // 2]
             runs.append(
-                BenchRun(name, item.id, item.domain, routed, tuple(tokens), steps, median, first)
+                BenchRun(
+                    name,
+                    item.id,
+                    item.domain,
+                    routed,
+                    tuple(tokens),
+                    steps,
+                    median,
+                    first,
+                    tuple(times[name]),
+                    tuple(firsts[name]),
+                    item.id in in_sample_ids,
+                )
             )
             if log:
                 log(
@@ -374,3 +508,289 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
                 )
             )
     return rows
+
+
+# --- predicted against measured --------------------------------------------------------------------
+
+# the methods a policy file predicts, and whose entry: routed, each domain's; uniform, the uniform's
+PREDICTED_METHODS = ("routed", "uniform")
+
+
+@dataclass(frozen=True)
+class PolicyPrediction:
+    """What a tuned policy file predicted for one of its entries, when it was tuned."""
+
+    tokens_per_step: Prediction | None  # None: the entry carries no prediction
+    speedup: float  # predicted speed-up of decoding over plain (nan: none)
+
+
+def policy_predictions(path: str | Path) -> dict[str, PolicyPrediction]:
+    """Each entry's prediction as the policy file holds it (domain name, or ``ALL_DOMAINS`` for
+    the uniform entry): its ``prediction`` and ``predicted_speedup``; entries without them (a
+    hand-written policy) are left out."""
+    from .policy import PolicyError, PolicyFile
+
+    path = Path(path)
+    if path.suffix == ".toml":
+        data = read_toml_table(path, PolicyError, "policy file")
+    else:
+        data = read_json_object(path, PolicyError, "policy file")
+    loaded = PolicyFile.from_dict(data, str(path))  # checks every entry
+    entries = {**(data.get("domains") or {}), ALL_DOMAINS: data.get("uniform")}
+    out = {}
+    for name, entry in entries.items():
+        speedup = entry.get("predicted_speedup") if isinstance(entry, dict) else None
+        tokens = loaded.predictions.get(name)
+        if tokens is None and not isinstance(speedup, (int, float)):
+            continue
+        out[name] = PolicyPrediction(
+            tokens, float(speedup) if isinstance(speedup, (int, float)) else math.nan
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class PredictedCell:
+    """One bench cell (method x domain): what the policy predicted beside what was measured."""
+
+    method: str
+    domain: str
+    prompts: int
+    in_sample: int  # of its prompts, those a tuning run measured
+    predicted: PolicyPrediction | None  # None: the policy predicts nothing for this cell
+    tokens_per_step: float  # measured: output tokens over decoding steps (prefill's included)
+    speedup: float  # measured decode speed-up over plain, same prompts
+    speedup_lo: float
+    speedup_hi: float
+
+    @property
+    def tokens_inside(self) -> bool | None:
+        """Whether the measured tokens per step lie in the predicted interval (None: no
+        interval predicted)."""
+        p = self.predicted.tokens_per_step if self.predicted else None
+        if p is None or not (math.isfinite(p.lo) and math.isfinite(p.hi)):
+            return None
+        return p.lo <= self.tokens_per_step <= p.hi
+
+
+def predicted_vs_measured(
+    rows: Sequence[BenchRow],
+    runs: Sequence[BenchRun],
+    predictions: Mapping[str, PolicyPrediction],
+) -> tuple[PredictedCell, ...]:
+    """Every cell of the bench's summary but plain's, with the policy's prediction where it
+    made one: the routed method in a domain, that domain's entry; the uniform method, the
+    uniform entry."""
+    cells = []
+    for r in rows:
+        if r.method == "plain" or r.domain == ALL_DOMAINS:
+            continue
+        mine = [x for x in runs if x.method == r.method and x.domain == r.domain]
+        entry = {"routed": r.domain, "uniform": ALL_DOMAINS}.get(r.method)
+        cells.append(
+            PredictedCell(
+                r.method,
+                r.domain,
+                r.prompts,
+                sum(x.in_sample for x in mine),
+                predictions.get(entry) if entry else None,
+                r.tau,
+                r.speedup,
+                r.speedup_lo,
+                r.speedup_hi,
+            )
+        )
+    return tuple(cells)
+
+
+def _number(x: float, digits: int = 2, suffix: str = "") -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}{suffix}"
+
+
+def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Grid:
+    """Predicted (when the policy was tuned) against measured, every cell."""
+
+    def predicted_tokens(c: PredictedCell) -> str:
+        p = c.predicted.tokens_per_step if c.predicted else None
+        if p is None:
+            return "-"
+        interval = f" [{p.lo:.2f}, {p.hi:.2f}]" if math.isfinite(p.lo) else ""
+        return f"{p.tokens_per_step:.2f}{interval} ({p.method})"
+
+    rows = tuple(
+        (
+            c.domain,
+            c.method,
+            f"{c.prompts}" + (f" ({c.in_sample} in-sample)" if c.in_sample else " held out"),
+            predicted_tokens(c),
+            _number(c.tokens_per_step),
+            {None: "-", True: "yes", False: "no"}[c.tokens_inside],
+            _number(c.predicted.speedup if c.predicted else math.nan, suffix="x"),
+            _number(c.speedup, suffix="x")
+            + (f" [{c.speedup_lo:.2f}, {c.speedup_hi:.2f}]" if math.isfinite(c.speedup_lo) else ""),
+        )
+        for c in cells
+    )
+    where = (
+        f"tuning runs {', '.join(tuned.runs)}"
+        if tuned.known
+        else "the policy names no tuning runs: whether its prompts were held out is unknown"
+    )
+    columns = ("domain", "method", "prompts", "predicted tokens/step", "measured tokens/step")
+    return Grid(
+        "bench_predicted",
+        "predicted (policy file, before the bench) against measured",
+        tuple(
+            Column(c)
+            for c in (*columns, "inside", "predicted speed-up", "measured speed-up (95% CI)")
+        ),
+        rows,
+        "tokens per step: output tokens over decoding steps, the prefill's token one step (as "
+        "specscope's decoder counts them, and tune's replay with a plain prefill pass). routed: "
+        "each domain's entry; uniform: the uniform entry; other methods: no prediction. "
+        f"Held out from: {where}.",
+    )
+
+
+# --- is the interval narrow enough ---------------------------------------------------------------
+
+TARGET_HALF_WIDTH = 0.05  # ±5% of the speed-up
+
+
+@dataclass(frozen=True)
+class SpeedupPrecision:
+    """One domain's decode speed-up of one method, with an interval over prompts and repeats,
+    and what it would take to make it ±``target`` or narrower."""
+
+    method: str
+    domain: str
+    prompts: int
+    repeats: int
+    speedup: float  # from the mean time over repeats of each prompt
+    lo: float
+    hi: float
+    target: float  # relative half-width asked for
+    prompts_needed: int | None  # at these repeats (None: one prompt gives no spread to scale)
+    repeats_needed: int | None  # at these prompts (None: repeats alone cannot get there)
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width over the speed-up (nan without an interval)."""
+        return (self.hi - self.lo) / 2 / self.speedup if self.speedup > 0 else math.nan
+
+    @property
+    def narrow_enough(self) -> bool:
+        return math.isfinite(self.half_width) and self.half_width <= self.target
+
+
+def speedup_precision(
+    runs: Sequence[BenchRun],
+    target: float = TARGET_HALF_WIDTH,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[SpeedupPrecision, ...]:
+    """Per method (plain aside) and domain: the decode speed-up (tokens after the first over
+    their seconds, against plain's on the same prompts, repeats paired by round) with a 95%
+    interval from a two-stage bootstrap (prompts resampled, then each prompt's repeats), and the
+    prompts or repeats a ±``target`` interval needs (see the module's docstring)."""
+    if not 0 < target < 1:
+        raise BenchError(f"the target half-width is a fraction in (0, 1), got {target}")
+    plain = {r.prompt_id: r for r in runs if r.method == "plain"}
+    out = []
+    for method in dict.fromkeys(r.method for r in runs if r.method != "plain"):
+        for domain in dict.fromkeys(r.domain for r in runs):
+            mine = [r for r in runs if r.method == method and r.domain == domain and r.tokens]
+            pairs = [(r, plain[r.prompt_id]) for r in mine if r.prompt_id in plain]
+            if pairs:
+                out.append(_precision(method, domain, pairs, target, n_boot, seed))
+    return tuple(out)
+
+
+def _decode_times(run: BenchRun) -> np.ndarray:
+    """(R,) seconds after the first token, per repeat (the median's when repeats are not kept)."""
+    if run.repeat_times_s:
+        return np.subtract(run.repeat_times_s, run.repeat_first_token_s)
+    return np.array([run.time_s - run.first_token_s])
+
+
+def _precision(method, domain, pairs, target, n_boot, seed) -> SpeedupPrecision:
+    tokens = np.array([[len(m.tokens) - 1, len(p.tokens) - 1] for m, p in pairs], float)  # (P,2)
+    mine = np.stack([_decode_times(m) for m, _ in pairs])  # (P, R)
+    base = np.stack([_decode_times(p) for _, p in pairs])
+    P, R = mine.shape
+    boot = ClusterBootstrap.draw(np.zeros(P), n_boot, seed)
+    rng = np.random.default_rng(seed + 1)
+    repeat_w = np.ones((n_boot + 1, P, R))
+    if R > 1 and n_boot:
+        repeat_w[1:] = rng.multinomial(R, np.full(R, 1.0 / R), size=(n_boot, P))
+
+    def speedups(prompt_w: np.ndarray, rep_w: np.ndarray) -> np.ndarray:
+        t_mine = (rep_w * mine).sum(-1) / R  # (B + 1, P): each prompt's mean time
+        t_base = (rep_w * base).sum(-1) / R
+        n = prompt_w @ tokens  # (B + 1, 2)
+        return ratio(n[:, 0], (prompt_w * t_mine).sum(-1)) / ratio(
+            n[:, 1], (prompt_w * t_base).sum(-1)
+        )
+
+    both = boot.estimate(speedups(boot.weights, repeat_w), prompts=P)
+    half = (both.hi - both.lo) / 2 / both.value if both.value > 0 else math.nan
+    var_prompts = np.var(speedups(boot.weights, np.ones_like(repeat_w))[1:])
+    var_repeats = np.var(speedups(np.ones_like(boot.weights), repeat_w)[1:])
+    prompts_needed = repeats_needed = None
+    if math.isfinite(half):
+        factor = (half / target) ** 2
+        prompts_needed = max(P, math.ceil(P * factor))
+        share = var_repeats / (var_prompts + var_repeats) if var_prompts + var_repeats else 0.0
+        room = 1 - factor * (1 - share)  # what repeats must bring the rest down to
+        if factor <= 1:
+            repeats_needed = R
+        elif room > 0 and share > 0:
+            repeats_needed = math.ceil(R * factor * share / room)
+    return SpeedupPrecision(
+        method, domain, P, R, both.value, both.lo, both.hi, target, prompts_needed, repeats_needed
+    )
+
+
+def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
+    """Each domain's speed-up interval, and whether it is narrow enough to confirm a prediction."""
+
+    def verdict(r: SpeedupPrecision) -> str:
+        if r.narrow_enough:
+            return f"yes: ±{r.half_width:.1%}"
+        if r.prompts_needed is None:
+            return "no: one prompt gives no interval; time more prompts"
+        more = f"no: ±{r.half_width:.1%}; ±{r.target:.0%} needs ~{r.prompts_needed} prompts"
+        if r.repeats_needed is not None:
+            return f"{more} at {r.repeats} repeats, or ~{r.repeats_needed} repeats"
+        return f"{more} at {r.repeats} repeats (repeats alone cannot get there)"
+
+    return Grid(
+        "bench_precision",
+        f"speed-up intervals (prompts and repeats resampled): ±{TARGET_HALF_WIDTH:.0%} or narrower?",
+        tuple(
+            Column(c)
+            for c in (
+                "domain",
+                "method",
+                "prompts",
+                "repeats",
+                "speed-up (95% CI)",
+                "narrow enough",
+            )
+        ),
+        tuple(
+            (
+                r.domain,
+                r.method,
+                r.prompts,
+                r.repeats,
+                _number(r.speedup, suffix="x")
+                + (f" [{r.lo:.2f}, {r.hi:.2f}]" if math.isfinite(r.lo) else ""),
+                verdict(r),
+            )
+            for r in rows
+        ),
+        "decode speed-up from each prompt's mean time over repeats, method and plain paired by "
+        "repeat; prompts needed scale as the interval's width squared; repeats needed from the "
+        "share of the variance that resampling repeats alone gives.",
+    )

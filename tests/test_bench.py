@@ -1,0 +1,202 @@
+"""tune/bench: the bench refuses (or labels in-sample) the prompts the policy was tuned on, sets
+the policy file's predictions beside what it measures for every cell, and says whether each
+domain's speed-up interval is ±5% or narrower, or what it would take; on a tiny pair."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import near_pair
+from specscope.analysis.render import to_markdown
+from specscope.decode import SpeculativeDecoder
+from specscope.prompts.domains import select_prompts
+from specscope.records import ALL_DOMAINS
+from specscope.trees import TreeShape
+from specscope.tune.bench import (
+    BenchConfig,
+    BenchError,
+    BenchRun,
+    bench_prompts,
+    check_held_out,
+    policy_predictions,
+    precision_grid,
+    predicted_vs_measured,
+    prediction_grid,
+    run_bench,
+    speedup_precision,
+    summarize_bench,
+    tuning_prompts,
+)
+from specscope.tune.policy import Choice, PolicyFile
+from specscope.tune.predict import EXTRAPOLATED, Prediction
+from specscope.tune.router import RuleRouter
+
+CODE_IDS = [it.id for it in select_prompts(["code"], None, seed=42)]
+
+
+def _policy(source: dict | None = None, predictions: bool = True) -> PolicyFile:
+    """code: a chain of 2 predicted at 2.5 [2.3, 2.7] tokens per step (replay) and 1.3x; the
+    uniform chain of 1 predicted at 1.6 (extrapolated) and 1.1x."""
+    code = Choice(TreeShape.chain(2), 2.5, 1.3, 0.1, prediction=Prediction(2.5, 2.3, 2.7))
+    uniform = Choice(
+        TreeShape.chain(1), 1.6, 1.1, 0.08, prediction=Prediction(1.6, method=EXTRAPOLATED)
+    )
+    return PolicyFile(
+        trees={"code": code.shape},
+        uniform=uniform.shape,
+        choices={"code": code, ALL_DOMAINS: uniform} if predictions else {},
+        info={"source": source} if source is not None else {},
+    )
+
+
+# --- which prompts a tuning run measured --------------------------------------------------------
+
+
+def test_tuning_prompts_gather_every_runs_prompts(tmp_path):
+    run_dir = tmp_path / "ngram-run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"prompts": {"ids": ["c", "d"]}}))
+    source = {
+        "run_id": "r1",
+        "prompt_ids": ["a", "b"],
+        "runs": [
+            {"run_id": "r1", "run_dir": "x"},
+            {"run_id": "r2", "prompt_ids": ["e"]},
+            {"run_id": "r3", "run_dir": str(run_dir)},  # no ids in the file: the manifest's
+        ],
+    }
+    tuned = tuning_prompts(_policy(source))
+    assert tuned.ids == {"a", "b", "c", "d", "e"} and tuned.runs == ("r1", "r2", "r3")
+    assert tuned.known
+    untraced = {**source, "runs": [{"run_id": "r9", "run_dir": str(tmp_path / "gone")}]}
+    with pytest.raises(BenchError, match="run r9.*cannot tell its prompts from held-out"):
+        tuning_prompts(_policy(untraced))
+    assert not tuning_prompts(_policy()).known and not tuning_prompts(None).ids
+
+
+def test_the_bench_never_times_a_tuning_prompt_unless_labelled_in_sample():
+    tuned_ids = CODE_IDS[:150]  # leaves 14 held out, 7 after the router's half
+    policy = _policy({"run_id": "r1", "prompt_ids": tuned_ids})
+    chosen = bench_prompts(["code"], 5, 42, policy)
+    assert len(chosen.items) == 5 and not chosen.in_sample_ids
+    assert not {it.id for it in chosen.items} & set(tuned_ids)
+    with pytest.raises(BenchError, match="'code' has 7 held-out prompts.*fewer than the 20"):
+        bench_prompts(["code"], 20, 42, policy)
+    labelled = bench_prompts(["code"], 20, 42, policy, in_sample=True)
+    assert labelled.in_sample_ids and labelled.in_sample_ids <= set(tuned_ids)
+    with pytest.raises(BenchError, match="measured by the policy's tuning runs \\(r1\\)"):
+        check_held_out(labelled.items, labelled.tuned, in_sample=False)
+    check_held_out(labelled.items, labelled.tuned, in_sample=True)
+
+
+# --- predicted against measured, on a tiny pair ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tokenizer):
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})
+    chosen = bench_prompts(["code"], 3, 42, policy, in_sample=True)
+    config = BenchConfig(
+        max_new_tokens=8, warmup=0, repeats=2, methods=("plain", "chain", "uniform", "routed")
+    )
+    runs = run_bench(
+        lambda drafter: decoder,
+        tokenizer,
+        chosen.items,
+        policy,
+        RuleRouter(),
+        config,
+        in_sample_ids=chosen.in_sample_ids,
+    )
+    return policy, chosen, runs
+
+
+def test_every_cell_shows_the_policys_prediction_beside_the_measurement(tiny_bench, tmp_path):
+    policy, chosen, runs = tiny_bench
+    assert all(len(r.repeat_times_s) == 2 for r in runs)
+    assert {r.in_sample for r in runs} == {r.prompt_id in chosen.in_sample_ids for r in runs}
+    path = policy.save(tmp_path / "policy.json")
+    predictions = policy_predictions(path)
+    assert predictions["code"].tokens_per_step == Prediction(2.5, 2.3, 2.7)
+    assert predictions["code"].speedup == 1.3
+    assert predictions[ALL_DOMAINS].tokens_per_step.extrapolated
+    rows = summarize_bench(runs)
+    cells = {(c.method, c.domain): c for c in predicted_vs_measured(rows, runs, predictions)}
+    assert set(cells) == {("chain", "code"), ("uniform", "code"), ("routed", "code")}
+    assert cells["chain", "code"].predicted is None  # the policy predicts no fixed chain
+    assert cells["uniform", "code"].predicted == predictions[ALL_DOMAINS]
+    routed = cells["routed", "code"]
+    assert routed.predicted == predictions["code"]
+    measured = next(r for r in rows if (r.method, r.domain) == ("routed", "code"))
+    assert routed.tokens_per_step == measured.tau and routed.speedup == measured.speedup
+    assert routed.tokens_inside == (2.3 <= measured.tau <= 2.7)
+    assert cells["uniform", "code"].tokens_inside is None  # extrapolated: no interval
+    assert routed.in_sample == len(chosen.in_sample_ids) > 0
+    text = to_markdown(prediction_grid(tuple(cells.values()), chosen.tuned))
+    assert "2.50 \\[2.30, 2.70\\] (replay)" in text and "1.30x" in text and "tuning runs r1" in text
+    precision = speedup_precision(runs, n_boot=200)
+    assert {(p.method, p.domain) for p in precision} == set(cells)
+    assert all(p.repeats == 2 and p.prompts == 3 for p in precision)
+    assert "narrow enough" in to_markdown(precision_grid(precision))
+
+
+def test_a_policy_without_predictions_predicts_no_cell(tmp_path):
+    path = _policy(predictions=False).save(tmp_path / "hand.json")
+    assert policy_predictions(path) == {}
+
+
+# --- is the interval narrow enough -----------------------------------------------------------------
+
+
+def _runs(speedups, repeat_noise=(0.0, 0.0), tokens: int = 11) -> list[BenchRun]:
+    """One prompt per speed-up: plain takes 1 s after its first token in every repeat, the
+    method 1/speed-up s times (1 + each repeat's noise)."""
+    runs = []
+    for i, s in enumerate(speedups):
+        for method, base in (("plain", 1.0), ("chain", 1.0 / s)):
+            noise = repeat_noise if method == "chain" else (0.0,) * len(repeat_noise)
+            times = tuple(0.5 + base * (1 + e) for e in noise)
+            runs.append(
+                BenchRun(method, f"p{i}", "code", "", (1,) * tokens, 5, times[0], 0.5, times,
+                         (0.5,) * len(times))
+            )  # fmt: skip
+    return runs
+
+
+def test_equal_prompts_and_repeats_give_a_point_interval_that_is_narrow_enough():
+    (p,) = speedup_precision(_runs([2.0] * 6), n_boot=500)
+    assert p.speedup == pytest.approx(2.0) and p.lo == pytest.approx(2.0)
+    assert p.hi == pytest.approx(2.0) and p.narrow_enough
+    assert (p.prompts_needed, p.repeats_needed) == (6, 2)
+
+
+def test_spread_across_prompts_needs_more_prompts_in_proportion_to_the_width_squared():
+    (p,) = speedup_precision(_runs([1.2, 1.6, 2.0, 2.4, 2.8, 3.2]), n_boot=2000)
+    assert p.lo < p.speedup < p.hi and not p.narrow_enough
+    assert p.prompts_needed == math.ceil(6 * (p.half_width / 0.05) ** 2)
+    assert p.repeats_needed is None  # repeats do not vary: only prompts can narrow it
+    text = to_markdown(precision_grid([p]))
+    assert f"~{p.prompts_needed} prompts" in text and "repeats alone cannot" in text
+
+
+def test_noise_between_repeats_can_be_averaged_away_by_repeats():
+    (p,) = speedup_precision(_runs([2.0] * 6, repeat_noise=(-0.3, 0.3)), n_boot=2000)
+    assert not p.narrow_enough and p.repeats_needed is not None and p.repeats_needed > 2
+    assert p.prompts_needed > 6
+    with pytest.raises(BenchError, match="fraction in \\(0, 1\\)"):
+        speedup_precision(_runs([2.0] * 2), target=5)
+
+
+def test_one_prompt_gives_no_interval_to_scale():
+    (p,) = speedup_precision(_runs([2.0], repeat_noise=(-0.1, 0.1)), n_boot=200)
+    assert math.isnan(p.lo) and not p.narrow_enough and p.prompts_needed is None
+    assert "one prompt gives no interval" in to_markdown(precision_grid([p]))
+    assert np.isfinite(p.speedup)
