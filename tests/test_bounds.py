@@ -216,7 +216,7 @@ def test_huge_thread_counts_are_refused_naming_the_range(tiny_dirs, no_weights, 
         (["bench"], "--chain-depth", "1<=x<=4096"),
         (["bench"], "--per-domain", "1<=x<=1000000"),
         (["bench"], "--repeats", "1<=x<=1000"),
-        (["analyze", "r"], "--n-boot", "0<=x<=100000"),
+        (["analyze", "r"], "--boot", "0<=x<=100000"),
         (["analyze", "r"], "--seed", "0<=x<=4294967295"),
     ],
 )

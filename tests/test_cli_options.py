@@ -13,7 +13,7 @@ from specscope.cli.options import RENAMED, names, rename_args, renamed_for
 
 # An old name's value that parses (the command stops at --help before doing any work).
 VALUES = {
-    "--boot": ["5"],
+    "--n-boot": ["5"],
     "--repetitions": ["5"],
     "--costs": ["grid.json"],
     "--threads": ["2"],
@@ -71,8 +71,8 @@ def test_an_old_name_is_not_in_the_help(name, rename):
 
 
 def test_old_names_become_the_new_form_with_their_values():
-    assert rename_args("analyze", ["r", "--boot", "7"]) == ["r", "--n-boot", "7"]
-    assert rename_args("analyze", ["r", "--boot=7"]) == ["r", "--n-boot=7"]
+    assert rename_args("analyze", ["r", "--n-boot", "7"]) == ["r", "--boot", "7"]
+    assert rename_args("llamacpp", ["r", "--n-boot=7"]) == ["r", "--boot=7"]
     assert rename_args("decode", ["hi", "--no-chat-template"]) == ["hi", "--rendering", "raw"]
     assert rename_args("decode", ["hi", "--chat-template"]) == ["hi", "--rendering", "chat"]
     assert rename_args("llamacpp", ["r", "--costs", "g.json"]) == ["r", "--cost-grid", "g.json"]
@@ -80,11 +80,11 @@ def test_old_names_become_the_new_form_with_their_values():
     # a rename belongs to its commands: tune's --costs is a cost model, and stays
     assert rename_args("tune", ["r", "--costs", "c.json"]) == ["r", "--costs", "c.json"]
     # nothing after -- is an option
-    assert rename_args("analyze", ["--", "--boot"]) == ["--", "--boot"]
+    assert rename_args("analyze", ["--", "--n-boot"]) == ["--", "--n-boot"]
     notes = []
     rename_args("gateway", ["d.toml", "--policy", "p.json"], notes.append)
     assert notes == ["note: --policy is now --policy-file"]
-    assert set(renamed_for("llamacpp")) >= {"--costs", "--threads", "--poll", "--boot"}
+    assert set(renamed_for("llamacpp")) >= {"--costs", "--threads", "--poll", "--n-boot"}
 
 
 def test_decode_takes_the_renderings_that_run_takes():

@@ -51,7 +51,7 @@ def analyze(
     out: str | None = typer.Option(
         None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."
     ),
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
@@ -143,7 +143,7 @@ def report(
         "-o",
         help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs).",
     ),
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
@@ -202,7 +202,7 @@ COMPARE_OUT = typer.Option(
 def compare(
     run_dirs: list[str] = RUN_DIRS_TO_COMPARE,
     out: str | None = COMPARE_OUT,
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
@@ -283,7 +283,7 @@ def _drafters_if_they_differ(run_dirs: list[Path], settings):
 def drafters(
     run_dirs: list[str] = RUN_DIRS_TO_COMPARE,
     out: str | None = COMPARE_OUT,
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
@@ -340,7 +340,7 @@ def certify(
         "--margin-bins",
         help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error.",
     ),
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
 ) -> None:

@@ -228,9 +228,9 @@ QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
 
 # --- analyses -------------------------------------------------------------------------------------------
 
-N_BOOT = typer.Option(
+BOOT = typer.Option(
     1000,
-    "--n-boot",
+    "--boot",
     min=0,
     max=MAX_BOOT,
     help="Bootstrap resamples of prompts for the intervals (0: no intervals).",
@@ -303,7 +303,8 @@ class Renamed:
 
 
 RENAMED: tuple[Renamed, ...] = (
-    Renamed("--boot", ("--n-boot",)),
+    # --boot, the name six commands had, over llamacpp's --n-boot: no script of theirs changes
+    Renamed("--n-boot", ("--boot",)),
     Renamed("--plot", ("--plots",), ("certify",)),
     Renamed("--no-plot", ("--no-plots",), ("certify",)),
     Renamed("--chat-template", ("--rendering", "chat"), ("decode",)),

@@ -195,7 +195,7 @@ def llamacpp(
         8, "--max-pass", min=2, max=MAX_TREE_NODES, help="Price passes of 1..N tokens."
     ),
     repeats: int = options.with_default(options.REPEATS, 5),
-    n_boot: int = options.N_BOOT,
+    n_boot: int = options.BOOT,
 ) -> None:
     """llama-server end to end: price settings with llama-bench, choose the fastest per domain
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
