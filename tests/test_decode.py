@@ -240,6 +240,7 @@ def test_cli_decode_end_to_end(tiny_dirs, tmp_path):
         steps.columns
     )
     assert steps.tau.clip(upper=8).sum() >= 8
+    assert steps.emitted.sum() == 8  # the tokens each step kept: the output's length
     result = _cli(
         "decode",
         "hello",
