@@ -125,13 +125,43 @@ def commands_markdown() -> str:
     return "\n".join(lines)
 
 
+def _option_row(name: str, uses: list[ParamDoc]) -> str:
+    """One option's row: its meaning, its default (naming the commands where they differ) and the
+    commands that take it."""
+    defaults: dict[str, list[str]] = {}
+    for p in uses:
+        defaults.setdefault(p.default, []).append(p.command)
+    default = (
+        _code(uses[0].default)
+        if len(defaults) == 1
+        else "; ".join(f"{_code(d)} ({', '.join(cs)})" for d, cs in defaults.items())
+    )
+    helps = dict.fromkeys(_cell(p.help) for p in uses)
+    if len(helps) == 1:
+        meaning = next(iter(helps))
+    else:  # an allowed difference (tests/test_cli_options.py): each command's own
+        meaning = " / ".join(
+            f"{h} ({', '.join(p.command for p in uses if _cell(p.help) == h)})" for h in helps
+        )
+    commands_ = ", ".join(dict.fromkeys(p.command for p in uses))
+    return f"| {_code(name)} | {meaning} | {default} | {commands_} |"
+
+
+def _old_names() -> list[str]:
+    lines = ["## Old names", "", "These still work, and say their new form on stderr.", ""]
+    lines += ["| old | now | commands |", "|---|---|---|"]
+    for r in RENAMED:
+        lines.append(f"| `{r.old}` | `{' '.join(r.new)}` | {', '.join(r.commands) or 'every'} |")
+    return lines
+
+
 def options_markdown() -> str:
     """One table: each option name, its meaning, its default(s) and the commands that take it;
     then the old names and what they now are."""
-    options = [p for p in param_docs() if p.kind == "option"]
     by_name: dict[str, list[ParamDoc]] = {}
-    for p in options:
-        by_name.setdefault(p.name, []).append(p)
+    for p in param_docs():
+        if p.kind == "option":
+            by_name.setdefault(p.name, []).append(p)
     lines = [HEADER, "# Options", ""]
     lines += [
         "Every option name of `specscope`, once: what it means, its default and the commands "
@@ -143,33 +173,5 @@ def options_markdown() -> str:
         "|---|---|---|---|",
     ]
     for name in sorted(by_name, key=lambda n: n.lstrip("-").lower()):
-        uses = by_name[name]
-        defaults = {}
-        for p in uses:
-            defaults.setdefault(p.default, []).append(p.command)
-        default = (
-            _code(uses[0].default)
-            if len(defaults) == 1
-            else "; ".join(f"{_code(d)} ({', '.join(cs)})" for d, cs in defaults.items())
-        )
-        helps = dict.fromkeys(_cell(p.help) for p in uses)
-        meaning = " / ".join(
-            f"{h} ({', '.join(p.command for p in uses if _cell(p.help) == h)})"
-            if len(helps) > 1
-            else h
-            for h in helps
-        )
-        commands_ = ", ".join(dict.fromkeys(p.command for p in uses))
-        lines.append(f"| {_code(name)} | {meaning} | {default} | {commands_} |")
-    lines += [
-        "",
-        "## Old names",
-        "",
-        "These still work, and say their new form on stderr.",
-        "",
-        "| old | now | commands |",
-        "|---|---|---|",
-    ]
-    for r in RENAMED:
-        lines.append(f"| `{r.old}` | `{' '.join(r.new)}` | {', '.join(r.commands) or 'every'} |")
-    return "\n".join(lines) + "\n"
+        lines.append(_option_row(name, by_name[name]))
+    return "\n".join([*lines, "", *_old_names()]) + "\n"
