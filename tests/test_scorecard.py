@@ -299,11 +299,13 @@ def test_stop_rules_on_the_best_signal_are_replayed_beside_the_chain():
         Path("s"), {"status": "complete"}, nodes.to_pandas(), steps.to_pandas(), prompts.to_pandas()
     )
     card = scorecard(prepare(run), ScorecardSettings(n_boot=30, learned=False))
-    signal, rows = stop_rule_rows(run, card, quantiles=(0.25, 0.5))
+    signal, rows = stop_rule_rows(run, card, shares=(0.25, 0.5))
     assert signal == DRAFT_PROB
     pooled = [r for r in rows if r.domain == ALL]
     assert len(pooled) == 3 and np.isnan(pooled[0].threshold)
     assert all("p_draft >=" in r.rule for r in pooled[1:])
+    assert "prefix: sibling rank is constant at each draft position, left out" in card.notes
+    assert card.row(PREFIX, "depth") is None and card.row(NODE, "depth") is not None
     # stopping drafts fewer nodes: never more tokens per step than the chain without a rule
     assert all(r.tokens_per_step.value <= pooled[0].tokens_per_step.value for r in pooled[1:])
     assert pooled[2].threshold > pooled[1].threshold

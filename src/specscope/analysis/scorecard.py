@@ -320,10 +320,11 @@ def boosted(categorical: tuple[bool, ...]) -> Fitter:
         if len(np.unique(y)) < 2:
             return _constant(y)
         model = HistGradientBoostingClassifier(
-            max_iter=150,
+            max_iter=100,
             learning_rate=0.1,
-            max_leaf_nodes=15,
-            min_samples_leaf=40,
+            max_depth=3,
+            min_samples_leaf=100,
+            l2_regularization=1.0,
             categorical_features=list(categorical) if any(categorical) else None,
             early_stopping=False,
             random_state=0,
@@ -347,7 +348,8 @@ def out_of_fold(
     pred = np.empty(len(y))
     for train, test in GroupKFold(n_splits=folds).split(x, y, prompt):
         train = train[fit_rows[train]]
-        pred[test] = fitter(x[train], y[train])(x[test])
+        fit = fitter if len(train) else lambda x, y: _constant(y)  # nothing to fit: 0.5
+        pred[test] = fit(x[train], y[train])(x[test])
     return pred
 
 
@@ -631,6 +633,14 @@ def _reliability(s: _Scored, target: str) -> Reliability:
     return Reliability(target, s.predictor.name, bins, ece)
 
 
+def _varies(x: np.ndarray, position: np.ndarray) -> bool:
+    """Whether a signal takes more than one value at some position (else it ranks nothing:
+    sibling rank and depth on the top-1 chain)."""
+    order = np.lexsort((x, position))
+    x, position = x[order], position[order]
+    return bool(((x[1:] != x[:-1]) & (position[1:] == position[:-1])).any())
+
+
 def _predictions(
     signals: list[Signal],
     nodes: pd.DataFrame,
@@ -638,12 +648,17 @@ def _predictions(
     records: Records,
     folds: int,
     learned: bool,
+    notes: list[str],
 ) -> list[tuple[Predictor, np.ndarray]]:
-    """Every predictor's out-of-fold prediction of the target's label, one per target row."""
+    """Every predictor's out-of-fold prediction of the target's label, one per target row
+    (signals that rank nothing on the target are left out, with a line in ``notes``)."""
     prompt = records.nodes.prompt[t.rows]
     values = {s.name: s.values(nodes)[t.rows] for s in signals}
     out = []
     for s in signals:
+        if not _varies(values[s.name], t.position):
+            notes.append(f"{t.name}: {s.name} is constant at each draft position, left out")
+            continue
         x = values[s.name][:, None]
         fitter = fit_rates if s.categorical else fit_isotonic
         q = out_of_fold(fitter, x, t.node_label, prompt, t.fit_rows, folds)
@@ -766,7 +781,7 @@ def scorecard(records: Records, settings: ScorecardSettings | None = None) -> Sc
             notes.append(f"{target}: no node to fit on, left out")
             continue
         for predictor, prob in _predictions(
-            signals, nodes, t, records, settings.folds, settings.learned
+            signals, nodes, t, records, settings.folds, settings.learned, notes
         ):
             predictors[predictor.name] = predictor
             s = _score(predictor, prob, t, records, boot)
@@ -791,7 +806,8 @@ def scorecard(records: Records, settings: ScorecardSettings | None = None) -> Sc
 
 STOP_RULE_SIGNALS = {"draft probability": "p_min", "draft entropy": "h_max"}  # what replay's
 # StopRule can stop on
-STOP_QUANTILES = (0.1, 0.25, 0.5, 0.75)  # thresholds: quantiles of the signal over chain nodes
+STOP_SHARES = (0.05, 0.1, 0.2, 0.3)  # thresholds: the signal's values that stop at these shares
+# of the chain's nodes (p_min: the share-quantile; h_max: the (1 - share)-quantile)
 
 
 @dataclass(frozen=True)
@@ -806,12 +822,12 @@ class StopRuleRow:
 
 
 def stop_rule_rows(
-    run: Run, card: Scorecard, quantiles: tuple[float, ...] = STOP_QUANTILES
+    run: Run, card: Scorecard, shares: tuple[float, ...] = STOP_SHARES
 ) -> tuple[str, list[StopRuleRow]]:
     """The top-1 chain replayed as greedy decoding under stop rules on the draft-side signal a
     stop rule can read (:class:`specscope.analysis.replay.StopRule`: draft probability or draft
-    entropy) that ranks prefix acceptance best on ``card``, at thresholds set at ``quantiles`` of
-    that signal over the chain's nodes, beside the chain without a rule; all from one bootstrap
+    entropy) that ranks prefix acceptance best on ``card``, at thresholds that fail the given
+    ``shares`` of the chain's nodes, beside the chain without a rule; all from one bootstrap
     (paired). Returns the signal and the rows. Tokens per step only: a shorter draft also costs
     less drafting, which a replay does not time."""
     rows = [card.row(PREFIX, name) for name in STOP_RULE_SIGNALS]
@@ -827,7 +843,7 @@ def stop_rule_rows(
     on_chain = np.isin(rec.node_path, rec.path_index(chain.shape.paths))
     values = rec.signals[SIGNALS_BY_NAME[signal].columns[0]][on_chain]
     kind = STOP_RULE_SIGNALS[signal]
-    cuts = sorted({float(np.quantile(values, q)) for q in quantiles})
+    cuts = sorted({float(np.quantile(values, q if kind == "p_min" else 1.0 - q)) for q in shares})
     candidates = [chain, *(StopRule(chain, **{kind: c}) for c in cuts)]
     s = card.settings
     replays = estimate(
@@ -854,8 +870,8 @@ def stop_rule_grid(signal: str, rows: list[StopRuleRow]) -> Grid:
         (Column("candidate"), *(Column(d) for d in domains)),
         tuple((rule, *(cell[rule, d] for d in domains)) for rule in rules),
         "The recorded trees' top-1 chain replayed as greedy decoding, drafting stopped before "
-        "the first node past the threshold (thresholds: quantiles of the signal over the chain's "
-        "nodes). Tokens per step only; drafting time is not counted. Intervals: prompts "
+        "the first node past the threshold (each threshold set so that a given share of the "
+        "chain's nodes fails it). Tokens per step only; drafting time is not counted. Intervals: prompts "
         "resampled within domains, the same resamples for every rule.",
     )
 
