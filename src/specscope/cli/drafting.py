@@ -1,33 +1,11 @@
-"""The drafter options of the commands that speculate (``run``, ``decode``, ``tune``, ``bench``):
-``--drafter``, ``--prompt-lookup-min``/``--prompt-lookup-max`` and ``--exit-layer``, turned into a
-validated :class:`~specscope.drafters.DrafterConfig` before any model loads."""
+"""The drafter options of the commands that speculate (``run``, ``decode``, ``bench``; declared in
+:mod:`specscope.cli.options`): ``--drafter``, ``--prompt-lookup-min``/``--prompt-lookup-max`` and
+``--exit-layer``, turned into a validated :class:`~specscope.drafters.DrafterConfig` before any
+model loads."""
 
 from __future__ import annotations
 
-import typer
-
-from ..drafters import DRAFTERS, DrafterConfig
-
-DRAFTER = typer.Option(
-    None,
-    "--drafter",
-    help=f"What proposes the tree: {', '.join(DRAFTERS)} (default: draft-model, or the config's).",
-)
-PROMPT_LOOKUP_MIN = typer.Option(
-    None,
-    "--prompt-lookup-min",
-    help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min; default 5, or --prompt-lookup-max).",
-)
-PROMPT_LOOKUP_MAX = typer.Option(
-    None,
-    "--prompt-lookup-max",
-    help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
-)
-EXIT_LAYER = typer.Option(
-    None,
-    "--exit-layer",
-    help="early-exit: the target's layers the draft runs (1 .. the target's layers - 1).",
-)
+from ..drafters import DrafterConfig
 
 
 def drafter_config(

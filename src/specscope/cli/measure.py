@@ -9,7 +9,7 @@ import typer
 from ..limits import MAX_GRID, MAX_PROMPTS, MAX_RETRIES
 from . import options
 from .app import MEASURE, command, set_threads
-from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
+from .drafting import drafter_config
 from .progress import ProgressBar
 
 # --- run (measurement engine) ------------------------------------------------------------------
@@ -60,10 +60,10 @@ def run(
     int8: bool = options.INT8,
     overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
-    drafter: str | None = DRAFTER,
-    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = EXIT_LAYER,
+    drafter: str | None = options.DRAFTER,
+    prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
     import dataclasses

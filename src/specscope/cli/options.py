@@ -24,6 +24,7 @@ import typer
 from typer.core import TyperCommand
 from typer.models import OptionInfo
 
+from ..drafters import DRAFTERS
 from ..limits import (
     MAX_BATCH,
     MAX_BOOT,
@@ -83,6 +84,29 @@ THREADS_HELP = (
     "its cpus-per-shard). Time costs (tune) and bench with the same number."
 )
 THREADS = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP)
+
+# --- the drafter (specscope.cli.drafting turns these into a DrafterConfig) -------------------------
+
+DRAFTER = typer.Option(
+    None,
+    "--drafter",
+    help=f"What proposes the tree: {', '.join(DRAFTERS)} (default: draft-model, or the config's).",
+)
+PROMPT_LOOKUP_MIN = typer.Option(
+    None,
+    "--prompt-lookup-min",
+    help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min; default 5, or --prompt-lookup-max).",
+)
+PROMPT_LOOKUP_MAX = typer.Option(
+    None,
+    "--prompt-lookup-max",
+    help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
+)
+EXIT_LAYER = typer.Option(
+    None,
+    "--exit-layer",
+    help="early-exit: the target's layers the draft runs (1 .. the target's layers - 1).",
+)
 
 # --- prompts and generation -----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from ..limits import (
 )
 from . import options
 from .app import SPECULATE, command, fail, print_grids, set_threads
-from .drafting import DRAFTER, EXIT_LAYER, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN, drafter_config
+from .drafting import drafter_config
 
 # --- decode / tune / bench -------------------------------------------------------------------
 
@@ -99,10 +99,10 @@ def decode(
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
-    drafter: str | None = DRAFTER,
-    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = EXIT_LAYER,
+    drafter: str | None = options.DRAFTER,
+    prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
     from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
@@ -281,9 +281,9 @@ def bench(
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
-    prompt_lookup_min: int | None = PROMPT_LOOKUP_MIN,
-    prompt_lookup_max: int | None = PROMPT_LOOKUP_MAX,
-    exit_layer: int | None = EXIT_LAYER,
+    prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
+    prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
+    exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree, routed, dynamic, ngram and
     early-exit decoding, per domain."""
