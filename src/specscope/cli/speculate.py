@@ -22,8 +22,7 @@ from .drafting import drafter_config
 # --- decode / tune / bench -------------------------------------------------------------------
 
 
-BENCH_DOMAINS = ("code", "math", "reasoning", "chat")
-BENCH_METHODS = ("plain", "assisted", "chain", "uniform", "routed")
+BENCH_DOMAINS = ("code", "math", "reasoning", "chat")  # the paper's four
 
 
 def _pair_request(draft, target, dtype, device, trust_remote_code: bool, int8: bool):
@@ -304,7 +303,7 @@ def bench(
         repeats=repeats,
         chain_depth=chain_depth,
         min_path_prob=min_path_prob,
-        methods=options.names(methods) or BENCH_METHODS,
+        methods=options.names(methods) or BenchConfig.methods,
         ngram=DrafterConfig(
             "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max
         ),
