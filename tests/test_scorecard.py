@@ -213,7 +213,10 @@ def test_scorecard_intervals_cover_the_truth(truth):
         hits["prefix_auroc"].append(prefix.auroc.contains(truth[PREFIX, "as is"].auroc))
         hits["prefix_ece"].append(prefix.ece.contains(truth[PREFIX, "as is"].ece))
     coverage = {k: float(np.mean(v)) for k, v in hits.items()}
-    assert all(c >= 0.8 for c in coverage.values()), coverage  # nominal 0.95, 30 repetitions
+    # nominal 0.95 over 30 repetitions; measured: 0.97 (AUROC, ECE), 0.93 (Brier, prefix ECE),
+    # 0.90 (prefix AUROC) and 0.83 for the fitted map's AUROC, whose interval holds the
+    # out-of-fold fit fixed (the refitting's variance and the map's ties are not in it)
+    assert all(c >= 0.8 for c in coverage.values()), coverage
 
 
 def test_learned_combinations_are_scored_out_of_fold():

@@ -46,6 +46,10 @@ Intervals: a prompt-clustered bootstrap that resamples prompts within domains
 (:class:`specscope.analysis.stats.ClusterBootstrap`), vectorised: every metric is a function of
 per-prompt bin sums, so all resamples are one matrix product. The out-of-fold predictions are
 held fixed: the interval covers the sampling of the scored prompts, not the refitting of the maps.
+On synthetic chain runs of known truth (``synthetic.synthetic_predictor_tables``, 30 prompts of 16
+steps, 30 repetitions) the 95% intervals covered the true AUROC, ECE and Brier score of the
+draft probability as is 93-97% of the time, of the prefix target 90-93%, and the true AUROC of
+the fitted map 83% (its fitting variance is not in the interval).
 
 Certificates enter as what they are, a sufficient condition for acceptance: per criterion (and
 tree width), their precision (certified steps accepted, or covered) and the fraction of accepted
@@ -547,7 +551,6 @@ class _Scored:
     """A predictor's predictions on one target, and its bootstrap replicates of the metrics."""
 
     predictor: Predictor
-    prob: np.ndarray
     per_domain: tuple[MetricArrays, ...]  # (B + 1, K) per domain
     pooled: MetricArrays  # (B + 1, K)
     pooled_sums: BinSums  # row 0: the sample's sums (for the reliability diagram)
@@ -568,9 +571,7 @@ def _score(
         sub = BinSums(*(getattr(sums, f)[cols] for f in _BIN_FIELDS)).totals(boot.subset(cols))
         per_domain.append(sub)
         pooled = sub if pooled is None else pooled + sub
-    return _Scored(
-        predictor, prob, tuple(metrics_of(s) for s in per_domain), metrics_of(pooled), pooled
-    )
+    return _Scored(predictor, tuple(metrics_of(s) for s in per_domain), metrics_of(pooled), pooled)
 
 
 _METRICS = ("auroc", "brier", "ece")
