@@ -14,6 +14,7 @@ import torch
 from conftest import near_pair
 from specscope.analysis.render import to_markdown
 from specscope.decode import SpeculativeDecoder
+from specscope.files import json_text
 from specscope.prompts.domains import select_prompts
 from specscope.records import ALL_DOMAINS
 from specscope.trees import TreeShape
@@ -23,6 +24,7 @@ from specscope.tune.bench import (
     BenchRun,
     bench_prompts,
     check_held_out,
+    checks_document,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
@@ -146,6 +148,17 @@ def test_every_cell_shows_the_policys_prediction_beside_the_measurement(tiny_ben
     assert {(p.method, p.domain) for p in precision} == set(cells)
     assert all(p.repeats == 2 and p.prompts == 3 for p in precision)
     assert "narrow enough" in to_markdown(precision_grid(precision))
+    doc = json.loads(json_text(checks_document(chosen, tuple(cells.values()), precision)))
+    assert doc["held_out"]["tuning_runs"] == ["r1"] and doc["held_out"]["in_sample_allowed"]
+    assert doc["held_out"]["in_sample_prompts"] == sorted(chosen.in_sample_ids)
+    routed_doc = next(c for c in doc["predicted_vs_measured"] if c["method"] == "routed")
+    assert routed_doc["predicted_tokens_per_step"] == {
+        "tokens_per_step": 2.5,
+        "interval": [2.3, 2.7],
+        "method": "replay",
+    }
+    assert routed_doc["predicted_speedup"] == 1.3 and routed_doc["in_sample"] >= 1
+    assert len(doc["precision"]) == 3 and "narrow_enough" in doc["precision"][0]
 
 
 def test_a_policy_without_predictions_predicts_no_cell(tmp_path):

@@ -23,6 +23,7 @@ Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -794,3 +795,37 @@ def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
         "repeat; prompts needed scale as the interval's width squared; repeats needed from the "
         "share of the variance that resampling repeats alone gives.",
     )
+
+
+def checks_document(
+    chosen: BenchPrompts,
+    cells: Sequence[PredictedCell],
+    precision: Sequence[SpeedupPrecision],
+) -> dict:
+    """The bench record's part on what it confirms: which prompts were held out, predicted
+    against measured per cell, and each interval's width against the ±5% asked for."""
+    return {
+        "held_out": {
+            "tuning_runs": list(chosen.tuned.runs),
+            "provenance": "policy source" if chosen.tuned.known else "none",
+            "in_sample_allowed": chosen.in_sample,
+            "in_sample_prompts": sorted(chosen.in_sample_ids),
+        },
+        "predicted_vs_measured": [
+            {
+                **{k: v for k, v in dataclasses.asdict(c).items() if k != "predicted"},
+                "predicted_tokens_per_step": (
+                    c.predicted.tokens_per_step.to_dict()
+                    if c.predicted and c.predicted.tokens_per_step
+                    else None
+                ),
+                "predicted_speedup": c.predicted.speedup if c.predicted else None,
+                "tokens_inside": c.tokens_inside,
+            }
+            for c in cells
+        ],
+        "precision": [
+            {**dataclasses.asdict(r), "half_width": r.half_width, "narrow_enough": r.narrow_enough}
+            for r in precision
+        ],
+    }
