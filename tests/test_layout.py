@@ -126,9 +126,9 @@ def test_the_graph_reader_sees_lazy_and_relative_imports():
 
 
 def readme_layout() -> list[str]:
-    """The paths the README's layout block names, relative to src/specscope (``x.py``, ``x/``,
-    ``x/y.py``; an entry indented under a folder belongs to it)."""
-    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    """The paths the layout page's block names (docs/explanation/layout.md), relative to
+    src/specscope (``x.py``, ``x/``, ``x/y.py``; an entry indented under a folder belongs to it)."""
+    block = (ROOT / "docs/explanation/layout.md").read_text().split("```")[1]
     paths, folder = [], ""
     for line in block.splitlines():
         m = re.match(r"( {2}| {4})(\S+(?:\.py|/))(?:\s|$)", line)

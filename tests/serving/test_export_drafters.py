@@ -84,8 +84,13 @@ def test_vllm_ngram_is_its_own_method_ngram(version):
         "model": DRAFT,
         "num_speculative_tokens": 2,
     }
-    assert doc["approximation"] is None  # the rule specscope measured is vLLM's own
-    assert any(n.startswith("ngram domains: method ngram") for n in doc["notes"])
+    # the V1 runner's proposer is the rule specscope measured; V2 (the default) drafts with
+    # another rule, so the export sets the V1 runner and says why
+    assert code["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert "env" not in doc["domains"]["math"]
+    assert doc["approximation"] is None
+    note = next(n for n in doc["notes"] if n.startswith("ngram domains: method ngram"))
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in note and "rightmost occurrence" in note
 
 
 def test_vllm_ngram_gets_no_batch_schedule_from_the_draft_models_costs():

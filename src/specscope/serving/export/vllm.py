@@ -88,10 +88,23 @@ NGRAM_FIELDS = (
     Field("prompt_lookup_min", int, low=1),
     Field("prompt_lookup_max", int, low=1),
 )
+# Which n-gram rule runs depends on the model runner. The V2 runner (vLLM's default since 0.33)
+# builds NgramGPUSpeculator (vllm/v1/worker/gpu/spec_decode/ngram/speculator.py@b4f1db99): its
+# scan keeps the longest n and then the RIGHTMOST occurrence ("Pack (n, pos) so a single max
+# yields longest-n, rightmost-pos"), and it always drafts K slots, filling slots past a short copy
+# or a miss with the last sampled token, which are verified as ordinary drafts ("Invalid slots
+# fall back to the last sampled token"). Only the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0) runs
+# NgramProposer, whose earliest-occurrence rule with no draft on a miss is what specscope's
+# ngram drafter re-implements and measured. The export therefore sets the V1 runner.
+NGRAM_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 NGRAM_NOTE = (
-    "ngram domains: method ngram with the measured prompt_lookup_min/max, the rule specscope "
-    "measured (specscope.drafters.ngram re-implements vllm/v1/spec_decode/ngram_proposer.py "
-    "of vLLM 0.33.0, 4ba787ec9; that file was not re-read at this commit)"
+    "ngram domains: method ngram with the measured prompt_lookup_min/max, served with "
+    "VLLM_USE_V2_MODEL_RUNNER=0 (the entry's env): the V1 runner's NgramProposer "
+    "(vllm/v1/spec_decode/ngram_proposer.py of vLLM 0.33.0, 4ba787ec9) takes the earliest "
+    "occurrence and drafts nothing on a miss, the rule specscope measured. On the default V2 "
+    "runner, NgramGPUSpeculator (v1/worker/gpu/spec_decode/ngram/speculator.py@b4f1db99) takes "
+    "the rightmost occurrence and always verifies K drafts, padding a miss or a short copy with "
+    "the last token: acceptance and step cost then differ from the measurement (approximated)"
 )
 MISSING = {
     "early-exit": "vLLM has no early-exit drafter: none of its speculative methods (ngram, "
@@ -187,7 +200,8 @@ EXPORTS = (
     "per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
     "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
     "policy's cost model (tuned policies); ngram domains: `method` ngram, "
-    "`prompt_lookup_min`, `prompt_lookup_max`, `num_speculative_tokens` K (the rule measured)"
+    "`prompt_lookup_min`, `prompt_lookup_max`, `num_speculative_tokens` K, served with "
+    "`VLLM_USE_V2_MODEL_RUNNER=0` (the V1 proposer, the rule measured; V2's differs)"
 )
 REFUSES = (
     "trees: `speculative_token_tree` removed (PR #42121, merged 2026-05) and extra keys "
@@ -275,6 +289,7 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             domains[domain.domain] = {
                 **entry,
                 "speculative_config": config,
+                "env": dict(NGRAM_ENV),
                 "serve_args": ["--speculative-config", json.dumps(config)],
             }
             continue
@@ -305,6 +320,7 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
         }
     return {
         "deployment": "one vLLM server per domain (vllm serve TARGET --speculative-config "
-        "...); route each request to its domain's server",
+        "...; an ngram domain's server with its entry's env); route each request to its domain's "
+        "server",
         "domains": domains,
     }
