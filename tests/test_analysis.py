@@ -774,6 +774,7 @@ CHROMIUM = next(
     CHROMIUM is None,
     reason="chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
 )
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(synthetic_run, tmp_path):
     """The report opened in a real browser: every table there (folded), every plot decoded with a
     natural width (a script run after load records it), the plots visible in a screenshot, and the

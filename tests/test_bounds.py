@@ -557,6 +557,7 @@ def _tiny_run(tiny_dirs, prompt_file, out):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 def test_tune_refuses_a_lookups_cost_model_for_a_draft_model_run(tiny_dirs, prompt_file, tmp_path):
     _tiny_run(tiny_dirs, prompt_file, tmp_path / "r")
     costs = tmp_path / "costs-ng.json"

@@ -12,7 +12,7 @@ from specscope.analysis.calibration import TRUTH, interval_coverage, verdict_rat
 from specscope.analysis.findings import Verdict
 from specscope.analysis.results import Settings
 
-# about a minute: --fast (or -m "not slow") leaves it out
+# about a minute: --fast leaves it out
 pytestmark = [pytest.mark.slow, pytest.mark.calibration]
 
 HOLDS, FAILS = Verdict.HOLDS.value, Verdict.FAILS.value

@@ -161,6 +161,7 @@ def test_min_path_prob_stops_growth(decoders, tokenizer):
 # --- stochastic verification --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("min_path_prob", [0.0, 0.5])
 def test_sampled_tree_decoding_matches_target_joint_distribution(
     decoders, tokenizer, min_path_prob

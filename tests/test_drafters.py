@@ -324,6 +324,7 @@ PROMPTS = ["a b c a b c a b", "def f(x):\n    return f(x", "one two one two", "z
     depth=st.integers(1, 5),
     max_new=st.integers(1, 14),
 )
+@pytest.mark.slow
 def test_greedy_decoding_with_every_drafter_equals_plain_greedy(
     pairs, tokenizer, which, arch, prompt, depth, max_new
 ):
@@ -336,6 +337,7 @@ def test_greedy_decoding_with_every_drafter_equals_plain_greedy(
     assert all(s.tau == s.accepted_len + 1 for s in out.steps)
 
 
+@pytest.mark.slow
 def test_ngram_decoding_accepts_and_sampling_keeps_the_targets_distribution(pairs, tokenizer):
     ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=2)
     decoder = decoder_for(pairs, tokenizer, "llama", ngram)
@@ -402,6 +404,7 @@ def test_cli_drafter_errors_come_before_any_model_loads(
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_run_decode_and_bench_with_each_drafter(tiny_dirs, repetitive_prompts, tmp_path):
     model = tiny_pair_args(tiny_dirs)
     result = _cli(

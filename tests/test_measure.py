@@ -242,6 +242,7 @@ def test_target_rank_equals_a_full_ranking(seed):
     [TreeConfig(policy="paper"), TreeConfig(policy="chain", depth=4)],
     ids=["paper", "chain4"],
 )
+@pytest.mark.slow
 def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path, arch, tree):
     config = run_config(tiny_dirs, prompts, arch, tree=tree, max_new_tokens=7)
     run_study(config, tmp_path / "one", progress=False)
@@ -265,7 +266,10 @@ def test_batched_records_equal_one_prompt_at_a_time(tiny_dirs, prompts, tmp_path
 PINNED = {"float32": (1e-5, 1e-5, 0), "bfloat16": (2e-2, 2e-2, 8), "int8": (None, 1e-5, 0)}
 
 
-@pytest.mark.parametrize("dtype", list(PINNED))
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(d, marks=pytest.mark.int8) if d == "int8" else d for d in PINNED]
+)
 def test_records_pinned_across_batch_sizes_and_engines(tiny_dirs, prompts, tmp_path, dtype):
     """One config measured at B = 1 and B = 4 and by the naive oracle: the same nodes, tokens,
     steps and outputs; the figures equal within the dtype's tolerance (batch sizes, engines)."""
@@ -279,6 +283,7 @@ def test_records_pinned_across_batch_sizes_and_engines(tiny_dirs, prompts, tmp_p
     _compare(tmp_path / "b1", tmp_path / "naive", across_engines, ranks)
 
 
+@pytest.mark.int8
 def test_int8_measurement_gives_the_draft_its_attention_back(tiny_dirs, prompts, tmp_path):
     # the draft measures on row-wise attention (batch-invariant q), then decodes on SDPA again
     config = run_config(tiny_dirs, prompts, "qwen2", pair={"quantize": "int8"}, max_new_tokens=2)
@@ -288,6 +293,7 @@ def test_int8_measurement_gives_the_draft_its_attention_back(tiny_dirs, prompts,
     assert pair.draft.model.config._attn_implementation == before != "specscope_rowwise"
 
 
+@pytest.mark.slow
 def test_an_interrupted_batched_run_resumes_to_the_same_records(
     tiny_dirs, prompts, tmp_path, monkeypatch
 ):
@@ -329,6 +335,7 @@ def test_bad_batch_sizes_are_refused_before_anything_is_written(
         run_study(config.replace(engine="naive"), tmp_path / "n", progress=False, batch_size=2)
 
 
+@pytest.mark.int8
 def test_int8_records_are_the_same_from_a_cold_and_a_warm_int8_cache(
     tiny_dirs, prompts, tmp_path, monkeypatch
 ):

@@ -240,6 +240,7 @@ def test_a_full_disk_while_keeping_int8_weights_leaves_nothing_and_the_run_goes_
     assert torch.equal(_logits(model), expected)  # the int8 model, usable
 
 
+@pytest.mark.int8
 def test_a_real_file_size_limit_while_keeping_int8_weights_leaves_nothing(tiny_dirs, tmp_path):
     """The same with a real write failure: RLIMIT_FSIZE makes the kernel refuse writes past
     20 KB (EFBIG), in a child process so that pytest's own files are not limited."""

@@ -44,6 +44,7 @@ def prompt_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_run_writesread_records(tiny_dirs, prompt_file, tmp_path):
     config = run_config(tiny_dirs, prompt_file)
     summary = run_study(config, tmp_path / "run", progress=False)
@@ -71,6 +72,7 @@ def test_run_writesread_records(tiny_dirs, prompt_file, tmp_path):
     assert run.manifest["config"]["rendering"] == "task"
 
 
+@pytest.mark.slow
 def test_same_config_gives_identicalread_records(tiny_dirs, prompt_file, tmp_path):
     config = run_config(tiny_dirs, prompt_file)
     run_study(config, tmp_path / "a", progress=False)
@@ -79,6 +81,7 @@ def test_same_config_gives_identicalread_records(tiny_dirs, prompt_file, tmp_pat
         pd.testing.assert_frame_equal(x, y)
 
 
+@pytest.mark.slow
 def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
     run_study(run_config(tiny_dirs, prompt_file, "llama"), tmp_path / "c", progress=False)
     run_study(
@@ -109,6 +112,7 @@ def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
     pd.testing.assert_frame_equal(pc.drop(columns="run_id"), pn.drop(columns="run_id"))
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_sameread_records(
     tiny_dirs, prompt_file, tmp_path, monkeypatch
 ):
@@ -138,6 +142,7 @@ def test_interrupted_run_resumes_to_the_sameread_records(
     assert again.already_complete and again.prompts_measured == 0
 
 
+@pytest.mark.slow
 def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
     """SIGKILL a real ``specscope run`` after its first committed prompts, then resume it."""
     out = tmp_path / "killed"
@@ -176,6 +181,7 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
     assert not run.nodes.duplicated(["prompt_id", "step", "node_id"]).any()
 
 
+@pytest.mark.slow
 def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
     run_study(run_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
     with pytest.raises(RunConfigError, match="differs in: max_new_tokens"):
@@ -193,6 +199,7 @@ def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
     assert summary.prompts_measured == 7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_prompts_past_the_models_positions_are_refused_before_anything_is_written(
     tiny_dirs, prompt_file, tmp_path, batch_size

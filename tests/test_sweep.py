@@ -393,6 +393,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_sweep_gives_the_localread_records(ray_cluster, local_sweep, tmp_path):
     spec, reference, _ = local_sweep
     out = tmp_path / "ray"

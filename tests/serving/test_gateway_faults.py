@@ -583,6 +583,7 @@ def chat_requests(url: str, n: int = 10) -> None:
             assert answer.status_code == 200 and answer.headers["x-specscope-domain"] == "chat"
 
 
+@pytest.mark.slow
 def test_a_hanging_backend_holds_up_only_its_own_domain(gateway, backend, tmp_path):
     hanging = FakeBackend()
     try:
