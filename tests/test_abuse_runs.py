@@ -176,6 +176,7 @@ PAUSED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_live_run_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
     # Before: a second `run` with another config, started while the first had written its
     # manifest but committed no prompt, took the live run for a failed start and replaced it;
@@ -319,6 +320,7 @@ def test_two_writers_of_one_part_never_tear_it(tmp_path, monkeypatch):
 # --- case 11: a run that grew after it was consolidated ----------------------------------------
 
 
+@pytest.mark.slow
 def test_analyze_reads_the_newest_parts_of_a_grown_interrupted_run(
     tiny_dirs, prompt_file, tmp_path, monkeypatch
 ):

@@ -650,6 +650,7 @@ def test_empty_cells_render_as_dash(tiny):
     assert r"\toprule" in tex and "---" in tex and "nan" not in tex.lower()
 
 
+@pytest.mark.slow
 def test_write_outputs_and_html_escaping(synthetic, tmp_path):
     out = write_outputs(synthetic, tmp_path / "analysis")
     for path in (out.markdown, out.latex, out.json, out.html):
