@@ -213,3 +213,34 @@ def test_one_prompt_gives_no_interval_to_scale():
     assert math.isnan(p.lo) and not p.narrow_enough and p.prompts_needed is None
     assert "one prompt gives no interval" in to_markdown(precision_grid([p]))
     assert np.isfinite(p.speedup)
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def _bench_cli(tiny_dirs, policy_path, *extra):
+    from typer.testing import CliRunner
+
+    from conftest import tiny_pair_args
+    from specscope.cli import app
+
+    args = ["bench", "--policy-file", policy_path, "--domains", "code", "--per-domain", 2,
+            "--max-new-tokens", 4, "--repeats", 2, "--warmup", 0, "--methods",
+            "plain,chain,routed", *extra, *tiny_pair_args(tiny_dirs)]  # fmt: skip
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_the_bench_command_refuses_tuning_prompts_and_prints_what_it_confirms(tiny_dirs, tmp_path):
+    everything = _policy({"run_id": "r1", "prompt_ids": CODE_IDS}).save(tmp_path / "all.json")
+    refused = _bench_cli(tiny_dirs, everything)
+    assert refused.exit_code == 2  # an expected failure: one line, no traceback
+    assert "'code' has 0 held-out prompts" in refused.output
+    out = tmp_path / "bench.json"
+    labelled = _bench_cli(tiny_dirs, everything, "--in-sample", "-o", out)
+    assert labelled.exit_code == 0, labelled.output
+    assert "predicted (policy file, before the bench) against measured" in labelled.output
+    assert "2 (2 in-sample)" in labelled.output and "narrow enough" in labelled.output
+    doc = json.loads(out.read_text())
+    assert len(doc["held_out"]["in_sample_prompts"]) == 2
+    assert {c["method"] for c in doc["predicted_vs_measured"]} == {"chain", "routed"}
+    assert all(r["in_sample"] for r in doc["runs"])

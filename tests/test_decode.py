@@ -242,6 +242,12 @@ def test_cli_decode_end_to_end(tiny_dirs, tmp_path):
     )
     assert steps.tau.clip(upper=8).sum() >= 8
     assert steps.emitted.sum() == 8  # the tokens each step kept: the output's length
+    assert "tokens per step" in result.output
+    # --p-min 1: no draft token is that certain here, so nothing is drafted: plain steps
+    cut = _cli("decode", "def add(a, b):", "--depth", 3, "--p-min", 1, "--max-new-tokens", 8,
+               "--records", records, *model)  # fmt: skip
+    assert cut.exit_code == 0, cut.output
+    assert (pd.read_csv(records).tree_size == 0).all()
     result = _cli(
         "decode",
         "hello",
@@ -265,6 +271,7 @@ def test_cli_decode_end_to_end(tiny_dirs, tmp_path):
         (["--top-p", "0"], "top_p"),
         (["--policy", "medusa"], "unknown policy"),
         (["--policy", "static", "--paths", "[(0,), (1, 1)]"], "no parent path"),
+        (["--p-min", "1.5"], "--p-min"),
     ],
 )
 def test_cli_decode_bad_input(args, message):

@@ -85,6 +85,13 @@ def decode(
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: int | None = options.SEED,
     min_path_prob: float = options.MIN_PATH_PROB,
+    p_min: float = typer.Option(
+        0.0,
+        "--p-min",
+        min=0.0,
+        max=1.0,
+        help="Greedy static trees and chains: do not draft a node whose draft probability is below this, nor its descendants (llama.cpp's --spec-draft-p-min; 0: off).",
+    ),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
     rendering: str | None = options.RENDERING,
     max_prompt_tokens: int = options.with_default(options.MAX_PROMPT_TOKENS, 512),
@@ -104,7 +111,7 @@ def decode(
     exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
-    from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame
+    from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame, tokens_per_step
     from ..files import read_text
     from ..prompts.render import render_prompt
     from ..tune.choose import TreeRequest, choose_speculation, load_decode_pair
@@ -136,13 +143,14 @@ def decode(
     rendered = render_prompt(
         pair.tokenizer, messages, rendering or options.DECODE_RENDERING, max_prompt_tokens
     )
-    result = make_decoder(pair).generate(rendered.ids, choice.speculation, config)
+    result = make_decoder(pair).generate(rendered.ids, choice.speculation, config, p_min)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
     where = f"domain {choice.domain}: " if choice.domain else ""
     typer.secho(
         f"{where}{choice.drafter.label}, {describe(choice.speculation)}\n{len(result.tokens)} "
         f"tokens in {result.time_s:.2f} s ({result.tokens_per_s:.2f} tok/s), "
-        f"{len(result.steps)} steps, mean tau {result.mean_tau:.2f}, stop: {result.stop_reason}",
+        f"{len(result.steps)} steps, {tokens_per_step(result):.2f} tokens per step (mean tau "
+        f"{result.mean_tau:.2f}), stop: {result.stop_reason}",
         err=True,
         fg=typer.colors.CYAN,
     )
@@ -269,6 +277,11 @@ def bench(
         "--router",
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
     ),
+    in_sample: bool = typer.Option(
+        False,
+        "--in-sample",
+        help="Also time prompts that the policy's tuning runs measured, each labelled in-sample (default: they are held out, and a bench that would need them is refused).",
+    ),
     seed: int | None = options.SEED,
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write every run and the summary as JSON."
@@ -291,6 +304,7 @@ def bench(
     from ..decode import make_decoder
     from ..drafters import DrafterConfig
     from ..files import check_output_file, write_json
+    from ..tune import bench as checks
     from ..tune import choose
     from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
     from ..tune.policy import PolicyFile
@@ -316,7 +330,7 @@ def bench(
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
-    chosen = bench_prompts(names, per_domain, seed, policy, router_name)
+    chosen = bench_prompts(names, per_domain, seed, policy, router_name, in_sample)
     print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
     if config.early_exit is not None:  # the exit layer is checked before any weights load
@@ -336,8 +350,12 @@ def bench(
         chosen.routers[router_name],
         config,
         log=functools.partial(typer.echo, err=True),
+        in_sample_ids=chosen.in_sample_ids,
     )
     rows = summarize_bench(runs)
+    predictions = checks.policy_predictions(policy_file) if policy_file else {}
+    cells = checks.predicted_vs_measured(rows, runs, predictions)
+    precision = checks.speedup_precision(runs)
     setting = choose.BenchSetting(
         policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()
     )
@@ -345,7 +363,9 @@ def bench(
         f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
         f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
     )
-    print_grids([choose.bench_grid(rows, title)], blank=False)
+    grids = [choose.bench_grid(rows, title), checks.prediction_grid(cells, chosen.tuned)]
+    print_grids([*grids, checks.precision_grid(precision)], blank=False)
     if out is not None:
-        write_json(out, choose.bench_document(config, setting, chosen, rows, runs))
+        document = choose.bench_document(config, setting, chosen, rows, runs)
+        write_json(out, {**document, **checks.checks_document(chosen, cells, precision)})
         typer.echo(f"wrote {out}")
