@@ -1,5 +1,5 @@
-"""Decoding is what the replay of a measurement predicts: a tiny float32 pair is measured with a
-tree (``run_study``), then the same prompts are decoded by specscope's decoder with a chain
+"""Decoding is what the replay of a measurement predicts: tiny float32 pairs (Qwen2, Llama) are
+measured with a tree (``run_study``), then the same prompts are decoded by specscope's decoder with a chain
 inside that tree, a subtree and a draft-probability stop rule; per prompt, decode's output tokens
 and steps equal those of the recorded trees replayed as greedy decoding
 (:mod:`specscope.analysis.replay`, ``prefill_drafts=False``), and decode's output is the
@@ -46,17 +46,18 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory, tokenizer):
-    """A near pair (many nodes accepted) saved as checkpoints, measured with MEASURED on PROMPTS:
-    (the run's config, its directory, the loaded pair)."""
-    root = tmp_path_factory.mktemp("decode-replay")
-    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def measured(request, tmp_path_factory, tokenizer):
+    """A near pair (many nodes accepted) of each architecture saved as checkpoints, measured with
+    MEASURED on PROMPTS: (the run's config, its directory, the loaded pair)."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"decode-replay-{arch}")
+    draft, target = near_pair(arch, tokenizer, noise=0.05)
     dirs = {}
     for role, model in (("draft", draft), ("target", target)):
         model.save_pretrained(root / role)
         tokenizer.save_pretrained(root / role)
-        dirs["qwen2", role] = root / role
+        dirs[arch, role] = root / role
     prompts = root / "prompts.jsonl"
     prompts.write_text(
         "".join(json.dumps({"id": i, "domain": d, "prompt": p}) + "\n" for i, d, p in PROMPTS)
@@ -64,6 +65,7 @@ def measured(tmp_path_factory, tokenizer):
     config = run_config(
         dirs,
         prompts,
+        arch,
         tree=TreeConfig(policy="static", paths=MEASURED),
         max_new_tokens=NEW_TOKENS,
         criteria=None,
