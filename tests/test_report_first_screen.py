@@ -138,18 +138,33 @@ def test_claim_references_are_the_claims_thresholds():
     assert claim_references("a claim of someone else") == ()
 
 
-def test_tokens_per_step_plot_shows_the_position_mean_of_tau(synthetic):
+def test_tokens_per_step_plot_shows_decoded_tokens_per_step(synthetic):
+    """The first screen's tokens per step are decoding's (the recorded trees replayed), labelled
+    so; an analysis without them (``delivered`` None) shows the position mean, labelled so."""
     pytest.importorskip("matplotlib")
-    from specscope.analysis.plots import TOKENS_PER_STEP, tokens_per_step_plot
+    from dataclasses import replace
+
+    from specscope.analysis.plots import (
+        DECODED_TOKENS_PER_STEP,
+        TOKENS_PER_STEP,
+        tokens_per_step_plot,
+    )
 
     ax = tokens_per_step_plot(synthetic).axes[0]
-    assert TOKENS_PER_STEP in ax.get_ylabel()
-    assert TOKENS_PER_STEP == "tokens per step (position mean)"
-    rows = [r for r in synthetic.tau if r.steps > 0]
+    assert DECODED_TOKENS_PER_STEP in ax.get_ylabel()
+    rows = [r for r in synthetic.delivered.decoded.rows if r.steps > 0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [r.domain for r in rows]
     points = [line for line in ax.lines if line.get_marker() == "o"]
-    assert [float(line.get_ydata()[0]) for line in points] == [r.tau.value for r in rows]
+    assert [float(line.get_ydata()[0]) for line in points] == [r.decoded.value for r in rows]
     assert rows[-1].domain == ALL and points[-1].get_color() == "black"
+
+    ax = tokens_per_step_plot(replace(synthetic, delivered=None)).axes[0]
+    assert (
+        TOKENS_PER_STEP == "tokens per step (position mean)" and TOKENS_PER_STEP in ax.get_ylabel()
+    )
+    rows = [r for r in synthetic.tau if r.steps > 0]
+    points = [line for line in ax.lines if line.get_marker() == "o"]
+    assert [float(line.get_ydata()[0]) for line in points] == [r.tau.value for r in rows]
 
 
 def test_the_page_opens_with_the_plots_and_folds_every_table(synthetic, tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .delivered import Delivered, deliver, delivered_grids
 from .drafters import DrafterComparison, compare_drafters
 from .findings import Finding, Verdict, evaluate_findings
 from .paper import expected_length, load_paper_tables
@@ -41,15 +42,22 @@ from .tables import analyze_records
 
 
 def analyze(
-    run_dir: str | Path, settings: Settings | None = None, stratify: str | None = "auto"
+    run_dir: str | Path,
+    settings: Settings | None = None,
+    stratify: str | None = "auto",
+    predictors: bool = False,
 ) -> Analysis:
     """Read a run directory and compute its analysis (raises RunDirError on unusable records).
 
     ``stratify``: the node-level factor to repeat the per-domain tables and findings within
     (sibling_rank, depth, position_bin), "auto" (sibling_rank when the trees have several) or
-    None; a factor the run lacks raises StratifyError, naming what is allowed.
+    None; a factor the run lacks raises StratifyError, naming what is allowed. The analysis also
+    holds what the run delivers when decoded (``Analysis.delivered``: decoded tokens per step,
+    domain's effect at node, step and prompt level and, with ``predictors``, the scorecard of
+    acceptance predictors: minutes on a large run, so off unless asked for).
     """
-    return analyze_records(prepare(read_run(run_dir)), settings, stratify)
+    rec = prepare(read_run(run_dir))
+    return deliver(analyze_records(rec, settings, stratify), rec, predictors)
 
 
 __all__ = [
@@ -57,6 +65,7 @@ __all__ = [
     "EMPTY",
     "Analysis",
     "ClusterBootstrap",
+    "Delivered",
     "DrafterComparison",
     "Estimate",
     "Finding",
@@ -69,6 +78,8 @@ __all__ = [
     "compare",
     "compare_drafters",
     "compare_with_paper",
+    "deliver",
+    "delivered_grids",
     "evaluate_findings",
     "expected_length",
     "load_paper_tables",

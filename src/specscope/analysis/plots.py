@@ -323,20 +323,30 @@ def forest_plot(a: Analysis):
 
 
 TOKENS_PER_STEP = "tokens per step (position mean)"
+DECODED_TOKENS_PER_STEP = "decoded tokens per step (trees replayed)"
+
+
+def _tokens_rows(a: Analysis) -> tuple[str, list[tuple[str, Estimate]]]:
+    """Tokens per step by domain: decoded (the recorded trees replayed) where the analysis holds
+    it, else the position mean, each with its label."""
+    if a.delivered is not None:
+        rows = [(r.domain, r.decoded) for r in a.delivered.decoded.rows if r.steps > 0]
+        return DECODED_TOKENS_PER_STEP, rows
+    return TOKENS_PER_STEP, [(r.domain, r.tau) for r in a.tau if r.steps > 0]
 
 
 def tokens_per_step_plot(a: Analysis):
-    """Mean tokens emitted per target pass by domain, with intervals, against 1 (no gain)."""
-    rows = [r for r in a.tau if r.steps > 0]
+    """Tokens emitted per target pass by domain, with intervals, against 1 (no gain)."""
+    label, rows = _tokens_rows(a)
     fig = _figure(4.4, 4.2)
     ax = fig.subplots()
     x = np.arange(len(rows), dtype=float)
-    for i, r in enumerate(rows):
-        v, err = _values((r.tau,))
-        style = {"color": "black"} if r.domain == ALL else {"color": f"C{i}"}
+    for i, (domain, est) in enumerate(rows):
+        v, err = _values((est,))
+        style = {"color": "black"} if domain == ALL else {"color": f"C{i}"}
         ax.errorbar(x[i : i + 1], v, yerr=err, fmt="o", capsize=4, markersize=6, **style)
         ax.annotate(
-            r.tau.format(2, interval=False),
+            est.format(2, interval=False),
             (x[i], v[0]),
             xytext=(7, 0),
             textcoords="offset points",
@@ -344,17 +354,28 @@ def tokens_per_step_plot(a: Analysis):
             fontsize=8,
         )
     ax.axhline(1, color="#444444", linestyle="--", linewidth=0.9)
-    ax.set_xticks(x, [r.domain for r in rows])
+    ax.set_xticks(x, [domain for domain, _ in rows])
     ax.set_xlim(-0.6, len(rows) - 0.2)
-    ax.set_ylabel(f"{TOKENS_PER_STEP}, {a.settings.confidence:.0%} CI", fontsize=8)
+    ax.set_ylabel(f"{label}, {a.settings.confidence:.0%} CI", fontsize=8)
     ax.set_title("Tokens per step by domain\n(accepted + bonus; dashed: 1, no gain)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
 
+def reliability(a: Analysis):
+    """The scorecard's reliability diagrams (None: the analysis has no scorecard)."""
+    card = a.delivered.scorecard if a.delivered is not None else None
+    if card is None:
+        return None
+    from .scorecard_plots import reliability_plot  # imports this module: drawn on demand
+
+    best = [r.predictor for r in (card.best("node"), card.best("prefix")) if r is not None]
+    return reliability_plot(card, tuple(dict.fromkeys(["draft probability", *best])))
+
+
 FIRST_SCREEN = {
     "claims_forest": ("The paper's claims: each figure with its interval, by verdict", forest_plot),
-    "tokens_per_step": (f"Tokens per step by domain: {TOKENS_PER_STEP}", tokens_per_step_plot),
+    "tokens_per_step": ("Tokens per step by domain", tokens_per_step_plot),
 }
 
 PLOTS = {
@@ -365,6 +386,7 @@ PLOTS = {
     "acceptance_by_position": ("Acceptance by position in the generation", position_plot),
     "acceptance_vector": ("Acceptance vector heat map", acceptance_heatmap),
     "variance_decomposition": ("What drives acceptance: variance shares", variance_plot),
+    "reliability": ("Reliability of the best acceptance predictors", reliability),
 }
 
 
@@ -377,6 +399,8 @@ def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) ->
     plots = []
     for name, (title, draw) in PLOTS.items():
         fig = draw(a)
+        if fig is None:  # nothing to draw for this analysis
+            continue
         png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
         for path in (png, svg):
             image = io.BytesIO()

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..files import json_text, write_output
+from .delivered import delivered_grids
 from .drafters import DrafterComparison
 from .findings import Finding, Verdict
 from .paper import PAPER, load_paper_tables, paper_data
@@ -295,6 +296,12 @@ def summary_grid(analyses: list[Analysis]) -> Grid:
     )
 
 
+def run_grids(a: Analysis) -> list[Grid]:
+    """Every table of one run's analysis: its node-level tables, then what it delivers when
+    decoded (:func:`~specscope.analysis.delivered.delivered_grids`)."""
+    return analysis_grids(a) + delivered_grids(a)
+
+
 # --- files -----------------------------------------------------------------------------------------
 
 
@@ -341,7 +348,7 @@ def write_outputs(
 ) -> Outputs:
     """Every output of one analysis into ``out_dir`` (created); returns the paths written."""
     out_dir = Path(out_dir)
-    grids = analysis_grids(a) + compare_with_paper(a)
+    grids = run_grids(a) + compare_with_paper(a)
     md, tex, csv_dir = write_tables(
         grids, out_dir, f"specscope analysis of {a.info.run_id}", inside
     )
@@ -470,7 +477,25 @@ CLAIM_GRIDS = ("findings", "findings_figures", "stratified_findings")  # folded 
 # The parts that follow the first screen, in order: plotted results first, then the tables alone.
 # A grid that no section names is still shown, in "Other tables".
 RUN_SECTIONS: tuple[Section, ...] = (
-    Section("tokens", "Tokens per target pass", ("tau_distribution",), ("tau", "tau_distribution")),
+    Section(
+        "tokens",
+        "Tokens per target pass",
+        ("tau_distribution",),
+        ("decoded_tokens_per_step", "tau", "tau_distribution"),
+    ),
+    Section(
+        "levels",
+        "What domain explains, at node, step and prompt level",
+        (),
+        ("level_shares", "domain_effect", "level_findings"),
+    ),
+    Section(
+        "predictors",
+        "What predicts acceptance: the scorecard",
+        ("reliability",),
+        tuple(f"scorecard_{t}{s}" for t in ("node", "prefix") for s in ("", "_auroc_by_domain"))
+        + ("scorecard_certificates", "scorecard_stop_rules"),
+    ),
     Section(
         "depth",
         "Acceptance by depth",
@@ -681,7 +706,7 @@ def _run_section(
 ) -> str:
     pre = f"r{i}-"
     by_name = {p.name: p for p in plots}
-    grids = {g.key: g for g in analysis_grids(a)}
+    grids = {g.key: g for g in run_grids(a)}
     parts = _section_parts(by_name, grids, pre)
     if paper:
         parts.append(_paper_part(a, pre))

@@ -6,10 +6,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .echo import EchoTable
 from .prepare import ALL
 from .stats import Estimate, nan_estimate
+
+if TYPE_CHECKING:
+    from .delivered import Delivered
 
 CONDITIONAL = "greedy | parent accepted"
 
@@ -335,6 +339,8 @@ class Analysis:
     variance: VarianceDecomposition | None = None
     stratification: Stratification | None = None
     stratum: str = ""  # set when this analysis covers one level of a stratification factor
+    # decoded tokens per step, effects at three levels, the predictor scorecard (.delivered)
+    delivered: Delivered | None = None
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -25,13 +25,10 @@ def _settings(n_boot: int, seed: int | None, confidence: float):
     return Settings(n_boot=n_boot, seed=seed, confidence=confidence)
 
 
-def _analyses(run_dirs: list[Path], settings, stratify: str = "auto"):
+def _analyses(run_dirs: list[Path], settings, stratify: str = "auto", predictors: bool = False):
     from ..analysis import analyze as analyze_run
 
-    out = []
-    for run_dir in run_dirs:
-        out.append(analyze_run(run_dir, settings, stratify))
-    return out
+    return [analyze_run(run_dir, settings, stratify, predictors) for run_dir in run_dirs]
 
 
 def _expand_sweeps(paths: list[Path]) -> tuple[list[Path], bool]:
@@ -61,13 +58,19 @@ def analyze(
         "--stratify",
         help="Repeat the per-domain tables and findings within each level of a node-level factor: sibling_rank, depth or position_bin; auto (sibling_rank when the trees have more than one) or none.",
     ),
+    predictors: bool = typer.Option(
+        False,
+        "--predictors/--no-predictors",
+        help="Also score every recorded signal as a predictor of acceptance (AUROC, Brier, calibration error, reliability plot, certificates, stop rules): minutes on a large run.",
+    ),
 ) -> None:
-    """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals.
+    """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals;
+    decoded tokens per step and domain's effect at node, step and prompt level.
 
     Writes tables.md, tables.tex, csv/, analysis.json, plots/ and report.html to --out.
     """
-    from ..analysis.render import analysis_grids, findings_grid
-    from ..analysis.report import write_outputs
+    from ..analysis.render import findings_grid
+    from ..analysis.report import run_grids, write_outputs
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
 
@@ -93,11 +96,17 @@ def analyze(
         md, js = write_ingested_analysis(stepwise, out_dir)
         typer.echo(f"wrote {md}, {js}")
         return
-    (a,) = _analyses([run_dir], settings, stratify)
-    grids = analysis_grids(a)
+    (a,) = _analyses([run_dir], settings, stratify, predictors)
+    grids = run_grids(a)
     if show == "main":
         keep = {
             "findings",
+            "decoded_tokens_per_step",
+            "level_shares",
+            "domain_effect",
+            "scorecard_node",
+            "scorecard_prefix",
+            "scorecard_stop_rules",
             "table1",
             "table2",
             "table3",
