@@ -416,6 +416,7 @@ def test_ray_shard_resources(ray_cluster):
     assert executor.resources(gpu) == {"num_cpus": 1.0, "num_gpus": 0.5}
 
 
+@pytest.mark.slow
 def test_killed_worker_is_retried_without_duplicates(ray_cluster, tiny_dirs, tmp_path):
     """SIGKILL the worker of a shard after its first committed prompt: Ray reruns the shard."""
     # Long prompts (96 tokens each) leave time to kill the worker before it finishes, even under load.
