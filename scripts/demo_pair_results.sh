@@ -14,10 +14,10 @@ specscope run --config demo --int8 --batch-size 8 --per-domain 10 --policy stati
   --paths "$spine" --out runs/demo-deep
 
 mkdir -p "$out/paper-protocol" "$out/deep-tree"
-specscope analyze runs/demo-full --out "$out/paper-protocol/analysis" --show none
+specscope analyze runs/demo-full --out "$out/paper-protocol/analysis" --show none --predictors
 specscope certify runs/demo-full --out "$out/paper-protocol/certify" > "$out/paper-protocol/certify-summary.txt"
 rm -f "$out/paper-protocol/certify/certificates_vs_margin.svg"  # a 17 MB scatter: the PNG is kept
-specscope analyze runs/demo-deep --out "$out/deep-tree/analysis" --show none
+specscope analyze runs/demo-deep --out "$out/deep-tree/analysis" --show none --predictors
 # Every record is shipped: the manifest and the prompt records as written, the step and node
 # records re-encoded with zstd (same columns, same types, same values: load_run reads them as is).
 for run in demo-full:paper-protocol demo-deep:deep-tree; do

@@ -684,8 +684,7 @@ def test_write_outputs_and_html_escaping(synthetic, tmp_path):
     if out.plots:
         from specscope.analysis.plots import PLOTS
 
-        # every plot but the scorecard's (predictors are asked for)
-        assert page.count("data:image/png;base64,") == len(out.plots) == len(PLOTS) - 1
+        assert page.count("data:image/png;base64,") == len(out.plots) == len(PLOTS)
         assert all(p.svg.is_file() for p in out.plots)
 
 

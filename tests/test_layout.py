@@ -56,7 +56,11 @@ def import_graph() -> dict[str, set[str]]:
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            for target in _imported(node, name, path.name == "__init__.py"):
+            targets = _imported(node, name, path.name == "__init__.py")
+            if isinstance(node, ast.ImportFrom) and all(t in modules for t in targets[1:]):
+                # "from pkg import sub": an edge to the submodule, not to the package
+                targets = targets[1:]
+            for target in targets:
                 while target and target not in modules:  # a name in a module: the module
                     target = target.rpartition(".")[0]
                 if target and target != name:

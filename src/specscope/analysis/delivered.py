@@ -13,6 +13,7 @@ resamples (a level's interval and the node tables' come from the same prompt dra
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .level_grids import domain_effect_grid, level_findings_grid, level_shares_grid
 from .levels import (
@@ -23,6 +24,7 @@ from .levels import (
     level_effects,
     replayed_tokens,
 )
+from .plots import Plot, plots_unavailable, save_plot
 from .prepare import Records
 from .render import Grid
 from .replay import DecodedTable, ReplayError, decoded_grid, decoded_tokens_per_step
@@ -103,3 +105,18 @@ def delivered_grids(a: Analysis) -> list[Grid]:
     if d.stop_rules is not None:
         grids.append(stop_rule_grid(d.stop_rules.signal, list(d.stop_rules.rows)))
     return grids
+
+
+def delivered_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) -> list[Plot]:
+    """The plots of ``a.delivered`` beside the analysis' own (:func:`.plots.write_plots`): the
+    reliability diagram of the scorecard's best predictors, where it holds a scorecard."""
+    d = a.delivered
+    if d is None or d.scorecard is None or plots_unavailable():
+        return []
+    from .scorecard_plots import reliability_plot  # matplotlib: drawn on demand
+
+    card = d.scorecard
+    best = [r.predictor for r in (card.best("node"), card.best("prefix")) if r is not None]
+    shown = tuple(dict.fromkeys(["draft probability", *best]))
+    title = "Reliability of the best acceptance predictors"
+    return [save_plot(reliability_plot(card, shown), "reliability", title, out_dir, inside)]

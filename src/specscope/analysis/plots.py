@@ -362,17 +362,6 @@ def tokens_per_step_plot(a: Analysis):
     return fig
 
 
-def reliability(a: Analysis):
-    """The scorecard's reliability diagrams (None: the analysis has no scorecard)."""
-    card = a.delivered.scorecard if a.delivered is not None else None
-    if card is None:
-        return None
-    from .scorecard_plots import reliability_plot  # imports this module: drawn on demand
-
-    best = [r.predictor for r in (card.best("node"), card.best("prefix")) if r is not None]
-    return reliability_plot(card, tuple(dict.fromkeys(["draft probability", *best])))
-
-
 FIRST_SCREEN = {
     "claims_forest": ("The paper's claims: each figure with its interval, by verdict", forest_plot),
     "tokens_per_step": ("Tokens per step by domain", tokens_per_step_plot),
@@ -386,7 +375,6 @@ PLOTS = {
     "acceptance_by_position": ("Acceptance by position in the generation", position_plot),
     "acceptance_vector": ("Acceptance vector heat map", acceptance_heatmap),
     "variance_decomposition": ("What drives acceptance: variance shares", variance_plot),
-    "reliability": ("Reliability of the best acceptance predictors", reliability),
 }
 
 
@@ -395,19 +383,19 @@ def write_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None) ->
     through :func:`specscope.files.write_output` (``inside``: the run directory out_dir lies in)."""
     if plots_unavailable():
         return []
-    out_dir = Path(out_dir)
-    plots = []
-    for name, (title, draw) in PLOTS.items():
-        fig = draw(a)
-        if fig is None:  # nothing to draw for this analysis
-            continue
-        png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-        for path in (png, svg):
-            image = io.BytesIO()
-            fig.savefig(image, format=path.suffix[1:])
-            write_output(path, image.getvalue(), inside)
-        plots.append(Plot(name, title, png, svg))
-    return plots
+    return [
+        save_plot(draw(a), name, title, out_dir, inside) for name, (title, draw) in PLOTS.items()
+    ]
+
+
+def save_plot(fig, name: str, title: str, out_dir: str | Path, inside: Path | None = None) -> Plot:
+    """``fig`` written as ``out_dir/name.png`` and ``.svg`` (through ``write_output``)."""
+    png, svg = Path(out_dir) / f"{name}.png", Path(out_dir) / f"{name}.svg"
+    for path in (png, svg):
+        image = io.BytesIO()
+        fig.savefig(image, format=path.suffix[1:])
+        write_output(path, image.getvalue(), inside)
+    return Plot(name, title, png, svg)
 
 
 # --- drafters side by side ---------------------------------------------------------------------

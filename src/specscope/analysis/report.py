@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..files import json_text, write_output
-from .delivered import delivered_grids
+from .delivered import delivered_grids, delivered_plots
 from .drafters import DrafterComparison
 from .findings import Finding, Verdict
 from .paper import PAPER, load_paper_tables, paper_data
@@ -358,6 +358,7 @@ def write_outputs(
     if plots:
         message = plots_unavailable()
         drawn = write_plots(a, out_dir / "plots", inside)
+        drawn += delivered_plots(a, out_dir / "plots", inside)
     else:
         message = "plots not requested"
     page = write_output(
@@ -379,7 +380,10 @@ def write_report(
     message = plots_unavailable() if plots else "plots not requested"
     with tempfile.TemporaryDirectory() as tmp:
         drawn = {
-            i: write_plots(a, Path(tmp) / str(i)) if plots else [] for i, a in enumerate(analyses)
+            i: write_plots(a, Path(tmp) / str(i)) + delivered_plots(a, Path(tmp) / str(i))
+            if plots
+            else []
+            for i, a in enumerate(analyses)
         }
         drafter_plots = []
         if drafters is not None and plots:

@@ -6,14 +6,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .echo import EchoTable
 from .prepare import ALL
 from .stats import Estimate, nan_estimate
-
-if TYPE_CHECKING:
-    from .delivered import Delivered
 
 CONDITIONAL = "greedy | parent accepted"
 
@@ -339,8 +335,10 @@ class Analysis:
     variance: VarianceDecomposition | None = None
     stratification: Stratification | None = None
     stratum: str = ""  # set when this analysis covers one level of a stratification factor
-    # decoded tokens per step, effects at three levels, the predictor scorecard (.delivered)
-    delivered: Delivered | None = None
+    # what the run delivers when decoded: a specscope.analysis.delivered.Delivered (decoded
+    # tokens per step, effects at three levels, the predictor scorecard), set by its deliver();
+    # typed loosely because that module builds on this one
+    delivered: object | None = None
 
     @property
     def labels(self) -> tuple[str, ...]:
