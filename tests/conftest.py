@@ -10,9 +10,10 @@ models/ -> test_models.py, trees.py -> test_trees.py, theory/ -> test_theory.py,
 
 The fast subset is ``python -m pytest --fast``: every test without one of the marks in NOT_FAST
 (pyproject.toml says what each means; docs/contributing.md how long each set takes). A test that
-takes more than a few seconds on 2 CPU cores carries one of them. Between test files, and after a
-test of the real weights, garbage is collected and freed heap pages are handed back to the system
-(release_memory), so that one file's models do not stay resident under the next one's.
+takes more than a few seconds on 2 CPU cores carries one of them. After a test of the real
+weights, garbage is collected and freed heap pages are handed back to the system (release_memory);
+at the end of every other test file only the pages are, so that one file's models do not stay
+resident under the next one's.
 """
 
 from __future__ import annotations
@@ -65,21 +66,28 @@ def _malloc_trim():
     return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
 
 
-def release_memory() -> None:
-    """Collect reference cycles, then return the heap's free pages to the system where the C
-    library can (malloc_trim); elsewhere only the collection."""
-    gc.collect()
+def trim_heap() -> None:
+    """Return the heap's free pages to the system where the C library can (malloc_trim)."""
     if (trim := _malloc_trim()) is not None:
         trim(0)
 
 
+def release_memory() -> None:
+    """Collect reference cycles (about 0.2 s with torch and transformers loaded), then trim."""
+    gc.collect()
+    trim_heap()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """After the fixtures of ``item`` are torn down: release memory when the next test is in
-    another file (its module fixtures are gone) or ``item`` held real weights."""
+    """After the fixtures of ``item`` are torn down: release memory after a test of the real
+    weights; trim the heap at the end of any other file (its module fixtures are gone; the tiny
+    models are freed without a collection)."""
     result = yield
-    if nextitem is None or nextitem.path != item.path or item.get_closest_marker("weights"):
+    if item.get_closest_marker("weights"):
         release_memory()
+    elif nextitem is None or nextitem.path != item.path:
+        trim_heap()
     return result
 
 
