@@ -102,6 +102,13 @@ def _nodes_frame():
     return pd.DataFrame(rows)
 
 
+def _long_nodes_frame(steps: int = 8):
+    """Step 0 of :func:`_nodes_frame` at every one of ``steps`` positions: long enough to pay
+    back the plain prefill step that predictions count (as the decoder does)."""
+    first = _nodes_frame().query("step == 0")
+    return pd.concat([first.assign(step=step) for step in range(steps)], ignore_index=True)
+
+
 def test_acceptance_vector_counts_nodes_whose_parent_was_accepted():
     vectors = acceptance_vectors(_nodes_frame(), min_count=1)
     code, chat = vectors["code"], vectors["chat"]
@@ -157,7 +164,7 @@ def draft_model(nodes: pd.DataFrame, costs: CostModel = COSTS) -> Measured:
 
 
 def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
-    nodes = _nodes_frame()
+    nodes = _long_nodes_frame()
     nodes.loc[nodes.domain == "chat", "greedy_accept"] = False
     policy = tune([draft_model(nodes)], TuneConfig(min_count=1))
     assert policy.tree_for("chat") is None
@@ -232,7 +239,8 @@ def test_a_perfect_drafter_predicts_k_plus_one_tokens_per_step_less_the_end(posi
 
 def test_tune_replays_chains_that_accept_past_depth_two():
     """Chains of 3 from a lookup that accepts 3 at positions 0, 4, 8, ... and 2 elsewhere:
-    the chain of 3 decodes 4 + 4 + ... tokens, and tune's prediction is that replay."""
+    the chain of 3 decodes 4 + 4 + ... tokens, and tune's prediction is that replay, steps
+    counted as the decoder counts them (the prefill a plain step: 1, 3, then 4 + 4 + ...)."""
     steps = pd.DataFrame(
         {
             "prompt_id": "c",
@@ -251,8 +259,13 @@ def test_tune_replays_chains_that_accept_past_depth_two():
     policy = tune([Measured(ngram, pd.DataFrame(), steps, lookup)], TuneConfig(min_count=1))
     choice = policy.choices["code"]
     assert choice.shape == TreeShape.chain(3)
-    assert choice.expected_tau == pytest.approx(4.0) and choice.prediction.method == REPLAY
-    assert choice.predicted_speedup == pytest.approx(4.0 / lookup.step_time(choice.shape) * 0.1)
+    decoded = replay_counts(rec, top_chain(3), prefill_drafts=False)
+    assert decoded.steps.tolist() == [11]  # 0 (prefill) -> 1 -> 4 -> 8 ... -> 40
+    assert choice.expected_tau == pytest.approx(40 / 11) and choice.prediction.method == REPLAY
+    # 40 tokens in 10 chain steps and the prefill step, which proposed nothing: a plain pass
+    # (and the lookup that found nothing), against plain decoding's 0.1 s per token
+    time = 10 * lookup.step_time(choice.shape) + 0.1 + 0.0005
+    assert choice.predicted_speedup == pytest.approx(40 * 0.1 / time)
 
 
 def test_step_time_of_a_lookup_that_sometimes_proposes_nothing():
@@ -322,7 +335,7 @@ def test_trees_deeper_than_measured_are_extrapolated_and_labelled():
 
 
 def test_policy_file_round_trip(tmp_path):
-    policy = tune([draft_model(_nodes_frame())], TuneConfig(min_count=1))
+    policy = tune([draft_model(_long_nodes_frame())], TuneConfig(min_count=1))
     path = policy.save(tmp_path / "policy.json")
     loaded = PolicyFile.load(path)
     assert loaded.trees == policy.trees and loaded.uniform == policy.uniform
@@ -425,7 +438,7 @@ def test_policy_file_drafters_round_trip_json_and_toml(tmp_path):
 
 
 def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
-    policy = tune([draft_model(_nodes_frame())], TuneConfig(min_count=1))
+    policy = tune([draft_model(_long_nodes_frame())], TuneConfig(min_count=1))
     assert policy.drafters == {} and policy.uniform_drafter == DrafterConfig()
     written = policy.to_dict()
     assert not any("drafter" in e for e in (*written["domains"].values(), written["uniform"]))

@@ -257,17 +257,27 @@ def target_record(source: str | None, pair, drafters, trust_remote_code: bool) -
 def tune_source(runs: TuneRuns, target: dict) -> dict:
     """What a policy file records of what it was tuned from: the first run, its prompts (bench
     holds them out), the target, and with several runs each run's drafter."""
+
+    def prompt_ids(run) -> list:
+        return list(
+            run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
+        )
+
     run = runs.runs[0]
-    ids = run.manifest.get("prompts", {}).get("ids") or sorted(run.prompts["prompt_id"].unique())
     source = {
         "run_dir": str(runs.dirs[0]),
         "run_id": run.manifest.get("run_id"),
-        "prompt_ids": list(ids),
+        "prompt_ids": prompt_ids(run),
         "target": target,
     }
-    if len(runs.runs) > 1:
+    if len(runs.runs) > 1:  # each run's prompts too: the bench holds out every tuning prompt
         source["runs"] = [
-            {"run_dir": str(d), "run_id": r.manifest.get("run_id"), "drafter": f.label}
+            {
+                "run_dir": str(d),
+                "run_id": r.manifest.get("run_id"),
+                "drafter": f.label,
+                "prompt_ids": prompt_ids(r),
+            }
             for d, r, f in zip(runs.dirs, runs.runs, runs.drafters, strict=True)
         ]
     return source

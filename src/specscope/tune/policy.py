@@ -227,8 +227,11 @@ class Measured:
         return acceptance_vectors(self.nodes, min_count)
 
     def predictor(self, vectors: dict[str, AcceptanceVector]) -> Predictor:
-        """Tokens per step by replay of these records, ``vectors`` past them."""
-        return Predictor(ReplayRecords.from_frames(self.nodes, self.steps), vectors)
+        """Tokens per step by replay of these records, ``vectors`` past them, with steps counted
+        as specscope's decoder and bench count them (the prefill a plain one-token step), so that
+        a prediction is checked on the count it predicts."""
+        records = ReplayRecords.from_frames(self.nodes, self.steps)
+        return Predictor(records, vectors, prefill_drafts=False)
 
 
 def tune(
