@@ -436,12 +436,22 @@ def test_a_second_sweep_on_a_live_sweep_directory_is_refused(tiny_dirs, tmp_path
     assert summary.prompts_measured == 1
 
 
-def test_a_sweep_file_asking_for_remote_code_gets_none(tiny_dirs, tmp_path, capsys):
+def test_a_sweep_file_asking_for_remote_code_gets_none(tiny_dirs, tmp_path):
     # before: a sweep file's [pair] trust_remote_code = true reached every shard's model loading
+    from specscope.progress import SILENT, reporting
+
+    class Notes(type(SILENT)):
+        def __init__(self):
+            self.said = []
+
+        def note(self, message, level="info"):
+            self.said.append((message, level))
+
     data = _sweep_data(tiny_dirs, tmp_path)
     data["defaults"]["pair"]["trust_remote_code"] = True
-    spec = parse_sweep(data)
+    with reporting(Notes()) as notes:  # the warning goes to the observer (the CLI prints it)
+        spec = parse_sweep(data)
     assert all(not p.config.pair.trust_remote_code for p in spec.points())
-    assert "--trust-remote-code" in capsys.readouterr().err
+    assert any("--trust-remote-code" in m and lv == "warning" for m, lv in notes.said)
     allowed = parse_sweep(data, trust_remote_code=True)
     assert all(p.config.pair.trust_remote_code for p in allowed.points())

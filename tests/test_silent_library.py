@@ -112,3 +112,21 @@ def test_a_decode_choice_is_made_without_the_command_line():
     assert choose_speculation(TreeRequest("none"), "hi").speculation is None
     with pytest.raises(PolicyError, match="unknown policy 'bushy'"):
         choose_speculation(TreeRequest("bushy"), "hi")
+
+
+def test_work_deep_under_a_call_tells_the_current_observer_and_nothing_else(capsys):
+    """A warning made while a config is read (as model loading's notes) goes to the observer
+    made current with ``reporting``; outside one it is dropped, never printed."""
+    from specscope.progress import current, reporting
+    from specscope.run.config import remote_code_from_command_line
+
+    recorder = Recorder()
+    with reporting(recorder) as shown:
+        assert current() is shown is recorder
+        pair = remote_code_from_command_line({"trust_remote_code": True}, False, "a.toml")
+    assert pair["trust_remote_code"] is False
+    assert current() is SILENT
+    assert [c[0] for c in recorder.calls] == ["note"] and recorder.calls[0][2] == "warning"
+    assert "a.toml asks for trust_remote_code" in recorder.calls[0][1]
+    remote_code_from_command_line({"trust_remote_code": True}, False, "b.toml")
+    assert capsys.readouterr() == ("", "")

@@ -5,10 +5,19 @@ The library never writes to the terminal. :func:`specscope.run.study.run_study` 
 time a unit (a prompt, a shard) is done, what the caller should know (a skipped prompt, a failed
 shard), and when the work stops. The default, :data:`SILENT`, drops everything; the command line
 passes a rich progress bar (``specscope.cli.progress``). This module knows nothing of terminals.
+
+Work that happens deep under a call (assembling and converting the demo pair, quantising a model
+to int8, a warning about a config file) tells the observer of the current context instead of
+taking one as a parameter through every layer: :func:`current` is :data:`SILENT` unless a caller
+made one current with ``with reporting(observer): ...`` (the command line does, for every
+command).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -70,3 +79,22 @@ def observer(progress: Progress | None) -> Progress:
     """``progress``, or :data:`SILENT` for none (``None``; ``False`` from callers of the old
     ``progress=False`` flag)."""
     return progress or SILENT
+
+
+_CURRENT: ContextVar[Progress] = ContextVar("specscope_progress", default=SILENT)
+
+
+def current() -> Progress:
+    """The observer of the current context (:data:`SILENT` outside any :func:`reporting`)."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def reporting(progress: Progress) -> Iterator[Progress]:
+    """Make ``progress`` the current observer inside the ``with`` block, and restore the one
+    before on leaving it."""
+    token = _CURRENT.set(progress)
+    try:
+        yield progress
+    finally:
+        _CURRENT.reset(token)

