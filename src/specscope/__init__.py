@@ -1,6 +1,6 @@
 """specscope: acceptance dynamics of tree-based speculative decoding.
 
-The library is organised one package or module per concern (the README's layout section lists
+The library is organised one package or module per concern (docs/explanation/layout.md lists
 every module):
 
 - ``trees``     draft trees as parents arrays, their derived buffers, and growth policies

@@ -1,5 +1,5 @@
 """Speculative decoding for real: the loop of :mod:`specscope.core.loop` with greedy or sampled
-verification (README: "Speculative decoding for real").
+verification (docs/guides/deploy.md).
 
     accept (greedy)   -> follow the child whose token is the target's argmax; the first context
                          without such a child emits the target's argmax there (the bonus token)

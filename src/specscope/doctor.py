@@ -21,7 +21,7 @@ from .hardware import cpu_flags, cpu_name, cpu_quota, usable_cpus
 from .models import DEMO_MODELS
 from .models.config import fastest_dtype
 
-# The extras a user may want, in the README's order, and what each is for.
+# The extras a user may want, in the order the docs list them, and what each is for.
 EXTRA_PURPOSES = {
     "demo": "the embedded demo pair (part packages, GGUF loading)",
     "domains": "offline prompt sources (HumanEval, CHAMP, gsm_symbolic)",

@@ -3,7 +3,8 @@
 Every error that a user can cause (a bad option, a missing file, an unusable run directory, a
 package that is not installed) derives from :class:`SpecscopeError`; its message says what was
 wrong and what is allowed, in one line. The command line prints that line and exits with status 2
-(see the README). Anything else that escapes is a bug in specscope and keeps its traceback.
+(docs/getting-started.md: "Errors and exit codes"). Anything else that escapes is a bug in
+specscope and keeps its traceback.
 
 This module knows nothing of models, runs or analysis.
 """

@@ -3,7 +3,7 @@
 A tree shape is a list of nodes in breadth-first order, each with a parent index (-1 for a root)
 and a sibling rank (0 = the draft's top token under the parent's context). Everything else, the
 tree attention mask, the position offsets and the root-to-leaf paths, is derived from the parents
-array by pure functions (README: "What a run measures"). Shapes can be written as Medusa/vLLM path tuples
+array by pure functions (docs/guides/measure.md). Shapes can be written as Medusa/vLLM path tuples
 ``[(0,), (1,), (0, 0), ...]``, each tuple listing sibling ranks from the root.
 
 The policies of this module give static shapes: the tokens change every step, the shape does not.

@@ -17,7 +17,7 @@ calibrated on pairs of synthetic drafters measured on the same prompts whose tau
 at every prompt (alike, or a lookup that proposes in only some steps but whose longer chains make
 up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
 
-``tests/test_calibration.py`` runs a small version in CI; the full table of the README comes from
+``tests/test_calibration.py`` runs a small version in CI; the full table of docs/calibration.md comes from
 ``python -m specscope.analysis.calibration``. Nothing here reads a model.
 """
 

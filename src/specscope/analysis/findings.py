@@ -2,7 +2,7 @@
 
 A verdict is a claim about the world the prompts were drawn from, so every verdict comes from a
 test whose error rates were measured on synthetic runs of known truth (``tests/test_calibration.py``
-checks them; the README gives the table). The rules:
+checks them; docs/calibration.md gives the table). The rules:
 
 - The unit of replication is the prompt. Every figure's standard error comes from the bootstrap
   that resamples prompts within domains, and every test is a t test on it (:mod:`.stats`).

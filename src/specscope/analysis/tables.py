@@ -6,7 +6,7 @@ a percentile interval from the prompt-clustered bootstrap of :mod:`specscope.ana
 whole analysis shares one weight matrix, so differences between figures (deltas, leads, the
 domain-minus-depth effect) get intervals from the same resamples.
 
-Definitions (README: "Records"; ``v`` is the acceptance metric, ``alpha`` for the paper's tables,
+Definitions (docs/metrics.md; ``v`` is the acceptance metric, ``alpha`` for the paper's tables,
 ``greedy_accept`` for the same tables recomputed with what greedy verification accepts):
 
 - Table I: per domain, node count, mean and sample standard deviation (ddof = 1) of ``v``, mean
@@ -400,6 +400,6 @@ def small_sample_warnings(a: Analysis) -> tuple[str, ...]:
     return (
         f"too few prompts for verdicts: {have} per domain, verdicts need {need} (below that "
         f"the tests rest on a handful of degrees of freedom and rarely detect even a real "
-        f"effect; see the README's calibration); every finding is 'not testable'. To measure "
+        f"effect; see docs/calibration.md); every finding is 'not testable'. To measure "
         f"enough: {how}",
     )

@@ -1,5 +1,5 @@
 """What measurement observes at each step: the draft's and the target's distributions over a
-tree, turned into one row per node (README: "Records") and the step's own figures.
+tree, turned into one row per node (docs/reference/records.md) and the step's own figures.
 
 :func:`step_record` turns a step's :class:`~specscope.core.batch.StepScores` (what its draft
 and verify stages produced, in batched measurement or in the naive oracle) into node columns;
@@ -60,7 +60,7 @@ class NodeRecords:
 
 
 def step_record(scores: StepScores, shape: TreeShape) -> NodeRecords:
-    """Per-node figures (README: "Records") from one step's draft and target distributions.
+    """Per-node figures (docs/reference/records.md) from one step's draft and target distributions.
 
     Siblings share a context, so the distribution-wide figures (entropies, KL, top-2, argmax) are
     computed once per context and indexed per node.

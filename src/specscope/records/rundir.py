@@ -1,4 +1,4 @@
-"""Run directories and their Parquet records (README: "Records").
+"""Run directories and their Parquet records (docs/reference/records.md).
 
 A run directory holds:
 

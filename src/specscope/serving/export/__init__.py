@@ -75,7 +75,7 @@ def export_policy(
 
 
 def engines_table() -> str:
-    """The README table: engine | versions checked | what is exported | refused and why."""
+    """The engines table (docs/reference/engines.md): engine | versions checked | what is exported | refused and why."""
     rows = [
         "| engine | versions checked | what is exported | what is refused and why |",
         "|---|---|---|---|",

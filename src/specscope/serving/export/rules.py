@@ -74,7 +74,7 @@ class EngineVersion:
     takes_trees: bool = False
     notes: tuple[str, ...] = ()  # what a user must know (refusals, approximations)
     approximation: str | None = None  # set when the engine approximates the exported shape
-    about: str = ""  # what the version names (the README table)
+    about: str = ""  # what the version names (the engines table)
     tree_reason: str = ""  # why a tree with branches is refused, for chain-only versions
     drafters: tuple[str, ...] = ("draft-model",)  # specscope drafters exported to its own method
     field_names: dict = field(init=False, repr=False, compare=False)
@@ -113,8 +113,8 @@ class Engine:
     name: str
     versions: tuple[EngineVersion, ...]
     export: Callable  # (PolicyPlan, ExportOptions, EngineVersion) -> dict
-    exports: str  # README table: what is exported
-    refuses: str  # README table: what is refused and why
+    exports: str  # the engines table: what is exported
+    refuses: str  # the engines table: what is refused and why
 
     def version(self, requested: str | None) -> EngineVersion:
         if requested is None:

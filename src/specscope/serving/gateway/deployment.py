@@ -96,7 +96,7 @@ class Deployment:
     @classmethod
     def from_table(cls, table: Mapping, where: str = "deployment") -> Deployment:
         """From a deployment table: ``engine``, ``[fallback]`` and ``[domains.NAME]`` tables of
-        ``url`` and optional ``model`` (see the README)."""
+        ``url`` and optional ``model`` (see docs/gateway.md)."""
         unknown = set(table) - {"engine", "fallback", "domains"}
         if unknown:
             raise DeploymentError(
