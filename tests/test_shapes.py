@@ -130,3 +130,25 @@ def test_grids_render(low_chat, high_chat):
         to_csv(g)
     assert len(grids[0].rows) == 4  # node alpha, node greedy, step, prompt
     assert len(grids[3].rows) == 4 * 4  # shapes x domains
+
+
+def test_compare_shapes_through_the_command_line(tmp_path):
+    """`specscope compare A B --shapes` prints and writes the findings across the runs' shapes."""
+    from typer.testing import CliRunner
+
+    from specscope.analysis.synthetic import write_synthetic_run
+    from specscope.cli import app
+
+    runs = [
+        write_synthetic_run(tmp_path / name, prompts_per_domain=10, steps=(8, 16), seed=seed)
+        for name, seed in (("a", 1), ("b", 2))
+    ]
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(
+        app, ["compare", *map(str, runs), "--shapes", "--boot", "50", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    for key in ("shape_figures", "shape_verdicts", "shape_changes"):
+        assert (out / "csv" / f"{key}.csv").is_file()
+    figures = (out / "csv" / "shape_figures.csv").read_text()
+    assert "a: measured tree" in figures and "b: top-1 chain" in figures

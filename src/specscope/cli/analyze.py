@@ -221,6 +221,13 @@ def compare(
         help="Drafters side by side on the same prompts: tau, proposals and greedy acceptance by "
         "depth per domain, and whether one accepts more than another (paired by prompt).",
     ),
+    shapes: bool = typer.Option(
+        False,
+        "--shapes",
+        help="Each domain finding in every tree shape the runs hold (each run's measured tree and "
+        "the top-1 chain within it), and the verdicts and domain orderings that change between "
+        "shapes.",
+    ),
 ) -> None:
     """Side by side: this run's tables and another run's, the paper's figures, a sweep's runs, or
     (--by-drafter) several drafters' runs on the same prompts."""
@@ -232,10 +239,21 @@ def compare(
             f"compare takes one run or two, got {len(run_dirs)}; several drafters' runs: "
             "--by-drafter; a grid of runs: their sweep directory"
         )
-    _compare_runs(run_dirs, out, _settings(n_boot, seed, confidence))
+    _compare_runs(run_dirs, out, _settings(n_boot, seed, confidence), shapes)
 
 
-def _compare_runs(run_dirs: list[str], out: str | None, settings) -> None:
+def _shape_grids(run_dirs: list[Path], settings) -> list:
+    """The findings across the tree shapes of these runs (:mod:`specscope.analysis.shapes`)."""
+    from ..analysis.level_grids import shape_changes_grid, shape_figures_grid, shape_verdicts_grid
+    from ..analysis.prepare import prepare, read_run
+    from ..analysis.shapes import compare_shapes
+
+    runs = [(path.name, prepare(read_run(path))) for path in run_dirs]
+    c = compare_shapes(runs, settings)
+    return [shape_figures_grid(c), shape_verdicts_grid(c), shape_changes_grid(c)]
+
+
+def _compare_runs(run_dirs: list[str], out: str | None, settings, shapes: bool = False) -> None:
     """One run against the paper, two runs, or a sweep's runs: the tables printed (and written)."""
     from ..analysis.render import drafter_grids, findings_grid
     from ..analysis.report import compare as compare_runs
@@ -264,6 +282,8 @@ def _compare_runs(run_dirs: list[str], out: str | None, settings) -> None:
         if drafters := _drafters_if_they_differ(expanded, settings):
             grids += drafter_grids(drafters)
         title = f"{analyses[0].info.run_id} vs {analyses[1].info.run_id}"
+    if shapes:
+        grids += _shape_grids(expanded, settings)
     print_grids(grids)
     if out is not None:
         md, tex, csv_dir = write_tables(
