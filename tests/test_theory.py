@@ -695,7 +695,7 @@ def test_certified_fraction_by_margin_bin(tmp_path):
             assert r.steps == in_bin.sum()
             assert r.prompts == steps.loc[in_bin, "prompt_id"].nunique()
             for name, est in zip(m.names, r.fractions):
-                flag = C._flag_column(name)
+                flag = C.flag_column(name)
                 if r.steps:
                     assert est.value == pytest.approx(steps.loc[in_bin, flag].mean())
                 else:

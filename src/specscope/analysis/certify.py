@@ -192,7 +192,7 @@ class StepClusters:
         return ests.reshape(n_cells, N), steps
 
 
-def _flag_column(name: str) -> str:
+def flag_column(name: str) -> str:
     return f"tree_certified_m{name[6:]}" if name.startswith("tree_m") else f"certified_{name}"
 
 
@@ -283,10 +283,10 @@ def margin_table(
 ) -> MarginTable:
     """Certified fractions by margin bin, over all domains and per domain."""
     names = [n for n in names if n != "tree_m1" or "greedy" not in names]
-    names = [n for n in names if _flag_column(n) in steps.columns]
+    names = [n for n in names if flag_column(n) in steps.columns]
     flags = (
         np.column_stack(
-            [steps[_flag_column(n)].astype("float64").to_numpy(np.float64) for n in names]
+            [steps[flag_column(n)].astype("float64").to_numpy(np.float64) for n in names]
         )
         if names
         else np.zeros((len(steps), 0))
@@ -309,7 +309,7 @@ def margin_table(
     return MarginTable(edges, tuple(names), tuple(rows), int((codes < 0).sum()), source)
 
 
-def _criterion_order(name: str) -> tuple[int, str]:
+def criterion_order(name: str) -> tuple[int, str]:
     names = list(CRITERIA)
     return (names.index(name), name) if name in names else (len(names), name)
 
@@ -475,7 +475,7 @@ def certify_run(
         margin_bins = check_margin_bins(margin_bins)
     steps, source, notes = certify_steps(run)
     names = [c[5:] for c in steps.columns if c.startswith("cert_")]
-    crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=_criterion_order)
+    crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=criterion_order)
     tree_names = sorted((n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
     clusters = StepClusters.of(steps, n_boot, seed, confidence)
     criteria = (
@@ -484,7 +484,7 @@ def certify_run(
     trees = _summaries(steps, tree_names, "tree", clusters) if tree_names else pd.DataFrame()
     margins = None
     if margin_bins is not None:
-        flags = [c for c in map(_flag_column, crit_names + tree_names) if c in steps.columns]
+        flags = [c for c in map(flag_column, crit_names + tree_names) if c in steps.columns]
         missing = [c for c in ("target_margin",) if c not in steps.columns or steps[c].isna().all()]
         if not flags:
             missing.append("kl_target_draft (or certified_<criterion> flags)")
@@ -542,7 +542,7 @@ def plot_certificates(
 
     steps = report.steps
     names = [c[5:] for c in steps.columns if c.startswith("cert_")]
-    names = sorted((n for n in names if not n.startswith("tree_m")), key=_criterion_order) + sorted(
+    names = sorted((n for n in names if not n.startswith("tree_m")), key=criterion_order) + sorted(
         (n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:])
     )
     if not names or "target_margin" not in steps:

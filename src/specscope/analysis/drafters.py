@@ -264,7 +264,7 @@ class _Block:
 
 
 @dataclass(frozen=True)
-class _Cells:
+class DomainCells:
     """The bootstrap's totals of per-prompt sums over each domain's prompts, then over all."""
 
     boot: ClusterBootstrap
@@ -273,7 +273,7 @@ class _Cells:
     strata: np.ndarray  # (G + 1, columns): domains with such prompts
 
     @classmethod
-    def of(cls, boot: ClusterBootstrap, per_prompt: np.ndarray, codes: np.ndarray) -> _Cells:
+    def of(cls, boot: ClusterBootstrap, per_prompt: np.ndarray, codes: np.ndarray) -> DomainCells:
         onehot = np.eye(int(codes.max()) + 1)[codes]  # (P, G)
         by_domain = boot.total(per_prompt[:, None, :] * onehot[:, :, None])
         present = (per_prompt > 0).astype(float)
@@ -322,7 +322,7 @@ def compare_drafters(
         blocks.append(_Block(k * x.shape[1], depth))
         warnings += [f"{label}: {w}" for w in notes]
     boot = ClusterBootstrap.draw(codes, settings.n_boot, settings.seed, settings.confidence)
-    cells = _Cells.of(boot, np.hstack(sums), codes)
+    cells = DomainCells.of(boot, np.hstack(sums), codes)
 
     scopes = domains + (ALL,)
     rows = [row for label, b in zip(labels, blocks) for row in _rows(cells, label, b, scopes)]
@@ -349,7 +349,7 @@ def compare_drafters(
     )
 
 
-def _rows(cells: _Cells, label: str, b: _Block, scopes: tuple[str, ...]) -> list[DrafterRow]:
+def _rows(cells: DomainCells, label: str, b: _Block, scopes: tuple[str, ...]) -> list[DrafterRow]:
     """One drafter's row per domain and All."""
     tau = cells.estimates(cells.mean(b.tau, b.steps), b.steps)
     share = cells.estimates(cells.mean(b.proposed, b.steps), b.steps)

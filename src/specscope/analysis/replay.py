@@ -51,7 +51,7 @@ import pandas as pd
 from ..errors import SpecscopeError
 from ..records import Run, tree_paths
 from ..trees import TreeShape
-from .drafters import _Cells as DomainCells
+from .drafters import DomainCells
 from .prepare import ALL, read_run
 from .render import Column, Grid
 from .results import Settings

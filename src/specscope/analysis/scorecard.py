@@ -79,10 +79,10 @@ from ..records import Run
 from .certify import (
     DEFAULT_MARGIN_BINS,
     StepClusters,
-    _criterion_order,
-    _flag_column,
     certify_steps,
     check_margin_bins,
+    criterion_order,
+    flag_column,
     margin_bin_codes,
     margin_bin_labels,
 )
@@ -713,7 +713,7 @@ def certificate_rows(
     steps, _, notes = certify_steps(run)
     names = sorted(
         (c[5:] for c in steps.columns if c.startswith("cert_")),
-        key=lambda n: (n.startswith("tree_m"), _criterion_order(n)),
+        key=lambda n: (n.startswith("tree_m"), criterion_order(n)),
     )
     if not names:
         return [], [*notes, "no certificate columns in the records: no certificate table"]
@@ -728,7 +728,7 @@ def certificate_rows(
     out = []
     for name in names:
         ok_col = f"tree_covered_m{name[6:]}" if name.startswith("tree_m") else f"accept_{name}"
-        flag_col = _flag_column(name)
+        flag_col = flag_column(name)
         if ok_col not in steps or flag_col not in steps:
             notes.append(f"{name}: no {ok_col} or {flag_col} column, left out")
             continue
