@@ -173,16 +173,20 @@ def _domains(a: Analysis) -> tuple[str, ...]:
     return tuple(r.domain for r in a.paper.table1 if r.domain != ALL and r.nodes > 0)
 
 
+def shortfall(domain_prompts: tuple[tuple[str, int], ...], need: int) -> str | None:
+    """Why a run with these prompts per domain is too small for a verdict, or None."""
+    if not domain_prompts or min(n for _, n in domain_prompts) >= need:
+        return None
+    listing = ", ".join(f"{d} {n}" for d, n in domain_prompts)
+    fewest = min(n for _, n in domain_prompts)
+    return f"not testable: {fewest} prompts per domain ({listing}), need {need}"
+
+
 def sample_shortfall(a: Analysis, domains: Sequence[str] | None = None) -> str | None:
     """Why the run has too few prompts for a verdict on ``domains`` (default: all), or None."""
     counts = dict(zip(a.info.domains, a.info.domain_prompts))
     domains = _domains(a) if domains is None else domains
-    have = {d: counts.get(d, 0) for d in domains}
-    need = a.settings.min_prompts
-    if not have or min(have.values()) >= need:
-        return None
-    listing = ", ".join(f"{d} {n}" for d, n in have.items())
-    return f"not testable: {min(have.values())} prompts per domain ({listing}), need {need}"
+    return shortfall(tuple((d, counts.get(d, 0)) for d in domains), a.settings.min_prompts)
 
 
 def _untestable(

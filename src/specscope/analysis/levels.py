@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecscopeError
-from .findings import Finding, Verdict, one_sided_verdict
+from .findings import Finding, Verdict, one_sided_verdict, shortfall
 from .prepare import Records
 from .replay import MeasuredTree, index_records, replay_counts
 from .resampling import Resampler
@@ -382,15 +382,6 @@ def finding_level(key: str) -> str:
         if key.startswith(prefix):
             return level
     return "unknown"
-
-
-def shortfall(domain_prompts: tuple[tuple[str, int], ...], need: int) -> str | None:
-    """Why a run with these prompts per domain is too small for a verdict, or None."""
-    if not domain_prompts or min(n for _, n in domain_prompts) >= need:
-        return None
-    listing = ", ".join(f"{d} {n}" for d, n in domain_prompts)
-    fewest = min(n for _, n in domain_prompts)
-    return f"not testable: {fewest} prompts per domain ({listing}), need {need}"
 
 
 def budget_finding(

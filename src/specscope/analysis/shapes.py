@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecscopeError
-from .findings import Verdict, one_sided_verdict
-from .levels import budget_comparison, budget_finding, finding_level, shortfall
+from .findings import Verdict, one_sided_verdict, shortfall
+from .levels import budget_comparison, budget_finding, finding_level
 from .prepare import Records
 from .resampling import Resampler
 from .results import Analysis, Settings
