@@ -4,8 +4,7 @@ import pytest
 
 from conftest import spine_nodes
 from specscope.serving.llamacpp import ChainAcceptance, PassCosts
-from specscope.serving.llamacpp_study import chain, chain_k, tune_chains
-from specscope.tune.acceptance import ALL_DOMAINS
+from specscope.serving.llamacpp_study import chain, chain_k
 
 COSTS = PassCosts(
     target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),
@@ -38,13 +37,12 @@ def test_chain_acceptance_and_tuning():
     assert code.tau(2)[0] == pytest.approx(1 + 0.9 + 0.8)
     assert code.tau(3)[0] == pytest.approx(1 + 0.9 + 0.8 + 0.5)
     assert code.p_all(2)[0] == pytest.approx(0.8)
-    policy = tune_chains(acc, COSTS, ks=(1, 2, 3))
     # code: K = 1, 2, 3 give 1.9 * 0.041 / 0.0664 = 1.173x, 2.7 * 0.041 / 0.0867 = 1.277x and
-    # 3.2 * 0.041 / 0.1057 = 1.241x: K = 2
-    assert chain_k(policy.trees["code"]) == 2
-    assert policy.choices["code"].predicted_speedup == pytest.approx(2.7 * 0.041 / 0.0867)
-    assert policy.trees["chat"] is None  # 1.2 tokens per step never pays
-    assert ALL_DOMAINS in policy.choices
+    # 3.2 * 0.041 / 0.1057 = 1.241x
+    assert COSTS.predicted_speedup(2, 2.7, 0.8) == pytest.approx(2.7 * 0.041 / 0.0867)
+    chat = acc.subset("chat")
+    assert chat.tau(1)[0] == pytest.approx(1.2)  # 1.2 tokens per step never pays
+    assert COSTS.predicted_speedup(1, 1.2, chat.p_all(1)[0]) < 1
 
 
 def test_chain_shapes():

@@ -50,7 +50,6 @@ from .llamacpp import (
     Candidate,
     ChainAcceptance,
     CostGrid,
-    PassCosts,
     SettingChoice,
     break_even_rows,
     choose_setting,
@@ -71,38 +70,6 @@ def chain(k: int) -> TreeShape | None:
 
 def chain_k(shape: TreeShape | None) -> int:
     return 0 if shape is None else shape.max_depth
-
-
-def tune_chains(
-    acceptance: ChainAcceptance,
-    costs: PassCosts,
-    ks: Sequence[int] = DEFAULT_KS,
-    source: dict | None = None,
-) -> PolicyFile:
-    """Per domain (and pooled: the setting for other domains), the K of best predicted
-    speed-up, or no speculation when none beats plain decoding."""
-    ks = [k for k in ks if 0 < k <= acceptance.max_k]
-    groups = {d: acceptance.subset(d) for d in sorted(set(acceptance.domains))}
-    choices = {}
-    for name, acc in {**groups, ALL_DOMAINS: acceptance}.items():
-        best = Choice(None, 1.0, 1.0, costs.plain_token_s)
-        for k in ks:
-            tau, p_all = float(acc.tau(k)[0]), float(acc.p_all(k)[0])
-            speedup = costs.predicted_speedup(k, tau, p_all)
-            if speedup > best.predicted_speedup:
-                best = Choice(chain(k), tau, speedup, costs.step_s(k, tau, p_all))
-        choices[name] = best
-    uniform = choices[ALL_DOMAINS]
-    return PolicyFile(
-        trees={d: choices[d].shape for d in groups},
-        uniform=uniform.shape,
-        choices=choices,
-        info={
-            "cost_model": costs.to_dict(),
-            "source": source or {},
-            "tune": {"engine": "llama.cpp", "ks": ks},
-        },
-    )
 
 
 # --- choosing settings --------------------------------------------------------------------------------
