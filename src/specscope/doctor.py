@@ -32,6 +32,7 @@ EXTRA_PURPOSES = {
     "gptq": "the paper's 4-bit GPTQ target (GPU)",
     "gateway": "one endpoint routing requests to per-domain engines (specscope gateway)",
     "ray": "sweeps on Ray",
+    "docs": "the documentation site (mkdocs build --strict, mkdocs serve)",
     "dev": "the test suite",
 }
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -46,6 +47,13 @@ from ..errors import SpecscopeError
 PROGRAMS = ("llama-server", "llama-bench", "llama-quantize")
 BIN_ENV = "SPECSCOPE_LLAMA_BIN"
 BUILD_MARKER = "specscope-build.json"  # written last: its presence means the build finished
+# ggml's AMX kernels (compiled in by -march=native where the CPU has AMX) crash llama-server b11312
+# at its warm-up pass, a segmentation fault in libggml-cpu, on AMX machines here (Intel Xeon with
+# AMX-INT8 under a VM: `load_tensors: AMX model buffer size`, then SIGSEGV; --no-repack, which
+# skips the AMX buffer, runs). GCC and Clang let an explicit -mno-* win over -march=native, so
+# the build leaves AMX out and ggml uses its AVX512/AVX2 kernels.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+X86 = platform.machine().lower() in ("x86_64", "amd64")
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",
@@ -54,6 +62,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TOOLS=ON",
+    *((f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}") if X86 else ()),
 )
 
 
@@ -129,9 +138,18 @@ def find_llama_tools() -> LlamaTools | None:
         return None
     root = build_root(version)
     tools = LlamaTools(root / "build" / "bin", version)
-    if (root / BUILD_MARKER).is_file() and not tools.missing():
+    if _built_with_these_flags(root / BUILD_MARKER) and not tools.missing():
         return tools
     return None
+
+
+def _built_with_these_flags(marker: Path) -> bool:
+    """Whether a finished build's marker records today's cmake flags (a build made with other
+    flags, e.g. before AMX was left out, is built again)."""
+    try:
+        return json.loads(marker.read_text()).get("cmake_flags") == list(CMAKE_FLAGS)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _require_build_tools() -> None:
