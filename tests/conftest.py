@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,6 +78,21 @@ def release_memory() -> None:
     """Collect reference cycles (about 0.2 s with torch and transformers loaded), then trim."""
     gc.collect()
     trim_heap()
+
+
+_DEMO_CACHE_BUILT = []
+
+
+def pytest_runtest_setup(item):
+    """Before the first test of the real weights, build the demo pair's bf16 cache in a child
+    process: on a cold cache (CI) the GGUF-to-bf16 conversion would otherwise run inside pytest,
+    and the memory it takes would stay in this process under every later test. Its failure (no
+    demo extra) is left to the tests themselves, which skip or say why."""
+    if _DEMO_CACHE_BUILT or not item.get_closest_marker("weights"):
+        return
+    _DEMO_CACHE_BUILT.append(True)
+    build = "from specscope.models.demo import demo_checkpoint\nfor r in ('draft', 'target'): demo_checkpoint(r)"
+    subprocess.run([sys.executable, "-c", build], check=False, capture_output=True, timeout=3600)
 
 
 @pytest.hookimpl(wrapper=True)
