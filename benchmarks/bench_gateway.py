@@ -32,8 +32,9 @@ import numpy as np
 from specscope.models.demo import demo_gguf
 from specscope.prompts.domains import select_prompts
 from specscope.serving.gateway import Backend, Deployment, make_app
-from specscope.serving.llamarouter import GREEDY, LlamaRouter, preset_section, presets_ini
-from specscope.serving.llamaserver import ServerSetting, build_llama_tools
+from specscope.serving.llamacpp.programs import build_llama_tools
+from specscope.serving.llamacpp.router import GREEDY, LlamaRouter, preset_section, presets_ini
+from specscope.serving.llamacpp.server import ServerSetting
 from specscope.tune.router import RuleRouter, prompt_text
 
 DOMAINS = ("code", "math", "reasoning", "chat")
@@ -41,7 +42,7 @@ DOMAINS = ("code", "math", "reasoning", "chat")
 
 def parse_routes(args) -> dict[str, int]:
     if args.policy:
-        from specscope.serving.llamacpp_study import chain_k
+        from specscope.serving.llamacpp.study import chain_k
         from specscope.tune.policy import PolicyFile
 
         policy = PolicyFile.load(args.policy)
@@ -108,7 +109,7 @@ def main() -> None:
     target, draft = demo_gguf("target"), demo_gguf("draft")
     if args.run:
         from specscope.records import load_run
-        from specscope.serving.llamacpp_study import held_out_prompts
+        from specscope.serving.llamacpp.study import held_out_prompts
 
         items = held_out_prompts(load_run(args.run).manifest, args.per_domain)
     else:

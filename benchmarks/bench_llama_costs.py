@@ -20,9 +20,9 @@ from pathlib import Path
 
 from specscope.files import write_json, write_output
 from specscope.models.demo import demo_gguf
-from specscope.serving.llamacpp import plot_cost_curves
-from specscope.serving.llamacpp_study import GridOptions, break_even_table, measure_grid
-from specscope.serving.llamaserver import build_llama_tools
+from specscope.serving.llamacpp.costs import plot_cost_curves
+from specscope.serving.llamacpp.programs import build_llama_tools
+from specscope.serving.llamacpp.study import GridOptions, break_even_table, measure_grid
 
 FULL = GridOptions(
     threads=(1, 2),

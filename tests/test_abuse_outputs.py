@@ -144,7 +144,7 @@ def test_tune_refuses_a_planted_policy_link(run_dir, costs, victim):
 def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
     # before: RUN_DIR/llamacpp -> elsewhere received policy.json, costs.json, requests, summary
     from specscope.files import OutputError
-    from specscope.serving.llamacpp_study import GridOptions, run_llamacpp_study
+    from specscope.serving.llamacpp.study import GridOptions, run_llamacpp_study
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
     with pytest.raises(OutputError, match="symbolic link"):

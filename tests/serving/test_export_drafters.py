@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from specscope.cli import app
 from specscope.drafters import DrafterConfig
 from specscope.serving.export import ENGINES, ExportError, ExportOptions, export_policy
-from specscope.serving.export.plan import MEASURED_NGRAM
+from specscope.serving.export_plan import MEASURED_NGRAM
 from specscope.trees import TreeShape
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import PolicyFile

@@ -187,7 +187,7 @@ def test_llama_server_accepts_presets(tmp_path):
 def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
     """`specscope llamacpp` writes each domain's measured setting (short flags, models apart)
     into the policy; the export turns them into the long names presets take, with the models."""
-    from specscope.serving.llamaserver import ServerSetting
+    from specscope.serving.llamacpp.server import ServerSetting
 
     code = ServerSetting(threads=2, poll=0, batch=512, ubatch=128).with_k(3)
     plain = ServerSetting(threads=2, poll=50, batch=2048, ubatch=512)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from specscope.drafters import DrafterConfig
 from specscope.serving.export import ExportOptions, export_policy
-from specscope.serving.export.plan import MEASURED_NGRAM
-from specscope.serving.export.sglang import NGRAM_APPROXIMATION
+from specscope.serving.export_plan import MEASURED_NGRAM
+from specscope.serving.sglang.export import NGRAM_APPROXIMATION
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
 

@@ -383,8 +383,8 @@ def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):
 
 def test_an_export_document_deploys_with_its_own_routing_rule(tmp_path):
     from specscope.serving.export import export_policy
-    from specscope.serving.export.plan import ExportOptions
-    from specscope.serving.llamacpp_study import chain
+    from specscope.serving.export_plan import ExportOptions
+    from specscope.serving.llamacpp.study import chain
     from specscope.tune.policy import PolicyFile
 
     policy = PolicyFile({"code": chain(3), "math": None, "reasoning": None, "chat": None})

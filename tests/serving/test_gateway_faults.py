@@ -282,8 +282,8 @@ def test_backend_urls_that_would_misroute_are_refused_at_start(tmp_path, url, me
 
 def export_document(tmp_path, **routing_changes) -> Path:
     from specscope.serving.export import export_policy
-    from specscope.serving.export.plan import ExportOptions
-    from specscope.serving.llamacpp_study import chain
+    from specscope.serving.export_plan import ExportOptions
+    from specscope.serving.llamacpp.study import chain
     from specscope.tune.policy import PolicyFile
 
     policy = PolicyFile({"code": chain(3), "math": None, "reasoning": None, "chat": None})

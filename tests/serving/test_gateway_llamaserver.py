@@ -6,7 +6,7 @@ domain's preset (the log names it; the server's timings show drafting only where
 speculates, at most K per verify step), that every output equals the plain preset's greedy output
 token for token or leaves it only at a near-tie of the target, that the draft counts are exactly
 what greedy chains of K give on the draft's agreement with those outputs
-(llamarouter.chain_counts), that a streamed chat answer passes through, and that specscope
+(llamacpp.router.chain_counts), that a streamed chat answer passes through, and that specscope
 ingest of the
 gateway's log gives per-domain tokens per step whose interval meets the one that a measurement of
 the draft's agreement on other prompts predicts for the same K.
@@ -33,10 +33,10 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from specscope.serving.export import export_policy
-from specscope.serving.export.plan import ExportOptions
+from specscope.serving.export_plan import ExportOptions
 from specscope.serving.gateway import Deployment, make_app
-from specscope.serving.llamacpp_study import chain
-from specscope.serving.llamarouter import (
+from specscope.serving.llamacpp.programs import LlamaToolsError, build_llama_tools, find_llama_tools
+from specscope.serving.llamacpp.router import (
     GREEDY,
     LlamaRouter,
     chain_counts,
@@ -46,12 +46,8 @@ from specscope.serving.llamarouter import (
     presets_ini,
     top_logprobs,
 )
-from specscope.serving.llamaserver import (
-    LlamaToolsError,
-    ServerSetting,
-    build_llama_tools,
-    find_llama_tools,
-)
+from specscope.serving.llamacpp.server import ServerSetting
+from specscope.serving.llamacpp.study import chain
 from specscope.tune.policy import PolicyFile
 from specscope.tune.router import RuleRouter, prompt_text
 

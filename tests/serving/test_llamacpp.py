@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import spine_nodes
-from specscope.serving.llamacpp import ChainAcceptance, PassCosts
-from specscope.serving.llamacpp_study import chain, chain_k
+from specscope.serving.llamacpp.costs import ChainAcceptance, PassCosts
+from specscope.serving.llamacpp.study import chain, chain_k
 
 COSTS = PassCosts(
     target_s=((1, 0.040), (2, 0.050), (3, 0.060), (4, 0.070)),

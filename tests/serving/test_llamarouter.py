@@ -1,11 +1,11 @@
-"""What greedy chains of K predict for llama-server (llamarouter), on hand-computed cases."""
+"""What greedy chains of K predict for llama-server (llamacpp.router), on hand-computed cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specscope.serving.llamarouter import (
+from specscope.serving.llamacpp.router import (
     ChainCounts,
     agreement_steps,
     chain_counts,
@@ -14,7 +14,7 @@ from specscope.serving.llamarouter import (
     preset_section,
     presets_ini,
 )
-from specscope.serving.llamaserver import ServerSetting
+from specscope.serving.llamacpp.server import ServerSetting
 
 AGREE = [True, True, True, False, True, True, True, True, False, False]
 
@@ -102,7 +102,7 @@ class RuleDraft:
 
 @pytest.mark.parametrize("window", [1, 2, 8])
 def test_draft_agreement_asks_once_per_disagreement_and_matches_position_by_position(window):
-    from specscope.serving.llamarouter import draft_agreement
+    from specscope.serving.llamacpp.router import draft_agreement
 
     output = [5, 6, 7, 8, 9, 10]
     draft = RuleDraft()

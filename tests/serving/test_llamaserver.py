@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import spine_nodes
-from specscope.serving.llamacpp import (
+from specscope.serving.llamacpp.costs import (
     Candidate,
     ChainAcceptance,
     CostCurve,
@@ -19,20 +19,19 @@ from specscope.serving.llamacpp import (
     choose_setting,
     curves_from_bench,
 )
-from specscope.serving.llamacpp_study import (
+from specscope.serving.llamacpp.programs import (
+    BenchGrid,
+    LlamaTools,
+    LlamaToolsError,
+    parse_llama_bench,
+)
+from specscope.serving.llamacpp.server import Completion, ServerSetting
+from specscope.serving.llamacpp.study import (
     PLAIN,
     acceptance_table,
     break_even_table,
     prediction_bias,
     speed_table,
-)
-from specscope.serving.llamaserver import (
-    BenchGrid,
-    Completion,
-    LlamaTools,
-    LlamaToolsError,
-    ServerSetting,
-    parse_llama_bench,
 )
 
 DATA = Path(__file__).parents[1] / "data"
@@ -306,12 +305,12 @@ def test_completion_without_drafts_counts_zero():
 
 def _demo_or_skip():
     from specscope.models.demo import _kept_gguf
-    from specscope.serving.llamaserver import find_llama_tools
+    from specscope.serving.llamacpp.programs import find_llama_tools
 
     tools = find_llama_tools()
     if tools is None:
         pytest.skip(
-            "llama.cpp's programs are not built (specscope.serving.llamaserver."
+            "llama.cpp's programs are not built (specscope.serving.llamacpp.programs."
             "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)"
         )
     draft = _kept_gguf("draft")
@@ -326,7 +325,7 @@ def _demo_or_skip():
 @pytest.mark.weights
 @pytest.mark.llamacpp
 def test_llama_server_speculates_with_a_model_as_its_own_draft():
-    from specscope.serving.llamaserver import LlamaServer
+    from specscope.serving.llamacpp.server import LlamaServer
 
     tools, gguf = _demo_or_skip()
     ids = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'

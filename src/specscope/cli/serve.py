@@ -53,7 +53,7 @@ def export(
     or /dev/stdout is written in place, a link to a regular file is replaced by the file."""
     from ..files import check_output_file, json_text, write_json, write_output
     from ..serving.export import ExportOptions, export_policy
-    from ..serving.export.plan import presets_path
+    from ..serving.export_plan import presets_path
     from ..tune.policy import PolicyFile
 
     presets = None
@@ -201,7 +201,7 @@ def llamacpp(
     (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
     held-out prompts. Builds llama.cpp's programs first if needed (once, minutes)."""
     from ..errors import SpecscopeError
-    from ..serving.llamacpp_study import GridOptions, run_llamacpp_study
+    from ..serving.llamacpp.study import GridOptions, run_llamacpp_study
 
     if max(ks) >= max_pass:
         raise SpecscopeError(

@@ -1,13 +1,20 @@
 """Where specscope meets a serving engine (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers).
 
-- :mod:`.export`: a tuned policy as each engine's settings, checked against the engine versions;
-- :mod:`.ingest`: the engines' per-request speculation logs as runs ``specscope analyze`` reads;
-- :mod:`.gateway`: ``specscope gateway``, one endpoint routing requests to per-domain engines;
-- :mod:`.llamaserver`: llama.cpp's programs (build, llama-bench, llama-server processes);
-- :mod:`.llamacpp`: llama.cpp through llama-cpp-python, pass costs, chain acceptance, settings;
-- :mod:`.llamarouter`: llama-server's router mode as a per-domain deployment;
-- :mod:`.llamacpp_study`: ``specscope llamacpp``, settings per domain measured side by side.
+Organised by engine, with what every engine shares beside them:
 
-In this package "engine" means a serving engine and nothing else. Node-level acceptance is
-measured elsewhere (:mod:`specscope.measure`); nothing here imports a module of it.
+- :mod:`.vllm`, :mod:`.sglang`: each engine's export rules (``export``) and its per-request
+  statistics parser with the key of those statistics in an answer (``ingest``);
+- :mod:`.trtllm`, :mod:`.hf_transformers`: the export rules of engines specscope reads no logs of;
+- :mod:`.llamacpp`: llama.cpp end to end: its programs (build, llama-bench, llama-quantize), the
+  llama-server backend, router mode, pass costs, ``specscope llamacpp`` (the study), its export
+  and its log parser;
+- :mod:`.specbench`: Spec-Bench's answer files, a log format without an engine;
+- shared: :mod:`.export` (the engines' registry, ``export_policy``), :mod:`.export_plan` (one
+  configuration per routed domain), :mod:`.export_rules` (engine versions and their checks),
+  :mod:`.request_stats` (what every parser returns, the checks they share), :mod:`.ingest` (the
+  formats' registry, reading logs, writing ingested runs), :mod:`.gateway` (``specscope gateway``).
+
+Registries are dicts keyed by engine name (``export.ENGINES``, ``ingest.FORMATS``). In this package
+"engine" means a serving engine and nothing else. Node-level acceptance is measured elsewhere
+(:mod:`specscope.measure`); nothing here imports a module of it.
 """

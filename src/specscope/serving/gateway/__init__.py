@@ -39,7 +39,7 @@ every record written: :class:`~specscope.serving.gateway.metrics.GatewayMetrics`
 at ``/metrics`` (Prometheus: per-domain requests, tokens, drafted and accepted tokens, latency,
 and the drift of tokens per step from the policy's prediction).
 
-It does not start or stop engines (:mod:`specscope.serving.llamaserver` does for llama-server), choose
+It does not start or stop engines (:mod:`specscope.serving.llamacpp.server` does for llama-server), choose
 settings (``specscope tune``/``llamacpp``) or read the logs (:mod:`specscope.serving.ingest`);
 it does not authenticate clients (it listens on 127.0.0.1 by default).
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from ...errors import SpecscopeError, require
 from ...files import read_json_object
-from ..ingest.formats import IngestError, engine_format
+from ..ingest.formats import engine_format
+from ..request_stats import IngestError
 
 MIN_REQUESTS = 30  # speculated requests a domain needs before its drift is tested
 Z99 = 2.5758293035489004  # two-sided 99% normal quantile (see the module docstring)

@@ -1,13 +1,15 @@
 """Import the per-request speculation statistics that serving engines already emit.
 
-:mod:`~specscope.serving.ingest.formats` reads each engine's request record (vLLM per-request metrics,
-SGLang ``meta_info``, llama-server ``timings``, Spec-Bench ``accept_lengths``);
+:mod:`~specscope.serving.ingest.formats` is the registry of log formats, one per engine (each
+engine's parser lives with that engine: vLLM per-request metrics, SGLang ``meta_info``,
+llama-server ``timings``, Spec-Bench ``accept_lengths``);
 :mod:`~specscope.serving.ingest.logs` reads a log of them (JSON lines, SSE captures, stream chunks);
 :mod:`~specscope.serving.ingest.run` joins them to prompts and writes an ingested run that
 ``specscope analyze`` reads. Nothing here measures or invents node-level figures.
 """
 
-from .formats import FORMATS, EngineFormat, IngestError, RequestStats, check_counts
+from ..request_stats import EngineFormat, IngestError, RequestStats, check_counts
+from .formats import FORMATS
 from .logs import Skipped, iter_requests
 from .run import (
     JOINS,

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...prompts.items import jsonl_objects
-from .formats import EngineFormat, IngestError, RequestStats, engine_format, shown
+from ..request_stats import EngineFormat, IngestError, RequestStats, shown
+from .formats import engine_format
 
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
 STREAM_HINTS = {

@@ -39,7 +39,8 @@ from ...files import read_json_object, umask, write_json
 from ...prompts.items import PromptSourceError, iter_jsonl
 from ...records import check_writable_dir
 from ...tune.router import prompt_text
-from .formats import IngestError, RequestStats, engine_format
+from ..request_stats import IngestError, RequestStats
+from .formats import engine_format
 from .logs import LoggedRequest, Skipped, iter_requests
 
 INGEST_FORMAT = "specscope-ingested/2"

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...errors import SpecscopeError
+from ..errors import SpecscopeError
 
 
 class ExportError(SpecscopeError, ValueError):

@@ -22,8 +22,15 @@ Every drafter drafts a chain here: trees are refused. Nothing here loads a model
 
 from __future__ import annotations
 
-from .plan import MEASURED_NGRAM, DeploymentPlan, DomainPlan, ExportOptions, chain_length, need
-from .rules import EngineVersion, Field
+from .export_plan import (
+    MEASURED_NGRAM,
+    DeploymentPlan,
+    DomainPlan,
+    ExportOptions,
+    chain_length,
+    need,
+)
+from .export_rules import EngineVersion, Field
 
 TRANSFORMERS = "huggingface/transformers"
 

@@ -21,8 +21,15 @@ domain is refused. It starts no server.
 
 from __future__ import annotations
 
-from .plan import MEASURED_NGRAM, DeploymentPlan, DomainPlan, ExportOptions, check_drafter, need
-from .rules import EngineVersion, Field, Rule
+from ..export_plan import (
+    MEASURED_NGRAM,
+    DeploymentPlan,
+    DomainPlan,
+    ExportOptions,
+    check_drafter,
+    need,
+)
+from ..export_rules import EngineVersion, Field, Rule
 
 SGLANG = "sgl-project/sglang"
 # the algorithms main@469c63e5 was recorded with

@@ -3,14 +3,14 @@ checked against the engine versions they fit.
 
 One engine configuration per domain the router produces (no engine takes a speculation setting
 per request), and the routing rule that picks the domain of a request. Each engine module holds
-its checked versions (:class:`~specscope.serving.export.rules.EngineVersion`: the engine files and commits
+its checked versions (:class:`~specscope.serving.export_rules.EngineVersion`: the engine files and commits
 the rules were read from, the fields and values allowed, the length and budget rules) and validates
 its own output against the chosen version before returning it. A setting an engine cannot express
 is refused with the reason and what to do instead; an engine that approximates the exported shape
 says so in the document's ``approximation``. Each domain's drafter (the policy's: draft model,
 ngram, early exit) goes to the engine's own method for it, checked like the rest; an engine's
 n-gram drafter that is not the rule specscope measured (vLLM's) is an approximation, and a drafter
-the engine lacks is refused (:func:`~specscope.serving.export.plan.check_drafter`).
+the engine lacks is refused (:func:`~specscope.serving.export_plan.check_drafter`).
 
 Nothing here talks to an engine or writes a file (the command writes the document with
 :func:`specscope.files.write_json`, and llama.cpp's presets file beside it).
@@ -18,11 +18,14 @@ Nothing here talks to an engine or writes a file (the command writes the documen
 
 from __future__ import annotations
 
-from ...tune.policy import PolicyFile
-from ...tune.router import RuleRouter
-from . import hf_transformers, llamacpp, sglang, trtllm, vllm
-from .plan import DeploymentPlan, ExportOptions, is_chain, routing_rule
-from .rules import Engine, EngineVersion, ExportError
+from ..tune.policy import PolicyFile
+from ..tune.router import RuleRouter
+from . import hf_transformers, trtllm
+from .export_plan import DeploymentPlan, ExportOptions, is_chain, routing_rule
+from .export_rules import Engine, EngineVersion, ExportError
+from .llamacpp import export as llamacpp
+from .sglang import export as sglang
+from .vllm import export as vllm
 
 EXPORT_FORMAT = "specscope-export/2"
 

@@ -16,8 +16,15 @@ refused. It starts no engine.
 
 from __future__ import annotations
 
-from .plan import MEASURED_NGRAM, DeploymentPlan, ExportOptions, chain_length, check_drafter, need
-from .rules import EngineVersion, Field, Rule
+from .export_plan import (
+    MEASURED_NGRAM,
+    DeploymentPlan,
+    ExportOptions,
+    chain_length,
+    check_drafter,
+    need,
+)
+from .export_rules import EngineVersion, Field, Rule
 
 TRTLLM = "NVIDIA/TensorRT-LLM"
 

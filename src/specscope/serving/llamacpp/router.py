@@ -2,11 +2,11 @@
 
 - :func:`presets_ini`: a router-mode presets file (``llama-server --models-preset FILE``), one
   section per preset over the same target GGUF, each section the exact flags of a
-  :class:`~specscope.serving.llamaserver.ServerSetting` (keys are flag names without dashes, as
+  :class:`~specscope.serving.llamacpp.server.ServerSetting` (keys are flag names without dashes, as
   llama.cpp's common/preset.cpp reads them; short forms such as ``t`` or ``md`` are allowed there).
 - :class:`LlamaRouter`: that llama-server process (no model of its own: it starts one child
   server per preset when a request names it in ``model``), started and stopped as
-  :class:`~specscope.serving.llamaserver.LlamaServer` is.
+  :class:`~specscope.serving.llamacpp.server.LlamaServer` is.
 - :func:`draft_agreement`: at each position of the target's greedy output, whether the draft's
   greedy token equals the target's (asked of a plain preset serving the draft model, one request
   per disagreement).
@@ -22,7 +22,7 @@
   one step (``prefill_drafts=False``), so tokens per step is output tokens over verify steps + 1.
 
 It does not route requests (:mod:`specscope.serving.gateway`) or build llama.cpp
-(:mod:`specscope.serving.llamaserver`).
+(:mod:`specscope.serving.llamacpp.programs`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis.replay import ReplayRecords
-from ..trees import TreeShape
-from ..tune.acceptance import chain_acceptance
-from ..tune.predict import Prediction, Predictor
-from .llamaserver import LlamaServer, LlamaToolsError, ServerSetting
+from ...analysis.replay import ReplayRecords
+from ...trees import TreeShape
+from ...tune.acceptance import chain_acceptance
+from ...tune.predict import Prediction, Predictor
+from .programs import LlamaToolsError
+from .server import LlamaServer, ServerSetting
 
 
 def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path | None) -> dict:

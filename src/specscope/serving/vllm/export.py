@@ -27,8 +27,15 @@ from ...records.schema import ALL_DOMAINS
 from ...trees import TreeShape
 from ...tune.acceptance import AcceptanceVector
 from ...tune.costs import CostModel, interpolate
-from .plan import DeploymentPlan, DomainPlan, ExportOptions, chain_length, check_drafter, need
-from .rules import EngineVersion, ExportError, Field, Rule
+from ..export_plan import (
+    DeploymentPlan,
+    DomainPlan,
+    ExportOptions,
+    chain_length,
+    check_drafter,
+    need,
+)
+from ..export_rules import EngineVersion, ExportError, Field, Rule
 
 VLLM = "vllm-project/vllm"
 # SpeculativeMethod at 002e77c1, less its MTP model types (specscope exports draft_model only)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from .plan import (
+from ..export_plan import (
     MEASURED_NGRAM,
     DeploymentPlan,
     DomainPlan,
@@ -32,7 +32,7 @@ from .plan import (
     check_drafter,
     need,
 )
-from .rules import EngineVersion, ExportError, Field, Rule
+from ..export_rules import EngineVersion, ExportError, Field, Rule
 
 LLAMA_CPP = "ggml-org/llama.cpp"
 SPEC_TYPES = (

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...drafters.config import DrafterConfig, DrafterError
-from ...trees import TreeShape
-from ...tune.policy import PolicyFile
-from ...tune.router import ROUTED_CHARS, ROUTED_DOMAINS, RuleRouter
-from .rules import EngineVersion, ExportError
+from ..drafters.config import DrafterConfig, DrafterError
+from ..trees import TreeShape
+from ..tune.policy import PolicyFile
+from ..tune.router import ROUTED_CHARS, ROUTED_DOMAINS, RuleRouter
+from .export_rules import EngineVersion, ExportError
 
 # What specscope measured for an ngram domain: vLLM's proposer (specscope.drafters.ngram). An
 # engine whose own n-gram drafter differs says so with this, so nobody reads the measured

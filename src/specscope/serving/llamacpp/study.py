@@ -19,7 +19,7 @@
    systematic), and tokens per step llama.cpp saw against the run's prediction.
 
 It does not measure node-level acceptance (``specscope run``) or build llama.cpp
-(:mod:`specscope.serving.llamaserver` does).
+(:mod:`specscope.serving.llamacpp.programs` does).
 """
 
 from __future__ import annotations
@@ -32,20 +32,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis.stats import ClusterBootstrap
-from ..errors import SpecscopeError
-from ..files import inside_of, write_json, write_output
-from ..models import load_tokenizer
-from ..models.demo import demo_gguf
-from ..prompts.domains import select_prompts
-from ..prompts.items import PromptItem
-from ..prompts.render import render_item, rendering_of
-from ..records import load_run
-from ..trees import TreeShape
-from ..tune.acceptance import ALL_DOMAINS
-from ..tune.policy import Choice, PolicyFile
-from ..tune.router import RuleRouter, prompt_text
-from .llamacpp import (
+from ...analysis.stats import ClusterBootstrap
+from ...errors import SpecscopeError
+from ...files import inside_of, write_json, write_output
+from ...models import load_tokenizer
+from ...models.demo import demo_gguf
+from ...prompts.domains import select_prompts
+from ...prompts.items import PromptItem
+from ...prompts.render import render_item, rendering_of
+from ...records import load_run
+from ...trees import TreeShape
+from ...tune.acceptance import ALL_DOMAINS
+from ...tune.policy import Choice, PolicyFile
+from ...tune.router import RuleRouter, prompt_text
+from .costs import (
     DEFAULT_KS,
     Candidate,
     ChainAcceptance,
@@ -58,7 +58,8 @@ from .llamacpp import (
     plot_cost_curves,
     quantised_variants,
 )
-from .llamaserver import BenchGrid, Completion, LlamaServer, ServerSetting, build_llama_tools
+from .programs import BenchGrid, build_llama_tools
+from .server import Completion, LlamaServer, ServerSetting
 
 PLAIN, PLAIN_BEST, ROUTED = "plain", "plain-best", "routed"
 DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads, --poll 50

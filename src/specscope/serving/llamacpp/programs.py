@@ -1,48 +1,37 @@
-"""llama.cpp's own programs: build them, time their passes, run llama-server.
+"""llama.cpp's own programs: build them, time their passes with llama-bench, quantise GGUF files.
 
 :func:`build_llama_tools` compiles llama-server, llama-bench and llama-quantize offline from the
 source distribution of the *installed* llama-cpp-python (its sdist vendors llama.cpp whole), into
 specscope's cache, once: a finished build is reused. ``$SPECSCOPE_LLAMA_BIN`` names a directory of
 already built programs instead.
 
-:class:`ServerSetting` is one way of starting llama-server (threads and polling of each model,
-batch sizes, chain length K or no speculation); :meth:`ServerSetting.flags` are exactly the
-flags specscope runs and exports. :class:`LlamaServer` starts one (a free port, waits for
-``/health``, its output in a log file) and stops it on exit or interrupt; :meth:`LlamaServer.complete`
-returns a request's :class:`Completion` with the server's own timings and draft counts.
-
 :func:`run_llama_bench` times passes of 1..N tokens in llama.cpp's own loop (llama-bench's
-prompt-processing tests at a context depth) and :func:`parse_llama_bench` reads its JSON output.
+prompt-processing tests at a context depth) and :func:`parse_llama_bench` reads its JSON output;
+:func:`quantize` runs llama-quantize.
 
-This module knows nothing of acceptance or policies (:mod:`specscope.serving.llamacpp` and
-:mod:`specscope.serving.llamacpp_study` do) and needs no Python binding of llama.cpp.
+This module does not run llama-server (:mod:`specscope.serving.llamacpp.server` does), knows
+nothing of acceptance or policies (:mod:`specscope.serving.llamacpp.costs` and
+:mod:`specscope.serving.llamacpp.study` do) and needs no Python binding of llama.cpp.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.request
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Self
 
-from ..cache import cache_dir
-from ..errors import SpecscopeError
+from ...cache import cache_dir
+from ...errors import SpecscopeError
 
 PROGRAMS = ("llama-server", "llama-bench", "llama-quantize")
 BIN_ENV = "SPECSCOPE_LLAMA_BIN"
@@ -272,286 +261,6 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
     )
     echo(f"built llama.cpp programs in {tools.bin_dir}")
     return tools
-
-
-# --- settings ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerSetting:
-    """One way of running llama-server on a CPU: what the pass-cost grid varies and what export
-    writes. ``k`` = 0 is plain decoding (no draft model loaded)."""
-
-    threads: int = 2
-    poll: int = 50  # llama.cpp's default: busy-wait this long for work before sleeping
-    batch: int = 2048
-    ubatch: int = 512
-    k: int = 0  # --spec-draft-n-max
-    draft_threads: int | None = None  # default: the same as threads
-    draft_poll: int | None = None  # default: the same as poll
-    p_min: float = 0.0  # --spec-draft-p-min: 0 drafts all K tokens every step
-    ctx: int = 4096
-
-    @property
-    def name(self) -> str:
-        spec = (
-            (
-                f"k{self.k}"
-                + (f"-td{self.draft_threads}" if self.draft_threads else "")
-                + (f"-dpoll{self.draft_poll}" if self.draft_poll is not None else "")
-            )
-            if self.k
-            else "plain"
-        )
-        return f"{spec}-t{self.threads}-poll{self.poll}-b{self.batch}-ub{self.ubatch}"
-
-    def with_k(self, k: int) -> ServerSetting:
-        return replace(self, k=k)
-
-    def flags(self, draft_model: str | Path | None = None) -> list[str]:
-        """llama-server's flags for this setting, models excepted (``-m`` goes first), with
-        ``-md`` when speculating: all of them, defaults included, so that nothing is implicit."""
-        out = [
-            "-t",
-            str(self.threads),
-            "-tb",
-            str(self.threads),
-            "--poll",
-            str(self.poll),
-            "-b",
-            str(self.batch),
-            "-ub",
-            str(self.ubatch),
-            "-c",
-            str(self.ctx),
-            "-np",
-            "1",
-            "-ngl",
-            "0",
-        ]
-        if self.k > 0:
-            td = self.draft_threads or self.threads
-            dp = self.poll if self.draft_poll is None else self.draft_poll
-            if draft_model is not None:
-                out += ["-md", str(draft_model)]
-            out += [
-                "--spec-type",
-                "draft-simple",
-                "--spec-draft-n-max",
-                str(self.k),
-                "--spec-draft-n-min",
-                "0",
-                "--spec-draft-p-min",
-                f"{self.p_min:g}",
-                "-td",
-                str(td),
-                "-tbd",
-                str(td),
-                "--spec-draft-poll",
-                str(dp),
-                "--spec-draft-ngl",
-                "0",
-            ]
-        return out
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "name": self.name}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ServerSetting:
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-
-# --- llama-server -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One /completion response: the text, and the server's timings of the request."""
-
-    content: str
-    tokens: list[int]
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_second: float
-    prompt_n: int
-    prompt_ms: float
-    draft_n: int  # absent from the response when nothing was drafted: 0
-    draft_n_accepted: int
-    stop_type: str
-
-    @classmethod
-    def from_response(cls, r: dict) -> Completion:
-        t = r.get("timings") or {}
-        return cls(
-            r.get("content", ""),
-            [int(x) for x in r.get("tokens") or []],
-            int(t.get("predicted_n", 0)),
-            float(t.get("predicted_ms", 0.0)),
-            float(t.get("predicted_per_second", 0.0)),
-            int(t.get("prompt_n", 0)),
-            float(t.get("prompt_ms", 0.0)),
-            int(t.get("draft_n", 0)),
-            int(t.get("draft_n_accepted", 0)),
-            str(r.get("stop_type", "")),
-        )
-
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-def _stop_all_at_exit() -> None:
-    for server in list(_LIVE):
-        server.stop()
-
-
-atexit.register(_stop_all_at_exit)
-
-
-@dataclass
-class LlamaServer:
-    """A llama-server process: ``with LlamaServer(tools, target, setting, draft) as s: s.complete(...)``.
-
-    Started on a free local port; ready once ``/health`` answers 200; its output goes to ``log``
-    (a temporary file unless named); stopped on leaving the block, on interrupt and at exit."""
-
-    tools: LlamaTools
-    model: Path
-    setting: ServerSetting
-    draft: Path | None = None
-    log: Path | None = None
-    startup_timeout_s: float = 300.0
-    port: int = 0
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
-
-    def __hash__(self) -> int:  # lives in a WeakSet
-        return id(self)
-
-    @property
-    def argv(self) -> list[str]:
-        if self.setting.k > 0 and self.draft is None:
-            raise LlamaToolsError(
-                f"setting {self.setting.name} speculates but no draft model was given"
-            )
-        return [
-            str(self.tools.server),
-            "-m",
-            str(self.model),
-            *self.setting.flags(self.draft),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Self:
-        for path in (self.model, self.draft):
-            if path is not None and not Path(path).is_file():
-                raise LlamaToolsError(f"GGUF file {path} does not exist")
-        self.port = self.port or free_port()
-        if self.log is None:
-            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-            os.close(fd)
-            self.log = Path(name)
-        with open(self.log, "ab") as out:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.tools.env(),
-            )
-        _LIVE.add(self)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                rc, self._proc = self._proc.returncode, None
-                raise LlamaToolsError(
-                    f"llama-server exited with status {rc} while starting "
-                    f"(log {self.log}): {self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise LlamaToolsError(
-                    f"llama-server was not ready within "
-                    f"{self.startup_timeout_s:.0f} s; log {self.log}"
-                )
-            time.sleep(0.2)
-
-    def log_tail(self, lines: int = 1) -> str:
-        try:
-            text = Path(self.log).read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        _LIVE.discard(self)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGINT)  # llama-server shuts down cleanly on SIGINT
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def complete(
-        self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
-    ) -> Completion:
-        """Greedy completion of ``prompt`` (text or token ids), no prompt cache reuse, so every
-        request starts cold as a new conversation does."""
-        if self._proc is None:
-            raise LlamaToolsError("llama-server is not running")
-        body = {
-            "prompt": prompt,
-            "n_predict": n_predict,
-            "temperature": 0.0,
-            "top_k": 1,
-            "samplers": ["top_k"],
-            "cache_prompt": False,
-            "return_tokens": True,
-            "seed": 0,
-        }
-        req = urllib.request.Request(
-            self.url + "/completion",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return Completion.from_response(json.loads(r.read()))
-        except urllib.error.HTTPError as e:
-            raise LlamaToolsError(
-                f"llama-server answered {e.code} to /completion: {e.read()[:300]!r}"
-            ) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise LlamaToolsError(
-                f"llama-server did not answer /completion ({e}); log {self.log}: {self.log_tail()}"
-            ) from None
 
 
 # --- llama-bench ------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ accepted into a predicted speed-up, and into the break-even points: the tokens p
 of K needs to pay, and the draft cost at which even perfect acceptance stops paying. Those costs
 come from llama-bench (:class:`CostCurve`, :func:`measure_cost_grid`), timed per setting and
 quantisation. :class:`ChainAcceptance` gives per-domain expectations from a measurement run's
-node records, with prompt resampling; :mod:`specscope.serving.llamacpp_study` tunes K per domain
+node records, with prompt resampling; :mod:`specscope.serving.llamacpp.study` tunes K per domain
 and runs the side-by-side benchmark in llama-server. This module does not run models itself (the
-programs are :mod:`specscope.serving.llamaserver`'s) and does not measure acceptance node by node
+programs are :mod:`specscope.serving.llamacpp.programs`'s and
+:mod:`specscope.serving.llamacpp.server`'s) and does not measure acceptance node by node
 (``specscope run`` does); reading a GGUF's quantisation needs the ``llamacpp`` extra.
 """
 
@@ -23,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..cache import cache_dir
-from ..errors import SpecscopeError, require
-from ..files import read_json_object, write_output
-from ..tune.acceptance import eligible_nodes
-from ..tune.costs import interpolate
-from .llamaserver import ServerSetting, quantize, run_llama_bench
+from ...cache import cache_dir
+from ...errors import SpecscopeError, require
+from ...files import read_json_object, write_output
+from ...tune.acceptance import eligible_nodes
+from ...tune.costs import interpolate
+from .programs import quantize, run_llama_bench
+from .server import ServerSetting
 
 DEFAULT_KS = (1, 2, 3, 4)
 
@@ -214,7 +216,7 @@ class CostCurve:
 
 
 def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
-    """llama-bench's prompt tests (:func:`specscope.serving.llamaserver.parse_llama_bench`) grouped into
+    """llama-bench's prompt tests (:func:`specscope.serving.llamacpp.programs.parse_llama_bench`) grouped into
     one curve per model and setting."""
     groups: dict[tuple, list] = {}
     for r in rows:
@@ -245,7 +247,7 @@ def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
 @dataclass(frozen=True)
 class Candidate:
     """One way to run the pair in llama-server, with its pass costs: the models' quantisations
-    and a :class:`~specscope.serving.llamaserver.ServerSetting` (K aside). Plain decoding uses only the
+    and a :class:`~specscope.serving.llamacpp.server.ServerSetting` (K aside). Plain decoding uses only the
     target's curve (``draft`` is None)."""
 
     setting: object  # ServerSetting with k = 0; typed loosely to keep this module's imports light

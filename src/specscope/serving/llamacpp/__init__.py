@@ -1,0 +1,16 @@
+"""llama.cpp end to end: its programs, llama-server, its export and logs, and ``specscope llamacpp``.
+
+- :mod:`.programs`: build llama-server, llama-bench and llama-quantize; run llama-bench and
+  llama-quantize;
+- :mod:`.server`: llama-server as a backend (:class:`~.server.ServerSetting`, the exact flags;
+  :class:`~.server.LlamaServer`, one process);
+- :mod:`.router`: llama-server's router mode (presets), draft agreement, greedy-chain counts;
+- :mod:`.costs`: llama.cpp's pass costs (llama-bench curves) and what they predict for chains of K;
+- :mod:`.study`: ``specscope llamacpp``, settings per domain measured side by side;
+- :mod:`.export`: a tuned policy as llama-server flags and a router-mode presets file;
+- :mod:`.ingest`: llama-server's per-request ``timings`` as request statistics (statistics key
+  ``timings``).
+
+The modules are imported one by one (this package's ``__init__`` imports none of them), so reading
+a llama-server log does not load the study's dependencies.
+"""
