@@ -71,7 +71,6 @@ class EngineVersion:
     fields: tuple[Field, ...]
     forbid_extra: bool  # the engine refuses fields it does not know
     rules: tuple[Rule, ...] = ()
-    takes_trees: bool = False
     notes: tuple[str, ...] = ()  # what a user must know (refusals, approximations)
     approximation: str | None = None  # set when the engine approximates the exported shape
     about: str = ""  # what the version names (the engines table)

@@ -161,7 +161,6 @@ V0_5_23 = EngineVersion(
             ),
         ),
     ),
-    takes_trees=True,
     approximation=APPROXIMATION,
     notes=(
         "one SGLang server per domain (no per-request speculation: SGLang RFC #30263 closed)",
@@ -192,7 +191,6 @@ MAIN_469C63E5 = EngineVersion(
     ),
     forbid_extra=True,  # argparse: an unknown flag stops the server
     rules=(BUDGET_RULE,),
-    takes_trees=True,
     approximation=APPROXIMATION,
     notes=("one SGLang server per domain (no per-request speculation: SGLang RFC #30263 closed)",),
 )
