@@ -1,4 +1,5 @@
-"""The package's layout: its import graph has no circle, and the README's layout names it.
+"""The package's layout: its import graph has no circle, the layout page names it, and reading
+engine logs imports no model code.
 
 The graph is read from the source (no module is imported): one node per module of
 ``src/specscope``, one edge per import of another specscope module, wherever it stands (at module
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +160,15 @@ def test_the_readme_layout_names_what_exists_and_every_top_level_module():
     }
     named = {p.split("/")[0] + ("/" if "/" in p else "") for p in listed}
     assert sorted(top - named) == []
+
+
+def test_reading_engine_logs_imports_no_model_code():
+    """``specscope ingest`` and the gateway load each engine's log parser, never its export (the
+    exports import torch through ``tune``): that is why vLLM and SGLang are packages of an
+    ``export`` and an ``ingest`` module rather than one module each."""
+    code = (
+        "import sys, specscope.serving.ingest, specscope.serving.gateway\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
