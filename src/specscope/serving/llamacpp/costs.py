@@ -247,10 +247,10 @@ def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
 @dataclass(frozen=True)
 class Candidate:
     """One way to run the pair in llama-server, with its pass costs: the models' quantisations
-    and a :class:`~specscope.serving.llamacpp.server.ServerSetting` (K aside). Plain decoding uses only the
-    target's curve (``draft`` is None)."""
+    and a :class:`~specscope.serving.llamacpp.server.ServerSetting` (K aside). Plain decoding uses
+    only the target's curve (``draft`` is None)."""
 
-    setting: object  # ServerSetting with k = 0; typed loosely to keep this module's imports light
+    setting: ServerSetting  # with k = 0
     target: CostCurve
     draft: CostCurve | None
 
