@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -59,7 +59,7 @@ from specscope.measure.stages_timing import (
     time_shapes,
 )
 from specscope.models import ModelPair, PairConfig, load_pair
-from specscope.models.config import LoadedModel, ModelLoadError
+from specscope.models.config import LoadedModel
 from specscope.models.int8 import quantize_int8, use_rowwise_attention
 from specscope.models.load import check_device
 from specscope.records import TIMING_COLUMNS, load_run
@@ -233,9 +233,10 @@ class Cell:
 
 
 def step_passes(shape: TreeShape, batch: int) -> dict[str, tuple[int, ...]]:
-    """Rows of each pass of one full step: the draft's context pass and one pass per tree level
-    that has children, the target's tree pass over the context token and the scored nodes (every
-    pass computes the LM head on all its rows but the draft's context pass, on its last)."""
+    """Rows of each pass of one full step: the draft's context pass (each row's newest token)
+    and one pass per tree level that has children, the target's tree pass over the newest token
+    and the scored nodes; every linear layer, the LM head included, runs on all of a pass's rows
+    (a prefill computes the LM head on its last row only: the run's census has those)."""
     frontiers = [
         sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
         for d in range(1, shape.max_depth + 1)
@@ -281,11 +282,22 @@ def records_identical(a: Path, b: Path) -> bool:
 
 
 def measure_cell(
-    pair: ModelPair, config: RunConfig, dtype: str, batch: int, work: Path, min_seconds: float
+    pair: ModelPair,
+    config: RunConfig,
+    dtype: str,
+    batch: int,
+    work: Path,
+    min_seconds: float,
+    warmup: bool = True,
 ) -> Cell:
-    """Run one cell: plain, instrumented, then the attainable timings of the shapes it ran."""
+    """Run one cell: a short untimed warm-up (the same prompts, 2 new tokens: every prefill
+    and full-batch shape runs once), plain, instrumented, then the attainable timings of the
+    shapes it ran."""
     clock = clock_for(pair.target.device)
     models = pair_models(pair)
+    if warmup:
+        short = replace(config, max_new_tokens=min(2, config.max_new_tokens))
+        timed_run(short, work / "warmup", pair, batch, clock)
     nodes, plain_s = timed_run(config, work / "plain", pair, batch, clock)
     with instrumented(models, clock) as recorder:
         _, instrumented_s = timed_run(config, work / "instrumented", pair, batch, clock)
@@ -391,7 +403,7 @@ def cell_lines(cell: Cell) -> list[str]:
 def summary_lines(cells: list[Cell]) -> list[str]:
     lines = [
         "| dtype | batch | nodes/s | achieved GOP/s | attainable GOP/s | achieved/attainable "
-        "| step attainable GOP/s | overhead | records identical | "
+        "| step attainable GOP/s | overhead: wall, estimated | records identical | "
         + " | ".join(f"{s} %" for s in STAGES)
         + " | other % |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * (len(STAGES) + 1),
@@ -403,7 +415,8 @@ def summary_lines(cells: list[Cell]) -> list[str]:
         ]
         lines.append(
             f"| {c.dtype} | {c.batch} | {c.nodes / c.plain_s:.2f} | {_gops(c.achieved_gops)} "
-            f"| {_gops(c.run.gops)} | {c.ratio:.1%} | {_gops(c.step.gops)} | {c.overhead:+.1%} "
+            f"| {_gops(c.run.gops)} | {c.ratio:.1%} | {_gops(c.step.gops)} | {c.overhead:+.1%}, "
+            f"{c.overhead_estimate_s / c.plain_s:.1%} "
             f"| {'yes' if c.records_identical else 'NO'} | "
             + " | ".join(shares)
             + f" | {c.breakdown.other_s / c.breakdown.wall_s:.1%} |"
@@ -485,6 +498,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--min-seconds", type=float, default=0.05, help="least time spent timing each shape"
     )
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip the untimed warm-up run (2 new tokens) before each cell",
+    )
     parser.add_argument("--out", type=Path, help="write every figure to this JSON file")
     return parser.parse_args(argv)
 
@@ -497,7 +516,9 @@ def bench(args: argparse.Namespace, work: Path) -> list[Cell]:
         pair = build_pair(args.pair, config)
         run = run_config(args, config)
         for size in args.sizes:
-            cell = measure_cell(pair, run, dtype, size, work / f"{dtype}-{size}", args.min_seconds)
+            cell = measure_cell(
+                pair, run, dtype, size, work / f"{dtype}-{size}", args.min_seconds, args.warmup
+            )
             print("\n".join(cell_lines(cell)), flush=True)
             cells.append(cell)
         del pair
@@ -510,7 +531,7 @@ def main(argv: list[str] | None = None) -> list[Cell]:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cells = bench(args, Path(tmp))
-    except (SpecscopeError, ModelLoadError) as e:
+    except SpecscopeError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print("\n".join(summary_lines(cells)))

@@ -98,7 +98,7 @@ def clock_for(device: torch.device | str) -> Clock:
 # --- linear layers --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class LinearShape:
     """One distinct linear layer shape of one model of the pair."""
 
@@ -412,7 +412,7 @@ class LinearTiming:
 
 @torch.inference_mode()
 def time_linear(
-    module: torch.nn.Module, rows: int, clock: Clock, min_seconds: float = 0.05, repeats: int = 5
+    module: torch.nn.Module, rows: int, clock: Clock, min_seconds: float = 0.05, repeats: int = 3
 ) -> float:
     """Seconds per call of ``module``'s own forward on ``rows`` random rows of its input dtype
     and device: the median of at least ``repeats`` timed calls, more while their total is under
@@ -466,9 +466,7 @@ def time_shapes(
         (shape, rows): LinearTiming(
             shape, rows, time_linear(modules[shape], rows, clock, min_seconds)
         )
-        for shape, rows in sorted(
-            keys, key=lambda k: (k[0].role, k[0].head, k[0].in_features, k[0].out_features, k[1])
-        )
+        for shape, rows in sorted(keys)
     }
 
 
