@@ -2,9 +2,11 @@
 checked against the engine versions they fit.
 
 One engine configuration per domain the router produces (no engine takes a speculation setting
-per request), and the routing rule that picks the domain of a request. Each engine module holds
-its checked versions (:class:`~specscope.serving.export_rules.EngineVersion`: the engine files and commits
-the rules were read from, the fields and values allowed, the length and budget rules) and validates
+per request), and the routing rule that picks the domain of a request. :data:`ENGINES` is the
+registry by engine name. Each engine's export module (``specscope.serving.vllm.export``,
+``sglang.export``, ``llamacpp.export``, ``trtllm``, ``hf_transformers``) holds its checked
+versions (:class:`~specscope.serving.export_rules.EngineVersion`: the engine files and commits the
+rules were read from, the fields and values allowed, the length and budget rules) and validates
 its own output against the chosen version before returning it. A setting an engine cannot express
 is refused with the reason and what to do instead; an engine that approximates the exported shape
 says so in the document's ``approximation``. Each domain's drafter (the policy's: draft model,
