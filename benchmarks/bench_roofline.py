@@ -224,10 +224,12 @@ class Cell:
         """The instrumentation's own time: timed regions x what one costs."""
         return self.breakdown.regions * self.region_cost_s
 
-    def stage_attainable(self, stage: str) -> Attainable | None:
+    def stage_attainable(self, stage: str, kernel: str | None = None) -> Attainable | None:
+        """The attainable speed of the linear calls made in ``stage`` (of ``kernel``'s kind
+        only, where given: linears or LM head); None where it made none."""
         calls = Counter()
         for (name, shape, rows), n in self.breakdown.census.items():
-            if name == stage:
+            if name == stage and kernel in (None, shape.kernel):
                 calls[shape, rows] += n
         return attainable(calls, self.timings) if calls else None
 
@@ -351,9 +353,10 @@ def stage_lines(cell: Cell) -> list[str]:
             f"| {_gops(att.gops) if att else ''} |"
         )
         for k in stage.kernels:
+            att = cell.stage_attainable(stage.name, k.name) if k.ops else None
             lines.append(
                 f"| - of which {k.name} | {k.seconds:.3f} | {k.seconds / wall:.1%} | {k.calls} "
-                f"| {_gops(k.gops) if k.ops else ''} | |"
+                f"| {_gops(k.gops) if k.ops else ''} | {_gops(att.gops) if att else ''} |"
             )
         if stage.kernels and stage.name:
             rest = stage.seconds - stage.kernel_seconds
@@ -381,6 +384,11 @@ def shape_lines(cell: Cell) -> list[str]:
 
 
 def cell_lines(cell: Cell) -> list[str]:
+    busy = (
+        ["note: achieved above attainable: the shapes' timings were slowed (a busy machine?)"]
+        if cell.ratio > 1
+        else []
+    )
     return [
         f"{cell.dtype} B={cell.batch}: {cell.nodes} nodes in {cell.plain_s:.2f} s = "
         f"{cell.nodes / cell.plain_s:.2f} nodes/s; instrumented {cell.instrumented_s:.2f} s "
@@ -392,6 +400,7 @@ def cell_lines(cell: Cell) -> list[str]:
         f"GOP/s, attainable {_gops(cell.run.gops)} GOP/s (the same calls, each shape alone) "
         f"-> achieved/attainable {cell.ratio:.1%}; one full step at B={cell.batch}: attainable "
         f"{_gops(cell.step.gops)} GOP/s",
+        *busy,
         "",
         *shape_lines(cell),
         "",
@@ -450,6 +459,11 @@ def cell_dict(cell: Cell) -> dict:
             {
                 **asdict(s),
                 "attainable_gops": (a.gops if (a := cell.stage_attainable(s.name)) else None),
+                "kernel_attainable_gops": {
+                    k.name: a.gops
+                    for k in s.kernels
+                    if k.ops and (a := cell.stage_attainable(s.name, k.name))
+                },
             }
             for s in b.stages
         ],

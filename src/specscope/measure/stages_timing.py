@@ -21,7 +21,6 @@ benchmark (``benchmarks/bench_roofline.py``) does.
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -402,7 +401,7 @@ class LinearTiming:
 
     shape: LinearShape
     rows: int
-    seconds: float  # per call, the median of the repeats
+    seconds: float  # per call, the fastest of the repeats
 
     @property
     def gops(self) -> float:
@@ -415,8 +414,9 @@ def time_linear(
     module: torch.nn.Module, rows: int, clock: Clock, min_seconds: float = 0.05, repeats: int = 3
 ) -> float:
     """Seconds per call of ``module``'s own forward on ``rows`` random rows of its input dtype
-    and device: the median of at least ``repeats`` timed calls, more while their total is under
-    ``min_seconds``, after one untimed call. The device is synchronised around every call."""
+    and device: the fastest of at least ``repeats`` timed calls, more while their total is under
+    ``min_seconds``, after one untimed call: the best this machine does on that shape. The
+    device is synchronised around every call."""
     ref = next(itertools.chain(module.parameters(), module.buffers()))  # int8: its float pin row
     x = torch.randn(rows, module.in_features, dtype=ref.dtype, device=ref.device)
     module(x)
@@ -429,7 +429,7 @@ def time_linear(
         times.append(time.perf_counter() - t0)
         if len(times) >= 1000:
             break
-    return statistics.median(times)
+    return min(times)
 
 
 @dataclass(frozen=True)
