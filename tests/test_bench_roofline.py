@@ -159,7 +159,8 @@ def test_int8_times_the_rowwise_attention_and_keeps_its_records(bench, prompt_fi
 def test_the_json_holds_the_machine_and_every_cell(bench, prompt_file, tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["--pair", "tiny", "--device", "cpu", "--prompts", str(prompt_file)]
-    argv += ["--max-new-tokens", "2", "--sizes", "1", "--min-seconds", "0.0001", "--out", str(out)]
+    argv += ["--max-new-tokens", "2", "--sizes", "1", "--min-seconds", "0.0001", "--no-warmup"]
+    argv += ["--out", str(out)]
     bench.main(argv)
     report = json.loads(out.read_text())
     assert report["machine"]["torch"] == torch.__version__
@@ -182,3 +183,22 @@ def test_cuda_without_a_gpu_is_refused_with_a_message(bench, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "sees no CUDA GPU" in err and "--device cpu" in err
+
+
+def test_attainable_sums_each_calls_time_at_its_shapes_timed_speed():
+    head = st.LinearShape("target", 4, 10, head=True)
+    proj = st.LinearShape("target", 4, 4, head=False)
+    timings = {(head, 3): st.LinearTiming(head, 3, 2e-3), (proj, 3): st.LinearTiming(proj, 3, 1e-3)}
+    got = st.attainable({(head, 3): 1, (proj, 3): 5}, timings)
+    assert got.ops == 2 * 3 * 4 * 10 + 5 * 2 * 3 * 4 * 4 == 720
+    assert got.seconds == pytest.approx(2e-3 + 5e-3)
+    assert got.gops == pytest.approx(720 / 7e-3 / 1e9)
+    with pytest.raises(st.TimingError, match="no timing for 1"):
+        st.attainable({(proj, 9): 1}, timings)
+
+
+def test_a_linear_is_timed_with_its_own_forward():
+    linear = torch.nn.Linear(8, 16)
+    seconds = st.time_linear(linear, rows=4, clock=st.Clock(), min_seconds=0.0)
+    assert 0 < seconds < 1
+    assert not linear._forward_hooks  # timed alone, nothing installed

@@ -56,6 +56,8 @@ class TimingError(SpecscopeError, RuntimeError):
 class Clock:
     """Intervals on the CPU: marks are ``time.perf_counter`` readings, summed as they close."""
 
+    calls_per_timing = 1  # calls timed together by time_linear (a GPU queues them back to back)
+
     def mark(self) -> object:
         return time.perf_counter()
 
@@ -72,6 +74,8 @@ class Clock:
 class CudaClock(Clock):
     """Intervals on a GPU's current stream: marks are recorded CUDA events, read after one
     synchronisation at the end, so timing queues no host-device round trip."""
+
+    calls_per_timing = 10
 
     def mark(self) -> object:
         event = torch.cuda.Event(enable_timing=True)
@@ -414,19 +418,22 @@ def time_linear(
     module: torch.nn.Module, rows: int, clock: Clock, min_seconds: float = 0.05, repeats: int = 3
 ) -> float:
     """Seconds per call of ``module``'s own forward on ``rows`` random rows of its input dtype
-    and device: the fastest of at least ``repeats`` timed calls, more while their total is under
+    and device: the fastest of at least ``repeats`` timings, more while their total is under
     ``min_seconds``, after one untimed call: the best this machine does on that shape. The
-    device is synchronised around every call."""
+    device is synchronised around every timing, which holds ``clock.calls_per_timing`` calls
+    (on a GPU, several queued back to back, as a run queues them)."""
     ref = next(itertools.chain(module.parameters(), module.buffers()))  # int8: its float pin row
     x = torch.randn(rows, module.in_features, dtype=ref.dtype, device=ref.device)
     module(x)
     times: list[float] = []
-    while len(times) < repeats or sum(times) < min_seconds:
+    calls = clock.calls_per_timing
+    while len(times) < repeats or sum(times) * calls < min_seconds:
         clock.sync()
         t0 = time.perf_counter()
-        module(x)
+        for _ in range(calls):
+            module(x)
         clock.sync()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
         if len(times) >= 1000:
             break
     return min(times)
