@@ -8,16 +8,26 @@ and batch size, with a stage breakdown, in one process.
 For every (dtype, batch size) cell, on the same prompts (``--per-domain`` offline prompts per
 domain, or ``--prompts``) and tree (the paper tree, or ``--paths``):
 
+0. an untimed warm-up: the same prompts with 2 new tokens (every prefill and step shape once);
 1. the measurement runs plainly (``run_study``), timed: its nodes per second;
 2. it runs again with every stage, the attention function and every linear layer timed from
    outside (:mod:`specscope.measure.stages_timing`); its records must equal the plain run's bit
-   for bit (timing columns aside), and its extra wall time is the instrumentation's overhead;
+   for bit (timing columns aside). The instrumentation's cost is shown twice: the extra wall
+   time over the plain run (noisy on a shared machine) and the timed regions x what timing one
+   region costs (a hooked call minus a plain one);
 3. every (linear shape, rows) the run executed is timed alone with the module's own forward
-   (Int8Linear for int8): the attainable throughput on that same work. Achieved = the linear
-   operations counted (2 x rows x in x out per call) / the plain run's wall; the headline is
-   achieved / attainable. The attainable throughput of one full step (the tree's row counts at
-   the batch size: draft B x 1 at the context and B x frontier per level, target B x (1 + scored
-   nodes)) is printed beside it, per shape.
+   (Int8Linear for int8), its fastest call: the attainable throughput on that same work, prefills
+   included. Achieved = the linear operations counted (2 x rows x in x out per call; attention
+   is not counted) / the plain run's wall; the headline is achieved / attainable. The attainable
+   throughput of one full step (the tree's row counts at the batch size: draft B x 1 at the
+   context and B x frontier per level, target B x (1 + scored nodes)) is printed beside it,
+   with each shape's GOP/s at those rows.
+
+The stage table splits the instrumented run's wall: draft passes (the draft's forwards, top-k
+and softmax over the vocabulary), the tree pass, statistics (the target's softmax, the node and
+certificate records), cache bookkeeping (keep_positions, gather_rows), prefills of refilled rows,
+record writing, and the remainder (the loop's own Python, prompt rendering); each model stage
+with its linears, LM head and attention, and their GOP/s beside the attainable GOP/s.
 
 ``--pair demo`` loads the demo pair; ``random`` builds random weights of the demo pair's shapes
 (Qwen2 1.5B target, 0.5B draft, an untied LM head as the converted GGUF has it); ``tiny`` a tiny
