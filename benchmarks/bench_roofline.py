@@ -141,12 +141,11 @@ def pair_config(kind: str, dtype: str, device: str) -> PairConfig:
     return PairConfig(**sources, dtype=dtype, device=device)
 
 
-def random_model(kind: str, role: str, vocab: int, config: PairConfig) -> torch.nn.Module:
-    """A random-weight Qwen2 model of ``role``'s shapes, on the config's device and dtype, its
-    final norm scaled so that its distributions are peaked like a trained model's."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(kind: str, role: str, vocab: int):
+    """The transformers config of a random pair's ``role``: the demo pair's sizes (``random``)
+    or tiny ones, on SDPA."""
+    from transformers import Qwen2Config
 
-    sizes = (QWEN2_SIZES if kind == "random" else TINY_SIZES)[role]
     qwen = Qwen2Config(
         vocab_size=vocab,
         max_position_embeddings=32768,
@@ -156,12 +155,20 @@ def random_model(kind: str, role: str, vocab: int, config: PairConfig) -> torch.
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
-        **sizes,
+        **(QWEN2_SIZES if kind == "random" else TINY_SIZES)[role],
     )
     qwen._attn_implementation = "sdpa"
+    return qwen
+
+
+def random_model(kind: str, role: str, vocab: int, config: PairConfig) -> torch.nn.Module:
+    """A random-weight Qwen2 model of ``role``'s shapes, on the config's device and dtype, its
+    final norm scaled so that its distributions are peaked like a trained model's."""
+    from transformers import Qwen2ForCausalLM
+
     torch.manual_seed(SEEDS[role])
     with torch.device(config.device):
-        model = Qwen2ForCausalLM(qwen)
+        model = Qwen2ForCausalLM(qwen2_config(kind, role, vocab))
     model.to(getattr(torch, config.dtype)).eval().requires_grad_(False)
     with torch.no_grad():
         model.model.norm.weight.mul_(8.0)

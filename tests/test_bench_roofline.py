@@ -202,3 +202,26 @@ def test_a_linear_is_timed_with_its_own_forward():
     seconds = st.time_linear(linear, rows=4, clock=st.Clock(), min_seconds=0.0)
     assert 0 < seconds < 1
     assert not linear._forward_hooks  # timed alone, nothing installed
+
+
+def test_the_random_pair_has_the_demo_pairs_vocabulary_and_an_untied_head(bench, monkeypatch):
+    monkeypatch.setattr(bench, "QWEN2_SIZES", bench.TINY_SIZES)  # the real sizes take GBs
+    pair = bench.build_pair("random", bench.pair_config("random", "bfloat16", "cpu"))
+    target = pair.target.model
+    assert pair.vocab_size == 151936 and target.dtype == torch.bfloat16
+    head = target.get_output_embeddings()
+    assert head.weight.shape == (151936, 64)
+    assert head.weight.data_ptr() != target.get_input_embeddings().weight.data_ptr()
+    shapes = st.shape_counts(bench.pair_models(pair))
+    assert shapes[st.LinearShape("target", 64, 151936, head=True)] == 1
+
+
+def test_the_random_pairs_sizes_are_the_demo_pairs(bench):
+    from transformers import Qwen2ForCausalLM
+
+    # the parameters the demo pair's runs record (results/demo-pair manifests); built on meta
+    demo = {"draft": 630_167_424, "target": 1_777_088_000}
+    for role, parameters in demo.items():
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(bench.qwen2_config("random", role, 151936))
+        assert sum(p.numel() for p in model.parameters()) == parameters
