@@ -26,6 +26,7 @@ from specscope.analysis.resampling import Resampler
 from specscope.analysis.results import Settings
 from specscope.analysis.shapes import (
     CHAIN,
+    DECODED,
     GREEDY,
     LOWEST,
     MEASURED,
@@ -76,6 +77,25 @@ def test_top1_chain_keeps_the_rank_0_path_and_its_tau(low_chat):
     expected = low_chat.steps.chain_len + 1
     assert np.array_equal(chain.steps.tau, expected.astype(np.int64))
     assert (chain.steps.tau <= low_chat.steps.tau).all()
+
+
+def test_decoded_tokens_per_step_are_the_replay_of_each_shape(low_chat):
+    """Each shape's decoded figure is its trees replayed as greedy decoding (the measured tree, or
+    the top-1 chain as deep as the run's), the same point as :func:`replay` gives."""
+    from specscope.analysis.replay import MeasuredTree, replay, top_chain
+
+    measured, chain = compare_shapes([("a", low_chat)], SETTINGS).shapes
+    for result, candidate in ((measured, MeasuredTree()), (chain, top_chain(3))):
+        replayed = replay(low_chat.run, candidate)
+        for domain in low_chat.domains:
+            got = result.figure(domain, DECODED)
+            assert got.value == pytest.approx(replayed.row(domain).tokens_per_step.value)
+            assert got.lo < got.value < got.hi
+    # a chain decodes fewer tokens per step than the tree it is part of, and the position mean
+    # overstates decoding
+    for domain in low_chat.domains:
+        assert chain.figure(domain, DECODED).value <= measured.figure(domain, DECODED).value
+        assert measured.figure(domain, DECODED).value <= measured.figure(domain, TAU).value
 
 
 def test_a_domain_ordering_that_flips_between_trees_is_named(low_chat, high_chat):

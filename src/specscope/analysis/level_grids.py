@@ -101,8 +101,10 @@ def shape_figures_grid(c: ShapeComparison) -> Grid:
             for d, n in r.domain_prompts
         ),
         "top-1 chain: the nodes whose every ancestor has sibling rank 0, and the tau that chain "
-        "alone gives, from the same records. E[L]: the paper's formula (alpha). tau: tokens per "
-        f"recorded position ({POSITION_MEAN}). Intervals: prompts resampled within domains.",
+        "alone gives, from the same records. E[L]: the paper's formula (alpha). decoded tokens "
+        "per step: the shape's trees replayed as greedy decoding (output tokens over decoding "
+        "steps). tau: tokens per recorded position "
+        f"({POSITION_MEAN}). Intervals: prompts resampled within domains.",
     )
 
 

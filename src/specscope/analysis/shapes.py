@@ -9,14 +9,15 @@ different trees (the paper's 2/4/2 tree and a deep spine) add theirs. A statemen
 has the lowest E[L]" is a fact about a domain only if it holds in every shape; where it holds in
 one tree and not in another it is a fact about the pair of domain and tree.
 
-The per-domain figures are E[L] (the paper's formula, alpha), mean alpha, mean greedy acceptance
-and mean tau (per recorded position). For each figure the domain lowest in the first shape (the
-reference) is tested for being lowest in every shape: holds if its figure is significantly below
-every other domain's (one-sided at half of 1 - confidence each, an intersection-union test), does
-not hold if some other domain's is significantly below it (Bonferroni over the other domains),
-inconclusive otherwise, not testable below the minimum prompts per domain. The paper's domain
-findings (:mod:`.findings`) and the budget verdict (:mod:`.levels`) are evaluated in each shape as
-they are for a whole run.
+The per-domain figures are E[L] (the paper's formula, alpha), mean alpha, mean greedy acceptance,
+decoded tokens per step (the shape's trees replayed as greedy decoding, :mod:`.replay`: what a
+decoder gets) and mean tau per recorded position (the position mean, which overstates decoding).
+For each figure the domain lowest in the first shape (the reference) is tested for being lowest in
+every shape: holds if its figure is significantly below every other domain's (one-sided at half of
+1 - confidence each, an intersection-union test), does not hold if some other domain's is
+significantly below it (Bonferroni over the other domains), inconclusive otherwise, not testable
+below the minimum prompts per domain. The paper's domain findings (:mod:`.findings`) and the budget
+verdict (:mod:`.levels`) are evaluated in each shape as they are for a whole run.
 
 Nothing here reads a model or renders (:mod:`.level_grids` turns the results into grids).
 """
@@ -33,14 +34,17 @@ from ..errors import SpecscopeError
 from .findings import Verdict, one_sided_verdict, shortfall
 from .levels import budget_comparison, budget_finding, finding_level
 from .prepare import Records
+from .replay import MeasuredTree, index_records, replay_counts, top_chain
 from .resampling import Resampler
 from .results import Analysis, Settings
-from .stats import Estimate, nan_estimate
+from .stats import Estimate, nan_estimate, ratio
 from .tables import analyze_records, paper_tables, subset_records
 
 MEASURED, CHAIN = "measured tree", "top-1 chain"
-E_L, ALPHA, GREEDY, TAU = "E[L]", "alpha", "greedy acceptance", "tau (position mean)"
-QUANTITIES = (E_L, ALPHA, GREEDY, TAU)
+E_L, ALPHA, GREEDY = "E[L]", "alpha", "greedy acceptance"
+DECODED, TAU = "decoded tokens per step", "tau (position mean)"
+QUANTITIES = (E_L, ALPHA, GREEDY, DECODED, TAU)
+STEP_LEVEL = {DECODED: "step (decoded: trees replayed)", TAU: "step (tau per recorded position)"}
 # the findings of :mod:`.findings` that compare domains
 DOMAIN_FINDINGS = (
     "task_type_over_depth",
@@ -68,6 +72,10 @@ class ShapeRecords:
     @property
     def name(self) -> str:
         return f"{self.run}: {self.tree}"
+
+    def candidate(self):
+        """What greedy decoding drafts in this shape: the measured tree, or its top-1 chain."""
+        return MeasuredTree() if self.tree == MEASURED else top_chain(self.records.max_depth)
 
 
 def top1_chain(rec: Records) -> Records:
@@ -178,7 +186,22 @@ class ShapeComparison:
 # --- per shape -------------------------------------------------------------------------------------
 
 
-def _domain_reps(eng: Resampler) -> dict[str, np.ndarray]:
+def _decoded_reps(eng: Resampler, shape: ShapeRecords) -> np.ndarray:
+    """(B + 1, G) replicates of each domain's decoded tokens per step: the shape's trees replayed
+    as greedy decoding, output tokens over decoding steps of the resampled prompts."""
+    rec = eng.rec
+    replayed = index_records(rec.run)
+    counts = replay_counts(replayed, shape.candidate())
+    order = {pid: i for i, pid in enumerate(replayed.prompt_ids)}
+    at = np.array([order.get(pid, -1) for pid in rec.prompt_ids])
+    found = at >= 0
+    onehot = np.eye(eng.G)[rec.prompt_domain] * found[:, None]
+    positions = np.where(found, counts.positions[at], 0)[:, None] * onehot
+    steps = np.where(found, counts.steps[at], 0)[:, None] * onehot
+    return ratio(eng.boot.total(positions), eng.boot.total(steps))
+
+
+def _domain_reps(eng: Resampler, shape: ShapeRecords) -> dict[str, np.ndarray]:
     """(B + 1, G) replicates of each per-domain quantity, from the analysis' resamples."""
     alpha_reps = paper_tables(eng, "alpha")[1]
     greedy_reps = paper_tables(eng, "greedy_accept")[1]
@@ -188,19 +211,23 @@ def _domain_reps(eng: Resampler) -> dict[str, np.ndarray]:
         E_L: alpha_reps["expected_length"][:, :G],
         ALPHA: alpha_reps["mean"][:, :G],
         GREEDY: greedy_reps["mean"][:, :G],
+        DECODED: _decoded_reps(eng, shape),
         TAU: tau[:, :G],
     }
 
 
-def _figures(a: Analysis) -> tuple[DomainFigure, ...]:
-    """The figures as the analysis shows them (with their intervals)."""
+def _figures(a: Analysis, eng: Resampler, decoded: np.ndarray) -> tuple[DomainFigure, ...]:
+    """The figures as the analysis shows them (with their intervals); decoded tokens per step
+    from the replay's replicates."""
     tau = {r.domain: r.tau for r in a.tau}
     out = []
     for g, domain in enumerate(a.info.domains):
+        prompts = int(a.info.domain_prompts[g])
         out += [
             DomainFigure(domain, E_L, a.paper.table2[g].expected_length),
             DomainFigure(domain, ALPHA, a.paper.table1[g].mean),
             DomainFigure(domain, GREEDY, a.greedy.table1[g].mean),
+            DomainFigure(domain, DECODED, eng.boot.estimate(decoded[:, g], prompts, prompts)),
             DomainFigure(domain, TAU, tau[domain]),
         ]
     return tuple(out)
@@ -251,7 +278,7 @@ def _lowest(
     return ShapeVerdict(
         LOWEST + quantity,
         f"{domain} has the lowest {quantity}",
-        "node" if quantity != TAU else "step (tau per recorded position)",
+        STEP_LEVEL.get(quantity, "node"),
         verdict,
         smallest,
         f"{why}; {detail}" if why else detail,
@@ -266,7 +293,7 @@ def shape_result(
     rec = shape.records
     a = analyze_records(rec, settings, stratify=None)
     eng = Resampler(rec, settings)
-    reps = _domain_reps(eng)
+    reps = _domain_reps(eng, shape)
     domain_prompts = tuple((d, int(n)) for d, n in zip(a.info.domains, a.info.domain_prompts))
     orderings = tuple(
         (q, tuple(rec.domains[i] for i in np.argsort(r[0], kind="stable"))) for q, r in reps.items()
@@ -290,7 +317,7 @@ def shape_result(
         shape.run,
         shape.tree,
         domain_prompts,
-        _figures(a),
+        _figures(a, eng, reps[DECODED]),
         orderings,
         tuple(verdicts),
         _pairs(eng, reps),
