@@ -68,6 +68,29 @@ def test_the_cache_goes_by_the_name_forward_takes(pair):
     assert cache.get_seq_length() == 3 and logits is not None
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_prefill_without_logits_skips_the_lm_head_and_fills_the_same_cache(tokenizer, arch):
+    """Refills and the draft's prefill need the cache alone: the decoder body runs, the LM head
+    does not, and the cache holds the same bits as a prefill with logits (both float32 and int8
+    take this path)."""
+    model = make_model(arch, len(tokenizer), seed=3, layers=2)
+    ids = tokenizer("the same cache")["input_ids"]
+    head = model.get_output_embeddings()
+    calls = []
+    hook = head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with torch.inference_mode():
+            with_logits, logits = prefill(model, ids, logits=True)
+            assert calls == [1] and logits is not None
+            without, none = prefill(model, ids)
+    finally:
+        hook.remove()
+    assert none is None and calls == [1]  # no second call of the head
+    assert without.get_seq_length() == with_logits.get_seq_length() == len(ids)
+    for a, b in zip(with_logits.layers, without.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_keep_positions_gathers_every_layer(tokenizer):
     from transformers import DynamicCache
 

@@ -61,15 +61,25 @@ def forward(model, cache, **inputs):
     return model(**inputs, **{_cache_keyword(type(model)): cache}, use_cache=True)
 
 
+def decoder_body(model):
+    """The causal LM without its LM head (transformers' ``base_model``: the embeddings, the
+    decoder layers and the final norm), or ``model`` itself where it has none."""
+    body = getattr(model, "base_model", model)
+    return body if isinstance(body, torch.nn.Module) else model
+
+
 def prefill(model, tokens: Sequence[int], logits: bool = False):
-    """A fresh cache holding ``tokens``; with ``logits``, also the logits [V'] after the last."""
+    """A fresh cache holding ``tokens``; with ``logits``, also the logits [V'] after the last.
+    Without, only the decoder body runs: the cache is the same, bit for bit, and the LM head's
+    pass over the vocabulary (in bfloat16 on a CPU, about a second for one row) is not made."""
     cache = new_cache(model)
     if not tokens:
         return cache, None
-    out = forward(
-        model, cache, input_ids=torch.tensor([list(tokens)], device=model.device), logits_to_keep=1
-    )  # ids: [1, L]
-    return cache, out.logits[0, -1] if logits else None
+    ids = torch.tensor([list(tokens)], device=model.device)  # [1, L]
+    if not logits:
+        forward(decoder_body(model), cache, input_ids=ids)
+        return cache, None
+    return cache, forward(model, cache, input_ids=ids, logits_to_keep=1).logits[0, -1]
 
 
 def additive_mask(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
