@@ -15,13 +15,13 @@ from urllib.parse import urlsplit, urlunsplit
 from ...errors import SpecscopeError
 from ...files import read_json_object, read_toml_table
 from ...tune.router import Rule, RuleRouter, prompt_text
+from ..ingest.formats import FORMATS
 
-# the ingest formats whose engines the gateway can stand in front of, and the key of each
-# engine's per-request statistics in its answer (the event to keep from a stream)
+# the engines the gateway can stand in front of (those whose answers carry per-request statistics),
+# and the key of those statistics in an answer (the event to keep from a stream): each engine's
+# ingest format says it
 ENGINE_STATS_KEY: dict[str, str] = {
-    "llama.cpp": "timings",
-    "vllm": "metrics",
-    "sglang": "meta_info",
+    name: fmt.stats_key for name, fmt in FORMATS.items() if fmt.stats_key is not None
 }
 
 
