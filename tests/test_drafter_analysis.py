@@ -122,6 +122,21 @@ def test_tau_per_drafter_and_domain_hand_computed(hand):
     assert hand.row(NGRAM, "code").steps == 3 and hand.row(NGRAM, ALL).prompts == 3
 
 
+def test_decoded_tokens_per_step_are_each_runs_replay():
+    """Beside tau (the position mean), each drafter's decoded tokens per step: its run's trees
+    replayed as greedy decoding, the same figure :func:`replay` gives for the run alone."""
+    from specscope.analysis.replay import replay
+
+    runs = [chain_run(MODEL, None, "model"), chain_run(LOOKUP, NGRAM, "lookup", point_mass=True)]
+    c = compare_drafters(runs, Settings(n_boot=50, seed=1))
+    for run, drafter in zip(runs, c.drafters):
+        replayed = replay(run)
+        for domain in (*c.domains, ALL):
+            want = replayed.row(domain).tokens_per_step.value
+            assert c.row(drafter, domain).decoded.value == approx(want), (drafter, domain)
+            assert c.row(drafter, domain).decoded.value <= c.row(drafter, domain).tau.value + 1e-12
+
+
 def test_share_of_steps_with_a_proposal(hand):
     assert hand.row("draft-model", ALL).proposal_share.value == 1.0
     assert hand.row(NGRAM, "code").proposal_share.value == approx(2 / 3)

@@ -43,18 +43,11 @@ from ..records import Run
 from ..records.schema import FILLED_COLUMNS
 from .findings import Verdict, one_sided_verdict
 from .prepare import ALL, prepare, read_run
+from .replay import MeasuredTree, index_records, replay_counts
 from .results import Settings
-from .stats import ClusterBootstrap, Estimate, bounded, ratio
+from .stats import ClusterBootstrap, DomainCells, Estimate, bounded
 
 DEFAULT_DRAFTER = FILLED_COLUMNS["drafter"]  # what records without a drafter column were
-
-RULE = (
-    "A accepts more than B: holds if tau_A − tau_B (paired by prompt) is significantly above 0, "
-    "does not hold if significantly below (one-sided tests at half of 1 − confidence: 2.5% at "
-    "95%), inconclusive otherwise; not testable with fewer than the minimum of prompts in a "
-    "domain (10 by default; in every domain for All). Each row is one claim: no correction for "
-    "the number of rows."
-)
 
 
 class DrafterComparisonError(SpecscopeError, ValueError):
@@ -70,7 +63,8 @@ class DrafterRow:
     domain: str
     prompts: int
     steps: int
-    tau: Estimate  # mean accepted_len + 1 over steps
+    tau: Estimate  # mean accepted_len + 1 over steps (the position mean)
+    decoded: Estimate  # decoded tokens per step: the run's trees replayed as greedy decoding
     proposal_share: Estimate  # share of steps with at least one proposed token
     chain_acceptance: tuple[Estimate, ...]  # greedy | parent accepted, top-1 chain, per depth
 
@@ -200,7 +194,7 @@ def _prompt_domains(runs: Sequence[Run], labels: Sequence[str]) -> tuple[pd.Seri
 
 
 def _per_prompt(run: Run, index: pd.Index, depth: int) -> tuple[np.ndarray, tuple[str, ...]]:
-    """(P, 3 + 2 depth) sums per shared prompt, in the columns of :class:`_Block`; and the
+    """(P, 5 + 2 depth) sums per shared prompt, in the columns of :class:`_Block`; and the
     records' warnings."""
     P = len(index)
     steps = run.steps
@@ -223,21 +217,37 @@ def _per_prompt(run: Run, index: pd.Index, depth: int) -> tuple[np.ndarray, tupl
         accepted = np.bincount(cell, weights=nodes.greedy[mask], minlength=P * depth)
         accepted = accepted.reshape(P, depth)
         warnings = rec.warnings
-    columns = [counts[:, None], tau[:, None], proposals[:, None], chain, accepted]
+    replayed = index_records(run)
+    decoded = replay_counts(replayed, MeasuredTree())
+    replay_at = index.get_indexer(list(replayed.prompt_ids))
+    found = replay_at >= 0
+    positions, decoding_steps = np.zeros(P), np.zeros(P)
+    positions[replay_at[found]] = decoded.positions[found]
+    decoding_steps[replay_at[found]] = decoded.steps[found]
+    columns = [
+        counts[:, None],
+        tau[:, None],
+        proposals[:, None],
+        positions[:, None],
+        decoding_steps[:, None],
+        chain,
+        accepted,
+    ]
     return np.hstack(columns).astype(float), warnings
 
 
 @dataclass(frozen=True)
 class _Block:
-    """Where one drafter's sums lie among the columns: steps, tau, steps with a proposal, then
-    eligible top-1-chain nodes and the accepted ones, one column per depth each."""
+    """Where one drafter's sums lie among the columns: steps, tau, steps with a proposal, output
+    tokens and decoding steps of the replay, then eligible top-1-chain nodes and the accepted
+    ones, one column per depth each."""
 
     start: int
     depth: int
 
     @property
     def width(self) -> int:
-        return 3 + 2 * self.depth
+        return 5 + 2 * self.depth
 
     def col(self, offset: int, size: int = 1) -> slice:
         return slice(self.start + offset, self.start + offset + size)
@@ -255,44 +265,20 @@ class _Block:
         return self.col(2)
 
     @property
+    def positions(self) -> slice:
+        return self.col(3)
+
+    @property
+    def decoding_steps(self) -> slice:
+        return self.col(4)
+
+    @property
     def chain(self) -> slice:
-        return self.col(3, self.depth)
+        return self.col(5, self.depth)
 
     @property
     def accepted(self) -> slice:
-        return self.col(3 + self.depth, self.depth)
-
-
-@dataclass(frozen=True)
-class DomainCells:
-    """The bootstrap's totals of per-prompt sums over each domain's prompts, then over all."""
-
-    boot: ClusterBootstrap
-    totals: np.ndarray  # (B + 1, G + 1, columns); row 0 the sample's own
-    prompts: np.ndarray  # (G + 1, columns): prompts with a non-zero sum in the cell
-    strata: np.ndarray  # (G + 1, columns): domains with such prompts
-
-    @classmethod
-    def of(cls, boot: ClusterBootstrap, per_prompt: np.ndarray, codes: np.ndarray) -> DomainCells:
-        onehot = np.eye(int(codes.max()) + 1)[codes]  # (P, G)
-        by_domain = boot.total(per_prompt[:, None, :] * onehot[:, :, None])
-        present = (per_prompt > 0).astype(float)
-        prompts_in = onehot.T @ present
-        return cls(
-            boot,
-            np.concatenate([by_domain, by_domain.sum(axis=1, keepdims=True)], axis=1),
-            np.vstack([prompts_in, present.sum(axis=0)]),
-            np.vstack([np.minimum(prompts_in, 1), (prompts_in > 0).sum(axis=0)]),
-        )
-
-    def mean(self, num: slice, den: slice) -> np.ndarray:
-        """Replicates (B + 1, G + 1, k) of the ratio of two columns' totals."""
-        return ratio(self.totals[:, :, num], self.totals[:, :, den])
-
-    def estimates(self, reps: np.ndarray, den: slice) -> np.ndarray:
-        """Estimates of ``reps`` over the observations and prompts of the ``den`` columns."""
-        n, prompts, strata = self.totals[0, :, den], self.prompts[:, den], self.strata[:, den]
-        return self.boot.estimates(reps, n, prompts, strata)
+        return self.col(5 + self.depth, self.depth)
 
 
 def compare_drafters(
@@ -352,6 +338,7 @@ def compare_drafters(
 def _rows(cells: DomainCells, label: str, b: _Block, scopes: tuple[str, ...]) -> list[DrafterRow]:
     """One drafter's row per domain and All."""
     tau = cells.estimates(cells.mean(b.tau, b.steps), b.steps)
+    decoded = cells.estimates(cells.mean(b.positions, b.decoding_steps), b.decoding_steps)
     share = cells.estimates(cells.mean(b.proposed, b.steps), b.steps)
     chain = cells.estimates(cells.mean(b.accepted, b.chain), b.chain)
     return [
@@ -361,6 +348,7 @@ def _rows(cells: DomainCells, label: str, b: _Block, scopes: tuple[str, ...]) ->
             int(cells.prompts[g, b.steps][0]),
             int(cells.totals[0, g, b.steps][0]),
             tau[g, 0],
+            decoded[g, 0],
             bounded(share[g, 0]),
             tuple(bounded(e) for e in chain[g]),
         )

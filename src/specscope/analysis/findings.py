@@ -549,6 +549,16 @@ def evaluate_findings(a: Analysis) -> tuple[Finding, ...]:
 
 # --- stratified verdicts --------------------------------------------------------------------------
 
+# the rule of the drafter comparison's verdicts (.drafters)
+DRAFTER_RULE = (
+    "A accepts more than B: holds if tau_A − tau_B (paired by prompt) is significantly above 0, "
+    "does not hold if significantly below (one-sided tests at half of 1 − confidence: 2.5% at "
+    "95%), inconclusive otherwise; not testable with fewer than the minimum of prompts in a "
+    "domain (10 by default; in every domain for All). Each row is one claim: no correction for "
+    "the number of rows."
+)
+
+
 STRATIFIED_RULE = (
     "each claim is checked within every level of the factor (e.g. within sibling "
     "rank 0, 1, 2) with the rules above; holds if it holds within every level "

@@ -12,13 +12,22 @@ import html
 import io
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .drafters import RULE as DRAFTER_RULE
-from .drafters import DrafterComparison
-from .findings import LABELS, STRATIFIED_RULE, Finding, StratifiedFinding, figures_text
+from .findings import (
+    DRAFTER_RULE,
+    LABELS,
+    STRATIFIED_RULE,
+    Finding,
+    StratifiedFinding,
+    figures_text,
+)
 from .prepare import ALL
 from .results import CONDITIONAL, Analysis, BinnedProfile, PaperTables
 from .stats import EMPTY, Estimate
+
+if TYPE_CHECKING:
+    from .drafters import DrafterComparison
 
 Cell = Estimate | int | float | str | None
 
@@ -699,21 +708,25 @@ def drafter_grids(c: DrafterComparison) -> list[Grid]:
             Column("Drafter"),
             Column("Prompts"),
             Column("Steps"),
+            Column("decoded tokens/step"),
             Column("mean tau"),
             Column("steps with a proposal"),
         )
         + tuple(Column(f"greedy | parent, depth {d}") for d in c.depths),
         tuple(
-            (r.domain, r.drafter, r.prompts, r.steps, r.tau, r.proposal_share) + r.chain_acceptance
+            (r.domain, r.drafter, r.prompts, r.steps, r.decoded, r.tau, r.proposal_share)
+            + r.chain_acceptance
             for r in rows
         ),
-        "mean tau: tokens per target pass (accepted_len + 1, the bonus token counted; a step "
-        "without a proposal counts 1). steps with a proposal: share of steps where the drafter "
-        "proposed at least one token (a lookup finds no match in the others). greedy | parent: "
-        "greedy acceptance of top-1-chain nodes whose parent path is accepted (a chain "
-        "drafter's whole proposal, a tree's sibling-rank-0 path). Only prompts that every "
-        "drafter measured; 95% intervals resample prompts within domains, the same resamples "
-        "for every drafter.",
+        "decoded tokens/step: the run's trees replayed as greedy decoding (output tokens over "
+        "decoding steps: what a decoder gets). mean tau: tokens per target pass averaged over "
+        "recorded positions (accepted_len + 1, the bonus token counted; a step without a proposal"
+        " counts 1), the position mean, which overstates decoding. steps with a proposal: share "
+        "of steps where the drafter proposed at least one token (a lookup finds no match in the "
+        "others). greedy | parent: greedy acceptance of top-1-chain nodes whose parent path is "
+        "accepted (a chain drafter's whole proposal, a tree's sibling-rank-0 path). Only prompts "
+        "that every drafter measured; 95% intervals resample prompts within domains, the same "
+        "resamples for every drafter.",
     )
     verdicts = tuple(sorted(c.verdicts, key=lambda v: order[v.domain]))
     comparison = Grid(

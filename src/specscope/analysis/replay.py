@@ -51,11 +51,10 @@ import pandas as pd
 from ..errors import SpecscopeError
 from ..records import Run, tree_paths
 from ..trees import TreeShape
-from .drafters import DomainCells
 from .prepare import ALL, read_run
 from .render import Column, Grid
 from .results import Settings
-from .stats import ClusterBootstrap, Estimate, nan_estimate, ratio
+from .stats import ClusterBootstrap, DomainCells, Estimate, nan_estimate, ratio
 
 TreePath = tuple[int, ...]
 

@@ -179,6 +179,38 @@ class ClusterBootstrap:
         return self.estimates(np.asarray(reps, dtype=float)[:, None], n, prompts, strata)[0]
 
 
+@dataclass(frozen=True)
+class DomainCells:
+    """The bootstrap's totals of per-prompt sums over each domain's prompts, then over all."""
+
+    boot: ClusterBootstrap
+    totals: np.ndarray  # (B + 1, G + 1, columns); row 0 the sample's own
+    prompts: np.ndarray  # (G + 1, columns): prompts with a non-zero sum in the cell
+    strata: np.ndarray  # (G + 1, columns): domains with such prompts
+
+    @classmethod
+    def of(cls, boot: ClusterBootstrap, per_prompt: np.ndarray, codes: np.ndarray) -> DomainCells:
+        onehot = np.eye(int(codes.max()) + 1)[codes]  # (P, G)
+        by_domain = boot.total(per_prompt[:, None, :] * onehot[:, :, None])
+        present = (per_prompt > 0).astype(float)
+        prompts_in = onehot.T @ present
+        return cls(
+            boot,
+            np.concatenate([by_domain, by_domain.sum(axis=1, keepdims=True)], axis=1),
+            np.vstack([prompts_in, present.sum(axis=0)]),
+            np.vstack([np.minimum(prompts_in, 1), (prompts_in > 0).sum(axis=0)]),
+        )
+
+    def mean(self, num: slice, den: slice) -> np.ndarray:
+        """Replicates (B + 1, G + 1, k) of the ratio of two columns' totals."""
+        return ratio(self.totals[:, :, num], self.totals[:, :, den])
+
+    def estimates(self, reps: np.ndarray, den: slice) -> np.ndarray:
+        """Estimates of ``reps`` over the observations and prompts of the ``den`` columns."""
+        n, prompts, strata = self.totals[0, :, den], self.prompts[:, den], self.strata[:, den]
+        return self.boot.estimates(reps, n, prompts, strata)
+
+
 def interval_estimates(
     reps: np.ndarray,
     varies: bool,
