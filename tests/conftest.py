@@ -85,20 +85,26 @@ _DEMO_CACHE_BUILT = []
 
 def pytest_runtest_setup(item):
     """Before the first test of the real weights, build the demo pair's bf16 cache and its int8
-    cache in a child process: on a cold cache (CI) the GGUF-to-bf16 conversion, the float32 load
+    cache in child processes: on a cold cache (CI) the GGUF-to-bf16 conversion, the float32 load
     and the quantisation would otherwise run inside pytest, and the memory they take would stay in
     this process under every later test (tests/test_demo_pair.py then loads the int8 pair from its
     cache). Its failure (no demo extra) is left to the tests themselves, which skip or say why."""
     if _DEMO_CACHE_BUILT or not item.get_closest_marker("weights"):
         return
     _DEMO_CACHE_BUILT.append(True)
-    build = (
-        "from specscope.models import PairConfig, load_pair\n"
+    # one process per step, so that each step's memory is the largest a process holds: the bf16
+    # conversion, then each model's float32 load and quantisation alone
+    steps = [
         "from specscope.models.demo import demo_checkpoint\n"
-        "for role in ('draft', 'target'): demo_checkpoint(role)\n"
-        "load_pair(PairConfig(dtype='float32', quantize='int8'))"
-    )
-    subprocess.run([sys.executable, "-c", build], check=False, capture_output=True, timeout=3600)
+        "for role in ('draft', 'target'): demo_checkpoint(role)",
+        *(
+            "from specscope.models.load import load_model\n"
+            f"load_model('demo:{role}', 'float32', quantize='int8')"
+            for role in ("target", "draft")
+        ),
+    ]
+    for step in steps:
+        subprocess.run([sys.executable, "-c", step], check=False, capture_output=True, timeout=3600)
 
 
 @pytest.hookimpl(wrapper=True)
