@@ -33,9 +33,6 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """Acceptance dynamics of tree-based speculative decoding: measure, analyse, certify, speculate."""
-    from ..heap import bound_heap_growth
-
-    bound_heap_growth()  # freed tensor buffers go back to the system (specscope.heap)
 
 
 def fail(message: str) -> None:

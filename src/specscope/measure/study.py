@@ -29,6 +29,7 @@ from ..core.batch import Batch, Row, StepScores
 from ..core.loop import Step
 from ..core.passes import position_limit
 from ..drafters import lookup_for
+from ..heap import release_free_memory
 from ..models import ModelPair
 from ..models.int8 import rowwise_attention_during
 from ..prompts.items import PromptItem
@@ -255,6 +256,7 @@ def measure_rows(
         if finished:
             keep = [i for i in range(len(batch.rows)) if i not in finished]
             batch.refill(keep, join(len(finished)))
+            release_free_memory()  # the finished prompts' buffers (specscope.heap)
 
 
 def measure_prompts(

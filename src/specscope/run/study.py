@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from ..heap import bound_heap_growth
 from ..measure.checks import check_batch_memory, check_batch_size
 from ..measure.study import PromptRecords, PromptState, measure_prompts, start_prompts
 from ..models import ModelPair, load_pair, model_identity
@@ -152,7 +151,6 @@ def run_study(
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
     progress = observer(progress)
-    bound_heap_growth()  # a long run's freed buffers go back to the system (specscope.heap)
     # Every input is checked before a model loads or a file is written or removed.
     shape = config.tree.shape()
     items = config.prompts.select(config.seed)
