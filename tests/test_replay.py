@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from specscope.analysis.level_grids import decoded_grid
 from specscope.analysis.prepare import ALL
 from specscope.analysis.render import to_markdown
 from specscope.analysis.replay import (
@@ -15,7 +16,6 @@ from specscope.analysis.replay import (
     ReplayRecords,
     StopRule,
     Subtree,
-    decoded_grid,
     decoded_tokens_per_step,
     replay,
     replay_counts,

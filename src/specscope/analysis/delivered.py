@@ -15,7 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .level_grids import domain_effect_grid, level_findings_grid, level_shares_grid
+from .level_grids import (
+    decoded_grid,
+    domain_effect_grid,
+    level_findings_grid,
+    level_shares_grid,
+)
 from .levels import (
     LevelEffects,
     LevelFinding,
@@ -27,7 +32,7 @@ from .levels import (
 from .plots import Plot, plots_unavailable, save_plot
 from .prepare import Records
 from .render import Grid
-from .replay import DecodedTable, ReplayError, decoded_grid, decoded_tokens_per_step
+from .replay import DecodedTable, ReplayError, decoded_tokens_per_step
 from .resampling import Resampler
 from .results import Analysis
 from .scorecard import (

@@ -1,5 +1,6 @@
-"""Grids (:class:`.render.Grid`) of the level-wise effects (:mod:`.levels`) and of the findings
-across tree shapes (:mod:`.shapes`), for the report and ``analyze`` output. Builds tables only;
+"""Grids (:class:`.render.Grid`) of decoded tokens per step (:mod:`.replay`), of the level-wise
+effects (:mod:`.levels`) and of the findings across tree shapes (:mod:`.shapes`), for the report
+and ``analyze`` output. Builds tables only;
 computes nothing.
 """
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from .levels import POSITION_MEAN, LevelEffects, LevelFinding
 from .render import Column, Grid
+from .replay import DecodedTable
 from .shapes import QUANTITIES, ShapeComparison
 
 
@@ -152,4 +154,32 @@ def shape_changes_grid(c: ShapeComparison) -> Grid:
         "with the difference in each shape in the order of the columns; 'resolved' where the "
         "pair is significantly ordered one way in some shape and the other way in another "
         "(one-sided, half of 1 − confidence). A swap that is not resolved may be noise.",
+    )
+
+
+def decoded_grid(table: DecodedTable) -> Grid:
+    first = "tree drafted in the prefill pass" if table.prefill_drafts else "plain prefill pass"
+    return Grid(
+        "decoded_tokens_per_step",
+        "Decoded tokens per step (recorded trees replayed as greedy decoding)",
+        (
+            Column("Domain"),
+            Column("Prompts"),
+            Column("Tokens"),
+            Column("Decoding steps"),
+            Column("decoded tokens/step"),
+            Column("position mean"),
+            Column(f"top-1 chain({table.chain_depth}), decoded"),
+        ),
+        tuple(
+            (r.domain, r.prompts, r.positions, r.steps, r.decoded, r.position_mean, r.chain)
+            for r in table.rows
+        ),
+        "decoded: greedy decoding replayed on the recorded trees (at output position i it emits "
+        "the accepted path and the bonus token, min(accepted_len_i, L − i − 1) + 1 tokens, and "
+        f"moves past them; {first}): output tokens over decoding steps. position mean: "
+        "accepted_len + 1 averaged over every position, which counts a run of acceptance at each "
+        "of its positions and ignores the output's end, so it overstates decoding. top-1 chain: "
+        "the sibling-rank-0 path of the same trees, replayed the same way. Intervals: prompts "
+        "resampled within domains.",
     )

@@ -52,7 +52,6 @@ from ..errors import SpecscopeError
 from ..records import Run, tree_paths
 from ..trees import TreeShape
 from .prepare import ALL, read_run
-from .render import Column, Grid
 from .results import Settings
 from .stats import ClusterBootstrap, DomainCells, Estimate, nan_estimate, ratio
 
@@ -637,31 +636,3 @@ def decoded_tokens_per_step(
         for r, c in zip(tree.rows, chains)
     )
     return DecodedTable(rows, depth, prefill_drafts)
-
-
-def decoded_grid(table: DecodedTable) -> Grid:
-    first = "tree drafted in the prefill pass" if table.prefill_drafts else "plain prefill pass"
-    return Grid(
-        "decoded_tokens_per_step",
-        "Decoded tokens per step (recorded trees replayed as greedy decoding)",
-        (
-            Column("Domain"),
-            Column("Prompts"),
-            Column("Tokens"),
-            Column("Decoding steps"),
-            Column("decoded tokens/step"),
-            Column("position mean"),
-            Column(f"top-1 chain({table.chain_depth}), decoded"),
-        ),
-        tuple(
-            (r.domain, r.prompts, r.positions, r.steps, r.decoded, r.position_mean, r.chain)
-            for r in table.rows
-        ),
-        "decoded: greedy decoding replayed on the recorded trees (at output position i it emits "
-        "the accepted path and the bonus token, min(accepted_len_i, L − i − 1) + 1 tokens, and "
-        f"moves past them; {first}): output tokens over decoding steps. position mean: "
-        "accepted_len + 1 averaged over every position, which counts a run of acceptance at each "
-        "of its positions and ignores the output's end, so it overstates decoding. top-1 chain: "
-        "the sibling-rank-0 path of the same trees, replayed the same way. Intervals: prompts "
-        "resampled within domains.",
-    )
