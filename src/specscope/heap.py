@@ -8,7 +8,7 @@ run of the demo pair grew by about 0.6 GiB a minute until the kernel killed it a
 (BENCHMARKS.md). :func:`release_free_memory` (``malloc_trim(0)``: every free page of the heap
 returned, not only its top) runs after each finished prompt, a few milliseconds a prompt; it
 leaves malloc's thresholds alone (a fixed 64 KiB mmap threshold bounded the memory too, but made
-every activation buffer a fresh mapping and int8 measurement 27% slower). A ground-floor module
+every activation buffer a fresh mapping and int8 measurement 43% slower). A ground-floor module
 (standard library only); it changes where freed memory goes, never a computed value, and does
 nothing outside glibc.
 """
