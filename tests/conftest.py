@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import json
 import subprocess
 import sys
 
@@ -118,6 +119,22 @@ def pytest_runtest_teardown(item, nextitem):
     elif nextitem is None or nextitem.path != item.path:
         trim_heap()
     return result
+
+
+def write_prompts(path, count: int = 3, domains: tuple[str, ...] = ("code", "chat")):
+    """A JSONL prompts file of ``count`` short questions, ids p0.., domains taken in turn."""
+    lines = [
+        {"id": f"p{i}", "domain": domains[i % len(domains)], "prompt": f"Question {i}: why?"}
+        for i in range(count)
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    """Three prompts, code and chat in turn (test files with other needs define their own)."""
+    return write_prompts(tmp_path / "prompts.jsonl")
 
 
 def make_tokenizer():

@@ -29,17 +29,6 @@ cli = CliRunner()
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-@pytest.fixture
-def prompt_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    lines = [
-        {"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question {i}: why?"}
-        for i in range(3)
-    ]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return path
-
-
 def _run_args(tiny_dirs, prompt_file, out, *extra) -> list[str]:
     return [
         "run",

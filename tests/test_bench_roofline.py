@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import read_records
+from conftest import read_records, write_prompts
 from specscope.core import batch
 from specscope.measure import stages_timing as st
 from specscope.models import int8
@@ -32,17 +32,6 @@ def bench():
     spec.loader.exec_module(module)
     yield module
     del sys.modules[spec.name]
-
-
-@pytest.fixture
-def prompt_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    lines = [
-        {"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question {i}: why not?"}
-        for i in range(3)
-    ]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return path
 
 
 def tiny_cell(bench, dtype: str, prompts: Path, work: Path, size: int = 2):
@@ -99,14 +88,7 @@ def test_nested_stages_do_not_count_twice():
 @pytest.fixture(scope="module")
 def float_cell(bench, tmp_path_factory):
     work = tmp_path_factory.mktemp("roofline")
-    prompts = work / "prompts.jsonl"
-    prompts.write_text(
-        "\n".join(
-            json.dumps({"id": f"p{i}", "domain": "chat", "prompt": f"Question {i}: why not?"})
-            for i in range(3)
-        )
-        + "\n"
-    )
+    prompts = write_prompts(work / "prompts.jsonl", domains=("chat",))
     return tiny_cell(bench, "float32", prompts, work), work
 
 
