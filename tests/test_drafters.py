@@ -1,5 +1,6 @@
 """Drafters (specscope.drafters): the registry's validation, vLLM's n-gram proposer against vLLM's
-own test cases and a brute-force definition, the early-exit view against a plain forward, records
+own test cases and a brute-force definition, llama.cpp's ngram-simple against a line-by-line
+transcription of its C++ loop, the early-exit view against a plain forward, records
 of each drafter against an independent recomputation, lossless decoding with each drafter, and
 the command line's one-line errors before any model loads."""
 
@@ -19,7 +20,13 @@ from conftest import near_pair, run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.core.sampling import warp
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
-from specscope.drafters import DrafterConfig, DrafterError, lookup_for, propose_ngram
+from specscope.drafters import (
+    DrafterConfig,
+    DrafterError,
+    lookup_for,
+    propose_ngram,
+    propose_ngram_simple,
+)
 from specscope.drafters.early_exit import early_exit_view
 from specscope.models import load_pair, load_tokenizer
 from specscope.prompts.items import read_jsonl
@@ -45,6 +52,9 @@ def test_labels_and_vllm_defaults():
         "prompt_lookup_max": 4,
     }
     assert DrafterConfig("early-exit", exit_layer=8).label == "early-exit(exit_layer=8)"
+    # llama.cpp's --spec-ngram-simple-size-n defaults to 12
+    assert DrafterConfig("llama-ngram-simple").label == "llama-ngram-simple(ngram_size=12)"
+    assert DrafterConfig("llama-ngram-simple", ngram_size=3).params == {"ngram_size": 3}
 
 
 @pytest.mark.parametrize(
@@ -57,6 +67,8 @@ def test_labels_and_vllm_defaults():
         (dict(kind="ngram", prompt_lookup_min=4, prompt_lookup_max=2), "must be <="),
         (dict(kind="early-exit"), "needs exit_layer"),
         (dict(kind="early-exit", exit_layer=True), "exit_layer must be an integer"),
+        (dict(kind="llama-ngram-simple", ngram_size=0), "ngram_size must be an integer >= 1"),
+        (dict(kind="ngram", ngram_size=3), "ngram_size is a parameter of the llama-ngram-simple"),
     ],
 )
 def test_bad_drafters_are_one_line_errors(fields, message):
@@ -71,6 +83,10 @@ def test_the_ngram_drafter_refuses_trees():
     config = run_config(dirs, "p.jsonl", drafter=DrafterConfig("ngram"), tree=TreeConfig("chain"))
     assert config.criteria is None  # certificates need the draft's distribution
     assert config.run_id != config.replace(drafter={"kind": "draft-model"}).run_id
+    llama = DrafterConfig("llama-ngram-simple", ngram_size=4)
+    with pytest.raises(RunConfigError, match="never drafts with a chain of 3"):
+        run_config(dirs, "p.jsonl", drafter=llama, tree=TreeConfig("chain", depth=3))
+    run_config(dirs, "p.jsonl", drafter=llama, tree=TreeConfig("chain", depth=4))
 
 
 # --- the n-gram proposer ---------------------------------------------------------------------------
@@ -137,6 +153,65 @@ def test_ngram_respects_the_models_length_and_refuses_bad_bounds():
     assert lookup_for(DrafterConfig()) is None
 
 
+# --- llama.cpp's ngram-simple ----------------------------------------------------------------------
+
+
+def cxx_ngram_simple(context: list[int], size_n: int, size_m: int) -> list[int]:
+    """common_ngram_simple_draft (llama.cpp b11312, common/ngram-map.cpp 49-112), line by line:
+    ``tokens`` is the context without the token just sampled, which is ``sampled``."""
+    tokens, sampled = context[:-1], context[-1]
+    cur_len = len(tokens)
+    if cur_len <= size_n + size_m + 1:
+        return []
+    pattern = [tokens[j] for j in range(cur_len - size_n + 1, cur_len)] + [sampled]
+    match_pos = 0
+    for j in range(cur_len - size_n - 1, 0, -1):
+        if all(tokens[j + k] == pattern[k] for k in range(len(pattern))):
+            match_pos = j
+            break
+    if match_pos == 0:
+        return []
+    copy_max = min(size_m, cur_len - (match_pos + size_n))
+    if copy_max < size_n:
+        return []
+    return [tokens[match_pos + size_n + j] for j in range(copy_max)]
+
+
+LLAMA_CASES = [  # context (the sampled token last), N, M -> draft
+    ([9, 1, 2, 7, 8, 5, 3, 1, 2], 2, 2, [7, 8]),  # the M tokens after the match
+    ([9, 1, 2, 7, 8, 1, 2, 6, 6, 6, 1, 2], 2, 3, [6, 6, 6]),  # the latest occurrence
+    ([1, 2, 7, 8, 5, 3, 9, 4, 1, 2], 2, 2, []),  # position 0 never matches
+    ([9, 8, 7, 6, 1, 2, 7, 1, 2], 2, 3, [7, 1]),  # cut before the sampled token
+    ([9, 3, 4, 5, 6, 7, 8, 1, 1], 1, 1, []),  # the occurrence one token back is skipped
+    ([9, 3, 4, 8, 6, 5, 0, 7, 3, 4], 2, 6, []),  # 9 cached tokens <= N + M + 1
+    ([9, 5, 5, 5, 5, 5, 5, 5], 2, 2, []),  # the latest match (at 4) has 1 < N tokens after it
+    ([9, 1, 2, 5, 1, 2, 3, 1, 2], 2, 1, []),  # M < N: never a draft
+]
+
+
+@pytest.mark.parametrize("context, n, m, expected", LLAMA_CASES)
+def test_llama_ngram_simple_cases(context, n, m, expected):
+    assert propose_ngram_simple(context, n, m) == expected == cxx_ngram_simple(context, n, m)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    context=st.lists(st.integers(0, 2), min_size=1, max_size=40),
+    n=st.integers(1, 4),
+    m=st.integers(1, 6),
+)
+def test_llama_ngram_simple_equals_its_cxx_loop(context, n, m):
+    assert propose_ngram_simple(context, n, m) == cxx_ngram_simple(context, n, m)
+
+
+def test_llama_ngram_simple_lookup_takes_the_chain_depth_as_m():
+    lookup = lookup_for(DrafterConfig("llama-ngram-simple", ngram_size=2))
+    context = [9, 1, 2, 7, 8, 5, 3, 4, 6, 1, 2]
+    assert lookup(context, 3) == cxx_ngram_simple(context, 2, 3) == [7, 8, 5]
+    with pytest.raises(DrafterError, match="size_n must be an integer >= 1"):
+        propose_ngram_simple(context, 0, 3)
+
+
 # --- early exit ------------------------------------------------------------------------------------
 
 
@@ -191,10 +266,23 @@ def _contexts(config, run):
     return out
 
 
-def test_ngram_records_equal_proposals_rederived_from_the_context(
-    tiny_dirs, repetitive_prompts, tmp_path
+@pytest.mark.parametrize(
+    "drafter, rule",
+    [
+        (
+            DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3),
+            lambda context: brute_force_ngram(context, 1, 3, 3),
+        ),
+        (
+            DrafterConfig("llama-ngram-simple", ngram_size=1),
+            lambda context: cxx_ngram_simple(context, 1, 3),
+        ),
+    ],
+    ids=["ngram", "llama-ngram-simple"],
+)
+def test_lookup_records_equal_proposals_rederived_from_the_context(
+    tiny_dirs, repetitive_prompts, tmp_path, drafter, rule
 ):
-    drafter = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
     config = run_config(
         tiny_dirs,
         repetitive_prompts,
@@ -213,7 +301,7 @@ def test_ngram_records_equal_proposals_rederived_from_the_context(
         steps = run.steps[run.steps.prompt_id == pid].sort_values("step")
         for s, step in enumerate(steps.itertuples()):
             context = ids + emitted[:s]
-            chain = brute_force_ngram(context, 1, 3, 3)
+            chain = rule(context)
             nodes = run.nodes[(run.nodes.prompt_id == pid) & (run.nodes.step == s)]
             nodes = nodes.sort_values("node_id")
             assert nodes.token_id.tolist() == chain and step.tree_size == len(chain)
@@ -303,7 +391,7 @@ def decoder_for(pairs, tokenizer, arch: str, drafter: DrafterConfig) -> Speculat
     draft, target = pairs[arch]
     if drafter.kind == "early-exit":
         draft = early_exit_view(target, drafter.exit_layer)
-    elif drafter.kind == "ngram":
+    elif not drafter.has_distribution:  # a lookup: no model drafts
         draft = None
     return SpeculativeDecoder(draft, target, len(tokenizer), frozenset(), lookup_for(drafter))
 
@@ -312,6 +400,7 @@ DRAFTERS = [
     DrafterConfig(),
     DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3),
     DrafterConfig("early-exit", exit_layer=1),
+    DrafterConfig("llama-ngram-simple", ngram_size=1),
 ]
 PROMPTS = ["a b c a b c a b", "def f(x):\n    return f(x", "one two one two", "z"]
 
@@ -386,6 +475,8 @@ def _cli(*args):
         (["--drafter", "ngram", "--policy", "paper"], "proposes one chain"),
         (["--drafter", "early-exit"], "needs exit_layer"),
         (["--drafter", "early-exit", "--exit-layer", "9"], "exit_layer must be in 1..1"),
+        (["--drafter", "llama-ngram-simple", "--policy", "chain", "--depth", "4"], "never drafts"),
+        (["--ngram-size", "2"], "ngram_size is a parameter of the llama-ngram-simple"),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "decode"])

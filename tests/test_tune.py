@@ -174,6 +174,21 @@ def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
     assert best_tree(AcceptanceVector.from_rates([[0.01]]), COSTS).shape is None
 
 
+def test_best_tree_weighs_only_chains_llama_ngram_simple_drafts_with():
+    """llama.cpp's ngram-simple never drafts with a chain shorter than its n-gram (N = 3): chains
+    of 1 and 2, which the rates would favour, are no candidates; with N = 6 nothing is."""
+    acc = AcceptanceVector.from_rates([[0.9], [0.5], [0.1], [0.05], [0.05]])
+    model = best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0)
+    assert model.shape is not None and len(model.shape) < 3
+    llama = DrafterConfig("llama-ngram-simple", ngram_size=3)
+    choice = best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0, drafter=llama)
+    assert choice.shape is not None and choice.shape.is_chain and len(choice.shape) >= 3
+    wide = DrafterConfig("llama-ngram-simple", ngram_size=6)
+    assert (
+        best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0, drafter=wide).shape is None
+    )
+
+
 def _ngram_steps() -> pd.DataFrame:
     """Chains of 3 from a lookup, one prompt per domain, a step per position: code proposes at
     every position and accepts 2 nodes at three positions of four; chat proposes at one position

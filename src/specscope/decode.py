@@ -192,7 +192,8 @@ def check_drafter_fits(drafter: DrafterConfig, spec: Speculation) -> None:
     """Refuse a tree the drafter cannot propose (:meth:`DrafterConfig.check_chain`, the check
     ``run`` makes too): a chain-only drafter (n-gram) gets chains, never a dynamic tree."""
     if spec is not None:
-        drafter.check_chain(not isinstance(spec, DynamicTree) and spec.is_chain)
+        static = not isinstance(spec, DynamicTree)
+        drafter.check_chain(static and spec.is_chain, len(spec) if static else None)
 
 
 def emitted_per_step(result: DecodeResult) -> list[int]:

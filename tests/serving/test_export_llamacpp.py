@@ -233,3 +233,24 @@ def test_a_llamacpp_policy_exports_exactly_the_flags_it_measured():
         ExportError, match="K = 1 but its llama_server setting was measured with K = 3"
     ):
         export_policy(policy, "llama.cpp", ExportOptions())
+
+
+def test_llama_ngram_simple_exports_exactly_and_only_to_llama_cpp():
+    """The llama-ngram-simple drafter measures llama.cpp's own rule: its domain exports as
+    ngram-simple with N = ngram_size and M = the chain, not approximated; vLLM refuses it."""
+    chain = TreeShape.chain(12)
+    policy = PolicyFile(
+        trees={"code": chain, "math": None, "reasoning": None, "chat": None},
+        drafters={"code": DrafterConfig("llama-ngram-simple", ngram_size=3)},
+    )
+    doc = export_policy(policy, "llama.cpp", ExportOptions(target="/m/target.gguf"))
+    code = doc["domains"]["code"]
+    assert code["flags"] == {
+        "--model": "/m/target.gguf",
+        "--spec-type": "ngram-simple",
+        "--spec-ngram-simple-size-n": 3,
+        "--spec-ngram-simple-size-m": 12,
+    }
+    assert code["approximated"] is False and doc["approximation"] is None
+    with pytest.raises(ExportError, match="llama.cpp's own rule: export this policy with --engine"):
+        export_policy(policy, "vllm", ExportOptions(target="/m/target"))

@@ -338,3 +338,52 @@ def test_llama_server_speculates_with_a_model_as_its_own_draft():
     assert base.predicted_n == out.predicted_n == 8 and base.draft_n == 0
     assert out.draft_n > 0 and out.draft_n_accepted >= out.draft_n // 2
     assert out.tokens[:4] == base.tokens[:4] and out.predicted_per_second > 0
+
+
+def test_lookup_chain_counts_by_hand():
+    from specscope.serving.llamacpp.router import lookup_chain_counts
+
+    # a lookup that always drafts [7, 8, 9]; the output after the prompt's token 5 is 7 8 1 ...
+    output = [5, 7, 8, 1, 7, 8, 9, 2]
+    counts = lookup_chain_counts([3, 4], output, lambda context, k: [7, 8, 9][:k], 3)
+    # t=1: drafts 7 8 9, accepts 7 8 (then 1 differs): emits 7 8 1 -> t=4
+    # t=4: drafts 7 8 9, all accepted: emits 7 8 9 2 -> t=8, the end
+    assert (counts.drafted, counts.accepted, counts.steps) == (6, 5, 2)
+    assert counts.tokens_per_step == (5 + 2) / 2
+    # the cap: at most n_predict - t - 1 drafts; no draft with one token left
+    counts = lookup_chain_counts([3], [5, 7, 8], lambda context, k: [7, 8, 9][:k], 3)
+    assert (counts.drafted, counts.accepted, counts.steps) == (1, 1, 1)
+
+
+@pytest.mark.weights
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("ngram_size, m", [(3, 8), (12, 48)])
+def test_llama_ngram_simple_replays_llama_servers_own_counters(ngram_size, m):
+    """llama-server's ngram-simple on the demo draft GGUF (as the target): its draft_n and
+    draft_n_accepted on each request equal what specscope's llama-ngram-simple drafter drafts and
+    accepts along the same prompt and output tokens, exactly."""
+    from specscope.drafters import DrafterConfig, lookup_for
+    from specscope.serving.llamacpp.router import lookup_chain_counts
+    from specscope.serving.llamacpp.server import LlamaServer
+
+    tools, gguf = _demo_or_skip()
+    code = (
+        "def area(width, height):\n    return width * height\n\n"
+        "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
+        "def volume(width, height, depth):\n    return width * height * depth\n"
+    )
+    texts = [
+        f"Copy this code exactly, twice.\n\n{code}\nFirst copy:\n{code}\nSecond copy:\n",
+        "Count: one two three four five six seven eight nine ten, one two three four five",
+    ]
+    lookup = lookup_for(DrafterConfig("llama-ngram-simple", ngram_size=ngram_size))
+    setting = ServerSetting(threads=2, poll=0, k=m, spec_type="ngram-simple", ngram_size=ngram_size)
+    drafted = 0
+    with LlamaServer(tools, gguf, setting) as server:
+        for text in texts:
+            ids = server.tokenize(text)
+            out = server.complete(ids, 64)
+            counts = lookup_chain_counts(ids, out.tokens, lookup, m, n_predict=64)
+            assert (out.draft_n, out.draft_n_accepted) == (counts.drafted, counts.accepted), text
+            drafted += out.draft_n
+    assert drafted > 0, "the prompts should make llama-server draft"

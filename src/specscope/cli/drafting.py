@@ -1,6 +1,6 @@
 """The drafter options of the commands that speculate (``run``, ``decode``, ``bench``; declared in
 :mod:`specscope.cli.options`): ``--drafter``, ``--prompt-lookup-min``/``--prompt-lookup-max`` and
-``--exit-layer``, turned into a validated :class:`~specscope.drafters.DrafterConfig` before any
+``--ngram-size`` and ``--exit-layer``, turned into a validated :class:`~specscope.drafters.DrafterConfig` before any
 model loads."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ def drafter_config(
     kind: str | None,
     prompt_lookup_min: int | None,
     prompt_lookup_max: int | None,
+    ngram_size: int | None,
     exit_layer: int | None,
     base: DrafterConfig | None = None,
 ) -> DrafterConfig | None:
@@ -23,6 +24,7 @@ def drafter_config(
         for name, value in dict(
             prompt_lookup_min=prompt_lookup_min,
             prompt_lookup_max=prompt_lookup_max,
+            ngram_size=ngram_size,
             exit_layer=exit_layer,
         ).items()
         if value is not None

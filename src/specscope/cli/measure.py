@@ -63,6 +63,7 @@ def run(
     drafter: str | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
+    ngram_size: int | None = options.NGRAM_SIZE,
     exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Measure draft-tree acceptance node by node (the paper protocol) into a run directory."""
@@ -81,7 +82,9 @@ def run(
     if any(len(pair) != 2 for pair in overrides):
         raise RunConfigError(f"--source takes DOMAIN=SOURCE, got {source}")
     base = load_config(config)
-    chosen = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer, base.drafter)
+    chosen = drafter_config(
+        drafter, prompt_lookup_min, prompt_lookup_max, ngram_size, exit_layer, base.drafter
+    )
     if smoke or prompt_file:  # an explicit prompt choice replaces the preset's
         base = base.replace(**{"prompts.domains": (), "prompts.per_domain": None})
     cfg = base.replace(

@@ -102,6 +102,11 @@ PROMPT_LOOKUP_MAX = typer.Option(
     "--prompt-lookup-max",
     help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
 )
+NGRAM_SIZE = typer.Option(
+    None,
+    "--ngram-size",
+    help="llama-ngram-simple: the n-gram matched (llama.cpp's --spec-ngram-simple-size-n; default 12); the chain's --depth is its M.",
+)
 EXIT_LAYER = typer.Option(
     None,
     "--exit-layer",

@@ -108,6 +108,7 @@ def decode(
     drafter: str | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
+    ngram_size: int | None = options.NGRAM_SIZE,
     exit_layer: int | None = options.EXIT_LAYER,
 ) -> None:
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
@@ -132,7 +133,9 @@ def decode(
     tree = TreeRequest(
         policy, depth, top_k, branch, max_nodes, paths, acceptance, policy_file, domain
     )
-    drafter_given = drafter_config(drafter, prompt_lookup_min, prompt_lookup_max, exit_layer)
+    drafter_given = drafter_config(
+        drafter, prompt_lookup_min, prompt_lookup_max, ngram_size, exit_layer
+    )
     choice = choose_speculation(tree, text, drafter_given)
     set_threads(threads)
     pair = load_decode_pair(

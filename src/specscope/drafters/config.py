@@ -9,6 +9,10 @@ A drafter is one of :data:`DRAFTERS`:
   repeated suffix (n tokens, prompt_lookup_min <= n <= prompt_lookup_max). It has
   no distribution: its proposal probability is 1 (a point mass), so a node's alpha is its
   p_target.
+- ``llama-ngram-simple``: model-free lookup, llama.cpp's ``ngram-simple``
+  (:mod:`specscope.drafters.llama_ngram`): the tokens that followed the latest earlier occurrence
+  of the context's last ``ngram_size`` tokens; the chain's depth K is llama.cpp's M. A point mass,
+  as ``ngram``.
 - ``early-exit``: self-speculation: the target's first ``exit_layer`` layers, its final norm and
   its LM head (:mod:`specscope.drafters.early_exit`), a draft that shares the target's weights
   and vocabulary.
@@ -47,6 +51,13 @@ DRAFTERS: dict[str, DrafterKind] = {
         False,
         True,
     ),
+    "llama-ngram-simple": DrafterKind(
+        "prompt lookup (llama.cpp's ngram-simple): the tokens after the latest earlier "
+        "occurrence of the context's last ngram_size tokens, none if fewer than ngram_size follow",
+        ("ngram_size",),
+        False,
+        True,
+    ),
     "early-exit": DrafterKind(
         "self-speculation: the target's first exit_layer layers, its final norm and LM head",
         ("exit_layer",),
@@ -58,11 +69,14 @@ DRAFTERS: dict[str, DrafterKind] = {
 # method "ngram" and neither bound given, both are 5; one given, the other takes its value (the
 # field docstring's "Defaults to 1" for prompt_lookup_min is not what the code does)
 NGRAM_DEFAULT_N = 5
+# llama.cpp b11312, common/common.h: --spec-ngram-simple-size-n defaults to 12
+LLAMA_NGRAM_DEFAULT_N = 12
 # The largest value of each parameter (specscope.limits); an early exit is checked against its
 # target's layers once the target is known (DrafterConfig.check_target_layers).
 PARAM_MAX = {
     "prompt_lookup_min": MAX_NGRAM,
     "prompt_lookup_max": MAX_NGRAM,
+    "ngram_size": MAX_NGRAM,
     "exit_layer": MAX_LAYERS,
 }
 
@@ -74,6 +88,7 @@ class DrafterConfig:
     kind: str = "draft-model"
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    ngram_size: int | None = None
     exit_layer: int | None = None
 
     def __post_init__(self) -> None:
@@ -115,6 +130,9 @@ class DrafterConfig:
 
     def resolved(self) -> DrafterConfig:
         """The config with the drafter's defaults filled in, as the engine would run it."""
+        if self.kind == "llama-ngram-simple":
+            n = self.ngram_size if self.ngram_size is not None else LLAMA_NGRAM_DEFAULT_N
+            return DrafterConfig(self.kind, ngram_size=n)
         if self.kind != "ngram":
             return self
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -135,14 +153,22 @@ class DrafterConfig:
         params = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.kind}({params})" if params else self.kind
 
-    def check_chain(self, is_chain: bool) -> None:
+    def check_chain(self, is_chain: bool, depth: int | None = None) -> None:
         """Refuse a tree this drafter cannot propose: a chain-only drafter (n-gram) proposes one
-        chain of top-1 tokens, so its tree must be one (``is_chain``), whatever policy built it.
+        chain of top-1 tokens, so its tree must be one (``is_chain``), whatever policy built it;
+        llama.cpp's ngram-simple drafts nothing with a chain (its M) shorter than ``ngram_size``.
         The one check of ``run``, ``decode`` and policy files."""
         if self.spec.chain_only and not is_chain:
             raise DrafterError(
                 f"the {self.kind} drafter proposes one chain: use --policy chain --depth K "
                 "(K tokens per step), not a tree with branches"
+            )
+        n = self.params.get("ngram_size")
+        if n is not None and depth is not None and depth < n:
+            raise DrafterError(
+                f"the {self.label} drafter never drafts with a chain of {depth} (llama.cpp drafts "
+                f"only when at least ngram_size = {n} tokens follow the match, and at most M = the "
+                f"chain's depth): use --depth {n} or more, or a smaller --ngram-size"
             )
 
     def check_target_layers(self, num_layers: int) -> None:

@@ -124,7 +124,8 @@ class RunConfig:
             object.__setattr__(self, "criteria", None)
         if self.drafter.spec.chain_only:  # the check decode makes too, on the tree's shape
             try:
-                self.drafter.check_chain(self.tree.shape().is_chain)
+                shape = self.tree.shape()
+                self.drafter.check_chain(shape.is_chain, len(shape))
             except DrafterError as e:
                 raise RunConfigError(f"{e} (tree policy {self.tree.policy!r})") from None
         if self.engine not in ENGINES:

@@ -146,6 +146,10 @@ def chain_length(shape: TreeShape, engine: str, where: str, instead: str) -> int
     return shape.max_depth
 
 
+# drafters that re-write one engine's own rule -> that engine
+DRAFTER_ENGINE = {"llama-ngram-simple": "llama.cpp"}
+
+
 def check_drafter(
     domain: DomainPlan,
     version: EngineVersion,
@@ -158,12 +162,20 @@ def check_drafter(
     if domain.shape is None or kind in version.drafters:
         return
     checked = [v.version for v in versions if kind in v.drafters]
-    reason = missing.get(kind) or (
-        f"its {kind} settings were checked at {', '.join(checked)} only "
-        f"(--engine-version {checked[0]})"
-        if checked
-        else f"specscope exports no {kind} drafter to {version.engine}"
-    )
+    if kind in missing:
+        reason = missing[kind]
+    elif checked:
+        reason = (
+            f"its {kind} settings were checked at {', '.join(checked)} only "
+            f"(--engine-version {checked[0]})"
+        )
+    elif kind in DRAFTER_ENGINE:
+        reason = (
+            f"it is {DRAFTER_ENGINE[kind]}'s own rule: export this policy with --engine "
+            f"{DRAFTER_ENGINE[kind]}, or tune the domain with ngram or the draft model"
+        )
+    else:
+        reason = f"specscope exports no {kind} drafter to {version.engine}"
     raise ExportError(
         f"domain {domain.domain!r}: {version.engine} {version.version} cannot draft with "
         f"{domain.drafter.label}: {reason}"

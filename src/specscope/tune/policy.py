@@ -159,6 +159,10 @@ def best_tree(
     best = Choice(None, 1.0, 1.0, costs.plain_token_s)
     depth_limit = min(max_depth, acc.max_depth)
     for shape in _candidates(acc, max_nodes, depth_limit, max_rank, drafter.spec.chain_only):
+        try:  # llama.cpp's ngram-simple never drafts with a chain shorter than its n-gram
+            drafter.check_chain(shape.is_chain, len(shape))
+        except DrafterError:
+            continue
         prediction = predict(shape) if predict else None
         tau = prediction.tokens_per_step if prediction else acc.expected_tau(shape)
         step = costs.step_time(shape, prediction.proposal_rate if prediction else proposal_rate)
@@ -411,6 +415,10 @@ def check_drafter(where: str, shape: TreeShape | None, drafter: DrafterConfig) -
             f"{shape.to_paths_literal()} has branches; give a chain such as "
             "[(0,), (0, 0), (0, 0, 0)]"
         )
+    try:
+        drafter.check_chain(shape.is_chain, len(shape))
+    except DrafterError as e:
+        raise PolicyError(f"{where}: {e}") from None
 
 
 # the keys a policy file's drafter table takes: kind and every drafter's parameters

@@ -8,7 +8,8 @@ This module writes each domain's flags (``--spec-type draft-simple``, ``--spec-d
 ``--spec-type ngram-simple`` with ``--spec-ngram-simple-size-n``/``-size-m``) and the presets file
 of llama-server's router mode (``llama-server --models-preset FILE``): one ``[domain]`` section per
 domain over the same target GGUF, started on demand and chosen by the request's ``model`` field.
-llama.cpp's ngram-simple is not the rule specscope measured (vLLM's); the export says so. llama.cpp
+llama.cpp's ngram-simple is not the rule of specscope's ``ngram`` drafter (vLLM's); the export says
+so. The ``llama-ngram-simple`` drafter measures llama.cpp's own rule, and exports exactly. llama.cpp
 has no early-exit drafter: such a domain is refused.
 
 Facts below were read from llama.cpp's own source as llama-cpp-python 0.3.36 vendors it (llama.cpp
@@ -116,9 +117,11 @@ B11312 = EngineVersion(
         "(per preset), never per request",
         "ngram domains: --spec-type ngram-simple, N = prompt_lookup_min, M = K: llama.cpp's own "
         "rule, not the one specscope measured (see approximation)",
+        "llama-ngram-simple domains: --spec-type ngram-simple, N = ngram_size, M = K: the rule "
+        "specscope measured (specscope.drafters.llama_ngram), exact",
         "early-exit domains refused: llama.cpp has no early-exit drafter",
     ),
-    drafters=("draft-model", "ngram"),
+    drafters=("draft-model", "ngram", "llama-ngram-simple"),
 )
 
 # common/ngram-map.cpp common_ngram_simple_draft (commit 0c1e57098): the pattern is the last N
@@ -134,6 +137,8 @@ NGRAM_APPROXIMATION = (
     "earliest, and drafts nothing while the context has at most N + M + 1 tokens or fewer than "
     "N tokens follow the match; " + MEASURED_NGRAM
 )
+# a lookup drafter's parameter exported as --spec-ngram-simple-size-n
+NGRAM_N = {"ngram": "prompt_lookup_min", "llama-ngram-simple": "ngram_size"}
 MISSING = {
     "early-exit": "llama.cpp has no early-exit drafter: its --spec-type values are draft "
     "models (draft-simple, draft-eagle3, draft-mtp, draft-dflash, draft-dspark) and n-gram "
@@ -149,7 +154,8 @@ EXPORTS = (
     "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
     "polling, batch sizes, quantised GGUF); ngram domains: `--spec-type ngram-simple`, "
     "`--spec-ngram-simple-size-n` prompt_lookup_min, `--spec-ngram-simple-size-m` K, "
-    "**approximated** (llama.cpp's rule is not vLLM's)"
+    "**approximated** (llama.cpp's rule is not vLLM's); llama-ngram-simple domains: the same "
+    "flags with `--spec-ngram-simple-size-n` ngram_size, exact (the rule measured)"
 )
 REFUSES = (
     "trees with branches (llama.cpp drafts a chain); per-request settings (compiled out "
@@ -230,11 +236,11 @@ def _flags(
         f"domain {domain.domain!r}",
         "tune chains only (specscope tune --max-rank 1)",
     )
-    if domain.drafter.kind == "ngram":  # one model: no draft model, nothing to poll for
+    if not domain.drafter.has_distribution:  # a lookup: no draft model, nothing to poll for
         flags.update(
             {
                 "--spec-type": "ngram-simple",
-                "--spec-ngram-simple-size-n": domain.drafter.params["prompt_lookup_min"],
+                "--spec-ngram-simple-size-n": domain.drafter.params[NGRAM_N[domain.drafter.kind]],
                 "--spec-ngram-simple-size-m": k,
             }
         )
@@ -297,8 +303,8 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             _flags(domain, options, options.poll, measured), f"domain {domain.domain!r}"
         )
         sections[domain.domain] = flags
-        if flags.get("--spec-type") == "ngram-simple":
-            approximated.append(domain.domain)
+        if domain.drafter.kind == "ngram" and domain.shape is not None:
+            approximated.append(domain.domain)  # vLLM's rule measured, llama.cpp's exported
         domains[domain.domain] = {
             **domain.summary,
             "approximated": domain.domain in approximated,

@@ -13,6 +13,9 @@
 - :func:`chain_counts`: what greedy chain speculation of K tokens does on such an output, step by
   step as llama-server does it (K drafts, capped at the tokens left minus one; accepted drafts
   plus the target's token per verify step).
+- :func:`lookup_chain_counts`: the same for a model-free drafter (llama.cpp's ngram-simple as
+  :mod:`specscope.drafters.llama_ngram` re-writes it) along a request's own output: the draft and
+  acceptance counters llama-server reports, recomputed from the prompt and output tokens alone.
 - :func:`chain_predictions`: tokens per step of chains of K per domain, from agreements measured
   on other prompts, by the one predictor ``tune`` uses (:class:`~specscope.tune.predict.Predictor`):
   replayed as greedy decoding (:func:`~specscope.analysis.replay.top_chain`) for every K the
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +50,7 @@ from .server import LlamaServer, ServerSetting
 
 def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path | None) -> dict:
     """One preset: the target model and the setting's flags (``-md`` when it speculates)."""
-    flags = setting.flags(draft if setting.k > 0 else None)
+    flags = setting.flags(draft if setting.uses_draft_model else None)
     return {
         "model": str(target),
         **{flags[i].lstrip("-"): flags[i + 1] for i in range(0, len(flags), 2)},
@@ -198,6 +201,37 @@ def chain_counts(agree: Sequence[bool], k: int) -> ChainCounts:
         drafted += width
         accepted += run
         steps += 1
+        t += run + 1
+    return ChainCounts(n, drafted, accepted, steps)
+
+
+def lookup_chain_counts(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    lookup: Callable[[Sequence[int], int], list[int]],
+    k: int,
+    n_predict: int | None = None,
+) -> ChainCounts:
+    """What llama-server's lookup speculation (``lookup``: context -> at most ``k`` drafts) did
+    on a greedy request whose ``output`` followed ``prompt``: the prompt's pass emits the first
+    token; each later step drafts from the context so far, capped at the tokens left before
+    ``n_predict`` (default: the output's length) minus one (tools/server/server-context.cpp,
+    ``get_n_draft_max``), and accepts the drafts that equal the output's next tokens."""
+    output = [int(t) for t in output]
+    n = len(output)
+    limit = n if n_predict is None else n_predict
+    context = [int(t) for t in prompt] + output[:1]
+    t, drafted, accepted, steps = min(n, 1), 0, 0, 0
+    while t < n:
+        width = limit - t - 1
+        draft = lookup(context, k)[:width] if width > 0 else []
+        run = 0
+        while run < len(draft) and t + run < n and draft[run] == output[t + run]:
+            run += 1
+        drafted += len(draft)
+        accepted += run
+        steps += 1
+        context += output[t : t + run + 1]
         t += run + 1
     return ChainCounts(n, drafted, accepted, steps)
 

@@ -32,32 +32,56 @@ from .programs import LlamaTools, LlamaToolsError
 # --- settings ---------------------------------------------------------------------------------------
 
 
+# --spec-type values this module runs -> whether it drafts with a draft model (-md)
+SPEC_TYPES = {"draft-simple": True, "ngram-simple": False}
+
+
 @dataclass(frozen=True)
 class ServerSetting:
     """One way of running llama-server on a CPU: what the pass-cost grid varies and what export
-    writes. ``k`` = 0 is plain decoding (no draft model loaded)."""
+    writes. ``k`` = 0 is plain decoding (no draft model loaded).
+
+    ``spec_type`` ``draft-simple``: the draft model drafts K = ``k`` tokens (``--spec-draft-n-max``;
+    ``p_min``, ``draft_threads`` and ``draft_poll`` are its settings). ``ngram-simple``: no draft
+    model; llama.cpp's lookup of the last ``ngram_size`` tokens (``--spec-ngram-simple-size-n``)
+    drafts up to M = ``k`` tokens (``--spec-ngram-simple-size-m``), the rule that
+    :mod:`specscope.drafters.llama_ngram` measures."""
 
     threads: int = 2
     poll: int = 50  # llama.cpp's default: busy-wait this long for work before sleeping
     batch: int = 2048
     ubatch: int = 512
-    k: int = 0  # --spec-draft-n-max
+    k: int = 0  # --spec-draft-n-max (draft-simple) or --spec-ngram-simple-size-m (ngram-simple)
     draft_threads: int | None = None  # default: the same as threads
     draft_poll: int | None = None  # default: the same as poll
     p_min: float = 0.0  # --spec-draft-p-min: 0 drafts all K tokens every step
     ctx: int = 4096
+    spec_type: str = "draft-simple"
+    ngram_size: int = 12  # ngram-simple's N (llama.cpp's default)
+
+    def __post_init__(self) -> None:
+        if self.spec_type not in SPEC_TYPES:
+            raise LlamaToolsError(
+                f"spec type {self.spec_type!r} is not one specscope runs; "
+                f"choose one of {', '.join(SPEC_TYPES)}"
+            )
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.k > 0 and SPEC_TYPES[self.spec_type]
 
     @property
     def name(self) -> str:
-        spec = (
-            (
+        if not self.k:
+            spec = "plain"
+        elif self.spec_type == "ngram-simple":
+            spec = f"ngram-simple-n{self.ngram_size}-m{self.k}"
+        else:
+            spec = (
                 f"k{self.k}"
                 + (f"-td{self.draft_threads}" if self.draft_threads else "")
                 + (f"-dpoll{self.draft_poll}" if self.draft_poll is not None else "")
             )
-            if self.k
-            else "plain"
-        )
         return f"{spec}-t{self.threads}-poll{self.poll}-b{self.batch}-ub{self.ubatch}"
 
     def with_k(self, k: int) -> ServerSetting:
@@ -84,7 +108,16 @@ class ServerSetting:
             "-ngl",
             "0",
         ]
-        if self.k > 0:
+        if self.k > 0 and self.spec_type == "ngram-simple":
+            out += [
+                "--spec-type",
+                "ngram-simple",
+                "--spec-ngram-simple-size-n",
+                str(self.ngram_size),
+                "--spec-ngram-simple-size-m",
+                str(self.k),
+            ]
+        elif self.k > 0:
             td = self.draft_threads or self.threads
             dp = self.poll if self.draft_poll is None else self.draft_poll
             if draft_model is not None:
@@ -190,7 +223,7 @@ class LlamaServer:
 
     @property
     def argv(self) -> list[str]:
-        if self.setting.k > 0 and self.draft is None:
+        if self.setting.uses_draft_model and self.draft is None:
             raise LlamaToolsError(
                 f"setting {self.setting.name} speculates but no draft model was given"
             )
@@ -198,7 +231,7 @@ class LlamaServer:
             str(self.tools.server),
             "-m",
             str(self.model),
-            *self.setting.flags(self.draft),
+            *self.setting.flags(self.draft if self.setting.uses_draft_model else None),
             "--host",
             "127.0.0.1",
             "--port",
@@ -274,13 +307,35 @@ class LlamaServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _post(self, path: str, body: dict, timeout_s: float) -> dict:
+        if self._proc is None:
+            raise LlamaToolsError("llama-server is not running")
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise LlamaToolsError(
+                f"llama-server answered {e.code} to {path}: {e.read()[:300]!r}"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise LlamaToolsError(
+                f"llama-server did not answer {path} ({e}); log {self.log}: {self.log_tail()}"
+            ) from None
+
+    def tokenize(self, text: str, timeout_s: float = 60.0) -> list[int]:
+        """The token ids llama-server makes of ``text`` (its /tokenize; no special tokens added)."""
+        return [int(t) for t in self._post("/tokenize", {"content": text}, timeout_s)["tokens"]]
+
     def complete(
         self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
     ) -> Completion:
         """Greedy completion of ``prompt`` (text or token ids), no prompt cache reuse, so every
         request starts cold as a new conversation does."""
-        if self._proc is None:
-            raise LlamaToolsError("llama-server is not running")
         body = {
             "prompt": prompt,
             "n_predict": n_predict,
@@ -291,19 +346,4 @@ class LlamaServer:
             "return_tokens": True,
             "seed": 0,
         }
-        req = urllib.request.Request(
-            self.url + "/completion",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return Completion.from_response(json.loads(r.read()))
-        except urllib.error.HTTPError as e:
-            raise LlamaToolsError(
-                f"llama-server answered {e.code} to /completion: {e.read()[:300]!r}"
-            ) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise LlamaToolsError(
-                f"llama-server did not answer /completion ({e}); log {self.log}: {self.log_tail()}"
-            ) from None
+        return Completion.from_response(self._post("/completion", body, timeout_s))
