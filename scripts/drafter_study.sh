@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The drafter study, as shipped in results/demo-pair/drafters/: the draft model and n-gram lookup,
-# each a chain of 4, on the same 30 prompts per domain (results/demo-pair/drafters-sweep.toml),
-# int8 in batches of 8; then every record shipped (zstd) and the comparison made from the shipped
-# files. Resumable: run it again after an interruption. About 45 minutes on 2 CPU cores.
+# The drafter study, as shipped in results/demo-pair/drafters/: the draft model and n-gram lookup
+# (vLLM's rule), each a chain of 4, and llama.cpp's ngram-simple at its defaults (a chain of 48),
+# on the same 30 prompts per domain (results/demo-pair/drafters-sweep.toml), int8 in batches of 8;
+# then every record shipped (zstd) and the comparison made from the shipped files. Resumable: run
+# it again after an interruption. About an hour on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/demo-pair/drafters
 specscope sweep results/demo-pair/drafters-sweep.toml --out runs/drafters
-for drafter in draft-model ngram; do
+# llama.cpp's ngram-simple at its defaults (N = 12, M = 48), on the same prompts: a chain of 48,
+# which the sweep's chains of 4 cannot be (it never drafts with M < N)
+specscope run --config demo --int8 --batch-size 8 --per-domain 30 --max-new-tokens 48 \
+  --drafter llama-ngram-simple --ngram-size 12 --policy chain --depth 48 \
+  --out runs/drafters/runs/llama-ngram-simple
+for drafter in draft-model ngram llama-ngram-simple; do
   src=runs/drafters/runs/$drafter dst=$out/$drafter
   mkdir -p "$dst"
   cp "$src/manifest.json" "$src/prompts.parquet" "$dst/"
@@ -18,4 +24,5 @@ pq.write_table(pq.read_table(sys.argv[1]), sys.argv[2], compression="zstd", comp
   done
 done
 cp runs/drafters/sweep.json "$out/sweep.json"
-specscope compare --by-drafter "$out/draft-model" "$out/ngram" --out "$out/analysis"
+specscope compare --by-drafter "$out/draft-model" "$out/ngram" "$out/llama-ngram-simple" \
+  --out "$out/analysis"

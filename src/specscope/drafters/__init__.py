@@ -1,7 +1,7 @@
 """Drafters: what proposes the tree's tokens.
 
-- :mod:`.config`: the registry :data:`DRAFTERS` (draft-model, ngram, early-exit) and
-  :class:`DrafterConfig`, validated before any model loads.
+- :mod:`.config`: the registry :data:`DRAFTERS` (draft-model, ngram, llama-ngram-simple,
+  early-exit) and :class:`DrafterConfig`, validated before any model loads.
 - :mod:`.ngram`: vLLM's ngram proposer (prompt lookup), model-free.
 - :mod:`.llama_ngram`: llama.cpp's ngram-simple (prompt lookup), model-free.
 - :mod:`.early_exit`: the target's first layers, final norm and LM head as a draft model.

@@ -69,7 +69,7 @@ DRAFTERS: dict[str, DrafterKind] = {
 # method "ngram" and neither bound given, both are 5; one given, the other takes its value (the
 # field docstring's "Defaults to 1" for prompt_lookup_min is not what the code does)
 NGRAM_DEFAULT_N = 5
-# llama.cpp b11312, common/common.h: --spec-ngram-simple-size-n defaults to 12
+# llama.cpp b11312, common/common.h: --spec-ngram-simple-size-n defaults to 12 (size-m to 48)
 LLAMA_NGRAM_DEFAULT_N = 12
 # The largest value of each parameter (specscope.limits); an early exit is checked against its
 # target's layers once the target is known (DrafterConfig.check_target_layers).

@@ -42,11 +42,6 @@ import numpy as np
 
 from .config import DrafterError
 
-LLAMA_NGRAM_SOURCE = "llama.cpp b11312 (0c1e57098) common/ngram-map.cpp common_ngram_simple_draft"
-# common/common.h, common_params_speculative_ngram_map: size_n = 12, size_m = 48
-LLAMA_NGRAM_DEFAULT_N = 12
-LLAMA_NGRAM_DEFAULT_M = 48
-
 
 def propose_ngram_simple(
     context: Sequence[int] | np.ndarray, size_n: int, size_m: int

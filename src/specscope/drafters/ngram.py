@@ -35,8 +35,6 @@ import numpy as np
 
 from .config import DrafterError
 
-VLLM_NGRAM_SOURCE = "vllm 0.33.0 (4ba787ec9) vllm/v1/spec_decode/ngram_proposer.py"
-
 
 def _check_bounds(min_n: int, max_n: int) -> None:
     for name, value in (("min_n", min_n), ("max_n", max_n)):

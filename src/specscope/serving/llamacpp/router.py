@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.replay import ReplayRecords
+from ...drafters import Lookup
 from ...trees import TreeShape
 from ...tune.acceptance import chain_acceptance
 from ...tune.predict import Prediction, Predictor
@@ -208,7 +209,7 @@ def chain_counts(agree: Sequence[bool], k: int) -> ChainCounts:
 def lookup_chain_counts(
     prompt: Sequence[int],
     output: Sequence[int],
-    lookup: Callable[[Sequence[int], int], list[int]],
+    lookup: Lookup,
     k: int,
     n_predict: int | None = None,
 ) -> ChainCounts:
