@@ -497,7 +497,7 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
             {"kind": "ngram", "lookahead": 3},
             '"[(0,)]"',
             r"drafter has unknown field 'lookahead'; allowed: kind, prompt_lookup_min, "
-            r"prompt_lookup_max, exit_layer$",
+            r"prompt_lookup_max, ngram_size, exit_layer$",
         ),
         (
             NGRAM_2_4,
