@@ -52,6 +52,10 @@ LIBRARY_CHECKED = {
         for command in ("run", "decode", "bench")
         for param in ("prompt_lookup_min", "prompt_lookup_max", "exit_layer")
     },
+    **{
+        (command, "ngram_size"): "DrafterConfig: 1..1024 (then at most the chain's depth)"
+        for command in ("run", "decode")
+    },
 }
 # cli/serve.py's llamacpp command belongs to the gateway's work on issue 37: listed here so that
 # the walk below still fails for any new unbounded option.
@@ -153,6 +157,14 @@ def no_weights(monkeypatch):
             ["bench", "--methods", "plain", "--exit-layer", HUGE],
             f"exit_layer must be an integer in 1..1024, got {HUGE}",
         ),
+        (
+            ["run", "--smoke", "--drafter", "llama-ngram-simple", "--ngram-size", HUGE],
+            f"ngram_size must be an integer in 1..1024, got {HUGE}",
+        ),
+        (
+            ["decode", "hi", "--drafter", "llama-ngram-simple", "--ngram-size", HUGE],
+            f"ngram_size must be an integer in 1..1024, got {HUGE}",
+        ),
     ],
 )
 def test_library_checked_options_refuse_huge_values(tiny_dirs, tmp_path, no_weights, args, message):
@@ -171,6 +183,7 @@ def test_every_library_checked_option_is_tried():
         for c in ("run", "decode", "bench")
         for p in ("prompt_lookup_min", "prompt_lookup_max", "exit_layer")
     }
+    tried |= {("run", "ngram_size"), ("decode", "ngram_size")}
     assert tried == set(LIBRARY_CHECKED)
 
 
