@@ -30,9 +30,6 @@ It does not route requests (:mod:`specscope.serving.gateway`) or build llama.cpp
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,21 +84,6 @@ class LlamaRouter(LlamaServer):
             "--port",
             str(self.port),
         ]
-
-    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
-        """POST a JSON body to this server; its JSON answer."""
-        req = urllib.request.Request(
-            self.url + path,
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise LlamaToolsError(
-                f"llama-server answered {e.code} to {path}: {e.read()[:300]!r}"
-            ) from None
 
 
 GREEDY = {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0}

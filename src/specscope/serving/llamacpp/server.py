@@ -307,7 +307,8 @@ class LlamaServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _post(self, path: str, body: dict, timeout_s: float) -> dict:
+    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
+        """POST a JSON body to this server; its JSON answer."""
         if self._proc is None:
             raise LlamaToolsError("llama-server is not running")
         req = urllib.request.Request(
@@ -329,7 +330,7 @@ class LlamaServer:
 
     def tokenize(self, text: str, timeout_s: float = 60.0) -> list[int]:
         """The token ids llama-server makes of ``text`` (its /tokenize; no special tokens added)."""
-        return [int(t) for t in self._post("/tokenize", {"content": text}, timeout_s)["tokens"]]
+        return [int(t) for t in self.post("/tokenize", {"content": text}, timeout_s)["tokens"]]
 
     def complete(
         self, prompt: str | list[int], n_predict: int, timeout_s: float = 600.0
@@ -346,4 +347,4 @@ class LlamaServer:
             "return_tokens": True,
             "seed": 0,
         }
-        return Completion.from_response(self._post("/completion", body, timeout_s))
+        return Completion.from_response(self.post("/completion", body, timeout_s))
