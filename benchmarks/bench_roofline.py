@@ -37,7 +37,10 @@ with its linears, LM head and attention, and their GOP/s beside the attainable G
 random Qwen2 pair (the test's). Random pairs use a byte-level tokenizer (no downloads), so their
 prompts are 3 to 4 times as many tokens as with the demo tokenizer (cut at 512 from the left).
 int8 is float32 with int8 linear layers (CPU only). The device is synchronised before every
-clock read; on a GPU the stages are timed with CUDA events.
+clock read; on a GPU the stages are timed with CUDA events, and torch's deterministic kernels are
+on, as ``load_pair`` sets them (with the defaults two runs differ). A GPU machine without the
+offline prompt packages takes ``--prompts benchmarks/data/prompts-2-per-domain.jsonl`` (2 offline
+prompts per domain).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ from specscope.measure.stages_timing import (
 from specscope.models import ModelPair, PairConfig, load_pair
 from specscope.models.config import LoadedModel
 from specscope.models.int8 import quantize_int8, use_rowwise_attention
-from specscope.models.load import check_device
+from specscope.models.load import check_device, reproducible_on
 from specscope.records import TIMING_COLUMNS, load_run
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.run.manifest import git_commit
@@ -576,6 +579,7 @@ def bench(args: argparse.Namespace, work: Path) -> list[Cell]:
 
 def main(argv: list[str] | None = None) -> list[Cell]:
     args = parse(argv)
+    reproducible_on(args.device)  # as load_pair does: on a GPU the same records on every run
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cells = bench(args, Path(tmp))

@@ -1,6 +1,7 @@
 """Pairs: vocabulary check, source resolution, demo-part assembly and its errors; int8 on the CPU."""
 
 import hashlib
+import os
 import shutil
 from importlib import metadata
 
@@ -265,6 +266,30 @@ def test_auto_dtype_is_the_measurement_default_and_resolves_by_the_cpu(monkeypat
         assert PairConfig(device=device).dtype == expected
         assert PairConfig(device=device, dtype="auto").dtype == expected
     assert PairConfig(dtype="float16").dtype == "float16"
+
+
+def test_a_gpu_runs_deterministic_kernels_and_a_cpu_is_left_alone(monkeypatch):
+    """On a GPU the default cuBLAS/SDPA kernels made two runs of one config differ (an H100,
+    BENCHMARKS.md); loading for a CUDA device turns deterministic kernels on, a CPU changes
+    nothing, and a workspace setting the user made is kept."""
+    from specscope.models.load import reproducible_on
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        reproducible_on("cpu")
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        reproducible_on("cuda:0")
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        reproducible_on(torch.device("cuda"))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def test_int8_needs_float32_on_the_cpu(tokenizer):

@@ -15,10 +15,13 @@ The pair's vocabularies are compared before any weights are loaded. A checkpoint
 or refused: a damaged safetensors file is named, and a tensor missing or of the wrong shape (which
 transformers would fill with random values, only logging it) is refused naming it.
 ``quantize="int8"`` runs both models' linear layers in int8 on the CPU (:class:`Int8Linear`).
+On a GPU, loading a pair switches torch to deterministic kernels (:func:`reproducible_on`), so
+that two runs of one config write the same records.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 from contextlib import contextmanager
 from pathlib import Path
@@ -221,6 +224,22 @@ def check_device(name: str) -> None:
         raise ModelLoadError(f"device {name!r} is not supported; use cpu, cuda, cuda:N or mps")
 
 
+def reproducible_on(device: str | torch.device) -> None:
+    """On a CUDA device, make torch pick deterministic kernels (cuBLAS with a fixed workspace,
+    deterministic attention), so that two runs of one config write the same records; on a CPU
+    there is nothing to do.
+
+    With the default kernels, two plain runs of the same measurement on an H100 (a random-weight
+    pair of the demo pair's shapes, bfloat16, batch 8, torch 2.11) differed in the draft's top-k
+    tokens and every statistic; with these settings they were equal bit for bit (BENCHMARKS.md).
+    The settings are process-wide; ``CUBLAS_WORKSPACE_CONFIG`` is left alone if already set.
+    """
+    if torch.device(device).type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def model_identity(source: str) -> dict:
     """A model's absolute source and weight fingerprint, found without loading it: the pinned
     sha256 of a demo model, a cached sha256 over a local file or directory, and None for a hub
@@ -256,6 +275,7 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
     own_draft = drafter.kind == "draft-model"
     for device in (config.device, config.draft_device or config.device):
         check_device(device)
+        reproducible_on(device)
     target_tok = load_tokenizer(config.target, config.trust_remote_code)
     if drafter.kind == "early-exit":
         drafter.check_target_layers(target_layers(config.target, config.trust_remote_code))
