@@ -562,6 +562,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def bench(args: argparse.Namespace, work: Path) -> list[Cell]:
     """Every (dtype, batch size) cell, one pair loaded at a time; each cell printed when done."""
     configs = {dtype: pair_config(args.pair, dtype, args.device) for dtype in args.dtypes}
+    reproducible_on(args.device)  # as load_pair does: on a GPU the same records on every run
     cells = []
     for dtype, config in configs.items():
         pair = build_pair(args.pair, config)
@@ -579,7 +580,6 @@ def bench(args: argparse.Namespace, work: Path) -> list[Cell]:
 
 def main(argv: list[str] | None = None) -> list[Cell]:
     args = parse(argv)
-    reproducible_on(args.device)  # as load_pair does: on a GPU the same records on every run
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cells = bench(args, Path(tmp))
