@@ -269,7 +269,7 @@ def test_auto_dtype_is_the_measurement_default_and_resolves_by_the_cpu(monkeypat
 
 
 def test_a_gpu_runs_deterministic_kernels_and_a_cpu_is_left_alone(monkeypatch):
-    """On a GPU the default cuBLAS/SDPA kernels made two runs of one config differ (an H100,
+    """On a GPU torch's default kernels made two runs of one config differ (an H100,
     BENCHMARKS.md); loading for a CUDA device turns deterministic kernels on, a CPU changes
     nothing, and a workspace setting the user made is kept."""
     from specscope.models.load import reproducible_on

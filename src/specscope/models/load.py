@@ -225,9 +225,9 @@ def check_device(name: str) -> None:
 
 
 def reproducible_on(device: str | torch.device) -> None:
-    """On a CUDA device, make torch pick deterministic kernels (cuBLAS with a fixed workspace,
-    deterministic attention), so that two runs of one config write the same records; on a CPU
-    there is nothing to do.
+    """On a CUDA device, make torch pick its deterministic implementations (cuBLAS with a fixed
+    workspace among them), so that two runs of one config write the same records; on a CPU there
+    is nothing to do.
 
     With the default kernels, two plain runs of the same measurement on an H100 (a random-weight
     pair of the demo pair's shapes, bfloat16, batch 8, torch 2.11) differed in the draft's top-k
