@@ -207,3 +207,23 @@ def test_the_random_pairs_sizes_are_the_demo_pairs(bench):
         with torch.device("meta"):
             model = Qwen2ForCausalLM(bench.qwen2_config("random", role, 151936))
         assert sum(p.numel() for p in model.parameters()) == parameters
+
+
+def test_the_determinism_bench_finds_two_cpu_runs_equal_and_batch_1_on_the_same_tokens(
+    prompt_file, capsys
+):
+    """benchmarks/bench_determinism.py (the check behind BENCHMARKS' GPU records) on the CPU:
+    a second plain run and an instrumented run differ from the first in no column; batch 1 keeps
+    every token (float32 probabilities may move in the last bits, as docs/guides/measure.md says)."""
+    path = BENCH.with_name("bench_determinism.py")
+    spec = importlib.util.spec_from_file_location("bench_determinism", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = "--pair tiny --device cpu --dtype float32 --max-new-tokens 4 --batch-size 2".split()
+    results = module.main([*args, "--prompts", str(prompt_file)])
+    for other in ("plain-b", "instrumented"):
+        assert results["plain-a", other] == {"nodes": [], "steps": [], "prompts": []}
+    batch_1 = results["plain-a", "batch-1"]
+    assert "token_id" not in batch_1["nodes"] and "emitted_token" not in batch_1["steps"]
+    assert batch_1["prompts"] == []
+    assert "plain-a against instrumented, nodes: differing columns none" in capsys.readouterr().out
