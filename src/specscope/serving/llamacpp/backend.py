@@ -1,0 +1,151 @@
+"""llama-server as a backend of ``specscope tune`` and ``specscope bench``: candidate settings
+timed on prompts, returned as the bench's rows (:class:`~specscope.tune.bench.BenchRun`), so that
+one summary, one interval procedure and one chooser serve every engine.
+
+How a request is timed. Greedy, ``cache_prompt`` off (every request starts cold), the server's own
+``timings``: ``prompt_ms`` (the prefill and the first token) and ``predicted_ms`` (the tokens
+after it), so that a row's ``first_token_s`` is the prefill and ``time_s - first_token_s`` the
+decoding speculation changes. Steps: the prefill's token is one step, and every later step emits
+its accepted drafts and one token, so steps = ``predicted_n - draft_n_accepted``; tokens per step
+are counted as specscope's decoder counts them.
+
+Every repeat starts every server afresh: ``ngram-mod`` keeps its n-gram pool across requests
+(a prompt sent twice to one server drafts its own earlier output the second time: 54 of 54
+drafts accepted at 3.5x the first time's speed on this project's CPU), so a repeat on a warm
+server would time another thing than the first. Within a repeat the prompts go in the same
+order for every candidate, the candidates in an order that rotates prompt by prompt.
+
+It does not choose (:mod:`specscope.tune.timed`) or summarise (:func:`~specscope.tune.bench.summarize_bench`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ...prompts.items import PromptItem
+from ...tune.bench import BenchRun
+from .programs import LlamaTools
+from .server import Completion, LlamaServer, ServerSetting
+
+PLAIN = "plain"
+
+# what `specscope tune --backend llama-server` times when no --candidate is given: plain, the
+# draft model at K = 2, and every model-free lookup at llama.cpp's sizes (ngram-cache, which
+# drafts from a corpus file specscope does not make, aside)
+DEFAULT_CANDIDATES = ("plain", "draft-simple:k=2", "ngram-simple", "ngram-map-k", "ngram-mod")
+
+
+@dataclass(frozen=True)
+class LlamaRequest:
+    """One request as llama-server timed it (the rows of ``requests.parquet``)."""
+
+    candidate: str
+    prompt_id: str
+    domain: str
+    repeat: int
+    tokens: int  # predicted_n
+    prompt_s: float
+    decode_s: float  # predicted_ms / 1000
+    draft_n: int
+    accepted: int
+    stop_type: str
+
+
+def candidate_settings(texts: Sequence[str], base: ServerSetting) -> dict[str, ServerSetting]:
+    """Candidate name (as written) -> setting; ``plain`` is always one (the reference)."""
+    texts = list(dict.fromkeys([PLAIN, *texts]))
+    return {t: ServerSetting.parse(t, base) for t in texts}
+
+
+def time_candidates(
+    tools: LlamaTools,
+    target: Path,
+    draft: Path | None,
+    settings: Mapping[str, ServerSetting],
+    prompts: Sequence[tuple[PromptItem, list[int]]],
+    n_predict: int,
+    repeats: int = 1,
+    in_sample_ids: frozenset[str] = frozenset(),
+    log: Callable[[str], None] | None = None,
+    complete: Callable[[LlamaServer, list[int], int], Completion] | None = None,
+) -> tuple[list[BenchRun], list[LlamaRequest]]:
+    """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; one
+    :class:`BenchRun` per candidate and prompt (median time over the repeats, every repeat kept,
+    the last repeat's tokens) and every request. ``complete`` runs one request (default:
+    :meth:`LlamaServer.complete`)."""
+    if PLAIN not in settings:
+        raise ValueError("the candidates need 'plain': it is the reference")
+    complete = complete or (lambda server, ids, n: server.complete(ids, n))
+    names = list(settings)
+    done: dict[tuple[str, str], list[Completion]] = {}
+    requests: list[LlamaRequest] = []
+    total, count = len(prompts) * len(names) * repeats, 0
+    for rep in range(repeats):
+        with ExitStack() as stack:
+            servers = {
+                name: stack.enter_context(
+                    LlamaServer(tools, target, s, draft if s.uses_draft_model else None)
+                )
+                for name, s in settings.items()
+            }
+            for i, (item, ids) in enumerate(prompts):
+                shift = (i + rep) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    c = complete(servers[name], ids, n_predict)
+                    done.setdefault((name, item.id), []).append(c)
+                    requests.append(
+                        LlamaRequest(
+                            name,
+                            item.id,
+                            item.domain,
+                            rep,
+                            c.predicted_n,
+                            c.prompt_ms / 1000,
+                            c.predicted_ms / 1000,
+                            c.draft_n,
+                            c.draft_n_accepted,
+                            c.stop_type,
+                        )
+                    )
+                    count += 1
+                    if log:
+                        log(
+                            f"[{count}/{total}] repeat {rep + 1} {item.domain:9s} {name:22s} "
+                            f"{c.predicted_n:3d} tokens "
+                            f"{c.predicted_n / max(c.predicted_ms / 1000, 1e-9):6.1f} tok/s"
+                            + (f", {c.draft_n_accepted}/{c.draft_n} drafts" if c.draft_n else "")
+                        )
+    runs = []
+    for item, _ in prompts:
+        for name in names:
+            cs = done[(name, item.id)]
+            times = [(c.prompt_ms + c.predicted_ms) / 1000 for c in cs]
+            firsts = [c.prompt_ms / 1000 for c in cs]
+            order = sorted(range(len(cs)), key=times.__getitem__)
+            mid = order[len(cs) // 2]
+            last = cs[-1]
+            runs.append(
+                BenchRun(
+                    name,
+                    item.id,
+                    item.domain,
+                    "",
+                    tuple(last.tokens),
+                    max(last.predicted_n - last.draft_n_accepted, 0),
+                    times[mid],
+                    firsts[mid],
+                    tuple(times),
+                    tuple(firsts),
+                    item.id in in_sample_ids,
+                )
+            )
+    return runs, requests
+
+
+def requests_frame(rows: Sequence[LlamaRequest]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(r) for r in rows])
