@@ -5,12 +5,11 @@
 For the demo pair's target (as shipped, Q4_K_M, and requantised with llama-quantize to Q4_0 and
 Q8_0) and draft, llama-bench times a pass of 1..8 tokens after 192 tokens of context for every
 combination of threads (1, 2), polling (0, 50) and batch / micro-batch size (2048/512, 512/128);
-the draft with 1 and 2 threads. Writes ``cost_grid.json`` (what ``specscope llamacpp --costs``
-reads), ``pass_costs.png`` and ``costs.md`` (the curves, and per setting and K the tokens per
-step that speculation needs to pay). ``--quick``: threads 2, polls 0 and 50, Q4_K_M only, 2
-repetitions (a smoke test, not figures). Run it on an otherwise idle machine: the full grid is 2 x
-2 x 2 settings x 8 pass sizes x 5 repetitions per target GGUF (3) plus the draft's, about 25
-minutes on 2 cores.
+the draft with 1 and 2 threads. Writes ``cost_grid.json``, ``pass_costs.png`` and ``costs.md`` (the
+curves, and per setting and K the tokens per step that speculation needs to pay). ``--quick``:
+threads 2, polls 0 and 50, Q4_K_M only, 2 repetitions (a smoke test, not figures). Run it on an
+otherwise idle machine: the full grid is 2 x 2 x 2 settings x 8 pass sizes x 5 repetitions per
+target GGUF (3) plus the draft's, about 25 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,11 +17,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pandas as pd
+
 from specscope.files import write_json, write_output
 from specscope.models.demo import demo_gguf
-from specscope.serving.llamacpp.costs import plot_cost_curves
+from specscope.serving.llamacpp.costs import (
+    GridOptions,
+    break_even_rows,
+    measure_grid,
+    plot_cost_curves,
+)
 from specscope.serving.llamacpp.programs import build_llama_tools
-from specscope.serving.llamacpp.study import GridOptions, break_even_table, measure_grid
 
 FULL = GridOptions(
     threads=(1, 2),
@@ -65,7 +70,9 @@ def main() -> None:
         "# llama.cpp pass costs (llama-bench)\n\n"
         + grid.curve_table().to_markdown(index=False, floatfmt=".2f")
         + "\n\n# Break-even tokens per step\n\n"
-        + break_even_table(grid, (1, 2, 3, 4, 5, 6, 7)).to_markdown(index=False, floatfmt=".2f")
+        + pd.DataFrame(break_even_rows(grid.candidates(), (1, 2, 3, 4, 5, 6, 7))).to_markdown(
+            index=False, floatfmt=".2f"
+        )
         + "\n"
     )
     write_output(args.out / "costs.md", text)

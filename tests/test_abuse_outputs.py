@@ -142,23 +142,18 @@ def test_tune_refuses_a_planted_policy_link(run_dir, costs, victim):
 
 
 def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
-    # before: RUN_DIR/llamacpp -> elsewhere received policy.json, costs.json, requests, summary
+    # before: RUN_DIR/llamacpp -> elsewhere received policy.json, requests, bench, summary
     from specscope.files import OutputError
-    from specscope.serving.llamacpp.study import GridOptions, run_llamacpp_study
+    from specscope.serving.llamacpp.study import tune_llama_server
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
-    with pytest.raises(OutputError, match="symbolic link"):
-        run_llamacpp_study(
+    with pytest.raises(OutputError, match="symbolic link"):  # before any server starts
+        tune_llama_server(
             run_dir,
-            run_dir / "llamacpp",
-            tmp_path / "t.gguf",
-            tmp_path / "d.gguf",
-            1,
-            4,
-            (1,),
-            GridOptions(),
-            None,
-            0,
+            run_dir / "llamacpp" / "policy.json",
+            ["ngram-simple"],
+            target_gguf=tmp_path / "t.gguf",
+            draft_gguf=tmp_path / "d.gguf",
         )
     assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
 
@@ -468,7 +463,9 @@ def test_a_uri_given_for_a_local_path_is_one_line(tmp_path, monkeypatch, args):
     assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("option", ["--threads", "--per-domain", "--max-new-tokens"])
+@pytest.mark.parametrize(
+    "option", ["--server-threads", "--per-domain", "--max-new-tokens", "--repeats"]
+)
 def test_llamacpp_counts_must_be_positive(tmp_path, option):
     result = _cli("llamacpp", tmp_path, option, "0")
     assert result.exit_code == 2 and "Invalid value" in result.output, result.output

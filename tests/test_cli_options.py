@@ -75,7 +75,7 @@ def test_old_names_become_the_new_form_with_their_values():
     assert rename_args("llamacpp", ["r", "--n-boot=7"]) == ["r", "--boot=7"]
     assert rename_args("decode", ["hi", "--no-chat-template"]) == ["hi", "--rendering", "raw"]
     assert rename_args("decode", ["hi", "--chat-template"]) == ["hi", "--rendering", "chat"]
-    assert rename_args("llamacpp", ["r", "--costs", "g.json"]) == ["r", "--cost-grid", "g.json"]
+    assert rename_args("llamacpp", ["r", "--repetitions", "5"]) == ["r", "--repeats", "5"]
     assert rename_args("certify", ["r", "--no-plot"]) == ["r", "--no-plots"]
     # a rename belongs to its commands: tune's --costs is a cost model, and stays
     assert rename_args("tune", ["r", "--costs", "c.json"]) == ["r", "--costs", "c.json"]
@@ -84,7 +84,7 @@ def test_old_names_become_the_new_form_with_their_values():
     notes = []
     rename_args("gateway", ["d.toml", "--policy", "p.json"], notes.append)
     assert notes == ["note: --policy is now --policy-file"]
-    assert set(renamed_for("llamacpp")) >= {"--costs", "--threads", "--poll", "--n-boot"}
+    assert set(renamed_for("llamacpp")) >= {"--repetitions", "--n-boot"}
 
 
 def test_decode_takes_the_renderings_that_run_takes():
@@ -119,12 +119,11 @@ DEFAULT_MAY_DIFFER = {
     ("--max-nodes", "tune"): "tune's search bound, not one tree's budget",
     ("--prompts", "ingest"): "ingest joins a log to its prompts: they are required",
     ("--per-domain", "bench"): "bench times every method on each prompt: 2 keeps it to minutes",
-    ("--per-domain", "llamacpp"): "10 held-out prompts: specscope's minimum for a verdict",
+    ("--per-domain", "llamacpp"): "10 held-out prompts a domain: llama-server is fast enough",
     ("--max-new-tokens", "decode"): "decode has no config",
     ("--max-new-tokens", "bench"): "bench times every method on each prompt",
     ("--max-new-tokens", "llamacpp"): "llamacpp has no config",
     ("--max-prompt-tokens", "decode"): "decode has no config",
-    ("--repeats", "llamacpp"): "llama-bench's own default repetitions",
 }
 
 

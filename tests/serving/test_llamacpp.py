@@ -1,9 +1,9 @@
-"""llama.cpp's cost model and the choice of K it makes (exact values on hand-computed cases)."""
+"""llama.cpp's pass costs and the break-even points they give (exact values on hand-computed
+cases)."""
 
 import pytest
 
-from conftest import spine_nodes
-from specscope.serving.llamacpp.costs import ChainAcceptance, PassCosts
+from specscope.serving.llamacpp.costs import PassCosts
 from specscope.serving.llamacpp.study import chain, chain_k
 
 COSTS = PassCosts(
@@ -25,24 +25,6 @@ def test_pass_costs_predict_speedup_and_break_even():
     assert COSTS.break_even_tau(2) == pytest.approx((0.020 + 0.060) / 0.040)
     # perfect acceptance (3 tokens per step, 3 draft tokens) pays while 3 d + 0.060 < 3 * 0.040
     assert COSTS.break_even_draft_s(2) == pytest.approx(0.020)
-
-
-def test_chain_acceptance_and_tuning():
-    acc = ChainAcceptance.from_nodes(
-        spine_nodes({"code": [0.9, 0.8, 0.5], "chat": [0.2, 0.2, 0.2]})
-    )
-    code = acc.subset("code")
-    # accepted prefixes: 90% reach depth 1, and of those 80/90 reach depth 2 (nested by step)
-    assert code.tau(1)[0] == pytest.approx(1.9)
-    assert code.tau(2)[0] == pytest.approx(1 + 0.9 + 0.8)
-    assert code.tau(3)[0] == pytest.approx(1 + 0.9 + 0.8 + 0.5)
-    assert code.p_all(2)[0] == pytest.approx(0.8)
-    # code: K = 1, 2, 3 give 1.9 * 0.041 / 0.0664 = 1.173x, 2.7 * 0.041 / 0.0867 = 1.277x and
-    # 3.2 * 0.041 / 0.1057 = 1.241x
-    assert COSTS.predicted_speedup(2, 2.7, 0.8) == pytest.approx(2.7 * 0.041 / 0.0867)
-    chat = acc.subset("chat")
-    assert chat.tau(1)[0] == pytest.approx(1.2)  # 1.2 tokens per step never pays
-    assert COSTS.predicted_speedup(1, 1.2, chat.p_all(1)[0]) < 1
 
 
 def test_chain_shapes():

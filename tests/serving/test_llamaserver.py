@@ -1,22 +1,18 @@
 """llama.cpp's own programs: llama-bench's JSON (a captured real output), pass-cost curves and
-break-even points with exact values, the choice of setting per domain, the exact server flags,
-the speed/bias/acceptance tables (with a calibration of the bias verdict), and one real
-llama-server request when the programs and the demo pair are on this machine."""
+break-even points with exact values, the exact server flags of every spec type, and real
+llama-server requests when the programs and the demo pair are on this machine."""
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import spine_nodes
 from specscope.serving.llamacpp.costs import (
     Candidate,
-    ChainAcceptance,
     CostCurve,
     CostGrid,
+    break_even_rows,
     candidates,
-    choose_setting,
     curves_from_bench,
 )
 from specscope.serving.llamacpp.programs import (
@@ -26,13 +22,6 @@ from specscope.serving.llamacpp.programs import (
     parse_llama_bench,
 )
 from specscope.serving.llamacpp.server import Completion, ServerSetting
-from specscope.serving.llamacpp.study import (
-    PLAIN,
-    acceptance_table,
-    break_even_table,
-    prediction_bias,
-    speed_table,
-)
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -148,21 +137,17 @@ def test_break_even_from_curves():
     assert c.break_even_tau(4) == pytest.approx((4 * 0.012 + 0.112) / 0.040)  # 4.0 < 5
     # perfect acceptance with K = 1 pays while 2 d + 0.054 < 2 * 0.040
     assert c.break_even_draft_s(1) == pytest.approx((0.080 - 0.054) / 2)
-    grid = CostGrid((TARGET, DRAFT))
-    table = break_even_table(grid, [1, 4])
+    table = pd.DataFrame(break_even_rows(CostGrid((TARGET, DRAFT)).candidates(), [1, 4]))
     assert list(table["break_even_tau"]) == pytest.approx([1.65, 4.0])
     assert list(table["pays_at_all"]) == [True, True]
     assert list(table["target_k1_rel"]) == pytest.approx([1.35, 2.8])
     # a target whose passes grow linearly never pays, whatever the acceptance
     linear = curve("target", "Q8_0", 2, 0, [0.04, 0.08, 0.12, 0.16, 0.20])
-    lin = CostGrid((linear, DRAFT))
-    assert not any(break_even_table(lin, [1, 2, 3, 4])["pays_at_all"])
+    lin = pd.DataFrame(break_even_rows(CostGrid((linear, DRAFT)).candidates(), [1, 2, 3, 4]))
+    assert not any(lin["pays_at_all"])
 
 
-def test_setting_choice_includes_plain_and_every_setting():
-    acc = ChainAcceptance.from_nodes(
-        spine_nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
-    )
+def test_grid_candidates_pair_each_target_with_its_drafts():
     options = candidates([TARGET, DRAFT, TARGET50, DRAFT50])
     # two plain settings (poll 0 and 50), each with its own draft curve
     assert sorted(c.name for c in options) == [
@@ -171,118 +156,6 @@ def test_setting_choice_includes_plain_and_every_setting():
         "plain Q4_K_M t2-poll0-b2048-ub512",
         "plain Q4_K_M t2-poll50-b2048-ub512",
     ]
-    code = choose_setting(acc.subset("code"), options, (1, 2, 3, 4))
-    spec0 = Candidate(ServerSetting(poll=0, draft_threads=2, draft_poll=0), TARGET, DRAFT)
-    per_k = {
-        k: spec0.tokens_per_s(
-            k, float(acc.subset("code").tau(k)[0]), float(acc.subset("code").p_all(k)[0])
-        )
-        for k in (1, 2, 3, 4)
-    }
-    # a step of K: a draft eval of 1 + P(all accepted) tokens, K - 1 more, a K + 1 target pass
-    assert per_k[1] == pytest.approx(1.9 / (0.012 + 0.9 * 0.004 + 0.054))
-    assert per_k[2] == pytest.approx(2.7 / (0.012 + 0.8 * 0.004 + 0.012 + 0.070))
-    assert code.k == max(per_k, key=per_k.get) and code.candidate.target.poll == 0
-    assert code.tokens_per_s == pytest.approx(max(per_k.values()))
-    assert code.tokens_per_s > 1 / 0.038  # faster than the fastest plain setting
-    chat = choose_setting(acc.subset("chat"), options, (1, 2, 3, 4))
-    # 1.3 tokens per step pays for nothing: plain, in its fastest setting (poll 50, 38 ms)
-    assert chat.k == 0 and chat.candidate.draft is None and chat.candidate.target.poll == 50
-    assert chat.tokens_per_s == pytest.approx(1 / 0.038)
-
-
-def _requests(
-    rate_plain,
-    rate_k2,
-    predicted_plain,
-    predicted_k2,
-    domains=("code", "chat"),
-    prompts=10,
-    tokens=64,
-    seed=0,
-    noise=0.0,
-):
-    """Requests whose decode times give known rates (per prompt noise optional)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for d in domains:
-        for p in range(prompts):
-            for method, k, rate, pred in (
-                (PLAIN, 0, rate_plain, predicted_plain),
-                ("k2", 2, rate_k2, predicted_k2),
-            ):
-                r = rate * float(np.exp(rng.normal(0, noise))) if noise else rate
-                accepted = 30 if k else 0
-                rows.append(
-                    {
-                        "prompt_id": f"{d}{p}",
-                        "domain": d,
-                        "routed_domain": d,
-                        "method": method,
-                        "setting": method,
-                        "k": k,
-                        "tokens": tokens,
-                        "decode_s": tokens / r,
-                        "prompt_s": 0.1,
-                        "draft_n": 44 if k else 0,
-                        "accepted": accepted,
-                        "steps": tokens - 1 - accepted if k else 0,
-                        "equal_plain": True,
-                        "predicted_tok_s": pred,
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
-def test_speed_table_and_bias_exact():
-    requests = _requests(30.0, 36.0, 32.0, 40.0)
-    speed = speed_table(requests, n_boot=50)
-    code = speed[speed["domain"] == "code"].set_index("method")
-    assert code.loc[PLAIN, "tok_s"] == pytest.approx(30.0)
-    assert code.loc["k2", "speedup"] == pytest.approx(1.2)
-    assert code.loc["k2", "ratio"] == pytest.approx(0.9)
-    assert code.loc[PLAIN, "ratio"] == pytest.approx(30 / 32)
-    # 63 tokens after the first over 33 steps
-    assert code.loc["k2", "tokens_per_step"] == pytest.approx(63 / 33)
-    bias = {b.kind: b for b in prediction_bias(speed)}
-    assert bias["speculative"].factor == pytest.approx(0.9) and bias["speculative"].systematic
-    assert bias["speculative"].over_predicted == 2 and bias["plain"].cells == 2
-
-
-@pytest.mark.calibration
-def test_bias_verdict_is_calibrated():
-    """Synthetic worlds of known truth: predictions right on average (false positives) or 10%
-    too high (power), per-prompt speed noise of 15%, 10 prompts in each of 3 domains. Over 300
-    worlds: 5% false positives and 93% power at the default 99% (12% and 98.5% at 95%)."""
-
-    def systematic(true_ratio, seed):
-        req = _requests(
-            30.0 * true_ratio,
-            36.0 * true_ratio,
-            30.0,
-            36.0,
-            domains=("code", "chat", "math"),
-            seed=seed,
-            noise=0.15,
-        )
-        return {b.kind: b.systematic for b in prediction_bias(speed_table(req, n_boot=200))}
-
-    worlds = 40
-    false_pos = np.mean([systematic(1.0, s)["speculative"] for s in range(worlds)])
-    power = np.mean([systematic(0.9, s)["speculative"] for s in range(worlds)])
-    assert false_pos <= 0.15, false_pos
-    assert power >= 0.8, power
-
-
-def test_acceptance_table_lists_every_cell_with_overlap():
-    nodes = spine_nodes({"code": [0.9, 0.8, 0.5, 0.4], "chat": [0.3, 0.2, 0.2, 0.2]})
-    acc = ChainAcceptance.from_nodes(nodes)
-    table = acceptance_table(_requests(30, 36, 30, 36), acc, n_boot=50)
-    assert [(r.domain, r.k) for r in table.itertuples()] == [("chat", 2), ("code", 2)]
-    code = table.set_index("domain").loc["code"]
-    assert code["measured_tau"] == pytest.approx(63 / 33)
-    assert code["predicted_tau"] == pytest.approx(2.7)
-    assert not code["overlap"]  # every prompt sees 1.91 where the run predicts 2.7
 
 
 def test_completion_without_drafts_counts_zero():

@@ -186,7 +186,8 @@ REPEATS = typer.Option(
     "--repeats",
     min=1,
     max=MAX_REPEATS,
-    help="Timings of each measured point; the median is kept (llamacpp: llama-bench's, default 5).",
+    help="Timings of each measured point; the median is kept (bench and llamacpp: each prompt's "
+    "repeats, every one kept for the interval).",
 )
 
 # --- trees ------------------------------------------------------------------------------------------
@@ -273,12 +274,6 @@ COSTS = typer.Option(
     "--costs",
     help="A cost model (JSON, written by tune --save-costs) to use instead of timing one now.",
 )
-COST_GRID = typer.Option(
-    None,
-    "--cost-grid",
-    help="A llama.cpp cost grid measured before (cost_grid.json, e.g. by "
-    "benchmarks/bench_llama_costs.py): skips llama-bench.",
-)
 ENGINE_VERSION = typer.Option(
     None,
     "--engine-version",
@@ -339,10 +334,6 @@ RENAMED: tuple[Renamed, ...] = (
     Renamed("--chat-template", ("--rendering", "chat"), ("decode",)),
     Renamed("--no-chat-template", ("--rendering", "raw"), ("decode",)),
     Renamed("--repetitions", ("--repeats",), ("llamacpp",)),
-    Renamed("--costs", ("--cost-grid",), ("llamacpp",)),
-    Renamed("--threads", ("--grid-threads",), ("llamacpp",)),
-    Renamed("--draft-threads", ("--grid-draft-threads",), ("llamacpp",)),
-    Renamed("--poll", ("--grid-poll",), ("llamacpp",)),
     Renamed("--policy", ("--policy-file",), ("gateway",)),
 )
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import typer
 
-from ..limits import MAX_THREADS, MAX_TREE_NODES
+from ..limits import MAX_PROMPTS, MAX_REPEATS, MAX_THREADS
 from . import options
-from .app import MACHINE, SERVE, command
+from .app import MACHINE, SERVE, command, print_grids
 
 # --- export (serving engines) -------------------------------------------------------------------
 
@@ -40,7 +41,7 @@ def export(
     ),
     poll: int = typer.Option(
         0,
-        "--poll",
+        "--server-poll",
         min=0,
         max=100,
         help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU).",
@@ -141,97 +142,103 @@ def ingest(
 def llamacpp(
     run_dir: Path = typer.Argument(
         ...,
-        help="A measurement run with node records (specscope run): its top-1 chain acceptance per domain predicts each K.",
+        help="A measurement run (specscope run --domains ...): its prompts are the tuning prompts, its records replay the draft model's chains, its sources give the held-out prompts.",
     ),
     out: Path | None = typer.Option(
         None,
         "--out",
         "-o",
-        help="Directory for the cost grid, policy, requests and tables (default: RUN_DIR/llamacpp).",
+        help="Directory for the policy, the requests and the bench (default: RUN_DIR/llamacpp).",
     ),
+    policy_file: Path | None = options.POLICY_FILE,
     target_gguf: Path | None = typer.Option(
         None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."
     ),
     draft_gguf: Path | None = typer.Option(
         None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."
     ),
+    candidates: list[str] = typer.Option(
+        [],
+        "--candidate",
+        help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache (default: plain, draft-simple:k=2, ngram-simple, ngram-map-k, ngram-mod).",
+    ),
+    tune_per_domain: int | None = typer.Option(
+        None,
+        "--tune-per-domain",
+        min=1,
+        max=MAX_PROMPTS,
+        help="Of the run's prompts, how many per domain tuning times (default: all).",
+    ),
+    tune_repeats: int = typer.Option(
+        1, "--tune-repeats", min=1, max=MAX_REPEATS, help="Repeats of each tuning request."
+    ),
+    domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 10),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
-    ks: list[int] = typer.Option(
-        list((1, 2, 3, 4)),
-        "--k",
-        min=1,
-        max=MAX_TREE_NODES,
-        help="Chain lengths to price and benchmark (repeat the option).",
+    repeats: int = options.REPEATS,
+    threads: int = typer.Option(
+        2, "--server-threads", min=1, max=MAX_THREADS, help="Threads of every llama-server."
     ),
-    cost_grid: Path | None = options.COST_GRID,
-    threads: list[int] = typer.Option(
-        [2],
-        "--grid-threads",
-        min=1,
-        max=MAX_THREADS,
-        help="Target threads to price (repeat the option).",
+    min_speedup: float = typer.Option(
+        1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."
     ),
-    draft_threads: list[int] = typer.Option(
-        [2],
-        "--grid-draft-threads",
-        min=1,
-        max=MAX_THREADS,
-        help="Draft threads to price (repeat the option).",
+    in_sample: bool = typer.Option(
+        False,
+        "--in-sample",
+        help="Also time prompts that the policy's tuning runs measured, each labelled in-sample (default: they are held out, and a bench that would need them is refused).",
     ),
-    poll: list[int] = typer.Option(
-        [0, 50],
-        "--grid-poll",
-        min=0,
-        max=100,
-        help="llama.cpp polling levels to price, both models (repeat the option; 0: sleep while idle, 50: the default).",
-    ),
-    quant: list[str] = typer.Option(
-        [],
-        "--quant",
-        help="Target quantisations to price (Q4_0, Q8_0, ...), made from the target GGUF with llama-quantize (repeat the option; default: the GGUF as given).",
-    ),
-    max_pass: int = typer.Option(
-        8, "--max-pass", min=2, max=MAX_TREE_NODES, help="Price passes of 1..N tokens."
-    ),
-    repeats: int = options.with_default(options.REPEATS, 5),
+    seed: int | None = options.SEED,
     n_boot: int = options.BOOT,
 ) -> None:
-    """llama-server end to end: price settings with llama-bench, choose the fastest per domain
-    (plain included) from RUN_DIR's acceptance, then time them side by side in llama-server on
-    held-out prompts. Builds llama.cpp's programs first if needed (once, minutes)."""
-    from ..errors import SpecscopeError
-    from ..serving.llamacpp.study import GridOptions, run_llamacpp_study
+    """llama-server through tune and bench: time every candidate setting on RUN_DIR's prompts,
+    choose per domain (plain included) and uniformly, then time the candidates and the choice
+    on held-out prompts (seed 2026 by default), predicted against measured; with --policy-file,
+    bench that policy without tuning. Builds llama.cpp's programs first if needed (once,
+    minutes)."""
+    from ..files import check_output_file
+    from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
+    from ..serving.llamacpp.server import ServerSetting
+    from ..serving.llamacpp.study import bench_llama_server, tune_grid, tune_llama_server
 
-    if max(ks) >= max_pass:
-        raise SpecscopeError(
-            f"--max-pass {max_pass} must exceed the largest --k "
-            f"({max(ks)}): a step of K verifies K + 1 tokens"
+    out = out or run_dir / "llamacpp"
+    log = functools.partial(typer.echo, err=True)
+    if policy_file is None:
+        policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
+        _, choice = tune_llama_server(
+            run_dir,
+            policy_file,
+            candidates or DEFAULT_CANDIDATES,
+            ServerSetting(threads=threads),
+            target_gguf,
+            draft_gguf,
+            tune_per_domain,
+            max_new_tokens,
+            tune_repeats,
+            min_speedup,
+            n_boot,
+            log,
         )
-    grid = GridOptions(
-        tuple(threads),
-        tuple(poll),
-        tuple(draft_threads),
-        ((2048, 512),),
-        tuple(quant),
-        max_pass,
-        192,
-        repeats,
-    )
-    study = run_llamacpp_study(
-        run_dir,
-        out or run_dir / "llamacpp",
-        target_gguf,
-        draft_gguf,
+        print_grids([tune_grid(choice)], blank=False)
+        typer.echo(f"wrote {policy_file}")
+    bench = bench_llama_server(
+        policy_file,
+        out,
+        list(options.names(domains) or ["code", "math", "reasoning", "chat"]),
         per_domain,
+        repeats,
         max_new_tokens,
-        tuple(ks),
-        grid,
-        cost_grid,
+        2026 if seed is None else seed,
+        in_sample,
         n_boot,
-        echo=lambda line: typer.echo(line, err=True),
+        log,
     )
-    typer.echo(study.render())
+    print_grids(bench.grids)
+    single = bench.document["routed_vs_best_single"]
+    typer.echo(
+        f"routed against the best single setting ({single['best_single']}): "
+        f"{single['ratio']:.3f}x [{single['lo']:.3f}, {single['hi']:.3f}]: {single['verdict']}"
+    )
+    typer.echo(f"wrote {out / 'bench.json'}")
 
 
 # --- doctor ---------------------------------------------------------------------------------------

@@ -291,18 +291,25 @@ def bench_prompts(
     policy,
     router: str = "rules",
     in_sample: bool = False,
+    split: bool = True,
 ) -> BenchPrompts:
     """Every prompt of ``domains`` except those the policy's tuning runs measured
     (:func:`tuning_prompts`; with ``in_sample`` they stay, to be labelled), split in half: one
     half trains the learned router; the other scores the routers and gives ``per_domain``
     prompts per domain to time. A domain with fewer held-out prompts than ``per_domain`` is
     refused. The learned router is trained only where its training half has two domains or more
-    (a classifier needs two classes); asking for it with fewer is refused."""
+    (a classifier needs two classes); asking for it with fewer is refused. ``split`` False
+    (the rule router alone): no half trains anything, so every held-out prompt may be timed."""
     tuned = tuning_prompts(policy)
     pool = [
         it for it in select_prompts(domains, None, seed=seed) if in_sample or it.id not in tuned.ids
     ]
-    train, test = holdout_split(pool, 0.5, seed)
+    if split:
+        train, test = holdout_split(pool, 0.5, seed)
+    elif router != "rules":
+        raise DecodeError(f"--router {router} is trained on half the held-out prompts")
+    else:
+        train, test = [], pool
     routers: dict[str, object] = {"rules": RuleRouter()}
     if len({i.domain for i in train}) >= 2:
         routers["learned"] = LearnedRouter().fit(
@@ -319,7 +326,8 @@ def bench_prompts(
         if len(held) < per_domain:
             raise BenchError(
                 f"domain {d!r} has {len(held)} held-out prompts to time (its prompts less those "
-                f"the tuning runs measured, halved for the learned router), fewer than the "
+                f"the tuning runs measured{', halved for the learned router' if split else ''}), "
+                f"fewer than the "
                 f"{per_domain} asked for: ask for fewer, or label tuning prompts in-sample"
             )
         items += sample_items(held, per_domain, seed)
@@ -578,10 +586,13 @@ def predicted_vs_measured(
     rows: Sequence[BenchRow],
     runs: Sequence[BenchRun],
     predictions: Mapping[str, PolicyPrediction],
+    candidates: Mapping[tuple[str, str], PolicyPrediction] | None = None,
 ) -> tuple[PredictedCell, ...]:
     """Every cell of the bench's summary but plain's, with the policy's prediction where it
     made one: the routed method in a domain, that domain's entry; the uniform method, the
-    uniform entry."""
+    uniform entry; any other method, ``candidates[(method, domain)]`` (a timed backend's
+    prediction of every candidate it tuned over)."""
+    candidates = candidates or {}
     cells = []
     for r in rows:
         if r.method == "plain" or r.domain == ALL_DOMAINS:
@@ -594,7 +605,7 @@ def predicted_vs_measured(
                 r.domain,
                 r.prompts,
                 sum(x.in_sample for x in mine),
-                predictions.get(entry) if entry else None,
+                predictions.get(entry) if entry else candidates.get((r.method, r.domain)),
                 r.tau,
                 r.speedup,
                 r.speedup_lo,
@@ -648,9 +659,104 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         rows,
         "tokens per step: output tokens over decoding steps, the prefill's token one step (as "
         "specscope's decoder counts them, and tune's replay with a plain prefill pass). routed: "
-        "each domain's entry; uniform: the uniform entry; other methods: no prediction. "
+        "each domain's entry; uniform: the uniform entry; another method: its own prediction "
+        "where the policy holds one (a candidate a timed backend tuned over), else none. "
         f"Held out from: {where}.",
     )
+
+
+# --- the chosen against the best measured, routed against the best single -----------------------
+
+
+@dataclass(frozen=True)
+class Regret:
+    """One domain: the speed-up of the candidate tuning chose against the best one measured."""
+
+    domain: str
+    chosen: str
+    chosen_speedup: float
+    best: str
+    best_speedup: float
+
+    @property
+    def regret(self) -> float:
+        """1 - chosen / best: the share of the best measured speed-up the choice gives up."""
+        return 1 - self.chosen_speedup / self.best_speedup
+
+
+def regrets(rows: Sequence[BenchRow], chosen: Mapping[str, str]) -> tuple[Regret, ...]:
+    """Per domain of ``chosen`` (domain -> the candidate chosen), its measured decode speed-up
+    against the best of the candidates measured (plain included)."""
+    out = []
+    for domain, pick in chosen.items():
+        mine = {r.method: r.speedup for r in rows if r.domain == domain}
+        mine = {m: v for m, v in mine.items() if m not in ("routed", "uniform")}
+        if pick not in mine:
+            continue
+        best = max(mine, key=mine.__getitem__)
+        out.append(Regret(domain, pick, mine[pick], best, mine[best]))
+    return tuple(out)
+
+
+def derived_runs(
+    runs: Sequence[BenchRun], method: str, pick: Callable[[BenchRun], tuple[str, str]]
+) -> list[BenchRun]:
+    """A method made of the candidates' own runs: for each prompt (its plain run),
+    ``pick(run)`` gives (candidate, routed domain) and that candidate's run on the prompt is
+    taken, renamed ``method``. Routing to an engine's setting costs nothing measurable where
+    the route only picks a server, so the same request stands for both."""
+    by_key = {(r.method, r.prompt_id): r for r in runs}
+    out = []
+    for r in runs:
+        if r.method == "plain":
+            candidate, routed = pick(r)
+            out.append(
+                dataclasses.replace(
+                    by_key[(candidate, r.prompt_id)], method=method, routed_to=routed
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class RoutedAgainstSingle:
+    """Routed decoding against the best single candidate over all the traffic."""
+
+    best_single: str
+    ratio: float  # routed decode tokens per second over the best single's, same prompts
+    lo: float
+    hi: float
+    prompts: int
+
+    @property
+    def verdict(self) -> str:
+        if not math.isfinite(self.lo):
+            return "not testable: too few prompts for an interval"
+        if self.lo > 1:
+            return "routing beats the best single setting"
+        if self.hi < 1:
+            return "routing is slower than the best single setting"
+        return "no route beats the best single setting (the interval holds 1)"
+
+
+def routed_against_best_single(
+    runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0
+) -> RoutedAgainstSingle:
+    """The candidate (``routed`` and ``uniform`` aside) of highest decode speed over all
+    prompts, and routed's speed over it with a 95% interval (prompts resampled within domains,
+    the two paired by prompt): the bench's summary with the best single as the reference."""
+    rows = summarize_bench(runs, n_boot, seed)
+    singles = [r for r in rows if r.domain == ALL_DOMAINS and r.method not in ("routed", "uniform")]
+    best = max(singles, key=lambda r: r.decode_tokens_per_s).method
+    pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == best] + [
+        r for r in runs if r.method == "routed"
+    ]
+    row = next(
+        r
+        for r in summarize_bench(pair, n_boot, seed)
+        if r.domain == ALL_DOMAINS and r.method == "routed"
+    )
+    return RoutedAgainstSingle(best, row.speedup, row.speedup_lo, row.speedup_hi, row.prompts)
 
 
 # --- is the interval narrow enough ---------------------------------------------------------------

@@ -27,7 +27,8 @@ from .acceptance import AcceptanceVector, PolicyError
 
 REPLAY = "replay"
 EXTRAPOLATED = "extrapolated (acceptance vector)"
-METHODS = (REPLAY, EXTRAPOLATED)
+TIMED = "timed on the tuning prompts"  # a backend's own decoding (specscope.tune.timed)
+METHODS = (REPLAY, EXTRAPOLATED, TIMED)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ It does not choose (:mod:`specscope.tune.timed`) or summarise (:func:`~specscope
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,31 +72,31 @@ def time_candidates(
     repeats: int = 1,
     in_sample_ids: frozenset[str] = frozenset(),
     log: Callable[[str], None] | None = None,
-    complete: Callable[[LlamaServer, list[int], int], Completion] | None = None,
+    serve: Callable[[ServerSetting], AbstractContextManager] | None = None,
 ) -> tuple[list[BenchRun], list[LlamaRequest]]:
     """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; one
     :class:`BenchRun` per candidate and prompt (median time over the repeats, every repeat kept,
-    the last repeat's tokens) and every request. ``complete`` runs one request (default:
-    :meth:`LlamaServer.complete`)."""
+    the last repeat's tokens) and every request. ``serve(setting)`` starts one server, whose
+    ``complete(ids, n_predict)`` answers a :class:`Completion` (default: a
+    :class:`LlamaServer` of ``target``, with ``draft`` where the setting drafts with a model)."""
     if PLAIN not in settings:
         raise ValueError("the candidates need 'plain': it is the reference")
-    complete = complete or (lambda server, ids, n: server.complete(ids, n))
+    if serve is None:
+
+        def serve(s: ServerSetting) -> LlamaServer:
+            return LlamaServer(tools, target, s, draft if s.uses_draft_model else None)
+
     names = list(settings)
     done: dict[tuple[str, str], list[Completion]] = {}
     requests: list[LlamaRequest] = []
     total, count = len(prompts) * len(names) * repeats, 0
     for rep in range(repeats):
         with ExitStack() as stack:
-            servers = {
-                name: stack.enter_context(
-                    LlamaServer(tools, target, s, draft if s.uses_draft_model else None)
-                )
-                for name, s in settings.items()
-            }
+            servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
             for i, (item, ids) in enumerate(prompts):
                 shift = (i + rep) % len(names)
                 for name in names[shift:] + names[:shift]:
-                    c = complete(servers[name], ids, n_predict)
+                    c = servers[name].complete(ids, n_predict)
                     done.setdefault((name, item.id), []).append(c)
                     requests.append(
                         LlamaRequest(

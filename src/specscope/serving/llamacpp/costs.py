@@ -1,16 +1,18 @@
-"""llama.cpp's costs and what they predict for chains of K: pass costs, acceptance, the choice.
+"""llama.cpp's pass costs as llama-bench times them, and what they say about chains of K: which
+settings can pay at all.
 
 :class:`PassCosts` holds llama.cpp's pass costs (target passes of 1..K+1 tokens, draft passes,
-a sample) and turns them, the expected tokens per step and the chance that all K drafts are
-accepted into a predicted speed-up, and into the break-even points: the tokens per step a chain
-of K needs to pay, and the draft cost at which even perfect acceptance stops paying. Those costs
-come from llama-bench (:class:`CostCurve`, :func:`measure_cost_grid`), timed per setting and
-quantisation. :class:`ChainAcceptance` gives per-domain expectations from a measurement run's
-node records, with prompt resampling; :mod:`specscope.serving.llamacpp.study` tunes K per domain
-and runs the side-by-side benchmark in llama-server. This module does not run models itself (the
-programs are :mod:`specscope.serving.llamacpp.programs`'s and
-:mod:`specscope.serving.llamacpp.server`'s) and does not measure acceptance node by node
-(``specscope run`` does); reading a GGUF's quantisation needs the ``llamacpp`` extra.
+a sample) and turns them into a predicted speed-up for given tokens per step, and into the
+break-even points: the tokens per step a chain of K needs to pay, and the draft cost at which even
+perfect acceptance stops paying. Those costs come from llama-bench (:class:`CostCurve`,
+:func:`measure_cost_grid`), timed per setting and quantisation, each model alone.
+
+They explain a choice; they do not make it. ``specscope tune --backend llama-server`` chooses
+from what every candidate did in llama-server itself on the tuning prompts
+(:mod:`specscope.serving.llamacpp.study`): llama-bench times each model alone, while in
+llama-server the two models share the cores (speculative settings ran at 0.62-0.71 of what the
+curves predicted). This module does not run models (:mod:`.programs` and :mod:`.server` do);
+reading a GGUF's quantisation needs the ``llamacpp`` extra.
 """
 
 from __future__ import annotations
@@ -21,15 +23,13 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ...cache import cache_dir
 from ...errors import SpecscopeError, require
 from ...files import read_json_object, write_output
-from ...tune.acceptance import eligible_nodes
 from ...tune.costs import interpolate
-from .programs import quantize, run_llama_bench
+from .programs import BenchGrid, quantize, run_llama_bench
 from .server import ServerSetting
 
 DEFAULT_KS = (1, 2, 3, 4)
@@ -98,65 +98,6 @@ class PassCosts:
             "context_len": self.context_len,
             "threads": self.threads,
         }
-
-
-# --- acceptance of chains, from a measurement run ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChainAcceptance:
-    """Per prompt and depth: top-1 nodes whose parent was accepted (eligible) and those accepted,
-    so that resampling prompts gives intervals for any chain length."""
-
-    prompts: np.ndarray  # [P] prompt ids
-    domains: np.ndarray  # [P]
-    eligible: np.ndarray  # [P, D]
-    hits: np.ndarray  # [P, D]
-
-    @classmethod
-    def from_nodes(cls, nodes) -> ChainAcceptance:
-        nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
-        top1 = nodes[eligible_nodes(nodes) & (nodes["sibling_rank"].to_numpy() == 0)]
-        prompts = np.array(sorted(nodes["prompt_id"].unique()))
-        depth = int(nodes["depth"].max())
-        row = {p: i for i, p in enumerate(prompts)}
-        eligible = np.zeros((len(prompts), depth))
-        hits = np.zeros((len(prompts), depth))
-        r = top1["prompt_id"].map(row).to_numpy()
-        d = top1["depth"].to_numpy(np.int64) - 1
-        np.add.at(eligible, (r, d), 1)
-        np.add.at(hits, (r, d), top1["greedy_accept"].to_numpy(float))
-        domain = nodes.groupby("prompt_id")["domain"].first().reindex(prompts).to_numpy()
-        return cls(prompts, domain, eligible, hits)
-
-    @property
-    def max_k(self) -> int:
-        return self.eligible.shape[1]
-
-    def _reach(self, k: int, weights: np.ndarray | None) -> np.ndarray:
-        """P(the first d drafts are accepted), d = 1..K, for each row of prompt weights [B, P]."""
-        w = np.ones((1, len(self.prompts))) if weights is None else np.atleast_2d(weights)
-        rates = (w @ self.hits[:, :k]) / np.maximum(w @ self.eligible[:, :k], 1)
-        return np.cumprod(rates, axis=1)
-
-    def tau(self, k: int, weights: np.ndarray | None = None) -> np.ndarray:
-        """E[tokens per step] of the top-1 chain of K (accepted drafts + the target's token)."""
-        return 1 + self._reach(k, weights).sum(axis=1)
-
-    def p_all(self, k: int, weights: np.ndarray | None = None) -> np.ndarray:
-        """P(all K drafts accepted)."""
-        return self._reach(k, weights)[:, k - 1] if k > 0 else np.ones(1)
-
-    def predicted_speedup(self, costs: PassCosts, k: int) -> float:
-        if k <= 0 or not len(self.prompts):
-            return 1.0
-        return costs.predicted_speedup(k, float(self.tau(k)[0]), float(self.p_all(k)[0]))
-
-    def subset(self, domain: str) -> ChainAcceptance:
-        keep = self.domains == domain
-        return ChainAcceptance(
-            self.prompts[keep], self.domains[keep], self.eligible[keep], self.hits[keep]
-        )
 
 
 # --- pass costs in llama.cpp's own loop (llama-bench), per setting -----------------------------------
@@ -267,11 +208,6 @@ class Candidate:
         draft = self.draft.seconds if self.draft else ((1, 0.0), (2, 0.0))
         return PassCosts(self.target.seconds, draft, 0.0, self.target.depth, self.target.threads)
 
-    def tokens_per_s(self, k: int, tau: float, p_all: float) -> float:
-        """Predicted decoding speed: plain (K = 0), or a chain of K at the given acceptance."""
-        c = self.costs()
-        return 1 / c.plain_token_s if k <= 0 else tau / c.step_s(k, tau, p_all)
-
 
 def candidates(curves: list[CostCurve]) -> list[Candidate]:
     """Every plain setting (one per target curve) and every speculative one: a target curve with
@@ -299,34 +235,6 @@ def candidates(curves: list[CostCurve]) -> list[Candidate]:
                     )
                 )
     return out
-
-
-@dataclass(frozen=True)
-class SettingChoice:
-    """The fastest predicted (candidate, K) for one domain; K = 0 is plain decoding."""
-
-    candidate: Candidate
-    k: int
-    tau: float
-    p_all: float
-    tokens_per_s: float
-
-
-def choose_setting(acceptance: ChainAcceptance, options: list[Candidate], ks) -> SettingChoice:
-    """Of every candidate and K in ``ks`` (and plain decoding in every candidate), the one of
-    highest predicted tokens per second for this acceptance."""
-    best = None
-    for cand in options:
-        for k in [0] if cand.draft is None else [k for k in ks if 0 < k <= acceptance.max_k]:
-            tau, p_all = (
-                (float(acceptance.tau(k)[0]), float(acceptance.p_all(k)[0])) if k else (1.0, 1.0)
-            )
-            speed = cand.tokens_per_s(k, tau, p_all)
-            if best is None or speed > best.tokens_per_s:
-                best = SettingChoice(cand, k, tau, p_all, speed)
-    if best is None:
-        raise SpecscopeError("no llama.cpp setting was measured: the cost grid is empty")
-    return best
 
 
 def break_even_rows(options: list[Candidate], ks) -> list[dict]:
@@ -406,6 +314,61 @@ class CostGrid:
             row.update({f"x{n}": c.relative(n) for n, _ in c.seconds if n > 1})
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """The cost grid ``specscope llamacpp`` measures when no ``--costs`` file is given."""
+
+    threads: tuple[int, ...] = (2,)
+    polls: tuple[int, ...] = (0, 50)
+    draft_threads: tuple[int, ...] = (2,)
+    batches: tuple[tuple[int, int], ...] = ((2048, 512),)
+    quants: tuple[str, ...] = ()  # the target's, made with llama-quantize; () the GGUF as given
+    tokens: int = 8  # passes of 1..tokens
+    depth: int = 192
+    repetitions: int = 5
+
+
+def measure_grid(tools, target: Path, draft: Path, opts: GridOptions, echo) -> CostGrid:
+    """llama-bench over ``opts``: the target as given and requantised to each of
+    ``opts.quants``, the draft as given."""
+    targets = quantised_variants(tools, target, opts.quants or (gguf_quant(target),), echo)
+    curves, info = [], {}
+    for batch, ubatch in opts.batches:  # one llama-bench call per pair: it would cross b and ub
+
+        def bench(threads, batch=batch, ubatch=ubatch):
+            return BenchGrid(
+                threads,
+                opts.polls,
+                (batch,),
+                (ubatch,),
+                tuple(range(1, opts.tokens + 1)),
+                (opts.depth,),
+                opts.repetitions,
+            )
+
+        part = measure_cost_grid(
+            tools,
+            targets,
+            {gguf_quant(draft): draft},
+            bench(opts.threads),
+            bench(opts.draft_threads),
+            echo,
+        )
+        curves += part.curves
+        info = info or part.info
+    info["grid"] = {
+        "threads": list(opts.threads),
+        "polls": list(opts.polls),
+        "draft_threads": list(opts.draft_threads),
+        "batches": [list(b) for b in opts.batches],
+        "quants": list(opts.quants),
+        "tokens": opts.tokens,
+        "depth": opts.depth,
+        "repetitions": opts.repetitions,
+    }
+    return CostGrid(tuple(curves), info)
 
 
 def gguf_quant(path: Path) -> str:

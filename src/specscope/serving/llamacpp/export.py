@@ -70,6 +70,15 @@ B11312 = EngineVersion(
         # common/arg.cpp: "ngram size N must be between 1 and 1024 inclusive", same for M
         Field("--spec-ngram-simple-size-n", int, low=1, high=1024),
         Field("--spec-ngram-simple-size-m", int, low=1, high=1024),
+        # the other model-free lookups a `specscope tune --backend llama-server` policy may hold
+        # (llama-server --help of b11312 lists them; bounds as ngram-simple's)
+        Field("--spec-ngram-map-k-size-n", int, low=1, high=1024),
+        Field("--spec-ngram-map-k-size-m", int, low=1, high=1024),
+        Field("--spec-ngram-map-k4v-size-n", int, low=1, high=1024),
+        Field("--spec-ngram-map-k4v-size-m", int, low=1, high=1024),
+        Field("--spec-ngram-mod-n-match", int, low=1, high=1024),
+        Field("--spec-ngram-mod-n-min", int, low=0, high=1024),
+        Field("--spec-ngram-mod-n-max", int, low=1, high=1024),
         Field("--poll", int, low=0, high=100),
         Field("--spec-draft-poll", int, low=0, high=1),
         # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
@@ -120,6 +129,10 @@ B11312 = EngineVersion(
         "llama-ngram-simple domains: --spec-type ngram-simple, N = ngram_size, M = K: the rule "
         "specscope measured (specscope.drafters.llama_ngram), exact",
         "early-exit domains refused: llama.cpp has no early-exit drafter",
+        "a policy of specscope tune --backend llama-server: each domain's flags and GGUF files "
+        "exactly as llama-server was timed with them (the model-free lookups ngram-simple, "
+        "ngram-map-k, ngram-map-k4v, ngram-mod and ngram-cache included; ngram-mod keeps its "
+        "n-gram pool across the requests of one server)",
     ),
     drafters=("draft-model", "ngram", "llama-ngram-simple"),
 )
@@ -190,9 +203,19 @@ def _typed(name: str, text: str):
 
 
 def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> dict:
-    """The exact flags of the setting `specscope llamacpp` measured for the domain (its policy
-    file's ``llama_server`` entry), with the models; the tree must be the chain measured."""
+    """The exact flags of the setting llama-server was timed with for the domain (its policy
+    file's ``llama_server`` entry), with the models; the tree must be the chain measured (a
+    model-free lookup's entry: no tree)."""
     where = f"domain {domain.domain!r}"
+    spec_type = entry.get("spec_type", "draft-simple" if entry.get("k") else "none")
+    if spec_type not in ("none", "draft-simple"):  # a model-free lookup timed in llama-server
+        if domain.shape is not None:
+            raise ExportError(
+                f"{where}: the policy's llama_server setting is llama.cpp's {spec_type} lookup, "
+                "which drafts without a tree, but the policy gives this domain a tree; re-run "
+                "specscope tune --backend llama-server"
+            )
+        return _measured(entry, 0)
     k = (
         0
         if domain.shape is None
@@ -211,6 +234,10 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
             f"{where}: the policy's chain has K = {k} but its llama_server setting "
             f"was measured with K = {entry.get('k')}; re-run specscope llamacpp"
         )
+    return _measured(entry, k)
+
+
+def _measured(entry: dict, k: int) -> dict:
     # the GGUF files measured (a quantisation the grid made may differ from --target's)
     flags: dict = {"--model": entry["target_gguf"]}
     if k:

@@ -32,8 +32,35 @@ from .programs import LlamaTools, LlamaToolsError
 # --- settings ---------------------------------------------------------------------------------------
 
 
-# --spec-type values this module runs -> whether it drafts with a draft model (-md)
-SPEC_TYPES = {"draft-simple": True, "ngram-simple": False}
+@dataclass(frozen=True)
+class SpecType:
+    """One of llama-server's ``--spec-type`` values as specscope runs it: whether it drafts with
+    a draft model (``-md``), and for a model-free lookup the flags of its two sizes, N (the
+    n-gram looked up) and M (the most tokens drafted), with llama.cpp's defaults (b11312,
+    ``common/arg.cpp``; ``llama-server --help`` prints them)."""
+
+    uses_draft_model: bool
+    size_flags: tuple[str, str] | None = None  # (N's flag, M's flag); None: no sizes
+    default_sizes: tuple[int, int] = (0, 0)  # (N, M)
+    extra_flags: tuple[str, ...] = ()
+
+
+# --spec-type values specscope runs (and the bench times); draft-simple's K is ServerSetting.k
+SPEC_TYPES = {
+    "draft-simple": SpecType(True),
+    "ngram-simple": SpecType(
+        False, ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"), (12, 48)
+    ),
+    "ngram-map-k": SpecType(
+        False, ("--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m"), (12, 48)
+    ),
+    "ngram-map-k4v": SpecType(
+        False, ("--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m"), (12, 48)
+    ),
+    # ngram-mod keeps its n-gram pool across requests: one request's output drafts the next
+    "ngram-mod": SpecType(False, ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max"), (24, 64)),
+    "ngram-cache": SpecType(False),
+}
 
 
 @dataclass(frozen=True)
@@ -42,22 +69,24 @@ class ServerSetting:
     writes. ``k`` = 0 is plain decoding (no draft model loaded).
 
     ``spec_type`` ``draft-simple``: the draft model drafts K = ``k`` tokens (``--spec-draft-n-max``;
-    ``p_min``, ``draft_threads`` and ``draft_poll`` are its settings). ``ngram-simple``: no draft
-    model; llama.cpp's lookup of the last ``ngram_size`` tokens (``--spec-ngram-simple-size-n``)
-    drafts up to M = ``k`` tokens (``--spec-ngram-simple-size-m``), the rule that
-    :mod:`specscope.drafters.llama_ngram` measures."""
+    ``p_min``, ``draft_threads`` and ``draft_poll`` are its settings). A model-free lookup
+    (``ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``): no draft model; the
+    last ``ngram_size`` tokens (N) are looked up and up to M = ``k`` tokens drafted (see
+    :data:`SPEC_TYPES` for each type's flags); ``ngram-simple`` is the rule that
+    :mod:`specscope.drafters.llama_ngram` measures. ``ngram-cache`` has no sizes (``k`` > 0 only
+    turns it on)."""
 
     threads: int = 2
     poll: int = 50  # llama.cpp's default: busy-wait this long for work before sleeping
     batch: int = 2048
     ubatch: int = 512
-    k: int = 0  # --spec-draft-n-max (draft-simple) or --spec-ngram-simple-size-m (ngram-simple)
+    k: int = 0  # --spec-draft-n-max (draft-simple) or the lookup's M
     draft_threads: int | None = None  # default: the same as threads
     draft_poll: int | None = None  # default: the same as poll
     p_min: float = 0.0  # --spec-draft-p-min: 0 drafts all K tokens every step
     ctx: int = 4096
     spec_type: str = "draft-simple"
-    ngram_size: int = 12  # ngram-simple's N (llama.cpp's default)
+    ngram_size: int = 12  # a lookup's N (ngram-simple's default)
 
     def __post_init__(self) -> None:
         if self.spec_type not in SPEC_TYPES:
@@ -65,22 +94,33 @@ class ServerSetting:
                 f"spec type {self.spec_type!r} is not one specscope runs; "
                 f"choose one of {', '.join(SPEC_TYPES)}"
             )
+        if self.k < 0 or self.ngram_size < 1 or not 0 <= self.p_min <= 1:
+            raise LlamaToolsError(
+                f"setting {self.spec_type}: k must be >= 0, the n-gram size >= 1 and p_min in "
+                f"[0, 1]; got k={self.k}, ngram_size={self.ngram_size}, p_min={self.p_min}"
+            )
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.k > 0 and SPEC_TYPES[self.spec_type]
+        return self.k > 0 and SPEC_TYPES[self.spec_type].uses_draft_model
+
+    @property
+    def spec_name(self) -> str:
+        """What speculates: ``plain``, ``k2``, ``k2-pmin0.5``, ``ngram-mod-n24-m64`` ..."""
+        if not self.k:
+            return "plain"
+        if self.spec_type == "draft-simple":
+            return f"k{self.k}" + (f"-pmin{self.p_min:g}" if self.p_min else "")
+        if SPEC_TYPES[self.spec_type].size_flags is None:
+            return self.spec_type
+        return f"{self.spec_type}-n{self.ngram_size}-m{self.k}"
 
     @property
     def name(self) -> str:
-        if not self.k:
-            spec = "plain"
-        elif self.spec_type == "ngram-simple":
-            spec = f"ngram-simple-n{self.ngram_size}-m{self.k}"
-        else:
-            spec = (
-                f"k{self.k}"
-                + (f"-td{self.draft_threads}" if self.draft_threads else "")
-                + (f"-dpoll{self.draft_poll}" if self.draft_poll is not None else "")
+        spec = self.spec_name
+        if self.uses_draft_model:
+            spec += (f"-td{self.draft_threads}" if self.draft_threads else "") + (
+                f"-dpoll{self.draft_poll}" if self.draft_poll is not None else ""
             )
         return f"{spec}-t{self.threads}-poll{self.poll}-b{self.batch}-ub{self.ubatch}"
 
@@ -108,15 +148,14 @@ class ServerSetting:
             "-ngl",
             "0",
         ]
-        if self.k > 0 and self.spec_type == "ngram-simple":
-            out += [
-                "--spec-type",
-                "ngram-simple",
-                "--spec-ngram-simple-size-n",
-                str(self.ngram_size),
-                "--spec-ngram-simple-size-m",
-                str(self.k),
-            ]
+        spec = SPEC_TYPES[self.spec_type]
+        if self.k > 0 and not spec.uses_draft_model:
+            out += ["--spec-type", self.spec_type]
+            if spec.size_flags is not None:
+                n_flag, m_flag = spec.size_flags
+                out += [n_flag, str(self.ngram_size), m_flag, str(self.k)]
+            if self.spec_type == "ngram-mod":  # n-min (default 48) must not exceed n-max
+                out += ["--spec-ngram-mod-n-min", str(min(48, self.k))]
         elif self.k > 0:
             td = self.draft_threads or self.threads
             dp = self.poll if self.draft_poll is None else self.draft_poll
@@ -144,6 +183,42 @@ class ServerSetting:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "name": self.name}
+
+    @classmethod
+    def parse(cls, text: str, base: ServerSetting | None = None) -> ServerSetting:
+        """A candidate as written on the command line: ``plain``, ``draft-simple:k=2``,
+        ``draft-simple:k=4,p_min=0.75``, ``ngram-simple`` (llama.cpp's sizes),
+        ``ngram-simple:n=3,m=8``, ``ngram-mod``, ... on top of ``base``'s threads and
+        polling."""
+        base = base or cls()
+        kind, _, given = text.strip().partition(":")
+        keys = {"k": "k", "m": "k", "n": "ngram_size", "p_min": "p_min"}
+        example = "plain, draft-simple:k=2,p_min=0.5, ngram-simple:n=3,m=8 or ngram-mod"
+        if kind == "plain" and not given:
+            return replace(base, k=0, spec_type="draft-simple", p_min=0.0)
+        if kind not in SPEC_TYPES:
+            raise LlamaToolsError(
+                f"candidate {text!r}: {kind!r} is not a spec type specscope runs; choose plain "
+                f"or one of {', '.join(SPEC_TYPES)} (e.g. {example})"
+            )
+        n, m = SPEC_TYPES[kind].default_sizes
+        values: dict = {"k": m or 3, "ngram_size": n or base.ngram_size, "p_min": 0.0}
+        for part in filter(None, given.split(",")):
+            key, _, value = part.partition("=")
+            if key.strip() not in keys:
+                raise LlamaToolsError(
+                    f"candidate {text!r}: unknown size {key.strip()!r}; sizes are k (or m), "
+                    f"n and p_min (e.g. {example})"
+                )
+            try:
+                values[keys[key.strip()]] = (float if key.strip() == "p_min" else int)(value)
+            except ValueError:
+                raise LlamaToolsError(
+                    f"candidate {text!r}: {key.strip()}={value!r} is not a number"
+                ) from None
+        if values["k"] < 1:
+            raise LlamaToolsError(f"candidate {text!r}: k (m) must be >= 1; use plain for none")
+        return replace(base, spec_type=kind, **values)
 
     @classmethod
     def from_dict(cls, d: dict) -> ServerSetting:

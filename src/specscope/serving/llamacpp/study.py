@@ -1,38 +1,35 @@
-"""From a measurement run to llama-server settings that pay, shown side by side.
+"""llama.cpp through ``tune`` and ``bench``: llama-server's settings chosen on the tuning
+prompts and checked on held-out ones.
 
-``specscope llamacpp RUN_DIR``:
+- :func:`tune_llama_server` (``specscope tune --backend llama-server RUN_DIR``): every candidate
+  setting (plain, the draft model at K, each model-free lookup; :data:`.backend.DEFAULT_CANDIDATES`)
+  timed in llama-server on the measurement run's own prompts (the tuning prompts), each domain's
+  choice and the uniform one made by :func:`specscope.tune.timed.choose_timed`, written as a
+  policy file whose ``llama_server`` entries hold the exact flags and GGUF files timed (for
+  ``specscope export --to llama.cpp``) and whose ``tune.cells`` hold every candidate's
+  prediction. A chain of the draft model has its tokens per step replayed from the run's records
+  beside it (the run measured another model than the GGUF: the output says which).
+- :func:`bench_llama_server` (``specscope bench --backend llama-server --policy FILE``): the
+  policy's candidates on held-out prompts (none that the run measured), every repeat on fresh
+  servers; predicted against measured for every cell, each domain's regret (the chosen candidate
+  against the best one measured), routed against the best single setting over the four domains'
+  traffic, and whether each interval is ±5% or narrower.
 
-1. price every candidate setting in llama.cpp's own loop: llama-bench's pass-cost curves of the
-   target and draft GGUFs per quantisation, threads, polling and batch sizes
-   (:func:`~specscope.serving.llamacpp.measure_cost_grid`, or a grid measured before with ``--costs``),
-   and the break-even tokens per step of each setting and K;
-2. per domain, the setting and chain length K (K = 0: plain decoding, in its own fastest
-   setting) of highest predicted tokens per second, from the run's top-1 chain acceptance
-   (:func:`choose_settings`), written as a policy file whose ``llama_server`` entry holds the
-   exact llama-server flags measured, for ``specscope export``;
-3. on held-out prompts (the run's sources, none of the run's prompts), one llama-server per
-   measured configuration (plain with default flags, plain at its best setting, every fixed K,
-   each domain's choice), requests interleaved prompt by prompt; speed and draft counts are the
-   server's own per-request ``timings``;
-4. summarise every domain and K cell with prompt-clustered intervals: speed-up over plain,
-   measured against predicted speed (the prediction bias, and a correction when it is
-   systematic), and tokens per step llama.cpp saw against the run's prediction.
-
-It does not measure node-level acceptance (``specscope run``) or build llama.cpp
-(:mod:`specscope.serving.llamacpp.programs` does).
+Runs llama-server through :mod:`.backend`; does not build it (:mod:`.programs`) or measure
+acceptance node by node (``specscope run``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import platform
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from ...analysis.stats import ClusterBootstrap
+from ...analysis.render import Column, Grid, to_markdown
+from ...analysis.replay import StopRule, replay, top_chain
 from ...errors import SpecscopeError
 from ...files import inside_of, write_json, write_output
 from ...models import load_tokenizer
@@ -40,29 +37,33 @@ from ...models.demo import demo_gguf
 from ...prompts.domains import select_prompts
 from ...prompts.items import PromptItem
 from ...prompts.render import render_item, rendering_of
-from ...records import load_run
+from ...records import ALL_DOMAINS, load_run
 from ...trees import TreeShape
-from ...tune.acceptance import ALL_DOMAINS
-from ...tune.policy import Choice, PolicyFile
-from ...tune.router import RuleRouter, prompt_text
-from .costs import (
-    DEFAULT_KS,
-    Candidate,
-    ChainAcceptance,
-    CostGrid,
-    SettingChoice,
-    break_even_rows,
-    choose_setting,
-    gguf_quant,
-    measure_cost_grid,
-    plot_cost_curves,
-    quantised_variants,
+from ...tune.bench import (
+    BenchRun,
+    PolicyPrediction,
+    bench_prompts,
+    checks_document,
+    derived_runs,
+    policy_predictions,
+    precision_grid,
+    predicted_vs_measured,
+    prediction_grid,
+    regrets,
+    routed_against_best_single,
+    speedup_precision,
+    summarize_bench,
 )
-from .programs import BenchGrid, build_llama_tools
-from .server import Completion, LlamaServer, ServerSetting
+from ...tune.choose import bench_grid
+from ...tune.policy import Choice, PolicyFile
+from ...tune.predict import REPLAY, Prediction
+from ...tune.router import RuleRouter, prompt_text
+from ...tune.timed import PLAIN, TimedCell, TimedChoice, choose_timed, timed_cells
+from .backend import candidate_settings, requests_frame, time_candidates
+from .programs import build_llama_tools
+from .server import ServerSetting
 
-PLAIN, PLAIN_BEST, ROUTED = "plain", "plain-best", "routed"
-DEFAULT_SETTING = ServerSetting()  # llama-server as a user starts it: 2 threads, --poll 50
+Log = Callable[[str], None]
 
 
 def chain(k: int) -> TreeShape | None:
@@ -73,596 +74,30 @@ def chain_k(shape: TreeShape | None) -> int:
     return 0 if shape is None else shape.max_depth
 
 
-# --- choosing settings --------------------------------------------------------------------------------
+# --- tune ---------------------------------------------------------------------------------------------
 
 
-def domain_acceptance(acceptance: ChainAcceptance) -> dict[str, ChainAcceptance]:
-    """Each domain's acceptance, and the pooled one (the setting for other domains)."""
-    groups = {d: acceptance.subset(d) for d in sorted(set(acceptance.domains))}
-    return {**groups, ALL_DOMAINS: acceptance}
-
-
-def choose_settings(
-    acceptance: ChainAcceptance, grid: CostGrid, ks: Sequence[int] = DEFAULT_KS
-) -> dict[str, SettingChoice]:
-    """Per domain (and pooled), the candidate and K of highest predicted tokens per second."""
-    options = grid.candidates()
-    return {d: choose_setting(acc, options, ks) for d, acc in domain_acceptance(acceptance).items()}
-
-
-def default_candidate(grid: CostGrid, quant: str) -> Candidate | None:
-    """The grid's plain candidate for llama-server's default flags and the shipped GGUF."""
-    for cand in grid.candidates():
-        s = cand.setting
-        if (
-            cand.draft is None
-            and cand.target.quant == quant
-            and (s.threads, s.poll, s.batch, s.ubatch)
-            == (
-                DEFAULT_SETTING.threads,
-                DEFAULT_SETTING.poll,
-                DEFAULT_SETTING.batch,
-                DEFAULT_SETTING.ubatch,
-            )
-        ):
-            return cand
-    return None
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """One llama-server the benchmark runs: a setting at one K, its GGUFs, and the grid
-    candidate that priced it (None: not measured by llama-bench, so no prediction)."""
-
-    setting: ServerSetting  # with K
-    target: Path
-    draft: Path | None
-    candidate: Candidate | None
-    target_quant: str
-    draft_quant: str | None
-
-    @property
-    def name(self) -> str:
-        quants = self.target_quant + (f"+{self.draft_quant}" if self.setting.k else "")
-        return f"{quants} {self.setting.name}"
-
-    def to_dict(self) -> dict:
-        """What ``specscope export --engine llama.cpp`` needs: the exact flags (models apart)."""
-        return {
-            "setting": self.setting.name,
-            "k": self.setting.k,
-            "flags": self.setting.flags(),
-            "target_quant": self.target_quant,
-            "draft_quant": self.draft_quant if self.setting.k else None,
-            "target_gguf": str(self.target),
-            "draft_gguf": str(self.draft) if self.setting.k and self.draft else None,
-        }
-
-
-def server_config(cand: Candidate, k: int, models: dict[tuple[str, str], Path]) -> ServerConfig:
-    dq = cand.draft.quant if cand.draft else None
-    setting = (
-        cand.setting.with_k(k)
-        if k
-        else ServerSetting(
-            threads=cand.setting.threads,
-            poll=cand.setting.poll,
-            batch=cand.setting.batch,
-            ubatch=cand.setting.ubatch,
+def run_prompts(manifest: dict, per_domain: int | None) -> list[PromptItem]:
+    """The run's own prompts (its manifest's ids, drawn again from its domain sources), the first
+    ``per_domain`` of each domain (None: all)."""
+    spec = manifest.get("config", {}).get("prompts", {})
+    domains = list(spec.get("domains") or [])
+    if not domains or spec.get("file"):
+        raise SpecscopeError(
+            "llama-server's tuning prompts are the run's, drawn from its domain sources, but "
+            "this run measured a prompts file; measure a run with --domains"
         )
+    ids = set(manifest.get("prompts", {}).get("ids") or [])
+    seed = manifest.get("config", {}).get("seed", 42)
+    items = select_prompts(
+        domains, spec.get("per_domain"), seed=seed, sources=dict(spec.get("sources") or ())
     )
-    return ServerConfig(
-        setting,
-        models[("target", cand.target.quant)],
-        models.get(("draft", dq)) if k else None,
-        cand,
-        cand.target.quant,
-        dq if k else None,
-    )
-
-
-@dataclass(frozen=True)
-class BenchPlan:
-    """The servers of the side-by-side benchmark: fixed methods, and each domain's choice."""
-
-    methods: dict[str, ServerConfig]  # plain, plain-best, k1..kK
-    routed: dict[str, ServerConfig]  # domain (and ALL_DOMAINS) -> its chosen server
-
-    def configs(self) -> list[ServerConfig]:
-        seen: dict[tuple, ServerConfig] = {}
-        for cfg in [*self.methods.values(), *self.routed.values()]:
-            seen.setdefault(config_key(cfg), cfg)
-        return list(seen.values())
-
-    def for_domain(self, domain: str) -> ServerConfig:
-        return self.routed.get(domain, self.routed[ALL_DOMAINS])
-
-
-def config_key(cfg: ServerConfig) -> tuple:
-    return (cfg.setting, str(cfg.target), str(cfg.draft))
-
-
-def plan_benchmark(
-    choices: dict[str, SettingChoice],
-    grid: CostGrid,
-    acceptance: ChainAcceptance,
-    ks: Sequence[int],
-    models: dict[tuple[str, str], Path],
-    shipped_quant: str,
-) -> BenchPlan:
-    """Plain decoding with llama-server's default flags (the reference), plain at its fastest
-    measured setting, each fixed K at the setting fastest for it over all domains, and every
-    domain's choice."""
-    options = grid.candidates()
-    default = default_candidate(grid, shipped_quant)
-    plain = (
-        server_config(default, 0, models)
-        if default
-        else ServerConfig(
-            DEFAULT_SETTING, models[("target", shipped_quant)], None, None, shipped_quant, None
-        )
-    )
-    methods = {PLAIN: plain}
-    best_plain = choose_setting(acceptance, [c for c in options if c.draft is None], [])
-    best = server_config(best_plain.candidate, 0, models)
-    if config_key(best) != config_key(plain):
-        methods[PLAIN_BEST] = best
-    spec = [c for c in options if c.draft is not None]
-    for k in ks:
-        if spec:
-            pick = choose_setting(acceptance, spec, [k])
-            methods[f"k{k}"] = server_config(pick.candidate, k, models)
-    routed = {d: server_config(c.candidate, c.k, models) for d, c in choices.items()}
-    return BenchPlan(methods, routed)
-
-
-def policy_from_choices(
-    choices: dict[str, SettingChoice],
-    plan: BenchPlan,
-    grid: CostGrid,
-    ks: Sequence[int],
-    source: dict,
-) -> PolicyFile:
-    """The policy file: each domain's chain (or none), its predicted speed-up over plain
-    decoding with default flags (else the fastest plain setting priced), and under
-    ``llama_server`` the exact server flags measured."""
-    ref = (
-        plan.methods[PLAIN].candidate or plan.methods.get(PLAIN_BEST, plan.methods[PLAIN]).candidate
-    )
-    if ref is None:  # the grid priced no plain setting
-        ref = next(c for c in grid.candidates() if c.draft is None)
-    ref_speed = 1 / ref.costs().plain_token_s
-    out = {
-        d: Choice(chain(c.k), c.tau, c.tokens_per_s / ref_speed, c.tau / c.tokens_per_s)
-        for d, c in choices.items()
-    }
-    server = {
-        "domains": {d: plan.routed[d].to_dict() for d in choices if d != ALL_DOMAINS},
-        "fallback": plan.routed[ALL_DOMAINS].to_dict(),
-        "reference": plan.methods[PLAIN].to_dict(),
-    }
-    return PolicyFile(
-        trees={d: out[d].shape for d in choices if d != ALL_DOMAINS},
-        uniform=out[ALL_DOMAINS].shape,
-        choices=out,
-        info={
-            "llama_server": server,
-            "cost_grid": grid.info,
-            "source": source,
-            "tune": {
-                "engine": "llama.cpp",
-                "ks": list(ks),
-                "predicted_tok_s": {d: c.tokens_per_s for d, c in choices.items()},
-            },
-        },
-    )
-
-
-# --- the side-by-side benchmark through llama-server --------------------------------------------------
-
-
-@dataclass
-class Request:
-    """One request of the benchmark, with llama-server's own timings of it."""
-
-    prompt_id: str
-    domain: str
-    routed_domain: str
-    method: str  # plain, plain-best, k<K> or routed
-    setting: str  # the server configuration's name
-    k: int
-    tokens: int  # predicted_n
-    decode_s: float  # predicted_ms / 1000
-    prompt_s: float
-    draft_n: int
-    accepted: int  # draft_n_accepted
-    steps: int  # verified steps: tokens after the first, less the accepted drafts (K > 0)
-    equal_plain: bool
-    predicted_tok_s: (
-        float  # from the cost grid and the run's acceptance for this domain (nan: none)
-    )
-
-
-def request_row(
-    item: PromptItem,
-    routed_domain: str,
-    method: str,
-    cfg: ServerConfig,
-    done: Completion,
-    plain_tokens: list[int],
-    predicted: float,
-) -> Request:
-    k = cfg.setting.k
-    steps = max(done.predicted_n - 1 - done.draft_n_accepted, 0) if k else 0
-    return Request(
-        item.id,
-        item.domain,
-        routed_domain,
-        method,
-        cfg.name,
-        k,
-        done.predicted_n,
-        done.predicted_ms / 1000,
-        done.prompt_ms / 1000,
-        done.draft_n,
-        done.draft_n_accepted,
-        steps,
-        done.tokens == plain_tokens,
-        predicted,
-    )
-
-
-def predicted_tok_s(cfg: ServerConfig, acc: ChainAcceptance) -> float:
-    if cfg.candidate is None or not len(acc.prompts):
-        return float("nan")
-    k = cfg.setting.k
-    tau, p_all = (float(acc.tau(k)[0]), float(acc.p_all(k)[0])) if k else (1.0, 1.0)
-    return cfg.candidate.tokens_per_s(k, tau, p_all)
-
-
-def bench_requests(
-    complete: Callable[[ServerConfig, list[int]], Completion],
-    prompts: Sequence[tuple[PromptItem, list[int]]],
-    plan: BenchPlan,
-    acceptance: ChainAcceptance,
-    router: RuleRouter = RuleRouter(),
-    on_request: Callable[[Request], None] | None = None,
-) -> list[Request]:
-    """Every method and the routed choice on each prompt, in an order that rotates prompt by
-    prompt (no method always first). ``complete(config, prompt_ids)`` runs one request."""
-    rows = []
-    accs = domain_acceptance(acceptance)
-    for i, (item, ids) in enumerate(prompts):
-        routed_domain = router.classify(prompt_text(item))
-        methods = [*plan.methods.items(), (ROUTED, plan.for_domain(routed_domain))]
-        shift = i % len(methods)
-        done = {m: complete(cfg, ids) for m, cfg in methods[shift:] + methods[:shift]}
-        acc = accs.get(item.domain, acceptance.subset(item.domain))
-        for method, cfg in methods:
-            row = request_row(
-                item,
-                routed_domain,
-                method,
-                cfg,
-                done[method],
-                done[PLAIN].tokens,
-                predicted_tok_s(cfg, acc),
-            )
-            rows.append(row)
-            if on_request:
-                on_request(row)
-    return rows
-
-
-def requests_frame(rows: Sequence[Request]) -> pd.DataFrame:
-    return pd.DataFrame([asdict(r) for r in rows])
-
-
-# --- tables ---------------------------------------------------------------------------------------------
-
-
-def _interval(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    if len(values) < 2:
-        return float(values[0]), float("nan"), float("nan")
-    lo, hi = np.quantile(values[1:], [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(values[0]), float(lo), float(hi)
-
-
-def _domain_rates(part: pd.DataFrame, n_boot: int, seed: int) -> tuple[dict, pd.DataFrame]:
-    """Per method: decode tokens/s (ratio of sums over prompts) for each resample of the
-    domain's prompts (row 0: all prompts once), the same resamples for every method."""
-    prompts = sorted(part["prompt_id"].unique())
-    boot = ClusterBootstrap.draw(np.zeros(len(prompts)), n_boot, seed)
-    wide = part.pivot_table(
-        index="prompt_id",
-        columns="method",
-        values=["tokens", "decode_s", "steps", "accepted"],
-        aggfunc="sum",
-    ).reindex(prompts)
-    rate = {
-        m: boot.total(wide["tokens"][m].to_numpy()) / boot.total(wide["decode_s"][m].to_numpy())
-        for m in wide["tokens"].columns
-    }
-    return rate, wide
-
-
-def speed_table(
-    requests: pd.DataFrame, n_boot: int = 1000, seed: int = 0, confidence: float = 0.95
-) -> pd.DataFrame:
-    """Per domain and method: decode tokens/s as llama-server timed it, the speed-up over plain
-    decoding with default flags (prompt-resampled interval), the predicted tokens/s and
-    measured/predicted (interval over the same resamples), tokens per step, outputs equal to
-    plain."""
-    out = []
-    for domain, part in requests.groupby("domain", sort=True):
-        rate, wide = _domain_rates(part, n_boot, seed)
-        for method in _method_order(rate):
-            rows = part[part["method"] == method]
-            speedup, lo, hi = _interval(rate[method] / rate[PLAIN], confidence)
-            predicted = (
-                float(rows["predicted_tok_s"].iloc[0])
-                if len(set(rows["setting"])) == 1
-                else float("nan")
-            )
-            ratio, rlo, rhi = _interval(rate[method] / predicted, confidence)
-            steps = wide["steps"][method].sum()
-            out.append(
-                {
-                    "domain": domain,
-                    "method": method,
-                    "kind": "speculative"
-                    if (rows["k"] > 0).all()
-                    else "plain"
-                    if (rows["k"] == 0).all()
-                    else "mixed",
-                    "setting": ", ".join(sorted(set(rows["setting"]))),
-                    "k": ", ".join(str(k) for k in sorted(set(rows["k"]))),
-                    "prompts": len(rows),
-                    "tok_s": float(rate[method][0]),
-                    "speedup": speedup,
-                    "speedup_lo": lo,
-                    "speedup_hi": hi,
-                    "predicted_tok_s": predicted,
-                    "ratio": ratio,
-                    "ratio_lo": rlo,
-                    "ratio_hi": rhi,
-                    "tokens_per_step": float((wide["accepted"][method].sum() + steps) / steps)
-                    if steps
-                    else 1.0,
-                    "equal_plain": f"{int(rows['equal_plain'].sum())}/{len(rows)}",
-                    "_ratio_boot": rate[method] / predicted,
-                }
-            )
-    return pd.DataFrame(out)
-
-
-def _method_order(rate: dict) -> list[str]:
-    fixed = [m for m in (PLAIN, PLAIN_BEST) if m in rate]
-    ks = sorted((m for m in rate if m.startswith("k")), key=lambda m: int(m[1:]))
-    return fixed + ks + [m for m in (ROUTED,) if m in rate]
-
-
-@dataclass(frozen=True)
-class Bias:
-    """Measured over predicted tokens/s pooled over cells of one kind (plain or speculative):
-    the geometric mean of the cells' ratios, resampling each domain's prompts."""
-
-    kind: str
-    cells: int
-    under_predicted: int  # cells whose whole interval lies above 1
-    over_predicted: int  # cells whose whole interval lies below 1
-    factor: float
-    lo: float
-    hi: float
-
-    @property
-    def systematic(self) -> bool:
-        return not self.lo <= 1 <= self.hi
-
-
-def prediction_bias(speed: pd.DataFrame, confidence: float = 0.99) -> list[Bias]:
-    """Per kind of cell (plain decoding, fixed K), whether predictions err to one side; routed
-    cells repeat other cells and are left out. Systematic when the pooled interval excludes 1;
-    99% by default, as the percentile bootstrap of 10 prompts per domain is liberal (5% false
-    positives at 99%, 12% at 95%, in tests/serving/test_llamaserver.py's worlds)."""
-    out = []
-    fixed = speed[(speed["method"] != ROUTED) & speed["predicted_tok_s"].notna()]
-    for kind, part in fixed.groupby("kind", sort=True):
-        logs = np.mean([np.log(b) for b in part["_ratio_boot"]], axis=0)
-        factor, lo, hi = _interval(np.exp(logs), confidence)
-        out.append(
-            Bias(
-                kind,
-                len(part),
-                int((part["ratio_lo"] > 1).sum()),
-                int((part["ratio_hi"] < 1).sum()),
-                factor,
-                lo,
-                hi,
-            )
-        )
-    return out
-
-
-def acceptance_table(
-    requests: pd.DataFrame,
-    acceptance: ChainAcceptance,
-    n_boot: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> pd.DataFrame:
-    """Per domain and K: tokens per step llama-server saw (held-out prompts) beside the run's
-    prediction for the top-1 chain of K, each with a prompt-resampled interval, and whether the
-    intervals overlap. Every cell is listed."""
-    out = []
-    spec = requests[requests["method"].str.fullmatch(r"k\d+")]
-    for (domain, k), part in spec.groupby(["domain", "k"], sort=True):
-        boot = ClusterBootstrap.draw(np.zeros(len(part)), n_boot, seed)
-        seen = boot.total(part["accepted"].to_numpy() + part["steps"].to_numpy()) / np.maximum(
-            boot.total(part["steps"].to_numpy()), 1
-        )
-        acc = acceptance.subset(domain)
-        pred = acc.tau(
-            int(k), ClusterBootstrap.draw(np.zeros(len(acc.prompts)), n_boot, seed + 1).weights
-        )
-        m, lo, hi = _interval(seen, confidence)
-        pm, plo, phi = _interval(pred, confidence)
-        out.append(
-            {
-                "domain": domain,
-                "k": int(k),
-                "prompts": len(part),
-                "steps": int(part["steps"].sum()),
-                "measured_tau": m,
-                "measured_lo": lo,
-                "measured_hi": hi,
-                "predicted_tau": pm,
-                "predicted_lo": plo,
-                "predicted_hi": phi,
-                "overlap": bool(lo <= phi and plo <= hi),
-                "run_prompts": len(acc.prompts),
-            }
-        )
-    return pd.DataFrame(out)
-
-
-def break_even_table(grid: CostGrid, ks: Sequence[int]) -> pd.DataFrame:
-    """Per speculative setting and K: pass costs, and the tokens per step needed to pay."""
-    return pd.DataFrame(break_even_rows(grid.candidates(), ks))
-
-
-# --- the whole study -------------------------------------------------------------------------------
-
-
-@dataclass
-class LlamaCppStudy:
-    grid: CostGrid
-    policy: PolicyFile
-    plan: BenchPlan
-    speed: pd.DataFrame
-    bias: list[Bias]
-    acceptance: pd.DataFrame
-    break_even: pd.DataFrame
-    out_dir: Path
-
-    def render(self) -> str:
-        """Every table as Markdown: curves, break-even, choices, speed, bias, acceptance."""
-
-        def ci(m, lo, hi, unit=""):
-            return f"{m:.2f}{unit} [{lo:.2f}, {hi:.2f}]"
-
-        corr = {b.kind: b.factor for b in self.bias if b.systematic}
-        s = self.speed.copy()
-        s["speed-up vs plain [95% CI]"] = [
-            ci(r.speedup, r.speedup_lo, r.speedup_hi, "x") for r in s.itertuples()
-        ]
-        s["measured/predicted [95% CI]"] = [
-            ci(r.ratio, r.ratio_lo, r.ratio_hi) if r.predicted_tok_s == r.predicted_tok_s else "-"
-            for r in s.itertuples()
-        ]
-        s["corrected prediction"] = [
-            r.predicted_tok_s * corr.get(r.kind, 1.0) for r in s.itertuples()
-        ]
-        s = s.rename(
-            columns={
-                "tok_s": "tok/s",
-                "predicted_tok_s": "predicted tok/s",
-                "tokens_per_step": "tokens/step",
-                "equal_plain": "equal to plain",
-            }
-        )
-        cols = [
-            "domain",
-            "method",
-            "setting",
-            "k",
-            "prompts",
-            "tok/s",
-            "speed-up vs plain [95% CI]",
-            "predicted tok/s",
-            "measured/predicted [95% CI]",
-        ]
-        cols += ["corrected prediction"] if corr else []
-        cols += ["tokens/step", "equal to plain"]
-        a = self.acceptance.copy()
-        a["llama-server tokens/step [95% CI]"] = [
-            ci(r.measured_tau, r.measured_lo, r.measured_hi) for r in a.itertuples()
-        ]
-        a["predicted from the run [95% CI]"] = [
-            ci(r.predicted_tau, r.predicted_lo, r.predicted_hi) for r in a.itertuples()
-        ]
-        bias = pd.DataFrame(
-            [
-                {
-                    "cells": b.kind,
-                    "n": b.cells,
-                    "measured/predicted (geo. mean) [99% CI]": ci(b.factor, b.lo, b.hi),
-                    "under-predicted": b.under_predicted,
-                    "over-predicted": b.over_predicted,
-                    "systematic": "yes: predictions corrected by this factor"
-                    if b.systematic
-                    else "no",
-                }
-                for b in self.bias
-            ]
-        )
-        server = self.policy.info["llama_server"]
-        choice_rows = [
-            {
-                "domain": d,
-                "server": cfg["setting"],
-                "K": cfg["k"],
-                "predicted tok/s": self.policy.info["tune"]["predicted_tok_s"][d],
-                "flags": " ".join(cfg["flags"]),
-            }
-            for d, cfg in [*server["domains"].items(), (ALL_DOMAINS, server["fallback"])]
-        ]
-        lines = [
-            "## Pass-cost curves (llama-bench, llama.cpp's own loop)",
-            "",
-            (
-                "A pass of n tokens in units of a one-token pass, per model and setting "
-                "(plot: pass_costs.png). Each model timed alone: two models competing for the "
-                "cores show only in the llama-server tables below."
-            ),
-            "",
-            self.grid.curve_table().to_markdown(index=False, floatfmt=".2f"),
-            "",
-            "## Break-even tokens per step (per setting and K)",
-            "",
-            self.break_even.to_markdown(index=False, floatfmt=".2f")
-            if len(self.break_even)
-            else "(no speculative setting measured)",
-            "",
-            "## Chosen llama-server settings (fastest predicted, plain included)",
-            "",
-            pd.DataFrame(choice_rows).to_markdown(index=False, floatfmt=".2f"),
-            "",
-            "## Speed per domain (held-out prompts, llama-server timings)",
-            "",
-            s[cols].to_markdown(index=False, floatfmt=".2f"),
-            "",
-            "## Prediction bias",
-            "",
-            bias.to_markdown(index=False) if len(bias) else "(no predicted cells)",
-            "",
-            "## Acceptance: llama-server vs the run's prediction (every domain and K)",
-            "",
-            a[
-                [
-                    "domain",
-                    "k",
-                    "prompts",
-                    "steps",
-                    "llama-server tokens/step [95% CI]",
-                    "predicted from the run [95% CI]",
-                    "overlap",
-                ]
-            ].to_markdown(index=False)
-            if len(a)
-            else "(no fixed-K cells)",
-        ]
-        return "\n".join(lines) + "\n"
+    picked: dict[str, list[PromptItem]] = {}
+    for item in items:
+        mine = picked.setdefault(item.domain, [])
+        if item.id in ids and (per_domain is None or len(mine) < per_domain):
+            mine.append(item)
+    return [x for d in domains for x in picked.get(d, [])]
 
 
 def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
@@ -685,163 +120,420 @@ def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
     return [x for d in domains for x in picked.get(d, [])]
 
 
-@dataclass(frozen=True)
-class GridOptions:
-    """The cost grid ``specscope llamacpp`` measures when no ``--costs`` file is given."""
-
-    threads: tuple[int, ...] = (2,)
-    polls: tuple[int, ...] = (0, 50)
-    draft_threads: tuple[int, ...] = (2,)
-    batches: tuple[tuple[int, int], ...] = ((2048, 512),)
-    quants: tuple[str, ...] = ()  # the target's, made with llama-quantize; () the GGUF as given
-    tokens: int = 8  # passes of 1..tokens
-    depth: int = 192
-    repetitions: int = 5
+def rendered(items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens: int):
+    return [(item, list(render_item(tokenizer, item, rendering, max_tokens).ids)) for item in items]
 
 
-def measure_grid(tools, target: Path, draft: Path, opts: GridOptions, echo) -> CostGrid:
-    """llama-bench over ``opts``: the target as given and requantised to each of
-    ``opts.quants``, the draft as given."""
-    targets = quantised_variants(tools, target, opts.quants or (gguf_quant(target),), echo)
-    curves, info = [], {}
-    for batch, ubatch in opts.batches:  # one llama-bench call per pair: it would cross b and ub
+def replayed_chains(run, settings: dict[str, ServerSetting]) -> dict[tuple[str, str], Prediction]:
+    """(candidate, domain) -> tokens per step of each draft-model chain replayed from the run's
+    records (a ``p_min`` as llama.cpp's stop rule), counted as llama-server decodes: the prefill's
+    token is a step of its own. Chains deeper than the run's tree are left out."""
+    out = {}
+    for name, s in settings.items():
+        if not s.uses_draft_model:
+            continue
+        candidate = top_chain(s.k)
+        if s.p_min:
+            candidate = StopRule(candidate, p_min=s.p_min)
+        try:
+            result = replay(run, candidate, prefill_drafts=False)
+        except SpecscopeError:
+            continue  # the records hold no chain of K
+        for row in result.rows:
+            domain = ALL_DOMAINS if row.domain == "All" else row.domain
+            e = row.tokens_per_step
+            out[(name, domain)] = Prediction(e.value, e.lo, e.hi, REPLAY)
+    return out
 
-        def bench(threads, batch=batch, ubatch=ubatch):
-            return BenchGrid(
-                threads,
-                opts.polls,
-                (batch,),
-                (ubatch,),
-                tuple(range(1, opts.tokens + 1)),
-                (opts.depth,),
-                opts.repetitions,
-            )
 
-        part = measure_cost_grid(
-            tools,
-            targets,
-            {gguf_quant(draft): draft},
-            bench(opts.threads),
-            bench(opts.draft_threads),
-            echo,
-        )
-        curves += part.curves
-        info = info or part.info
-    info["grid"] = {
-        "threads": list(opts.threads),
-        "polls": list(opts.polls),
-        "draft_threads": list(opts.draft_threads),
-        "batches": [list(b) for b in opts.batches],
-        "quants": list(opts.quants),
-        "tokens": opts.tokens,
-        "depth": opts.depth,
-        "repetitions": opts.repetitions,
+def outputs_against_run(runs: Sequence[BenchRun], run) -> dict:
+    """llama-server's plain greedy outputs against the outputs the run recorded for the same
+    prompts (the measured pair's): how many are equal over the run's length, and where the
+    others first differ (token index)."""
+    recorded = {
+        r.prompt_id: list(r.output_token_ids)
+        for r in run.prompts.itertuples()
+        if r.output_token_ids is not None
     }
-    return CostGrid(tuple(curves), info)
+    firsts = []
+    for r in runs:
+        if r.method != PLAIN or r.prompt_id not in recorded:
+            continue
+        mine, theirs = list(r.tokens), recorded[r.prompt_id]
+        n = min(len(mine), len(theirs))
+        diff = next((i for i in range(n) if mine[i] != theirs[i]), None)
+        if diff is None and len(mine) != len(theirs):
+            diff = n  # one output ended (EOS) where the other went on
+        firsts.append(diff)
+    differ = sorted(i for i in firsts if i is not None)
+    return {
+        "prompts": len(firsts),
+        "equal": len(firsts) - len(differ),
+        "first_difference": differ,
+        "why": "llama-server runs the GGUF (quantised), another model than the pair the run "
+        "measured: greedy outputs agree until the two models' top tokens first differ",
+    }
 
 
-def run_llamacpp_study(
-    run_dir,
-    out_dir,
-    target_gguf,
-    draft_gguf,
-    per_domain: int,
-    max_new_tokens: int,
-    ks: Sequence[int],
-    grid_options: GridOptions,
-    costs: Path | None,
-    n_boot: int,
-    echo: Callable[[str], None] = print,
-) -> LlamaCppStudy:
-    out = Path(out_dir)
-    inside = inside_of(out, run_dir)  # outputs in the run directory: its links are refused
+def server_entry(name: str, s: ServerSetting, target: Path, draft: Path | None) -> dict:
+    """What ``export --to llama.cpp`` and ``bench`` read of one candidate: the exact flags and
+    the GGUF files it was timed with."""
+    return {
+        "candidate": name,
+        "setting": s.name,
+        "spec_type": s.spec_type if s.k else "none",
+        "k": s.k,
+        "flags": s.flags(),
+        "server_setting": dataclasses.asdict(s),
+        "target_gguf": str(target),
+        "draft_gguf": str(draft) if s.uses_draft_model and draft else None,
+    }
+
+
+def _choice(cell: TimedCell, s: ServerSetting) -> Choice:
+    tau = cell.tokens_per_step.tokens_per_step
+    step = tau / (cell.speedup * cell.decode_tokens_per_s) if cell.speedup > 0 else 0.0
+    shape = chain(s.k) if s.uses_draft_model else None
+    return Choice(shape, tau, cell.speedup, step, prediction=cell.tokens_per_step)
+
+
+def llama_policy(
+    choice: TimedChoice,
+    settings: dict[str, ServerSetting],
+    target: Path,
+    draft: Path | None,
+    source: dict,
+    tune_info: dict,
+) -> PolicyFile:
+    """The policy file: per domain a chain of the draft model (draft-simple) or no tree (plain,
+    and a lookup, which specscope's own decoder does not run: ``llama_server`` names it), the
+    prediction made on the tuning prompts, and under ``llama_server`` each candidate's flags."""
+    entries = {n: server_entry(n, s, target, draft) for n, s in settings.items()}
+
+    def pick(name: str, domain: str) -> tuple[TreeShape | None, Choice]:
+        c = _choice(choice.cell(name, domain), settings[name])
+        return c.shape, c
+
+    per_domain = {d: pick(n, d) for d, n in choice.per_domain.items()}
+    uniform = pick(choice.uniform, ALL_DOMAINS)
+    return PolicyFile(
+        trees={d: shape for d, (shape, _) in per_domain.items()},
+        uniform=uniform[0],
+        choices={**{d: c for d, (_, c) in per_domain.items()}, ALL_DOMAINS: uniform[1]},
+        info={
+            "llama_server": {
+                "domains": {d: entries[n] for d, n in choice.per_domain.items()},
+                "fallback": entries[choice.uniform],
+                "reference": entries[PLAIN],
+                "candidates": entries,
+            },
+            "source": source,
+            "tune": {**tune_info, "cells": [c.to_dict() for c in choice.cells]},
+        },
+    )
+
+
+def tune_llama_server(
+    run_dir: Path,
+    out: Path,
+    candidates: Sequence[str],
+    base: ServerSetting = ServerSetting(),
+    target_gguf: Path | None = None,
+    draft_gguf: Path | None = None,
+    per_domain: int | None = None,
+    n_predict: int = 64,
+    repeats: int = 1,
+    min_speedup: float = 1.0,
+    n_boot: int = 2000,
+    log: Log = print,
+) -> tuple[PolicyFile, TimedChoice]:
+    """Time every candidate on the run's prompts in llama-server and choose (module docstring);
+    the policy goes to ``out``, every request to ``out``'s ``-requests.parquet`` beside it."""
+    inside = inside_of(out, run_dir)  # a link planted on the way out is refused before any work
     run = load_run(run_dir)
-    acceptance = ChainAcceptance.from_nodes(run.nodes)
-    outside = [k for k in ks if not 0 < k <= acceptance.max_k]
-    if outside or not ks:
-        raise SpecscopeError(
-            f"--k {outside[0] if outside else '(none)'}: every K must lie in "
-            f"1..{acceptance.max_k}, the depth of {run_dir}'s tree"
-        )
-    target_path = Path(target_gguf) if target_gguf else demo_gguf("target")
-    draft_path = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
-    items = held_out_prompts(run.manifest, per_domain)
-    tools = build_llama_tools(echo)
-    grid = (
-        CostGrid.load(costs)
-        if costs
-        else measure_grid(tools, target_path, draft_path, grid_options, echo)
-    )
-    write_json(out / "cost_grid.json", grid.to_dict(), inside)
-    plot_cost_curves(grid, out / "pass_costs.png", inside)
-    shipped = gguf_quant(target_path)
-    quants = sorted({c.quant for c in grid.curves if c.role == "target"} | {shipped})
-    models = {
-        ("target", q): p for q, p in quantised_variants(tools, target_path, quants, echo).items()
-    }
-    models |= {
-        ("draft", q): p
-        for q, p in quantised_variants(
-            tools, draft_path, sorted({c.quant for c in grid.curves if c.role == "draft"}), echo
-        ).items()
-    }
-    choices = choose_settings(acceptance, grid, ks)
-    plan = plan_benchmark(choices, grid, acceptance, ks, models, shipped)
-    policy = policy_from_choices(
-        choices, plan, grid, ks, {"run_dir": str(run_dir), "run_id": run.manifest.get("run_id")}
-    )
-    policy.save(out / "policy.json", inside)
-
-    tokenizer = load_tokenizer(str(target_path))
+    settings = candidate_settings(candidates, base)
+    target = Path(target_gguf) if target_gguf else demo_gguf("target")
+    draft = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
     config = run.manifest.get("config", {})
-    prompts = [
-        (
-            item,
-            list(
-                render_item(
-                    tokenizer, item, rendering_of(config), config.get("max_prompt_tokens", 512)
-                ).ids
-            ),
-        )
-        for item in items
-    ]
-    total = len(prompts) * (len(plan.methods) + 1)
-    done = 0
-
-    def progress(row: Request) -> None:
-        nonlocal done
-        done += 1
-        echo(
-            f"[{done}/{total}] {row.domain} {row.prompt_id} {row.method} ({row.setting}): "
-            f"{row.tokens} tokens, {row.tokens / max(row.decode_s, 1e-9):.1f} tok/s"
-        )
-
-    with ExitStack() as stack:
-        servers = {}
-        for cfg in plan.configs():
-            echo(f"starting llama-server {cfg.name} ...")
-            servers[config_key(cfg)] = stack.enter_context(
-                LlamaServer(tools, cfg.target, cfg.setting, cfg.draft)
-            )
-        rows = bench_requests(
-            lambda cfg, ids: servers[config_key(cfg)].complete(ids, max_new_tokens),
-            prompts,
-            plan,
-            acceptance,
-            on_request=progress,
-        )
-    requests = requests_frame(rows)
-    write_output(out / "requests.parquet", requests.to_parquet(None, index=False), inside)
-    speed = speed_table(requests, n_boot)
-    study = LlamaCppStudy(
-        grid,
-        policy,
-        plan,
-        speed,
-        prediction_bias(speed),
-        acceptance_table(requests, acceptance, n_boot),
-        break_even_table(grid, ks),
-        out,
+    items = run_prompts(run.manifest, per_domain)
+    tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
+    prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
+    log(
+        f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's prompts "
+        f"x {repeats} repeat(s), {n_predict} tokens each"
     )
-    write_output(out / "summary.md", study.render(), inside)
-    return study
+    runs, requests = time_candidates(
+        build_llama_tools(log), target, draft, settings, prompts, n_predict, repeats, log=log
+    )
+    choice = choose_timed(timed_cells(runs, replayed_chains(run, settings), n_boot), min_speedup)
+    write_output(
+        out.with_name(out.stem + "-requests.parquet"),
+        requests_frame(requests).to_parquet(None, index=False),
+        inside,
+    )
+    source = {
+        "run_dir": str(run_dir),
+        "run_id": run.manifest.get("run_id"),
+        "prompt_ids": list(run.manifest.get("prompts", {}).get("ids") or []),
+        "target": {
+            "measured": config.get("pair", {}),
+            "timed": {"target_gguf": str(target), "draft_gguf": str(draft)},
+            "note": "acceptance replayed from the run's records is the measured pair's; the "
+            "GGUF files timed are another model where they differ from it (quantisation)",
+        },
+    }
+    tune_info = {
+        "backend": "llama-server",
+        "tuning_prompts": [it.id for it in items],
+        "n_predict": n_predict,
+        "repeats": repeats,
+        "min_speedup": min_speedup,
+        "rendering": rendering_of(config),
+        "max_prompt_tokens": config.get("max_prompt_tokens", 512),
+        "machine": platform.processor() or platform.machine(),
+    }
+    tune_info["outputs_vs_run"] = outputs_against_run(runs, run)
+    policy = llama_policy(choice, settings, target, draft, source, tune_info)
+    policy.save(out, inside)
+    return policy, choice
+
+
+def tune_grid(choice: TimedChoice) -> Grid:
+    """Every candidate per domain on the tuning prompts, the chosen one marked."""
+
+    def num(x: float, suffix: str = "") -> str:
+        return f"{x:.2f}{suffix}" if math.isfinite(x) else "-"
+
+    chosen = {**choice.per_domain, ALL_DOMAINS: choice.uniform}
+    rows = tuple(
+        (
+            c.domain,
+            c.candidate + (" (chosen)" if chosen.get(c.domain) == c.candidate else ""),
+            c.prompts,
+            num(c.decode_tokens_per_s),
+            num(c.speedup, "x") + (f" [{c.lo:.2f}, {c.hi:.2f}]" if c.candidate != PLAIN else ""),
+            num(c.tokens_per_step.tokens_per_step)
+            + (
+                f" [{c.tokens_per_step.lo:.2f}, {c.tokens_per_step.hi:.2f}]"
+                if math.isfinite(c.tokens_per_step.lo)
+                else ""
+            ),
+            (
+                f"{c.replay.tokens_per_step:.2f} [{c.replay.lo:.2f}, {c.replay.hi:.2f}]"
+                if c.replay
+                else "-"
+            ),
+            "yes" if c.exact else "no",
+        )
+        for c in choice.cells
+    )
+    return Grid(
+        "llama_tune",
+        "llama-server settings on the tuning prompts (the measurement run's)",
+        tuple(
+            Column(c)
+            for c in (
+                "domain",
+                "candidate",
+                "prompts",
+                "decode tok/s",
+                "speed-up over plain (95% CI)",
+                "tokens/step (95% CI)",
+                "replayed tokens/step",
+                "outputs = plain",
+            )
+        ),
+        rows,
+        "speed-up: decoding after the first token, llama-server's own timings, against plain on "
+        "the same prompts; replayed: the run's records as greedy decoding with the same chain "
+        "(the measured pair, not the GGUF).",
+    )
+
+
+# --- bench ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaBench:
+    """What :func:`bench_llama_server` measured and concluded."""
+
+    runs: tuple[BenchRun, ...]
+    grids: tuple[Grid, ...]
+    document: dict
+
+
+def candidate_predictions(policy: PolicyFile) -> dict[tuple[str, str], PolicyPrediction]:
+    """(candidate, domain) -> its prediction on the tuning prompts, from ``tune.cells``."""
+    out = {}
+    for cell in policy.info.get("tune", {}).get("cells", []):
+        t = cell.get("tokens_per_step") or {}
+        lo, hi = t.get("interval") or (math.nan, math.nan)
+        tokens = Prediction(float(t["tokens_per_step"]), lo, hi, t["method"]) if t else None
+        speedup = cell.get("predicted_speedup")
+        out[(cell["candidate"], cell["domain"])] = PolicyPrediction(
+            tokens, float(speedup) if speedup is not None else math.nan
+        )
+    return out
+
+
+def benched_candidates(policy: PolicyFile) -> list[str]:
+    """The candidates a bench times: plain, every chosen one, and every other candidate that is
+    not dominated on the tuning prompts in every domain (dominated: its speed-up interval lies
+    wholly below the interval of the domain's best candidate)."""
+    tuned = policy.info["tune"]["cells"]
+    server = policy.info["llama_server"]
+    keep = {PLAIN, server["fallback"]["candidate"]}
+    keep |= {e["candidate"] for e in server["domains"].values()}
+    for domain in {c["domain"] for c in tuned}:
+        cells = [c for c in tuned if c["domain"] == domain and c["predicted_speedup"] is not None]
+        best = max(cells, key=lambda c: c["predicted_speedup"])
+        best_lo = (
+            best["interval"][0] if best["interval"][0] is not None else best["predicted_speedup"]
+        )
+        for c in cells:
+            hi = c["interval"][1] if c["interval"][1] is not None else c["predicted_speedup"]
+            if hi >= best_lo:
+                keep.add(c["candidate"])
+    return [n for n in server["candidates"] if n in keep]
+
+
+def regret_grid(rows) -> Grid:
+    return Grid(
+        "llama_regret",
+        "the chosen setting against the best one measured, per domain (held-out prompts)",
+        tuple(
+            Column(c)
+            for c in ("domain", "chosen", "speed-up", "best measured", "speed-up", "regret")
+        ),
+        tuple(
+            (
+                r.domain,
+                r.chosen,
+                f"{r.chosen_speedup:.3f}x",
+                r.best,
+                f"{r.best_speedup:.3f}x",
+                f"{r.regret:.1%}",
+            )
+            for r in rows
+        ),
+        "regret: 1 - chosen / best measured decode speed-up over plain.",
+    )
+
+
+def bench_llama_server(
+    policy_path: Path,
+    out: Path,
+    domains: Sequence[str],
+    per_domain: int,
+    repeats: int = 3,
+    n_predict: int | None = None,
+    seed: int = 2026,
+    in_sample: bool = False,
+    n_boot: int = 2000,
+    log: Log = print,
+    prune: bool = True,
+) -> LlamaBench:
+    """The policy's candidates on held-out prompts through llama-server (module docstring)."""
+    inside = inside_of(out, Path(policy_path).parent)  # links refused before any work
+    policy = PolicyFile.load(policy_path)
+    server = policy.info.get("llama_server") or {}
+    tuned = policy.info.get("tune") or {}
+    if "candidates" not in server or tuned.get("backend") != "llama-server":
+        raise SpecscopeError(
+            f"{policy_path} was not tuned for llama-server (no llama_server candidates); make "
+            "one with specscope tune --backend llama-server RUN_DIR"
+        )
+    entries = server["candidates"]
+    settings = {n: ServerSetting.from_dict(e["server_setting"]) for n, e in entries.items()}
+    target = Path(entries[PLAIN]["target_gguf"])
+    drafts = {e["draft_gguf"] for e in entries.values() if e.get("draft_gguf")}
+    for path in [target, *map(Path, drafts)]:
+        if not path.is_file():
+            raise SpecscopeError(f"{policy_path} names GGUF file {path}, which does not exist")
+    draft = Path(next(iter(drafts))) if drafts else None
+    n_predict = n_predict or int(tuned.get("n_predict", 64))
+    chosen = bench_prompts(list(domains), per_domain, seed, policy, "rules", in_sample, split=False)
+    timed = benched_candidates(policy) if prune else list(settings)
+    pruned = [n for n in settings if n not in timed]
+    if pruned:
+        log(f"not timed (dominated on the tuning prompts in every domain): {', '.join(pruned)}")
+    settings = {n: settings[n] for n in timed}
+    pair = (policy.info.get("source") or {}).get("target", {}).get("measured", {})
+    tokenizer = load_tokenizer(pair.get("target", "demo:target"))
+    prompts = rendered(
+        chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
+    )
+    log(
+        f"timing {len(settings)} llama-server settings on {len(prompts)} held-out prompts x "
+        f"{repeats} repeats, {n_predict} tokens each"
+    )
+    runs, requests = time_candidates(
+        build_llama_tools(log),
+        target,
+        draft,
+        settings,
+        prompts,
+        n_predict,
+        repeats,
+        chosen.in_sample_ids,
+        log,
+    )
+    per_domain_choice = {d: e["candidate"] for d, e in server["domains"].items()}
+    fallback = server["fallback"]["candidate"]
+    router = RuleRouter()
+    text = {it.id: prompt_text(it) for it in chosen.items}
+
+    def route(run: BenchRun) -> tuple[str, str]:
+        domain = router.classify(text[run.prompt_id])
+        return per_domain_choice.get(domain, fallback), domain
+
+    runs = [
+        *runs,
+        *derived_runs(runs, "routed", route),
+        *derived_runs(runs, "uniform", lambda r: (fallback, "")),
+    ]
+    rows = summarize_bench(runs, n_boot)
+    cells = predicted_vs_measured(
+        rows, runs, policy_predictions(policy_path), candidate_predictions(policy)
+    )
+    precision = speedup_precision(runs, n_boot=n_boot)
+    regret = regrets(rows, {d: per_domain_choice.get(d, fallback) for d in domains})
+    single = routed_against_best_single(runs, n_boot)
+    write_output(
+        out / "requests.parquet", requests_frame(requests).to_parquet(None, index=False), inside
+    )
+    grids = (
+        bench_grid(rows, "llama-server on held-out prompts"),
+        prediction_grid(cells, chosen.tuned),
+        regret_grid(regret),
+        precision_grid(precision),
+    )
+    document = {
+        "backend": "llama-server",
+        "policy_file": str(policy_path),
+        "config": {
+            "per_domain": per_domain,
+            "repeats": repeats,
+            "n_predict": n_predict,
+            "seed": seed,
+            "candidates": {n: s.name for n, s in settings.items()},
+            "not_timed": pruned,
+            "target_gguf": str(target),
+            "draft_gguf": str(draft) if draft else None,
+        },
+        "rows": [dataclasses.asdict(r) for r in rows],
+        **checks_document(chosen, cells, precision),
+        "regret": [{**dataclasses.asdict(r), "regret": r.regret} for r in regret],
+        "routed_vs_best_single": {**dataclasses.asdict(single), "verdict": single.verdict},
+        "derived": "routed and uniform are the candidates' own requests, picked per prompt by "
+        "the rule router (routed) or the policy's uniform entry: a route only picks a server",
+    }
+    write_json(out / "bench.json", document, inside)
+    summary = "\n\n".join(to_markdown(g) for g in grids)
+    summary += (
+        f"\n\nRouted against the best single setting ({single.best_single}) over all "
+        f"{single.prompts} prompts: {single.ratio:.3f}x [{single.lo:.3f}, {single.hi:.3f}]: "
+        f"{single.verdict}.\n"
+    )
+    write_output(out / "summary.md", summary, inside)
+    return LlamaBench(tuple(runs), grids, document)

@@ -1,0 +1,359 @@
+"""llama.cpp through tune and bench: every spec type's exact flags, the bench rows made of
+llama-server's timings, the chooser over timed candidates, regret, routed against the best single
+setting (with a calibration of its verdict), what a bench times, the export of a lookup, and
+the whole command on real llama-server processes when the programs and the demo pair are here."""
+
+import json
+import re
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specscope.cli import app
+from specscope.prompts.items import PromptItem
+from specscope.records import ALL_DOMAINS
+from specscope.serving.export import ExportError, ExportOptions, export_policy
+from specscope.serving.llamacpp.backend import candidate_settings, time_candidates
+from specscope.serving.llamacpp.programs import LlamaToolsError
+from specscope.serving.llamacpp.server import Completion, ServerSetting
+from specscope.serving.llamacpp.study import benched_candidates
+from specscope.trees import TreeShape
+from specscope.tune.bench import (
+    BenchRun,
+    derived_runs,
+    regrets,
+    routed_against_best_single,
+    summarize_bench,
+)
+from specscope.tune.policy import PolicyFile
+from specscope.tune.timed import choose_timed, timed_cells
+
+# --- settings -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, name, spec_flags",
+    [
+        ("plain", "plain", []),
+        ("ngram-simple", "ngram-simple-n12-m48", ["--spec-type", "ngram-simple",
+         "--spec-ngram-simple-size-n", "12", "--spec-ngram-simple-size-m", "48"]),
+        ("ngram-simple:n=3,m=8", "ngram-simple-n3-m8", ["--spec-type", "ngram-simple",
+         "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]),
+        ("ngram-map-k", "ngram-map-k-n12-m48", ["--spec-type", "ngram-map-k",
+         "--spec-ngram-map-k-size-n", "12", "--spec-ngram-map-k-size-m", "48"]),
+        ("ngram-map-k4v:n=4,m=16", "ngram-map-k4v-n4-m16", ["--spec-type", "ngram-map-k4v",
+         "--spec-ngram-map-k4v-size-n", "4", "--spec-ngram-map-k4v-size-m", "16"]),
+        ("ngram-mod", "ngram-mod-n24-m64", ["--spec-type", "ngram-mod",
+         "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-max", "64",
+         "--spec-ngram-mod-n-min", "48"]),
+        ("ngram-mod:m=16", "ngram-mod-n24-m16", ["--spec-type", "ngram-mod",
+         "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-max", "16",
+         "--spec-ngram-mod-n-min", "16"]),
+        ("ngram-cache", "ngram-cache", ["--spec-type", "ngram-cache"]),
+    ],
+)  # fmt: skip
+def test_every_lookup_runs_with_exact_flags(text, name, spec_flags):
+    s = ServerSetting.parse(text)
+    assert s.spec_name == name and not s.uses_draft_model
+    assert s.flags("d.gguf")[16:] == spec_flags  # no draft model for a lookup
+    assert ServerSetting.from_dict(s.to_dict()) == s
+
+
+def test_draft_simple_takes_k_and_p_min():
+    s = ServerSetting.parse("draft-simple:k=4,p_min=0.75", ServerSetting(threads=1))
+    assert (s.k, s.p_min, s.threads, s.uses_draft_model) == (4, 0.75, 1, True)
+    assert s.name == "k4-pmin0.75-t1-poll50-b2048-ub512"
+    flags = s.flags("d.gguf")
+    assert flags[flags.index("--spec-draft-p-min") + 1] == "0.75"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("ngram-fancy", "not a spec type specscope runs"),
+        ("ngram-simple:q=3", "unknown size 'q'"),
+        ("ngram-simple:n=x", "n='x' is not a number"),
+        ("draft-simple:k=0", "k (m) must be >= 1"),
+        ("draft-simple:k=2,p_min=1.5", "p_min in [0, 1]"),
+    ],
+)
+def test_a_bad_candidate_is_named(text, says):
+    with pytest.raises(LlamaToolsError, match=re.escape(says)):
+        ServerSetting.parse(text)
+
+
+def test_plain_is_always_a_candidate():
+    assert list(candidate_settings(["ngram-mod"], ServerSetting())) == ["plain", "ngram-mod"]
+
+
+# --- bench rows from llama-server's timings ----------------------------------------------------------
+
+
+class ScriptedServer:
+    """A stand-in for one llama-server process: answers from a script of timings, and keeps
+    what it was asked (the real processes are tested below, with the llamacpp mark)."""
+
+    def __init__(self, setting, script, log):
+        self.setting, self.script, self.log = setting, script, log
+
+    def complete(self, ids, n_predict):
+        self.log.append((self.setting.spec_name, tuple(ids)))
+        return self.script(
+            self.setting, tuple(ids), len([x for x in self.log if x[1] == tuple(ids)])
+        )
+
+
+def _completion(n, decode_ms, prompt_ms, draft_n=0, accepted=0, tokens=None):
+    return Completion("", list(tokens or range(n)), n, decode_ms, 0.0, 5, prompt_ms, draft_n,
+                      accepted, "limit")  # fmt: skip
+
+
+def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
+    items = [PromptItem(f"c{i}", "code", [], "") for i in range(2)]
+    prompts = [(it, [i + 1, i + 2]) for i, it in enumerate(items)]
+    settings = candidate_settings(["ngram-simple:n=3,m=8"], ServerSetting())
+    starts, log = [], []
+    decode = {"plain": [600.0, 400.0, 500.0], "ngram-simple-n3-m8": [300.0, 200.0, 250.0]}
+
+    def script(setting, ids, nth):
+        speculating = setting.spec_name != "plain"
+        repeat = sum(1 for s in starts if s.spec_name == setting.spec_name) - 1
+        return _completion(
+            10, decode[setting.spec_name][repeat], 100.0,
+            draft_n=8 if speculating else 0, accepted=6 if speculating else 0,
+        )  # fmt: skip
+
+    def serve(setting):
+        starts.append(setting)
+        return nullcontext(ScriptedServer(setting, script, log))
+
+    runs, requests = time_candidates(
+        None, None, None, settings, prompts, 10, repeats=3, serve=serve,
+        in_sample_ids=frozenset({"c1"}),
+    )  # fmt: skip
+    assert len(starts) == 3 * 2  # every repeat on fresh servers
+    assert len(requests) == 2 * 2 * 3
+    # the candidates' order rotates prompt by prompt (and repeat by repeat)
+    assert [name for name, _ in log[:4]] == [
+        "plain",
+        "ngram-simple-n3-m8",
+        "ngram-simple-n3-m8",
+        "plain",
+    ]
+    by = {(r.method, r.prompt_id): r for r in runs}
+    r = by[("ngram-simple:n=3,m=8", "c0")]
+    assert r.repeat_times_s == pytest.approx((0.4, 0.3, 0.35))
+    assert r.time_s == pytest.approx(0.35) and r.first_token_s == pytest.approx(0.1)
+    assert r.steps == 10 - 6  # the prefill's token, then 3 steps of 2 accepted drafts + 1
+    assert by[("plain", "c0")].steps == 10 and by[("plain", "c0")].time_s == pytest.approx(0.6)
+    assert by[("plain", "c1")].in_sample and not by[("plain", "c0")].in_sample
+
+
+# --- the chooser over timed candidates ----------------------------------------------------------------
+
+
+def _run(method, prompt, domain, decode_s, tokens=11, steps=None, first=0.1, routed=""):
+    return BenchRun(
+        method, prompt, domain, routed, tuple(range(tokens)), steps or tokens,
+        first + decode_s, first, (first + decode_s,), (first,),
+    )  # fmt: skip
+
+
+def _world(speed, prompts=4, noise=0.0, seed=0):
+    """Runs of known decode speed-ups: speed[domain][method], 10 tokens after the first in
+    1 s for plain; per-prompt noise (log-normal) optional."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for domain, methods in speed.items():
+        for p in range(prompts):
+            for method, up in methods.items():
+                jitter = float(np.exp(rng.normal(0, noise))) if noise else 1.0
+                runs.append(_run(method, f"{domain}{p}", domain, 1.0 / up * jitter))
+    return runs
+
+
+def test_the_fastest_candidate_per_domain_and_over_all_is_chosen():
+    runs = _world(
+        {
+            "code": {"plain": 1.0, "lookup": 2.0, "draft": 1.25},
+            "chat": {"plain": 1.0, "lookup": 0.8, "draft": 0.9},
+        }
+    )
+    cells = timed_cells(runs, n_boot=50)
+    choice = choose_timed(cells)
+    assert choice.per_domain == {"code": "lookup", "chat": "plain"}
+    by = {(c.candidate, c.domain): c for c in cells}
+    assert by[("lookup", "code")].speedup == pytest.approx(2.0)
+    # over all the traffic: 80 tokens after the first in 4 / 2 + 4 / 0.8 = 7 s for lookup
+    # (1.143x), 4 / 1.25 + 4 / 0.9 = 7.64 s for draft (1.047x), 8 s for plain
+    assert by[("lookup", ALL_DOMAINS)].speedup == pytest.approx(8 / 7)
+    assert by[("draft", ALL_DOMAINS)].speedup == pytest.approx(8 / (4 / 1.25 + 4 / 0.9))
+    assert choice.uniform == "lookup"
+    # a higher bar leaves every domain plain
+    assert choose_timed(cells, min_speedup=2.5).per_domain == {"code": "plain", "chat": "plain"}
+
+
+def test_tokens_per_step_of_a_cell_counts_the_prefill_as_a_step():
+    runs = [_run("lookup", f"c{p}", "code", 0.5, tokens=12, steps=4) for p in range(3)]
+    runs += [_run("plain", f"c{p}", "code", 1.0, tokens=12) for p in range(3)]
+    cell = {c.candidate: c for c in timed_cells(runs, n_boot=50) if c.domain == "code"}
+    assert cell["lookup"].tokens_per_step.tokens_per_step == pytest.approx(3.0)
+    assert cell["plain"].tokens_per_step.tokens_per_step == pytest.approx(1.0)
+
+
+# --- regret, routed, what a bench times ------------------------------------------------------------
+
+
+def test_regret_and_routed_against_the_best_single_setting():
+    speed = {
+        "code": {"plain": 1.0, "lookup": 2.0, "draft": 1.2},
+        "chat": {"plain": 1.0, "lookup": 0.5, "draft": 1.1},
+    }
+    runs = _world(speed)
+    chosen = {"code": "lookup", "chat": "plain"}
+    routed = derived_runs(runs, "routed", lambda r: (chosen[r.domain], r.domain))
+    assert len(routed) == 8 and {r.routed_to for r in routed} == {"code", "chat"}
+    rows = summarize_bench([*runs, *routed], n_boot=50)
+    out = {r.domain: r for r in regrets(rows, chosen)}
+    assert out["code"].regret == pytest.approx(0.0) and out["code"].best == "lookup"
+    assert out["chat"].best == "draft" and out["chat"].regret == pytest.approx(1 - 1 / 1.1)
+    single = routed_against_best_single([*runs, *routed], n_boot=200)
+    # the best single over all traffic: draft (4/1.2 + 4/1.1 s); routed: 4/2 + 4 s
+    assert single.best_single == "draft"
+    assert single.ratio == pytest.approx((4 / 1.2 + 4 / 1.1) / (2 + 4))
+    assert single.verdict == "routing beats the best single setting"  # no noise: a point
+
+
+@pytest.mark.calibration
+def test_routed_against_best_single_is_calibrated():
+    """Worlds of known truth, 4 domains x 20 prompts, 15% per-prompt noise: routed equal to the
+    best single setting (no route pays) says "routing beats" in at most 5% of worlds (the 95%
+    interval's one side: 2.5% expected); a route 10% faster is found in most."""
+
+    def verdict(route_gain, seed):
+        speed = {
+            d: {"plain": 1.0, "single": 1.2, "routed": 1.2 * route_gain}
+            for d in ("code", "math", "reasoning", "chat")
+        }
+        runs = _world(speed, prompts=20, noise=0.15, seed=seed)
+        return routed_against_best_single(runs, n_boot=300, seed=seed).verdict
+
+    worlds = 60
+    false = np.mean([verdict(1.0, s).startswith("routing beats") for s in range(worlds)])
+    power = np.mean([verdict(1.1, s).startswith("routing beats") for s in range(worlds)])
+    assert false <= 0.05, false
+    assert power >= 0.8, power
+
+
+def _policy(cells, domains, fallback):
+    entry = {n: {"candidate": n} for n in ("plain", "lookup", "draft", "slow")}
+    return PolicyFile(
+        trees={},
+        info={
+            "llama_server": {
+                "domains": {d: entry[n] for d, n in domains.items()},
+                "fallback": entry[fallback],
+                "candidates": entry,
+            },
+            "tune": {"cells": cells},
+        },
+    )
+
+
+def _cell(candidate, domain, speedup, lo, hi):
+    return {"candidate": candidate, "domain": domain, "predicted_speedup": speedup,
+            "interval": [lo, hi]}  # fmt: skip
+
+
+def test_a_bench_leaves_out_only_what_every_domain_found_dominated():
+    cells = [
+        _cell("plain", "code", 1.0, 1.0, 1.0),
+        _cell("lookup", "code", 1.6, 1.4, 1.8),
+        _cell("draft", "code", 0.6, 0.5, 0.7),  # below lookup's interval: dominated
+        _cell("slow", "code", 0.5, 0.4, 0.6),
+        _cell("plain", "chat", 1.0, 1.0, 1.0),
+        _cell("lookup", "chat", 0.9, 0.8, 1.0),
+        _cell("draft", "chat", 0.95, 0.85, 1.05),  # reaches plain's: kept
+        _cell("slow", "chat", 0.5, 0.4, 0.6),
+    ]
+    policy = _policy(cells, {"code": "lookup", "chat": "plain"}, "plain")
+    assert benched_candidates(policy) == ["plain", "lookup", "draft"]
+
+
+# --- the export of a policy tuned in llama-server ---------------------------------------------------
+
+
+def test_a_lookup_timed_in_llama_server_exports_its_exact_flags():
+    from test_export_llamacpp import _preset_keys, parse_presets
+
+    mod = ServerSetting.parse("ngram-mod")
+    entry = {
+        "candidate": "ngram-mod",
+        "setting": mod.name,
+        "spec_type": "ngram-mod",
+        "k": mod.k,
+        "flags": mod.flags(),
+        "target_gguf": "/m/t.gguf",
+        "draft_gguf": None,
+    }
+    plain = {**entry, "spec_type": "none", "k": 0, "flags": ServerSetting().flags()}
+    info = {"llama_server": {"domains": {"code": entry, "chat": plain}, "fallback": plain}}
+    doc = export_policy(
+        PolicyFile({"code": None, "chat": None}, info=info), "llama.cpp", ExportOptions()
+    )
+    code = doc["domains"]["code"]["flags"]
+    assert (
+        code["--spec-type"],
+        code["--spec-ngram-mod-n-match"],
+        code["--spec-ngram-mod-n-max"],
+    ) == (
+        "ngram-mod",
+        24,
+        64,
+    )
+    assert code["--model"] == "/m/t.gguf" and "--spec-draft-model" not in code
+    assert "--spec-type" not in doc["domains"]["chat"]["flags"]
+    keys = _preset_keys()
+    assert all(k in keys for opts in parse_presets(doc["presets_ini"]).values() for k in opts)
+    # a lookup has no tree: a policy that gives its domain one is refused
+    chained = PolicyFile({"code": TreeShape.chain(2), "chat": None}, info=info)
+    with pytest.raises(ExportError, match="ngram-mod lookup, which drafts without a tree"):
+        export_policy(chained, "llama.cpp", ExportOptions())
+
+
+# --- real llama-server processes ---------------------------------------------------------------------
+
+
+@pytest.mark.weights
+@pytest.mark.llamacpp
+def test_tune_and_bench_through_llama_server(tmp_path):
+    """The whole command on the shipped deep-tree run: 1 tuning prompt and 1 held-out prompt
+    per domain, 8 tokens, plain, a lookup and the draft model at K = 2."""
+    from test_llamaserver import _demo_or_skip
+
+    _demo_or_skip()
+    from pathlib import Path
+
+    run = Path(__file__).parents[2] / "results" / "demo-pair" / "deep-tree"
+    out = tmp_path / "ll"
+    result = CliRunner().invoke(
+        app,
+        [
+            "llamacpp", run, "--out", out, "--candidate", "ngram-simple:n=3,m=8",
+            "--candidate", "draft-simple:k=2", "--tune-per-domain", "1", "--per-domain", "1",
+            "--repeats", "1", "--max-new-tokens", "8", "--boot", "50",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    policy = json.loads((out / "policy.json").read_text())
+    cells = policy["tune"]["cells"]
+    assert {c["candidate"] for c in cells} == {"plain", "ngram-simple:n=3,m=8", "draft-simple:k=2"}
+    # the draft model's chain is replayed from the run's records beside what llama-server did
+    assert all("replay" in c for c in cells if c["candidate"] == "draft-simple:k=2")
+    assert policy["tune"]["outputs_vs_run"]["prompts"] == 4
+    bench = json.loads((out / "bench.json").read_text())
+    assert not set(bench["held_out"]["in_sample_prompts"])
+    assert {r["method"] for r in bench["rows"]} >= {"plain", "routed", "uniform"}
+    assert bench["routed_vs_best_single"]["verdict"]
