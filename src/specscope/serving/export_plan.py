@@ -68,7 +68,7 @@ class DeploymentPlan:
     policy_source: str = ""
     cost_model: dict | None = None  # the policy's cost model, if it was tuned (vLLM schedule)
     acceptance: dict | None = None  # the policy's acceptance vectors, if tuned
-    llama_server: dict | None = None  # the settings `specscope llamacpp` measured, per domain
+    llama_server: dict | None = None  # the settings llama-server was timed with, per domain
     notes: tuple[str, ...] = ()  # what the document must say of this policy (unchecked layers)
 
     @classmethod

@@ -5,8 +5,9 @@
 - :mod:`.server`: llama-server as a backend (:class:`~.server.ServerSetting`, the exact flags;
   :class:`~.server.LlamaServer`, one process);
 - :mod:`.router`: llama-server's router mode (presets), draft agreement, greedy-chain counts;
-- :mod:`.costs`: llama.cpp's pass costs (llama-bench curves) and what they predict for chains of K;
-- :mod:`.study`: ``specscope llamacpp``, settings per domain measured side by side;
+- :mod:`.costs`: llama.cpp's pass costs (llama-bench curves) and the break-even points of chains;
+- :mod:`.backend`: candidate settings timed in llama-server, as the bench's rows;
+- :mod:`.study`: ``specscope llamacpp``: tune and bench with the llama-server backend;
 - :mod:`.export`: a tuned policy as llama-server flags and a router-mode presets file;
 - :mod:`.ingest`: llama-server's per-request ``timings`` as request statistics (statistics key
   ``timings``).

@@ -81,7 +81,7 @@ B11312 = EngineVersion(
         Field("--spec-ngram-mod-n-max", int, low=1, high=1024),
         Field("--poll", int, low=0, high=100),
         Field("--spec-draft-poll", int, low=0, high=1),
-        # the rest of a setting `specscope llamacpp` measured (every flag it timed is exported)
+        # the rest of a setting timed in llama-server (every flag it timed is exported)
         Field("--threads", int, low=1, high=1024),
         Field("--threads-batch", int, low=1, high=1024),
         Field("--batch-size", int, low=1, high=2**31 - 1),
@@ -164,8 +164,9 @@ EXPORTS = (
     "per domain: llama-server flags (`--spec-type draft-simple`, `--spec-draft-model`, "
     "`--spec-draft-n-max` K, `--spec-draft-n-min` 0, `--spec-draft-p-min` 0, `--poll` 0) "
     "and a router-mode presets file (`--models-preset`), one section per domain; from a "
-    "`specscope llamacpp` policy, exactly the setting it measured per domain (threads, "
-    "polling, batch sizes, quantised GGUF); ngram domains: `--spec-type ngram-simple`, "
+    "`specscope llamacpp` policy, exactly the setting timed per domain (threads, "
+    "polling, batch sizes, GGUF; model-free lookups `ngram-simple`, `ngram-map-k`, "
+    "`ngram-map-k4v`, `ngram-mod` and `ngram-cache` with their sizes); ngram domains: `--spec-type ngram-simple`, "
     "`--spec-ngram-simple-size-n` prompt_lookup_min, `--spec-ngram-simple-size-m` K, "
     "**approximated** (llama.cpp's rule is not vLLM's); llama-ngram-simple domains: the same "
     "flags with `--spec-ngram-simple-size-n` ngram_size, exact (the rule measured)"

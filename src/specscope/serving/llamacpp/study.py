@@ -77,47 +77,32 @@ def chain_k(shape: TreeShape | None) -> int:
 # --- tune ---------------------------------------------------------------------------------------------
 
 
-def run_prompts(manifest: dict, per_domain: int | None) -> list[PromptItem]:
-    """The run's own prompts (its manifest's ids, drawn again from its domain sources), the first
+def source_prompts(manifest: dict, per_domain: int | None, measured: bool) -> list[PromptItem]:
+    """Prompts of the run's domain sources, drawn again with its seed: the run's own
+    (``measured``: the tuning prompts) or ones it did not measure (held out); the first
     ``per_domain`` of each domain (None: all)."""
     spec = manifest.get("config", {}).get("prompts", {})
     domains = list(spec.get("domains") or [])
     if not domains or spec.get("file"):
         raise SpecscopeError(
-            "llama-server's tuning prompts are the run's, drawn from its domain sources, but "
-            "this run measured a prompts file; measure a run with --domains"
+            "tuning and held-out prompts come from the run's domain sources, but this run "
+            "measured a prompts file; measure a run with --domains"
         )
-    ids = set(manifest.get("prompts", {}).get("ids") or [])
+    used = set(manifest.get("prompts", {}).get("ids") or [])
     seed = manifest.get("config", {}).get("seed", 42)
-    items = select_prompts(
-        domains, spec.get("per_domain"), seed=seed, sources=dict(spec.get("sources") or ())
-    )
+    wanted = spec.get("per_domain") if measured else (spec.get("per_domain") or 0) + per_domain
+    items = select_prompts(domains, wanted, seed=seed, sources=dict(spec.get("sources") or ()))
     picked: dict[str, list[PromptItem]] = {}
     for item in items:
         mine = picked.setdefault(item.domain, [])
-        if item.id in ids and (per_domain is None or len(mine) < per_domain):
+        if (item.id in used) == measured and (per_domain is None or len(mine) < per_domain):
             mine.append(item)
     return [x for d in domains for x in picked.get(d, [])]
 
 
 def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
     """``per_domain`` prompts per domain from the run's sources that the run did not measure."""
-    spec = manifest.get("config", {}).get("prompts", {})
-    domains = list(spec.get("domains") or [])
-    if not domains or spec.get("file"):
-        raise SpecscopeError(
-            "held-out prompts come from the run's domain sources, but this run "
-            "measured a prompts file; measure a run with --domains"
-        )
-    used = set(manifest.get("prompts", {}).get("ids") or [])
-    seed = manifest.get("config", {}).get("seed", 42)
-    wanted = (spec.get("per_domain") or 0) + per_domain
-    items = select_prompts(domains, wanted, seed=seed, sources=dict(spec.get("sources") or ()))
-    picked: dict[str, list[PromptItem]] = {}
-    for item in items:
-        if item.id not in used and len(picked.setdefault(item.domain, [])) < per_domain:
-            picked[item.domain].append(item)
-    return [x for d in domains for x in picked.get(d, [])]
+    return source_prompts(manifest, per_domain, measured=False)
 
 
 def rendered(items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens: int):
@@ -255,7 +240,7 @@ def tune_llama_server(
     target = Path(target_gguf) if target_gguf else demo_gguf("target")
     draft = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
     config = run.manifest.get("config", {})
-    items = run_prompts(run.manifest, per_domain)
+    items = source_prompts(run.manifest, per_domain, measured=True)
     tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
     prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
     log(
