@@ -3,6 +3,7 @@ llama-server's timings, the chooser over timed candidates, regret, routed agains
 setting (with a calibration of its verdict), what a bench times, the export of a lookup, and
 the whole command on real llama-server processes when the programs and the demo pair are here."""
 
+import dataclasses
 import json
 import re
 from contextlib import nullcontext
@@ -357,3 +358,26 @@ def test_tune_and_bench_through_llama_server(tmp_path):
     assert not set(bench["held_out"]["in_sample_prompts"])
     assert {r["method"] for r in bench["rows"]} >= {"plain", "routed", "uniform"}
     assert bench["routed_vs_best_single"]["verdict"]
+
+
+def test_llama_servers_outputs_are_set_beside_the_runs():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from specscope.serving.llamacpp.study import outputs_against_run
+
+    recorded = {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1, 2], "d": [5]}
+    run = SimpleNamespace(
+        prompts=pd.DataFrame(
+            {
+                "prompt_id": list(recorded),
+                "output_token_ids": [np.array(v) for v in recorded.values()],
+            }
+        )
+    )
+    served = {"a": (1, 2, 3), "b": (1, 9, 3), "c": (1, 2, 3)}  # d: not served
+    runs = [dataclasses.replace(_run("plain", p, "code", 1.0), tokens=t) for p, t in served.items()]
+    runs.append(dataclasses.replace(_run("lookup", "a", "code", 1.0), tokens=(7,)))  # not plain
+    out = outputs_against_run(runs, run)
+    assert (out["prompts"], out["equal"], out["first_difference"]) == (3, 1, [1, 2])

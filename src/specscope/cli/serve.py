@@ -198,13 +198,18 @@ def llamacpp(
     from ..files import check_output_file
     from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
     from ..serving.llamacpp.server import ServerSetting
-    from ..serving.llamacpp.study import bench_llama_server, tune_grid, tune_llama_server
+    from ..serving.llamacpp.study import (
+        bench_llama_server,
+        models_note,
+        tune_grid,
+        tune_llama_server,
+    )
 
     out = out or run_dir / "llamacpp"
     log = functools.partial(typer.echo, err=True)
     if policy_file is None:
         policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
-        _, choice = tune_llama_server(
+        policy, choice = tune_llama_server(
             run_dir,
             policy_file,
             candidates or DEFAULT_CANDIDATES,
@@ -219,6 +224,7 @@ def llamacpp(
             log,
         )
         print_grids([tune_grid(choice)], blank=False)
+        typer.echo(models_note(policy))
         typer.echo(f"wrote {policy_file}")
     bench = bench_llama_server(
         policy_file,

@@ -20,6 +20,7 @@ It does not choose (:mod:`specscope.tune.timed`) or summarise (:func:`~specscope
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import asdict, dataclass
@@ -54,6 +55,8 @@ class LlamaRequest:
     draft_n: int
     accepted: int
     stop_type: str
+    wall_s: float = float("nan")  # the request's round trip as the client saw it
+    output_ids: tuple[int, ...] = ()  # the greedy output, to set beside other candidates'
 
 
 def candidate_settings(texts: Sequence[str], base: ServerSetting) -> dict[str, ServerSetting]:
@@ -96,7 +99,9 @@ def time_candidates(
             for i, (item, ids) in enumerate(prompts):
                 shift = (i + rep) % len(names)
                 for name in names[shift:] + names[:shift]:
+                    t0 = time.perf_counter()
                     c = servers[name].complete(ids, n_predict)
+                    wall = time.perf_counter() - t0
                     done.setdefault((name, item.id), []).append(c)
                     requests.append(
                         LlamaRequest(
@@ -110,6 +115,8 @@ def time_candidates(
                             c.draft_n,
                             c.draft_n_accepted,
                             c.stop_type,
+                            wall,
+                            tuple(c.tokens),
                         )
                     )
                     count += 1

@@ -283,6 +283,26 @@ def tune_llama_server(
     return policy, choice
 
 
+def models_note(policy: PolicyFile) -> str:
+    """Which model llama-server ran against which the run measured, and how their greedy
+    outputs compare on the tuning prompts."""
+    target = (policy.info.get("source") or {}).get("target", {})
+    measured = target.get("measured", {})
+    timed = target.get("timed", {})
+    out = policy.info.get("tune", {}).get("outputs_vs_run")
+    line = (
+        f"llama-server ran {Path(timed.get('target_gguf', '?')).name}; the run measured "
+        f"{measured.get('target', '?')} ({measured.get('quantize') or measured.get('dtype', '?')}): "
+        "another model, so replayed tokens per step are the run's pair's"
+    )
+    if out:
+        line += (
+            f"; plain greedy outputs equal to the run's on {out['equal']} of {out['prompts']} "
+            "tuning prompts"
+        )
+    return line
+
+
 def tune_grid(choice: TimedChoice) -> Grid:
     """Every candidate per domain on the tuning prompts, the chosen one marked."""
 
