@@ -20,6 +20,8 @@ It does not choose (:mod:`specscope.tune.timed`) or summarise (:func:`~specscope
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
@@ -31,7 +33,7 @@ import pandas as pd
 from ...prompts.items import PromptItem
 from ...tune.bench import BenchRun
 from .programs import LlamaTools
-from .server import Completion, LlamaServer, ServerSetting
+from .server import LlamaServer, ServerSetting
 
 PLAIN = "plain"
 
@@ -77,11 +79,11 @@ def time_candidates(
     log: Callable[[str], None] | None = None,
     serve: Callable[[ServerSetting], AbstractContextManager] | None = None,
 ) -> tuple[list[BenchRun], list[LlamaRequest]]:
-    """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; one
-    :class:`BenchRun` per candidate and prompt (median time over the repeats, every repeat kept,
-    the last repeat's tokens) and every request. ``serve(setting)`` starts one server, whose
-    ``complete(ids, n_predict)`` answers a :class:`Completion` (default: a
-    :class:`LlamaServer` of ``target``, with ``draft`` where the setting drafts with a model)."""
+    """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; the
+    bench rows (:func:`runs_from_requests`) and every request. ``serve(setting)`` starts one
+    server, whose ``complete(ids, n_predict)`` answers a :class:`Completion` (default: a
+    :class:`LlamaServer` of ``target``, with ``draft`` where the setting drafts with a
+    model)."""
     if PLAIN not in settings:
         raise ValueError("the candidates need 'plain': it is the reference")
     if serve is None:
@@ -90,9 +92,8 @@ def time_candidates(
             return LlamaServer(tools, target, s, draft if s.uses_draft_model else None)
 
     names = list(settings)
-    done: dict[tuple[str, str], list[Completion]] = {}
     requests: list[LlamaRequest] = []
-    total, count = len(prompts) * len(names) * repeats, 0
+    total = len(prompts) * len(names) * repeats
     for rep in range(repeats):
         with ExitStack() as stack:
             servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
@@ -102,7 +103,6 @@ def time_candidates(
                     t0 = time.perf_counter()
                     c = servers[name].complete(ids, n_predict)
                     wall = time.perf_counter() - t0
-                    done.setdefault((name, item.id), []).append(c)
                     requests.append(
                         LlamaRequest(
                             name,
@@ -119,39 +119,56 @@ def time_candidates(
                             tuple(c.tokens),
                         )
                     )
-                    count += 1
                     if log:
                         log(
-                            f"[{count}/{total}] repeat {rep + 1} {item.domain:9s} {name:22s} "
-                            f"{c.predicted_n:3d} tokens "
+                            f"[{len(requests)}/{total}] repeat {rep + 1} {item.domain:9s} "
+                            f"{name:22s} {c.predicted_n:3d} tokens "
                             f"{c.predicted_n / max(c.predicted_ms / 1000, 1e-9):6.1f} tok/s"
                             + (f", {c.draft_n_accepted}/{c.draft_n} drafts" if c.draft_n else "")
                         )
+    return runs_from_requests(requests, in_sample_ids), requests
+
+
+def runs_from_requests(
+    requests: Sequence[LlamaRequest], in_sample_ids: frozenset[str] = frozenset()
+) -> list[BenchRun]:
+    """One :class:`BenchRun` per candidate and prompt (in the requests' order of prompts, then
+    candidates): the median over repeats of the request's time and, apart, of its prefill
+    (the mean of the two middle ones for an even count), every repeat kept, the last repeat's
+    output; steps = tokens - accepted drafts."""
+    groups: dict[tuple[str, str], list[LlamaRequest]] = {}
+    for r in sorted(requests, key=lambda r: r.repeat):
+        groups.setdefault((r.prompt_id, r.candidate), []).append(r)
     runs = []
-    for item, _ in prompts:
-        for name in names:
-            cs = done[(name, item.id)]
-            times = [(c.prompt_ms + c.predicted_ms) / 1000 for c in cs]
-            firsts = [c.prompt_ms / 1000 for c in cs]
-            order = sorted(range(len(cs)), key=times.__getitem__)
-            mid = order[len(cs) // 2]
-            last = cs[-1]
-            runs.append(
-                BenchRun(
-                    name,
-                    item.id,
-                    item.domain,
-                    "",
-                    tuple(last.tokens),
-                    max(last.predicted_n - last.draft_n_accepted, 0),
-                    times[mid],
-                    firsts[mid],
-                    tuple(times),
-                    tuple(firsts),
-                    item.id in in_sample_ids,
-                )
+    for (prompt_id, name), rs in groups.items():
+        times = [r.prompt_s + r.decode_s for r in rs]
+        firsts = [r.prompt_s for r in rs]
+        last = rs[-1]
+        runs.append(
+            BenchRun(
+                name,
+                prompt_id,
+                last.domain,
+                "",
+                tuple(last.output_ids),
+                max(last.tokens - last.accepted, 0),
+                statistics.median(times),
+                statistics.median(firsts),
+                tuple(times),
+                tuple(firsts),
+                prompt_id in in_sample_ids,
             )
-    return runs, requests
+        )
+    return runs
+
+
+def requests_from_frame(frame: pd.DataFrame) -> list[LlamaRequest]:
+    """The requests of a ``requests.parquet`` back (the output ids as tuples)."""
+    names = [f.name for f in dataclasses.fields(LlamaRequest)]
+    return [
+        LlamaRequest(**{**row, "output_ids": tuple(int(t) for t in row["output_ids"])})
+        for row in frame[names].to_dict("records")
+    ]
 
 
 def requests_frame(rows: Sequence[LlamaRequest]) -> pd.DataFrame:

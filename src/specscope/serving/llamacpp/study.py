@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from ...analysis.render import Column, Grid, to_markdown
 from ...analysis.replay import StopRule, replay, top_chain
 from ...errors import SpecscopeError
 from ...files import inside_of, write_json, write_output
+from ...hardware import cpu_name, usable_cpus
 from ...models import load_tokenizer
 from ...models.demo import demo_gguf
 from ...prompts.domains import select_prompts
@@ -59,7 +59,13 @@ from ...tune.policy import Choice, PolicyFile
 from ...tune.predict import REPLAY, Prediction
 from ...tune.router import RuleRouter, prompt_text
 from ...tune.timed import PLAIN, TimedCell, TimedChoice, choose_timed, timed_cells
-from .backend import candidate_settings, requests_frame, time_candidates
+from .backend import (
+    LlamaRequest,
+    candidate_settings,
+    requests_frame,
+    runs_from_requests,
+    time_candidates,
+)
 from .programs import build_llama_tools
 from .server import ServerSetting
 
@@ -275,7 +281,7 @@ def tune_llama_server(
         "min_speedup": min_speedup,
         "rendering": rendering_of(config),
         "max_prompt_tokens": config.get("max_prompt_tokens", 512),
-        "machine": platform.processor() or platform.machine(),
+        "machine": f"{cpu_name()}, {usable_cpus()} CPUs",
     }
     tune_info["outputs_vs_run"] = outputs_against_run(runs, run)
     policy = llama_policy(choice, settings, target, draft, source, tune_info)
@@ -327,6 +333,8 @@ def tune_grid(choice: TimedChoice) -> Grid:
                 f"{c.replay.tokens_per_step:.2f} [{c.replay.lo:.2f}, {c.replay.hi:.2f}]"
                 if c.replay
                 else "-"
+                if c.candidate == PLAIN
+                else "unreplayed (timed only)"
             ),
             "yes" if c.exact else "no",
         )
@@ -437,8 +445,11 @@ def bench_llama_server(
     n_boot: int = 2000,
     log: Log = print,
     prune: bool = True,
+    requests: Sequence[LlamaRequest] | None = None,
 ) -> LlamaBench:
-    """The policy's candidates on held-out prompts through llama-server (module docstring)."""
+    """The policy's candidates on held-out prompts through llama-server (module docstring).
+    ``requests``: the requests of this very bench made before (its ``requests.parquet``): they
+    are concluded again, nothing is timed."""
     inside = inside_of(out, Path(policy_path).parent)  # links refused before any work
     policy = PolicyFile.load(policy_path)
     server = policy.info.get("llama_server") or {}
@@ -468,21 +479,31 @@ def bench_llama_server(
     prompts = rendered(
         chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
     )
-    log(
-        f"timing {len(settings)} llama-server settings on {len(prompts)} held-out prompts x "
-        f"{repeats} repeats, {n_predict} tokens each"
-    )
-    runs, requests = time_candidates(
-        build_llama_tools(log),
-        target,
-        draft,
-        settings,
-        prompts,
-        n_predict,
-        repeats,
-        chosen.in_sample_ids,
-        log,
-    )
+    if requests is None:
+        log(
+            f"timing {len(settings)} llama-server settings on {len(prompts)} held-out prompts x "
+            f"{repeats} repeats, {n_predict} tokens each"
+        )
+    if requests is None:
+        runs, requests = time_candidates(
+            build_llama_tools(log),
+            target,
+            draft,
+            settings,
+            prompts,
+            n_predict,
+            repeats,
+            chosen.in_sample_ids,
+            log,
+        )
+    else:
+        made = {(r.candidate, r.prompt_id) for r in requests}
+        asked = {(n, it.id) for n in settings for it in chosen.items}
+        if made != asked:
+            raise SpecscopeError(
+                "the requests given are not this bench's (other prompts or candidates): bench again"
+            )
+        runs = runs_from_requests(requests, chosen.in_sample_ids)
     per_domain_choice = {d: e["candidate"] for d, e in server["domains"].items()}
     fallback = server["fallback"]["candidate"]
     router = RuleRouter()
@@ -515,6 +536,7 @@ def bench_llama_server(
     )
     document = {
         "backend": "llama-server",
+        "machine": f"{cpu_name()}, {usable_cpus()} CPUs",
         "policy_file": str(policy_path),
         "config": {
             "per_domain": per_domain,

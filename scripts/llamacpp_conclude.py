@@ -1,0 +1,46 @@
+"""Conclude a llama-server bench again from its own requests, timing nothing: the tables, regret,
+routed against the best single setting and the precision verdicts of ``bench.json`` and
+``summary.md``, from ``requests.parquet`` (after a change to how they are concluded).
+
+    python scripts/llamacpp_conclude.py results/demo-pair/llamacpp --per-domain 20 --repeats 2
+
+The policy, prompts and candidates must be the bench's own (same --per-domain and --seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from specscope.serving.llamacpp.backend import requests_from_frame
+from specscope.serving.llamacpp.study import bench_llama_server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_dir", type=Path)
+    parser.add_argument("--per-domain", type=int, required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    requests = requests_from_frame(pd.read_parquet(args.bench_dir / "requests.parquet"))
+    bench = bench_llama_server(
+        args.bench_dir / "policy.json",
+        args.bench_dir,
+        ["code", "math", "reasoning", "chat"],
+        args.per_domain,
+        args.repeats,
+        args.max_new_tokens,
+        args.seed,
+        requests=requests,
+    )
+    single = bench.document["routed_vs_best_single"]
+    print((args.bench_dir / "summary.md").read_text())
+    print(single)
+
+
+if __name__ == "__main__":
+    main()
