@@ -342,7 +342,7 @@ def test_tune_and_bench_through_llama_server(tmp_path):
     result = CliRunner().invoke(
         app,
         [
-            "llamacpp", run, "--out", out, "--candidate", "ngram-simple:n=3,m=8",
+            "llamacpp", str(run), "--out", str(out), "--candidate", "ngram-simple:n=3,m=8",
             "--candidate", "draft-simple:k=2", "--tune-per-domain", "1", "--per-domain", "1",
             "--repeats", "1", "--max-new-tokens", "8", "--boot", "50",
         ],
