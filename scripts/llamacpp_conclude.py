@@ -1,10 +1,12 @@
-"""Conclude a llama-server bench again from its own requests, timing nothing: the tables, regret,
-routed against the best single setting and the precision verdicts of ``bench.json`` and
-``summary.md``, from ``requests.parquet`` (after a change to how they are concluded).
+"""Conclude a llama-server bench again from its own requests: the tables, regret, routed against
+the best single setting and the precision verdicts of ``bench.json`` and ``summary.md``, from
+``requests.parquet`` (after a change to how they are concluded), with ``--more-repeats N`` more
+repeats of every request timed first (each on fresh servers, as the bench's own).
 
-    python scripts/llamacpp_conclude.py results/demo-pair/llamacpp --per-domain 20 --repeats 2
+    python scripts/llamacpp_conclude.py results/demo-pair/llamacpp --per-domain 20
+    python scripts/llamacpp_conclude.py results/demo-pair/llamacpp --per-domain 20 --more-repeats 1
 
-The policy, prompts and candidates must be the bench's own (same --per-domain and --seed).
+The policy, prompts and candidates are the bench's own (same --per-domain and --seed).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench_dir", type=Path)
     parser.add_argument("--per-domain", type=int, required=True)
-    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--more-repeats", type=int, default=0)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
@@ -32,10 +34,10 @@ def main() -> None:
         args.bench_dir,
         ["code", "math", "reasoning", "chat"],
         args.per_domain,
-        args.repeats,
+        args.more_repeats,
         args.max_new_tokens,
         args.seed,
-        requests=requests,
+        earlier=requests,
     )
     single = bench.document["routed_vs_best_single"]
     print((args.bench_dir / "summary.md").read_text())

@@ -16,7 +16,13 @@ from specscope.cli import app
 from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.serving.export import ExportError, ExportOptions, export_policy
-from specscope.serving.llamacpp.backend import candidate_settings, time_candidates
+from specscope.serving.llamacpp.backend import (
+    candidate_settings,
+    requests_frame,
+    requests_from_frame,
+    runs_from_requests,
+    time_candidates,
+)
 from specscope.serving.llamacpp.programs import LlamaToolsError
 from specscope.serving.llamacpp.server import Completion, ServerSetting
 from specscope.serving.llamacpp.study import benched_candidates
@@ -150,6 +156,19 @@ def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
     assert r.steps == 10 - 6  # the prefill's token, then 3 steps of 2 accepted drafts + 1
     assert by[("plain", "c0")].steps == 10 and by[("plain", "c0")].time_s == pytest.approx(0.6)
     assert by[("plain", "c1")].in_sample and not by[("plain", "c0")].in_sample
+    # two repeats: the median is the mean of both (not the slower one)
+    two = runs_from_requests([q for q in requests if q.repeat < 2])
+    assert {(r.method, r.prompt_id): r for r in two}[("plain", "c0")].time_s == pytest.approx(0.6)
+    # more repeats later continue the count, and the requests read back from Parquet conclude
+    # as the first ones did
+    starts.clear()
+    _, more = time_candidates(
+        None, None, None, settings, prompts, 10, repeats=1, serve=serve, first_repeat=3
+    )  # fmt: skip
+    assert {q.repeat for q in more} == {3}
+    back = requests_from_frame(requests_frame(requests))
+    assert back == requests
+    assert runs_from_requests(back, frozenset({"c1"})) == runs
 
 
 # --- the chooser over timed candidates ----------------------------------------------------------------

@@ -78,12 +78,14 @@ def time_candidates(
     in_sample_ids: frozenset[str] = frozenset(),
     log: Callable[[str], None] | None = None,
     serve: Callable[[ServerSetting], AbstractContextManager] | None = None,
+    first_repeat: int = 0,
 ) -> tuple[list[BenchRun], list[LlamaRequest]]:
     """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; the
     bench rows (:func:`runs_from_requests`) and every request. ``serve(setting)`` starts one
     server, whose ``complete(ids, n_predict)`` answers a :class:`Completion` (default: a
     :class:`LlamaServer` of ``target``, with ``draft`` where the setting drafts with a
-    model)."""
+    model). ``first_repeat``: the index of the first repeat (more repeats of a bench made
+    before)."""
     if PLAIN not in settings:
         raise ValueError("the candidates need 'plain': it is the reference")
     if serve is None:
@@ -94,7 +96,7 @@ def time_candidates(
     names = list(settings)
     requests: list[LlamaRequest] = []
     total = len(prompts) * len(names) * repeats
-    for rep in range(repeats):
+    for rep in range(first_repeat, first_repeat + repeats):
         with ExitStack() as stack:
             servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
             for i, (item, ids) in enumerate(prompts):

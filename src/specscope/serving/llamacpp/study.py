@@ -445,11 +445,11 @@ def bench_llama_server(
     n_boot: int = 2000,
     log: Log = print,
     prune: bool = True,
-    requests: Sequence[LlamaRequest] | None = None,
+    earlier: Sequence[LlamaRequest] = (),
 ) -> LlamaBench:
     """The policy's candidates on held-out prompts through llama-server (module docstring).
-    ``requests``: the requests of this very bench made before (its ``requests.parquet``): they
-    are concluded again, nothing is timed."""
+    ``earlier``: the requests of this very bench made before (its ``requests.parquet``): they
+    are concluded with ``repeats`` more repeats of every request (0: nothing is timed)."""
     inside = inside_of(out, Path(policy_path).parent)  # links refused before any work
     policy = PolicyFile.load(policy_path)
     server = policy.info.get("llama_server") or {}
@@ -479,13 +479,21 @@ def bench_llama_server(
     prompts = rendered(
         chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
     )
-    if requests is None:
+    if repeats:
         log(
             f"timing {len(settings)} llama-server settings on {len(prompts)} held-out prompts x "
             f"{repeats} repeats, {n_predict} tokens each"
         )
-    if requests is None:
-        runs, requests = time_candidates(
+    made = {(r.candidate, r.prompt_id) for r in earlier}
+    if earlier and made != {(n, it.id) for n in settings for it in chosen.items}:
+        raise SpecscopeError(
+            "the earlier requests given are not this bench's (other prompts or candidates): "
+            "bench again"
+        )
+    first = 1 + max((r.repeat for r in earlier), default=-1)
+    requests = list(earlier)
+    if repeats:
+        requests += time_candidates(
             build_llama_tools(log),
             target,
             draft,
@@ -495,15 +503,9 @@ def bench_llama_server(
             repeats,
             chosen.in_sample_ids,
             log,
-        )
-    else:
-        made = {(r.candidate, r.prompt_id) for r in requests}
-        asked = {(n, it.id) for n in settings for it in chosen.items}
-        if made != asked:
-            raise SpecscopeError(
-                "the requests given are not this bench's (other prompts or candidates): bench again"
-            )
-        runs = runs_from_requests(requests, chosen.in_sample_ids)
+            first_repeat=first,
+        )[1]
+    runs = runs_from_requests(requests, chosen.in_sample_ids)
     per_domain_choice = {d: e["candidate"] for d, e in server["domains"].items()}
     fallback = server["fallback"]["candidate"]
     router = RuleRouter()
@@ -540,7 +542,7 @@ def bench_llama_server(
         "policy_file": str(policy_path),
         "config": {
             "per_domain": per_domain,
-            "repeats": repeats,
+            "repeats": 1 + max((r.repeat for r in requests), default=-1),
             "n_predict": n_predict,
             "seed": seed,
             "candidates": {n: s.name for n, s in settings.items()},
