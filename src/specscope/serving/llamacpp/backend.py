@@ -37,7 +37,7 @@ from .server import LlamaServer, ServerSetting
 
 PLAIN = "plain"
 
-# what `specscope tune --backend llama-server` times when no --candidate is given: plain, the
+# what `specscope llamacpp` tunes over when no --candidate is given: plain, the
 # draft model at K = 2, and every model-free lookup at llama.cpp's sizes (ngram-cache, which
 # drafts from a corpus file specscope does not make, aside)
 DEFAULT_CANDIDATES = ("plain", "draft-simple:k=2", "ngram-simple", "ngram-map-k", "ngram-mod")

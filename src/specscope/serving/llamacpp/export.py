@@ -70,7 +70,7 @@ B11312 = EngineVersion(
         # common/arg.cpp: "ngram size N must be between 1 and 1024 inclusive", same for M
         Field("--spec-ngram-simple-size-n", int, low=1, high=1024),
         Field("--spec-ngram-simple-size-m", int, low=1, high=1024),
-        # the other model-free lookups a `specscope tune --backend llama-server` policy may hold
+        # the other model-free lookups a `specscope llamacpp` policy may hold
         # (llama-server --help of b11312 lists them; bounds as ngram-simple's)
         Field("--spec-ngram-map-k-size-n", int, low=1, high=1024),
         Field("--spec-ngram-map-k-size-m", int, low=1, high=1024),
@@ -129,7 +129,7 @@ B11312 = EngineVersion(
         "llama-ngram-simple domains: --spec-type ngram-simple, N = ngram_size, M = K: the rule "
         "specscope measured (specscope.drafters.llama_ngram), exact",
         "early-exit domains refused: llama.cpp has no early-exit drafter",
-        "a policy of specscope tune --backend llama-server: each domain's flags and GGUF files "
+        "a policy of specscope llamacpp: each domain's flags and GGUF files "
         "exactly as llama-server was timed with them (the model-free lookups ngram-simple, "
         "ngram-map-k, ngram-map-k4v, ngram-mod and ngram-cache included; ngram-mod keeps its "
         "n-gram pool across the requests of one server)",
@@ -214,7 +214,7 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
             raise ExportError(
                 f"{where}: the policy's llama_server setting is llama.cpp's {spec_type} lookup, "
                 "which drafts without a tree, but the policy gives this domain a tree; re-run "
-                "specscope tune --backend llama-server"
+                "specscope llamacpp"
             )
         return _measured(entry, 0)
     k = (

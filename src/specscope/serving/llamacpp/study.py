@@ -1,7 +1,7 @@
 """llama.cpp through ``tune`` and ``bench``: llama-server's settings chosen on the tuning
 prompts and checked on held-out ones.
 
-- :func:`tune_llama_server` (``specscope tune --backend llama-server RUN_DIR``): every candidate
+- :func:`tune_llama_server` (``specscope llamacpp RUN_DIR``, its first half): every candidate
   setting (plain, the draft model at K, each model-free lookup; :data:`.backend.DEFAULT_CANDIDATES`)
   timed in llama-server on the measurement run's own prompts (the tuning prompts), each domain's
   choice and the uniform one made by :func:`specscope.tune.timed.choose_timed`, written as a
@@ -9,7 +9,7 @@ prompts and checked on held-out ones.
   ``specscope export --to llama.cpp``) and whose ``tune.cells`` hold every candidate's
   prediction. A chain of the draft model has its tokens per step replayed from the run's records
   beside it (the run measured another model than the GGUF: the output says which).
-- :func:`bench_llama_server` (``specscope bench --backend llama-server --policy FILE``): the
+- :func:`bench_llama_server` (its second half; ``--policy-file FILE`` alone): the
   policy's candidates on held-out prompts (none that the run measured), every repeat on fresh
   servers; predicted against measured for every cell, each domain's regret (the chosen candidate
   against the best one measured), routed against the best single setting over the four domains'
@@ -457,7 +457,7 @@ def bench_llama_server(
     if "candidates" not in server or tuned.get("backend") != "llama-server":
         raise SpecscopeError(
             f"{policy_path} was not tuned for llama-server (no llama_server candidates); make "
-            "one with specscope tune --backend llama-server RUN_DIR"
+            "one with specscope llamacpp RUN_DIR"
         )
     entries = server["candidates"]
     settings = {n: ServerSetting.from_dict(e["server_setting"]) for n, e in entries.items()}
