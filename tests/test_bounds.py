@@ -90,7 +90,11 @@ def test_every_int_option_of_every_command_is_bounded():
         seen.add((command, name))
         if low is None or high is None:
             unbounded.add((command, name))
-    assert {("run", "depth"), ("decode", "threads"), ("llamacpp", "threads")} <= seen  # the walk works
+    assert {
+        ("run", "depth"),
+        ("decode", "threads"),
+        ("llamacpp", "threads"),
+    } <= seen  # the walk works
     allowed = set(LIBRARY_CHECKED)
     assert unbounded - allowed == set(), "an int option has no range: give it min= and max="
     # a library-checked entry that has a range now (or is gone) must leave the list
