@@ -181,6 +181,15 @@ POLICY_FILE = typer.Option(
     "bench route each prompt to its domain's; gateway: /metrics shows each domain's predicted "
     "tokens per step and whether what is served drifts from it).",
 )
+MIN_SPEEDUP = typer.Option(
+    1.0, "--min-speedup", min=0.0, help="Speculate only where the predicted speed-up exceeds this."
+)
+IN_SAMPLE = typer.Option(
+    False,
+    "--in-sample",
+    help="Also time prompts that the policy's tuning runs measured, each labelled in-sample "
+    "(default: they are held out, and a bench that would need them is refused).",
+)
 REPEATS = typer.Option(
     3,
     "--repeats",

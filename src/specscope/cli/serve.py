@@ -179,14 +179,8 @@ def llamacpp(
     threads: int = typer.Option(
         2, "--server-threads", min=1, max=MAX_THREADS, help="Threads of every llama-server."
     ),
-    min_speedup: float = typer.Option(
-        1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."
-    ),
-    in_sample: bool = typer.Option(
-        False,
-        "--in-sample",
-        help="Also time prompts that the policy's tuning runs measured, each labelled in-sample (default: they are held out, and a bench that would need them is refused).",
-    ),
+    min_speedup: float = options.MIN_SPEEDUP,
+    in_sample: bool = options.IN_SAMPLE,
     seed: int | None = options.SEED,
     n_boot: int = options.BOOT,
 ) -> None:

@@ -184,9 +184,7 @@ def tune(
     min_count: int = typer.Option(
         20, min=0, max=MAX_COUNT, help="Acceptance cells seen fewer times count as 0."
     ),
-    min_speedup: float = typer.Option(
-        1.0, min=0.0, help="Speculate only where the predicted speed-up exceeds this."
-    ),
+    min_speedup: float = options.MIN_SPEEDUP,
     extrapolate: bool = typer.Option(
         False,
         "--extrapolate",
@@ -280,11 +278,7 @@ def bench(
         "--router",
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
     ),
-    in_sample: bool = typer.Option(
-        False,
-        "--in-sample",
-        help="Also time prompts that the policy's tuning runs measured, each labelled in-sample (default: they are held out, and a bench that would need them is refused).",
-    ),
+    in_sample: bool = options.IN_SAMPLE,
     seed: int | None = options.SEED,
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write every run and the summary as JSON."
