@@ -361,8 +361,20 @@ def bench(
         f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
     )
     grids = [choose.bench_grid(rows, title), checks.prediction_grid(cells, chosen.tuned)]
+    decision = choose.bench_decision(policy, config, names, rows, runs) if policy else {}
+    if "regret" in decision:
+        grids.append(checks.regret_grid(decision["regret"]))
     print_grids([*grids, checks.precision_grid(precision)], blank=False)
+    if "routed_vs_best_single" in decision:
+        typer.echo(decision["routed_vs_best_single"].sentence)
     if out is not None:
         document = choose.bench_document(config, setting, chosen, rows, runs)
-        write_json(out, {**document, **checks.checks_document(chosen, cells, precision)})
+        write_json(
+            out,
+            {
+                **document,
+                **checks.checks_document(chosen, cells, precision),
+                **choose.decision_document(decision),
+            },
+        )
         typer.echo(f"wrote {out}")

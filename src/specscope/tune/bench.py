@@ -344,15 +344,66 @@ def bench_prompts(
 
 # a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
 DecoderFor = Callable[[DrafterConfig], SpeculativeDecoder]
+# what a method decodes with: (drafter, tree); routed's depends on the prompt's routed domain
+Setting = tuple[DrafterConfig, object]
 
 
-def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) -> dict:
-    """method -> fn(prompt ids, prompt text) -> (tokens, steps, routed domain, first-token s)."""
+@dataclass(frozen=True)
+class BenchMethods:
+    """The methods of a bench: each one's fn(prompt ids, prompt text) -> (tokens, steps,
+    routed domain, first-token s), the fixed (drafter, tree) of the specscope methods, and
+    routed's (drafter, tree) for a prompt's text."""
+
+    fns: dict[str, Callable]
+    settings: dict[str, Setting]
+    route: Callable[[str], tuple[str, Setting]] | None
+
+
+def method_settings(policy, config: BenchConfig) -> dict[str, Setting]:
+    """The (drafter, tree) of each of ``config``'s methods that decodes with a fixed one
+    (chain, dynamic, uniform and the drafter methods; not plain, assisted or routed)."""
+    if policy is None and ("uniform" in config.methods or "routed" in config.methods):
+        raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
+    chain = TreeShape.chain(config.chain_depth)
+    settings: dict[str, Setting] = {
+        "chain": (DrafterConfig(), chain),
+        "dynamic": (DrafterConfig(), config.dynamic),
+        **{m: (config.drafter(m), chain) for m in DRAFTER_METHODS if m in config.methods},
+    }
+    if policy is not None:
+        settings["uniform"] = (policy.uniform_drafter, policy.uniform)
+    return {m: s for m, s in settings.items() if m in config.methods}
+
+
+def _same(a: Setting, b: Setting) -> bool:
+    return a[0].resolved() == b[0].resolved() and a[1] == b[1]
+
+
+def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[str, str]:
+    """domain -> the bench method that decodes as the policy's entry for it does (``plain``
+    where the policy does not speculate; a domain whose setting no method times is left out):
+    what :func:`regrets` scores."""
+    settings = {m: s for m, s in method_settings(policy, config).items() if m != "uniform"}
+    if "uniform" in config.methods:
+        settings["uniform"] = method_settings(policy, config)["uniform"]
+    out = {}
+    for domain in domains:
+        mine = (policy.drafter_for(domain), policy.tree_for(domain))
+        if mine[1] is None:
+            out[domain] = "plain"
+            continue
+        match = next((m for m, s in settings.items() if _same(s, mine)), None)
+        if match is not None:
+            out[domain] = match
+    return out
+
+
+def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) -> BenchMethods:
     greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
     decoder = decoder_for(DrafterConfig())
 
-    def run(spec, drafter: DrafterConfig | None = None):
-        speculator = decoder if drafter is None else decoder_for(drafter)
+    def run(spec, drafter: DrafterConfig = DrafterConfig()):
+        speculator = decoder_for(drafter)
 
         def fn(ids, text):
             r = speculator.generate(ids, spec, greedy)
@@ -360,10 +411,13 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
         return fn
 
-    def routed(ids, text):
+    def route(text) -> tuple[str, Setting]:
         domain = router.classify(text)
-        speculator = decoder_for(policy.drafter_for(domain))
-        r = speculator.generate(ids, policy.tree_for(domain), greedy)
+        return domain, (policy.drafter_for(domain), policy.tree_for(domain))
+
+    def routed(ids, text):
+        domain, (drafter, tree) = route(text)
+        r = decoder_for(drafter).generate(ids, tree, greedy)
         return r.tokens, len(r.steps), domain, r.steps[0].step_time_s
 
     def hf(assistant):
@@ -375,19 +429,16 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
         return fn
 
-    chain = TreeShape.chain(config.chain_depth)
-    table = {
+    settings = method_settings(policy, config)
+    fns = {
         "plain": hf(None),
         "assisted": hf(decoder.draft),
-        "chain": run(chain),
-        "uniform": run(policy.uniform if policy else chain),
         "routed": routed,
-        "dynamic": run(config.dynamic),
-        **{m: run(chain, config.drafter(m)) for m in DRAFTER_METHODS if m in config.methods},
+        **{m: run(tree, drafter) for m, (drafter, tree) in settings.items()},
     }
-    if policy is None and ("uniform" in config.methods or "routed" in config.methods):
-        raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
-    return {m: table[m] for m in config.methods}
+    return BenchMethods(
+        {m: fns[m] for m in config.methods}, settings, route if policy is not None else None
+    )
 
 
 def run_bench(
@@ -401,31 +452,57 @@ def run_bench(
     in_sample_ids: frozenset[str] = frozenset(),
 ) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`),
-    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample."""
+    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample.
+
+    A method that decodes with the same drafter and tree as one timed beside it (``uniform``
+    equal to ``chain``; ``routed`` where the router sends the prompt to the setting of ``chain``,
+    ``ngram`` or ``uniform``) is given that method's run on the prompt, not a second timing of
+    the same decoding: routing adds one classification (rules: microseconds) and the greedy
+    output is the same, so the bench does not pay twice for it."""
     methods = bench_methods(decoder_for, policy, router, config)
     rendered = [
         render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
         for item in items
     ]
     for _ in range(config.warmup if items else 0):
-        for fn in methods.values():
+        for fn in methods.fns.values():
             fn(rendered[0], prompt_text(items[0]))
+    fixed_twins: dict[str, str] = {}  # a method -> the earlier one decoding alike
+    originals: list[str] = []
+    for m, setting in methods.settings.items():
+        twin = next((o for o in originals if _same(methods.settings[o], setting)), None)
+        if twin is None:
+            originals.append(m)
+        else:
+            fixed_twins[m] = twin
     runs = []
     for i, (item, ids) in enumerate(zip(items, rendered)):
         text = prompt_text(item)
-        times: dict[str, list[float]] = {m: [] for m in methods}
-        firsts: dict[str, list[float]] = {m: [] for m in methods}
+        same_as = dict(fixed_twins)
+        domain = ""
+        if "routed" in methods.fns and methods.route is not None:
+            domain, setting = methods.route(text)
+            twin = next((m for m in originals if _same(methods.settings[m], setting)), None)
+            if twin is not None:
+                same_as["routed"] = twin
+        timed = [m for m in methods.fns if m not in same_as]
+        times: dict[str, list[float]] = {m: [] for m in timed}
+        firsts: dict[str, list[float]] = {m: [] for m in timed}
         outputs: dict[str, tuple] = {}
         for _ in range(config.repeats):
-            for name, fn in methods.items():
+            for name in timed:
                 t0 = time.perf_counter()
-                outputs[name] = fn(ids, text)
+                outputs[name] = methods.fns[name](ids, text)
                 times[name].append(time.perf_counter() - t0)
                 firsts[name].append(outputs[name][3])
-        for name in methods:
+        for name, twin in same_as.items():
+            tokens, steps, _, first = outputs[twin]
+            outputs[name] = (tokens, steps, domain if name == "routed" else "", first)
+            times[name], firsts[name] = times[twin], firsts[twin]
+        for name in methods.fns:
             tokens, steps, routed, _ = outputs[name]
-            median = sorted(times[name])[len(times[name]) // 2]
-            first = sorted(firsts[name])[len(firsts[name]) // 2]
+            median = float(np.median(times[name]))
+            first = float(np.median(firsts[name]))
             runs.append(
                 BenchRun(
                     name,
@@ -446,6 +523,7 @@ def run_bench(
                     f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
                     f"{median:6.2f} s {len(tokens) / median:6.2f} tok/s"
                     + (f" (routed: {routed})" if routed else "")
+                    + (f" (= {same_as[name]}'s run)" if name in same_as else "")
                 )
     return runs
 
@@ -684,18 +762,48 @@ class Regret:
         return 1 - self.chosen_speedup / self.best_speedup
 
 
-def regrets(rows: Sequence[BenchRow], chosen: Mapping[str, str]) -> tuple[Regret, ...]:
+# methods that are no candidate of their own (a route over the candidates, or one of them)
+DERIVED_METHODS = ("routed", "uniform")
+
+
+def regrets(
+    rows: Sequence[BenchRow], chosen: Mapping[str, str], derived: Sequence[str] = DERIVED_METHODS
+) -> tuple[Regret, ...]:
     """Per domain of ``chosen`` (domain -> the candidate chosen), its measured decode speed-up
-    against the best of the candidates measured (plain included)."""
+    against the best of the candidates measured (plain included; ``derived`` methods are not
+    candidates)."""
     out = []
     for domain, pick in chosen.items():
         mine = {r.method: r.speedup for r in rows if r.domain == domain}
-        mine = {m: v for m, v in mine.items() if m not in ("routed", "uniform")}
+        mine = {m: v for m, v in mine.items() if m not in derived}
         if pick not in mine:
             continue
         best = max(mine, key=mine.__getitem__)
         out.append(Regret(domain, pick, mine[pick], best, mine[best]))
     return tuple(out)
+
+
+def regret_grid(rows) -> Grid:
+    return Grid(
+        "bench_regret",
+        "the chosen setting against the best one measured, per domain (held-out prompts)",
+        tuple(
+            Column(c)
+            for c in ("domain", "chosen", "speed-up", "best measured", "speed-up", "regret")
+        ),
+        tuple(
+            (
+                r.domain,
+                r.chosen,
+                f"{r.chosen_speedup:.3f}x",
+                r.best,
+                f"{r.best_speedup:.3f}x",
+                f"{r.regret:.1%}",
+            )
+            for r in rows
+        ),
+        "regret: 1 - chosen / best measured decode speed-up over plain.",
+    )
 
 
 def derived_runs(
@@ -738,15 +846,31 @@ class RoutedAgainstSingle:
             return "routing is slower than the best single setting"
         return "no route beats the best single setting (the interval holds 1)"
 
+    @property
+    def sentence(self) -> str:
+        return (
+            f"Routed against the best single setting ({self.best_single}) over all "
+            f"{self.prompts} prompts: {self.ratio:.3f}x [{self.lo:.3f}, {self.hi:.3f}]: "
+            f"{self.verdict}."
+        )
+
 
 def routed_against_best_single(
-    runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0
+    runs: Sequence[BenchRun],
+    n_boot: int = 2000,
+    seed: int = 0,
+    derived: Sequence[str] = DERIVED_METHODS,
 ) -> RoutedAgainstSingle:
-    """The candidate (``routed`` and ``uniform`` aside) of highest decode speed over all
-    prompts, and routed's speed over it with a 95% interval (prompts resampled within domains,
-    the two paired by prompt): the bench's summary with the best single as the reference."""
+    """The candidate (``routed`` and the ``derived`` methods aside) of highest decode speed over
+    all prompts, and routed's speed over it with a 95% interval (prompts resampled within
+    domains, the two paired by prompt): the bench's summary with the best single as the
+    reference."""
     rows = summarize_bench(runs, n_boot, seed)
-    singles = [r for r in rows if r.domain == ALL_DOMAINS and r.method not in ("routed", "uniform")]
+    singles = [
+        r
+        for r in rows
+        if r.domain == ALL_DOMAINS and r.method != "routed" and r.method not in derived
+    ]
     best = max(singles, key=lambda r: r.decode_tokens_per_s).method
     pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == best] + [
         r for r in runs if r.method == "routed"

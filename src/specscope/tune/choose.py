@@ -2,8 +2,9 @@
 decode uses (:func:`choose_speculation`), the pair a decode, tune or bench loads
 (:func:`load_decode_pair`), what ``specscope tune`` tunes from (:func:`load_tune_runs`,
 :func:`cost_models`, :func:`tune_source`), and the tables ``tune`` and ``bench`` show
-(:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`) and the record bench writes
-(:func:`bench_document`).
+(:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`), what a bench says of the
+policy's decisions (:func:`bench_decision`: regret, routed against the best single method) and the
+record bench writes (:func:`bench_document`, :func:`decision_document`).
 
 The command line (``specscope.cli.speculate``) parses options into these calls and prints what
 they return; this module prints nothing (``log`` callbacks carry its progress lines). It does not
@@ -21,6 +22,7 @@ from ..analysis.render import Column, Grid
 from ..drafters import DrafterConfig
 from ..records import ALL_DOMAINS, Run
 from ..trees import Speculation
+from . import bench
 from .acceptance import PolicyError
 from .bench import BenchConfig, BenchPrompts, BenchRow, BenchRun
 from .costs import CostModel
@@ -407,3 +409,34 @@ def bench_document(
         "rows": [dataclasses.asdict(r) for r in rows],
         "runs": [dataclasses.asdict(r) for r in runs],
     }
+
+
+def bench_decision(
+    policy: PolicyFile,
+    config: BenchConfig,
+    domains: Sequence[str],
+    rows: Sequence[BenchRow],
+    runs: Sequence[BenchRun],
+) -> dict:
+    """What a bench says of the policy's decisions: per domain its choice's regret against the
+    best method measured (``regret``, where the choice is one the bench timed), and with
+    ``routed`` timed, routed against the best single method over all prompts
+    (``routed_vs_best_single``). Every timed method is a candidate; only ``routed`` is not."""
+    out: dict = {}
+    chosen = bench.policy_choices(policy, config, domains)
+    if chosen:
+        out["regret"] = bench.regrets(rows, chosen, derived=("routed",))
+    if "routed" in config.methods and len(config.methods) > 2:
+        out["routed_vs_best_single"] = bench.routed_against_best_single(runs, derived=("routed",))
+    return out
+
+
+def decision_document(decision: dict) -> dict:
+    """:func:`bench_decision` as the bench's JSON record holds it."""
+    out = {}
+    if "regret" in decision:
+        out["regret"] = [{**dataclasses.asdict(r), "regret": r.regret} for r in decision["regret"]]
+    if "routed_vs_best_single" in decision:
+        single = decision["routed_vs_best_single"]
+        out["routed_vs_best_single"] = {**dataclasses.asdict(single), "verdict": single.verdict}
+    return out

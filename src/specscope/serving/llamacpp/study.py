@@ -49,6 +49,7 @@ from ...tune.bench import (
     precision_grid,
     predicted_vs_measured,
     prediction_grid,
+    regret_grid,
     regrets,
     routed_against_best_single,
     speedup_precision,
@@ -410,29 +411,6 @@ def benched_candidates(policy: PolicyFile) -> list[str]:
     return [n for n in server["candidates"] if n in keep]
 
 
-def regret_grid(rows) -> Grid:
-    return Grid(
-        "llama_regret",
-        "the chosen setting against the best one measured, per domain (held-out prompts)",
-        tuple(
-            Column(c)
-            for c in ("domain", "chosen", "speed-up", "best measured", "speed-up", "regret")
-        ),
-        tuple(
-            (
-                r.domain,
-                r.chosen,
-                f"{r.chosen_speedup:.3f}x",
-                r.best,
-                f"{r.best_speedup:.3f}x",
-                f"{r.regret:.1%}",
-            )
-            for r in rows
-        ),
-        "regret: 1 - chosen / best measured decode speed-up over plain.",
-    )
-
-
 def bench_llama_server(
     policy_path: Path,
     out: Path,
@@ -559,10 +537,6 @@ def bench_llama_server(
     }
     write_json(out / "bench.json", document, inside)
     summary = "\n\n".join(to_markdown(g) for g in grids)
-    summary += (
-        f"\n\nRouted against the best single setting ({single.best_single}) over all "
-        f"{single.prompts} prompts: {single.ratio:.3f}x [{single.lo:.3f}, {single.hi:.3f}]: "
-        f"{single.verdict}.\n"
-    )
+    summary += f"\n\n{single.sentence}\n"
     write_output(out / "summary.md", summary, inside)
     return LlamaBench(tuple(runs), grids, document)
