@@ -327,7 +327,10 @@ def bench(
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
-    chosen = bench_prompts(names, per_domain, seed, policy, router_name, in_sample)
+    # only the learned router needs half the held-out prompts to train on
+    chosen = bench_prompts(
+        names, per_domain, seed, policy, router_name, in_sample, split=router_name != "rules"
+    )
     print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
     if config.early_exit is not None:  # the exit layer is checked before any weights load
