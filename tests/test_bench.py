@@ -244,3 +244,33 @@ def test_the_bench_command_refuses_tuning_prompts_and_prints_what_it_confirms(ti
     assert len(doc["held_out"]["in_sample_prompts"]) == 2
     assert {c["method"] for c in doc["predicted_vs_measured"]} == {"chain", "routed"}
     assert all(r["in_sample"] for r in doc["runs"])
+
+
+def test_measurement_and_every_bench_method_give_the_same_greedy_output(tiny_dirs, tmp_path):
+    """One pair in float32: the measurement run's recorded outputs, plain greedy (transformers),
+    the chain and the routed policy in the bench are one output per prompt, token for token."""
+    from typer.testing import CliRunner
+
+    from conftest import tiny_pair_args
+    from specscope.cli import app
+    from specscope.records import load_run
+
+    run_dir = tmp_path / "run"
+    measured = CliRunner().invoke(
+        app,
+        ["run", "--out", str(run_dir), "--domains", "code", "--per-domain", "2",
+         "--max-new-tokens", "6", "--policy", "chain", "--depth", "2", "--quiet",
+         *tiny_pair_args(tiny_dirs)],
+    )  # fmt: skip
+    assert measured.exit_code == 0, measured.output
+    ids = list(load_run(run_dir).prompts.prompt_id)
+    policy = _policy({"run_dir": str(run_dir), "run_id": "r", "prompt_ids": ids})
+    path = policy.save(tmp_path / "policy.json")
+    out = tmp_path / "bench.json"
+    result = _bench_cli(tiny_dirs, path, "--tuning-prompts", "--max-new-tokens", 8, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "greedy outputs against" in result.output
+    agreement = {a["method"]: a for a in json.loads(out.read_text())["outputs_vs_run"]}
+    assert set(agreement) == {"plain", "chain", "routed"}
+    for a in agreement.values():  # compared over the run's 6 tokens, not the bench's 8
+        assert (a["prompts"], a["equal"], a["first_difference"]) == (2, 2, [])

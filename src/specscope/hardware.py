@@ -39,6 +39,19 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# the instruction sets that decide which dtype runs a pass fastest here (BENCHMARKS.md, "Defaults
+# per machine"): flag in /proc/cpuinfo -> name
+SPEED_FLAGS = {"avx2": "AVX2", "avx512f": "AVX512", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX"}
+
+
+def machine_line() -> str:
+    """The CPU, the instruction sets that decide its matmul speed, and the CPUs this process may
+    use: how a timing names the machine it was taken on."""
+    flags = cpu_flags()
+    features = ", ".join(name for flag, name in SPEED_FLAGS.items() if flag in flags)
+    return f"{cpu_name()}{f' ({features})' if features else ''}, {usable_cpus()} CPUs"
+
+
 def cpu_quota(cgroup: Path = CGROUP) -> float | None:
     """The CPUs' worth of time this process's cgroup may use (``docker --cpus 2``: 2.0), from
     cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us``/``cpu.cfs_period_us``; None where no

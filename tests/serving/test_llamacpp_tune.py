@@ -393,10 +393,14 @@ def test_llama_servers_outputs_are_set_beside_the_runs():
                 "prompt_id": list(recorded),
                 "output_token_ids": [np.array(v) for v in recorded.values()],
             }
-        )
+        ),
+        manifest={"config": {"max_new_tokens": 3}},
     )
     served = {"a": (1, 2, 3), "b": (1, 9, 3), "c": (1, 2, 3)}  # d: not served
     runs = [dataclasses.replace(_run("plain", p, "code", 1.0), tokens=t) for p, t in served.items()]
     runs.append(dataclasses.replace(_run("lookup", "a", "code", 1.0), tokens=(7,)))  # not plain
-    out = outputs_against_run(runs, run)
+    out = outputs_against_run(runs, run, n_predict=64)
+    # c: the run's output ended (EOS) after 2 tokens where llama-server's went on
     assert (out["prompts"], out["equal"], out["first_difference"]) == (3, 1, [1, 2])
+    out = outputs_against_run(runs, run, n_predict=2)  # c's third token is past the cut
+    assert (out["prompts"], out["equal"], out["first_difference"]) == (3, 2, [1])

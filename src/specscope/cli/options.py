@@ -190,6 +190,13 @@ IN_SAMPLE = typer.Option(
     help="Also time prompts that the policy's tuning runs measured, each labelled in-sample "
     "(default: they are held out, and a bench that would need them is refused).",
 )
+TUNING_PROMPTS = typer.Option(
+    False,
+    "--tuning-prompts",
+    help="Time only the prompts the policy's tuning runs measured, labelled in-sample: the "
+    "prediction checked on the prompts it was made from, and every output against the one the "
+    "run recorded.",
+)
 REPEATS = typer.Option(
     3,
     "--repeats",

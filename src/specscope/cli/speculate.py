@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -279,6 +280,7 @@ def bench(
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
     ),
     in_sample: bool = options.IN_SAMPLE,
+    tuning_prompts: bool = options.TUNING_PROMPTS,
     seed: int | None = options.SEED,
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write every run and the summary as JSON."
@@ -328,8 +330,17 @@ def bench(
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
     # only the learned router needs half the held-out prompts to train on
+    if tuning_prompts and policy is None:
+        fail("--tuning-prompts needs --policy-file: the policy's tuning runs name the prompts")
     chosen = bench_prompts(
-        names, per_domain, seed, policy, router_name, in_sample, split=router_name != "rules"
+        names,
+        per_domain,
+        seed,
+        policy,
+        router_name,
+        in_sample,
+        split=router_name != "rules",
+        tuning_only=tuning_prompts,
     )
     print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
@@ -367,6 +378,9 @@ def bench(
     decision = choose.bench_decision(policy, config, names, rows, runs) if policy else {}
     if "regret" in decision:
         grids.append(checks.regret_grid(decision["regret"]))
+    agreement = choose.outputs_vs_run(policy, runs, max_new_tokens) if chosen.in_sample_ids else ()
+    if agreement:
+        grids.append(checks.agreement_grid(agreement, "the outputs the tuning runs recorded"))
     print_grids([*grids, checks.precision_grid(precision)], blank=False)
     if "routed_vs_best_single" in decision:
         typer.echo(decision["routed_vs_best_single"].sentence)
@@ -378,6 +392,7 @@ def bench(
                 **document,
                 **checks.checks_document(chosen, cells, precision),
                 **choose.decision_document(decision),
+                "outputs_vs_run": [dataclasses.asdict(a) for a in agreement],
             },
         )
         typer.echo(f"wrote {out}")

@@ -277,6 +277,7 @@ class BenchPrompts:
     held_out: int  # prompts in the held-out half
     tuned: TuningPrompts = TuningPrompts(frozenset(), (), known=False)
     in_sample: bool = False  # tuning prompts may be timed (labelled in-sample)
+    tuning_only: bool = False  # only tuning prompts are timed (and scored)
 
     @property
     def in_sample_ids(self) -> frozenset[str]:
@@ -292,6 +293,7 @@ def bench_prompts(
     router: str = "rules",
     in_sample: bool = False,
     split: bool = True,
+    tuning_only: bool = False,
 ) -> BenchPrompts:
     """Every prompt of ``domains`` except those the policy's tuning runs measured
     (:func:`tuning_prompts`; with ``in_sample`` they stay, to be labelled), split in half: one
@@ -299,10 +301,17 @@ def bench_prompts(
     prompts per domain to time. A domain with fewer held-out prompts than ``per_domain`` is
     refused. The learned router is trained only where its training half has two domains or more
     (a classifier needs two classes); asking for it with fewer is refused. ``split`` False
-    (the rule router alone): no half trains anything, so every held-out prompt may be timed."""
+    (the rule router alone): no half trains anything, so every held-out prompt may be timed.
+    ``tuning_only``: the prompts the tuning runs measured and no other, labelled in-sample (the
+    prediction checked on the prompts it was made from, each output against the recorded one)."""
     tuned = tuning_prompts(policy)
+    if tuning_only and not tuned.ids:
+        raise BenchError("the policy names no tuning run's prompts to time (--tuning-prompts)")
+    in_sample = in_sample or tuning_only
     pool = [
-        it for it in select_prompts(domains, None, seed=seed) if in_sample or it.id not in tuned.ids
+        it
+        for it in select_prompts(domains, None, seed=seed)
+        if (it.id in tuned.ids if tuning_only else in_sample or it.id not in tuned.ids)
     ]
     if split:
         train, test = holdout_split(pool, 0.5, seed)
@@ -325,9 +334,12 @@ def bench_prompts(
         held = [i for i in test if i.domain == d]
         if len(held) < per_domain:
             raise BenchError(
-                f"domain {d!r} has {len(held)} held-out prompts to time (its prompts less those "
-                f"the tuning runs measured{', halved for the learned router' if split else ''}), "
-                f"fewer than the "
+                f"domain {d!r} has {len(held)} tuning prompts to time, fewer than the "
+                f"{per_domain} asked for"
+                if tuning_only
+                else f"domain {d!r} has {len(held)} held-out prompts to time (its prompts less "
+                f"those the tuning runs measured"
+                f"{', halved for the learned router' if split else ''}), fewer than the "
                 f"{per_domain} asked for: ask for fewer, or label tuning prompts in-sample"
             )
         items += sample_items(held, per_domain, seed)
@@ -339,6 +351,7 @@ def bench_prompts(
         len(test),
         tuned,
         in_sample,
+        tuning_only,
     )
 
 
@@ -740,6 +753,108 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         "each domain's entry; uniform: the uniform entry; another method: its own prediction "
         "where the policy holds one (a candidate a timed backend tuned over), else none. "
         f"Held out from: {where}.",
+    )
+
+
+# --- the same output everywhere ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputAgreement:
+    """One method's greedy outputs against those a measurement run recorded for the same
+    prompts, over the shorter of each pair."""
+
+    method: str
+    prompts: int  # prompts both have
+    equal: int
+    first_difference: tuple[int, ...]  # for each other prompt, the first token index that differs
+
+
+def first_difference(mine: Sequence[int], theirs: Sequence[int], cut: int) -> int | None:
+    """The first index where two greedy outputs differ over their first ``cut`` tokens (the
+    smaller of the two runs' max new tokens); one ending (EOS) where the other goes on differs
+    there. None: equal."""
+    mine, theirs = mine[:cut], theirs[:cut]
+    n = min(len(mine), len(theirs))
+    diff = next((i for i in range(n) if mine[i] != theirs[i]), None)
+    if diff is None and len(mine) != len(theirs):
+        diff = n
+    return diff
+
+
+@dataclass(frozen=True)
+class RecordedOutputs:
+    """The greedy outputs measurement runs recorded (prompt id -> token ids; of several runs,
+    the first holding the prompt), and the smallest max new tokens among the runs."""
+
+    outputs: dict[str, tuple[int, ...]]
+    max_new_tokens: int
+
+    @classmethod
+    def of(cls, runs: Sequence) -> RecordedOutputs:
+        outputs: dict[str, tuple[int, ...]] = {}
+        for run in runs:
+            for r in run.prompts.itertuples():
+                if r.output_token_ids is not None and r.prompt_id not in outputs:
+                    outputs[r.prompt_id] = tuple(int(t) for t in r.output_token_ids)
+        limits = [
+            int(run.manifest.get("config", {}).get("max_new_tokens") or 0) or 2**31 for run in runs
+        ]
+        return cls(outputs, min(limits, default=2**31))
+
+
+def policy_runs(policy) -> list:
+    """The measurement runs a policy was tuned on that can still be read (their run
+    directories), for comparing outputs; those gone are skipped."""
+    from ..records import load_run
+    from ..records.rundir import RunDirError
+
+    source = (policy.info.get("source") if policy is not None else None) or {}
+    dirs = dict.fromkeys(str(r.get("run_dir") or "") for r in [source, *(source.get("runs") or ())])
+    runs = []
+    for d in dirs:
+        if d and Path(d).is_dir():
+            try:
+                runs.append(load_run(d))
+            except (RunDirError, OSError):
+                continue
+    return runs
+
+
+def outputs_against_recorded(
+    runs: Sequence[BenchRun], recorded: Mapping[str, Sequence[int]], cut: int
+) -> tuple[OutputAgreement, ...]:
+    """Per method, its outputs against the recorded ones on the prompts both have, over the
+    first ``cut`` tokens (see :func:`first_difference`)."""
+    out = []
+    for method in dict.fromkeys(r.method for r in runs):
+        firsts = [
+            first_difference(r.tokens, recorded[r.prompt_id], cut)
+            for r in runs
+            if r.method == method and r.prompt_id in recorded
+        ]
+        if firsts:
+            differ = tuple(sorted(i for i in firsts if i is not None))
+            out.append(OutputAgreement(method, len(firsts), len(firsts) - len(differ), differ))
+    return tuple(out)
+
+
+def agreement_grid(rows: Sequence[OutputAgreement], against: str) -> Grid:
+    return Grid(
+        "bench_outputs_vs_run",
+        f"greedy outputs against {against}",
+        tuple(Column(c) for c in ("method", "prompts", "equal", "first difference at token")),
+        tuple(
+            (
+                r.method,
+                str(r.prompts),
+                str(r.equal),
+                ", ".join(map(str, r.first_difference)) or "-",
+            )
+            for r in rows
+        ),
+        "equal: token for token over the smaller of the two max new tokens; an output that "
+        "ended (EOS) where the other went on differs there.",
     )
 
 

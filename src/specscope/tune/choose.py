@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..analysis.render import Column, Grid
 from ..drafters import DrafterConfig
+from ..hardware import machine_line
 from ..records import ALL_DOMAINS, Run
 from ..trees import Speculation
 from . import bench
@@ -330,7 +331,8 @@ def router_grid(chosen: BenchPrompts, domains: Sequence[str]) -> Grid:
     )
     return Grid(
         "router_accuracy",
-        f"router accuracy on {chosen.held_out} held-out prompts",
+        f"router accuracy on {chosen.held_out} "
+        f"{'tuning' if chosen.tuning_only else 'held-out'} prompts",
         tuple(Column(c) for c in ("router", *domains, ALL_DOMAINS)),
         rows,
     )
@@ -402,6 +404,7 @@ def bench_document(
         "dtype": setting.dtype,
         "int8": setting.int8,
         "threads": setting.threads,
+        "machine": machine_line(),
         "router_accuracy": [
             {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
             for r in chosen.reports
@@ -440,3 +443,15 @@ def decision_document(decision: dict) -> dict:
         single = decision["routed_vs_best_single"]
         out["routed_vs_best_single"] = {**dataclasses.asdict(single), "verdict": single.verdict}
     return out
+
+
+def outputs_vs_run(
+    policy: PolicyFile | None, runs: Sequence[BenchRun], max_new_tokens: int
+) -> tuple[bench.OutputAgreement, ...]:
+    """Every method's greedy outputs on the in-sample prompts against the outputs the policy's
+    tuning runs recorded for them (the measurement's trajectories): the same pair and dtype
+    give the same output, or the first difference is shown."""
+    recorded = bench.RecordedOutputs.of(bench.policy_runs(policy))
+    mine = [r for r in runs if r.in_sample]
+    cut = min(max_new_tokens, recorded.max_new_tokens)
+    return bench.outputs_against_recorded(mine, recorded.outputs, cut)

@@ -9,7 +9,6 @@ a lookup's costs would price a draft model as one lookup.
 from __future__ import annotations
 
 import math
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from ..core.passes import crop, feed_causal, position_limit, prefill
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig, DrafterError
 from ..files import read_json_object, write_json
+from ..hardware import machine_line
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 
@@ -362,4 +362,4 @@ def time_lookup(lookup, context: list[int], k: int, repeats: int) -> float:
 
 
 def _hardware() -> str:
-    return f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads".strip()
+    return f"{machine_line()}, {torch.get_num_threads()} threads"

@@ -31,7 +31,7 @@ from ...analysis.render import Column, Grid, to_markdown
 from ...analysis.replay import StopRule, replay, top_chain
 from ...errors import SpecscopeError
 from ...files import inside_of, write_json, write_output
-from ...hardware import cpu_name, usable_cpus
+from ...hardware import machine_line
 from ...models import load_tokenizer
 from ...models.demo import demo_gguf
 from ...prompts.domains import select_prompts
@@ -41,10 +41,13 @@ from ...records import ALL_DOMAINS, load_run
 from ...trees import TreeShape
 from ...tune.bench import (
     BenchRun,
+    OutputAgreement,
     PolicyPrediction,
+    RecordedOutputs,
     bench_prompts,
     checks_document,
     derived_runs,
+    outputs_against_recorded,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
@@ -138,30 +141,20 @@ def replayed_chains(run, settings: dict[str, ServerSetting]) -> dict[tuple[str, 
     return out
 
 
-def outputs_against_run(runs: Sequence[BenchRun], run) -> dict:
+def outputs_against_run(runs: Sequence[BenchRun], run, n_predict: int) -> dict:
     """llama-server's plain greedy outputs against the outputs the run recorded for the same
-    prompts (the measured pair's): how many are equal over the run's length, and where the
-    others first differ (token index)."""
-    recorded = {
-        r.prompt_id: list(r.output_token_ids)
-        for r in run.prompts.itertuples()
-        if r.output_token_ids is not None
-    }
-    firsts = []
-    for r in runs:
-        if r.method != PLAIN or r.prompt_id not in recorded:
-            continue
-        mine, theirs = list(r.tokens), recorded[r.prompt_id]
-        n = min(len(mine), len(theirs))
-        diff = next((i for i in range(n) if mine[i] != theirs[i]), None)
-        if diff is None and len(mine) != len(theirs):
-            diff = n  # one output ended (EOS) where the other went on
-        firsts.append(diff)
-    differ = sorted(i for i in firsts if i is not None)
+    prompts (the measured pair's): how many are equal over the first ``n_predict`` tokens (or
+    the run's max new tokens, if fewer), and where the others first differ (token index)."""
+    recorded = RecordedOutputs.of([run])
+    (plain,) = outputs_against_recorded(
+        [r for r in runs if r.method == PLAIN],
+        recorded.outputs,
+        min(n_predict, recorded.max_new_tokens),
+    ) or (OutputAgreement(PLAIN, 0, 0, ()),)
     return {
-        "prompts": len(firsts),
-        "equal": len(firsts) - len(differ),
-        "first_difference": differ,
+        "prompts": plain.prompts,
+        "equal": plain.equal,
+        "first_difference": list(plain.first_difference),
         "why": "llama-server runs the GGUF (quantised), another model than the pair the run "
         "measured: greedy outputs agree until the two models' top tokens first differ",
     }
@@ -282,9 +275,9 @@ def tune_llama_server(
         "min_speedup": min_speedup,
         "rendering": rendering_of(config),
         "max_prompt_tokens": config.get("max_prompt_tokens", 512),
-        "machine": f"{cpu_name()}, {usable_cpus()} CPUs",
+        "machine": machine_line(),
     }
-    tune_info["outputs_vs_run"] = outputs_against_run(runs, run)
+    tune_info["outputs_vs_run"] = outputs_against_run(runs, run, n_predict)
     policy = llama_policy(choice, settings, target, draft, source, tune_info)
     policy.save(out, inside)
     return policy, choice
@@ -516,7 +509,7 @@ def bench_llama_server(
     )
     document = {
         "backend": "llama-server",
-        "machine": f"{cpu_name()}, {usable_cpus()} CPUs",
+        "machine": machine_line(),
         "policy_file": str(policy_path),
         "config": {
             "per_domain": per_domain,
