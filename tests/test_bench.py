@@ -274,3 +274,50 @@ def test_measurement_and_every_bench_method_give_the_same_greedy_output(tiny_dir
     assert set(agreement) == {"plain", "chain", "routed"}
     for a in agreement.values():  # compared over the run's 6 tokens, not the bench's 8
         assert (a["prompts"], a["equal"], a["first_difference"]) == (2, 2, [])
+
+
+# --- a method decoding as another is not timed twice; the policy's decisions scored ------------
+
+
+def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(tokenizer):
+    from specscope.tune.bench import policy_choices
+    from specscope.tune.choose import bench_decision
+
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})  # code: chain(2)
+    chosen = bench_prompts(["code"], 3, 42, policy)
+    config = BenchConfig(
+        max_new_tokens=6,
+        warmup=0,
+        repeats=2,
+        chain_depth=2,
+        methods=("plain", "chain", "uniform", "routed"),
+    )
+    calls = []
+
+    def decoder_for(drafter):
+        calls.append(drafter)
+        return decoder
+
+    runs = run_bench(decoder_for, tokenizer, chosen.items, policy, RuleRouter(), config)
+    by = {(r.method, r.prompt_id): r for r in runs}
+    for item in chosen.items:
+        routed, chain = by["routed", item.id], by["chain", item.id]
+        assert routed.routed_to == "code" and chain.routed_to == ""
+        # the same run: the same repeat times, not a second timing that happens to agree
+        assert routed.repeat_times_s == chain.repeat_times_s and routed.tokens == chain.tokens
+        assert by["uniform", item.id].repeat_times_s != chain.repeat_times_s
+    assert policy_choices(policy, config, ["code", "math"]) == {"code": "chain", "math": "uniform"}
+    rows = summarize_bench(runs)
+    decision = bench_decision(policy, config, ["code"], rows, runs)
+    (regret,) = decision["regret"]
+    speedups = {r.method: r.speedup for r in rows if r.domain == "code"}
+    best = max(("plain", "chain", "uniform"), key=speedups.__getitem__)
+    assert (regret.chosen, regret.best) == ("chain", best)
+    assert regret.regret == pytest.approx(1 - speedups["chain"] / speedups[best])
+    single = decision["routed_vs_best_single"]
+    assert single.best_single == best and single.prompts == 3
+    # routed is the chain on every prompt: against the chain it is 1 exactly
+    assert best != "chain" or single.ratio == pytest.approx(1.0)
