@@ -1,16 +1,19 @@
 """Routed per-domain speculation vs the best single llama-server setting, timed in llama-server.
 
     python benchmarks/bench_gateway.py --policy RUN/llamacpp/policy.json [--per-domain 10]
-    python benchmarks/bench_gateway.py --route code=3 --route math=2 [--per-domain 10]
+    python benchmarks/bench_gateway.py --route code=ngram-simple --route math=draft-simple:k=2
 
-One llama-server in router mode serves one preset per setting (plain, and K = 1..--max-k drafts of
-the demo pair's 0.5B for its 1.5B target, each with --poll 0 for both models); specscope gateway
-routes each domain to the preset of its K (from the policy, or --route; unnamed domains decode
-plainly). Every held-out prompt (--per-domain of each domain: with --run, the run's held-out
-prompts as ``specscope llamacpp`` picks them; otherwise from the offline sources, seed --seed) is
-sent, interleaved prompt by prompt, through the gateway and to every preset directly, all greedy
-with --n-predict tokens. Speed is llama-server's own: generated tokens over
-``timings.predicted_ms`` (its C++ loop, no HTTP or Python time).
+One llama-server in router mode serves one preset per setting (plain, K = 1..--max-k drafts of the
+demo pair's 0.5B for its 1.5B target, and every routed setting; --poll 0 for both models);
+specscope gateway routes each domain to the preset of its setting: a `specscope llamacpp` policy's
+exact setting per domain (a model-free lookup included), a `specscope tune` policy's chain of the
+draft model as draft-simple with K = its depth, or --route DOMAIN=SETTING (a setting as
+`specscope llamacpp --candidate` writes it, or a bare K); unnamed domains decode plainly. Every
+held-out prompt (--per-domain of each domain: with --run, the run's held-out prompts as
+``specscope llamacpp`` picks them; otherwise from the offline sources, seed --seed) is sent,
+interleaved prompt by prompt, through the gateway and to every preset directly, all greedy with
+--n-predict tokens. Speed is llama-server's own: generated tokens over ``timings.predicted_ms``
+(its C++ loop, no HTTP or Python time).
 
 Prints per domain: the route taken, tok/s routed and of the best single setting (the one setting
 fastest over all the traffic), their ratio with a prompt-resampled 95% interval, tokens per step
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,20 +44,43 @@ from specscope.tune.router import RuleRouter, prompt_text
 DOMAINS = ("code", "math", "reasoning", "chat")
 
 
-def parse_routes(args) -> dict[str, int]:
+def parse_routes(args, base: ServerSetting) -> dict[str, ServerSetting]:
+    """domain -> the llama-server setting it is routed to (plain where none is named)."""
+    routes = {d: base.with_k(0) for d in DOMAINS}
     if args.policy:
-        from specscope.serving.llamacpp.study import chain_k
         from specscope.tune.policy import PolicyFile
 
         policy = PolicyFile.load(args.policy)
-        return {d: chain_k(policy.tree_for(d)) for d in DOMAINS}
-    routes = {d: 0 for d in DOMAINS}
+        server = policy.info.get("llama_server")
+        for d in DOMAINS:
+            if server:  # specscope llamacpp: each domain's timed setting, exactly
+                entry = server["domains"].get(d, server["fallback"])
+                timed = ServerSetting.from_dict(entry["server_setting"])
+                routes[d] = replace(base, **{f: getattr(timed, f) for f in SPEC_FIELDS})
+                continue
+            drafter, tree = policy.drafter_for(d), policy.tree_for(d)
+            if tree is not None and (drafter.kind != "draft-model" or not tree.is_chain):
+                sys.exit(
+                    f"{args.policy}: domain {d!r} speculates with a {drafter.kind} "
+                    f"{'chain' if tree.is_chain else 'tree'}, which llama-server's draft-simple "
+                    "does not run; tune for llama-server with specscope llamacpp"
+                )
+            routes[d] = base.with_k(0 if tree is None else tree.max_depth)
+        return routes
     for item in args.route:
-        domain, _, k = item.partition("=")
-        if domain not in routes or not k.isdigit():
-            sys.exit(f"--route {item!r}: give DOMAIN=K with DOMAIN one of {', '.join(DOMAINS)}")
-        routes[domain] = int(k)
+        domain, _, text = item.partition("=")
+        if domain not in routes or not text:
+            sys.exit(
+                f"--route {item!r}: give DOMAIN=SETTING with DOMAIN one of {', '.join(DOMAINS)}"
+            )
+        routes[domain] = (
+            base.with_k(int(text)) if text.isdigit() else ServerSetting.parse(text, base)
+        )
     return routes
+
+
+# what a setting speculates with (the rest, threads and polling, is the bench's own)
+SPEC_FIELDS = ("k", "p_min", "spec_type", "ngram_size")
 
 
 def serve_in_thread(asgi):
@@ -84,8 +111,12 @@ def ratio_interval(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", help="policy file (specscope llamacpp / tune): K per domain")
-    parser.add_argument("--route", action="append", default=[], help="DOMAIN=K (repeat)")
+    parser.add_argument(
+        "--policy", help="policy file (specscope llamacpp / tune): a setting per domain"
+    )
+    parser.add_argument(
+        "--route", action="append", default=[], help="DOMAIN=SETTING or DOMAIN=K (repeat)"
+    )
     parser.add_argument("--per-domain", type=int, default=10)
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--max-k", type=int, default=4, help="single settings: plain and K=1..this")
@@ -99,9 +130,11 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    routes = parse_routes(args)
-    ks = sorted(set(range(args.max_k + 1)) | set(routes.values()))
-    name = {k: f"k{k}" if k else "plain" for k in ks}
+    base = ServerSetting(threads=args.threads, poll=0, draft_poll=0, ctx=2048)
+    routes = parse_routes(args, base)
+    # every setting once, by its spec name: plain, K = 1..max_k, and the routed ones
+    settings = {s.spec_name: s for s in [base.with_k(k) for k in range(args.max_k + 1)]}
+    settings |= {s.spec_name: s for s in routes.values()}
 
     import httpx
 
@@ -115,18 +148,17 @@ def main() -> None:
     else:
         items = select_prompts(list(DOMAINS), args.per_domain, seed=args.seed)
     domain_of = RuleRouter().classify
-    base = ServerSetting(threads=args.threads, poll=0, draft_poll=0, ctx=2048)
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     (tmp / "presets.ini").write_text(
-        presets_ini({name[k]: preset_section(target, base.with_k(k), draft) for k in ks})
+        presets_ini({n: preset_section(target, s, draft) for n, s in settings.items()})
     )
     rows = []
     with LlamaRouter(
-        tools, tmp / "presets.ini", base, log=tmp / "llama-server.log", models_max=len(ks)
+        tools, tmp / "presets.ini", base, log=tmp / "llama-server.log", models_max=len(settings)
     ) as router:
         plan = Deployment(
             "llama.cpp",
-            {d: Backend(router.url, name[k]) for d, k in routes.items()},
+            {d: Backend(router.url, s.spec_name) for d, s in routes.items()},
             Backend(router.url, "plain"),
         )
         server, thread, url = serve_in_thread(make_app(plan, tmp / "gateway.jsonl"))
@@ -134,9 +166,7 @@ def main() -> None:
         try:
             for i, item in enumerate(items):
                 text = prompt_text(item)
-                arms = {"routed": (url, {})} | {
-                    name[k]: (router.url, {"model": name[k]}) for k in ks
-                }
+                arms = {"routed": (url, {})} | {n: (router.url, {"model": n}) for n in settings}
                 for arm, (base_url, extra) in arms.items():
                     answer = httpx.post(
                         base_url + "/completion",
@@ -161,10 +191,10 @@ def main() -> None:
         finally:
             server.should_exit = True
             thread.join(10)
-    report(rows, routes, name, args)
+    report(rows, {d: r.spec_name for d, r in routes.items()}, args)
 
 
-def report(rows: list[dict], routes: dict[str, int], name: dict[int, str], args) -> None:
+def report(rows: list[dict], routes: dict[str, str], args) -> None:
     import pandas as pd
 
     frame = pd.DataFrame(rows)
@@ -177,7 +207,7 @@ def report(rows: list[dict], routes: dict[str, int], name: dict[int, str], args)
     plain = frame[frame["arm"] == "plain"].set_index("prompt_id")["tokens"]
     print(
         f"best single setting over all traffic: {best}; routes: "
-        + ", ".join(f"{d}->{name[k]}" for d, k in routes.items())
+        + ", ".join(f"{d}->{n}" for d, n in routes.items())
     )
     print(
         "| domain | route | tok/s routed | tok/s best single | ratio [95% CI] | tokens/step | "
@@ -197,7 +227,7 @@ def report(rows: list[dict], routes: dict[str, int], name: dict[int, str], args)
         steps = (routed["predicted_n"] - 1 - routed["draft_n_accepted"]).sum()
         tps = (routed["predicted_n"] - 1).sum() / steps if steps else float("nan")
         equal = sum(routed.loc[p, "tokens"] == plain.loc[p] for p in routed.index)
-        route = ", ".join(sorted(set(routed["routed_as"].map(lambda d: name[routes[d]]))))
+        route = ", ".join(sorted(set(routed["routed_as"].map(routes.__getitem__))))
         line = {
             "domain": domain,
             "route": route,
