@@ -248,7 +248,9 @@ def test_the_bench_command_refuses_tuning_prompts_and_prints_what_it_confirms(ti
 
 def test_measurement_and_every_bench_method_give_the_same_greedy_output(tiny_dirs, tmp_path):
     """One pair in float32: the measurement run's recorded outputs, plain greedy (transformers),
-    the chain and the routed policy in the bench are one output per prompt, token for token."""
+    the chain and the routed policy in the bench are one output per prompt, token for token, and
+    the chain's steps equal the replay of the run on the very prompts timed
+    (scripts/same_prompts.py)."""
     from typer.testing import CliRunner
 
     from conftest import tiny_pair_args
@@ -267,13 +269,27 @@ def test_measurement_and_every_bench_method_give_the_same_greedy_output(tiny_dir
     policy = _policy({"run_dir": str(run_dir), "run_id": "r", "prompt_ids": ids})
     path = policy.save(tmp_path / "policy.json")
     out = tmp_path / "bench.json"
-    result = _bench_cli(tiny_dirs, path, "--tuning-prompts", "--max-new-tokens", 8, "-o", out)
+    result = _bench_cli(
+        tiny_dirs, path, "--tuning-prompts", "--max-new-tokens", 6, "--chain-depth", 2, "-o", out
+    )
     assert result.exit_code == 0, result.output
     assert "greedy outputs against" in result.output
     agreement = {a["method"]: a for a in json.loads(out.read_text())["outputs_vs_run"]}
     assert set(agreement) == {"plain", "chain", "routed"}
-    for a in agreement.values():  # compared over the run's 6 tokens, not the bench's 8
+    for a in agreement.values():
         assert (a["prompts"], a["equal"], a["first_difference"]) == (2, 2, [])
+    # the replay of the very prompts timed: the chain's steps equal, prompt by prompt
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "scripts" / "same_prompts.py"
+    table = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, check=True
+    ).stdout
+    (chain,) = [line for line in table.splitlines() if line.startswith("| chain")]
+    cells = [c.strip() for c in chain.strip("|").split("|")]
+    assert cells[2] == "2" and cells[3] == cells[4] and cells[6:] == ["2", "2"], table
 
 
 # --- a method decoding as another is not timed twice; the policy's decisions scored ------------
