@@ -16,7 +16,7 @@ from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, top
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
-from specscope.records import tree_paths
+from specscope.records import ALL_DOMAINS, tree_paths
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
@@ -24,7 +24,7 @@ from specscope.tune.acceptance import (
     acceptance_vectors,
     chain_acceptance,
 )
-from specscope.tune.bench import BenchConfig, summarize_bench
+from specscope.tune.bench import BenchConfig, candidate_predictions, summarize_bench
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree
 from specscope.tune.policy import (
@@ -281,6 +281,47 @@ def test_tune_replays_chains_that_accept_past_depth_two():
     # (and the lookup that found nothing), against plain decoding's 0.1 s per token
     time = 10 * lookup.step_time(choice.shape) + 0.1 + 0.0005
     assert choice.predicted_speedup == pytest.approx(40 * 0.1 / time)
+
+
+def test_every_chain_tuned_over_is_predicted_in_the_policy_and_found_by_the_bench():
+    """The policy's candidates: every chain of the drafter its records hold (1 to 3 here), in
+    every domain, replayed, with the speed-up its cost model gives; a bench method decoding one
+    of them (ngram with chain depth 2) is set against that prediction, not left unpredicted."""
+    steps = pd.DataFrame(
+        {
+            "prompt_id": "c",
+            "domain": "code",
+            "step": range(40),
+            "tree_size": 3,
+            "accepted_len": [3 if i % 4 == 0 else 2 for i in range(40)],
+        }
+    )
+    lookup = CostModel(
+        draft_s=((1, 0.0005),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
+    )
+    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    policy = tune([Measured(ngram, pd.DataFrame(), steps, lookup)], TuneConfig(min_count=1))
+    loaded = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
+    cells = {(c["domain"], c["tree"]): c for c in loaded.info["candidates"]}
+    chains = [TreeShape.chain(k).to_paths_literal() for k in (1, 2, 3)]
+    assert set(cells) == {(d, c) for d in ("code", ALL_DOMAINS) for c in chains}
+    rec = ReplayRecords.from_frames(pd.DataFrame(), steps)
+    for k in (1, 2, 3):
+        cell = cells["code", TreeShape.chain(k).to_paths_literal()]
+        decoded = replay_counts(rec, top_chain(k), prefill_drafts=False)
+        tau = 40 / decoded.steps[0]
+        assert cell["prediction"]["tokens_per_step"] == pytest.approx(tau, abs=1e-4)
+        assert cell["prediction"]["method"] == REPLAY
+        step = lookup.step_time(TreeShape.chain(k), decoded.proposals[0] / decoded.steps[0])
+        assert cell["predicted_speedup"] == pytest.approx(tau / step * 0.1, abs=1e-4)
+    config = BenchConfig(chain_depth=2, methods=("plain", "ngram"), ngram=ngram)
+    found = candidate_predictions(loaded, config)
+    assert set(found) == {("ngram", "code"), ("ngram", ALL_DOMAINS)}
+    chain2 = cells["code", TreeShape.chain(2).to_paths_literal()]
+    assert found["ngram", "code"].speedup == chain2["predicted_speedup"]
+    assert found["ngram", "code"].tokens_per_step.tokens_per_step == pytest.approx(
+        chain2["prediction"]["tokens_per_step"]
+    )
 
 
 def test_step_time_of_a_lookup_that_sometimes_proposes_nothing():

@@ -365,7 +365,8 @@ def bench(
     )
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_file) if policy_file else {}
-    cells = checks.predicted_vs_measured(rows, runs, predictions)
+    candidates = checks.candidate_predictions(policy, config) if policy else {}
+    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates)
     precision = checks.speedup_precision(runs)
     setting = choose.BenchSetting(
         policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()

@@ -649,6 +649,26 @@ def policy_predictions(path: str | Path) -> dict[str, PolicyPrediction]:
     return out
 
 
+def candidate_predictions(policy, config: BenchConfig) -> dict[tuple[str, str], PolicyPrediction]:
+    """(method, domain) -> the prediction ``tune`` made for the drafter and tree that a bench
+    method decodes with (the policy file's ``candidates``: every chain of every drafter tuned
+    over), so that the chains benched beside the chosen ones are predicted too."""
+    from .policy import parse_drafter, parse_tree
+
+    settings = {m: s for m, s in method_settings(policy, config).items() if m != "uniform"}
+    out = {}
+    for i, entry in enumerate(policy.info.get("candidates") or ()):
+        where = f"policy file: candidates[{i}]"
+        setting = (parse_drafter(entry, where), parse_tree(entry, where))
+        for method, mine in settings.items():
+            if _same(mine, setting):
+                out[(method, str(entry["domain"]))] = PolicyPrediction(
+                    Prediction.from_dict(entry["prediction"], where),
+                    float(entry["predicted_speedup"]),
+                )
+    return out
+
+
 @dataclass(frozen=True)
 class PredictedCell:
     """One bench cell (method x domain): what the policy predicted beside what was measured."""

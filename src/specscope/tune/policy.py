@@ -238,6 +238,40 @@ class Measured:
         return Predictor(records, vectors, prefill_drafts=False)
 
 
+def chain_candidates(
+    m: Measured, predictor: Predictor, config: TuneConfig, vectors: dict[str, AcceptanceVector]
+) -> list[dict]:
+    """Every chain of ``m``'s drafter that its records hold, up to ``config.max_depth``, in
+    every domain: the predicted tokens per step (replayed, with its interval) and speed-up, so
+    that a bench of any chain (not only the chosen ones) is set against a prediction made when
+    the policy was tuned. Written to the policy file as ``candidates``."""
+    out = []
+    for depth in range(1, config.max_depth + 1):
+        shape = TreeShape.chain(depth)
+        try:
+            m.drafter.check_chain(True, depth)
+        except DrafterError:
+            continue
+        if not predictor.records.holds(shape):
+            break
+        for domain in vectors:
+            prediction = predictor.with_interval(shape, domain)
+            step = m.costs.step_time(shape, prediction.proposal_rate)
+            out.append(
+                {
+                    "domain": domain,
+                    "drafter": {"kind": m.drafter.kind, **m.drafter.params},
+                    "tree": shape.to_paths_literal(),
+                    "prediction": prediction.to_dict(),
+                    "predicted_speedup": round(
+                        prediction.tokens_per_step / step * m.costs.plain_token_s, 4
+                    ),
+                    "step_time_s": round(step, 6),
+                }
+            )
+    return out
+
+
 def tune(
     measured: Sequence[Measured],
     config: TuneConfig = TuneConfig(),
@@ -254,11 +288,13 @@ def tune(
     choices: dict[str, Choice] = {}
     vector: dict[str, AcceptanceVector] = {}  # the chosen drafter's (the first's if none pays)
     predictors: dict[str, Predictor] = {}  # per domain: the chosen drafter's
+    candidates: list[dict] = []
     for m in measured:
         vectors = m.acceptance(config.min_count)
         if config.extrapolate:
             vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
         predictor = m.predictor(vectors)
+        candidates += chain_candidates(m, predictor, config, vectors)
         for name, acc in vectors.items():
             choice = best_tree(
                 acc,
@@ -286,6 +322,7 @@ def tune(
     }
     if len(measured) > 1:
         info["cost_models"] = {m.drafter.label: m.costs.to_dict() for m in measured}
+    info["candidates"] = candidates
     return PolicyFile(
         trees={d: c.shape for d, c in choices.items()},
         uniform=uniform.shape,
@@ -375,15 +412,15 @@ class PolicyFile:
         trees, drafters, predictions = {}, {}, {}
         for domain, entry in data["domains"].items():
             label = f"{where}: domain {domain!r}"
-            trees[domain] = _parse_tree(entry, label)
-            drafters[domain] = _parse_drafter(entry, label)
+            trees[domain] = parse_tree(entry, label)
+            drafters[domain] = parse_drafter(entry, label)
             check_drafter(label, trees[domain], drafters[domain])
             if isinstance(entry, dict) and "prediction" in entry:
                 predictions[domain] = Prediction.from_dict(entry["prediction"], label)
         uniform, uniform_drafter = None, DrafterConfig()
         if "uniform" in data:
-            uniform = _parse_tree(data["uniform"], f"{where}: uniform")
-            uniform_drafter = _parse_drafter(data["uniform"], f"{where}: uniform")
+            uniform = parse_tree(data["uniform"], f"{where}: uniform")
+            uniform_drafter = parse_drafter(data["uniform"], f"{where}: uniform")
             check_drafter(f"{where}: uniform", uniform, uniform_drafter)
             if isinstance(data["uniform"], dict) and "prediction" in data["uniform"]:
                 predictions[ALL_DOMAINS] = Prediction.from_dict(
@@ -425,7 +462,7 @@ def check_drafter(where: str, shape: TreeShape | None, drafter: DrafterConfig) -
 DRAFTER_KEYS = ("kind", *dict.fromkeys(p for kind in DRAFTERS.values() for p in kind.params))
 
 
-def _parse_drafter(entry, where: str) -> DrafterConfig:
+def parse_drafter(entry, where: str) -> DrafterConfig:
     """``{"drafter": {"kind": "ngram", "prompt_lookup_min": 2, ...}}``; absent: the draft model."""
     if not isinstance(entry, dict) or "drafter" not in entry:
         return DrafterConfig()
@@ -449,7 +486,7 @@ def _parse_drafter(entry, where: str) -> DrafterConfig:
         raise PolicyError(f"{where}: drafter: {e}") from None
 
 
-def _parse_tree(entry, where: str) -> TreeShape | None:
+def parse_tree(entry, where: str) -> TreeShape | None:
     """``{"tree": [[0], [0, 0]]}``, ``{"tree": "[(0,), (0, 0)]"}`` or ``{"tree": "none"}``."""
     tree = entry.get("tree") if isinstance(entry, dict) else entry
     if tree is None:
