@@ -770,8 +770,9 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         rows,
         "tokens per step: output tokens over decoding steps, the prefill's token one step (as "
         "specscope's decoder counts them, and tune's replay with a plain prefill pass). routed: "
-        "each domain's entry; uniform: the uniform entry; another method: its own prediction "
-        "where the policy holds one (a candidate a timed backend tuned over), else none. "
+        "each domain's entry; uniform: the uniform entry; another method: the prediction tune "
+        "made for its drafter and tree where the policy holds one (its candidates: every chain "
+        "of each drafter tuned over, or a timed backend's settings), else none. "
         f"Held out from: {where}.",
     )
 

@@ -1,0 +1,98 @@
+"""Conclude a `specscope bench` record again, from its timed runs, against a policy file.
+
+    python scripts/bench_conclude.py BENCH.json [--policy-file POLICY] [--with-candidates]
+
+Reads every run the bench recorded (nothing is timed again) and prints what the bench prints:
+the summary, predicted against measured for every cell, regret, routed against the best single
+method and each interval's width against +-5%. --policy-file: the policy to set the runs against
+(default: the one the bench ran). --with-candidates: a policy tuned before `tune` wrote its
+`candidates` gets them computed from its own tuning runs and cost models (files written before the
+bench: no bench data enters a prediction), so that every chain benched is predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from specscope.analysis.render import to_markdown
+from specscope.drafters import DrafterConfig
+from specscope.records import load_run
+from specscope.tune import bench as checks
+from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
+from specscope.tune.choose import bench_decision, bench_grid
+from specscope.tune.costs import CostModel
+from specscope.tune.policy import Measured, PolicyFile, TuneConfig, chain_candidates
+
+
+def with_candidates(policy: PolicyFile) -> PolicyFile:
+    """``policy`` with the candidates ``tune`` writes today, from its tuning runs and the cost
+    model of each drafter that the file holds."""
+    source = policy.info.get("source") or {}
+    config = TuneConfig(**policy.info.get("tune", {}))
+    models = policy.info.get("cost_models") or {"": policy.info["cost_model"]}
+    run_dirs = dict.fromkeys(e.get("run_dir") for e in [source, *(source.get("runs") or ())])
+    candidates = []
+    for run_dir in filter(None, run_dirs):
+        run = load_run(run_dir)
+        drafter = DrafterConfig(**run.manifest["config"].get("drafter", {}))
+        costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
+        measured = Measured(drafter, run.nodes, run.steps, costs)
+        vectors = measured.acceptance(config.min_count)
+        if config.extrapolate:
+            vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+        candidates += chain_candidates(measured, measured.predictor(vectors), config, vectors)
+    return dataclasses.replace(policy, info={**policy.info, "candidates": candidates})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", type=Path)
+    parser.add_argument("--policy-file", type=Path)
+    parser.add_argument("--with-candidates", action="store_true")
+    parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
+    args = parser.parse_args()
+    record = json.loads(args.bench.read_text())
+    policy_path = args.policy_file or Path(record["policy_file"])
+    policy = PolicyFile.load(policy_path)
+    if args.with_candidates:
+        policy = with_candidates(policy)
+    fields = {f.name for f in dataclasses.fields(BenchRun)}
+    runs = [
+        BenchRun(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items() if k in fields})
+        for r in record["runs"]
+    ]
+    c = record["config"]
+    config = BenchConfig(
+        max_new_tokens=c["max_new_tokens"],
+        repeats=c["repeats"],
+        chain_depth=c["chain_depth"],
+        methods=tuple(c["methods"]),
+        ngram=DrafterConfig(**c["ngram"]),
+    )
+    rows = summarize_bench(runs)
+    predictions = checks.policy_predictions(policy_path)
+    candidates = checks.candidate_predictions(policy, config)
+    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates)
+    precision = checks.speedup_precision(runs)
+    domains = list(dict.fromkeys(r.domain for r in runs))
+    decision = bench_decision(policy, config, domains, rows, runs)
+    tuned = checks.tuning_prompts(policy)
+    grids = [
+        bench_grid(rows, f"{record.get('machine', '')}: {args.bench}"),
+        checks.prediction_grid(cells, tuned),
+        checks.regret_grid(decision.get("regret", ())),
+        checks.precision_grid(precision),
+    ]
+    text = "\n\n".join(to_markdown(g) for g in grids)
+    if "routed_vs_best_single" in decision:
+        text += "\n\n" + decision["routed_vs_best_single"].sentence
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
