@@ -47,6 +47,47 @@ def with_candidates(policy: PolicyFile) -> PolicyFile:
     return dataclasses.replace(policy, info={**policy.info, "candidates": candidates})
 
 
+def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
+    """Where a predicted speed-up misses, per method and domain: the step time the cost model
+    predicted against the bench's (decode seconds over decoding steps after the first token),
+    and plain's time per token in the cost model against the bench's plain (transformers'
+    generate)."""
+    model = policy.info.get("cost_model") or {}
+    plain_model = model.get("plain_token_s")
+    entries = {
+        (c["domain"], c["tree"], c["drafter"]["kind"]): c["step_time_s"]
+        for c in policy.info.get("candidates") or ()
+    }
+    settings = checks.method_settings(policy, config)
+    lines = [
+        "| method | domain | predicted step | measured step | measured / predicted |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for method in dict.fromkeys(r.method for r in runs):
+        for domain in dict.fromkeys(r.domain for r in runs):
+            mine = [r for r in runs if r.method == method and r.domain == domain]
+            decode = sum(r.time_s - r.first_token_s for r in mine)
+            if method == "plain":
+                measured, predicted = decode / sum(len(r.tokens) - 1 for r in mine), plain_model
+            elif method in settings and mine:
+                drafter, tree = settings[method]
+                key = (domain, tree.to_paths_literal(), drafter.kind)
+                measured = decode / max(1, sum(r.steps - 1 for r in mine))
+                predicted = entries.get(key)
+            else:
+                continue
+            ratio = f"{measured / predicted:.3f}" if predicted else "-"
+            shown = f"{predicted * 1e3:.0f} ms" if predicted else "-"
+            lines.append(f"| {method} | {domain} | {shown} | {measured * 1e3:.0f} ms | {ratio} |")
+    return (
+        "### step times: the cost model against the bench\n\n"
+        + "\n".join(lines)
+        + "\n\nplain: seconds per token (cost model: specscope's plain loop on a synthetic "
+        "context; bench: transformers' generate()); a method: seconds per decoding step after "
+        "the first token."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench", type=Path)
@@ -87,6 +128,8 @@ def main() -> None:
         checks.precision_grid(precision),
     ]
     text = "\n\n".join(to_markdown(g) for g in grids)
+    if policy.info.get("candidates"):
+        text += "\n\n" + step_times(runs, policy, config)
     if "routed_vs_best_single" in decision:
         text += "\n\n" + decision["routed_vs_best_single"].sentence
     print(text)
