@@ -358,7 +358,7 @@ def bench_prompts(
 # a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
 DecoderFor = Callable[[DrafterConfig], SpeculativeDecoder]
 # what a method decodes with: (drafter, tree); routed's depends on the prompt's routed domain
-Setting = tuple[DrafterConfig, object]
+Setting = tuple[DrafterConfig, TreeShape | DynamicTree | None]
 
 
 @dataclass(frozen=True)
@@ -396,16 +396,15 @@ def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[
     """domain -> the bench method that decodes as the policy's entry for it does (``plain``
     where the policy does not speculate; a domain whose setting no method times is left out):
     what :func:`regrets` scores."""
-    settings = {m: s for m, s in method_settings(policy, config).items() if m != "uniform"}
-    if "uniform" in config.methods:
-        settings["uniform"] = method_settings(policy, config)["uniform"]
+    settings = method_settings(policy, config)
+    order = sorted(settings, key=lambda m: m == "uniform")  # a method of its own first
     out = {}
     for domain in domains:
         mine = (policy.drafter_for(domain), policy.tree_for(domain))
         if mine[1] is None:
             out[domain] = "plain"
             continue
-        match = next((m for m, s in settings.items() if _same(s, mine)), None)
+        match = next((m for m in order if _same(settings[m], mine)), None)
         if match is not None:
             out[domain] = match
     return out
@@ -783,7 +782,7 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
 @dataclass(frozen=True)
 class OutputAgreement:
     """One method's greedy outputs against those a measurement run recorded for the same
-    prompts, over the shorter of each pair."""
+    prompts (compared as :func:`first_difference` does)."""
 
     method: str
     prompts: int  # prompts both have
