@@ -329,7 +329,6 @@ def bench(
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
-    # only the learned router needs half the held-out prompts to train on
     if tuning_prompts and policy is None:
         fail("--tuning-prompts needs --policy-file: the policy's tuning runs name the prompts")
     chosen = bench_prompts(
@@ -339,7 +338,7 @@ def bench(
         policy,
         router_name,
         in_sample,
-        split=router_name != "rules",
+        split=router_name != "rules",  # only the learned router trains, on half of them
         tuning_only=tuning_prompts,
     )
     print_grids([choose.router_grid(chosen, names)], blank=False)
