@@ -314,9 +314,12 @@ def test_every_chain_tuned_over_is_predicted_in_the_policy_and_found_by_the_benc
         assert cell["prediction"]["method"] == REPLAY
         step = lookup.step_time(TreeShape.chain(k), decoded.proposals[0] / decoded.steps[0])
         assert cell["predicted_speedup"] == pytest.approx(tau / step * 0.1, abs=1e-4)
-    config = BenchConfig(chain_depth=2, methods=("plain", "ngram"), ngram=ngram)
+    config = BenchConfig(chain_depth=2, methods=("plain", "ngram", "uniform"), ngram=ngram)
     found = candidate_predictions(loaded, config)
-    assert set(found) == {("ngram", "code"), ("ngram", ALL_DOMAINS)}
+    assert {k for k in found if k[0] == "ngram"} == {("ngram", "code"), ("ngram", ALL_DOMAINS)}
+    # the uniform tree, per domain: its own candidate in that domain, not the pooled entry
+    uniform = cells["code", loaded.uniform.to_paths_literal()]
+    assert found["uniform", "code"].speedup == uniform["predicted_speedup"]
     chain2 = cells["code", TreeShape.chain(2).to_paths_literal()]
     assert found["ngram", "code"].speedup == chain2["predicted_speedup"]
     assert found["ngram", "code"].tokens_per_step.tokens_per_step == pytest.approx(

@@ -654,7 +654,7 @@ def candidate_predictions(policy, config: BenchConfig) -> dict[tuple[str, str], 
     over), so that the chains benched beside the chosen ones are predicted too."""
     from .policy import parse_drafter, parse_tree
 
-    settings = {m: s for m, s in method_settings(policy, config).items() if m != "uniform"}
+    settings = method_settings(policy, config)
     out = {}
     for i, entry in enumerate(policy.info.get("candidates") or ()):
         where = f"policy file: candidates[{i}]"
@@ -699,23 +699,29 @@ def predicted_vs_measured(
     candidates: Mapping[tuple[str, str], PolicyPrediction] | None = None,
 ) -> tuple[PredictedCell, ...]:
     """Every cell of the bench's summary but plain's, with the policy's prediction where it
-    made one: the routed method in a domain, that domain's entry; the uniform method, the
-    uniform entry; any other method, ``candidates[(method, domain)]`` (a timed backend's
-    prediction of every candidate it tuned over)."""
+    made one: the routed method in a domain, that domain's entry; any other method,
+    ``candidates[(method, domain)]`` (the prediction for its drafter and tree in that domain:
+    :func:`candidate_predictions`, or a timed backend's); the uniform method without one, the
+    uniform entry (pooled over the domains)."""
     candidates = candidates or {}
     cells = []
     for r in rows:
         if r.method == "plain" or r.domain == ALL_DOMAINS:
             continue
         mine = [x for x in runs if x.method == r.method and x.domain == r.domain]
-        entry = {"routed": r.domain, "uniform": ALL_DOMAINS}.get(r.method)
+        if r.method == "routed":
+            predicted = predictions.get(r.domain)
+        elif r.method == "uniform" and (r.method, r.domain) not in candidates:
+            predicted = predictions.get(ALL_DOMAINS)
+        else:
+            predicted = candidates.get((r.method, r.domain))
         cells.append(
             PredictedCell(
                 r.method,
                 r.domain,
                 r.prompts,
                 sum(x.in_sample for x in mine),
-                predictions.get(entry) if entry else candidates.get((r.method, r.domain)),
+                predicted,
                 r.tau,
                 r.speedup,
                 r.speedup_lo,
@@ -769,9 +775,10 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         rows,
         "tokens per step: output tokens over decoding steps, the prefill's token one step (as "
         "specscope's decoder counts them, and tune's replay with a plain prefill pass). routed: "
-        "each domain's entry; uniform: the uniform entry; another method: the prediction tune "
-        "made for its drafter and tree where the policy holds one (its candidates: every chain "
-        "of each drafter tuned over, or a timed backend's settings), else none. "
+        "each domain's entry; another method: the prediction tune made for its drafter and tree "
+        "in the domain where the policy holds one (its candidates: every chain of each drafter "
+        "tuned over, or a timed backend's settings); else uniform: the uniform entry (pooled), "
+        "another: none. "
         f"Held out from: {where}.",
     )
 
