@@ -252,10 +252,9 @@ def test_a_perfect_drafter_predicts_k_plus_one_tokens_per_step_less_the_end(posi
     )
 
 
-def test_tune_replays_chains_that_accept_past_depth_two():
-    """Chains of 3 from a lookup that accepts 3 at positions 0, 4, 8, ... and 2 elsewhere:
-    the chain of 3 decodes 4 + 4 + ... tokens, and tune's prediction is that replay, steps
-    counted as the decoder counts them (the prefill a plain step: 1, 3, then 4 + 4 + ...)."""
+def _lookup_chains_of_three():
+    """A lookup's chains of 3 on one code prompt of 40 tokens, accepting 3 at positions 0, 4, 8,
+    ... and 2 elsewhere; its cost model (a lookup of 0.5 ms) and its config."""
     steps = pd.DataFrame(
         {
             "prompt_id": "c",
@@ -265,12 +264,19 @@ def test_tune_replays_chains_that_accept_past_depth_two():
             "accepted_len": [3 if i % 4 == 0 else 2 for i in range(40)],
         }
     )
-    rec = ReplayRecords.from_frames(pd.DataFrame(), steps)
-    assert replay_counts(rec, top_chain(3)).steps.tolist() == [10]  # 0 -> 4 -> 8 ... -> 40
     lookup = CostModel(
         draft_s=((1, 0.0005),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
     )
-    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    return steps, lookup, DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+def test_tune_replays_chains_that_accept_past_depth_two():
+    """Chains of 3 from a lookup that accepts 3 at positions 0, 4, 8, ... and 2 elsewhere:
+    the chain of 3 decodes 4 + 4 + ... tokens, and tune's prediction is that replay, steps
+    counted as the decoder counts them (the prefill a plain step: 1, 3, then 4 + 4 + ...)."""
+    steps, lookup, ngram = _lookup_chains_of_three()
+    rec = ReplayRecords.from_frames(pd.DataFrame(), steps)
+    assert replay_counts(rec, top_chain(3)).steps.tolist() == [10]  # 0 -> 4 -> 8 ... -> 40
     policy = tune([Measured(ngram, pd.DataFrame(), steps, lookup)], TuneConfig(min_count=1))
     choice = policy.choices["code"]
     assert choice.shape == TreeShape.chain(3)
@@ -287,19 +293,7 @@ def test_every_chain_tuned_over_is_predicted_in_the_policy_and_found_by_the_benc
     """The policy's candidates: every chain of the drafter its records hold (1 to 3 here), in
     every domain, replayed, with the speed-up its cost model gives; a bench method decoding one
     of them (ngram with chain depth 2) is set against that prediction, not left unpredicted."""
-    steps = pd.DataFrame(
-        {
-            "prompt_id": "c",
-            "domain": "code",
-            "step": range(40),
-            "tree_size": 3,
-            "accepted_len": [3 if i % 4 == 0 else 2 for i in range(40)],
-        }
-    )
-    lookup = CostModel(
-        draft_s=((1, 0.0005),), target_s=COSTS.target_s, plain_token_s=0.1, model_free=True
-    )
-    ngram = DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    steps, lookup, ngram = _lookup_chains_of_three()
     policy = tune([Measured(ngram, pd.DataFrame(), steps, lookup)], TuneConfig(min_count=1))
     loaded = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
     cells = {(c["domain"], c["tree"]): c for c in loaded.info["candidates"]}
