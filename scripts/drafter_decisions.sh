@@ -4,7 +4,7 @@
 # domain x 3 repeats (chat: the 20 of its 50 offline prompts the study did not measure), then a
 # bench on the tuning prompts themselves, set beside the replay of exactly those prompts.
 # Int8 (float32 activations), 2 threads; run it with nothing else on the machine. About 50 s,
-# 105 minutes and 17 minutes on 2 CPU cores (Intel Xeon, AVX512-BF16, AMX).
+# 108 minutes and 10 minutes on 2 CPU cores (Intel Xeon, AVX512-BF16, AMX).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/demo-pair/drafters
@@ -19,6 +19,6 @@ specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,uni
 # records (what this bench is read for; not its speeds)
 specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,uniform \
   --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth 3 --int8 --threads 2 \
-  --tuning-prompts --per-domain 10 --max-new-tokens 48 --repeats 1 --warmup 1 \
+  --tuning-prompts --per-domain 5 --max-new-tokens 48 --repeats 1 --warmup 1 \
   --out "$out/bench-tuning-int8.json"
 python scripts/same_prompts.py "$out/bench-tuning-int8.json" --out "$out/same-prompts-int8.md"
