@@ -24,7 +24,13 @@ from specscope.tune import bench as checks
 from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
 from specscope.tune.choose import bench_decision, bench_grid
 from specscope.tune.costs import CostModel
-from specscope.tune.policy import Measured, PolicyFile, TuneConfig, chain_candidates
+from specscope.tune.policy import (
+    Measured,
+    PolicyFile,
+    TuneConfig,
+    chain_candidates,
+    parse_drafter,
+)
 
 
 def with_candidates(policy: PolicyFile) -> PolicyFile:
@@ -40,9 +46,7 @@ def with_candidates(policy: PolicyFile) -> PolicyFile:
         drafter = DrafterConfig(**run.manifest["config"].get("drafter", {}))
         costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
         measured = Measured(drafter, run.nodes, run.steps, costs)
-        vectors = measured.acceptance(config.min_count)
-        if config.extrapolate:
-            vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+        vectors = measured.vectors(config)
         candidates += chain_candidates(measured, measured.predictor(vectors), config, vectors)
     return dataclasses.replace(policy, info={**policy.info, "candidates": candidates})
 
@@ -55,7 +59,7 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
     model = policy.info.get("cost_model") or {}
     plain_model = model.get("plain_token_s")
     entries = {
-        (c["domain"], c["tree"], c["drafter"]["kind"]): c["step_time_s"]
+        (c["domain"], c["tree"], parse_drafter(c, "candidates").resolved()): c["step_time_s"]
         for c in policy.info.get("candidates") or ()
     }
     settings = checks.method_settings(policy, config)
@@ -71,7 +75,7 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
                 measured, predicted = decode / sum(len(r.tokens) - 1 for r in mine), plain_model
             elif method in settings and mine:
                 drafter, tree = settings[method]
-                key = (domain, tree.to_paths_literal(), drafter.kind)
+                key = (domain, tree.to_paths_literal(), drafter.resolved())
                 measured = decode / max(1, sum(r.steps - 1 for r in mine))
                 predicted = entries.get(key)
             else:

@@ -147,6 +147,11 @@ class DrafterConfig:
         return {name: getattr(r, name) for name in self.spec.params}
 
     @property
+    def table(self) -> dict:
+        """``{"kind": ..., **params}``: the drafter as policy files and cost models write it."""
+        return {"kind": self.kind, **self.params}
+
+    @property
     def label(self) -> str:
         """``draft-model``, ``ngram(prompt_lookup_min=2, prompt_lookup_max=4)``,
         ``early-exit(exit_layer=8)``: the name records and tables carry."""

@@ -124,11 +124,7 @@ class CostModel:
             "context_len": self.context_len,
             "hardware": self.hardware,
             **({"model_free": True} if self.model_free else {}),
-            **(
-                {"drafter": {"kind": self.drafter.kind, **self.drafter.params}}
-                if self.drafter is not None
-                else {}
-            ),
+            **({"drafter": self.drafter.table} if self.drafter is not None else {}),
             **({"drafter_model": self.drafter_model} if self.drafter_model is not None else {}),
         }
 

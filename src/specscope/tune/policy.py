@@ -230,6 +230,14 @@ class Measured:
             return chain_acceptance(self.steps, min_count)
         return acceptance_vectors(self.nodes, min_count)
 
+    def vectors(self, config: TuneConfig) -> dict[str, AcceptanceVector]:
+        """:meth:`acceptance` at ``config.min_count``, extended to ``config.max_depth`` where
+        ``config.extrapolate`` says so: what tune weighs for this drafter."""
+        vectors = self.acceptance(config.min_count)
+        if config.extrapolate:
+            vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+        return vectors
+
     def predictor(self, vectors: dict[str, AcceptanceVector]) -> Predictor:
         """Tokens per step by replay of these records, ``vectors`` past them, with steps counted
         as specscope's decoder and bench count them (the prefill a plain one-token step), so that
@@ -260,7 +268,7 @@ def chain_candidates(
             out.append(
                 {
                     "domain": domain,
-                    "drafter": {"kind": m.drafter.kind, **m.drafter.params},
+                    "drafter": m.drafter.table,
                     "tree": shape.to_paths_literal(),
                     "prediction": prediction.to_dict(),
                     "predicted_speedup": round(
@@ -290,9 +298,7 @@ def tune(
     predictors: dict[str, Predictor] = {}  # per domain: the chosen drafter's
     candidates: list[dict] = []
     for m in measured:
-        vectors = m.acceptance(config.min_count)
-        if config.extrapolate:
-            vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
+        vectors = m.vectors(config)
         predictor = m.predictor(vectors)
         candidates += chain_candidates(m, predictor, config, vectors)
         for name, acc in vectors.items():
@@ -377,7 +383,7 @@ class PolicyFile:
                 if name in self.predictions:
                     written["prediction"] = self.predictions[name].to_dict()
             if drafter != DrafterConfig():  # the draft model: no entry, as before drafters
-                written["drafter"] = {"kind": drafter.kind, **drafter.params}
+                written["drafter"] = drafter.table
             return written
 
         return {

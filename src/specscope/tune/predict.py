@@ -18,7 +18,14 @@ import math
 from dataclasses import dataclass
 
 from ..analysis.prepare import ALL
-from ..analysis.replay import MeasuredTree, ReplayCounts, ReplayRecords, Subtree, estimate
+from ..analysis.replay import (
+    MeasuredTree,
+    Replay,
+    ReplayCounts,
+    ReplayRecords,
+    Subtree,
+    estimate,
+)
 from ..analysis.replay import replay_counts as replay_prompts
 from ..analysis.results import Settings
 from ..records import ALL_DOMAINS
@@ -103,6 +110,7 @@ class Predictor:
         self.settings = settings or Settings()
         self.prefill_drafts = prefill_drafts
         self._counts: dict[tuple, ReplayCounts] = {}
+        self._figures: dict[tuple, Replay] = {}  # tree paths -> the replay's estimate
         self._measured = replay_prompts(records, MeasuredTree(), prefill_drafts)
 
     def counts(self, shape: TreeShape) -> ReplayCounts:
@@ -142,6 +150,8 @@ class Predictor:
         point = self.predict(shape, domain)
         if point.extrapolated:
             return point
-        figure = estimate(self.records, self.counts(shape), self.settings)[0]
-        tokens = figure.row(ALL if domain == ALL_DOMAINS else domain).tokens_per_step
+        key = shape.paths
+        if key not in self._figures:  # one bootstrap per tree gives every domain's interval
+            self._figures[key] = estimate(self.records, self.counts(shape), self.settings)[0]
+        tokens = self._figures[key].row(ALL if domain == ALL_DOMAINS else domain).tokens_per_step
         return Prediction(tokens.value, tokens.lo, tokens.hi, REPLAY, point.proposal_rate)

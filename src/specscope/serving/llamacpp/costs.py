@@ -7,8 +7,8 @@ break-even points: the tokens per step a chain of K needs to pay, and the draft 
 perfect acceptance stops paying. Those costs come from llama-bench (:class:`CostCurve`,
 :func:`measure_cost_grid`), timed per setting and quantisation, each model alone.
 
-They explain a choice; they do not make it. ``specscope llamacpp`` (tune with the llama-server backend) chooses
-from what every candidate did in llama-server itself on the tuning prompts
+They explain a choice; they do not make it. ``specscope llamacpp`` (tune with the llama-server
+backend) chooses from what every candidate did in llama-server itself on the tuning prompts
 (:mod:`specscope.serving.llamacpp.study`): llama-bench times each model alone, while in
 llama-server the two models share the cores (speculative settings ran at 0.62-0.71 of what the
 curves predicted). This module does not run models (:mod:`.programs` and :mod:`.server` do);
