@@ -18,11 +18,10 @@ import json
 from pathlib import Path
 
 from specscope.analysis.render import to_markdown
-from specscope.drafters import DrafterConfig
 from specscope.records import load_run
 from specscope.tune import bench as checks
 from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
-from specscope.tune.choose import bench_decision, bench_grid
+from specscope.tune.choose import bench_decision, bench_grid, drafter_of
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import (
     Measured,
@@ -43,7 +42,7 @@ def with_candidates(policy: PolicyFile) -> PolicyFile:
     candidates = []
     for run_dir in filter(None, run_dirs):
         run = load_run(run_dir)
-        drafter = DrafterConfig(**run.manifest["config"].get("drafter", {}))
+        drafter = drafter_of(run)
         costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
         measured = Measured(drafter, run.nodes, run.steps, costs)
         vectors = measured.vectors(config)
@@ -109,14 +108,7 @@ def main() -> None:
         BenchRun(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items() if k in fields})
         for r in record["runs"]
     ]
-    c = record["config"]
-    config = BenchConfig(
-        max_new_tokens=c["max_new_tokens"],
-        repeats=c["repeats"],
-        chain_depth=c["chain_depth"],
-        methods=tuple(c["methods"]),
-        ngram=DrafterConfig(**c["ngram"]),
-    )
+    config = BenchConfig.from_dict(record["config"])
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_path)
     candidates = checks.candidate_predictions(policy, config)

@@ -21,15 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, shape_label
-from specscope.drafters import DrafterConfig
 from specscope.trees import TreeShape
 from specscope.tune.bench import BenchConfig, RecordedOutputs, method_settings, policy_runs
+from specscope.tune.choose import drafter_of
 from specscope.tune.policy import PolicyFile
-
-
-def run_drafter(run) -> DrafterConfig:
-    fields = dict(run.manifest["config"].get("drafter") or {})
-    return DrafterConfig(**{k: v for k, v in fields.items() if v is not None}).resolved()
 
 
 def main() -> None:
@@ -39,24 +34,17 @@ def main() -> None:
     args = parser.parse_args()
     bench = json.loads(args.bench.read_text())
     policy = PolicyFile.load(bench["policy_file"])
-    config = bench["config"]
-    settings = method_settings(
-        policy,
-        BenchConfig(
-            chain_depth=config["chain_depth"],
-            methods=tuple(config["methods"]),
-            ngram=DrafterConfig(**config["ngram"]),
-        ),
-    )
+    config = BenchConfig.from_dict(bench["config"])
+    settings = method_settings(policy, config)
     runs = policy_runs(policy)
     recorded = RecordedOutputs.of(runs)
-    if config["max_new_tokens"] != recorded.max_new_tokens:
+    if config.max_new_tokens != recorded.max_new_tokens:
         raise SystemExit(
-            f"the bench decoded {config['max_new_tokens']} tokens per prompt and the runs "
+            f"the bench decoded {config.max_new_tokens} tokens per prompt and the runs "
             f"recorded {recorded.max_new_tokens}: bench again with --max-new-tokens "
             f"{recorded.max_new_tokens} to replay the same outputs"
         )
-    by_drafter = {run_drafter(r): r for r in runs}
+    by_drafter = {drafter_of(r).resolved(): r for r in runs}
     lines = [
         "| method | domain | prompts | replayed tokens/step | decoded | difference | "
         "steps equal | output = run's |",

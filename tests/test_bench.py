@@ -4,6 +4,7 @@ domain's speed-up interval is ±5% or narrower, or what it would take; on a tiny
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -311,13 +312,9 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
         chain_depth=2,
         methods=("plain", "chain", "uniform", "routed"),
     )
-    calls = []
-
-    def decoder_for(drafter):
-        calls.append(drafter)
-        return decoder
-
-    runs = run_bench(decoder_for, tokenizer, chosen.items, policy, RuleRouter(), config)
+    # a bench record's config reads back as the config it was
+    assert BenchConfig.from_dict(json.loads(json_text(dataclasses.asdict(config)))) == config
+    runs = run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(), config)
     by = {(r.method, r.prompt_id): r for r in runs}
     for item in chosen.items:
         routed, chain = by["routed", item.id], by["chain", item.id]

@@ -120,6 +120,17 @@ class BenchConfig:
                     f"the {method!r} method runs the {kind} drafter, not {drafter.kind}"
                 )
 
+    @classmethod
+    def from_dict(cls, data: Mapping) -> BenchConfig:
+        """The config as a bench record holds it (``dataclasses.asdict``), read back."""
+        nested = {
+            "methods": tuple(data["methods"]),
+            "dynamic": DynamicTree(**data["dynamic"]),
+            "ngram": DrafterConfig(**data["ngram"]),
+            "early_exit": DrafterConfig(**data["early_exit"]) if data.get("early_exit") else None,
+        }
+        return cls(**{**data, **nested})
+
     def drafter(self, method: str) -> DrafterConfig | None:
         """The drafter a method runs; None: the pair's draft model (or no speculation)."""
         return {"ngram": self.ngram, "early-exit": self.early_exit}.get(method)

@@ -181,6 +181,11 @@ class TuneRuns:
         return self.runs[0].manifest.get("config", {}).get("pair", {})
 
 
+def drafter_of(run: Run) -> DrafterConfig:
+    """The drafter a measurement run measured (its manifest's ``config.drafter``)."""
+    return DrafterConfig(**run.manifest.get("config", {}).get("drafter", {}))
+
+
 def load_tune_runs(run_dirs: Sequence[Path]) -> TuneRuns:
     """The runs (a sweep stands for its grid points) and each one's drafter; runs of different
     targets are refused (a policy is tuned for one target)."""
@@ -190,7 +195,7 @@ def load_tune_runs(run_dirs: Sequence[Path]) -> TuneRuns:
     dirs = tuple(expand_run_dirs(list(run_dirs)))
     runs = tuple(load_run(d) for d in dirs)
     configs = [r.manifest.get("config", {}) for r in runs]
-    drafters = tuple(DrafterConfig(**c.get("drafter", {})) for c in configs)
+    drafters = tuple(map(drafter_of, runs))
     targets = {c.get("pair", {}).get("target") for c in configs}
     if len(targets) > 1:
         raise PolicyError(
