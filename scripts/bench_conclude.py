@@ -28,6 +28,7 @@ from specscope.tune.policy import (
     PolicyFile,
     TuneConfig,
     chain_candidates,
+    parse_backend,
     parse_drafter,
 )
 
@@ -58,7 +59,12 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
     model = policy.info.get("cost_model") or {}
     plain_model = model.get("plain_token_s")
     entries = {
-        (c["domain"], c["tree"], parse_drafter(c, "candidates").resolved()): c["step_time_s"]
+        (
+            c["domain"],
+            c["tree"],
+            parse_drafter(c, "candidates").resolved(),
+            parse_backend(c, "candidates"),
+        ): c["step_time_s"]
         for c in policy.info.get("candidates") or ()
     }
     settings = checks.method_settings(policy, config)
@@ -73,8 +79,8 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
             if method == "plain":
                 measured, predicted = decode / sum(len(r.tokens) - 1 for r in mine), plain_model
             elif method in settings and mine:
-                drafter, tree = settings[method]
-                key = (domain, tree.to_paths_literal(), drafter.resolved())
+                drafter, tree, backend = settings[method]
+                key = (domain, tree.to_paths_literal(), drafter.resolved(), backend)
                 measured = decode / max(1, sum(r.steps - 1 for r in mine))
                 predicted = entries.get(key)
             else:
@@ -85,9 +91,12 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
     return (
         "### step times: the cost model against the bench\n\n"
         + "\n".join(lines)
-        + "\n\nplain: seconds per token (cost model: specscope's plain loop on a synthetic "
-        "context; bench: transformers' generate()); a method: seconds per decoding step after "
-        "the first token."
+        + "\n\nplain: seconds per token (cost model: "
+        + {"transformers": "transformers' generate()", "specscope": "specscope's plain loop"}[
+            model.get("plain_backend", "specscope")
+        ]
+        + " on a synthetic context; bench: transformers' generate()); a method: seconds per "
+        "decoding step after the first token."
     )
 
 

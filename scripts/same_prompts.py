@@ -50,7 +50,7 @@ def main() -> None:
         "steps equal | output = run's |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for method, (drafter, tree) in settings.items():
+    for method, (drafter, tree, _backend) in settings.items():
         run = by_drafter.get(drafter.resolved())
         if run is None or not isinstance(tree, TreeShape):
             print(f"{method}: no tuning run of {drafter.label} among the policy's runs; skipped")

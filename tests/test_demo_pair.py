@@ -95,19 +95,19 @@ def int8_pair():
 def test_demo_pair_int8_speculation_equals_plain_greedy(int8_pair):
     """The int8 demo pair: trees and transformers' assisted generation give plain greedy's tokens."""
     from specscope.decode import DecodeConfig, make_decoder
-    from specscope.tune.bench import hf_generate
+    from specscope.tune.hf_generate import hf_generate
     from specscope.tune.policy import make_speculation
 
     decoder = make_decoder(int8_pair)
     for prompt in [p for p in SMOKE_PROMPTS if p.domain in ("code", "chat")]:
         ids = render_prompt(int8_pair.tokenizer, list(prompt.messages), "chat", 512).ids
-        plain, _ = hf_generate(decoder.target, ids, 16, decoder.eos)
+        plain = hf_generate(decoder.target, ids, 16, decoder.eos).tokens
         assert len(plain) == 16 or plain[-1] in decoder.eos
         for spec in (make_speculation("chain", depth=4), make_speculation("paper")):
             out = decoder.generate(ids, spec, DecodeConfig(max_new_tokens=16))
             assert out.tokens == plain, (prompt.id, spec)
             assert out.mean_tau > 1  # real acceptance, not a degenerate pair
-        assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft)[0] == plain
+        assert hf_generate(decoder.target, ids, 16, decoder.eos, decoder.draft).tokens == plain
 
 
 @pytest.fixture(scope="module")

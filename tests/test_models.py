@@ -229,7 +229,7 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     """int8 models with row-wise attention: every tree, transformers' greedy generate() and its
     assisted generation give the same tokens, because a token's logits do not depend on the pass."""
     from specscope.models.int8 import quantize_int8, use_rowwise_attention
-    from specscope.tune.bench import hf_generate
+    from specscope.tune.hf_generate import hf_generate
 
     draft, target = near_pair(arch, tokenizer, 0.3, seed=7)
     quantize_int8(draft)
@@ -238,7 +238,7 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     config = DecodeConfig(max_new_tokens=24)
     for prompt in INT8_PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
-        plain, _ = hf_generate(target, ids, 24, frozenset())
+        plain = hf_generate(target, ids, 24, frozenset()).tokens
         assert plain_generate(target, ids, config, len(tokenizer)).tokens == plain
         for spec in (
             make_speculation("paper"),
@@ -247,7 +247,7 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
             DynamicTree(12, 4, 3),
         ):
             assert decoder.generate(ids, spec, config).tokens == plain, (prompt, spec)
-        assert hf_generate(target, ids, 24, frozenset(), assistant=draft)[0] == plain
+        assert hf_generate(target, ids, 24, frozenset(), assistant=draft).tokens == plain
 
 
 def test_auto_dtype_is_the_measurement_default_and_resolves_by_the_cpu(monkeypatch):

@@ -252,7 +252,8 @@ def tune(
     tuned_for = choose.target_record(target or runs.target, pair, runs.drafters, trust_remote_code)
     policy = tune_policy(measured, config, choose.tune_source(runs, tuned_for))
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
-    print_grids([choose.policy_grid(policy, measured[0].costs.plain_token_s)], blank=False)
+    grids = [choose.policy_grid(policy, measured[0].costs.plain_token_s)]
+    print_grids([*grids, *filter(None, [choose.backend_grid(policy)])], blank=False)
     typer.echo(f"wrote {path}")
 
 
@@ -270,6 +271,12 @@ def bench(
         4, min=1, max=MAX_TREE_NODES, help="Depth of the 'chain' method."
     ),
     min_path_prob: float = options.MIN_PATH_PROB,
+    assisted_tokens: int | None = typer.Option(
+        None,
+        min=1,
+        max=MAX_TREE_NODES,
+        help="The 'assisted' method drafts a chain of this many tokens per step (transformers' constant schedule, no confidence stop: what tune predicts); default: transformers' own (up to 20, stopped by a confidence threshold it re-fits), which nothing predicts.",
+    ),
     methods: list[str] | None = typer.Option(
         None,
         help="Methods to time (default plain,assisted,chain,uniform,routed; repeat the option or separate by commas): plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
@@ -316,6 +323,7 @@ def bench(
         repeats=repeats,
         chain_depth=chain_depth,
         min_path_prob=min_path_prob,
+        assisted_tokens=assisted_tokens,
         methods=options.names(methods) or BenchConfig.methods,
         ngram=DrafterConfig(
             "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max

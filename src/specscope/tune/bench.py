@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..analysis.render import Column, Grid
 from ..analysis.stats import ClusterBootstrap, ratio
@@ -46,6 +45,7 @@ from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
 from ..trees import DynamicTree, TreeShape
+from .hf_generate import hf_generate
 from .predict import Prediction
 from .router import (
     LearnedRouter,
@@ -88,6 +88,9 @@ class BenchConfig:
     rendering: str = "task"  # see specscope.prompts.render
     max_prompt_tokens: int = 512
     ngram: DrafterConfig = DrafterConfig("ngram")  # the 'ngram' method's chain of chain_depth
+    # the 'assisted' method's chain length K (None: transformers' defaults, which tune cannot
+    # predict: up to 20 tokens, stopped by a draft-confidence threshold re-fitted as it goes)
+    assisted_tokens: int | None = None
     early_exit: DrafterConfig | None = None  # the 'early-exit' method's (needs exit_layer)
 
     def __post_init__(self) -> None:
@@ -108,6 +111,11 @@ class BenchConfig:
             raise DecodeError(
                 "repeats, max_new_tokens, chain_depth and max_prompt_tokens must be "
                 ">= 1, warmup >= 0"
+            )
+        if self.assisted_tokens is not None and self.assisted_tokens < 1:
+            raise DecodeError(
+                f"assisted_tokens must be >= 1 (or none: transformers' defaults), got "
+                f"{self.assisted_tokens}"
             )
         if not 0 <= self.min_path_prob < 1:  # NaN fails too
             raise DecodeError(f"min_path_prob must be in [0, 1), got {self.min_path_prob}")
@@ -168,44 +176,6 @@ class BenchRow:
     exact: bool  # every output equals plain greedy's
     speedup_lo: float = float("nan")  # 95% interval of ``speedup``: prompts resampled within
     speedup_hi: float = float("nan")  # domains, method and plain paired (nan: too few prompts)
-
-
-class _FirstTokenClock:
-    """A transformers streamer that notes when the first new token arrives."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.calls = 0
-        self.first_token_s = float("nan")
-
-    def put(self, value) -> None:
-        self.calls += 1
-        if self.calls == 2:  # the first call carries the prompt
-            self.first_token_s = time.perf_counter() - self.start
-
-    def end(self) -> None:
-        pass
-
-
-def hf_generate(
-    model, prompt: list[int], max_new_tokens: int, eos: frozenset[int], assistant=None
-) -> tuple[list[int], float]:
-    """``model.generate``, greedy (with ``assistant``: transformers assisted generation); the
-    tokens and the seconds to the first one."""
-    ids = torch.tensor([prompt], device=model.device)
-    eos_ids = sorted(eos) or None
-    clock = _FirstTokenClock()
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos_ids,
-        streamer=clock,
-        pad_token_id=eos_ids[0] if eos_ids else None,
-        assistant_model=assistant,
-    )
-    return out[0, len(prompt) :].tolist(), clock.first_token_s
 
 
 ROUTERS = ("rules", "learned")
@@ -369,7 +339,7 @@ def bench_prompts(
 # a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
 DecoderFor = Callable[[DrafterConfig], SpeculativeDecoder]
 # what a method decodes with: (drafter, tree); routed's depends on the prompt's routed domain
-Setting = tuple[DrafterConfig, TreeShape | DynamicTree | None]
+Setting = tuple[DrafterConfig, TreeShape | DynamicTree | None, str]  # drafter, tree, backend
 
 
 @dataclass(frozen=True)
@@ -384,23 +354,39 @@ class BenchMethods:
 
 
 def method_settings(policy, config: BenchConfig) -> dict[str, Setting]:
-    """The (drafter, tree) of each of ``config``'s methods that decodes with a fixed one
-    (chain, dynamic, uniform and the drafter methods; not plain, assisted or routed)."""
+    """The (drafter, tree, backend) of each of ``config``'s methods that decodes with a fixed one
+    (chain, dynamic, uniform, the drafter methods, and assisted with ``assisted_tokens``; not
+    plain, assisted on transformers' defaults, or routed)."""
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
     chain = TreeShape.chain(config.chain_depth)
     settings: dict[str, Setting] = {
-        "chain": (DrafterConfig(), chain),
-        "dynamic": (DrafterConfig(), config.dynamic),
-        **{m: (config.drafter(m), chain) for m in DRAFTER_METHODS if m in config.methods},
+        "chain": (DrafterConfig(), chain, "specscope"),
+        "dynamic": (DrafterConfig(), config.dynamic, "specscope"),
+        **{
+            m: (config.drafter(m), chain, "specscope")
+            for m in DRAFTER_METHODS
+            if m in config.methods
+        },
     }
+    if config.assisted_tokens is not None:
+        settings["assisted"] = (
+            DrafterConfig(),
+            TreeShape.chain(config.assisted_tokens),
+            "transformers",
+        )
     if policy is not None:
-        settings["uniform"] = (policy.uniform_drafter, policy.uniform)
+        settings["uniform"] = (policy.uniform_drafter, policy.uniform, policy.uniform_backend)
     return {m: s for m, s in settings.items() if m in config.methods}
 
 
+def policy_setting(policy, domain: str) -> Setting:
+    """The (drafter, tree, backend) a policy file gives ``domain``."""
+    return policy.drafter_for(domain), policy.tree_for(domain), policy.backend_for(domain)
+
+
 def _same(a: Setting, b: Setting) -> bool:
-    return a[0].resolved() == b[0].resolved() and a[1] == b[1]
+    return a[0].resolved() == b[0].resolved() and a[1] == b[1] and a[2] == b[2]
 
 
 def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[str, str]:
@@ -411,7 +397,7 @@ def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[
     order = sorted(settings, key=lambda m: m == "uniform")  # a method of its own first
     out = {}
     for domain in domains:
-        mine = (policy.drafter_for(domain), policy.tree_for(domain))
+        mine = policy_setting(policy, domain)
         if mine[1] is None:
             out[domain] = "plain"
             continue
@@ -425,7 +411,19 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
     greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
     decoder = decoder_for(DrafterConfig())
 
-    def run(spec, drafter: DrafterConfig = DrafterConfig()):
+    def hf(assistant, tokens: int | None = None):
+        def fn(ids, text):  # a step is a pass of the target (plain: one per token)
+            g = hf_generate(
+                decoder.target, ids, config.max_new_tokens, decoder.eos, assistant, tokens
+            )
+            return g.tokens, g.target_passes, "", g.first_token_s
+
+        return fn
+
+    def run(setting: Setting):
+        drafter, spec, backend = setting
+        if backend == "transformers":
+            return hf(decoder.draft, len(spec))
         speculator = decoder_for(drafter)
 
         def fn(ids, text):
@@ -436,28 +434,19 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
     def route(text) -> tuple[str, Setting]:
         domain = router.classify(text)
-        return domain, (policy.drafter_for(domain), policy.tree_for(domain))
+        return domain, policy_setting(policy, domain)
 
     def routed(ids, text):
-        domain, (drafter, tree) = route(text)
-        r = decoder_for(drafter).generate(ids, tree, greedy)
-        return r.tokens, len(r.steps), domain, r.steps[0].step_time_s
-
-    def hf(assistant):
-        def fn(ids, text):  # plain: one target pass per token; assisted: steps not observed
-            tokens, first = hf_generate(
-                decoder.target, ids, config.max_new_tokens, decoder.eos, assistant
-            )
-            return tokens, len(tokens) if assistant is None else 0, "", first
-
-        return fn
+        domain, setting = route(text)
+        tokens, steps, _, first = run(setting)(ids, text)
+        return tokens, steps, domain, first
 
     settings = method_settings(policy, config)
     fns = {
         "plain": hf(None),
-        "assisted": hf(decoder.draft),
+        "assisted": hf(decoder.draft, config.assisted_tokens),
         "routed": routed,
-        **{m: run(tree, drafter) for m, (drafter, tree) in settings.items()},
+        **{m: run(setting) for m, setting in settings.items()},
     }
     return BenchMethods(
         {m: fns[m] for m in config.methods}, settings, route if policy is not None else None
@@ -663,13 +652,17 @@ def candidate_predictions(policy, config: BenchConfig) -> dict[tuple[str, str], 
     """(method, domain) -> the prediction ``tune`` made for the drafter and tree that a bench
     method decodes with (the policy file's ``candidates``: every chain of every drafter tuned
     over), so that the chains benched beside the chosen ones are predicted too."""
-    from .policy import parse_drafter, parse_tree
+    from .policy import parse_backend, parse_drafter, parse_tree
 
     settings = method_settings(policy, config)
     out = {}
     for i, entry in enumerate(policy.info.get("candidates") or ()):
         where = f"policy file: candidates[{i}]"
-        setting = (parse_drafter(entry, where), parse_tree(entry, where))
+        setting = (
+            parse_drafter(entry, where),
+            parse_tree(entry, where),
+            parse_backend(entry, where),
+        )
         for method, mine in settings.items():
             if _same(mine, setting):
                 out[(method, str(entry["domain"]))] = PolicyPrediction(

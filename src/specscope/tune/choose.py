@@ -299,6 +299,7 @@ def policy_grid(policy: PolicyFile, plain_token_s: float) -> Grid:
         (
             "uniform (all)" if name == ALL_DOMAINS else name,
             choice.drafter.label if choice.shape else "-",
+            choice.backend if choice.shape else "-",
             short_name(choice.shape) if choice.shape else "none (plain decoding)",
             len(choice.shape) if choice.shape else 0,
             f"{choice.expected_tau:.2f}",
@@ -307,12 +308,46 @@ def policy_grid(policy: PolicyFile, plain_token_s: float) -> Grid:
         )
         for name, choice in policy.choices.items()
     )
-    columns = ("domain", "drafter", "tree", "nodes", "expected tau", "step ms")
+    columns = ("domain", "drafter", "backend", "tree", "nodes", "expected tau", "step ms")
     return Grid(
         "policy",
         f"best tree per domain (plain decoding: {1 / plain_token_s:.2f} tok/s)",
         tuple(Column(c) for c in (*columns, "predicted speed-up")),
         rows,
+    )
+
+
+def backend_grid(policy: PolicyFile) -> Grid | None:
+    """Per domain and backend, the chain of best predicted speed-up among the policy's
+    ``candidates`` (None: candidates from one backend only)."""
+    from .policy import parse_backend, parse_drafter, parse_tree, short_name
+
+    best: dict[tuple[str, str], dict] = {}
+    for entry in policy.info.get("candidates") or ():
+        key = (str(entry["domain"]), parse_backend(entry, "candidates"))
+        if key not in best or entry["predicted_speedup"] > best[key]["predicted_speedup"]:
+            best[key] = entry
+    backends = list(dict.fromkeys(b for _, b in best))
+    if len(backends) < 2:
+        return None
+    domains = list(dict.fromkeys(d for d, _ in best))
+
+    def cell(domain: str, backend: str) -> str:
+        entry = best.get((domain, backend))
+        if entry is None:
+            return "-"
+        drafter = parse_drafter(entry, "candidates").label
+        tree = short_name(parse_tree(entry, "candidates"))
+        return f"{entry['predicted_speedup']:.2f}x ({drafter} {tree})"
+
+    return Grid(
+        "backends",
+        "best chain per domain and backend (predicted speed-up over plain)",
+        tuple(Column(c) for c in ("domain", *backends)),
+        tuple(
+            ("uniform (all)" if d == ALL_DOMAINS else d, *(cell(d, b) for b in backends))
+            for d in domains
+        ),
     )
 
 

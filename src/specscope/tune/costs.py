@@ -1,6 +1,11 @@
 """Draft and verify time measured on this hardware, and the predicted speed-up of a tree:
 ``tau / step time``, relative to plain decoding's time per token.
 
+Plain decoding is timed as the bench runs it, with transformers' ``generate()``. A step has a
+time model per backend: specscope's decoder (its draft and target passes by tokens fed, plus the
+bookkeeping a real step adds) and transformers' assisted generation (whole steps timed by the
+chain length K it drafts, :attr:`CostModel.assisted_step_s`).
+
 A cost model records the drafter it was timed with (its kind and parameters, and the model that
 drafts where there is one), and prices only runs of that drafter (:meth:`CostModel.check_drafter`):
 a lookup's costs would price a draft model as one lookup.
@@ -17,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.loop import DecodeConfig, plain_generate
+from ..core.loop import DecodeConfig
 from ..core.passes import crop, feed_causal, position_limit, prefill
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig, DrafterError
@@ -25,6 +30,7 @@ from ..files import read_json_object, write_json
 from ..hardware import machine_line
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
+from .hf_generate import Generated, hf_generate
 
 # --- cost model ----------------------------------------------------------------------------------
 
@@ -51,6 +57,11 @@ class CostModel:
     ``drafter`` is the drafter timed and ``drafter_model`` the model that drafts for it (the
     draft model, or the target an early exit is cut from: its fingerprint, else its source);
     None where not recorded (files written before cost models recorded their drafter).
+
+    ``assisted_step_s``: (K, seconds per step) of transformers' assisted generation drafting a
+    chain of K with the draft model (empty: not timed; only a draft model's cost model has it).
+    ``plain_backend``: what timed ``plain_token_s``: ``transformers`` (``generate()``, as the
+    bench runs plain decoding) or ``specscope`` (its own loop: files written before).
     """
 
     draft_s: tuple[tuple[int, float], ...]  # (tokens fed, seconds), increasing tokens
@@ -63,6 +74,8 @@ class CostModel:
     model_free: bool = False
     drafter: DrafterConfig | None = None
     drafter_model: str | None = None
+    assisted_step_s: tuple[tuple[int, float], ...] = ()
+    plain_backend: str = "specscope"
 
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter.has_distribution == self.model_free:
@@ -70,9 +83,9 @@ class CostModel:
                 f"cost model: model_free is {str(self.model_free).lower()}, but its drafter "
                 f"{self.drafter.label} {'runs a model' if self.drafter.has_distribution else 'runs none'}"
             )
-        for name in ("draft_s", "target_s"):
+        for name in ("draft_s", "target_s", "assisted_step_s"):
             table = getattr(self, name)
-            if not table:
+            if not table and name != "assisted_step_s":
                 raise PolicyError(f"cost model: {name} is empty; it needs (tokens, seconds) pairs")
             for tokens, seconds in table:
                 _check_number(f"{name} tokens", tokens, integer=True, low=1)
@@ -98,6 +111,12 @@ class CostModel:
 
     def verify_time(self, shape: TreeShape) -> float:
         return interpolate(self.target_s, 1 + len(shape))
+
+    def assisted_step_time(self, k: int) -> float:
+        """Seconds per step of transformers' assisted generation drafting a chain of ``k``."""
+        if not self.assisted_step_s:
+            raise PolicyError("this cost model has no assisted-generation step times")
+        return interpolate(self.assisted_step_s, k)
 
     def step_time(self, shape: TreeShape, proposal_rate: float = 1.0) -> float:
         """Expected seconds per step when the drafter proposes in a fraction ``proposal_rate`` of
@@ -126,6 +145,12 @@ class CostModel:
             **({"model_free": True} if self.model_free else {}),
             **({"drafter": self.drafter.table} if self.drafter is not None else {}),
             **({"drafter_model": self.drafter_model} if self.drafter_model is not None else {}),
+            "plain_backend": self.plain_backend,
+            **(
+                {"assisted_step_s": [list(x) for x in self.assisted_step_s]}
+                if self.assisted_step_s
+                else {}
+            ),
         }
 
     @classmethod
@@ -153,6 +178,8 @@ class CostModel:
                 model_free=_flag(data.get("model_free", False), "model_free"),
                 drafter=_drafter(data.get("drafter")),
                 drafter_model=_text(data.get("drafter_model"), "drafter_model"),
+                assisted_step_s=table("assisted_step_s") if "assisted_step_s" in data else (),
+                plain_backend=_text(data.get("plain_backend", "specscope"), "plain_backend"),
             )
         except KeyError as e:
             raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
@@ -264,6 +291,7 @@ def _check_number(
 
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 COST_DECODE_TOKENS = 16  # tokens of the plain and speculative decodes timed
+ASSISTED_CHAINS = (1, 2, 3, 4, 6, 8)  # chain lengths K of assisted generation timed
 
 
 def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
@@ -323,10 +351,15 @@ def measure_costs(
     config = DecodeConfig(max_new_tokens=COST_DECODE_TOKENS)
     if target_costs is None:
         target_s = table(decoder.target)
-        plain = plain_generate(decoder.target, context, config, decoder.vocab)
-        per_token = sorted(s.step_time_s for s in plain.steps[1:])[len(plain.steps[1:]) // 2]
+        per_token, plain_backend = (
+            time_plain_generate(decoder.target, context, repeats),
+            "transformers",
+        )
     else:
         target_s, per_token = target_costs.target_s, target_costs.plain_token_s
+        plain_backend = target_costs.plain_backend
+    draft_model = decoder.draft is not None and (drafter is None or drafter.kind == "draft-model")
+    assisted = time_assisted_steps(decoder.target, decoder.draft, context) if draft_model else ()
     model = CostModel(
         draft_s=draft_s,
         target_s=target_s,
@@ -336,6 +369,8 @@ def measure_costs(
         model_free=decoder.lookup is not None,
         drafter=drafter,
         drafter_model=drafter_model,
+        assisted_step_s=assisted,
+        plain_backend=plain_backend,
     )
     # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
     # context): the median of real step times minus the model's prediction for them.
@@ -343,6 +378,42 @@ def measure_costs(
     steps = decoder.generate(context, chain, config).steps[2:]  # after the prefill and one step
     residual = sorted(s.step_time_s - model.step_time(chain) for s in steps)
     return replace(model, overhead_s=max(0.0, residual[len(residual) // 2]) if residual else 0.0)
+
+
+def _after_first(g: Generated) -> tuple[int, float]:
+    """Tokens and seconds of a timed ``generate()`` after its first new tokens arrived."""
+    return len(g.tokens) - g.first_tokens, g.time_s - g.first_token_s
+
+
+def time_plain_generate(target, context: list[int], repeats: int) -> float:
+    """Median seconds per token of transformers' greedy ``generate()`` after the first token (the
+    bench's plain decoding), over ``context``, after one untimed call."""
+    times = []
+    for i in range(repeats + 1):
+        g = hf_generate(
+            target, context, COST_DECODE_TOKENS, frozenset(), min_new_tokens=COST_DECODE_TOKENS
+        )
+        tokens, seconds = _after_first(g)
+        if i:
+            times.append(seconds / tokens)
+    return sorted(times)[len(times) // 2]
+
+
+def time_assisted_steps(
+    target, draft, context: list[int], chains: Sequence[int] = ASSISTED_CHAINS
+) -> tuple[tuple[int, float], ...]:
+    """Seconds per step of transformers' assisted generation drafting a chain of K, for each K of
+    ``chains``: a generate of ``COST_DECODE_TOKENS`` over ``context`` (after one untimed one),
+    its time after the first step over the target passes after the first. A random context is
+    rarely continued by the draft, so most steps draft K and keep one token: a step's full cost."""
+    hf_generate(target, context, 2, frozenset(), draft, chains[0])
+    out = []
+    for k in chains:
+        g = hf_generate(
+            target, context, COST_DECODE_TOKENS, frozenset(), draft, k, COST_DECODE_TOKENS
+        )
+        out.append((k, _after_first(g)[1] / max(1, g.target_passes - 1)))
+    return tuple(out)
 
 
 def time_lookup(lookup, context: list[int], k: int, repeats: int) -> float:

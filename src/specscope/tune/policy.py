@@ -11,7 +11,9 @@ acceptance vector only for a tree deeper or wider than measured. A tuned domain 
 A policy file's domain entry is ``{"tree": ...}`` with, for a drafter other than the draft model,
 ``"drafter": {"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}`` (or
 ``{"kind": "early-exit", "exit_layer": 8}``); no ``drafter`` means the draft model, so files
-written before drafters existed read, and are written, unchanged.
+written before drafters existed read, and are written, unchanged. ``"backend": "transformers"``
+says the entry's chain is predicted fastest in transformers' assisted generation (:data:`BACKENDS`);
+no ``backend`` means specscope's decoder.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ from .optimal import build_paths, forest_tables, optimal_tree
 from .predict import Prediction, Predictor
 
 POLICY_FORMAT = "specscope-policy/1"
+
+# what decodes a policy entry: the backends tune prices and the bench runs
+BACKENDS = {
+    "specscope": "specscope's decoder (any drafter and tree)",
+    "transformers": "transformers' assisted generation (a chain of K drafted by the draft model)",
+}
 
 # --- dynamic trees -------------------------------------------------------------------------------
 
@@ -128,6 +136,7 @@ class Choice:
     step_time_s: float
     drafter: DrafterConfig = DrafterConfig()  # what proposes the tree
     prediction: Prediction | None = None  # how expected_tau was predicted (None: no tree)
+    backend: str = "specscope"  # what decodes it (BACKENDS)
 
     def to_dict(self) -> dict:
         return {
@@ -137,6 +146,7 @@ class Choice:
             "predicted_speedup": round(self.predicted_speedup, 4),
             "step_time_s": round(self.step_time_s, 6),
             **({"prediction": self.prediction.to_dict()} if self.prediction else {}),
+            **({"backend": self.backend} if self.backend != "specscope" else {}),
         }
 
 
@@ -189,6 +199,36 @@ def _candidates(acc, max_nodes: int, depth_limit: int, max_rank: int | None, cha
                 continue
             seen.add(tuple(paths))
             yield TreeShape.from_paths(paths)
+
+
+def best_assisted(
+    costs: CostModel,
+    max_depth: int,
+    min_speedup: float,
+    predict: Callable[[TreeShape], Prediction],
+    holds: Callable[[TreeShape], bool],
+) -> Choice:
+    """The chain of best predicted speed-up in transformers' assisted generation (a draft
+    model's, priced by ``costs.assisted_step_s``), among those the records hold; no
+    speculation unless one beats ``min_speedup``."""
+    best = Choice(None, 1.0, 1.0, costs.plain_token_s, backend="transformers")
+    for depth in range(1, max_depth + 1):
+        shape = TreeShape.chain(depth)
+        if not holds(shape):
+            break
+        prediction = predict(shape)
+        step = costs.assisted_step_time(depth)
+        speedup = prediction.tokens_per_step / step * costs.plain_token_s
+        if speedup > max(best.predicted_speedup, min_speedup):
+            best = Choice(
+                shape,
+                prediction.tokens_per_step,
+                speedup,
+                step,
+                prediction=prediction,
+                backend="transformers",
+            )
+    return best
 
 
 @dataclass(frozen=True)
@@ -264,19 +304,23 @@ def chain_candidates(
             break
         for domain in vectors:
             prediction = predictor.with_interval(shape, domain)
-            step = m.costs.step_time(shape, prediction.proposal_rate)
-            out.append(
-                {
-                    "domain": domain,
-                    "drafter": m.drafter.table,
-                    "tree": shape.to_paths_literal(),
-                    "prediction": prediction.to_dict(),
-                    "predicted_speedup": round(
-                        prediction.tokens_per_step / step * m.costs.plain_token_s, 4
-                    ),
-                    "step_time_s": round(step, 6),
-                }
-            )
+            steps = {"specscope": m.costs.step_time(shape, prediction.proposal_rate)}
+            if m.costs.assisted_step_s:
+                steps["transformers"] = m.costs.assisted_step_time(depth)
+            for backend, step in steps.items():
+                out.append(
+                    {
+                        "domain": domain,
+                        "drafter": m.drafter.table,
+                        "tree": shape.to_paths_literal(),
+                        **({"backend": backend} if backend != "specscope" else {}),
+                        "prediction": prediction.to_dict(),
+                        "predicted_speedup": round(
+                            prediction.tokens_per_step / step * m.costs.plain_token_s, 4
+                        ),
+                        "step_time_s": round(step, 6),
+                    }
+                )
     return out
 
 
@@ -285,9 +329,10 @@ def tune(
     config: TuneConfig = TuneConfig(),
     source: dict | None = None,
 ) -> PolicyFile:
-    """Per domain (and pooled: the uniform tree), the drafter and tree of best predicted speed-up
-    over every measured drafter (the first listed wins a tie); each chosen tree's prediction
-    carries its interval (replayed) or says it is extrapolated."""
+    """Per domain (and pooled: the uniform tree), the drafter, tree and backend of best predicted
+    speed-up over every measured drafter (the first listed wins a tie) in specscope's decoder and,
+    for a draft model whose cost model timed it, in transformers' assisted generation; each
+    chosen tree's prediction carries its interval (replayed) or says it is extrapolated."""
     if not measured:
         raise PolicyError("tune needs at least one measurement run")
     labels = [m.drafter.label for m in measured]
@@ -312,6 +357,16 @@ def tune(
                 m.drafter,
                 predict=functools.partial(predictor.predict, domain=name),
             )
+            if m.costs.assisted_step_s:
+                assisted = best_assisted(
+                    m.costs,
+                    config.max_depth,
+                    config.min_speedup,
+                    functools.partial(predictor.predict, domain=name),
+                    predictor.records.holds,
+                )
+                if assisted.predicted_speedup > choice.predicted_speedup:
+                    choice = assisted
             if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
                 choices[name], vector[name], predictors[name] = choice, acc, predictor
     for name, choice in choices.items():
@@ -320,6 +375,7 @@ def tune(
             choices[name] = dataclasses.replace(choice, prediction=interval)
     uniform = choices.pop(ALL_DOMAINS)
     drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
+    backends = {d: c.backend for d, c in choices.items() if c.shape and c.backend != "specscope"}
     info = {
         "cost_model": measured[0].costs.to_dict(),
         "tune": dict(vars(config)),
@@ -336,6 +392,8 @@ def tune(
         info=info,
         drafters=drafters,
         uniform_drafter=uniform.drafter,
+        backends=backends,
+        uniform_backend=uniform.backend if uniform.shape else "specscope",
     )
 
 
@@ -354,6 +412,8 @@ class PolicyFile:
     drafters: dict[str, DrafterConfig] = field(default_factory=dict)
     uniform_drafter: DrafterConfig = DrafterConfig()
     predictions: dict[str, Prediction] = field(default_factory=dict)  # read back from a file
+    backends: dict[str, str] = field(default_factory=dict)  # not listed: specscope's decoder
+    uniform_backend: str = "specscope"
 
     def __post_init__(self) -> None:
         for domain, drafter in self.drafters.items():
@@ -364,6 +424,14 @@ class PolicyFile:
                 )
             check_drafter(f"domain {domain!r}", self.trees[domain], drafter)
         check_drafter("uniform", self.uniform, self.uniform_drafter)
+        for domain, backend in self.backends.items():
+            check_backend(
+                f"domain {domain!r}",
+                self.trees.get(domain),
+                self.drafters.get(domain, DrafterConfig()),
+                backend,
+            )
+        check_backend("uniform", self.uniform, self.uniform_drafter, self.uniform_backend)
 
     def tree_for(self, domain: str) -> TreeShape | None:
         return self.trees.get(domain, self.uniform)
@@ -374,8 +442,15 @@ class PolicyFile:
             return self.drafters.get(domain, DrafterConfig())
         return self.uniform_drafter
 
+    def backend_for(self, domain: str) -> str:
+        """What decodes ``domain``'s tree (:data:`BACKENDS`; the uniform tree's for a domain not
+        listed)."""
+        if domain in self.trees:
+            return self.backends.get(domain, "specscope")
+        return self.uniform_backend
+
     def to_dict(self) -> dict:
-        def entry(name: str, shape: TreeShape | None, drafter: DrafterConfig) -> dict:
+        def entry(name: str, shape: TreeShape | None, drafter: DrafterConfig, backend: str) -> dict:
             if name in self.choices:
                 written = self.choices[name].to_dict()
             else:
@@ -384,12 +459,17 @@ class PolicyFile:
                     written["prediction"] = self.predictions[name].to_dict()
             if drafter != DrafterConfig():  # the draft model: no entry, as before drafters
                 written["drafter"] = drafter.table
+            if backend != "specscope":
+                written["backend"] = backend
             return written
 
         return {
             "format": POLICY_FORMAT,
-            "domains": {d: entry(d, s, self.drafter_for(d)) for d, s in self.trees.items()},
-            "uniform": entry(ALL_DOMAINS, self.uniform, self.uniform_drafter),
+            "domains": {
+                d: entry(d, s, self.drafter_for(d), self.backend_for(d))
+                for d, s in self.trees.items()
+            },
+            "uniform": entry(ALL_DOMAINS, self.uniform, self.uniform_drafter, self.uniform_backend),
             **self.info,
         }
 
@@ -415,19 +495,23 @@ class PolicyFile:
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
         if unknown:
             raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
-        trees, drafters, predictions = {}, {}, {}
+        trees, drafters, predictions, backends = {}, {}, {}, {}
         for domain, entry in data["domains"].items():
             label = f"{where}: domain {domain!r}"
             trees[domain] = parse_tree(entry, label)
             drafters[domain] = parse_drafter(entry, label)
             check_drafter(label, trees[domain], drafters[domain])
+            backends[domain] = parse_backend(entry, label)
+            check_backend(label, trees[domain], drafters[domain], backends[domain])
             if isinstance(entry, dict) and "prediction" in entry:
                 predictions[domain] = Prediction.from_dict(entry["prediction"], label)
-        uniform, uniform_drafter = None, DrafterConfig()
+        uniform, uniform_drafter, uniform_backend = None, DrafterConfig(), "specscope"
         if "uniform" in data:
             uniform = parse_tree(data["uniform"], f"{where}: uniform")
             uniform_drafter = parse_drafter(data["uniform"], f"{where}: uniform")
             check_drafter(f"{where}: uniform", uniform, uniform_drafter)
+            uniform_backend = parse_backend(data["uniform"], f"{where}: uniform")
+            check_backend(f"{where}: uniform", uniform, uniform_drafter, uniform_backend)
             if isinstance(data["uniform"], dict) and "prediction" in data["uniform"]:
                 predictions[ALL_DOMAINS] = Prediction.from_dict(
                     data["uniform"]["prediction"], f"{where}: uniform"
@@ -440,6 +524,35 @@ class PolicyFile:
             drafters={d: v for d, v in drafters.items() if v != DrafterConfig()},
             uniform_drafter=uniform_drafter,
             predictions=predictions,
+            backends={d: b for d, b in backends.items() if b != "specscope"},
+            uniform_backend=uniform_backend,
+        )
+
+
+def parse_backend(entry, where: str) -> str:
+    """``{"backend": "transformers"}``; absent: specscope's decoder."""
+    backend = entry.get("backend", "specscope") if isinstance(entry, dict) else "specscope"
+    if backend not in BACKENDS:
+        raise PolicyError(
+            f"{where}: unknown backend {backend!r}; allowed: "
+            + "; ".join(f"{k} ({v})" for k, v in BACKENDS.items())
+        )
+    return backend
+
+
+def check_backend(
+    where: str, shape: TreeShape | None, drafter: DrafterConfig, backend: str
+) -> None:
+    """transformers' assisted generation runs a chain drafted by the draft model, nothing else."""
+    if backend not in BACKENDS:
+        raise PolicyError(f"{where}: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend == "transformers" and (
+        shape is None or not shape.is_chain or drafter != DrafterConfig()
+    ):
+        tree = shape.to_paths_literal() if shape else "none"
+        raise PolicyError(
+            f"{where}: backend transformers (assisted generation) decodes a chain drafted by the "
+            f"draft model; got tree {tree} with drafter {drafter.label}"
         )
 
 

@@ -1,0 +1,214 @@
+"""Backends tune prices and the bench runs: specscope's decoder and transformers' assisted
+generation (a chain of K drafted by the draft model), and the LM head's input in bfloat16."""
+
+import copy
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import make_model, near_pair, spine_nodes
+from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
+from specscope.drafters import DrafterConfig
+from specscope.prompts.items import PromptItem
+from specscope.records import ALL_DOMAINS
+from specscope.trees import TreeShape
+from specscope.tune.acceptance import PolicyError
+from specscope.tune.bench import BenchConfig, candidate_predictions, run_bench
+from specscope.tune.costs import CostModel
+from specscope.tune.hf_generate import hf_generate
+from specscope.tune.policy import Measured, PolicyFile, TuneConfig, tune
+from specscope.tune.router import RuleRouter
+
+# --- the LM head in bfloat16 -----------------------------------------------------------------------
+
+
+def test_the_lm_head_gets_a_row_major_input_with_the_same_values(tiny_dirs):
+    """transformers slices the hidden states it keeps logits for; the hook hands the head the
+    same values with row-major strides (where bfloat16's matmul on the CPU would otherwise copy
+    the whole weight per call), and ``load_model`` installs it."""
+    from specscope.models.load import _row_major_input, load_model
+
+    head = torch.nn.Linear(16, 40, bias=False).to(torch.bfloat16)
+    hidden = torch.randn(3, 5, 16, dtype=torch.bfloat16)
+    for x in (hidden[:1, -1:], hidden[:, -1:], hidden[:1, -4:], hidden):
+        (y,) = _row_major_input(head, (x,))
+        assert torch.equal(y, x)
+        assert y.stride() == torch.empty(x.shape).stride()
+        with torch.inference_mode():
+            assert torch.equal(head(y), head(x))
+    model = load_model(str(tiny_dirs["qwen2", "target"]), dtype="bfloat16").model
+    hooks = model.get_output_embeddings()._forward_pre_hooks.values()
+    assert _row_major_input in list(hooks)
+
+
+# --- transformers' assisted generation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_assisted_generation_with_a_perfect_drafter_takes_k_plus_one_tokens_per_step(tokenizer, k):
+    """Draft = target: every step of a chain of K keeps K + 1 tokens, so 12 tokens take
+    ceil(12 / (K + 1)) passes of the target (the first with the prefill), and the output is
+    plain greedy's."""
+    torch.manual_seed(0)
+    target = make_model("qwen2", len(tokenizer), seed=3)
+    ids = tokenizer("def add(a, b):")["input_ids"]
+    plain = hf_generate(target, ids, 12, frozenset(), min_new_tokens=12)
+    assert plain.target_passes == 12 and len(plain.tokens) == 12
+    g = hf_generate(target, ids, 12, frozenset(), copy.deepcopy(target), k, min_new_tokens=12)
+    assert g.tokens == plain.tokens
+    assert g.target_passes == -(-12 // (k + 1))
+    assert g.first_tokens == min(k + 1, 12)
+
+
+def test_assisted_generation_restores_the_assistants_generation_config(tokenizer):
+    draft, target = near_pair("qwen2", tokenizer, 0.05)
+    config = draft.generation_config
+    before = (config.num_assistant_tokens, config.assistant_confidence_threshold)
+    ids = tokenizer("x = 1")["input_ids"]
+    hf_generate(target, ids, 4, frozenset(), draft, 2)
+    assert (config.num_assistant_tokens, config.assistant_confidence_threshold) == before
+
+
+# --- tune across backends ------------------------------------------------------------------------
+
+TARGET_S = ((1, 0.1), (8, 0.11), (16, 0.13), (64, 0.4))
+
+
+def _costs(assisted_step_s: float) -> CostModel:
+    """A draft model's cost model whose assisted steps cost ``assisted_step_s`` at any K."""
+    return CostModel(
+        draft_s=((1, 0.02), (8, 0.025), (64, 0.05)),
+        target_s=TARGET_S,
+        plain_token_s=0.1,
+        assisted_step_s=((1, assisted_step_s), (8, assisted_step_s)),
+        plain_backend="transformers",
+    )
+
+
+def _spine(rates: dict[str, list[float]]) -> pd.DataFrame:
+    return spine_nodes(rates, prompts=2, steps=40)
+
+
+def _steps(nodes: pd.DataFrame) -> pd.DataFrame:
+    accepted = (
+        nodes.sort_values("depth")
+        .groupby(["prompt_id", "domain", "step"])["greedy_accept"]
+        .apply(lambda a: int(a.cumprod().sum()))
+        .rename("accepted_len")
+        .reset_index()
+    )
+    accepted["tree_size"] = nodes["depth"].max()
+    return accepted
+
+
+def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_path):
+    """Assisted steps cheaper than specscope's (0.05 s against 0.02 + 0.1 + ...): every domain
+    that speculates runs transformers' assisted generation, each chain predicted from the same
+    replay and priced by the assisted step table; the file round-trips; with assisted steps
+    dearer, specscope's decoder is chosen and the file is written as before backends."""
+    nodes = _spine({"code": [0.9, 0.8, 0.7], "chat": [0.5, 0.3, 0.2]})
+    steps = _steps(nodes)
+    cheap = tune([Measured(DrafterConfig(), nodes, steps, _costs(0.05))], TuneConfig(min_count=1))
+    for domain in ("code", "chat"):
+        choice = cheap.choices[domain]
+        assert choice.backend == "transformers" and choice.shape.is_chain
+        assert choice.step_time_s == pytest.approx(0.05)
+        assert choice.predicted_speedup == pytest.approx(choice.expected_tau / 0.05 * 0.1)
+        assert cheap.backend_for(domain) == "transformers"
+    path = cheap.save(tmp_path / "policy.json")
+    loaded = PolicyFile.load(path)
+    assert loaded.backends == cheap.backends and loaded.trees == cheap.trees
+    assert json.loads(path.read_text())["domains"]["code"]["backend"] == "transformers"
+    # both backends' candidates, one replayed prediction each
+    cells = {
+        (c["domain"], c["tree"], c.get("backend", "specscope")): c
+        for c in loaded.info["candidates"]
+    }
+    chain2 = TreeShape.chain(2).to_paths_literal()
+    mine, theirs = cells["code", chain2, "specscope"], cells["code", chain2, "transformers"]
+    assert mine["prediction"] == theirs["prediction"] and theirs["step_time_s"] == 0.05
+    dear = tune([Measured(DrafterConfig(), nodes, steps, _costs(5.0))], TuneConfig(min_count=1))
+    assert dear.backends == {} and dear.uniform_backend == "specscope"
+    assert "backend" not in json.dumps({k: dear.to_dict()[k] for k in ("domains", "uniform")})
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"tree": "[(0,), (0, 0)]", "backend": "vllm"}, "unknown backend 'vllm'"),
+        ({"tree": "[(0,), (1,)]", "backend": "transformers"}, "decodes a chain"),
+        ({"tree": "none", "backend": "transformers"}, "decodes a chain"),
+        (
+            {
+                "tree": "[(0,), (0, 0)]",
+                "backend": "transformers",
+                "drafter": {"kind": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+            },
+            "drafted by the draft model",
+        ),
+    ],
+)
+def test_a_backend_that_cannot_run_the_entry_is_refused_by_name(entry, message):
+    with pytest.raises(PolicyError, match=message):
+        PolicyFile.from_dict({"domains": {"code": entry}})
+
+
+# --- the bench runs the backend the policy chose --------------------------------------------------
+
+
+def test_the_bench_routes_to_assisted_generation_and_predicts_it(tokenizer):
+    """A policy sending code to transformers' assisted generation (a chain of 2): routed code
+    prompts run it (the assisted method's very run, K = 2), the outputs are plain greedy's, the
+    steps are the target's passes, and the assisted method is set against tune's prediction."""
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    nodes = _spine({"code": [0.9, 0.8, 0.7]})
+    policy = tune(
+        [Measured(DrafterConfig(), nodes, _steps(nodes), _costs(0.05))], TuneConfig(min_count=1)
+    )
+    policy = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
+    code = TreeShape.chain(2)
+    policy.trees["code"] = code  # the chain of 2, whatever K the toy costs preferred
+    items = [
+        PromptItem(f"code-{i}", "code", ({"role": "user", "content": text},))
+        for i, text in enumerate(["Write a Python function to add.", "def fib(n): return"])
+    ]
+    config = BenchConfig(
+        max_new_tokens=8,
+        warmup=0,
+        repeats=1,
+        assisted_tokens=2,
+        methods=("plain", "assisted", "routed"),
+    )
+    runs = run_bench(lambda drafter: decoder, tokenizer, items, policy, RuleRouter(), config)
+    by = {(r.method, r.prompt_id): r for r in runs}
+    for item in items:
+        plain, assisted, routed = (by[m, item.id] for m in ("plain", "assisted", "routed"))
+        assert routed.routed_to == "code" and routed.repeat_times_s == assisted.repeat_times_s
+        assert assisted.tokens == plain.tokens == routed.tokens
+        assert 1 <= assisted.steps <= plain.steps == len(plain.tokens)
+    found = candidate_predictions(policy, config)
+    entry = next(
+        c
+        for c in policy.info["candidates"]
+        if c["domain"] == "code"
+        and c.get("backend") == "transformers"
+        and c["tree"] == code.to_paths_literal()
+    )
+    assert found["assisted", "code"].speedup == entry["predicted_speedup"]
+    assert ("assisted", ALL_DOMAINS) in found
+
+
+def test_specscope_and_assisted_generation_decode_the_same_chain_alike(tokenizer):
+    """The same speculation in both backends: a chain of 3 decoded by specscope's loop and by
+    transformers' assisted generation gives plain greedy's output (float32)."""
+    draft, target = near_pair("llama", tokenizer, noise=0.05)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    ids = tokenizer("The sum of 2 and 3 is")["input_ids"]
+    plain = plain_generate(target, ids, DecodeConfig(max_new_tokens=10), len(tokenizer)).tokens
+    ours = decoder.generate(ids, TreeShape.chain(3), DecodeConfig(max_new_tokens=10)).tokens
+    theirs = hf_generate(target, ids, 10, frozenset(), draft, 3).tokens
+    assert ours == theirs == plain
