@@ -158,6 +158,14 @@ def decode(
         err=True,
         fg=typer.colors.CYAN,
     )
+    if choice.backend != "specscope":
+        typer.secho(
+            f"the policy runs this chain in {choice.backend} (assisted generation), where tune "
+            "predicted it fastest; decode ran it in specscope's decoder: the same greedy output, "
+            "not the speed predicted (specscope bench --assisted-tokens times both)",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
     if records is not None:
         _write_records(steps_frame(result), records)
 

@@ -63,6 +63,7 @@ class Choice:
     speculation: Speculation
     drafter: DrafterConfig
     domain: str | None
+    backend: str = "specscope"  # what the policy file runs it in (BACKENDS)
 
 
 def _routed(request: TreeRequest, text: str) -> tuple[PolicyFile, str]:
@@ -104,8 +105,10 @@ def choose_speculation(
     if request.policy_file is not None:
         policies, domain = _routed(request, text)
         spec = policies.tree_for(domain)
+        backend = policies.backend_for(domain) if drafter is None else "specscope"
         drafter = drafter or policies.drafter_for(domain)
     else:
+        backend = "specscope"
         domain = None
         spec = make_speculation(
             request.policy,
@@ -118,7 +121,7 @@ def choose_speculation(
         )
         drafter = drafter or DrafterConfig()
     check_drafter_fits(drafter, spec)
-    return Choice(spec, drafter, domain)
+    return Choice(spec, drafter, domain, backend)
 
 
 # --- the pair a decode, tune or bench loads ---------------------------------------------------------
