@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import make_model, near_pair, spine_nodes
+from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.drafters import DrafterConfig
 from specscope.prompts.items import PromptItem
@@ -106,8 +107,9 @@ def _steps(nodes: pd.DataFrame) -> pd.DataFrame:
 def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_path):
     """Assisted steps cheaper than specscope's (0.05 s against 0.02 + 0.1 + ...): every domain
     that speculates runs transformers' assisted generation, each chain predicted from the same
-    replay and priced by the assisted step table; the file round-trips; with assisted steps
-    dearer, specscope's decoder is chosen and the file is written as before backends."""
+    replay (steps counted as each backend decodes) and priced by the assisted step table; the
+    file round-trips; with assisted steps dearer, specscope's decoder is chosen and the file is
+    written as before backends."""
     nodes = _spine({"code": [0.9, 0.8, 0.7], "chat": [0.5, 0.3, 0.2]})
     steps = _steps(nodes)
     cheap = tune([Measured(DrafterConfig(), nodes, steps, _costs(0.05))], TuneConfig(min_count=1))
@@ -115,7 +117,8 @@ def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_pat
         choice = cheap.choices[domain]
         assert choice.backend == "transformers" and choice.shape.is_chain
         assert choice.step_time_s == pytest.approx(0.05)
-        assert choice.predicted_speedup == pytest.approx(choice.expected_tau / 0.05 * 0.1)
+        later = choice.prediction.decode_tokens_per_step  # after the first pass, as benched
+        assert choice.predicted_speedup == pytest.approx(later / 0.05 * 0.1)
         assert cheap.backend_for(domain) == "transformers"
     path = cheap.save(tmp_path / "policy.json")
     loaded = PolicyFile.load(path)
@@ -128,7 +131,14 @@ def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_pat
     }
     chain2 = TreeShape.chain(2).to_paths_literal()
     mine, theirs = cells["code", chain2, "specscope"], cells["code", chain2, "transformers"]
-    assert mine["prediction"] == theirs["prediction"] and theirs["step_time_s"] == 0.05
+    assert theirs["step_time_s"] == 0.05
+    # one replay, its steps counted as each backend decodes: transformers drafts in its first pass
+    records = ReplayRecords.from_frames(nodes, steps)
+    for prefill_drafts, cell in ((False, mine), (True, theirs)):
+        counts = replay_counts(records, Subtree(TreeShape.chain(2)), prefill_drafts)
+        expected = counts.ratios(records, "positions", "steps")["code"]
+        assert cell["prediction"]["tokens_per_step"] == pytest.approx(expected, abs=1e-4)
+    assert theirs["prediction"]["tokens_per_step"] > mine["prediction"]["tokens_per_step"]
     dear = tune([Measured(DrafterConfig(), nodes, steps, _costs(5.0))], TuneConfig(min_count=1))
     assert dear.backends == {} and dear.uniform_backend == "specscope"
     assert "backend" not in json.dumps({k: dear.to_dict()[k] for k in ("domains", "uniform")})

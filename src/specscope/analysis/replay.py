@@ -447,6 +447,20 @@ class ReplayCounts:
     steps: np.ndarray  # (P,) decoding steps (target passes)
     proposals: np.ndarray  # (P,) decoding steps whose tree had a node
     tau_sum: np.ndarray  # (P,) sum over positions of accepted length + 1 (the position mean's)
+    first_tokens: np.ndarray | None = None  # (P,) tokens the first step emitted
+    first_proposals: np.ndarray | None = None  # (P,) 1 where the first step had a tree
+
+    def after_first(self) -> ReplayCounts:
+        """The counts after each prompt's first step: what a decode speed after the first token
+        (a bench's) is made of, the prefill being the same work in every method."""
+        return ReplayCounts(
+            self.candidate,
+            self.prefill_drafts,
+            self.positions - self.first_tokens,
+            self.steps - 1,
+            self.proposals - self.first_proposals,
+            self.tau_sum,
+        )
 
     def per_prompt(self) -> np.ndarray:
         """(P, 4): positions, steps, proposals, tau sum: the columns of :data:`_COLUMNS`."""
@@ -489,10 +503,14 @@ def replay_counts(
         proposals_from[:, pos] = np.where(live, has_tree[:, pos] + proposals_from[rows, land], 0)
     if prefill_drafts:
         steps, proposals = steps_from[:, 0], proposals_from[:, 0]
+        first, first_proposals = np.minimum(grid[:, 0], lengths - 1) + 1, has_tree[:, 0]
     else:  # a plain prefill pass emits position 0; trees from position 1 on
         steps, proposals = 1 + steps_from[:, 1], proposals_from[:, 1]
+        first, first_proposals = np.ones(P, np.int64), np.zeros(P, np.int64)
     tau_sum = np.bincount(prompt, weights=accepted + 1, minlength=P)
-    return ReplayCounts(candidate.label, prefill_drafts, lengths, steps, proposals, tau_sum)
+    return ReplayCounts(
+        candidate.label, prefill_drafts, lengths, steps, proposals, tau_sum, first, first_proposals
+    )
 
 
 # --- estimates with intervals ------------------------------------------------------------------------

@@ -175,8 +175,9 @@ def best_tree(
             continue
         prediction = predict(shape) if predict else None
         tau = prediction.tokens_per_step if prediction else acc.expected_tau(shape)
-        step = costs.step_time(shape, prediction.proposal_rate if prediction else proposal_rate)
-        speedup = tau / step * costs.plain_token_s
+        rate, share = prediction.speed_terms() if prediction else (tau, proposal_rate)
+        step = costs.step_time(shape, share)
+        speedup = rate / step * costs.plain_token_s
         if speedup > max(best.predicted_speedup, min_speedup):
             best = Choice(shape, tau, speedup, step, drafter, prediction)
     return best
@@ -218,7 +219,7 @@ def best_assisted(
             break
         prediction = predict(shape)
         step = costs.assisted_step_time(depth)
-        speedup = prediction.tokens_per_step / step * costs.plain_token_s
+        speedup = prediction.speed_terms()[0] / step * costs.plain_token_s
         if speedup > max(best.predicted_speedup, min_speedup):
             best = Choice(
                 shape,
@@ -278,21 +279,29 @@ class Measured:
             vectors = {k: v.extrapolated(config.max_depth) for k, v in vectors.items()}
         return vectors
 
-    def predictor(self, vectors: dict[str, AcceptanceVector]) -> Predictor:
+    def predictor(
+        self, vectors: dict[str, AcceptanceVector], backend: str = "specscope"
+    ) -> Predictor:
         """Tokens per step by replay of these records, ``vectors`` past them, with steps counted
-        as specscope's decoder and bench count them (the prefill a plain one-token step), so that
-        a prediction is checked on the count it predicts."""
+        as ``backend`` decodes and the bench counts them, so that a prediction is checked on the
+        count it predicts: specscope's decoder makes the prefill a plain one-token step,
+        transformers' assisted generation drafts from the prompt in its first pass."""
         records = ReplayRecords.from_frames(self.nodes, self.steps)
-        return Predictor(records, vectors, prefill_drafts=False)
+        return Predictor(records, vectors, prefill_drafts=backend == "transformers")
 
 
 def chain_candidates(
-    m: Measured, predictor: Predictor, config: TuneConfig, vectors: dict[str, AcceptanceVector]
+    m: Measured,
+    predictor: Predictor,
+    config: TuneConfig,
+    vectors: dict[str, AcceptanceVector],
+    assisted: Predictor | None = None,
 ) -> list[dict]:
     """Every chain of ``m``'s drafter that its records hold, up to ``config.max_depth``, in
     every domain: the predicted tokens per step (replayed, with its interval) and speed-up, so
     that a bench of any chain (not only the chosen ones) is set against a prediction made when
-    the policy was tuned. Written to the policy file as ``candidates``."""
+    the policy was tuned; with ``assisted`` (the replay as transformers counts steps), each chain
+    in transformers' assisted generation too. Written to the policy file as ``candidates``."""
     out = []
     for depth in range(1, config.max_depth + 1):
         shape = TreeShape.chain(depth)
@@ -303,11 +312,12 @@ def chain_candidates(
         if not predictor.records.holds(shape):
             break
         for domain in vectors:
-            prediction = predictor.with_interval(shape, domain)
-            steps = {"specscope": m.costs.step_time(shape, prediction.proposal_rate)}
-            if m.costs.assisted_step_s:
-                steps["transformers"] = m.costs.assisted_step_time(depth)
-            for backend, step in steps.items():
+            mine = predictor.with_interval(shape, domain)
+            priced = [("specscope", mine, m.costs.step_time(shape, mine.speed_terms()[1]))]
+            if assisted is not None:
+                theirs = assisted.with_interval(shape, domain)
+                priced.append(("transformers", theirs, m.costs.assisted_step_time(depth)))
+            for backend, prediction, step in priced:
                 out.append(
                     {
                         "domain": domain,
@@ -316,7 +326,7 @@ def chain_candidates(
                         **({"backend": backend} if backend != "specscope" else {}),
                         "prediction": prediction.to_dict(),
                         "predicted_speedup": round(
-                            prediction.tokens_per_step / step * m.costs.plain_token_s, 4
+                            prediction.speed_terms()[0] / step * m.costs.plain_token_s, 4
                         ),
                         "step_time_s": round(step, 6),
                     }
@@ -345,7 +355,8 @@ def tune(
     for m in measured:
         vectors = m.vectors(config)
         predictor = m.predictor(vectors)
-        candidates += chain_candidates(m, predictor, config, vectors)
+        assisted = m.predictor(vectors, "transformers") if m.costs.assisted_step_s else None
+        candidates += chain_candidates(m, predictor, config, vectors, assisted)
         for name, acc in vectors.items():
             choice = best_tree(
                 acc,
@@ -357,18 +368,19 @@ def tune(
                 m.drafter,
                 predict=functools.partial(predictor.predict, domain=name),
             )
-            if m.costs.assisted_step_s:
-                assisted = best_assisted(
+            chosen_by = predictor
+            if assisted is not None:
+                theirs = best_assisted(
                     m.costs,
                     config.max_depth,
                     config.min_speedup,
-                    functools.partial(predictor.predict, domain=name),
-                    predictor.records.holds,
+                    functools.partial(assisted.predict, domain=name),
+                    assisted.records.holds,
                 )
-                if assisted.predicted_speedup > choice.predicted_speedup:
-                    choice = assisted
+                if theirs.predicted_speedup > choice.predicted_speedup:
+                    choice, chosen_by = theirs, assisted
             if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
-                choices[name], vector[name], predictors[name] = choice, acc, predictor
+                choices[name], vector[name], predictors[name] = choice, acc, chosen_by
     for name, choice in choices.items():
         if choice.shape is not None:
             interval = predictors[name].with_interval(choice.shape, name)

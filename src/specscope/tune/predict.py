@@ -14,6 +14,7 @@ It does not time anything (:mod:`.costs`) or choose (:mod:`.policy`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -47,6 +48,10 @@ class Prediction:
     hi: float = math.nan
     method: str = REPLAY
     proposal_rate: float = 1.0  # share of decoding steps in which the drafter proposes
+    # the same after each prompt's first step (what a decode speed after the first token is made
+    # of; NaN: not known, the whole output's stand in)
+    decode_tokens_per_step: float = math.nan
+    decode_proposal_rate: float = math.nan
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -58,6 +63,14 @@ class Prediction:
     def extrapolated(self) -> bool:
         return self.method == EXTRAPOLATED
 
+    def speed_terms(self) -> tuple[float, float]:
+        """Tokens per step and proposal rate after the first token, which a predicted decode
+        speed-up is made of (the whole output's where those are not known)."""
+        share = self.decode_proposal_rate
+        if not math.isfinite(self.decode_tokens_per_step):
+            return self.tokens_per_step, self.proposal_rate
+        return self.decode_tokens_per_step, share if math.isfinite(share) else self.proposal_rate
+
     def to_dict(self) -> dict:
         interval = None
         if math.isfinite(self.lo) and math.isfinite(self.hi):
@@ -66,6 +79,11 @@ class Prediction:
             "tokens_per_step": round(self.tokens_per_step, 4),
             "interval": interval,
             "method": self.method,
+            **(
+                {"decode_tokens_per_step": round(self.decode_tokens_per_step, 4)}
+                if math.isfinite(self.decode_tokens_per_step)
+                else {}
+            ),
         }
 
     @classmethod
@@ -82,8 +100,17 @@ class Prediction:
         ):
             raise PolicyError(f"{where}: prediction.interval must be [lo, hi] or null")
         lo, hi = interval if interval is not None else (math.nan, math.nan)
+        later = data.get("decode_tokens_per_step", math.nan)
+        if not isinstance(later, (int, float)) or isinstance(later, bool):
+            raise PolicyError(f"{where}: prediction.decode_tokens_per_step must be a number")
         try:
-            return cls(float(value), float(lo), float(hi), data.get("method"))
+            return cls(
+                float(value),
+                float(lo),
+                float(hi),
+                data.get("method"),
+                decode_tokens_per_step=float(later),
+            )
         except PolicyError as e:
             raise PolicyError(f"{where}: {e}") from None
 
@@ -129,7 +156,13 @@ class Predictor:
         counts = self.counts(shape)
         tau = counts.ratios(self.records, "positions", "steps")[name]
         share = counts.ratios(self.records, "proposals", "steps")[name]
-        return Prediction(tau, proposal_rate=share)
+        later = counts.after_first()
+        return Prediction(
+            tau,
+            proposal_rate=share,
+            decode_tokens_per_step=later.ratios(self.records, "positions", "steps")[name],
+            decode_proposal_rate=later.ratios(self.records, "proposals", "steps")[name],
+        )
 
     def _scale(self, shape: TreeShape, domain: str) -> float:
         """Replayed over the vector's tokens per step of the part of ``shape`` the records hold
@@ -154,4 +187,4 @@ class Predictor:
         if key not in self._figures:  # one bootstrap per tree gives every domain's interval
             self._figures[key] = estimate(self.records, self.counts(shape), self.settings)[0]
         tokens = self._figures[key].row(ALL if domain == ALL_DOMAINS else domain).tokens_per_step
-        return Prediction(tokens.value, tokens.lo, tokens.hi, REPLAY, point.proposal_rate)
+        return dataclasses.replace(point, tokens_per_step=tokens.value, lo=tokens.lo, hi=tokens.hi)
