@@ -47,7 +47,10 @@ def with_candidates(policy: PolicyFile) -> PolicyFile:
         costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
         measured = Measured(drafter, run.nodes, run.steps, costs)
         vectors = measured.vectors(config)
-        candidates += chain_candidates(measured, measured.predictor(vectors), config, vectors)
+        assisted = measured.predictor(vectors, "transformers") if costs.assisted_step_s else None
+        candidates += chain_candidates(
+            measured, measured.predictor(vectors), config, vectors, assisted
+        )
     return dataclasses.replace(policy, info={**policy.info, "candidates": candidates})
 
 

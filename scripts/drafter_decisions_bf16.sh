@@ -1,30 +1,25 @@
 #!/usr/bin/env bash
 # The drafter decisions in bfloat16 at a reduced size, as shipped in results/demo-pair/drafters-bf16/:
-# the study on 10 prompts per domain (results/demo-pair/drafters-bf16-sweep.toml), tune over its two
-# runs, a bench of that policy on 8 held-out prompts per domain x 1 repeat, and a bench on the
+# the study on 10 prompts per domain (drafter_study.sh with drafters-bf16-sweep.toml), tune over its two
+# runs, a bench of that policy on 20 held-out prompts per domain x 1 repeat, and a bench on the
 # tuning prompts set beside the replay of exactly those prompts. 2 threads; run the tune and the
 # benches with nothing else on the machine. Resumable up to the tune.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/demo-pair/drafters-bf16
-specscope sweep results/demo-pair/drafters-bf16-sweep.toml --out runs/drafters-bf16
-for drafter in draft-model ngram; do
-  src=runs/drafters-bf16/runs/$drafter dst=$out/$drafter
-  mkdir -p "$dst"
-  cp "$src/manifest.json" "$src/prompts.parquet" "$dst/"
-  for table in steps nodes; do
-    python -c 'import sys, pyarrow.parquet as pq
-pq.write_table(pq.read_table(sys.argv[1]), sys.argv[2], compression="zstd", compression_level=19)' \
-      "$src/$table.parquet" "$dst/$table.parquet"
-  done
-done
+bash scripts/drafter_study.sh results/demo-pair/drafters-bf16-sweep.toml runs/drafters-bf16 "$out"
 specscope tune "$out/draft-model" "$out/ngram" --threads 2 --max-depth 4 --repeats 5 \
   -o "$out/policy.json"
+# the chain length the policy chose most often for the draft model (chain and assisted time it)
+k=$(python -c 'import collections, json, sys
+p = json.load(open(sys.argv[1]))
+depths = [e["nodes"] for e in [*p["domains"].values(), p["uniform"]] if "drafter" not in e and e["nodes"]]
+print(collections.Counter(depths).most_common(1)[0][0] if depths else 3)' "$out/policy.json")
 specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted,routed \
-  --assisted-tokens 3 --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth 3 --threads 2 \
-  --per-domain 8 --max-new-tokens 48 --repeats 1 --warmup 1 --out "$out/bench-heldout.json"
+  --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
+  --per-domain 20 --max-new-tokens 48 --repeats 1 --warmup 1 --out "$out/bench-heldout.json"
 specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted \
-  --assisted-tokens 3 --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth 3 --threads 2 \
+  --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
   --tuning-prompts --per-domain 4 --max-new-tokens 48 --repeats 1 --warmup 1 \
   --out "$out/bench-tuning.json"
 python scripts/same_prompts.py "$out/bench-tuning.json" --out "$out/same-prompts.md"

@@ -5,10 +5,13 @@
 # files. Resumable: run it again after an interruption. About 45 minutes on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=results/demo-pair/drafters
-specscope sweep results/demo-pair/drafters-sweep.toml --out runs/drafters
+# Another study's files: bash scripts/drafter_study.sh SWEEP.toml RUNS_DIR OUT_DIR (the bfloat16 one:
+# results/demo-pair/drafters-bf16-sweep.toml runs/drafters-bf16 results/demo-pair/drafters-bf16).
+sweep=${1:-results/demo-pair/drafters-sweep.toml} runs=${2:-runs/drafters}
+out=${3:-results/demo-pair/drafters}
+specscope sweep "$sweep" --out "$runs"
 for drafter in draft-model ngram; do
-  src=runs/drafters/runs/$drafter dst=$out/$drafter
+  src=$runs/runs/$drafter dst=$out/$drafter
   mkdir -p "$dst"
   cp "$src/manifest.json" "$src/prompts.parquet" "$dst/"
   for table in steps nodes; do
@@ -17,5 +20,5 @@ pq.write_table(pq.read_table(sys.argv[1]), sys.argv[2], compression="zstd", comp
       "$src/$table.parquet" "$dst/$table.parquet"
   done
 done
-cp runs/drafters/sweep.json "$out/sweep.json"
+cp "$runs/sweep.json" "$out/sweep.json"
 specscope compare --by-drafter "$out/draft-model" "$out/ngram" --out "$out/analysis"

@@ -127,6 +127,31 @@ def test_decoding_equals_the_replay_of_the_measured_trees(measured, candidate):
     assert accepted_somewhere > 0  # the check is not only of empty trees
 
 
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_assisted_generation_equals_the_replay_counted_as_transformers_counts(measured, k):
+    """transformers' assisted generation with a chain of K (constant schedule, no confidence
+    stop) decodes the measurement's trajectory, in as many target passes as the recorded trees
+    replayed with the chain drafted from the prompt in the first pass (``prefill_drafts=True``),
+    prompt by prompt; and after the first pass, the tokens and steps the replay's
+    ``after_first`` gives (what tune predicts its decode speed from)."""
+    from specscope.tune.hf_generate import hf_generate
+
+    config, run_dir, pair = measured
+    rec = index_records(run_dir)
+    counts = replay_counts(rec, top_chain(k), prefill_drafts=True)
+    later = counts.after_first()
+    steps = load_run_steps(run_dir)
+    for item in config.prompts.select(config.seed):
+        ids = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+        g = hf_generate(
+            pair.target.model, ids, NEW_TOKENS, frozenset(), pair.draft.model, k, NEW_TOKENS
+        )
+        p = rec.prompt_ids.index(item.id)
+        assert g.tokens == steps[item.id], item.id
+        assert g.target_passes == counts.steps[p], item.id
+        assert len(g.tokens) - g.first_tokens == later.positions[p], item.id
+
+
 def load_run_steps(run_dir) -> dict[str, list[int]]:
     """prompt id -> the target's greedy tokens the measurement committed, in order."""
     from specscope.records import load_run
