@@ -37,10 +37,19 @@ from .server import LlamaServer, ServerSetting
 
 PLAIN = "plain"
 
-# what `specscope llamacpp` tunes over when no --candidate is given: plain, the
-# draft model at K = 2, and every model-free lookup at llama.cpp's sizes (ngram-cache, which
-# drafts from a corpus file specscope does not make, aside)
-DEFAULT_CANDIDATES = ("plain", "draft-simple:k=2", "ngram-simple", "ngram-map-k", "ngram-mod")
+# what `specscope llamacpp` tunes over when no --candidate is given: plain, the draft model at
+# K = 2 and at K = 4 stopped by its own confidence (--spec-draft-p-min 0.75: the draft's
+# probability is the best signal of a node's acceptance the records hold), and every model-free
+# lookup at llama.cpp's sizes (ngram-cache, which drafts from a corpus file specscope does not
+# make, aside)
+DEFAULT_CANDIDATES = (
+    "plain",
+    "draft-simple:k=2",
+    "draft-simple:k=4,p_min=0.75",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-mod",
+)
 
 
 @dataclass(frozen=True)
