@@ -88,6 +88,21 @@ def _costs(assisted_step_s: float) -> CostModel:
     )
 
 
+def test_a_cost_model_keeps_its_assisted_steps_and_what_timed_plain_decoding():
+    costs = _costs(0.3)
+    assert CostModel.from_dict(json.loads(json.dumps(costs.to_dict()))) == costs
+    assert costs.assisted_step_time(4) == pytest.approx(0.3)
+    old = {
+        k: v for k, v in costs.to_dict().items() if k not in ("assisted_step_s", "plain_backend")
+    }
+    read = CostModel.from_dict(old)  # written before backends: specscope's loop timed plain
+    assert read.plain_backend == "specscope" and read.assisted_step_s == ()
+    with pytest.raises(PolicyError, match="no assisted-generation step times"):
+        read.assisted_step_time(2)
+    with pytest.raises(PolicyError, match="plain_backend must be one of transformers, specscope"):
+        CostModel.from_dict({**costs.to_dict(), "plain_backend": "vllm"})
+
+
 def _spine(rates: dict[str, list[float]]) -> pd.DataFrame:
     return spine_nodes(rates, prompts=2, steps=40)
 

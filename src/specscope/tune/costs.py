@@ -43,6 +43,10 @@ def interpolate(table: tuple[tuple[int, float], ...], x: float) -> float:
     return float(np.interp(x, xs, ys))
 
 
+# what timed a cost model's plain decoding: transformers' generate(), or specscope's own loop
+PLAIN_BACKENDS = ("transformers", "specscope")
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds per forward pass, measured on this hardware, by tokens fed over a prefix cache.
@@ -95,6 +99,11 @@ class CostModel:
                 raise PolicyError(
                     f"cost model: {name} must list increasing token counts, got {sizes}"
                 )
+        if self.plain_backend not in PLAIN_BACKENDS:
+            raise PolicyError(
+                f"cost model: plain_backend must be one of {', '.join(PLAIN_BACKENDS)}, got "
+                f"{self.plain_backend!r}"
+            )
         _check_number("plain_token_s", self.plain_token_s, positive=True)
         _check_number("overhead_s", self.overhead_s, low=0)
         _check_number("root_tokens", self.root_tokens, integer=True, low=1)
