@@ -50,7 +50,7 @@ def main() -> None:
         "steps equal | output = run's |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for method, (drafter, tree, _backend) in settings.items():
+    for method, (drafter, tree, backend) in settings.items():
         run = by_drafter.get(drafter.resolved())
         if run is None or not isinstance(tree, TreeShape):
             print(f"{method}: no tuning run of {drafter.label} among the policy's runs; skipped")
@@ -65,7 +65,9 @@ def main() -> None:
                 f"{method}: {shape_label(tree)} is deeper or wider than the run measured; skipped"
             )
             continue
-        counts = replay_counts(records, Subtree(tree), prefill_drafts=False)
+        counts = replay_counts(
+            records, Subtree(tree), prefill_drafts=backend == "transformers"
+        )  # as it counts steps
         replayed = dict(zip(records.prompt_ids, zip(counts.positions, counts.steps)))
         for domain in dict.fromkeys(r["domain"] for r in timed.values()):
             ids = [p for p, r in timed.items() if r["domain"] == domain and p in replayed]
