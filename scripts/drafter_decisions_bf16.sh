@@ -20,6 +20,6 @@ specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,ass
   --per-domain 20 --max-new-tokens 48 --repeats 1 --warmup 1 --out "$out/bench-heldout.json"
 specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted \
   --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
-  --tuning-prompts --per-domain 4 --max-new-tokens 48 --repeats 1 --warmup 1 \
+  --tuning-prompts --per-domain 2 --max-new-tokens 48 --repeats 1 --warmup 1 \
   --out "$out/bench-tuning.json"
 python scripts/same_prompts.py "$out/bench-tuning.json" --out "$out/same-prompts.md"
