@@ -26,6 +26,8 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -295,3 +297,27 @@ def spine_nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50
     import pandas as pd
 
     return pd.DataFrame(rows)
+
+
+def steps_of(nodes: pd.DataFrame) -> pd.DataFrame:
+    """The step records that node records imply (accepted_len: the deepest accepted path)."""
+    from specscope.records import tree_paths
+
+    nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
+    first = nodes.groupby(["prompt_id", "step"]).cumcount().to_numpy()
+    parent = nodes["parent_id"].to_numpy()
+    row = np.where(parent < 0, -1, np.arange(len(nodes)) - first + parent)
+    depth = nodes["depth"].to_numpy()
+    paths = tree_paths(
+        nodes["greedy_accept"].to_numpy(bool),
+        depth,
+        nodes["sibling_rank"].to_numpy(),
+        parent < 0,
+        row,
+    )
+    nodes = nodes.assign(accepted_len=np.where(paths.accepted, depth, 0))
+    keys = ["prompt_id", "domain", "step"]
+    steps = nodes.groupby(keys, as_index=False).agg(
+        accepted_len=("accepted_len", "max"), tree_size=("node_id", "size")
+    )
+    return steps.assign(tau=steps.accepted_len + 1)

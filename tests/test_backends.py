@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import make_model, near_pair, spine_nodes
+from conftest import make_model, near_pair, spine_nodes, steps_of
 from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.drafters import DrafterConfig
@@ -107,18 +107,6 @@ def _spine(rates: dict[str, list[float]]) -> pd.DataFrame:
     return spine_nodes(rates, prompts=2, steps=40)
 
 
-def _steps(nodes: pd.DataFrame) -> pd.DataFrame:
-    accepted = (
-        nodes.sort_values("depth")
-        .groupby(["prompt_id", "domain", "step"])["greedy_accept"]
-        .apply(lambda a: int(a.cumprod().sum()))
-        .rename("accepted_len")
-        .reset_index()
-    )
-    accepted["tree_size"] = nodes["depth"].max()
-    return accepted
-
-
 def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_path):
     """Assisted steps cheaper than specscope's (0.05 s against 0.02 + 0.1 + ...): every domain
     that speculates runs transformers' assisted generation, each chain predicted from the same
@@ -126,7 +114,7 @@ def test_tune_chooses_the_backend_per_domain_and_the_policy_file_says_so(tmp_pat
     file round-trips; with assisted steps dearer, specscope's decoder is chosen and the file is
     written as before backends."""
     nodes = _spine({"code": [0.9, 0.8, 0.7], "chat": [0.5, 0.3, 0.2]})
-    steps = _steps(nodes)
+    steps = steps_of(nodes)
     cheap = tune([Measured(DrafterConfig(), nodes, steps, _costs(0.05))], TuneConfig(min_count=1))
     for domain in ("code", "chat"):
         choice = cheap.choices[domain]
@@ -192,7 +180,7 @@ def test_the_bench_routes_to_assisted_generation_and_predicts_it(tokenizer):
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     nodes = _spine({"code": [0.9, 0.8, 0.7]})
     policy = tune(
-        [Measured(DrafterConfig(), nodes, _steps(nodes), _costs(0.05))], TuneConfig(min_count=1)
+        [Measured(DrafterConfig(), nodes, steps_of(nodes), _costs(0.05))], TuneConfig(min_count=1)
     )
     policy = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
     code = TreeShape.chain(2)

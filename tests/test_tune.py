@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from conftest import tiny_pair_args
+from conftest import steps_of, tiny_pair_args
 from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, top_chain
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
-from specscope.records import ALL_DOMAINS, tree_paths
+from specscope.records import ALL_DOMAINS
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
@@ -136,31 +136,9 @@ COSTS = CostModel(
 )
 
 
-def _steps_of(nodes: pd.DataFrame) -> pd.DataFrame:
-    """The step records that node records imply (accepted_len: the deepest accepted path)."""
-    nodes = nodes.sort_values(["prompt_id", "step", "node_id"], kind="stable")
-    first = nodes.groupby(["prompt_id", "step"]).cumcount().to_numpy()
-    parent = nodes["parent_id"].to_numpy()
-    row = np.where(parent < 0, -1, np.arange(len(nodes)) - first + parent)
-    depth = nodes["depth"].to_numpy()
-    paths = tree_paths(
-        nodes["greedy_accept"].to_numpy(bool),
-        depth,
-        nodes["sibling_rank"].to_numpy(),
-        parent < 0,
-        row,
-    )
-    nodes = nodes.assign(accepted_len=np.where(paths.accepted, depth, 0))
-    keys = ["prompt_id", "domain", "step"]
-    steps = nodes.groupby(keys, as_index=False).agg(
-        accepted_len=("accepted_len", "max"), tree_size=("node_id", "size")
-    )
-    return steps.assign(tau=steps.accepted_len + 1)
-
-
 def draft_model(nodes: pd.DataFrame, costs: CostModel = COSTS) -> Measured:
     """A draft-model measurement for tune, its step records derived from its nodes."""
-    return Measured(DrafterConfig(), nodes, _steps_of(nodes), costs)
+    return Measured(DrafterConfig(), nodes, steps_of(nodes), costs)
 
 
 def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
@@ -378,7 +356,7 @@ def test_trees_deeper_than_measured_are_extrapolated_and_labelled():
     chain of 2 the records hold, and says it is extrapolated; a chain of 2 is replayed."""
     nodes = _nodes_frame()
     vectors = {k: v.extrapolated(3) for k, v in acceptance_vectors(nodes, 1).items()}
-    predictor = Predictor(ReplayRecords.from_frames(nodes, _steps_of(nodes)), vectors)
+    predictor = Predictor(ReplayRecords.from_frames(nodes, steps_of(nodes)), vectors)
     two, three = TreeShape.chain(2), TreeShape.chain(3)
     replayed = predictor.predict(two, "code")
     assert replayed.method == REPLAY and replayed.tokens_per_step == pytest.approx(2.0)
