@@ -47,9 +47,12 @@ def with_candidates(policy: PolicyFile) -> PolicyFile:
         costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
         measured = Measured(drafter, run.nodes, run.steps, costs)
         vectors = measured.vectors(config)
-        assisted = measured.predictor(vectors, "transformers") if costs.assisted_step_s else None
         candidates += chain_candidates(
-            measured, measured.predictor(vectors), config, vectors, assisted
+            measured,
+            measured.predictor(vectors),
+            config,
+            vectors,
+            measured.assisted_predictor(vectors),
         )
     return dataclasses.replace(policy, info={**policy.info, "candidates": candidates})
 

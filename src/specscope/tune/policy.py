@@ -289,6 +289,11 @@ class Measured:
         records = ReplayRecords.from_frames(self.nodes, self.steps)
         return Predictor(records, vectors, prefill_drafts=backend == "transformers")
 
+    def assisted_predictor(self, vectors: dict[str, AcceptanceVector]) -> Predictor | None:
+        """:meth:`predictor` for transformers' assisted generation, where the cost model timed
+        it (a draft model's); else None."""
+        return self.predictor(vectors, "transformers") if self.costs.assisted_step_s else None
+
 
 def chain_candidates(
     m: Measured,
@@ -355,7 +360,7 @@ def tune(
     for m in measured:
         vectors = m.vectors(config)
         predictor = m.predictor(vectors)
-        assisted = m.predictor(vectors, "transformers") if m.costs.assisted_step_s else None
+        assisted = m.assisted_predictor(vectors)
         candidates += chain_candidates(m, predictor, config, vectors, assisted)
         for name, acc in vectors.items():
             choice = best_tree(
