@@ -118,11 +118,7 @@ def main() -> None:
     policy = PolicyFile.load(policy_path)
     if args.with_candidates:
         policy = with_candidates(policy)
-    fields = {f.name for f in dataclasses.fields(BenchRun)}
-    runs = [
-        BenchRun(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items() if k in fields})
-        for r in record["runs"]
-    ]
+    runs = [BenchRun.from_dict(r) for r in record["runs"]]
     config = BenchConfig.from_dict(record["config"])
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_path)

@@ -103,6 +103,59 @@ def test_a_cost_model_keeps_its_assisted_steps_and_what_timed_plain_decoding():
         CostModel.from_dict({**costs.to_dict(), "plain_backend": "vllm"})
 
 
+def test_step_scale_multiplies_the_timed_passes_and_old_files_read_as_one():
+    costs = _costs(0.3)
+    chain = TreeShape.chain(3)
+    scaled = CostModel.from_dict({**costs.to_dict(), "step_scale": 0.9})
+    passes = costs.draft_time(chain) + costs.verify_time(chain)
+    assert costs.step_scale == 1.0 and costs.step_time(chain) == pytest.approx(passes)
+    assert scaled.step_time(chain) == pytest.approx(0.9 * passes)
+    assert CostModel.from_dict(json.loads(json.dumps(scaled.to_dict()))) == scaled
+    for bad in (0, -1.0, float("inf"), "0.9"):
+        with pytest.raises(PolicyError, match="step_scale"):
+            CostModel.from_dict({**costs.to_dict(), "step_scale": bad})
+
+
+def test_tune_times_its_costs_over_the_runs_text_at_their_median_context(tiny_dirs, tmp_path):
+    """Without --context-len, tune times at the median context of the runs' steps, over real
+    text (a recorded prompt and its output, cut there), and calibrates step_scale on a real
+    decode of it."""
+    from typer.testing import CliRunner
+
+    from conftest import tiny_pair_args
+    from specscope.cli import app
+    from specscope.models.load import load_model
+    from specscope.tune.choose import load_tune_runs
+    from specscope.tune.costs import measure_costs
+
+    run_dir, policy = tmp_path / "run", tmp_path / "policy.json"
+    args = ["run", "--out", run_dir, "--domains", "code", "--per-domain", 2, "--max-new-tokens", 6,
+            "--policy", "chain", "--depth", 3, "--quiet", *tiny_pair_args(tiny_dirs)]  # fmt: skip
+    assert CliRunner().invoke(app, [str(a) for a in args]).exit_code == 0
+    runs = load_tune_runs([run_dir])
+    steps = runs.runs[0].steps
+    assert runs.decoding_context == int(steps.context_len.median())
+    tokenizer = load_model(str(tiny_dirs["qwen2", "target"]), "float32").tokenizer
+    first = runs.runs[0].prompts.iloc[0]
+    whole = tokenizer(first.prompt_text, add_special_tokens=False).input_ids + [
+        int(t) for t in first.output_token_ids
+    ]
+    assert runs.timing_text(tokenizer, 20) == whole[:20]
+    assert runs.timing_text(tokenizer, 10**6) is None  # no recorded text is that long
+    args = ["tune", run_dir, "--out", policy, "--min-count", 1, "--repeats", 1,
+            *tiny_pair_args(tiny_dirs)]  # fmt: skip
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    costs = CostModel.from_dict(json.loads(policy.read_text())["cost_model"])
+    assert costs.context_len == runs.decoding_context
+    assert 0.2 < costs.step_scale < 5  # real steps over their timed passes: near 1
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    with pytest.raises(PolicyError, match="text has 20 tokens, fewer than context_len 21"):
+        measure_costs(decoder, context_len=21, sizes=(1, 2), repeats=1, text=whole[:20])
+
+
 def _spine(rates: dict[str, list[float]]) -> pd.DataFrame:
     return spine_nodes(rates, prompts=2, steps=40)
 

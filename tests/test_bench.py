@@ -334,3 +334,53 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     assert single.best_single == best and single.prompts == 3
     # routed is the chain on every prompt: against the chain it is 1 exactly
     assert best != "chain" or single.ratio == pytest.approx(1.0)
+
+
+# --- an interrupted bench resumes where it stopped -------------------------------------------------
+
+
+def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp_path):
+    from specscope.tune.bench import BenchCheckpoint
+
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
+    policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})
+    chosen = bench_prompts(["code", "math"], 2, 42, policy, split=False)
+    # the domains take turns: a bench stopped early holds every domain
+    assert [i.domain for i in chosen.items] == ["code", "math", "code", "math"]
+    config = BenchConfig(max_new_tokens=4, warmup=0, repeats=1, methods=("plain", "chain"))
+    key = {"config": dataclasses.asdict(config), "prompts": [i.id for i in chosen.items]}
+    checkpoint = BenchCheckpoint(tmp_path / "bench.json.partial.jsonl", key)
+    logged: list[str] = []
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupted_at_the_third_prompt(line: str) -> None:
+        if line.startswith("[3/4]"):
+            raise Interrupted
+        logged.append(line)
+
+    def bench(log):
+        return run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(),
+                         config, log=log, checkpoint=checkpoint)  # fmt: skip
+
+    with pytest.raises(Interrupted):
+        bench(interrupted_at_the_third_prompt)
+    lines = checkpoint.path.read_text().splitlines()
+    assert len(lines) == 1 + 2  # the key, then the two prompts timed whole
+    with checkpoint.path.open("a") as f:
+        f.write('[{"method": "plain", "prom')  # a line cut short by the interruption
+    logged.clear()
+    runs = bench(logged.append)
+    assert logged[0].startswith("resuming: 2 of 4 prompts timed before")
+    assert [line[:5] for line in logged[1:]] == ["[3/4]"] * 2 + ["[4/4]"] * 2  # no prompt twice
+    assert [(r.method, r.prompt_id) for r in runs] == [
+        (m, i.id) for i in chosen.items for m in ("plain", "chain")
+    ]
+    assert runs[:2] == [BenchRun.from_dict(r) for r in json.loads(lines[1])]  # read back whole
+    assert len(checkpoint.path.read_text().splitlines()) == 1 + 4  # the cut line dropped
+    other = BenchCheckpoint(checkpoint.path, {**key, "prompts": key["prompts"][:2]})
+    with pytest.raises(BenchError, match="holds a bench of other settings"):
+        other.load()

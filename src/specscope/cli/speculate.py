@@ -199,11 +199,11 @@ def tune(
         "--extrapolate",
         help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth).",
     ),
-    context_len: int = typer.Option(
-        256,
+    context_len: int | None = typer.Option(
+        None,
         min=1,
         max=MAX_TOKENS,
-        help="Context length of the cost measurement (it must fit the models' positions).",
+        help="Context length of the cost measurement (it must fit the models' positions); default: the median context of the runs' steps, where decoding them spends its time.",
     ),
     repeats: int = options.REPEATS,
     draft: str | None = options.DRAFT,
@@ -250,7 +250,11 @@ def tune(
             choose.timing_drafter(runs.drafters),
         )
         log = functools.partial(typer.echo, err=True)
-        models = choose.cost_models(pair, runs.drafters, context_len, repeats, log)
+        context = context_len or runs.decoding_context
+        text = runs.timing_text(pair.tokenizer, context)
+        models = choose.cost_models(
+            pair, runs.drafters, context, repeats, log, text, runs.output_tokens
+        )
         if save_costs:
             models[0].save(save_costs, inside_of(save_costs, run_dir))
     measured = [
@@ -320,7 +324,14 @@ def bench(
     from ..files import check_output_file, write_json
     from ..tune import bench as checks
     from ..tune import choose
-    from ..tune.bench import ROUTERS, BenchConfig, bench_prompts, run_bench, summarize_bench
+    from ..tune.bench import (
+        ROUTERS,
+        BenchCheckpoint,
+        BenchConfig,
+        bench_prompts,
+        run_bench,
+        summarize_bench,
+    )
     from ..tune.policy import PolicyFile
 
     if out is not None:
@@ -368,6 +379,18 @@ def bench(
     pair = choose.load_decode_pair(
         _pair_request(draft, target, dtype, device, trust_remote_code, int8)
     )
+    setting = choose.BenchSetting(
+        policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()
+    )
+    checkpoint = None
+    if out is not None:  # each prompt's runs kept as timed: the same command resumes
+        checkpoint = BenchCheckpoint(
+            out.with_name(out.name + ".partial.jsonl"),
+            {
+                **choose.bench_document(config, setting, chosen, [], []),
+                "prompts": [item.id for item in chosen.items],
+            },
+        )
     runs = run_bench(
         functools.cache(lambda drafter: make_decoder(pair, drafter)),
         pair.tokenizer,
@@ -377,15 +400,13 @@ def bench(
         config,
         log=functools.partial(typer.echo, err=True),
         in_sample_ids=chosen.in_sample_ids,
+        checkpoint=checkpoint,
     )
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_file) if policy_file else {}
     candidates = checks.candidate_predictions(policy, config) if policy else {}
     cells = checks.predicted_vs_measured(rows, runs, predictions, candidates)
     precision = checks.speedup_precision(runs)
-    setting = choose.BenchSetting(
-        policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()
-    )
     title = (
         f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
         f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
@@ -411,4 +432,5 @@ def bench(
                 "outputs_vs_run": [dataclasses.asdict(a) for a in agreement],
             },
         )
+        checkpoint.path.unlink()
         typer.echo(f"wrote {out}")

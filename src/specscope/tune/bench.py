@@ -24,7 +24,9 @@ Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specs
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,6 +161,14 @@ class BenchRun:
     repeat_times_s: tuple[float, ...] = ()  # every repeat's time, in repeat order
     repeat_first_token_s: tuple[float, ...] = ()  # every repeat's first-token time
     in_sample: bool = False  # a tuning run of the policy measured this prompt
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> BenchRun:
+        """A run as a bench file holds it (``dataclasses.asdict``), read back."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+        )
 
 
 @dataclass(frozen=True)
@@ -310,7 +320,7 @@ def bench_prompts(
             "--router learned needs prompts of two domains or more to train on; "
             f"got {', '.join(domains)} (use --router rules, or give more domains)"
         )
-    items = []
+    per_domain_items = []
     for d in domains:
         held = [i for i in test if i.domain == d]
         if len(held) < per_domain:
@@ -323,7 +333,10 @@ def bench_prompts(
                 f"{', halved for the learned router' if split else ''}), fewer than the "
                 f"{per_domain} asked for: ask for fewer, or label tuning prompts in-sample"
             )
-        items += sample_items(held, per_domain, seed)
+        per_domain_items.append(sample_items(held, per_domain, seed))
+    # the domains take turns, so that a machine drifting during the bench moves every domain
+    # alike, and a bench stopped early holds every domain
+    items = [i for row in zip(*per_domain_items) for i in row]
     check_held_out(items, tuned, in_sample)
     return BenchPrompts(
         items,
@@ -462,9 +475,12 @@ def run_bench(
     config: BenchConfig = BenchConfig(),
     log=None,
     in_sample_ids: frozenset[str] = frozenset(),
+    checkpoint: BenchCheckpoint | None = None,
 ) -> list[BenchRun]:
     """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`),
-    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample.
+    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample. With a
+    ``checkpoint``, the prompts it holds are not timed again (their runs are taken from it) and
+    each prompt's runs are appended to it once timed.
 
     A method that decodes with the same drafter and tree as one timed beside it (``uniform``
     equal to ``chain``; ``routed`` where the router sends the prompt to the setting of ``chain``,
@@ -487,8 +503,14 @@ def run_bench(
             originals.append(m)
         else:
             fixed_twins[m] = twin
+    done = checkpoint.load() if checkpoint is not None else {}
+    if done and log:
+        log(f"resuming: {len(done)} of {len(items)} prompts timed before ({checkpoint.path})")
     runs = []
     for i, (item, ids) in enumerate(zip(items, rendered)):
+        if item.id in done:
+            runs += done[item.id]
+            continue
         text = prompt_text(item)
         same_as = dict(fixed_twins)
         domain = ""
@@ -511,11 +533,12 @@ def run_bench(
             tokens, steps, _, first = outputs[twin]
             outputs[name] = (tokens, steps, domain if name == "routed" else "", first)
             times[name], firsts[name] = times[twin], firsts[twin]
+        timed_runs = []
         for name in methods.fns:
             tokens, steps, routed, _ = outputs[name]
             median = float(np.median(times[name]))
             first = float(np.median(firsts[name]))
-            runs.append(
+            timed_runs.append(
                 BenchRun(
                     name,
                     item.id,
@@ -537,7 +560,56 @@ def run_bench(
                     + (f" (routed: {routed})" if routed else "")
                     + (f" (= {same_as[name]}'s run)" if name in same_as else "")
                 )
+        if checkpoint is not None:
+            checkpoint.append(timed_runs)
+        runs += timed_runs
     return runs
+
+
+@dataclass(frozen=True)
+class BenchCheckpoint:
+    """A bench's timed prompts, appended one line per prompt to a JSON Lines file as they finish
+    (``OUT.partial.jsonl`` beside the bench's ``--out``), so that an interrupted bench loses at
+    most the prompt it was timing: the same command resumes. The first line is ``key`` (the
+    config, the policy, the prompts, the machine); a file with another key is refused by name."""
+
+    path: Path
+    key: dict
+
+    def load(self) -> dict[str, list[BenchRun]]:
+        """The runs of every prompt timed before, by prompt id (none: a new file is begun)."""
+        if not self.path.exists():
+            self._write([json.dumps(self.key)], "w")
+            return {}
+        lines = self.path.read_text().splitlines()
+        try:
+            same = bool(lines) and json.loads(lines[0]) == json.loads(json.dumps(self.key))
+        except ValueError:
+            same = False
+        if not same:
+            raise BenchError(
+                f"{self.path} holds a bench of other settings (its config, policy, prompts or "
+                "machine differ): delete it to start this bench afresh, or run the command that "
+                "began it"
+            )
+        done: dict[str, list[BenchRun]] = {}
+        for n, line in enumerate(lines[1:], 1):
+            try:
+                timed = [BenchRun.from_dict(r) for r in json.loads(line)]
+            except (ValueError, TypeError):  # cut short by the interruption: timed again
+                self._write(lines[:n], "w")
+                break
+            done[timed[0].prompt_id] = timed
+        return done
+
+    def append(self, runs: Sequence[BenchRun]) -> None:
+        self._write([json.dumps([dataclasses.asdict(r) for r in runs])], "a")
+
+    def _write(self, lines: list[str], mode: str) -> None:
+        with self.path.open(mode) as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0) -> list[BenchRow]:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from ..analysis.render import Column, Grid
 from ..drafters import DrafterConfig
 from ..hardware import machine_line
@@ -26,7 +28,7 @@ from ..trees import Speculation
 from . import bench
 from .acceptance import PolicyError
 from .bench import BenchConfig, BenchPrompts, BenchRow, BenchRun
-from .costs import CostModel
+from .costs import COST_DECODE_TOKENS, CostModel
 from .policy import PolicyFile
 
 Log = Callable[[str], None]
@@ -179,6 +181,35 @@ class TuneRuns:
     target: str | None
 
     @property
+    def decoding_context(self) -> int:
+        """The median context length of the runs' steps: the context a decode of their prompts
+        spends its steps at, which a cost model is timed at (pass times grow with it)."""
+        lengths = pd.concat([r.steps["context_len"] for r in self.runs])
+        return int(lengths.median())
+
+    @property
+    def output_tokens(self) -> int:
+        """The runs' longest output budget (``max_new_tokens``): the length of the outputs a
+        tune of them predicts for, and of the decodes its cost model times."""
+        return max(r.manifest.get("config", {}).get("max_new_tokens", 0) for r in self.runs) or (
+            COST_DECODE_TOKENS
+        )
+
+    def timing_text(self, tokenizer, length: int) -> list[int] | None:
+        """``length`` tokens of real text to time over: the first recorded prompt whose prompt
+        and output together reach ``length`` tokens, cut there (a random context is continued
+        by neither model, so every draft would be refused); None where none is long enough."""
+        for row in self.runs[0].prompts.itertuples():
+            if not isinstance(row.prompt_text, str):  # an ingested log may record no text
+                continue
+            ids = tokenizer(row.prompt_text, add_special_tokens=False).input_ids
+            output = getattr(row, "output_token_ids", None)
+            ids += [] if output is None else [int(t) for t in output]
+            if len(ids) >= length:
+                return ids[:length]
+        return None
+
+    @property
     def pair_section(self) -> dict:
         """The first run's [pair] config: the pair costs are timed with by default."""
         return self.runs[0].manifest.get("config", {}).get("pair", {})
@@ -217,10 +248,17 @@ def cost_model_warning(runs: TuneRuns, model: CostModel) -> str | None:
 
 
 def cost_models(
-    pair, drafters: Sequence[DrafterConfig], context_len: int, repeats: int, log: Log
+    pair,
+    drafters: Sequence[DrafterConfig],
+    context_len: int,
+    repeats: int,
+    log: Log,
+    text: Sequence[int] | None = None,
+    decode_tokens: int = COST_DECODE_TOKENS,
 ) -> list[CostModel]:
     """Each drafter's cost model timed here on ``pair`` (the target's passes timed once, for
-    every drafter); ``log`` hears which drafter is being timed."""
+    every drafter), over ``text``, decodes of ``decode_tokens`` (see
+    :func:`.costs.measure_costs`); ``log`` hears which drafter is being timed."""
     from ..decode import make_decoder
     from .costs import drafting_model, measure_costs
 
@@ -235,6 +273,8 @@ def cost_models(
                 target_costs=models[0] if models else None,
                 drafter=drafter,
                 drafter_model=drafting_model(pair.provenance, drafter),
+                text=text,
+                decode_tokens=decode_tokens,
             )
         )
     return models

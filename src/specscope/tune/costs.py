@@ -53,7 +53,10 @@ class CostModel:
 
     A step of a static tree costs one draft call for the pending tokens (about ``root_tokens``),
     one per deeper level (as many tokens as the level's nodes that have children), one target call
-    for the last token plus every node, and ``overhead_s`` of bookkeeping. Plain decoding costs
+    for the last token plus every node, times ``step_scale``, plus ``overhead_s`` of bookkeeping.
+    ``step_scale`` is what real steps of a decode cost over the sum of their timed passes (the
+    passes are timed alone; a decode's run back to back); ``overhead_s`` the older, additive form
+    of the same correction (files written before). Plain decoding costs
     ``plain_token_s`` per token. A model-free drafter (``model_free``: n-gram lookup) drafts with
     one lookup per step, ``draft_s[0]``, whatever the tree; a step where it proposes nothing is a
     plain decoding step (see :meth:`step_time`'s ``proposal_rate``).
@@ -72,6 +75,7 @@ class CostModel:
     target_s: tuple[tuple[int, float], ...]
     plain_token_s: float
     overhead_s: float = 0.0
+    step_scale: float = 1.0
     root_tokens: int = 2
     context_len: int = 0
     hardware: str = ""
@@ -106,6 +110,7 @@ class CostModel:
             )
         _check_number("plain_token_s", self.plain_token_s, positive=True)
         _check_number("overhead_s", self.overhead_s, low=0)
+        _check_number("step_scale", self.step_scale, positive=True)
         _check_number("root_tokens", self.root_tokens, integer=True, low=1)
         _check_number("context_len", self.context_len, integer=True, low=0)
 
@@ -132,7 +137,7 @@ class CostModel:
         steps (a model-free lookup without a match; 1 for a draft model): the draft, then a
         verification of the tree, or else a plain decoding pass."""
         verify = proposal_rate * self.verify_time(shape) + (1 - proposal_rate) * self.plain_token_s
-        return self.draft_time(shape) + verify + self.overhead_s
+        return self.step_scale * (self.draft_time(shape) + verify) + self.overhead_s
 
     def predicted_speedup(
         self, shape: TreeShape | None, acc: AcceptanceVector, proposal_rate: float = 1.0
@@ -148,6 +153,7 @@ class CostModel:
             "target_s": [list(x) for x in self.target_s],
             "plain_token_s": self.plain_token_s,
             "overhead_s": self.overhead_s,
+            "step_scale": self.step_scale,
             "root_tokens": self.root_tokens,
             "context_len": self.context_len,
             "hardware": self.hardware,
@@ -181,6 +187,7 @@ class CostModel:
                 target_s=table("target_s"),
                 plain_token_s=data["plain_token_s"],
                 overhead_s=data.get("overhead_s", 0.0),
+                step_scale=data.get("step_scale", 1.0),
                 root_tokens=data.get("root_tokens", 2),
                 context_len=data.get("context_len", 0),
                 hardware=str(data.get("hardware", "")),
@@ -299,8 +306,9 @@ def _check_number(
 # --- measuring costs ----------------------------------------------------------------------------
 
 COST_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
-COST_DECODE_TOKENS = 16  # tokens of the plain and speculative decodes timed
+COST_DECODE_TOKENS = 16  # tokens of the plain and speculative decodes timed, by default
 ASSISTED_CHAINS = (1, 2, 3, 4, 6, 8)  # chain lengths K of assisted generation timed
+CALIBRATION_CHAIN = 3  # the chain a real decode drafts to calibrate step_scale
 
 
 def time_forward(model, cache, base: int, k: int, repeats: int, vocab: int) -> float:
@@ -326,67 +334,111 @@ def measure_costs(
     target_costs: CostModel | None = None,
     drafter: DrafterConfig | None = None,
     drafter_model: str | None = None,
+    text: Sequence[int] | None = None,
+    decode_tokens: int = COST_DECODE_TOKENS,
 ) -> CostModel:
-    """Time draft and target forwards by tokens fed, plain decoding per token, and the per-step
-    bookkeeping of a real speculative decode, over a synthetic context of ``context_len``.
-    ``target_costs``: take the target's passes and plain decoding from this model (measured with
-    another drafter of the same target), so that drafters are weighed against one target table.
-    ``drafter`` and ``drafter_model``: what ``decoder`` drafts with, recorded in the model.
-    The context and the longest timed pass must fit the models' positions."""
+    """Time draft and target forwards by tokens fed, plain decoding per token, assisted steps and
+    real speculative steps, over a context of ``context_len`` tokens: the first ``context_len``
+    of ``text`` (real text, which the models continue as they continue a prompt, so that drafts
+    are accepted as often as in use), else random tokens (every draft refused). The timed decodes
+    (plain, assisted, specscope's) each generate ``decode_tokens``: as many as the outputs a
+    prediction is for, so that the shorter last steps weigh as much as they do there.
+
+    A real decode drafting a chain of ``CALIBRATION_CHAIN`` gives ``step_scale``: its steps' time
+    over what the timed passes price them at as a prediction does (a step that proposed
+    anything at the whole chain, though the output's end cut it shorter; one that proposed
+    nothing at a plain step), the median over rounds.
+
+    Everything is timed in ``repeats`` rounds, each round timing every quantity once (every pass
+    size of both models, a plain ``generate()``, an assisted step per K, a real decode), and each
+    figure is the median over rounds: a machine whose speed drifts during the measurement moves
+    every figure alike, so the ratios a prediction is made of keep (timing each quantity's
+    repeats back to back put the drift between quantities). ``target_costs``: take the target's
+    passes and plain decoding from this model (measured with another drafter of the same
+    target), so that drafters are weighed against one target table. ``drafter`` and
+    ``drafter_model``: what ``decoder`` drafts with, recorded in the model. The context and the
+    longest timed pass must fit the models' positions."""
     limit = position_limit(*(m for m in (decoder.draft, decoder.target) if m is not None))
-    need = max(max(sizes), COST_DECODE_TOKENS + 2)  # the longest pass, or the timed decodes
+    need = max(max(sizes), decode_tokens + 2)  # the longest pass, or the timed decodes
     if context_len + need > limit:
         raise PolicyError(
             f"context_len must be in 1..{limit - need} for these models ({limit} positions, "
             f"{need} of them for the timed passes), got {context_len}"
         )
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randint(
-        0, min(decoder.vocab, 1000), (context_len,), generator=generator
-    ).tolist()
-
-    def table(model) -> tuple[tuple[int, float], ...]:
-        cache, _ = prefill(model, context)
-        for k in (1, 1, 1, max(sizes)):  # warm-up: the first passes run cold
-            time_forward(model, cache, context_len, k, 1, decoder.vocab)
-        return tuple(
-            (k, time_forward(model, cache, context_len, k, repeats, decoder.vocab)) for k in sizes
-        )
-
-    if decoder.lookup is not None:  # a model-free drafter: one lookup per step
-        draft_s = ((1, time_lookup(decoder.lookup, context, max(sizes), repeats)),)
+    if text is not None:
+        if len(text) < context_len:
+            raise PolicyError(f"text has {len(text)} tokens, fewer than context_len {context_len}")
+        context = list(text[:context_len])
     else:
-        draft_s = table(decoder.draft)
-    config = DecodeConfig(max_new_tokens=COST_DECODE_TOKENS)
-    if target_costs is None:
-        target_s = table(decoder.target)
-        per_token, plain_backend = (
-            time_plain_generate(decoder.target, context, repeats),
-            "transformers",
-        )
-    else:
-        target_s, per_token = target_costs.target_s, target_costs.plain_token_s
-        plain_backend = target_costs.plain_backend
+        generator = torch.Generator().manual_seed(0)
+        context = torch.randint(
+            0, min(decoder.vocab, 1000), (context_len,), generator=generator
+        ).tolist()
+    timed_target = target_costs is None
     draft_model = decoder.draft is not None and (drafter is None or drafter.kind == "draft-model")
-    assisted = time_assisted_steps(decoder.target, decoder.draft, context) if draft_model else ()
+    models = {"draft": decoder.draft} if decoder.draft is not None else {}
+    if timed_target:
+        models["target"] = decoder.target
+    caches = {name: prefill(model, context)[0] for name, model in models.items()}
+    for name, model in models.items():  # warm-up: the first passes run cold
+        for k in (1, 1, 1, max(sizes)):
+            time_forward(model, caches[name], context_len, k, 1, decoder.vocab)
+    if timed_target:
+        hf_generate(decoder.target, context, 2, frozenset())
+    if draft_model:
+        hf_generate(decoder.target, context, 2, frozenset(), decoder.draft, ASSISTED_CHAINS[0])
+    samples: dict[tuple[str, int], list[float]] = {}
+    chain = TreeShape.chain(CALIBRATION_CHAIN)
+    config = DecodeConfig(max_new_tokens=decode_tokens)
+    decodes = []
+    for _ in range(repeats):
+        for k in sizes:
+            for name, model in models.items():
+                t = time_forward(model, caches[name], context_len, k, 1, decoder.vocab)
+                samples.setdefault((name, k), []).append(t)
+        if decoder.lookup is not None:
+            lookup = time_lookup(decoder.lookup, context, max(sizes), 1)
+            samples.setdefault(("lookup", 1), []).append(lookup)
+        if timed_target:
+            t = plain_generate_s(decoder.target, context, decode_tokens)
+            samples.setdefault(("plain", 1), []).append(t)
+        if draft_model:
+            for k in ASSISTED_CHAINS:
+                t = assisted_step_s(decoder.target, decoder.draft, context, k, decode_tokens)
+                samples.setdefault(("assisted", k), []).append(t)
+        decodes.append(decoder.generate(context, chain, config).steps[1:])  # after the prefill
+
+    def table(name: str) -> tuple[tuple[int, float], ...]:
+        return tuple((k, _median(t)) for (n, k), t in samples.items() if n == name)
+
     model = CostModel(
-        draft_s=draft_s,
-        target_s=target_s,
-        plain_token_s=per_token,
+        draft_s=table("lookup") if decoder.lookup is not None else table("draft"),
+        target_s=table("target") if timed_target else target_costs.target_s,
+        plain_token_s=_median(samples[("plain", 1)])
+        if timed_target
+        else target_costs.plain_token_s,
         context_len=context_len,
         hardware=hardware or _hardware(),
         model_free=decoder.lookup is not None,
         drafter=drafter,
         drafter_model=drafter_model,
-        assisted_step_s=assisted,
-        plain_backend=plain_backend,
+        assisted_step_s=table("assisted"),
+        plain_backend="transformers" if timed_target else target_costs.plain_backend,
     )
-    # What a real step costs beyond the timed forwards (bookkeeping, cache gathers, the growing
-    # context): the median of real step times minus the model's prediction for them.
-    chain = TreeShape.from_paths([(0,), (0, 0)])
-    steps = decoder.generate(context, chain, config).steps[2:]  # after the prefill and one step
-    residual = sorted(s.step_time_s - model.step_time(chain) for s in steps)
-    return replace(model, overhead_s=max(0.0, residual[len(residual) // 2]) if residual else 0.0)
+
+    def priced(step) -> float:  # as a prediction prices it: the whole chain, or a plain step
+        return model.plain_token_s if step.tree_size == 0 else model.step_time(chain)
+
+    scales = [
+        sum(s.step_time_s for s in steps) / sum(priced(s) for s in steps)
+        for steps in decodes
+        if steps
+    ]
+    return replace(model, step_scale=_median(scales)) if scales else model
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
 
 
 def _after_first(g: Generated) -> tuple[int, float]:
@@ -394,35 +446,20 @@ def _after_first(g: Generated) -> tuple[int, float]:
     return len(g.tokens) - g.first_tokens, g.time_s - g.first_token_s
 
 
-def time_plain_generate(target, context: list[int], repeats: int) -> float:
-    """Median seconds per token of transformers' greedy ``generate()`` after the first token (the
-    bench's plain decoding), over ``context``, after one untimed call."""
-    times = []
-    for i in range(repeats + 1):
-        g = hf_generate(
-            target, context, COST_DECODE_TOKENS, frozenset(), min_new_tokens=COST_DECODE_TOKENS
-        )
-        tokens, seconds = _after_first(g)
-        if i:
-            times.append(seconds / tokens)
-    return sorted(times)[len(times) // 2]
+def plain_generate_s(target, context: list[int], tokens: int) -> float:
+    """Seconds per token of one transformers greedy ``generate()`` of ``tokens`` over
+    ``context``, after the first token (the bench's plain decoding)."""
+    g = hf_generate(target, context, tokens, frozenset(), min_new_tokens=tokens)
+    tokens, seconds = _after_first(g)
+    return seconds / tokens
 
 
-def time_assisted_steps(
-    target, draft, context: list[int], chains: Sequence[int] = ASSISTED_CHAINS
-) -> tuple[tuple[int, float], ...]:
-    """Seconds per step of transformers' assisted generation drafting a chain of K, for each K of
-    ``chains``: a generate of ``COST_DECODE_TOKENS`` over ``context`` (after one untimed one),
-    its time after the first step over the target passes after the first. A random context is
-    rarely continued by the draft, so most steps draft K and keep one token: a step's full cost."""
-    hf_generate(target, context, 2, frozenset(), draft, chains[0])
-    out = []
-    for k in chains:
-        g = hf_generate(
-            target, context, COST_DECODE_TOKENS, frozenset(), draft, k, COST_DECODE_TOKENS
-        )
-        out.append((k, _after_first(g)[1] / max(1, g.target_passes - 1)))
-    return tuple(out)
+def assisted_step_s(target, draft, context: list[int], k: int, tokens: int) -> float:
+    """Seconds per step of one transformers assisted ``generate()`` drafting a chain of ``k``
+    of ``tokens`` over ``context``: its time after the first step over the target passes after
+    the first."""
+    g = hf_generate(target, context, tokens, frozenset(), draft, k, tokens)
+    return _after_first(g)[1] / max(1, g.target_passes - 1)
 
 
 def time_lookup(lookup, context: list[int], k: int, repeats: int) -> float:

@@ -231,12 +231,12 @@ def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[
         choice, speedup = 0, 1.0
         for k in range(1, k_max + 1):
             chain = TreeShape.chain(k)
-            step = (
+            passes = (
                 interpolate(costs.draft_s, b * costs.root_tokens)
                 + (k - 1) * interpolate(costs.draft_s, b)
                 + interpolate(costs.target_s, b * (k + 1))
-                + costs.overhead_s
             )
+            step = costs.step_scale * passes + costs.overhead_s
             s = acc.expected_tau(chain) * plain / step
             if s > speedup:
                 choice, speedup = k, s
