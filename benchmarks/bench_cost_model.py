@@ -33,7 +33,7 @@ from specscope.tune.costs import COST_DECODE_TOKENS, measure_costs
 from specscope.tune.hf_generate import hf_generate
 from specscope.tune.policy import PolicyFile
 
-POLICY = Path("results/demo-pair/drafters/policy-backends-int8.json")
+POLICY = Path("results/demo-pair/drafters/decisions/policy.json")  # tuned on the study
 STUDY = Path("results/demo-pair/drafters/draft-model")
 DOMAINS = ("code", "math", "reasoning", "chat")
 

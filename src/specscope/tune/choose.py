@@ -32,6 +32,7 @@ from .costs import COST_DECODE_TOKENS, CostModel
 from .policy import PolicyFile
 
 Log = Callable[[str], None]
+MAX_TIMED_DECODE = 128  # tokens: the longest decode a cost model times
 
 # Decoding passes hold a few tokens, where bfloat16 was the fastest float dtype on every CPU kind
 # timed, up to 6 tokens without bfloat16 instructions (BENCHMARKS.md, "Defaults per machine");
@@ -190,10 +191,10 @@ class TuneRuns:
     @property
     def output_tokens(self) -> int:
         """The runs' longest output budget (``max_new_tokens``): the length of the outputs a
-        tune of them predicts for, and of the decodes its cost model times."""
-        return max(r.manifest.get("config", {}).get("max_new_tokens", 0) for r in self.runs) or (
-            COST_DECODE_TOKENS
-        )
+        tune of them predicts for, and of the decodes its cost model times (at most
+        ``MAX_TIMED_DECODE``: past it the output's last steps weigh little)."""
+        budget = max(r.manifest.get("config", {}).get("max_new_tokens", 0) for r in self.runs)
+        return min(budget, MAX_TIMED_DECODE) or COST_DECODE_TOKENS
 
     def timing_text(self, tokenizer, length: int) -> list[int] | None:
         """``length`` tokens of real text to time over: the first recorded prompt whose prompt
