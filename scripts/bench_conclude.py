@@ -131,7 +131,7 @@ def main() -> None:
     grids = [
         bench_grid(rows, f"{record.get('machine', '')}: {args.bench}"),
         checks.prediction_grid(cells, tuned),
-        checks.regret_grid(decision.get("regret", ())),
+        checks.regret_grid(decision.get("regret", ()), decision["unscored"]),
         checks.precision_grid(precision),
     ]
     text = "\n\n".join(to_markdown(g) for g in grids)

@@ -30,6 +30,7 @@ from specscope.tune.bench import (
     precision_grid,
     predicted_vs_measured,
     prediction_grid,
+    regret_grid,
     run_bench,
     speedup_precision,
     summarize_bench,
@@ -334,6 +335,12 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     assert single.best_single == best and single.prompts == 3
     # routed is the chain on every prompt: against the chain it is 1 exactly
     assert best != "chain" or single.ratio == pytest.approx(1.0)
+    # a domain whose chosen setting no method timed alone is named, not left out silently
+    assert decision["unscored"] == []
+    untimed = dataclasses.replace(config, methods=("plain", "uniform", "routed"))
+    unscored = bench_decision(policy, untimed, ["code"], rows, runs)["unscored"]
+    assert unscored == ["code"]
+    assert "Not scored: code" in to_markdown(regret_grid(decision["regret"], unscored))
 
 
 # --- an interrupted bench resumes where it stopped -------------------------------------------------

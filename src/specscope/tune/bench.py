@@ -1001,7 +1001,15 @@ def regrets(
     return tuple(out)
 
 
-def regret_grid(rows) -> Grid:
+def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
+    """Each domain's regret; ``unscored``: the domains whose chosen setting no method timed
+    alone, named so that a domain is never left out silently."""
+    note = "regret: 1 - chosen / best measured decode speed-up over plain."
+    if unscored:
+        note += (
+            f" Not scored: {', '.join(unscored)} (the policy's setting there was timed by no "
+            "method but routed; bench it as a method to score it)."
+        )
     return Grid(
         "bench_regret",
         "the chosen setting against the best one measured, per domain (held-out prompts)",
@@ -1020,7 +1028,7 @@ def regret_grid(rows) -> Grid:
             )
             for r in rows
         ),
-        "regret: 1 - chosen / best measured decode speed-up over plain.",
+        note,
     )
 
 
