@@ -450,8 +450,8 @@ def plain_generate_s(target, context: list[int], tokens: int) -> float:
     """Seconds per token of one transformers greedy ``generate()`` of ``tokens`` over
     ``context``, after the first token (the bench's plain decoding)."""
     g = hf_generate(target, context, tokens, frozenset(), min_new_tokens=tokens)
-    tokens, seconds = _after_first(g)
-    return seconds / tokens
+    after, seconds = _after_first(g)
+    return seconds / after
 
 
 def assisted_step_s(target, draft, context: list[int], k: int, tokens: int) -> float:
