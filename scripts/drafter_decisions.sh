@@ -2,8 +2,9 @@
 # The int8 drafter decisions, as shipped in results/demo-pair/drafters/decisions/: tune over the
 # drafter study's two runs (scripts/drafter_study.sh) in both backends (specscope's decoder and
 # transformers' assisted generation), a bench of that policy on 20 held-out prompts per domain x
-# REPEATS (chat: the 20 of its 50 offline prompts the study did not measure), then a bench on
-# the tuning prompts themselves set beside the replay of exactly those prompts. Int8 (float32
+# REPEATS (chat: the 20 of its 50 offline prompts the study did not measure), after a bench on
+# the tuning prompts themselves set beside the replay of exactly those prompts (a few minutes:
+# the same outputs and steps, checked before the long bench). Int8 (float32
 # activations), 2 threads; run it with nothing else on the machine. An interrupted bench resumes
 # when the script runs again (the tune is then redone: delete nothing, or run the benches alone).
 set -euo pipefail
@@ -21,13 +22,13 @@ depths = [e["nodes"] for e in [*p["domains"].values(), p["uniform"]] if "drafter
 print(collections.Counter(depths).most_common(1)[0][0] if depths else 3)' "$dec/policy.json")
 methods=(--prompt-lookup-min 2 --prompt-lookup-max 4 --assisted-tokens "$k" --chain-depth "$k"
   --int8 --threads 2 --max-new-tokens 48 --warmup 1)
-[ -f "$dec/bench-heldout.json" ] || specscope bench --policy-file "$dec/policy.json" \
-  --methods plain,chain,ngram,assisted,routed "${methods[@]}" --per-domain 20 \
-  --repeats "$repeats" --out "$dec/bench-heldout.json"
-python scripts/bench_conclude.py "$dec/bench-heldout.json" --out "$dec/summary-heldout.md"
 # on the tuning prompts (in-sample, labelled): tokens per step and outputs against the run's
 # records (what this bench is read for; not its speeds)
 [ -f "$dec/bench-tuning.json" ] || specscope bench --policy-file "$dec/policy.json" \
   --methods plain,chain,ngram,assisted "${methods[@]}" --tuning-prompts --per-domain 3 \
   --repeats 1 --out "$dec/bench-tuning.json"
 python scripts/same_prompts.py "$dec/bench-tuning.json" --out "$dec/same-prompts.md"
+[ -f "$dec/bench-heldout.json" ] || specscope bench --policy-file "$dec/policy.json" \
+  --methods plain,chain,ngram,assisted,routed "${methods[@]}" --per-domain 20 \
+  --repeats "$repeats" --out "$dec/bench-heldout.json"
+python scripts/bench_conclude.py "$dec/bench-heldout.json" --out "$dec/summary-heldout.md"

@@ -114,6 +114,23 @@ def test_step_scale_multiplies_the_timed_passes_and_old_files_read_as_one():
     for bad in (0, -1.0, float("inf"), "0.9"):
         with pytest.raises(PolicyError, match="step_scale"):
             CostModel.from_dict({**costs.to_dict(), "step_scale": bad})
+        with pytest.raises(PolicyError, match="empty_step_scale"):
+            CostModel.from_dict({**costs.to_dict(), "empty_step_scale": bad})
+
+
+def test_a_step_that_proposes_nothing_costs_empty_step_scale_times_plains_token():
+    """A lookup that proposes in half the steps: those cost the scaled passes, the others
+    empty_step_scale times plain decoding's token, unscaled by step_scale."""
+    costs = CostModel.from_dict(
+        {**_costs(0.3).to_dict(), "step_scale": 1.2, "empty_step_scale": 0.9}
+    )
+    chain = TreeShape.chain(3)
+    passes = costs.draft_time(chain) + 0.5 * costs.verify_time(chain)
+    empty = 0.5 * 0.9 * costs.plain_token_s
+    assert costs.step_time(chain, proposal_rate=0.5) == pytest.approx(1.2 * passes + empty)
+    assert CostModel.from_dict(json.loads(json.dumps(costs.to_dict()))) == costs
+    older = {k: v for k, v in costs.to_dict().items() if k != "empty_step_scale"}
+    assert CostModel.from_dict(older).empty_step_scale == 1.0  # files written before
 
 
 def test_tune_times_its_costs_over_the_runs_text_at_their_median_context(tiny_dirs, tmp_path):
@@ -154,6 +171,38 @@ def test_tune_times_its_costs_over_the_runs_text_at_their_median_context(tiny_di
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     with pytest.raises(PolicyError, match="text has 20 tokens, fewer than context_len 21"):
         measure_costs(decoder, context_len=21, sizes=(1, 2), repeats=1, text=whole[:20])
+
+
+def test_a_lookups_step_scale_is_set_against_plain_decoding_timed_beside_it(tokenizer):
+    """The lookup's cost model takes the target's passes from the draft model's, timed minutes
+    before; its step_scale sets each round's real steps against the plain decoding timed in
+    that round, so the machine's speed when those passes were timed divides out: target costs
+    timed on a machine 3x slower give the same step_scale, not a third of it, and the steps
+    that proposed nothing are priced from the same decodes (empty_step_scale, near 1)."""
+    from dataclasses import replace
+
+    from specscope.drafters import lookup_for
+    from specscope.tune.costs import measure_costs
+
+    torch.set_num_threads(1)
+    draft, target = near_pair("qwen2", tokenizer)
+    vocab = len(tokenizer)
+    drafted = SpeculativeDecoder(draft, target, vocab, frozenset())
+    text = [t % 50 for t in range(64)]  # repeats, so the lookup finds what to propose
+    timed = dict(context_len=32, sizes=(1, 2, 4), repeats=3, text=text, decode_tokens=12)
+    costs = measure_costs(drafted, **timed)
+    slower = replace(
+        costs,
+        target_s=tuple((k, 3 * s) for k, s in costs.target_s),
+        plain_token_s=3 * costs.plain_token_s,
+    )
+    ngram = DrafterConfig("ngram")
+    lookup = SpeculativeDecoder(None, target, vocab, frozenset(), lookup_for(ngram))
+    fast, slow = (
+        measure_costs(lookup, **timed, target_costs=base, drafter=ngram) for base in (costs, slower)
+    )
+    assert 0.6 < slow.step_scale / fast.step_scale < 1.6
+    assert 0.3 < fast.empty_step_scale < 3 and 0.3 < slow.empty_step_scale < 3
 
 
 def _spine(rates: dict[str, list[float]]) -> pd.DataFrame:

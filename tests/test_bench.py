@@ -335,12 +335,21 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     assert single.best_single == best and single.prompts == 3
     # routed is the chain on every prompt: against the chain it is 1 exactly
     assert best != "chain" or single.ratio == pytest.approx(1.0)
-    # a domain whose chosen setting no method timed alone is named, not left out silently
     assert decision["unscored"] == []
+    # a choice timed only inside routed is scored on the prompts routed to its domain's entry
+    # (all 3 here), against every method on them
     untimed = dataclasses.replace(config, methods=("plain", "uniform", "routed"))
-    unscored = bench_decision(policy, untimed, ["code"], rows, runs)["unscored"]
-    assert unscored == ["code"]
-    assert "Not scored: code" in to_markdown(regret_grid(decision["regret"], unscored))
+    (by_route,) = bench_decision(policy, untimed, ["code"], rows, runs)["regret"]
+    assert (by_route.chosen, by_route.prompts) == ("routed", 3)
+    assert by_route.chosen_speedup == pytest.approx(speedups["routed"])
+    assert by_route.best_speedup == pytest.approx(max(speedups.values()))
+    assert "routed (3 prompts)" in to_markdown(regret_grid([by_route]))
+    # one timed by no method, nor by routed, is named, not left out silently
+    alone = [r for r in runs if r.method != "routed"]
+    unrouted = dataclasses.replace(config, methods=("plain", "uniform"))
+    unscored = bench_decision(policy, unrouted, ["code"], summarize_bench(alone), alone)
+    assert unscored == {"unscored": ["code"]}
+    assert "Not scored: code" in to_markdown(regret_grid((), unscored["unscored"]))
 
 
 # --- an interrupted bench resumes where it stopped -------------------------------------------------

@@ -413,8 +413,8 @@ def bench(
     )
     grids = [choose.bench_grid(rows, title), checks.prediction_grid(cells, chosen.tuned)]
     decision = choose.bench_decision(policy, config, names, rows, runs) if policy else {}
-    if "regret" in decision:
-        grids.append(checks.regret_grid(decision["regret"], decision["unscored"]))
+    if decision.get("regret") or decision.get("unscored"):
+        grids.append(checks.regret_grid(decision.get("regret", ()), decision["unscored"]))
     agreement = choose.outputs_vs_run(policy, runs, max_new_tokens) if chosen.in_sample_ids else ()
     if agreement:
         grids.append(checks.agreement_grid(agreement, "the outputs the tuning runs recorded"))

@@ -973,6 +973,9 @@ class Regret:
     chosen_speedup: float
     best: str
     best_speedup: float
+    # scored on only this many of the domain's prompts (0: all of them): where only ``routed``
+    # timed the chosen setting, the prompts the router sent to the domain's own entry
+    prompts: int = 0
 
     @property
     def regret(self) -> float:
@@ -1001,14 +1004,46 @@ def regrets(
     return tuple(out)
 
 
+def routed_regrets(
+    runs: Sequence[BenchRun], domains: Sequence[str]
+) -> tuple[tuple[Regret, ...], list[str]]:
+    """The regret of each of ``domains``, whose chosen setting no method but ``routed`` timed, on
+    the prompts the router sent to the domain's own entry (there ``routed`` decodes the chosen
+    setting), against every method on those same prompts; and the domains left unscored (no
+    such prompt, or no ``routed`` runs)."""
+    scored, left = [], []
+    for domain in domains:
+        mine = {
+            r.prompt_id
+            for r in runs
+            if r.method == "routed" and r.domain == domain and r.routed_to == domain
+        }
+        found = regrets(
+            summarize_bench([r for r in runs if r.prompt_id in mine]),
+            {domain: "routed"},
+            derived=("uniform",),
+        )
+        if not mine or not found:
+            left.append(domain)
+            continue
+        scored.append(dataclasses.replace(found[0], prompts=len(mine)))
+    return tuple(scored), left
+
+
 def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
-    """Each domain's regret; ``unscored``: the domains whose chosen setting no method timed
-    alone, named so that a domain is never left out silently."""
+    """Each domain's regret; ``unscored``: the domains whose chosen setting no method timed,
+    named so that a domain is never left out silently."""
     note = "regret: 1 - chosen / best measured decode speed-up over plain."
+    if any(r.prompts for r in rows):
+        note += (
+            " routed (N prompts): the chosen setting was timed only inside routed, so it is "
+            "scored on the N prompts the router sent to the domain's own entry, against every "
+            "method on those prompts."
+        )
     if unscored:
         note += (
             f" Not scored: {', '.join(unscored)} (the policy's setting there was timed by no "
-            "method but routed; bench it as a method to score it)."
+            "method, and by routed on none of its prompts; bench it as a method to score it)."
         )
     return Grid(
         "bench_regret",
@@ -1020,7 +1055,7 @@ def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
         tuple(
             (
                 r.domain,
-                r.chosen,
+                f"{r.chosen} ({r.prompts} prompts)" if r.prompts else r.chosen,
                 f"{r.chosen_speedup:.3f}x",
                 r.best,
                 f"{r.best_speedup:.3f}x",

@@ -506,15 +506,21 @@ def bench_decision(
     runs: Sequence[BenchRun],
 ) -> dict:
     """What a bench says of the policy's decisions: per domain its choice's regret against the
-    best method measured (``regret``, where the choice is one the bench timed; the others are
-    ``unscored``), and with
-    ``routed`` timed, routed against the best single method over all prompts
-    (``routed_vs_best_single``). Every timed method is a candidate; only ``routed`` is not."""
+    best method measured (``regret``: where a method times the choice, on all the domain's
+    prompts; where only ``routed`` does, on the prompts the router sent to the domain's entry,
+    :func:`.bench.routed_regrets`; the others are ``unscored``), and with ``routed`` timed,
+    routed against the best single method over all prompts (``routed_vs_best_single``). Every
+    timed method is a candidate; only ``routed`` is not."""
     out: dict = {}
     chosen = bench.policy_choices(policy, config, domains)
-    if chosen:
-        out["regret"] = bench.regrets(rows, chosen, derived=("routed",))
-    out["unscored"] = [d for d in domains if d not in chosen]
+    scored = bench.regrets(rows, chosen, derived=("routed",)) if chosen else ()
+    unscored = [d for d in domains if d not in chosen]
+    if unscored and "routed" in config.methods:
+        by_route, unscored = bench.routed_regrets(runs, unscored)
+        scored += by_route
+    if scored:
+        out["regret"] = scored
+    out["unscored"] = unscored
     if "routed" in config.methods and len(config.methods) > 2:
         out["routed_vs_best_single"] = bench.routed_against_best_single(runs, derived=("routed",))
     return out
@@ -525,6 +531,7 @@ def decision_document(decision: dict) -> dict:
     out = {}
     if "regret" in decision:
         out["regret"] = [{**dataclasses.asdict(r), "regret": r.regret} for r in decision["regret"]]
+    if decision.get("unscored"):
         out["unscored"] = decision["unscored"]
     if "routed_vs_best_single" in decision:
         single = decision["routed_vs_best_single"]

@@ -58,8 +58,10 @@ class CostModel:
     passes are timed alone; a decode's run back to back); ``overhead_s`` the older, additive form
     of the same correction (files written before). Plain decoding costs
     ``plain_token_s`` per token. A model-free drafter (``model_free``: n-gram lookup) drafts with
-    one lookup per step, ``draft_s[0]``, whatever the tree; a step where it proposes nothing is a
-    plain decoding step (see :meth:`step_time`'s ``proposal_rate``).
+    one lookup per step, ``draft_s[0]``, whatever the tree; a step where it proposes nothing is
+    one target pass of the newest token, which costs ``empty_step_scale`` times plain decoding's
+    token (specscope's step without ``generate()``'s per-token work: a real decode's such steps
+    over the plain token timed beside it; see :meth:`step_time`'s ``proposal_rate``).
 
     ``drafter`` is the drafter timed and ``drafter_model`` the model that drafts for it (the
     draft model, or the target an early exit is cut from: its fingerprint, else its source);
@@ -76,6 +78,7 @@ class CostModel:
     plain_token_s: float
     overhead_s: float = 0.0
     step_scale: float = 1.0
+    empty_step_scale: float = 1.0
     root_tokens: int = 2
     context_len: int = 0
     hardware: str = ""
@@ -111,6 +114,7 @@ class CostModel:
         _check_number("plain_token_s", self.plain_token_s, positive=True)
         _check_number("overhead_s", self.overhead_s, low=0)
         _check_number("step_scale", self.step_scale, positive=True)
+        _check_number("empty_step_scale", self.empty_step_scale, positive=True)
         _check_number("root_tokens", self.root_tokens, integer=True, low=1)
         _check_number("context_len", self.context_len, integer=True, low=0)
 
@@ -135,9 +139,10 @@ class CostModel:
     def step_time(self, shape: TreeShape, proposal_rate: float = 1.0) -> float:
         """Expected seconds per step when the drafter proposes in a fraction ``proposal_rate`` of
         steps (a model-free lookup without a match; 1 for a draft model): the draft, then a
-        verification of the tree, or else a plain decoding pass."""
-        verify = proposal_rate * self.verify_time(shape) + (1 - proposal_rate) * self.plain_token_s
-        return self.step_scale * (self.draft_time(shape) + verify) + self.overhead_s
+        verification of the tree, or else a pass of the newest token alone."""
+        verify = proposal_rate * self.verify_time(shape)
+        empty = (1 - proposal_rate) * self.empty_step_scale * self.plain_token_s
+        return self.step_scale * (self.draft_time(shape) + verify) + empty + self.overhead_s
 
     def predicted_speedup(
         self, shape: TreeShape | None, acc: AcceptanceVector, proposal_rate: float = 1.0
@@ -154,6 +159,7 @@ class CostModel:
             "plain_token_s": self.plain_token_s,
             "overhead_s": self.overhead_s,
             "step_scale": self.step_scale,
+            "empty_step_scale": self.empty_step_scale,
             "root_tokens": self.root_tokens,
             "context_len": self.context_len,
             "hardware": self.hardware,
@@ -188,6 +194,7 @@ class CostModel:
                 plain_token_s=data["plain_token_s"],
                 overhead_s=data.get("overhead_s", 0.0),
                 step_scale=data.get("step_scale", 1.0),
+                empty_step_scale=data.get("empty_step_scale", 1.0),
                 root_tokens=data.get("root_tokens", 2),
                 context_len=data.get("context_len", 0),
                 hardware=str(data.get("hardware", "")),
@@ -344,10 +351,13 @@ def measure_costs(
     (plain, assisted, specscope's) each generate ``decode_tokens``: as many as the outputs a
     prediction is for, so that the shorter last steps weigh as much as they do there.
 
-    A real decode drafting a chain of ``CALIBRATION_CHAIN`` gives ``step_scale``: its steps' time
-    over what the timed passes price them at as a prediction does (a step that proposed
-    anything at the whole chain, though the output's end cut it shorter; one that proposed
-    nothing at a plain step), the median over rounds.
+    A real decode drafting a chain of ``CALIBRATION_CHAIN`` gives ``step_scale``: the time of its
+    steps that proposed over what the timed passes price them at as a prediction does (the
+    whole chain, though the output's end cut it shorter), and ``empty_step_scale``: the mean
+    time of its steps that proposed nothing over plain decoding's token (1 where none did);
+    each round's steps taken over the plain ``generate()`` timed in that round (so that the
+    machine's speed then, not when ``target_costs`` was timed, divides out), medians over
+    rounds.
 
     Everything is timed in ``repeats`` rounds, each round timing every quantity once (every pass
     size of both models, a plain ``generate()``, an assisted step per K, a real decode), and each
@@ -383,8 +393,7 @@ def measure_costs(
     for name, model in models.items():  # warm-up: the first passes run cold
         for k in (1, 1, 1, max(sizes)):
             time_forward(model, caches[name], context_len, k, 1, decoder.vocab)
-    if timed_target:
-        hf_generate(decoder.target, context, 2, frozenset())
+    hf_generate(decoder.target, context, 2, frozenset())
     if draft_model:
         hf_generate(decoder.target, context, 2, frozenset(), decoder.draft, ASSISTED_CHAINS[0])
     samples: dict[tuple[str, int], list[float]] = {}
@@ -399,14 +408,13 @@ def measure_costs(
         if decoder.lookup is not None:
             lookup = time_lookup(decoder.lookup, context, max(sizes), 1)
             samples.setdefault(("lookup", 1), []).append(lookup)
-        if timed_target:
-            t = plain_generate_s(decoder.target, context, decode_tokens)
-            samples.setdefault(("plain", 1), []).append(t)
+        plain = plain_generate_s(decoder.target, context, decode_tokens)
+        samples.setdefault(("plain", 1), []).append(plain)
         if draft_model:
             for k in ASSISTED_CHAINS:
                 t = assisted_step_s(decoder.target, decoder.draft, context, k, decode_tokens)
                 samples.setdefault(("assisted", k), []).append(t)
-        decodes.append(decoder.generate(context, chain, config).steps[1:])  # after the prefill
+        decodes.append((decoder.generate(context, chain, config).steps[1:], plain))
 
     def table(name: str) -> tuple[tuple[int, float], ...]:
         return tuple((k, _median(t)) for (n, k), t in samples.items() if n == name)
@@ -426,15 +434,25 @@ def measure_costs(
         plain_backend="transformers" if timed_target else target_costs.plain_backend,
     )
 
-    def priced(step) -> float:  # as a prediction prices it: the whole chain, or a plain step
-        return model.plain_token_s if step.tree_size == 0 else model.step_time(chain)
-
-    scales = [
-        sum(s.step_time_s for s in steps) / sum(priced(s) for s in steps)
-        for steps in decodes
-        if steps
-    ]
-    return replace(model, step_scale=_median(scales)) if scales else model
+    # each round's real steps set against that round's plain token: a prediction is a ratio to
+    # plain decoding, and the round's plain time carries the machine's speed at that moment (the
+    # passes of ``target_costs`` were timed minutes before). Steps that proposed: their time over
+    # what the passes price them at as a prediction does (the whole chain, though the output's
+    # end cut it shorter); steps that proposed nothing: their time over plain's token
+    scales, empties = [], []
+    for steps, plain in decodes:
+        proposed = [s.step_time_s for s in steps if s.tree_size > 0]
+        empty = [s.step_time_s for s in steps if s.tree_size == 0]
+        if proposed:
+            priced = len(proposed) * model.step_time(chain) / model.plain_token_s
+            scales.append(sum(proposed) / plain / priced)
+        if empty:
+            empties.append(sum(empty) / len(empty) / plain)
+    return replace(
+        model,
+        step_scale=_median(scales) if scales else 1.0,
+        empty_step_scale=_median(empties) if empties else 1.0,
+    )
 
 
 def _median(values: Sequence[float]) -> float:
