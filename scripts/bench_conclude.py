@@ -75,15 +75,18 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
     }
     settings = checks.method_settings(policy, config)
     lines = [
-        "| method | domain | predicted step | measured step | measured / predicted |",
-        "|---|---|---:|---:|---:|",
+        "| method | domain | predicted step | measured step | measured / predicted "
+        "| step / plain: predicted | measured |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    plain_bench = {}
     for method in dict.fromkeys(r.method for r in runs):
         for domain in dict.fromkeys(r.domain for r in runs):
             mine = [r for r in runs if r.method == method and r.domain == domain]
             decode = sum(r.time_s - r.first_token_s for r in mine)
             if method == "plain":
                 measured, predicted = decode / sum(len(r.tokens) - 1 for r in mine), plain_model
+                plain_bench[domain] = measured
             elif method in settings and mine:
                 drafter, tree, backend = settings[method]
                 key = (domain, tree.to_paths_literal(), drafter.resolved(), backend)
@@ -93,7 +96,12 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
                 continue
             ratio = f"{measured / predicted:.3f}" if predicted else "-"
             shown = f"{predicted * 1e3:.0f} ms" if predicted else "-"
-            lines.append(f"| {method} | {domain} | {shown} | {measured * 1e3:.0f} ms | {ratio} |")
+            relative = "| - | -"
+            if method != "plain" and predicted and plain_model and domain in plain_bench:
+                relative = f"| {predicted / plain_model:.3f} | {measured / plain_bench[domain]:.3f}"
+            lines.append(
+                f"| {method} | {domain} | {shown} | {measured * 1e3:.0f} ms | {ratio} {relative} |"
+            )
     return (
         "### step times: the cost model against the bench\n\n"
         + "\n".join(lines)
@@ -101,8 +109,10 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
         + {"transformers": "transformers' generate()", "specscope": "specscope's plain loop"}[
             model.get("plain_backend", "specscope")
         ]
-        + " on a synthetic context; bench: transformers' generate()); a method: seconds per "
-        "decoding step after the first token."
+        + " over the tuning runs' text; bench: transformers' generate()); a method: seconds per "
+        "decoding step after the first token. step / plain: a step's time over plain decoding's "
+        "token, the cost model's (what a predicted speed-up divides tokens per step by) and the "
+        "bench's."
     )
 
 
