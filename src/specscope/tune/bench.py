@@ -1018,12 +1018,9 @@ def routed_regrets(
             for r in runs
             if r.method == "routed" and r.domain == domain and r.routed_to == domain
         }
-        found = regrets(
-            summarize_bench([r for r in runs if r.prompt_id in mine]),
-            {domain: "routed"},
-            derived=("uniform",),
-        )
-        if not mine or not found:
+        rows = summarize_bench([r for r in runs if r.prompt_id in mine]) if mine else []
+        found = regrets(rows, {domain: "routed"}, derived=("uniform",))
+        if not found:
             left.append(domain)
             continue
         scored.append(dataclasses.replace(found[0], prompts=len(mine)))
