@@ -6,7 +6,7 @@
 # the tuning prompts themselves set beside the replay of exactly those prompts (a few minutes:
 # the same outputs and steps, checked before the long bench). Int8 (float32
 # activations), 2 threads; run it with nothing else on the machine. An interrupted bench resumes
-# when the script runs again (the tune is then redone: delete nothing, or run the benches alone).
+# when the script runs again (every step whose output exists, the tune included, is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
