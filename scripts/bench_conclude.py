@@ -79,14 +79,19 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
         "| step / plain: predicted | measured |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    plain_bench = {}
+
+    def plain_per_token(domain: str) -> float:
+        mine = [r for r in runs if r.method == "plain" and r.domain == domain]
+        return sum(r.time_s - r.first_token_s for r in mine) / sum(len(r.tokens) - 1 for r in mine)
+
+    domains = list(dict.fromkeys(r.domain for r in runs))
+    plain_bench = {domain: plain_per_token(domain) for domain in domains}  # plain is every bench's
     for method in dict.fromkeys(r.method for r in runs):
-        for domain in dict.fromkeys(r.domain for r in runs):
+        for domain in domains:
             mine = [r for r in runs if r.method == method and r.domain == domain]
             decode = sum(r.time_s - r.first_token_s for r in mine)
             if method == "plain":
-                measured, predicted = decode / sum(len(r.tokens) - 1 for r in mine), plain_model
-                plain_bench[domain] = measured
+                measured, predicted = plain_bench[domain], plain_model
             elif method in settings and mine:
                 drafter, tree, backend = settings[method]
                 key = (domain, tree.to_paths_literal(), drafter.resolved(), backend)
@@ -97,7 +102,7 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
             ratio = f"{measured / predicted:.3f}" if predicted else "-"
             shown = f"{predicted * 1e3:.0f} ms" if predicted else "-"
             relative = "| - | -"
-            if method != "plain" and predicted and plain_model and domain in plain_bench:
+            if method != "plain" and predicted and plain_model:
                 relative = f"| {predicted / plain_model:.3f} | {measured / plain_bench[domain]:.3f}"
             lines.append(
                 f"| {method} | {domain} | {shown} | {measured * 1e3:.0f} ms | {ratio} {relative} |"
