@@ -82,7 +82,7 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
 
     def plain_per_token(domain: str) -> float:
         mine = [r for r in runs if r.method == "plain" and r.domain == domain]
-        return sum(r.time_s - r.first_token_s for r in mine) / sum(len(r.tokens) - 1 for r in mine)
+        return sum(r.time_s - r.first_token_s for r in mine) / sum(r.decode_tokens for r in mine)
 
     domains = list(dict.fromkeys(r.domain for r in runs))
     plain_bench = {domain: plain_per_token(domain) for domain in domains}  # plain is every bench's

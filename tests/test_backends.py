@@ -317,6 +317,24 @@ def test_the_bench_routes_to_assisted_generation_and_predicts_it(tokenizer):
     assert ("assisted", ALL_DOMAINS) in found
 
 
+def test_the_bench_counts_assisted_generations_decoding_after_its_first_step(tokenizer):
+    """Assisted generation's first pass verifies a chain drafted from the prompt: with a perfect
+    drafter and K = 2 its first step brings 3 tokens, and the bench's decode phase (what its
+    speed-up is over) is the 5 tokens after them, not 7 (plain's first step: the prefill's one)."""
+    torch.manual_seed(0)
+    target = make_model("qwen2", len(tokenizer), seed=3)
+    decoder = SpeculativeDecoder(copy.deepcopy(target), target, len(tokenizer), frozenset())
+    items = [PromptItem("code-0", "code", ({"role": "user", "content": "def add(a, b):"},))]
+    config = BenchConfig(
+        max_new_tokens=8, warmup=0, repeats=1, assisted_tokens=2, methods=("plain", "assisted")
+    )
+    runs = run_bench(lambda drafter: decoder, tokenizer, items, None, RuleRouter(), config)
+    plain, assisted = runs
+    assert assisted.tokens == plain.tokens and len(plain.tokens) == 8
+    assert (plain.first_tokens, plain.decode_tokens) == (1, 7)
+    assert (assisted.first_tokens, assisted.decode_tokens, assisted.steps) == (3, 5, 3)
+
+
 def test_specscope_and_assisted_generation_decode_the_same_chain_alike(tokenizer):
     """The same speculation in both backends: a chain of 3 decoded by specscope's loop and by
     transformers' assisted generation gives plain greedy's output (float32)."""

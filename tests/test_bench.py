@@ -186,6 +186,23 @@ def _runs(speedups, repeat_noise=(0.0, 0.0), tokens: int = 11) -> list[BenchRun]
     return runs
 
 
+def test_tokens_the_first_step_brought_are_not_decoded_in_the_time_after_it():
+    """A method whose first step emits 4 tokens (assisted generation drafting in its first
+    pass) at the first-token time: 7 tokens in 0.7 s after it decode as fast as plain's 10 in
+    1 s, a speed-up of exactly 1 (counting the first step's 3 extra tokens gave 1.43x)."""
+    plain = BenchRun("plain", "p0", "code", "", (1,) * 11, 11, 1.5, 0.5, (1.5,), (0.5,))
+    mine = BenchRun("assisted", "p0", "code", "", (1,) * 11, 3, 1.2, 0.5, (1.2,), (0.5,),
+                    first_tokens=4)  # fmt: skip
+    row = next(r for r in summarize_bench([plain, mine], n_boot=10) if r.method == "assisted")
+    assert row.decode_tokens_per_s == pytest.approx(10.0) and row.speedup == pytest.approx(1.0)
+    (p,) = speedup_precision([plain, mine], n_boot=10)
+    assert p.speedup == pytest.approx(1.0)
+    old = BenchRun.from_dict(
+        {k: v for k, v in dataclasses.asdict(mine).items() if k != "first_tokens"}
+    )
+    assert old.first_tokens == 1  # a bench file from before first_tokens: one token, as written
+
+
 def test_equal_prompts_and_repeats_give_a_point_interval_that_is_narrow_enough():
     (p,) = speedup_precision(_runs([2.0] * 6), n_boot=500)
     assert p.speedup == pytest.approx(2.0) and p.lo == pytest.approx(2.0)

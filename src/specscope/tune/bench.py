@@ -157,10 +157,19 @@ class BenchRun:
     tokens: tuple[int, ...]
     steps: int  # verification steps (forward passes of the target for plain)
     time_s: float
-    first_token_s: float  # the prompt's prefill and the first token (the same work in every method)
+    first_token_s: float  # to the first step's tokens: the prefill (assisted: and its chain)
     repeat_times_s: tuple[float, ...] = ()  # every repeat's time, in repeat order
     repeat_first_token_s: tuple[float, ...] = ()  # every repeat's first-token time
     in_sample: bool = False  # a tuning run of the policy measured this prompt
+    # tokens the first step emitted: 1 where the prefill gives the first token; transformers'
+    # assisted generation verifies a chain drafted from the prompt in its first pass, and all
+    # of its accepted tokens arrive at ``first_token_s``
+    first_tokens: int = 1
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens after the first step: what ``time_s - first_token_s`` decoded."""
+        return max(len(self.tokens) - self.first_tokens, 0)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> BenchRun:
@@ -356,10 +365,21 @@ Setting = tuple[DrafterConfig, TreeShape | DynamicTree | None, str]  # drafter, 
 
 
 @dataclass(frozen=True)
+class Decoded:
+    """One method's decoding of one prompt, as the bench times it."""
+
+    tokens: list[int]
+    steps: int  # verification steps (plain: forward passes of the target)
+    first_token_s: float  # to the first step's tokens
+    first_tokens: int = 1  # tokens the first step emitted
+    routed_to: str = ""  # routed: the domain the router chose
+
+
+@dataclass(frozen=True)
 class BenchMethods:
-    """The methods of a bench: each one's fn(prompt ids, prompt text) -> (tokens, steps,
-    routed domain, first-token s), the fixed (drafter, tree) of the specscope methods, and
-    routed's (drafter, tree) for a prompt's text."""
+    """The methods of a bench: each one's fn(prompt ids, prompt text) -> :class:`Decoded`, the
+    fixed (drafter, tree) of the specscope methods, and routed's (drafter, tree) for a prompt's
+    text."""
 
     fns: dict[str, Callable]
     settings: dict[str, Setting]
@@ -429,7 +449,7 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
             g = hf_generate(
                 decoder.target, ids, config.max_new_tokens, decoder.eos, assistant, tokens
             )
-            return g.tokens, g.target_passes, "", g.first_token_s
+            return Decoded(g.tokens, g.target_passes, g.first_token_s, g.first_tokens)
 
         return fn
 
@@ -441,7 +461,7 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
         def fn(ids, text):
             r = speculator.generate(ids, spec, greedy)
-            return r.tokens, len(r.steps), "", r.steps[0].step_time_s
+            return Decoded(r.tokens, len(r.steps), r.steps[0].step_time_s)
 
         return fn
 
@@ -451,8 +471,7 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
 
     def routed(ids, text):
         domain, setting = route(text)
-        tokens, steps, _, first = run(setting)(ids, text)
-        return tokens, steps, domain, first
+        return dataclasses.replace(run(setting)(ids, text), routed_to=domain)
 
     settings = method_settings(policy, config)
     fns = {
@@ -522,42 +541,43 @@ def run_bench(
         timed = [m for m in methods.fns if m not in same_as]
         times: dict[str, list[float]] = {m: [] for m in timed}
         firsts: dict[str, list[float]] = {m: [] for m in timed}
-        outputs: dict[str, tuple] = {}
+        outputs: dict[str, Decoded] = {}
         for _ in range(config.repeats):
             for name in timed:
                 t0 = time.perf_counter()
                 outputs[name] = methods.fns[name](ids, text)
                 times[name].append(time.perf_counter() - t0)
-                firsts[name].append(outputs[name][3])
+                firsts[name].append(outputs[name].first_token_s)
         for name, twin in same_as.items():
-            tokens, steps, _, first = outputs[twin]
-            outputs[name] = (tokens, steps, domain if name == "routed" else "", first)
+            outputs[name] = dataclasses.replace(
+                outputs[twin], routed_to=domain if name == "routed" else ""
+            )
             times[name], firsts[name] = times[twin], firsts[twin]
         timed_runs = []
         for name in methods.fns:
-            tokens, steps, routed, _ = outputs[name]
+            out = outputs[name]
             median = float(np.median(times[name]))
-            first = float(np.median(firsts[name]))
             timed_runs.append(
                 BenchRun(
                     name,
                     item.id,
                     item.domain,
-                    routed,
-                    tuple(tokens),
-                    steps,
+                    out.routed_to,
+                    tuple(out.tokens),
+                    out.steps,
                     median,
-                    first,
+                    float(np.median(firsts[name])),
                     tuple(times[name]),
                     tuple(firsts[name]),
                     item.id in in_sample_ids,
+                    out.first_tokens,
                 )
             )
             if log:
                 log(
-                    f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(tokens):3d} tokens "
-                    f"{median:6.2f} s {len(tokens) / median:6.2f} tok/s"
-                    + (f" (routed: {routed})" if routed else "")
+                    f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(out.tokens):3d} "
+                    f"tokens {median:6.2f} s {len(out.tokens) / median:6.2f} tok/s"
+                    + (f" (routed: {out.routed_to})" if out.routed_to else "")
                     + (f" (= {same_as[name]}'s run)" if name in same_as else "")
                 )
         if checkpoint is not None:
@@ -626,20 +646,20 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
 
     def rates(part: list[BenchRun]) -> tuple[float, float]:
         secs = sum(r.time_s for r in part)
-        decode_secs = sum(r.time_s - r.first_token_s for r in part if r.tokens)
+        decode_secs = sum(r.time_s - r.first_token_s for r in part if r.decode_tokens)
         tokens = sum(len(r.tokens) for r in part)
-        later = sum(len(r.tokens) - 1 for r in part if r.tokens)
+        later = sum(r.decode_tokens for r in part)
         return (
             tokens / secs if secs else float("nan"),
             later / decode_secs if decode_secs > 0 else float("nan"),
         )
 
     def decode_sums(part: list[BenchRun]) -> np.ndarray:
-        """(P, 2): per prompt, tokens after the first and their seconds."""
+        """(P, 2): per prompt, tokens after the first step and their seconds."""
         sums = np.zeros((len(prompts), 2))
         for r in part:
-            if r.tokens:
-                sums[column[r.prompt_id]] += (len(r.tokens) - 1, r.time_s - r.first_token_s)
+            if r.decode_tokens:
+                sums[column[r.prompt_id]] += (r.decode_tokens, r.time_s - r.first_token_s)
         return sums
 
     def speedup_interval(mine: list[BenchRun], plain: list[BenchRun]) -> tuple[float, float]:
@@ -1188,7 +1208,9 @@ def speedup_precision(
     out = []
     for method in dict.fromkeys(r.method for r in runs if r.method != "plain"):
         for domain in dict.fromkeys(r.domain for r in runs):
-            mine = [r for r in runs if r.method == method and r.domain == domain and r.tokens]
+            mine = [
+                r for r in runs if r.method == method and r.domain == domain and r.decode_tokens
+            ]
             pairs = [(r, plain[r.prompt_id]) for r in mine if r.prompt_id in plain]
             if pairs:
                 out.append(_precision(method, domain, pairs, target, n_boot, seed))
@@ -1203,7 +1225,7 @@ def _decode_times(run: BenchRun) -> np.ndarray:
 
 
 def _precision(method, domain, pairs, target, n_boot, seed) -> SpeedupPrecision:
-    tokens = np.array([[len(m.tokens) - 1, len(p.tokens) - 1] for m, p in pairs], float)  # (P,2)
+    tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float)  # (P, 2)
     mine = np.stack([_decode_times(m) for m, _ in pairs])  # (P, R)
     base = np.stack([_decode_times(p) for _, p in pairs])
     P, R = mine.shape
