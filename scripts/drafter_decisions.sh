@@ -28,7 +28,9 @@ methods=(--prompt-lookup-min 2 --prompt-lookup-max 4 --assisted-tokens "$k" --ch
   --methods plain,chain,ngram,assisted "${methods[@]}" --tuning-prompts --per-domain 3 \
   --repeats 1 --out "$dec/bench-tuning.json"
 python scripts/same_prompts.py "$dec/bench-tuning.json" --out "$dec/same-prompts.md"
-[ -f "$dec/bench-heldout.json" ] || specscope bench --policy-file "$dec/policy.json" \
+# (a bench whose .partial.jsonl is left was interrupted: it resumes)
+[ -f "$dec/bench-heldout.json" ] && [ ! -f "$dec/bench-heldout.json.partial.jsonl" ] ||
+  specscope bench --policy-file "$dec/policy.json" \
   --methods plain,chain,ngram,assisted,routed "${methods[@]}" --per-domain 20 \
   --repeats "$repeats" --out "$dec/bench-heldout.json"
 python scripts/bench_conclude.py "$dec/bench-heldout.json" --out "$dec/summary-heldout.md"
