@@ -149,7 +149,7 @@ class Batch:
                 keep_positions(cache, torch.arange(T + 1))
         self.valid = context
         share = 1 / B  # a batched pass's time is shared by its rows
-        return [
+        return [  # on p's device: a model-free drafter's tokens are on the CPU
             StepScores(
                 tokens[b],
                 None if q is None else q[b],
@@ -158,7 +158,7 @@ class Batch:
                 (t1 - t0) * share,
                 (t2 - t1) * share,
                 proposed[b],
-            )
+            ).on(p.device)
             for b in range(B)
         ]
 
