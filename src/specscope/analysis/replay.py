@@ -407,22 +407,21 @@ def _ancestors_kept(ok: np.ndarray, rec: ReplayRecords) -> np.ndarray:
 
 def accepted_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray, np.ndarray]:
     """Per position: the accepted length under ``candidate`` (the deepest kept node on the
-    accepted path) and whether the candidate's tree there has any node."""
+    accepted path) and the number of nodes the candidate's tree there has (0: none drafted)."""
     if not rec.has_nodes:
         return _step_lengths(rec, candidate)
     kept = candidate.keep(rec)
     accepted = np.zeros(rec.n_positions, np.int64)
     on_path = kept & rec.node_accepted
     np.maximum.at(accepted, rec.node_position[on_path], rec.node_depth[on_path])
-    proposed = np.bincount(rec.node_position[kept], minlength=rec.n_positions) > 0
-    return accepted, proposed
+    return accepted, np.bincount(rec.node_position[kept], minlength=rec.n_positions)
 
 
 def _step_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray, np.ndarray]:
     """Steps-only records: the measured chains, or their first K nodes."""
-    proposed = rec.tree_size > 0
+    size = np.asarray(rec.tree_size, np.int64)
     if isinstance(candidate, MeasuredTree):
-        return rec.accepted_len, proposed
+        return rec.accepted_len, size
     if isinstance(candidate, Subtree) and candidate.shape.is_chain:
         k = len(candidate.shape)
         if k > rec.spine_depth:
@@ -430,7 +429,7 @@ def _step_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray,
                 f"the measured chains hold at most {rec.spine_depth} nodes; a chain of {k} is "
                 "an extrapolation (the acceptance vector), not a replay"
             )
-        return np.minimum(rec.accepted_len, k), proposed
+        return np.minimum(rec.accepted_len, k), np.minimum(size, k)
     raise ReplayError(
         f"these records hold steps only (no node records): {candidate.label} cannot be "
         "replayed; the measured tree and chains can"
@@ -449,6 +448,12 @@ class ReplayCounts:
     tau_sum: np.ndarray  # (P,) sum over positions of accepted length + 1 (the position mean's)
     first_tokens: np.ndarray | None = None  # (P,) tokens the first step emitted
     first_proposals: np.ndarray | None = None  # (P,) 1 where the first step had a tree
+    # what a step costs an engine that prices it by its tree (llama.cpp's draft loop): nodes
+    # drafted over the decoding steps, and steps whose every drafted node was accepted
+    drafted: np.ndarray | None = None  # (P,)
+    full: np.ndarray | None = None  # (P,)
+    first_drafted: np.ndarray | None = None  # (P,) the first step's
+    first_full: np.ndarray | None = None  # (P,)
 
     def after_first(self) -> ReplayCounts:
         """The counts after each prompt's first step: what a decode speed after the first token
@@ -460,7 +465,18 @@ class ReplayCounts:
             self.steps - 1,
             self.proposals - self.first_proposals,
             self.tau_sum,
+            drafted=self.drafted - self.first_drafted,
+            full=self.full - self.first_full,
         )
+
+    def per_step(self, rec: ReplayRecords, name: str) -> dict[str, float]:
+        """Per domain and pooled (``ALL``): ``drafted`` nodes per proposing step, or the share
+        of proposing steps whose drafted nodes were all accepted (``full``); point estimates."""
+        column = {"drafted": self.drafted, "full": self.full}[name]
+        onehot = np.eye(len(rec.domains))[rec.prompt_domain]
+        sums = onehot.T @ np.column_stack([column, self.proposals])  # (G, 2)
+        sums = np.vstack([sums, sums.sum(axis=0)])
+        return dict(zip((*rec.domains, ALL), map(float, ratio(sums[:, 0], sums[:, 1]))))
 
     def per_prompt(self) -> np.ndarray:
         """(P, 4): positions, steps, proposals, tau sum: the columns of :data:`_COLUMNS`."""
@@ -484,32 +500,47 @@ def replay_counts(
 ) -> ReplayCounts:
     """Replay every prompt as greedy decoding with ``candidate`` (see the module's convention)."""
     rec = index_records(source)
-    accepted, proposed = accepted_lengths(rec, candidate)
+    accepted, size = accepted_lengths(rec, candidate)
     P, lengths = rec.n_prompts, rec.lengths
     width = int(lengths.max())
     grid = np.zeros((P, width), np.int64)  # (P, L_max): accepted length at each position
-    has_tree = np.zeros((P, width), np.int64)
+    # (3, P, L_max): what a step at each position counts: a tree proposed, its nodes, and
+    # whether every node was accepted (its accepted length is its size: a chain's)
+    per_step = np.zeros((3, P, width), np.int64)
     prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
-    grid[prompt, i], has_tree[prompt, i] = accepted, proposed
-    # steps_from[p, i]: decoding steps from position i to the end (0 past the end); backwards,
-    # since a step at i lands at i + min(a_i, L - i - 1) + 1 > i
+    grid[prompt, i] = accepted
+    per_step[:, prompt, i] = size > 0, size, (size > 0) & (accepted == size)
+    # steps_from[p, i]: decoding steps from position i to the end (0 past the end), and
+    # sums_from the per-step counts over them; backwards, since a step at i lands at
+    # i + min(a_i, L - i - 1) + 1 > i
     steps_from = np.zeros((P, width + 1), np.int64)
-    proposals_from = np.zeros((P, width + 1), np.int64)
+    sums_from = np.zeros((3, P, width + 1), np.int64)
     rows = np.arange(P)
     for pos in range(width - 1, -1, -1):
         live = pos < lengths
         land = np.where(live, pos + np.minimum(grid[:, pos], lengths - pos - 1) + 1, width)
         steps_from[:, pos] = np.where(live, 1 + steps_from[rows, land], 0)
-        proposals_from[:, pos] = np.where(live, has_tree[:, pos] + proposals_from[rows, land], 0)
+        sums_from[:, :, pos] = np.where(live, per_step[:, :, pos] + sums_from[:, rows, land], 0)
     if prefill_drafts:
-        steps, proposals = steps_from[:, 0], proposals_from[:, 0]
-        first, first_proposals = np.minimum(grid[:, 0], lengths - 1) + 1, has_tree[:, 0]
+        steps, sums = steps_from[:, 0], sums_from[:, :, 0]
+        first, first_sums = np.minimum(grid[:, 0], lengths - 1) + 1, per_step[:, :, 0]
     else:  # a plain prefill pass emits position 0; trees from position 1 on
-        steps, proposals = 1 + steps_from[:, 1], proposals_from[:, 1]
-        first, first_proposals = np.ones(P, np.int64), np.zeros(P, np.int64)
+        steps, sums = 1 + steps_from[:, 1], sums_from[:, :, 1]
+        first, first_sums = np.ones(P, np.int64), np.zeros((3, P), np.int64)
     tau_sum = np.bincount(prompt, weights=accepted + 1, minlength=P)
     return ReplayCounts(
-        candidate.label, prefill_drafts, lengths, steps, proposals, tau_sum, first, first_proposals
+        candidate.label,
+        prefill_drafts,
+        lengths,
+        steps,
+        sums[0],
+        tau_sum,
+        first,
+        first_sums[0],
+        drafted=sums[1],
+        full=sums[2],
+        first_drafted=first_sums[1],
+        first_full=first_sums[2],
     )
 
 
