@@ -5,6 +5,7 @@ the whole command on real llama-server processes when the programs and the demo 
 
 import dataclasses
 import json
+import math
 import re
 from contextlib import nullcontext
 
@@ -23,9 +24,14 @@ from specscope.serving.llamacpp.backend import (
     runs_from_requests,
     time_candidates,
 )
+from specscope.serving.llamacpp.costs import PassCosts, ServerStepModel, ServerTimings, calibrate
 from specscope.serving.llamacpp.programs import LlamaToolsError
 from specscope.serving.llamacpp.server import Completion, ServerSetting
-from specscope.serving.llamacpp.study import benched_candidates
+from specscope.serving.llamacpp.study import (
+    benched_candidates,
+    draft_model_candidates,
+    priced_cells,
+)
 from specscope.trees import TreeShape
 from specscope.tune.bench import (
     BenchRun,
@@ -34,8 +40,8 @@ from specscope.tune.bench import (
     routed_against_best_single,
     summarize_bench,
 )
+from specscope.tune.engine_choice import PRICED, choose, timed_cells
 from specscope.tune.policy import PolicyFile
-from specscope.tune.timed import choose_timed, timed_cells
 
 # --- settings -------------------------------------------------------------------------------------
 
@@ -202,7 +208,7 @@ def test_the_fastest_candidate_per_domain_and_over_all_is_chosen():
         }
     )
     cells = timed_cells(runs, n_boot=50)
-    choice = choose_timed(cells)
+    choice = choose(cells)
     assert choice.per_domain == {"code": "lookup", "chat": "plain"}
     by = {(c.candidate, c.domain): c for c in cells}
     assert by[("lookup", "code")].speedup == pytest.approx(2.0)
@@ -212,7 +218,7 @@ def test_the_fastest_candidate_per_domain_and_over_all_is_chosen():
     assert by[("draft", ALL_DOMAINS)].speedup == pytest.approx(8 / (4 / 1.25 + 4 / 0.9))
     assert choice.uniform == "lookup"
     # a higher bar leaves every domain plain
-    assert choose_timed(cells, min_speedup=2.5).per_domain == {"code": "plain", "chat": "plain"}
+    assert choose(cells, min_speedup=2.5).per_domain == {"code": "plain", "chat": "plain"}
 
 
 def test_tokens_per_step_of_a_cell_counts_the_prefill_as_a_step():
@@ -221,6 +227,98 @@ def test_tokens_per_step_of_a_cell_counts_the_prefill_as_a_step():
     cell = {c.candidate: c for c in timed_cells(runs, n_boot=50) if c.domain == "code"}
     assert cell["lookup"].tokens_per_step.tokens_per_step == pytest.approx(3.0)
     assert cell["plain"].tokens_per_step.tokens_per_step == pytest.approx(1.0)
+
+
+# --- draft-model settings priced by llama-server's step model -----------------------------------------
+
+# llama-bench's curves, made up: a target pass of n tokens 30 + 10 (n - 1) ms, a draft pass of
+# n tokens 10 + 2 (n - 1) ms, a greedy sample 1 ms
+COSTS = PassCosts(
+    tuple((n, 0.030 + 0.010 * (n - 1)) for n in range(1, 9)),
+    ((1, 0.010), (2, 0.012)),
+    0.001,
+    192,
+    2,
+)
+
+
+def test_a_draft_model_step_is_priced_from_the_curves_and_two_factors():
+    """Drafting 3 tokens, all accepted in half the proposing steps: the draft's first eval
+    (1.5 tokens: 11 ms), two more drafts (20 ms), the target's pass of 4 (60 ms) and 4 samples
+    at 4 tokens a step: 95 ms, times the sharing factor 1.5; a step whose stop rule drafts
+    nothing: 10 + 30 ms and the samples."""
+    model = ServerStepModel(COSTS, plain_scale=1.2, shared_scale=1.5)
+    assert model.plain_token_s == pytest.approx(1.2 * 0.031)
+    assert model.curve_step_s(3, 4, 1.0, 0.5) == pytest.approx(0.011 + 0.020 + 0.060 + 0.004)
+    assert model.step_s(3, 4, 1.0, 0.5) == pytest.approx(1.5 * 0.095)
+    assert model.curve_step_s(0, 1, 0.0, 0.0) == pytest.approx(0.010 + 0.030 + 0.001)
+    half = 0.5 * 0.095 + 0.5 * 0.041  # half each: 2.5 tokens a step sampled
+    assert model.curve_step_s(3, 2.5, 0.5, 0.5) == pytest.approx(half)
+    assert model.predicted_speedup(4, 3, 1.0, 0.5) == pytest.approx(4 * 1.2 * 0.031 / (1.5 * 0.095))
+
+
+def test_the_calibration_recovers_the_factors_that_made_its_requests():
+    """Requests whose times a known model gave: plain at 1.2x the curves' token, the draft
+    model's K = 2 at 1.5x its curve price, 3 tokens a step (2 drafted, all accepted in a share
+    0.6 of steps): the calibration gives back 1.2 and 1.5, whatever the prompts' lengths."""
+    truth = ServerStepModel(COSTS, 1.2, 1.5)
+    plain = [(40, 40 * truth.plain_token_s), (20, 20 * truth.plain_token_s)]
+    plain_requests = [_request("plain", n + 1, s) for n, s in plain]
+    spec_requests = []
+    for steps in (10, 7):
+        seconds = steps * truth.step_s(2, 3, 1.0, 0.6)
+        spec_requests.append(_request("k2", 3 * steps + 1, seconds, drafted=2 * steps,
+                                      accepted=2 * steps))  # fmt: skip
+    model = calibrate(
+        COSTS, ServerTimings.of(plain_requests), ServerTimings.of(spec_requests), 0.6, {"x": 1}
+    )
+    assert model.plain_scale == pytest.approx(1.2) and model.shared_scale == pytest.approx(1.5)
+    assert model.calibration["x"] == 1 and model.calibration["draft_model"]["steps"] == 17
+    with pytest.raises(Exception, match="decode past their first token"):
+        calibrate(COSTS, ServerTimings.of([]), ServerTimings.of(spec_requests), 0.6, {})
+
+
+def _request(candidate, tokens, decode_s, drafted=0, accepted=0):
+    from specscope.serving.llamacpp.backend import LlamaRequest
+
+    return LlamaRequest(
+        candidate, "p", "code", 0, tokens, 0.1, decode_s, drafted, accepted, "limit"
+    )
+
+
+def test_every_draft_model_chain_is_priced_and_the_model_not_the_timing_chooses():
+    """On tiny records (analysis replay's), every chain of K <= 2 with and without p_min 0.5 is
+    priced per domain: tokens per step replayed as llama-server counts them over the step
+    model's step. A setting timed on the tuning prompts keeps that timing beside, in-sample; the
+    chooser reads the priced speed-up, in a domain where nothing of the draft model ran too."""
+    from specscope.analysis.replay import ReplayRecords
+    from test_replay import _frames
+
+    rec = ReplayRecords.from_frames(*_frames())
+    names = draft_model_candidates(2, [0.5])
+    assert names == [
+        "draft-simple:k=1", "draft-simple:k=1,p_min=0.5", "draft-simple:k=2",
+        "draft-simple:k=2,p_min=0.5",
+    ]  # fmt: skip
+    settings = candidate_settings(names, ServerSetting())
+    runs = _world({"code": {"plain": 1.0, "draft-simple:k=1": 0.7, "lookup": 1.05}})
+    timed = timed_cells(runs, n_boot=50)
+    cells = priced_cells(rec, settings, ServerStepModel(COSTS, 1.0, 0.5), timed)
+    assert {c.how for c in cells} == {PRICED} and len(cells) == 4 * 3
+    by = {(c.candidate, c.domain): c for c in cells}
+    # chat's 3 positions, every top-1 chain accepted: after the prefill's token, K = 2 drafts 2
+    # and emits the last 2 tokens in one step: 0.5 x (12 + 10 + 50 + 2 ms) against 31 ms a token
+    chat = by["draft-simple:k=2", "chat"]
+    assert chat.tokens_per_step.tokens_per_step == pytest.approx(3 / 2)
+    assert chat.step_s == pytest.approx(0.5 * 0.074)
+    assert chat.speedup == pytest.approx(2 * 0.031 / (0.5 * 0.074))
+    assert chat.exact is None and math.isnan(chat.timed_speedup)  # never run
+    k1 = by["draft-simple:k=1", "code"]
+    assert k1.timed_speedup == pytest.approx(0.7) and k1.exact is not None
+    choice = choose([c for c in timed if c.candidate != "draft-simple:k=1"] + cells)
+    code = max((c for c in cells if c.domain == "code"), key=lambda c: c.speedup)
+    assert code.candidate == "draft-simple:k=1" and code.speedup > 1.05  # over the lookup
+    assert choice.per_domain == {"code": "draft-simple:k=1", "chat": "draft-simple:k=1"}
 
 
 # --- regret, routed, what a bench times ------------------------------------------------------------
@@ -350,7 +448,9 @@ def test_a_lookup_timed_in_llama_server_exports_its_exact_flags():
 @pytest.mark.llamacpp
 def test_tune_and_bench_through_llama_server(tmp_path):
     """The whole command on the shipped deep-tree run: 1 tuning prompt and 1 held-out prompt
-    per domain, 8 tokens, plain, a lookup and the draft model at K = 2."""
+    per domain, 8 tokens, plain, a lookup and the draft model at K = 2 timed; every chain of
+    K <= 2, with and without p_min 0.5, priced from the shipped cost grid and a calibration on
+    K = 2's requests."""
     from test_llamaserver import _demo_or_skip
 
     _demo_or_skip()
@@ -363,15 +463,25 @@ def test_tune_and_bench_through_llama_server(tmp_path):
         [
             "llamacpp", str(run), "--out", str(out), "--candidate", "ngram-simple:n=3,m=8",
             "--candidate", "draft-simple:k=2", "--tune-per-domain", "1", "--per-domain", "1",
-            "--repeats", "1", "--max-new-tokens", "8", "--boot", "50",
+            "--repeats", "1", "--max-new-tokens", "8", "--boot", "50", "--max-k", "2",
+            "--price-p-min", "0.5", "--cost-grid", str(run.parent / "llama-costs" / "cost_grid.json"),
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     policy = json.loads((out / "policy.json").read_text())
     cells = policy["tune"]["cells"]
-    assert {c["candidate"] for c in cells} == {"plain", "ngram-simple:n=3,m=8", "draft-simple:k=2"}
-    # the draft model's chain is replayed from the run's records beside what llama-server did
-    assert all("replay" in c for c in cells if c["candidate"] == "draft-simple:k=2")
+    priced = {"draft-simple:k=1", "draft-simple:k=1,p_min=0.5", "draft-simple:k=2",
+              "draft-simple:k=2,p_min=0.5"}  # fmt: skip
+    assert {c["candidate"] for c in cells} == {"plain", "ngram-simple:n=3,m=8", *priced}
+    for c in cells:  # the draft model's chains priced (K = 2 timed beside), the lookup timed
+        assert c["how"] == ("timed on the tuning prompts" if c["candidate"] in (
+            "plain", "ngram-simple:n=3,m=8") else PRICED)  # fmt: skip
+    assert all(
+        c["timed_speedup"] is not None for c in cells if c["candidate"] == "draft-simple:k=2"
+    )
+    model = policy["tune"]["step_model"]
+    assert model["calibration"]["setting"] == "draft-simple:k=2" and model["shared_scale"] > 0
+    assert set(policy["llama_server"]["candidates"]) >= priced  # the bench can run any of them
     assert policy["tune"]["outputs_vs_run"]["prompts"] == 4
     bench = json.loads((out / "bench.json").read_text())
     assert not set(bench["held_out"]["in_sample_prompts"])

@@ -179,16 +179,32 @@ def llamacpp(
     threads: int = typer.Option(
         2, "--server-threads", min=1, max=MAX_THREADS, help="Threads of every llama-server."
     ),
+    costs: Path | None = typer.Option(
+        None,
+        "--cost-grid",
+        help="A llama-bench cost grid (benchmarks/bench_llama_costs.py) the draft-model settings are priced with (default: measure the timed settings' curves, written beside the policy as policy-costs.json).",
+    ),
+    max_k: int = typer.Option(
+        4, "--max-k", min=1, max=16, help="The longest draft-model chain priced (K = 1 .. this)."
+    ),
+    p_mins: list[float] = typer.Option(
+        [0.5, 0.75, 0.9],
+        "--price-p-min",
+        min=0.0,
+        max=1.0,
+        help="llama.cpp's --spec-draft-p-min values priced beside none at every K (repeat the option).",
+    ),
     min_speedup: float = options.MIN_SPEEDUP,
     in_sample: bool = options.IN_SAMPLE,
     seed: int | None = options.SEED,
     n_boot: int = options.BOOT,
 ) -> None:
-    """llama-server through tune and bench: time every candidate setting on RUN_DIR's prompts,
-    choose per domain (plain included) and uniformly, then time the candidates and the choice
-    on held-out prompts (seed 2026 by default), predicted against measured; with --policy-file,
-    bench that policy without tuning. Builds llama.cpp's programs first if needed (once,
-    minutes)."""
+    """llama-server through tune and bench: time the candidate settings on RUN_DIR's prompts,
+    price every draft-model chain up to --max-k (and at each --price-p-min) from RUN_DIR's records and
+    a step model that plain and one draft-model candidate calibrate, choose per domain (plain
+    included) and uniformly, then time the candidates and the choice on held-out prompts (seed
+    2026 by default), predicted against measured; with --policy-file, bench that policy without
+    tuning. Builds llama.cpp's programs first if needed (once, minutes)."""
     from ..files import check_output_file
     from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
     from ..serving.llamacpp.server import ServerSetting
@@ -216,6 +232,9 @@ def llamacpp(
             min_speedup,
             n_boot,
             log,
+            costs,
+            max_k,
+            p_mins,
         )
         print_grids([tune_grid(choice)], blank=False)
         typer.echo(models_note(policy))

@@ -35,7 +35,7 @@ from .acceptance import AcceptanceVector, PolicyError
 
 REPLAY = "replay"
 EXTRAPOLATED = "extrapolated (acceptance vector)"
-TIMED = "timed on the tuning prompts"  # a backend's own decoding (specscope.tune.timed)
+TIMED = "timed on the tuning prompts"  # a backend's own decoding (specscope.tune.engine_choice)
 METHODS = (REPLAY, EXTRAPOLATED, TIMED)
 
 

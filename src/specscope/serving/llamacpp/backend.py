@@ -15,7 +15,7 @@ drafts accepted at 3.5x the first time's speed on this project's CPU), so a repe
 server would time another thing than the first. Within a repeat the prompts go in the same
 order for every candidate, the candidates in an order that rotates prompt by prompt.
 
-It does not choose (:mod:`specscope.tune.timed`) or summarise (:func:`~specscope.tune.bench.summarize_bench`).
+It does not choose (:mod:`specscope.tune.engine_choice`) or summarise (:func:`~specscope.tune.bench.summarize_bench`).
 """
 
 from __future__ import annotations

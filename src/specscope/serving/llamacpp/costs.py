@@ -7,12 +7,13 @@ break-even points: the tokens per step a chain of K needs to pay, and the draft 
 perfect acceptance stops paying. Those costs come from llama-bench (:class:`CostCurve`,
 :func:`measure_cost_grid`), timed per setting and quantisation, each model alone.
 
-They explain a choice; they do not make it. ``specscope llamacpp`` (tune with the llama-server
-backend) chooses from what every candidate did in llama-server itself on the tuning prompts
-(:mod:`specscope.serving.llamacpp.study`): llama-bench times each model alone, while in
-llama-server the two models share the cores (speculative settings ran at 0.62-0.71 of what the
-curves predicted). This module does not run models (:mod:`.programs` and :mod:`.server` do);
-reading a GGUF's quantisation needs the ``llamacpp`` extra.
+llama-bench times each model alone, while in llama-server the two models share the cores
+(speculative settings ran at 0.62-0.71 of what the curves alone predicted), so the step model
+``specscope llamacpp`` prices draft-model settings with (:class:`ServerStepModel`) scales the
+curves by what plain and one draft-model setting measured in llama-server once (:func:`calibrate`),
+on the tuning prompts: never on the cells it then predicts. This module does not run models
+(:mod:`.programs` and :mod:`.server` do); reading a GGUF's quantisation needs the ``llamacpp``
+extra.
 """
 
 from __future__ import annotations
@@ -98,6 +99,147 @@ class PassCosts:
             "context_len": self.context_len,
             "threads": self.threads,
         }
+
+
+# --- llama-server's step, priced -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerStepModel:
+    """llama-server's decoding step with the draft model, priced: llama-bench's pass costs of
+    each model alone (:class:`PassCosts`), scaled by two factors llama-server measured once, on
+    the calibration requests (plain and one draft-model setting on the tuning prompts), and
+    never on the cells it then predicts (those are other settings, or held-out prompts):
+
+    - ``plain_scale``: plain decoding's time per token in llama-server over the curves' one-token
+      pass and sample (the server's own work per token);
+    - ``shared_scale``: a draft-model step's time in llama-server over what the curves price it
+      at (the two models share the cores and the server's loop).
+
+    A step, as llama.cpp's draft loop runs it (b11312 ``common/speculative.cpp``), drafting d
+    tokens: the draft evaluates the 1 or 2 tokens its cache lacks (2 after a step whose drafts
+    were all accepted), then each drafted token but the last to draft the next; the target
+    evaluates d + 1 tokens in one pass and samples the tokens it emits. A step whose stop rule
+    (``p_min``) drafts nothing still pays the draft's first evaluation, then a one-token target
+    pass. The mean drafted count stands for each step's (the curves are near linear over 1 to 8
+    tokens), which ``shared_scale`` absorbs with the rest."""
+
+    costs: PassCosts
+    plain_scale: float
+    shared_scale: float
+    calibration: dict = field(default_factory=dict)  # what the two factors were measured on
+
+    @property
+    def plain_token_s(self) -> float:
+        return self.plain_scale * self.costs.plain_token_s
+
+    def curve_step_s(self, drafted: float, tau: float, proposal_rate: float, p_all: float) -> float:
+        """The curves' price of a step (unscaled): the draft proposes in a share
+        ``proposal_rate`` of steps, ``drafted`` tokens on average when it does, all of them
+        accepted in a share ``p_all`` of those; ``tau`` tokens emitted per step."""
+        c = self.costs
+        proposing = c.draft(1 + p_all) + max(drafted - 1, 0.0) * c.draft(1) + c.target(drafted + 1)
+        empty = c.draft(1) + c.target(1)
+        return proposal_rate * proposing + (1 - proposal_rate) * empty + tau * c.sample_s
+
+    def step_s(self, drafted: float, tau: float, proposal_rate: float, p_all: float) -> float:
+        return self.shared_scale * self.curve_step_s(drafted, tau, proposal_rate, p_all)
+
+    def predicted_speedup(
+        self, tau: float, drafted: float, proposal_rate: float, p_all: float
+    ) -> float:
+        """Decode tokens per second over plain decoding's in llama-server."""
+        return tau * self.plain_token_s / self.step_s(drafted, tau, proposal_rate, p_all)
+
+    def to_dict(self) -> dict:
+        return {
+            "costs": self.costs.to_dict(),
+            "plain_scale": round(self.plain_scale, 4),
+            "shared_scale": round(self.shared_scale, 4),
+            "plain_token_s": round(self.plain_token_s, 6),
+            "calibration": self.calibration,
+        }
+
+
+@dataclass(frozen=True)
+class ServerTimings:
+    """Requests llama-server timed, summed: what a calibration reads of them."""
+
+    tokens: int  # after the first (the prefill's) token
+    steps: int  # decoding steps after the first
+    drafted: int  # tokens the draft proposed
+    decode_s: float
+
+    @classmethod
+    def of(cls, requests) -> ServerTimings:
+        """From :class:`~specscope.serving.llamacpp.backend.LlamaRequest` rows: a request's
+        later steps are its tokens after the first less its accepted drafts."""
+        return cls(
+            sum(r.tokens - 1 for r in requests),
+            sum(r.tokens - 1 - r.accepted for r in requests),
+            sum(r.draft_n for r in requests),
+            sum(r.decode_s for r in requests),
+        )
+
+
+def calibrate(
+    costs: PassCosts, plain: ServerTimings, spec: ServerTimings, p_all: float, about: dict
+) -> ServerStepModel:
+    """The two factors from plain's requests and one draft-model setting's (one that drafts at
+    every step: no ``p_min``) on the same prompts; ``p_all``: that setting's share of steps
+    whose drafts were all accepted (llama-server does not report it: the run's replay of the
+    same chain gives it)."""
+    if plain.tokens < 1 or spec.steps < 1:
+        raise SpecscopeError(
+            "a llama-server calibration needs plain's and the draft-model setting's requests "
+            f"to decode past their first token (got {plain.tokens} and {spec.steps} steps)"
+        )
+    unscaled = ServerStepModel(costs, 1.0, 1.0)
+    curve_step = unscaled.curve_step_s(
+        spec.drafted / spec.steps, spec.tokens / spec.steps, 1.0, p_all
+    )
+    return ServerStepModel(
+        costs,
+        plain.decode_s / plain.tokens / costs.plain_token_s,
+        spec.decode_s / spec.steps / curve_step,
+        {
+            **about,
+            "plain": asdict(plain),
+            "draft_model": asdict(spec),
+            "p_all": round(p_all, 4),
+        },
+    )
+
+
+def pass_costs_for(
+    grid: CostGrid, setting: ServerSetting, target_quant: str, draft_quant: str
+) -> PassCosts:
+    """The pass costs of ``setting``'s threads, polling and batch sizes, for a target and a draft
+    of these quantisations, from the grid's curves; refused, naming what the grid holds, where
+    it has no such pair."""
+    want = (
+        setting.threads,
+        setting.poll,
+        setting.batch,
+        setting.ubatch,
+        setting.draft_threads or setting.threads,
+        setting.poll if setting.draft_poll is None else setting.draft_poll,
+    )
+    found = []
+    for c in grid.candidates():
+        if c.draft is None:
+            continue
+        t, d = c.target, c.draft
+        have = (t.threads, t.poll, t.batch, t.ubatch, d.threads, d.poll)
+        if have == want and (t.quant, d.quant) == (target_quant, draft_quant):
+            return c.costs()
+        found.append(f"{t.quant}+{d.quant} t{t.threads}/{d.threads} poll{t.poll}/{d.poll} "
+                     f"b{t.batch}/{t.ubatch}")  # fmt: skip
+    raise SpecscopeError(
+        f"the cost grid has no curves for a {target_quant} target and a {draft_quant} draft at "
+        f"threads {want[0]}/{want[4]}, poll {want[1]}/{want[5]}, batch {want[2]}/{want[3]}; it "
+        f"holds: {'; '.join(sorted(set(found))) or 'no target-draft pair'}"
+    )
 
 
 # --- pass costs in llama.cpp's own loop (llama-bench), per setting -----------------------------------

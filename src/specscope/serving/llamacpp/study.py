@@ -1,14 +1,18 @@
 """llama.cpp through ``tune`` and ``bench``: llama-server's settings chosen on the tuning
 prompts and checked on held-out ones.
 
-- :func:`tune_llama_server` (``specscope llamacpp RUN_DIR``, its first half): every candidate
-  setting (plain, the draft model at K, each model-free lookup; :data:`.backend.DEFAULT_CANDIDATES`)
-  timed in llama-server on the measurement run's own prompts (the tuning prompts), each domain's
-  choice and the uniform one made by :func:`specscope.tune.timed.choose_timed`, written as a
-  policy file whose ``llama_server`` entries hold the exact flags and GGUF files timed (for
-  ``specscope export --to llama.cpp``) and whose ``tune.cells`` hold every candidate's
-  prediction. A chain of the draft model has its tokens per step replayed from the run's records
-  beside it (the run measured another model than the GGUF: the output says which).
+- :func:`tune_llama_server` (``specscope llamacpp RUN_DIR``, its first half): the candidate
+  settings (plain, the draft model at K, each model-free lookup; :data:`.backend.DEFAULT_CANDIDATES`)
+  timed in llama-server on the measurement run's own prompts (the tuning prompts). Every
+  draft-model setting, K up to ``max_k`` with and without each ``p_min``, run or not, is then
+  *priced*: its tokens per step replayed from the run's records as llama-server counts them,
+  over a step time from llama-bench's pass costs (:class:`.costs.ServerStepModel`), scaled by
+  two factors that plain's and one draft-model setting's requests measured here (the
+  calibration, named in the policy file). The model-free lookups, C++ that specscope does not
+  replay, are chosen on their timings. One chooser (:func:`specscope.tune.engine_choice.choose`)
+  takes each domain's and the uniform best; the policy file's ``llama_server`` entries hold the
+  exact flags and GGUF files, and ``tune.cells`` every candidate's prediction and how it was made.
+  The run measured another model than the GGUF where they differ: the output says which.
 - :func:`bench_llama_server` (its second half; ``--policy-file FILE`` alone): the
   policy's candidates on held-out prompts (none that the run measured), every repeat on fresh
   servers; predicted against measured for every cell, each domain's regret (the chosen candidate
@@ -28,7 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...analysis.render import Column, Grid, to_markdown
-from ...analysis.replay import StopRule, replay, top_chain
+from ...analysis.replay import (
+    ALL,
+    ReplayError,
+    StopRule,
+    estimate,
+    index_records,
+    replay,
+    replay_counts,
+    top_chain,
+)
 from ...errors import SpecscopeError
 from ...files import inside_of, write_json, write_output
 from ...hardware import machine_line
@@ -59,16 +72,27 @@ from ...tune.bench import (
     summarize_bench,
 )
 from ...tune.choose import bench_grid
+from ...tune.engine_choice import PLAIN, PRICED, Cell, choose, timed_cells
+from ...tune.engine_choice import Choice as EngineChoice
 from ...tune.policy import Choice, PolicyFile
 from ...tune.predict import REPLAY, Prediction
 from ...tune.router import RuleRouter, prompt_text
-from ...tune.timed import PLAIN, TimedCell, TimedChoice, choose_timed, timed_cells
 from .backend import (
     LlamaRequest,
     candidate_settings,
     requests_frame,
     runs_from_requests,
     time_candidates,
+)
+from .costs import (
+    CostGrid,
+    GridOptions,
+    ServerStepModel,
+    ServerTimings,
+    calibrate,
+    gguf_quant,
+    measure_grid,
+    pass_costs_for,
 )
 from .programs import build_llama_tools
 from .server import ServerSetting
@@ -119,6 +143,13 @@ def rendered(items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens:
     return [(item, list(render_item(tokenizer, item, rendering, max_tokens).ids)) for item in items]
 
 
+def draft_chain(s: ServerSetting):
+    """The replay candidate a draft-model setting decodes with: the top-1 chain of K, cut by
+    llama.cpp's ``p_min`` stop rule where it has one."""
+    chain_of_k = top_chain(s.k)
+    return StopRule(chain_of_k, p_min=s.p_min) if s.p_min else chain_of_k
+
+
 def replayed_chains(run, settings: dict[str, ServerSetting]) -> dict[tuple[str, str], Prediction]:
     """(candidate, domain) -> tokens per step of each draft-model chain replayed from the run's
     records (a ``p_min`` as llama.cpp's stop rule), counted as llama-server decodes: the prefill's
@@ -127,17 +158,117 @@ def replayed_chains(run, settings: dict[str, ServerSetting]) -> dict[tuple[str, 
     for name, s in settings.items():
         if not s.uses_draft_model:
             continue
-        candidate = top_chain(s.k)
-        if s.p_min:
-            candidate = StopRule(candidate, p_min=s.p_min)
         try:
-            result = replay(run, candidate, prefill_drafts=False)
+            result = replay(run, draft_chain(s), prefill_drafts=False)
         except SpecscopeError:
             continue  # the records hold no chain of K
         for row in result.rows:
-            domain = ALL_DOMAINS if row.domain == "All" else row.domain
+            domain = ALL_DOMAINS if row.domain == ALL else row.domain
             e = row.tokens_per_step
             out[(name, domain)] = Prediction(e.value, e.lo, e.hi, REPLAY)
+    return out
+
+
+def draft_model_candidates(max_k: int, p_mins: Sequence[float]) -> list[str]:
+    """The draft-model settings tune prices: every K up to ``max_k``, drafting all K tokens
+    every step and stopped at each of ``p_mins``."""
+    return [
+        f"draft-simple:k={k}" + (f",p_min={p:g}" if p else "")
+        for k in range(1, max_k + 1)
+        for p in dict.fromkeys((0.0, *p_mins))
+    ]
+
+
+def calibration_setting(settings: dict[str, ServerSetting]) -> str | None:
+    """The timed candidate that calibrates the step model: the first draft-model setting that
+    drafts at every step (no ``p_min``)."""
+    return next((n for n, s in settings.items() if s.uses_draft_model and not s.p_min), None)
+
+
+def calibrated_model(
+    run,
+    costs_grid: CostGrid,
+    settings: dict[str, ServerSetting],
+    requests: Sequence[LlamaRequest],
+    target: Path,
+    draft: Path,
+) -> ServerStepModel | None:
+    """The step model: the grid's pass costs for the timed settings' threads and the GGUF files'
+    quantisations, scaled by plain's requests and the calibration setting's on the tuning
+    prompts (None when no draft-model setting without ``p_min`` was timed)."""
+    name = calibration_setting(settings)
+    if name is None:
+        return None
+    s = settings[name]
+    costs = pass_costs_for(costs_grid, s, gguf_quant(target), gguf_quant(draft))
+    rec = index_records(run)
+    full = replay_counts(rec, draft_chain(s), prefill_drafts=False).after_first()
+    return calibrate(
+        costs,
+        ServerTimings.of([r for r in requests if r.candidate == PLAIN]),
+        ServerTimings.of([r for r in requests if r.candidate == name]),
+        full.per_step(rec, "full")[ALL],
+        {
+            "setting": name,
+            "prompts": "the tuning prompts (the run's)",
+            "requests": sum(r.candidate == name for r in requests),
+            "cost_grid": costs_grid.info,
+        },
+    )
+
+
+def priced_cells(
+    run,
+    settings: dict[str, ServerSetting],
+    model: ServerStepModel,
+    timed: Sequence[Cell] = (),
+) -> list[Cell]:
+    """Each draft-model setting per domain and pooled: tokens per step replayed from the run's
+    records as llama-server counts them (the prefill's token a step), the decode speed-up from
+    the steps after the first over ``model``'s step time; a setting also ``timed`` keeps its
+    timing beside (in-sample). Chains deeper than the run's tree are left out."""
+    rec = index_records(run)
+    by_key = {(c.candidate, c.domain): c for c in timed}
+    out = []
+    for name, s in settings.items():
+        if not s.uses_draft_model:
+            continue
+        try:
+            counts = replay_counts(rec, draft_chain(s), prefill_drafts=False)
+        except ReplayError:
+            continue  # the records hold no chain of K
+        later = counts.after_first()
+        tau = later.ratios(rec, "positions", "steps")
+        rate = later.ratios(rec, "proposals", "steps")
+        drafted, full = (later.per_step(rec, column) for column in ("drafted", "full"))
+        for row in estimate(rec, counts)[0].rows:
+            d = row.domain
+            domain = ALL_DOMAINS if d == ALL else d
+            e = row.tokens_per_step
+            terms = (
+                tau[d],
+                drafted[d] if math.isfinite(drafted[d]) else 0.0,
+                rate[d],
+                full[d] if math.isfinite(full[d]) else 0.0,
+            )
+            speedup = model.predicted_speedup(*terms)
+            was = by_key.get((name, domain))
+            out.append(
+                Cell(
+                    name,
+                    domain,
+                    row.prompts,
+                    speedup,
+                    speedup * e.lo / e.value,
+                    speedup * e.hi / e.value,
+                    Prediction(e.value, e.lo, e.hi, REPLAY),
+                    math.nan,
+                    was.exact if was else None,
+                    how=PRICED,
+                    timed_speedup=was.speedup if was else math.nan,
+                    step_s=model.step_s(terms[1], terms[0], terms[2], terms[3]),
+                )
+            )
     return out
 
 
@@ -175,15 +306,17 @@ def server_entry(name: str, s: ServerSetting, target: Path, draft: Path | None) 
     }
 
 
-def _choice(cell: TimedCell, s: ServerSetting) -> Choice:
+def _choice(cell: Cell, s: ServerSetting) -> Choice:
     tau = cell.tokens_per_step.tokens_per_step
-    step = tau / (cell.speedup * cell.decode_tokens_per_s) if cell.speedup > 0 else 0.0
+    step = cell.step_s
+    if cell.how != PRICED:  # timed: the tokens per step over the decode speed it ran at
+        step = tau / (cell.speedup * cell.decode_tokens_per_s) if cell.speedup > 0 else 0.0
     shape = chain(s.k) if s.uses_draft_model else None
     return Choice(shape, tau, cell.speedup, step, prediction=cell.tokens_per_step)
 
 
 def llama_policy(
-    choice: TimedChoice,
+    choice: EngineChoice,
     settings: dict[str, ServerSetting],
     target: Path,
     draft: Path | None,
@@ -231,14 +364,22 @@ def tune_llama_server(
     min_speedup: float = 1.0,
     n_boot: int = 2000,
     log: Log = print,
-) -> tuple[PolicyFile, TimedChoice]:
-    """Time every candidate on the run's prompts in llama-server and choose (module docstring);
-    the policy goes to ``out``, every request to ``out``'s ``-requests.parquet`` beside it."""
+    costs: Path | None = None,
+    max_k: int = 4,
+    p_mins: Sequence[float] = (0.5, 0.75, 0.9),
+) -> tuple[PolicyFile, EngineChoice]:
+    """Time ``candidates`` on the run's prompts in llama-server, price every draft-model setting
+    up to ``max_k`` and at each of ``p_mins`` with the step model they calibrate, and choose
+    (module docstring); the policy goes to ``out``, every request to ``out``'s
+    ``-requests.parquet`` beside it. ``costs``: a llama-bench cost grid (``benchmarks/
+    bench_llama_costs.py``); without one, the timed settings' curves are measured with
+    llama-bench and written to ``out``'s ``-costs.json``."""
     inside = inside_of(out, run_dir)  # a link planted on the way out is refused before any work
     run = load_run(run_dir)
     settings = candidate_settings(candidates, base)
     target = Path(target_gguf) if target_gguf else demo_gguf("target")
     draft = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
+    grid = CostGrid.load(costs) if costs else None
     config = run.manifest.get("config", {})
     items = source_prompts(run.manifest, per_domain, measured=True)
     tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
@@ -247,15 +388,52 @@ def tune_llama_server(
         f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's prompts "
         f"x {repeats} repeat(s), {n_predict} tokens each"
     )
+    tools = build_llama_tools(log)
     runs, requests = time_candidates(
-        build_llama_tools(log), target, draft, settings, prompts, n_predict, repeats, log=log
+        tools, target, draft, settings, prompts, n_predict, repeats, log=log
     )
-    choice = choose_timed(timed_cells(runs, replayed_chains(run, settings), n_boot), min_speedup)
     write_output(
         out.with_name(out.stem + "-requests.parquet"),
         requests_frame(requests).to_parquet(None, index=False),
         inside,
     )
+    timed = timed_cells(runs, replayed_chains(run, settings), n_boot)
+    calibration = calibration_setting(settings)
+    model = None
+    if calibration is not None:
+        if grid is None:
+            s = settings[calibration]
+            log("llama-bench: the two models' pass costs at the timed settings ...")
+            grid = measure_grid(
+                tools,
+                target,
+                draft,
+                GridOptions(
+                    threads=(s.threads,),
+                    polls=(s.poll,),
+                    draft_threads=(s.draft_threads or s.threads,),
+                    batches=((s.batch, s.ubatch),),
+                    tokens=max_k + 1,
+                ),
+                log,
+            )
+            write_json(out.with_name(out.stem + "-costs.json"), grid.to_dict(), inside)
+        model = calibrated_model(run, grid, settings, requests, target, draft)
+    cells = list(timed)
+    if model is not None:
+        priced = {
+            **candidate_settings(draft_model_candidates(max_k, p_mins), base),
+            **{n: x for n, x in settings.items() if x.uses_draft_model},
+        }
+        settings = {**settings, **priced}
+        cells = [c for c in timed if not settings[c.candidate].uses_draft_model]
+        cells += priced_cells(run, priced, model, timed)
+    else:
+        log(
+            "draft-model settings not priced: no draft-model candidate without p_min was timed "
+            "to calibrate llama-server's step (they are chosen on their timings)"
+        )
+    choice = choose(cells, min_speedup)
     source = {
         "run_dir": str(run_dir),
         "run_id": run.manifest.get("run_id"),
@@ -276,6 +454,7 @@ def tune_llama_server(
         "rendering": rendering_of(config),
         "max_prompt_tokens": config.get("max_prompt_tokens", 512),
         "machine": machine_line(),
+        **({"step_model": model.to_dict()} if model else {}),
     }
     tune_info["outputs_vs_run"] = outputs_against_run(runs, run, n_predict)
     policy = llama_policy(choice, settings, target, draft, source, tune_info)
@@ -303,11 +482,18 @@ def models_note(policy: PolicyFile) -> str:
     return line
 
 
-def tune_grid(choice: TimedChoice) -> Grid:
-    """Every candidate per domain on the tuning prompts, the chosen one marked."""
+def tune_grid(choice: EngineChoice) -> Grid:
+    """Every candidate per domain on the tuning prompts, the chosen one marked: the priced ones'
+    predictions beside what they did in llama-server where they ran (in-sample)."""
 
     def num(x: float, suffix: str = "") -> str:
         return f"{x:.2f}{suffix}" if math.isfinite(x) else "-"
+
+    def tokens(p: Prediction | None) -> str:
+        if p is None:
+            return "-"
+        interval = f" [{p.lo:.2f}, {p.hi:.2f}]" if math.isfinite(p.lo) else ""
+        return f"{p.tokens_per_step:.2f}{interval}"
 
     chosen = {**choice.per_domain, ALL_DOMAINS: choice.uniform}
     rows = tuple(
@@ -315,22 +501,12 @@ def tune_grid(choice: TimedChoice) -> Grid:
             c.domain,
             c.candidate + (" (chosen)" if chosen.get(c.domain) == c.candidate else ""),
             c.prompts,
-            num(c.decode_tokens_per_s),
             num(c.speedup, "x") + (f" [{c.lo:.2f}, {c.hi:.2f}]" if c.candidate != PLAIN else ""),
-            num(c.tokens_per_step.tokens_per_step)
-            + (
-                f" [{c.tokens_per_step.lo:.2f}, {c.tokens_per_step.hi:.2f}]"
-                if math.isfinite(c.tokens_per_step.lo)
-                else ""
-            ),
-            (
-                f"{c.replay.tokens_per_step:.2f} [{c.replay.lo:.2f}, {c.replay.hi:.2f}]"
-                if c.replay
-                else "-"
-                if c.candidate == PLAIN
-                else "unreplayed (timed only)"
-            ),
-            "yes" if c.exact else "no",
+            "priced" if c.how == PRICED else "timed" if c.candidate != PLAIN else "-",
+            num(c.timed_speedup, "x") if c.how == PRICED else num(c.speedup, "x"),
+            tokens(c.tokens_per_step),
+            tokens(c.replay) if c.how != PRICED else "(the prediction)",
+            {True: "yes", False: "no", None: "not run"}[c.exact],
         )
         for c in choice.cells
     )
@@ -343,17 +519,20 @@ def tune_grid(choice: TimedChoice) -> Grid:
                 "domain",
                 "candidate",
                 "prompts",
-                "decode tok/s",
-                "speed-up over plain (95% CI)",
+                "predicted speed-up (95% CI)",
+                "how",
+                "timed here",
                 "tokens/step (95% CI)",
                 "replayed tokens/step",
                 "outputs = plain",
             )
         ),
         rows,
-        "speed-up: decoding after the first token, llama-server's own timings, against plain on "
-        "the same prompts; replayed: the run's records as greedy decoding with the same chain "
-        "(the measured pair, not the GGUF).",
+        "speed-up: decoding after the first token against plain, in llama-server. priced: the run's "
+        "records replayed as this chain decodes (the measured pair, not the GGUF) over the step "
+        "model (llama-bench's pass costs, scaled by plain's and one draft-model setting's "
+        "requests here); its 'timed here' is an in-sample check, not what chose. timed: what it "
+        "did in llama-server on these prompts (model-free lookups, unreplayed).",
     )
 
 

@@ -1,18 +1,23 @@
-"""Choosing among settings a backend timed on the tuning prompts: the chooser for an engine whose
-step time specscope does not model pass by pass (llama-server: its two models share the cores,
-and its model-free lookups are C++ specscope does not run).
+"""One chooser for the settings of an engine that runs its own decoding (llama-server): per
+domain, and over all the traffic for the uniform entry, the candidate of highest predicted decode
+speed-up over plain (if that exceeds ``min_speedup``, else plain).
 
-Every candidate (plain among them) ran on the same tuning prompts through the backend
-(:func:`specscope.serving.llamacpp.backend.time_candidates` for llama-server), as bench rows; its
-prediction for held-out prompts of a domain is what it did on the tuning prompts of that domain:
-the decode speed-up over plain with the bench's interval (prompts resampled within domains), and
-the tokens per step it decoded. Where the measurement run's records hold the candidate (a chain
-of K of the draft model, with a ``p_min`` stop rule), the replayed tokens per step stand beside it
-(:class:`TimedCell.replay`), on the same prompts. Per domain the candidate of highest predicted
-speed-up above ``min_speedup`` is chosen (else plain), and the uniform one from all the tuning
-traffic together.
+A candidate's cell is predicted one of two ways, and says which (:attr:`Cell.how`):
 
-It does not run anything (the backends do) or write policy files (the backend's command does).
+- **priced** (:data:`PRICED`): tokens per step replayed from the measurement run's records (a
+  chain of K of the draft model, with a ``p_min`` stop rule), over a step time that the engine's
+  step model prices (:class:`specscope.serving.llamacpp.costs.ServerStepModel`); such a setting
+  need not have run at all;
+- **timed** (:data:`~specscope.tune.predict.TIMED`): what the candidate did through the engine on
+  the tuning prompts (:func:`specscope.serving.llamacpp.backend.time_candidates`, as bench
+  rows): the decode speed-up over plain with the bench's interval (prompts resampled within
+  domains) and the tokens per step it decoded; the engine's model-free lookups, which are C++
+  that specscope does not replay.
+
+A priced candidate that was also timed keeps that timing beside its prediction
+(:attr:`Cell.timed_speedup`: an in-sample check, never what chooses).
+
+It does not run anything (the engines do) or write policy files (the engine's command does).
 """
 
 from __future__ import annotations
@@ -29,22 +34,26 @@ from .bench import BenchRun, summarize_bench
 from .predict import TIMED, Prediction
 
 PLAIN = "plain"
+PRICED = "replayed tokens per step over the engine's step model"
 
 
 @dataclass(frozen=True)
-class TimedCell:
-    """One candidate in one domain (or ``ALL_DOMAINS``), as timed on the tuning prompts."""
+class Cell:
+    """One candidate in one domain (or ``ALL_DOMAINS``): its predicted speed-up, and how."""
 
     candidate: str
     domain: str
     prompts: int
-    speedup: float  # decode speed-up over plain, same prompts
+    speedup: float  # decode speed-up over plain
     lo: float  # its 95% interval (prompts resampled within domains)
     hi: float
-    tokens_per_step: Prediction  # as decoded by the backend (the prefill's token one step)
-    decode_tokens_per_s: float
-    exact: bool  # every output equal to plain's
-    replay: Prediction | None = None  # tokens per step replayed from the run's records
+    tokens_per_step: Prediction  # as the engine counts them (the prefill's token one step)
+    decode_tokens_per_s: float  # timed: on the tuning prompts; priced: nan
+    exact: bool | None  # every output equal to plain's (None: not run)
+    replay: Prediction | None = None  # timed: the tokens per step the run's records replay to
+    how: str = TIMED  # TIMED or PRICED
+    timed_speedup: float = math.nan  # priced: the speed-up timed on the tuning prompts, if run
+    step_s: float = math.nan  # priced: the step model's seconds per decoding step
 
     def to_dict(self) -> dict:
         def r(x: float) -> float | None:
@@ -60,18 +69,20 @@ class TimedCell:
             "decode_tokens_per_s": r(self.decode_tokens_per_s),
             "exact": self.exact,
             **({"replay": self.replay.to_dict()} if self.replay else {}),
+            "how": self.how,
+            **({"timed_speedup": r(self.timed_speedup)} if self.how == PRICED else {}),
         }
 
 
 @dataclass(frozen=True)
-class TimedChoice:
+class Choice:
     """Each domain's candidate, the uniform one, and every cell they were chosen from."""
 
     per_domain: dict[str, str]
     uniform: str
-    cells: tuple[TimedCell, ...] = field(default=())
+    cells: tuple[Cell, ...] = field(default=())
 
-    def cell(self, candidate: str, domain: str) -> TimedCell:
+    def cell(self, candidate: str, domain: str) -> Cell:
         for c in self.cells:
             if (c.candidate, c.domain) == (candidate, domain):
                 return c
@@ -109,13 +120,13 @@ def timed_cells(
     replays: Mapping[tuple[str, str], Prediction] | None = None,
     n_boot: int = 2000,
     seed: int = 0,
-) -> tuple[TimedCell, ...]:
+) -> tuple[Cell, ...]:
     """Every candidate's cell per domain and pooled, from bench rows on the tuning prompts;
     ``replays``: (candidate, domain) -> the replayed tokens per step, where the records hold it."""
     replays = replays or {}
     tps = tokens_per_step(runs, n_boot, seed)
     return tuple(
-        TimedCell(
+        Cell(
             r.method,
             r.domain,
             r.prompts,
@@ -131,9 +142,9 @@ def timed_cells(
     )
 
 
-def choose_timed(cells: Sequence[TimedCell], min_speedup: float = 1.0) -> TimedChoice:
+def choose(cells: Sequence[Cell], min_speedup: float = 1.0) -> Choice:
     """Per domain, and over all domains for the uniform entry, the candidate of highest
-    speed-up on the tuning prompts if that exceeds ``min_speedup``, else plain."""
+    predicted speed-up if that exceeds ``min_speedup``, else plain."""
 
     def best(domain: str) -> str:
         mine = [c for c in cells if c.domain == domain and c.candidate != PLAIN]
@@ -141,4 +152,4 @@ def choose_timed(cells: Sequence[TimedCell], min_speedup: float = 1.0) -> TimedC
         return top.candidate if top is not None and top.speedup > min_speedup else PLAIN
 
     domains = list(dict.fromkeys(c.domain for c in cells if c.domain != ALL_DOMAINS))
-    return TimedChoice({d: best(d) for d in domains}, best(ALL_DOMAINS), tuple(cells))
+    return Choice({d: best(d) for d in domains}, best(ALL_DOMAINS), tuple(cells))
