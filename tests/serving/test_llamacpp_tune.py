@@ -278,6 +278,27 @@ def test_the_calibration_recovers_the_factors_that_made_its_requests():
         calibrate(COSTS, ServerTimings.of([]), ServerTimings.of(spec_requests), 0.6, {})
 
 
+def test_the_pass_costs_are_the_grids_curves_for_the_setting_or_refused_naming_them():
+    """The shipped grid (llama-bench, Q4_K_M pair) at llama-server's default setting gives its
+    curves; a setting it never timed is refused with what it holds."""
+    from pathlib import Path
+
+    from specscope.errors import SpecscopeError
+    from specscope.serving.llamacpp.costs import CostGrid, pass_costs_for
+
+    grid = CostGrid.load(
+        Path(__file__).parents[2] / "results" / "demo-pair" / "llama-costs" / "cost_grid.json"
+    )
+    costs = pass_costs_for(grid, ServerSetting(), "Q4_K_M", "Q4_K_M")
+    assert costs.target(1) == pytest.approx(0.031798597) and costs.draft(1) == pytest.approx(
+        0.019209618
+    )
+    with pytest.raises(
+        SpecscopeError, match=r"threads 3/3.*it holds: .*Q4_K_M\+Q4_K_M t2/2 poll50/50"
+    ):
+        pass_costs_for(grid, ServerSetting(threads=3), "Q4_K_M", "Q4_K_M")
+
+
 def _request(candidate, tokens, decode_s, drafted=0, accepted=0):
     from specscope.serving.llamacpp.backend import LlamaRequest
 

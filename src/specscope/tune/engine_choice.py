@@ -75,7 +75,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Choice:
+class EngineChoice:
     """Each domain's candidate, the uniform one, and every cell they were chosen from."""
 
     per_domain: dict[str, str]
@@ -142,7 +142,7 @@ def timed_cells(
     )
 
 
-def choose(cells: Sequence[Cell], min_speedup: float = 1.0) -> Choice:
+def choose(cells: Sequence[Cell], min_speedup: float = 1.0) -> EngineChoice:
     """Per domain, and over all domains for the uniform entry, the candidate of highest
     predicted speed-up if that exceeds ``min_speedup``, else plain."""
 
@@ -152,4 +152,4 @@ def choose(cells: Sequence[Cell], min_speedup: float = 1.0) -> Choice:
         return top.candidate if top is not None and top.speedup > min_speedup else PLAIN
 
     domains = list(dict.fromkeys(c.domain for c in cells if c.domain != ALL_DOMAINS))
-    return Choice({d: best(d) for d in domains}, best(ALL_DOMAINS), tuple(cells))
+    return EngineChoice({d: best(d) for d in domains}, best(ALL_DOMAINS), tuple(cells))

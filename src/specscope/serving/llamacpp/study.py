@@ -72,8 +72,7 @@ from ...tune.bench import (
     summarize_bench,
 )
 from ...tune.choose import bench_grid
-from ...tune.engine_choice import PLAIN, PRICED, Cell, choose, timed_cells
-from ...tune.engine_choice import Choice as EngineChoice
+from ...tune.engine_choice import PLAIN, PRICED, Cell, EngineChoice, choose, timed_cells
 from ...tune.policy import Choice, PolicyFile
 from ...tune.predict import REPLAY, Prediction
 from ...tune.router import RuleRouter, prompt_text
@@ -380,6 +379,9 @@ def tune_llama_server(
     target = Path(target_gguf) if target_gguf else demo_gguf("target")
     draft = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
     grid = CostGrid.load(costs) if costs else None
+    calibration = calibration_setting(settings)
+    if grid is not None and calibration is not None:  # refused now, not after the timing
+        pass_costs_for(grid, settings[calibration], gguf_quant(target), gguf_quant(draft))
     config = run.manifest.get("config", {})
     items = source_prompts(run.manifest, per_domain, measured=True)
     tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
@@ -398,7 +400,6 @@ def tune_llama_server(
         inside,
     )
     timed = timed_cells(runs, replayed_chains(run, settings), n_boot)
-    calibration = calibration_setting(settings)
     model = None
     if calibration is not None:
         if grid is None:
