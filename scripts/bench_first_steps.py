@@ -6,9 +6,10 @@ reads it: after the first step.
 
 transformers' assisted generation verifies a chain drafted from the prompt in its first pass, and
 every token it accepts there arrives with the first one; a record from before counted them as
-decoded after it, in no time. Greedy decoding is deterministic, so the first step is run again on
-each prompt the record timed (the same prompts, rendered as the bench rendered them, the same
-pair) and its tokens are checked against the recorded output's first tokens before they are
+decoded after it, in no time: the assisted method's runs, and routed's (and uniform's) where the
+policy's entry is assisted generation. Greedy decoding is deterministic, so the first step is run
+again on each prompt the record timed (the same prompts, rendered as the bench rendered them, the
+same pair) and its tokens are checked against the recorded output's first tokens before they are
 written. Nothing is timed: the recorded times stay as they are. Other methods' first steps are the
 prefill's single token, which is what a record without the field is read as.
 """
@@ -24,7 +25,8 @@ import torch
 from specscope.decode import make_decoder
 from specscope.files import write_json
 from specscope.prompts.render import render_item
-from specscope.tune.bench import BenchConfig, BenchRun, bench_prompts
+from specscope.records import ALL_DOMAINS
+from specscope.tune.bench import BenchConfig, BenchRun, bench_prompts, policy_setting
 from specscope.tune.choose import PairRequest, load_decode_pair
 from specscope.tune.hf_generate import hf_generate
 from specscope.tune.policy import PolicyFile
@@ -41,41 +43,53 @@ def main() -> None:
     if record.get("int8", False) != args.int8:
         parser.error(f"the bench ran with int8={record.get('int8')}: pass --int8 to match")
     runs = [BenchRun.from_dict(r) for r in record["runs"]]
-    k = config.assisted_tokens
-    assisted = [r for r in runs if r.method == "assisted"]
-    if not assisted or k is None:
-        print(f"{args.bench}: no assisted run on a fixed chain; nothing to add")
-        return
     policy = PolicyFile.load(record["policy_file"])
+    chains = [assisted_chain(r, policy, config) for r in runs]  # K, or None: not assisted
+    todo = sorted({(r.prompt_id, k) for r, k in zip(runs, chains) if k is not None})
+    if not todo:
+        print(f"{args.bench}: no run of assisted generation on a fixed chain; nothing to add")
+        return
     domains = list(dict.fromkeys(r.domain for r in runs))
-    per_domain = max(sum(r.domain == d for r in assisted) for d in domains)
+    per_domain = max(sum(r.domain == d and r.method == "plain" for r in runs) for d in domains)
     router = record["router"]  # the learned router's bench splits the prompts: so is it drawn
     chosen = bench_prompts(domains, per_domain, 0, policy, router, split=router != "rules")
     items = {item.id: item for item in chosen.items}
-    missing = sorted({r.prompt_id for r in assisted} - set(items))
+    missing = sorted({p for p, _ in todo} - set(items))
     if missing:
         raise SystemExit(f"prompts not found again: {missing[:5]}")
     torch.set_num_threads(args.threads)
     pair = load_decode_pair(PairRequest(int8=args.int8))
     decoder = make_decoder(pair)  # the models the bench's decoders and generate() ran
-    first: dict[str, int] = {}
-    for i, r in enumerate(assisted):
+    recorded = {(r.prompt_id, k): r.tokens for r, k in zip(runs, chains) if k is not None}
+    first: dict[tuple[str, int], int] = {}
+    for i, (prompt_id, k) in enumerate(todo):
         ids = render_item(
-            pair.tokenizer, items[r.prompt_id], config.rendering, config.max_prompt_tokens
+            pair.tokenizer, items[prompt_id], config.rendering, config.max_prompt_tokens
         ).ids
         g = hf_generate(decoder.target, ids, k + 2, decoder.eos, decoder.draft, k)
-        if tuple(g.tokens[: g.first_tokens]) != r.tokens[: g.first_tokens]:
-            raise SystemExit(f"{r.prompt_id}: the first step's tokens differ from the record's")
-        first[r.prompt_id] = g.first_tokens
-        print(f"[{i + 1}/{len(assisted)}] {r.prompt_id}: first step {g.first_tokens} tokens")
+        if tuple(g.tokens[: g.first_tokens]) != recorded[prompt_id, k][: g.first_tokens]:
+            raise SystemExit(f"{prompt_id}: the first step's tokens differ from the record's")
+        first[prompt_id, k] = g.first_tokens
+        print(f"[{i + 1}/{len(todo)}] {prompt_id}, K = {k}: first step {g.first_tokens} tokens")
     record["runs"] = [
-        {**raw, "first_tokens": first[raw["prompt_id"]]}
-        if raw["method"] == "assisted"
-        else {**raw, "first_tokens": raw.get("first_tokens", 1)}
-        for raw in record["runs"]
+        {**raw, "first_tokens": 1 if k is None else first[raw["prompt_id"], k]}
+        for raw, k in zip(record["runs"], chains)
     ]
     write_json(args.bench, record)
-    print(f"wrote {args.bench}: {len(first)} assisted runs' first steps")
+    print(f"wrote {args.bench}: {len(first)} first steps of assisted generation")
+
+
+def assisted_chain(run: BenchRun, policy: PolicyFile, config: BenchConfig) -> int | None:
+    """K where ``run`` decoded with transformers' assisted generation on a chain of K: the
+    assisted method's, or routed's and uniform's where the policy's entry says so (a routed
+    prompt reused the assisted method's run, or ran its own entry's chain)."""
+    if run.method == "assisted":
+        return config.assisted_tokens
+    if run.method not in ("routed", "uniform"):
+        return None
+    domain = run.routed_to if run.method == "routed" else ALL_DOMAINS
+    drafter, tree, backend = policy_setting(policy, domain)
+    return len(tree) if backend == "transformers" and tree is not None else None
 
 
 if __name__ == "__main__":
