@@ -188,7 +188,7 @@ class BenchRow:
     tokens: int
     time_s: float
     tokens_per_s: float  # end to end, the prefill included
-    decode_tokens_per_s: float  # after the first token: the part speculation changes
+    decode_tokens_per_s: float  # after the first step (the prefill's): the part speculation changes
     speedup: float  # decode tokens per second over plain's, same prompts
     e2e_speedup: float  # end-to-end tokens per second over plain's
     tau: float  # tokens per verification step (nan where not observed)
