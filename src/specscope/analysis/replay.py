@@ -473,10 +473,7 @@ class ReplayCounts:
         """Per domain and pooled (``ALL``): ``drafted`` nodes per proposing step, or the share
         of proposing steps whose drafted nodes were all accepted (``full``); point estimates."""
         column = {"drafted": self.drafted, "full": self.full}[name]
-        onehot = np.eye(len(rec.domains))[rec.prompt_domain]
-        sums = onehot.T @ np.column_stack([column, self.proposals])  # (G, 2)
-        sums = np.vstack([sums, sums.sum(axis=0)])
-        return dict(zip((*rec.domains, ALL), map(float, ratio(sums[:, 0], sums[:, 1]))))
+        return _domain_ratios(rec, column, self.proposals)
 
     def per_prompt(self) -> np.ndarray:
         """(P, 4): positions, steps, proposals, tau sum: the columns of :data:`_COLUMNS`."""
@@ -485,14 +482,19 @@ class ReplayCounts:
     def ratios(self, rec: ReplayRecords, num: str, den: str) -> dict[str, float]:
         """Point estimates (no interval: for choosing fast) of a ratio of two columns' sums per
         domain and pooled (``ALL``): ``("positions", "steps")`` is tokens per step."""
-        onehot = np.eye(len(rec.domains))[rec.prompt_domain]
-        sums = onehot.T @ self.per_prompt()  # (G, 4)
-        sums = np.vstack([sums, sums.sum(axis=0)])
-        values = ratio(sums[:, _COLUMNS[num]], sums[:, _COLUMNS[den]])
-        return dict(zip((*rec.domains, ALL), map(float, values)))
+        columns = self.per_prompt()
+        return _domain_ratios(rec, columns[:, _COLUMNS[num]], columns[:, _COLUMNS[den]])
 
 
 _COLUMNS = {"positions": 0, "steps": 1, "proposals": 2, "tau_sum": 3}
+
+
+def _domain_ratios(rec: ReplayRecords, num: np.ndarray, den: np.ndarray) -> dict[str, float]:
+    """Per domain and pooled (``ALL``): the ratio of two per-prompt columns' sums."""
+    onehot = np.eye(len(rec.domains))[rec.prompt_domain]
+    sums = onehot.T @ np.column_stack([num, den])  # (G, 2)
+    sums = np.vstack([sums, sums.sum(axis=0)])
+    return dict(zip((*rec.domains, ALL), map(float, ratio(sums[:, 0], sums[:, 1]))))
 
 
 def replay_counts(

@@ -399,7 +399,7 @@ def tune_llama_server(
         requests_frame(requests).to_parquet(None, index=False),
         inside,
     )
-    timed = timed_cells(runs, replayed_chains(run, settings), n_boot)
+    rec = index_records(run)  # every draft-model setting below replays it: indexed once
     model = None
     if calibration is not None:
         if grid is None:
@@ -419,7 +419,9 @@ def tune_llama_server(
                 log,
             )
             write_json(out.with_name(out.stem + "-costs.json"), grid.to_dict(), inside)
-        model = calibrated_model(run, grid, settings, requests, target, draft)
+        model = calibrated_model(rec, grid, settings, requests, target, draft)
+    # a timed draft-model setting's replay stands beside its timing only where it is not priced
+    timed = timed_cells(runs, None if model else replayed_chains(rec, settings), n_boot)
     cells = list(timed)
     if model is not None:
         priced = {
@@ -428,7 +430,7 @@ def tune_llama_server(
         }
         settings = {**settings, **priced}
         cells = [c for c in timed if not settings[c.candidate].uses_draft_model]
-        cells += priced_cells(run, priced, model, timed)
+        cells += priced_cells(rec, priced, model, timed)
     else:
         log(
             "draft-model settings not priced: no draft-model candidate without p_min was timed "
