@@ -116,13 +116,16 @@ class ServerStepModel:
     - ``shared_scale``: a draft-model step's time in llama-server over what the curves price it
       at (the two models share the cores and the server's loop).
 
-    A step, as llama.cpp's draft loop runs it (b11312 ``common/speculative.cpp``), drafting d
-    tokens: the draft evaluates the 1 or 2 tokens its cache lacks (2 after a step whose drafts
-    were all accepted), then each drafted token but the last to draft the next; the target
-    evaluates d + 1 tokens in one pass and samples the tokens it emits. A step whose stop rule
-    (``p_min``) drafts nothing still pays the draft's first evaluation, then a one-token target
-    pass. The mean drafted count stands for each step's (the curves are near linear over 1 to 8
-    tokens), which ``shared_scale`` absorbs with the rest."""
+    The curves' price of a step drafting d tokens: one draft evaluation of 1 or 2 tokens (2
+    after a step whose drafts were all accepted), d - 1 one-token draft evaluations, a target
+    pass of d + 1 tokens and a sample per emitted token; a step whose stop rule (``p_min``)
+    drafts nothing: one draft evaluation and a one-token target pass. The mean drafted count
+    stands for each step's. This approximates llama.cpp's draft loop; the vendored source that
+    specscope builds (commit 0c1e570, ``common/speculative.cpp``, ``draft-simple``'s
+    ``process`` and ``draft``) also evaluates, each step, the target's verified batch in the
+    draft (``process``) and, where ``p_min`` stops the chain, its last drafted token. Those
+    draft passes are in ``shared_scale`` at the calibration setting's drafted count, not
+    priced per setting."""
 
     costs: PassCosts
     plain_scale: float
