@@ -121,21 +121,27 @@ def test_a_stop_rule_cuts_paths_at_the_first_stopped_node(rec):
     assert everything.steps.tolist() == [5, 3] and everything.proposals.tolist() == [0, 0]
 
 
-def test_a_step_counts_the_nodes_it_drafted_and_whether_all_were_accepted(rec):
+def test_a_step_counts_the_nodes_it_drafted(rec):
     """What an engine pricing a step by its tree needs (llama.cpp's draft loop): the chain of 2
     cut by p_min 0.5 drafts 1, 2, 2, 2, 0 nodes at code's positions (accepted 1, 0, 0, 2, 0);
-    decoding visits positions 0, 2 and 3: 5 nodes, 2 steps with every node accepted; chat's one
-    step drafts 2, all accepted."""
+    decoding visits positions 0, 2 and 3: steps of 1, 2 and 2 nodes; chat's one step drafts
+    2."""
     rule = StopRule(top_chain(2), p_min=0.5)
     counts = replay_counts(rec, rule)
     assert counts.steps.tolist() == [3, 1] and counts.proposals.tolist() == [3, 1]
-    assert counts.drafted.tolist() == [5, 2] and counts.full.tolist() == [2, 1]
-    assert counts.per_step(rec, "drafted") == pytest.approx({"code": 5 / 3, "chat": 2, ALL: 7 / 4})
-    assert counts.per_step(rec, "full") == pytest.approx({"code": 2 / 3, "chat": 1, ALL: 3 / 4})
-    later = counts.after_first()  # the first steps (positions 0) drafted 1 and 2, both full
-    assert later.drafted.tolist() == [4, 0] and later.full.tolist() == [1, 0]
-    plain_prefill = replay_counts(rec, rule, prefill_drafts=False)  # positions 1, 2, 3
-    assert plain_prefill.drafted.tolist() == [6, 2] and plain_prefill.full.tolist() == [1, 1]
+    assert counts.drafted_steps.tolist() == [[0, 1, 2], [0, 0, 1]]
+    assert counts.drafted.tolist() == [5, 2]
+    mix = counts.drafted_mix(rec)
+    assert mix["code"] == pytest.approx([0, 1 / 3, 2 / 3])
+    assert mix["chat"] == pytest.approx([0, 0, 1])
+    assert mix[ALL] == pytest.approx([0, 1 / 4, 3 / 4])
+    later = counts.after_first()  # the first steps (positions 0) drafted 1 and 2
+    assert later.drafted_steps.tolist() == [[0, 0, 2], [0, 0, 0]]
+    assert later.drafted_steps.sum(axis=1).tolist() == later.steps.tolist()
+    plain_prefill = replay_counts(rec, rule, prefill_drafts=False)  # the prefill, then 1, 2, 3
+    assert plain_prefill.steps.tolist() == [4, 2]
+    assert plain_prefill.drafted_steps.tolist() == [[0, 0, 3], [0, 0, 1]]
+    assert plain_prefill.after_first().drafted_steps.tolist() == [[0, 0, 3], [0, 0, 1]]
 
 
 def test_refusals_name_what_is_wrong(rec):

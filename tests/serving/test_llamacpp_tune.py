@@ -235,7 +235,7 @@ def test_tokens_per_step_of_a_cell_counts_the_prefill_as_a_step():
 # n tokens 10 + 2 (n - 1) ms, a greedy sample 1 ms
 COSTS = PassCosts(
     tuple((n, 0.030 + 0.010 * (n - 1)) for n in range(1, 9)),
-    ((1, 0.010), (2, 0.012)),
+    tuple((n, 0.010 + 0.002 * (n - 1)) for n in range(1, 9)),
     0.001,
     192,
     2,
@@ -243,39 +243,44 @@ COSTS = PassCosts(
 
 
 def test_a_draft_model_step_is_priced_from_the_curves_and_two_factors():
-    """Drafting 3 tokens, all accepted in half the proposing steps: the draft's first eval
-    (1.5 tokens: 11 ms), two more drafts (20 ms), the target's pass of 4 (60 ms) and 4 samples
-    at 4 tokens a step: 95 ms, times the sharing factor 1.5; a step whose stop rule drafts
-    nothing: 10 + 30 ms and the samples."""
+    """A chain of 3 drafting 3 tokens: the draft's three one-token passes (30 ms), the target's
+    pass of 4 (60 ms), the draft's pass of the same 4 (16 ms) and 4 samples at 4 tokens a step:
+    110 ms, times the sharing factor 1.5. Under p_min a step that drafted nothing: two draft
+    passes and a target pass of one token (50 ms) and a sample; one stopped after 2 drafts
+    evaluates its second draft too (30 + 50 + 14 ms)."""
     model = ServerStepModel(COSTS, plain_scale=1.2, shared_scale=1.5)
+    full = [0, 0, 0, 1]
     assert model.plain_token_s == pytest.approx(1.2 * 0.031)
-    assert model.curve_step_s(3, 4, 1.0, 0.5) == pytest.approx(0.011 + 0.020 + 0.060 + 0.004)
-    assert model.step_s(3, 4, 1.0, 0.5) == pytest.approx(1.5 * 0.095)
-    assert model.curve_step_s(0, 1, 0.0, 0.0) == pytest.approx(0.010 + 0.030 + 0.001)
-    half = 0.5 * 0.095 + 0.5 * 0.041  # half each: 2.5 tokens a step sampled
-    assert model.curve_step_s(3, 2.5, 0.5, 0.5) == pytest.approx(half)
-    assert model.predicted_speedup(4, 3, 1.0, 0.5) == pytest.approx(4 * 1.2 * 0.031 / (1.5 * 0.095))
+    assert model.curve_step_s(full, 3, False, 4) == pytest.approx(0.030 + 0.060 + 0.016 + 0.004)
+    assert model.step_s(full, 3, False, 4) == pytest.approx(1.5 * 0.110)
+    assert model.curve_step_s([1], 3, True, 1) == pytest.approx(0.020 + 0.030 + 0.001)
+    assert model.curve_step_s([0, 0, 1], 3, True, 3) == pytest.approx(0.030 + 0.050 + 0.014 + 0.003)
+    half = 0.5 * 0.106 + 0.5 * 0.050 + 0.0025  # half each, 2.5 tokens a step sampled
+    assert model.curve_step_s([0.5, 0, 0, 0.5], 3, True, 2.5) == pytest.approx(half)
+    assert model.predicted_speedup(full, 3, False, 4) == pytest.approx(
+        4 * 1.2 * 0.031 / (1.5 * 0.110)
+    )
 
 
 def test_the_calibration_recovers_the_factors_that_made_its_requests():
     """Requests whose times a known model gave: plain at 1.2x the curves' token, the draft
-    model's K = 2 at 1.5x its curve price, 3 tokens a step (2 drafted, all accepted in a share
-    0.6 of steps): the calibration gives back 1.2 and 1.5, whatever the prompts' lengths."""
+    model's K = 2 at 1.5x its curve price, 3 tokens a step (2 drafted every step, all
+    accepted): the calibration gives back 1.2 and 1.5, whatever the prompts' lengths."""
     truth = ServerStepModel(COSTS, 1.2, 1.5)
     plain = [(40, 40 * truth.plain_token_s), (20, 20 * truth.plain_token_s)]
     plain_requests = [_request("plain", n + 1, s) for n, s in plain]
     spec_requests = []
     for steps in (10, 7):
-        seconds = steps * truth.step_s(2, 3, 1.0, 0.6)
+        seconds = steps * truth.step_s([0, 0, 1], 2, False, 3)
         spec_requests.append(_request("k2", 3 * steps + 1, seconds, drafted=2 * steps,
                                       accepted=2 * steps))  # fmt: skip
     model = calibrate(
-        COSTS, ServerTimings.of(plain_requests), ServerTimings.of(spec_requests), 0.6, {"x": 1}
+        COSTS, ServerTimings.of(plain_requests), ServerTimings.of(spec_requests), {"x": 1}
     )
     assert model.plain_scale == pytest.approx(1.2) and model.shared_scale == pytest.approx(1.5)
     assert model.calibration["x"] == 1 and model.calibration["draft_model"]["steps"] == 17
     with pytest.raises(Exception, match="decode past their first token"):
-        calibrate(COSTS, ServerTimings.of([]), ServerTimings.of(spec_requests), 0.6, {})
+        calibrate(COSTS, ServerTimings.of([]), ServerTimings.of(spec_requests), {})
 
 
 def test_the_pass_costs_are_the_grids_curves_for_the_setting_or_refused_naming_them():
@@ -328,11 +333,11 @@ def test_every_draft_model_chain_is_priced_and_the_model_not_the_timing_chooses(
     assert {c.how for c in cells} == {PRICED} and len(cells) == 4 * 3
     by = {(c.candidate, c.domain): c for c in cells}
     # chat's 3 positions, every top-1 chain accepted: after the prefill's token, K = 2 drafts 2
-    # and emits the last 2 tokens in one step: 0.5 x (12 + 10 + 50 + 2 ms) against 31 ms a token
+    # and emits the last 2 tokens in one step: 0.5 x (20 + 50 + 14 + 2 ms) against 31 ms a token
     chat = by["draft-simple:k=2", "chat"]
     assert chat.tokens_per_step.tokens_per_step == pytest.approx(3 / 2)
-    assert chat.step_s == pytest.approx(0.5 * 0.074)
-    assert chat.speedup == pytest.approx(2 * 0.031 / (0.5 * 0.074))
+    assert chat.step_s == pytest.approx(0.5 * 0.086)
+    assert chat.speedup == pytest.approx(2 * 0.031 / (0.5 * 0.086))
     assert chat.exact is None and math.isnan(chat.timed_speedup)  # never run
     k1 = by["draft-simple:k=1", "code"]
     assert k1.timed_speedup == pytest.approx(0.7) and k1.exact is not None
@@ -387,7 +392,7 @@ def test_routed_against_best_single_is_calibrated():
 
 
 def _policy(cells, domains, fallback):
-    entry = {n: {"candidate": n} for n in ("plain", "lookup", "draft", "slow")}
+    entry = {n: {"candidate": n} for n in ("plain", "lookup", "draft", "slow", "k1", "k2")}
     return PolicyFile(
         trees={},
         info={
@@ -419,6 +424,15 @@ def test_a_bench_leaves_out_only_what_every_domain_found_dominated():
     ]
     policy = _policy(cells, {"code": "lookup", "chat": "plain"}, "plain")
     assert benched_candidates(policy) == ["plain", "lookup", "draft"]
+    # priced settings, dominated everywhere: the fastest over all the traffic is benched anyway,
+    # as the step model's check on held-out prompts
+    priced = [
+        {**_cell(name, domain, speedup, speedup - 0.05, speedup + 0.05), "how": PRICED}
+        for name, speedup in (("k1", 0.5), ("k2", 0.7))
+        for domain in ("code", "chat", ALL_DOMAINS)
+    ]
+    policy = _policy(cells + priced, {"code": "lookup", "chat": "plain"}, "plain")
+    assert benched_candidates(policy) == ["plain", "lookup", "draft", "k2"]
 
 
 # --- the export of a policy tuned in llama-server ---------------------------------------------------
@@ -535,3 +549,28 @@ def test_llama_servers_outputs_are_set_beside_the_runs():
     assert (out["prompts"], out["equal"], out["first_difference"]) == (3, 1, [1, 2])
     out = outputs_against_run(runs, run, n_predict=2)  # c's third token is past the cut
     assert (out["prompts"], out["equal"], out["first_difference"]) == (3, 2, [1])
+
+
+def test_an_earlier_tunes_timings_are_reused_only_for_the_same_candidates_and_prompts(tmp_path):
+    from specscope.errors import SpecscopeError
+    from specscope.serving.llamacpp.backend import requests_frame
+    from specscope.serving.llamacpp.study import earlier_timings
+
+    items = [PromptItem(f"p{i}", "code", ()) for i in range(2)]
+    settings = candidate_settings(["plain", "ngram-mod"], ServerSetting())
+    rows = [
+        dataclasses.replace(_request(n, 9, 0.5), prompt_id=it.id) for n in settings for it in items
+    ]
+    path = tmp_path / "policy-requests.parquet"
+    requests_frame(rows).to_parquet(path, index=False)
+    again = earlier_timings(path, settings, items, 64)
+    assert [(r.candidate, r.prompt_id, r.decode_s) for r in again] == [
+        (r.candidate, r.prompt_id, r.decode_s) for r in rows
+    ]
+    with pytest.raises(SpecscopeError, match="2 missing, 0 not this tune's"):
+        earlier_timings(path, settings, [*items, PromptItem("p2", "code", ())], 64)
+    with pytest.raises(SpecscopeError, match=r"longest output 9 of 8 tokens"):
+        earlier_timings(path, settings, items, 8)
+    more = candidate_settings(["plain", "ngram-mod", "ngram-simple"], ServerSetting())
+    with pytest.raises(SpecscopeError, match="2 missing"):
+        earlier_timings(path, more, items, 64)

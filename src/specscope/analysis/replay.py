@@ -448,12 +448,11 @@ class ReplayCounts:
     tau_sum: np.ndarray  # (P,) sum over positions of accepted length + 1 (the position mean's)
     first_tokens: np.ndarray | None = None  # (P,) tokens the first step emitted
     first_proposals: np.ndarray | None = None  # (P,) 1 where the first step had a tree
-    # what a step costs an engine that prices it by its tree (llama.cpp's draft loop): nodes
-    # drafted over the decoding steps, and steps whose every drafted node was accepted
-    drafted: np.ndarray | None = None  # (P,)
-    full: np.ndarray | None = None  # (P,)
-    first_drafted: np.ndarray | None = None  # (P,) the first step's
-    first_full: np.ndarray | None = None  # (P,)
+    # what a step costs an engine that prices it by its tree (llama.cpp's draft loop):
+    # drafted_steps[p, d] is how many of prompt p's steps from a tree position drafted d nodes
+    # (a plain prefill pass is not among them)
+    drafted_steps: np.ndarray | None = None  # (P, max nodes + 1)
+    first_drafted_steps: np.ndarray | None = None  # (P, max nodes + 1) the first step's
 
     def after_first(self) -> ReplayCounts:
         """The counts after each prompt's first step: what a decode speed after the first token
@@ -465,15 +464,21 @@ class ReplayCounts:
             self.steps - 1,
             self.proposals - self.first_proposals,
             self.tau_sum,
-            drafted=self.drafted - self.first_drafted,
-            full=self.full - self.first_full,
+            drafted_steps=self.drafted_steps - self.first_drafted_steps,
         )
 
-    def per_step(self, rec: ReplayRecords, name: str) -> dict[str, float]:
-        """Per domain and pooled (``ALL``): ``drafted`` nodes per proposing step, or the share
-        of proposing steps whose drafted nodes were all accepted (``full``); point estimates."""
-        column = {"drafted": self.drafted, "full": self.full}[name]
-        return _domain_ratios(rec, column, self.proposals)
+    @property
+    def drafted(self) -> np.ndarray:
+        """(P,) nodes drafted over the decoding steps."""
+        return self.drafted_steps @ np.arange(self.drafted_steps.shape[1])
+
+    def drafted_mix(self, rec: ReplayRecords) -> dict[str, np.ndarray]:
+        """Per domain and pooled (``ALL``): the share of steps from a tree position that
+        drafted 0, 1, 2, ... nodes (index d: d nodes)."""
+        sums = _domain_sums(rec, self.drafted_steps)
+        totals = sums.sum(axis=1, keepdims=True)
+        shares = np.divide(sums, totals, out=np.full(sums.shape, np.nan), where=totals > 0)
+        return dict(zip((*rec.domains, ALL), shares))
 
     def per_prompt(self) -> np.ndarray:
         """(P, 4): positions, steps, proposals, tau sum: the columns of :data:`_COLUMNS`."""
@@ -482,19 +487,34 @@ class ReplayCounts:
     def ratios(self, rec: ReplayRecords, num: str, den: str) -> dict[str, float]:
         """Point estimates (no interval: for choosing fast) of a ratio of two columns' sums per
         domain and pooled (``ALL``): ``("positions", "steps")`` is tokens per step."""
-        columns = self.per_prompt()
-        return _domain_ratios(rec, columns[:, _COLUMNS[num]], columns[:, _COLUMNS[den]])
+        sums = _domain_sums(rec, self.per_prompt()[:, [_COLUMNS[num], _COLUMNS[den]]])
+        return dict(zip((*rec.domains, ALL), map(float, ratio(sums[:, 0], sums[:, 1]))))
 
 
 _COLUMNS = {"positions": 0, "steps": 1, "proposals": 2, "tau_sum": 3}
 
 
-def _domain_ratios(rec: ReplayRecords, num: np.ndarray, den: np.ndarray) -> dict[str, float]:
-    """Per domain and pooled (``ALL``): the ratio of two per-prompt columns' sums."""
-    onehot = np.eye(len(rec.domains))[rec.prompt_domain]
-    sums = onehot.T @ np.column_stack([num, den])  # (G, 2)
-    sums = np.vstack([sums, sums.sum(axis=0)])
-    return dict(zip((*rec.domains, ALL), map(float, ratio(sums[:, 0], sums[:, 1]))))
+def _domain_sums(rec: ReplayRecords, columns: np.ndarray) -> np.ndarray:
+    """(G + 1, C): per-prompt columns summed per domain, then pooled (the last row)."""
+    sums = np.eye(len(rec.domains))[rec.prompt_domain].T @ columns
+    return np.vstack([sums, sums.sum(axis=0)])
+
+
+def _step_starts(grid: np.ndarray, lengths: np.ndarray, start: int) -> np.ndarray:
+    """(P, L_max) bool: where greedy decoding's steps start, walking each prompt from position
+    ``start``: a step at i emits its accepted length + 1 tokens (the output's end cuts them)
+    and the next starts at i + min(a_i, L - i - 1) + 1."""
+    P, width = grid.shape
+    starts = np.zeros((P, width), bool)
+    at = np.full(P, start, np.int64)
+    live = at < lengths
+    while live.any():
+        rows = np.flatnonzero(live)
+        i = at[rows]
+        starts[rows, i] = True
+        at[rows] = i + np.minimum(grid[rows, i], lengths[rows] - i - 1) + 1
+        live = at < lengths
+    return starts
 
 
 def replay_counts(
@@ -504,45 +524,31 @@ def replay_counts(
     rec = index_records(source)
     accepted, size = accepted_lengths(rec, candidate)
     P, lengths = rec.n_prompts, rec.lengths
-    width = int(lengths.max())
-    grid = np.zeros((P, width), np.int64)  # (P, L_max): accepted length at each position
-    # (3, P, L_max): what a step at each position counts: a tree proposed, its nodes, and
-    # whether every node was accepted (its accepted length is its size: a chain's)
-    per_step = np.zeros((3, P, width), np.int64)
+    grid = np.zeros((P, int(lengths.max())), np.int64)  # (P, L_max): accepted length at each
     prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
     grid[prompt, i] = accepted
-    per_step[:, prompt, i] = size > 0, size, (size > 0) & (accepted == size)
-    # steps_from[p, i]: decoding steps from position i to the end (0 past the end), and
-    # sums_from the per-step counts over them; backwards, since a step at i lands at
-    # i + min(a_i, L - i - 1) + 1 > i
-    steps_from = np.zeros((P, width + 1), np.int64)
-    sums_from = np.zeros((3, P, width + 1), np.int64)
-    rows = np.arange(P)
-    for pos in range(width - 1, -1, -1):
-        live = pos < lengths
-        land = np.where(live, pos + np.minimum(grid[:, pos], lengths - pos - 1) + 1, width)
-        steps_from[:, pos] = np.where(live, 1 + steps_from[rows, land], 0)
-        sums_from[:, :, pos] = np.where(live, per_step[:, :, pos] + sums_from[:, rows, land], 0)
+    # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
+    at_step = _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
+    drafted_steps = np.zeros((P, int(size.max(initial=0)) + 1), np.int64)
+    np.add.at(drafted_steps, (prompt[at_step], size[at_step]), 1)
+    first_drafted = np.zeros_like(drafted_steps)
     if prefill_drafts:
-        steps, sums = steps_from[:, 0], sums_from[:, :, 0]
-        first, first_sums = np.minimum(grid[:, 0], lengths - 1) + 1, per_step[:, :, 0]
-    else:  # a plain prefill pass emits position 0; trees from position 1 on
-        steps, sums = 1 + steps_from[:, 1], sums_from[:, :, 1]
-        first, first_sums = np.ones(P, np.int64), np.zeros((3, P), np.int64)
+        first = np.minimum(grid[:, 0], lengths - 1) + 1
+        first_drafted[np.arange(P), size[rec.offsets]] = 1
+    else:
+        first = np.ones(P, np.int64)
     tau_sum = np.bincount(prompt, weights=accepted + 1, minlength=P)
     return ReplayCounts(
         candidate.label,
         prefill_drafts,
         lengths,
-        steps,
-        sums[0],
+        drafted_steps.sum(axis=1) + (0 if prefill_drafts else 1),
+        drafted_steps[:, 1:].sum(axis=1),
         tau_sum,
         first,
-        first_sums[0],
-        drafted=sums[1],
-        full=sums[2],
-        first_drafted=first_sums[1],
-        first_full=first_sums[2],
+        first_drafted[:, 1:].sum(axis=1),
+        drafted_steps=drafted_steps,
+        first_drafted_steps=first_drafted,
     )
 
 

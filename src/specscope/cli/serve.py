@@ -194,6 +194,11 @@ def llamacpp(
         max=1.0,
         help="llama.cpp's --spec-draft-p-min values priced beside none at every K (repeat the option).",
     ),
+    tune_timings: Path | None = typer.Option(
+        None,
+        "--tune-timings",
+        help="An earlier tune's policy-requests.parquet (the same candidates, prompts and tokens): priced and chosen again from those timings, nothing timed for tuning.",
+    ),
     min_speedup: float = options.MIN_SPEEDUP,
     in_sample: bool = options.IN_SAMPLE,
     seed: int | None = options.SEED,
@@ -235,6 +240,7 @@ def llamacpp(
             costs,
             max_k,
             p_mins,
+            tune_timings,
         )
         print_grids([tune_grid(choice)], blank=False)
         typer.echo(models_note(policy))

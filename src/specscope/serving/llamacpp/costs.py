@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import io
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,16 +42,11 @@ DEFAULT_KS = (1, 2, 3, 4)
 
 @dataclass(frozen=True)
 class PassCosts:
-    """llama.cpp's measured pass costs on this machine, in seconds.
-
-    A verified step of a chain of K, as llama.cpp's draft loop runs it: the draft evaluates the
-    tokens its cache lacks (the target's token, and the last draft when all K were accepted: 1 or
-    2 tokens in one eval), then K - 1 of its own proposals one at a time; the target evaluates
-    K + 1 tokens in one pass and samples each token it emits (tau of them).
-    """
+    """llama.cpp's measured pass costs on this machine, in seconds, and the passes of a
+    draft-model step as llama-server runs them (:meth:`passes_s`)."""
 
     target_s: tuple[tuple[int, float], ...]  # (tokens in one target eval, seconds)
-    draft_s: tuple[tuple[int, float], ...]  # (tokens in one draft eval, seconds), 1 and 2
+    draft_s: tuple[tuple[int, float], ...]  # (tokens in one draft eval, seconds)
     sample_s: float  # one greedy sample of the target
     context_len: int
     threads: int
@@ -65,29 +61,35 @@ class PassCosts:
     def plain_token_s(self) -> float:
         return self.target(1) + self.sample_s
 
-    def step_s(self, k: int, tau: float, p_all: float) -> float:
-        """One speculative step of K, given E[tokens per step] and P(all K drafts accepted)."""
-        return (
-            self.draft(1 + p_all)
-            + (k - 1) * self.draft(1)
-            + self.target(k + 1)
-            + tau * self.sample_s
-        )
+    def passes_s(self, drafted: float, stopped: float = 0.0) -> float:
+        """The model passes of one llama-server step that drafted ``drafted`` tokens with
+        ``draft-simple``, as the llama.cpp that specscope builds runs it (commit 0c1e570:
+        ``common/speculative.cpp``, ``tools/server/server-context.cpp``), sampling left out:
 
-    def predicted_speedup(self, k: int, tau: float, p_all: float) -> float:
-        if k <= 0:
-            return 1.0
-        return tau * self.plain_token_s / self.step_s(k, tau, p_all)
+        - the draft evaluates the last sampled token, then each drafted token but the last, one
+          at a time; where ``p_min`` stopped the chain before K (``stopped`` 1), the last one
+          too, since the stop is seen when the next token is sampled;
+        - the target evaluates the last sampled token and the drafted ones in one pass;
+        - the draft evaluates that same batch again (the server's ``process`` step, which
+          re-evaluates the drafted tokens "for simplicity": ``TAG_SPEC_AVOID_DRAFT_REEVAL``).
+
+        A step that drafts nothing because ``p_min`` stopped at the first token is
+        ``passes_s(0, 1)``; one where the server does not draft at all is ``passes_s(0)``.
+        """
+        d = drafted
+        return (d + stopped) * self.draft(1) + self.draft(d + 1) + self.target(d + 1)
 
     def break_even_tau(self, k: int) -> float:
-        """Tokens per step at which a chain of K is as fast as plain decoding (taking one draft
-        token per drafted position; at most K + 1 are possible, above that no acceptance pays)."""
-        return (k * self.draft(1) + self.target(k + 1)) / self.target(1)
+        """Tokens per step at which a chain of K is as fast as plain decoding (at most K + 1
+        are possible, above that no acceptance pays)."""
+        return self.passes_s(k) / self.target(1)
 
     def break_even_draft_s(self, k: int) -> float:
-        """The draft cost per token below which K pays at perfect acceptance (K + 1 tokens per
-        step, K + 1 draft tokens evaluated)."""
-        return max(0.0, ((k + 1) * self.target(1) - self.target(k + 1)) / (k + 1))
+        """The draft's one-token cost below which K pays at perfect acceptance (K + 1 tokens per
+        step), its batch of K + 1 tokens scaled with it."""
+        # a step's draft work counted in one-token passes: K of them and the batch of K + 1
+        draft_tokens = k + self.draft(k + 1) / self.draft(1)
+        return max(0.0, ((k + 1) * self.target(1) - self.target(k + 1)) / draft_tokens)
 
     def to_dict(self) -> dict:
         return {
@@ -106,26 +108,19 @@ class PassCosts:
 
 @dataclass(frozen=True)
 class ServerStepModel:
-    """llama-server's decoding step with the draft model, priced: llama-bench's pass costs of
-    each model alone (:class:`PassCosts`), scaled by two factors llama-server measured once, on
-    the calibration requests (plain and one draft-model setting on the tuning prompts), and
-    never on the cells it then predicts (those are other settings, or held-out prompts):
+    """llama-server's decoding step with the draft model, priced: the passes llama.cpp runs per
+    step (:meth:`PassCosts.passes_s`) at llama-bench's costs of each model alone, scaled by two
+    factors llama-server measured once, on the calibration requests (plain and one draft-model
+    setting on the tuning prompts), and never on the cells it then predicts (those are other
+    settings, or held-out prompts):
 
     - ``plain_scale``: plain decoding's time per token in llama-server over the curves' one-token
       pass and sample (the server's own work per token);
     - ``shared_scale``: a draft-model step's time in llama-server over what the curves price it
-      at (the two models share the cores and the server's loop).
+      at (the two models share the cores and the server's loop; the draft's sampling).
 
-    The curves' price of a step drafting d tokens: one draft evaluation of 1 or 2 tokens (2
-    after a step whose drafts were all accepted), d - 1 one-token draft evaluations, a target
-    pass of d + 1 tokens and a sample per emitted token; a step whose stop rule (``p_min``)
-    drafts nothing: one draft evaluation and a one-token target pass. The mean drafted count
-    stands for each step's. This approximates llama.cpp's draft loop; the vendored source that
-    specscope builds (commit 0c1e570, ``common/speculative.cpp``, ``draft-simple``'s
-    ``process`` and ``draft``) also evaluates, each step, the target's verified batch in the
-    draft (``process``) and, where ``p_min`` stops the chain, its last drafted token. Those
-    draft passes are in ``shared_scale`` at the calibration setting's drafted count, not
-    priced per setting."""
+    A setting's step is priced from how many tokens its steps draft (``mix``: the share of
+    steps drafting 0, 1, 2, ... tokens, from the replay), each step at its own passes."""
 
     costs: PassCosts
     plain_scale: float
@@ -136,23 +131,23 @@ class ServerStepModel:
     def plain_token_s(self) -> float:
         return self.plain_scale * self.costs.plain_token_s
 
-    def curve_step_s(self, drafted: float, tau: float, proposal_rate: float, p_all: float) -> float:
-        """The curves' price of a step (unscaled): the draft proposes in a share
-        ``proposal_rate`` of steps, ``drafted`` tokens on average when it does, all of them
-        accepted in a share ``p_all`` of those; ``tau`` tokens emitted per step."""
-        c = self.costs
-        proposing = c.draft(1 + p_all) + max(drafted - 1, 0.0) * c.draft(1) + c.target(drafted + 1)
-        empty = c.draft(1) + c.target(1)
-        return proposal_rate * proposing + (1 - proposal_rate) * empty + tau * c.sample_s
+    def curve_step_s(self, mix: Sequence[float], k: int, stop_rule: bool, tau: float) -> float:
+        """The curves' price of a mean step (unscaled) of a chain of at most ``k`` tokens: a
+        share ``mix[d]`` of steps drafts d tokens (those below ``k`` were stopped by the
+        ``stop_rule``, ``p_min``, where there is one); ``tau`` tokens emitted per step."""
+        passes = sum(
+            share * self.costs.passes_s(d, float(stop_rule and d < k))
+            for d, share in enumerate(mix)
+            if share > 0
+        )
+        return passes + tau * self.costs.sample_s
 
-    def step_s(self, drafted: float, tau: float, proposal_rate: float, p_all: float) -> float:
-        return self.shared_scale * self.curve_step_s(drafted, tau, proposal_rate, p_all)
+    def step_s(self, mix: Sequence[float], k: int, stop_rule: bool, tau: float) -> float:
+        return self.shared_scale * self.curve_step_s(mix, k, stop_rule, tau)
 
-    def predicted_speedup(
-        self, tau: float, drafted: float, proposal_rate: float, p_all: float
-    ) -> float:
+    def predicted_speedup(self, mix: Sequence[float], k: int, stop_rule: bool, tau: float) -> float:
         """Decode tokens per second over plain decoding's in llama-server."""
-        return tau * self.plain_token_s / self.step_s(drafted, tau, proposal_rate, p_all)
+        return tau * self.plain_token_s / self.step_s(mix, k, stop_rule, tau)
 
     def to_dict(self) -> dict:
         return {
@@ -186,31 +181,24 @@ class ServerTimings:
 
 
 def calibrate(
-    costs: PassCosts, plain: ServerTimings, spec: ServerTimings, p_all: float, about: dict
+    costs: PassCosts, plain: ServerTimings, spec: ServerTimings, about: dict
 ) -> ServerStepModel:
-    """The two factors from plain's requests and one draft-model setting's (one that drafts at
-    every step: no ``p_min``) on the same prompts; ``p_all``: that setting's share of steps
-    whose drafts were all accepted (llama-server does not report it: the run's replay of the
-    same chain gives it)."""
+    """The two factors from plain's requests and one draft-model setting's (one without
+    ``p_min``: every step drafts until K, or until the request's token budget, so its mean
+    step drafts the server's own ``drafted`` over ``steps``) on the same prompts."""
     if plain.tokens < 1 or spec.steps < 1:
         raise SpecscopeError(
             "a llama-server calibration needs plain's and the draft-model setting's requests "
             f"to decode past their first token (got {plain.tokens} and {spec.steps} steps)"
         )
-    unscaled = ServerStepModel(costs, 1.0, 1.0)
-    curve_step = unscaled.curve_step_s(
-        spec.drafted / spec.steps, spec.tokens / spec.steps, 1.0, p_all
+    curve_step = (
+        costs.passes_s(spec.drafted / spec.steps) + spec.tokens / spec.steps * costs.sample_s
     )
     return ServerStepModel(
         costs,
         plain.decode_s / plain.tokens / costs.plain_token_s,
         spec.decode_s / spec.steps / curve_step,
-        {
-            **about,
-            "plain": asdict(plain),
-            "draft_model": asdict(spec),
-            "p_all": round(p_all, 4),
-        },
+        {**about, "plain": asdict(plain), "draft_model": asdict(spec)},
     )
 
 

@@ -80,6 +80,7 @@ from .backend import (
     LlamaRequest,
     candidate_settings,
     requests_frame,
+    requests_from_frame,
     runs_from_requests,
     time_candidates,
 )
@@ -185,7 +186,6 @@ def calibration_setting(settings: dict[str, ServerSetting]) -> str | None:
 
 
 def calibrated_model(
-    run,
     costs_grid: CostGrid,
     settings: dict[str, ServerSetting],
     requests: Sequence[LlamaRequest],
@@ -198,15 +198,11 @@ def calibrated_model(
     name = calibration_setting(settings)
     if name is None:
         return None
-    s = settings[name]
-    costs = pass_costs_for(costs_grid, s, gguf_quant(target), gguf_quant(draft))
-    rec = index_records(run)
-    full = replay_counts(rec, draft_chain(s), prefill_drafts=False).after_first()
+    costs = pass_costs_for(costs_grid, settings[name], gguf_quant(target), gguf_quant(draft))
     return calibrate(
         costs,
         ServerTimings.of([r for r in requests if r.candidate == PLAIN]),
         ServerTimings.of([r for r in requests if r.candidate == name]),
-        full.per_step(rec, "full")[ALL],
         {
             "setting": name,
             "prompts": "the tuning prompts (the run's)",
@@ -224,8 +220,9 @@ def priced_cells(
 ) -> list[Cell]:
     """Each draft-model setting per domain and pooled: tokens per step replayed from the run's
     records as llama-server counts them (the prefill's token a step), the decode speed-up from
-    the steps after the first over ``model``'s step time; a setting also ``timed`` keeps its
-    timing beside (in-sample). Chains deeper than the run's tree are left out."""
+    the steps after the first, each priced at the passes its drafted count takes, over
+    ``model``'s step time; a setting also ``timed`` keeps its timing beside (in-sample). Chains
+    deeper than the run's tree are left out."""
     rec = index_records(run)
     by_key = {(c.candidate, c.domain): c for c in timed}
     out = []
@@ -238,19 +235,13 @@ def priced_cells(
             continue  # the records hold no chain of K
         later = counts.after_first()
         tau = later.ratios(rec, "positions", "steps")
-        rate = later.ratios(rec, "proposals", "steps")
-        drafted, full = (later.per_step(rec, column) for column in ("drafted", "full"))
+        mix = later.drafted_mix(rec)
         for row in estimate(rec, counts)[0].rows:
             d = row.domain
             domain = ALL_DOMAINS if d == ALL else d
             e = row.tokens_per_step
-            terms = (
-                tau[d],
-                drafted[d] if math.isfinite(drafted[d]) else 0.0,
-                rate[d],
-                full[d] if math.isfinite(full[d]) else 0.0,
-            )
-            speedup = model.predicted_speedup(*terms)
+            step = (mix[d], s.k, bool(s.p_min), tau[d])
+            speedup = model.predicted_speedup(*step)
             was = by_key.get((name, domain))
             out.append(
                 Cell(
@@ -265,7 +256,7 @@ def priced_cells(
                     was.exact if was else None,
                     how=PRICED,
                     timed_speedup=was.speedup if was else math.nan,
-                    step_s=model.step_s(terms[1], terms[0], terms[2], terms[3]),
+                    step_s=model.step_s(*step),
                 )
             )
     return out
@@ -366,13 +357,16 @@ def tune_llama_server(
     costs: Path | None = None,
     max_k: int = 4,
     p_mins: Sequence[float] = (0.5, 0.75, 0.9),
+    timings: Path | None = None,
 ) -> tuple[PolicyFile, EngineChoice]:
     """Time ``candidates`` on the run's prompts in llama-server, price every draft-model setting
     up to ``max_k`` and at each of ``p_mins`` with the step model they calibrate, and choose
     (module docstring); the policy goes to ``out``, every request to ``out``'s
     ``-requests.parquet`` beside it. ``costs``: a llama-bench cost grid (``benchmarks/
     bench_llama_costs.py``); without one, the timed settings' curves are measured with
-    llama-bench and written to ``out``'s ``-costs.json``."""
+    llama-bench and written to ``out``'s ``-costs.json``. ``timings``: an earlier tune's
+    ``-requests.parquet`` of these candidates on these prompts, priced and chosen again without
+    timing anything (refused where it is another tune's)."""
     inside = inside_of(out, run_dir)  # a link planted on the way out is refused before any work
     run = load_run(run_dir)
     settings = candidate_settings(candidates, base)
@@ -386,14 +380,19 @@ def tune_llama_server(
     items = source_prompts(run.manifest, per_domain, measured=True)
     tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
     prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
-    log(
-        f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's prompts "
-        f"x {repeats} repeat(s), {n_predict} tokens each"
-    )
     tools = build_llama_tools(log)
-    runs, requests = time_candidates(
-        tools, target, draft, settings, prompts, n_predict, repeats, log=log
-    )
+    if timings is not None:
+        requests = earlier_timings(timings, settings, items, n_predict)
+        runs = runs_from_requests(requests)
+        log(f"{len(requests)} requests timed before, from {timings}: not timed again")
+    else:
+        log(
+            f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's "
+            f"prompts x {repeats} repeat(s), {n_predict} tokens each"
+        )
+        runs, requests = time_candidates(
+            tools, target, draft, settings, prompts, n_predict, repeats, log=log
+        )
     write_output(
         out.with_name(out.stem + "-requests.parquet"),
         requests_frame(requests).to_parquet(None, index=False),
@@ -419,7 +418,7 @@ def tune_llama_server(
                 log,
             )
             write_json(out.with_name(out.stem + "-costs.json"), grid.to_dict(), inside)
-        model = calibrated_model(rec, grid, settings, requests, target, draft)
+        model = calibrated_model(grid, settings, requests, target, draft)
     # a timed draft-model setting's replay stands beside its timing only where it is not priced
     timed = timed_cells(runs, None if model else replayed_chains(rec, settings), n_boot)
     cells = list(timed)
@@ -463,6 +462,26 @@ def tune_llama_server(
     policy = llama_policy(choice, settings, target, draft, source, tune_info)
     policy.save(out, inside)
     return policy, choice
+
+
+def earlier_timings(
+    path: Path, settings: dict[str, ServerSetting], items: Sequence[PromptItem], n_predict: int
+) -> list[LlamaRequest]:
+    """The requests of an earlier tune (its ``-requests.parquet``), refused unless they are
+    every one of ``settings`` on every one of ``items``, none longer than ``n_predict``."""
+    import pandas as pd
+
+    requests = requests_from_frame(pd.read_parquet(path))
+    have = {(r.candidate, r.prompt_id) for r in requests}
+    want = {(n, it.id) for n in settings for it in items}
+    if have != want or any(r.tokens > n_predict for r in requests):
+        raise SpecscopeError(
+            f"{path} holds {len(have)} (candidate, prompt) pairs, this tune times {len(want)} "
+            f"({len(want - have)} missing, {len(have - want)} not this tune's; longest output "
+            f"{max((r.tokens for r in requests), default=0)} of {n_predict} tokens): give the "
+            "same candidates, --tune-per-domain and --max-new-tokens, or time again"
+        )
+    return requests
 
 
 def models_note(policy: PolicyFile) -> str:
@@ -566,13 +585,22 @@ def candidate_predictions(policy: PolicyFile) -> dict[tuple[str, str], PolicyPre
 
 
 def benched_candidates(policy: PolicyFile) -> list[str]:
-    """The candidates a bench times: plain, every chosen one, and every other candidate that is
+    """The candidates a bench times: plain, every chosen one, every other candidate that is
     not dominated on the tuning prompts in every domain (dominated: its speed-up interval lies
-    wholly below the interval of the domain's best candidate)."""
+    wholly below the interval of the domain's best candidate), and the priced setting of
+    highest predicted speed-up over all the traffic, which checks the step model on held-out
+    prompts even where no priced setting is chosen."""
     tuned = policy.info["tune"]["cells"]
     server = policy.info["llama_server"]
     keep = {PLAIN, server["fallback"]["candidate"]}
     keep |= {e["candidate"] for e in server["domains"].values()}
+    priced = [
+        c
+        for c in tuned
+        if c.get("how") == PRICED and c["domain"] == ALL_DOMAINS and c["predicted_speedup"]
+    ]
+    if priced:
+        keep.add(max(priced, key=lambda c: c["predicted_speedup"])["candidate"])
     for domain in {c["domain"] for c in tuned}:
         cells = [c for c in tuned if c["domain"] == domain and c["predicted_speedup"] is not None]
         best = max(cells, key=lambda c: c["predicted_speedup"])
@@ -625,7 +653,10 @@ def bench_llama_server(
     timed = benched_candidates(policy) if prune else list(settings)
     pruned = [n for n in settings if n not in timed]
     if pruned:
-        log(f"not timed (dominated on the tuning prompts in every domain): {', '.join(pruned)}")
+        log(
+            "not timed (dominated on the tuning prompts in every domain, and not the step "
+            f"model's check): {', '.join(pruned)}"
+        )
     settings = {n: settings[n] for n in timed}
     pair = (policy.info.get("source") or {}).get("target", {}).get("measured", {})
     tokenizer = load_tokenizer(pair.get("target", "demo:target"))
