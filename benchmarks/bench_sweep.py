@@ -21,55 +21,17 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
+from specscope.models.tiny import byte_tokenizer, tiny_model
 from specscope.records import TIMING_COLUMNS, load_run
 from specscope.sweep import Execution, parse_sweep, run_sweep, sweep_run_dirs
 
 
-def byte_tokenizer():
-    """One token per byte plus chat specials, with a chat template (as in the tests)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    return tok
-
-
 def save_model(path: Path, tok, seed: int, layers: int, hidden: int) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
+    """A tiny random Llama (8 heads, 4 KV heads) and the tokenizer, saved to ``path``."""
+    model = tiny_model(
+        "llama", len(tok), seed, layers, hidden, heads=8, kv_heads=4, max_positions=2048
     )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # peaked distributions, like a real LM's
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)

@@ -43,6 +43,7 @@ from specscope.decode import GreedyAcceptor, make_decoder, tokens_per_step
 from specscope.drafters import DrafterConfig
 from specscope.measure.study import PromptRecords, PromptState, measure_rows, start_prompts
 from specscope.models.config import LoadedModel, ModelPair
+from specscope.models.tiny import byte_tokenizer, near_pair
 from specscope.prompts.items import PromptItem, user_message
 from specscope.records import TIMING_COLUMNS
 from specscope.run.config import RunConfig
@@ -50,10 +51,6 @@ from specscope.trees import TreeConfig, TreeShape
 
 ARCHS = ("llama", "qwen2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 PROMPTS = (
     "the cat sat on the mat. the cat sat on the mat. the cat",
     "def add(a, b):\n    return",
@@ -99,66 +96,11 @@ class Outcome:
 # --- tiny models ----------------------------------------------------------------------------
 
 
-def make_tokenizer():
-    """A byte-level tokenizer: one token per byte, plus three chat special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def make_model(arch: str, vocab: int, seed: int) -> torch.nn.Module:
-    """A float32 2-layer random model of ``arch`` on the CPU, its output layer sharpened so that
-    its distributions are peaked like a real LM's."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    config_cls, model_cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    }[arch]
-    torch.manual_seed(seed)
-    config = config_cls(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    config._attn_implementation = "sdpa"
-    model = model_cls(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
-
-
-def near_pair(arch: str, tokenizer, dtype: torch.dtype, device: str) -> ModelPair:
-    """A target and a draft made from it by multiplicative noise 0.05 on every weight, as a
+def device_pair(arch: str, tokenizer, dtype: torch.dtype, device: str) -> ModelPair:
+    """The tiny near pair (``specscope.models.tiny.near_pair``: noise 0.05) as a
     :class:`ModelPair` drafting with the draft model. Built on the CPU in float32 from fixed
     seeds, so every device and dtype gets the same weights."""
-    target = make_model(arch, len(tokenizer), seed=2)
-    draft = make_model(arch, len(tokenizer), seed=2)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.mul_(1 + 0.05 * torch.randn_like(p))
+    draft, target = near_pair(arch, len(tokenizer))
     loaded = [
         LoadedModel(m.to(device=device, dtype=dtype), tokenizer, f"tiny-{arch}-{role}", "memory")
         for m, role in ((draft, "draft"), (target, "target"))
@@ -443,17 +385,17 @@ def attempt(
 
 
 def run_checks(device: str) -> list[Outcome]:
-    tokenizer = make_tokenizer()
+    tokenizer = byte_tokenizer()
     prompts = prompt_ids(tokenizer)
     outcomes = []
     for arch in ARCHS:
         for name, dtype in DTYPES.items():
-            pair = near_pair(arch, tokenizer, dtype, device)
+            pair = device_pair(arch, tokenizer, dtype, device)
             cases = [("1 tree", "paper-tree", partial(check_tree, pair, prompts))]
             cases += [("2 decode", c, partial(check_decode, pair, prompts, c)) for c in DRAFTERS]
             cases += [("3 batch", c, partial(check_batch, pair, c)) for c in BATCH_CASES]
             if dtype == torch.float32 and device != "cpu":
-                cpu_pair = near_pair(arch, tokenizer, dtype, "cpu")
+                cpu_pair = device_pair(arch, tokenizer, dtype, "cpu")
                 cases.append(("4 cpu", "plain", partial(check_cpu, pair, cpu_pair, prompts)))
             outcomes += [attempt(check, arch, name, case, run) for check, case, run in cases]
             if dtype == torch.float32 and device == "cpu":

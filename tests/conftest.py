@@ -1,6 +1,5 @@
-"""Shared test helpers: tiny random models of real architectures and a tiny byte-level tokenizer,
-built in code; a draft near to (or far from) its target; run configs over the tiny saved pairs;
-records read back without their timings.
+"""Shared test helpers: the tiny saved pairs (``specscope.models.tiny``'s random models and byte
+tokenizer), run configs over them, records read back without their timings.
 
 Where a new test goes: a bug a user hit (a case a careful user tried; the comment says what
 happened before) -> test_safety.py, or test_abuse_*.py for hostile input; otherwise the file named
@@ -29,18 +28,12 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from specscope.models import PairConfig
+from specscope.models.tiny import byte_tokenizer, tiny_model
 from specscope.records import TIMING_COLUMNS, load_run
 from specscope.run.config import PromptSpec, RunConfig
 from specscope.trees import TreeConfig
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 # the marks that take a test out of the fast subset (``--fast``); pyproject.toml defines each
 NOT_FAST = ("slow", "int8", "calibration", "weights", "llamacpp")
@@ -139,70 +132,6 @@ def prompt_file(tmp_path):
     return write_prompts(tmp_path / "prompts.jsonl")
 
 
-def make_tokenizer():
-    """A byte-level tokenizer: one token per byte, plus three chat special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def make_model(arch: str, vocab_size: int, seed: int, layers: int = 2, hidden: int = 64):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    torch.manual_seed(seed)
-    kind = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
-    config_cls, model_cls = kind[arch]
-    config = config_cls(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    config._attn_implementation = "sdpa"
-    model = model_cls(config).eval()
-    # Sharpen the random output layer so that distributions are peaked like a real LM's.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
-
-
-def near_pair(arch: str, tokenizer, noise: float = 0.05, seed: int = 7):
-    """(draft, target): a tiny target and a draft made from it by multiplicative noise on every
-    weight, near it (noise 0.05: many nodes accepted) or far from it (noise 1.0)."""
-    target = make_model(arch, len(tokenizer), seed=2, layers=2)
-    draft = make_model(arch, len(tokenizer), seed=2, layers=2)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.mul_(1 + noise * torch.randn_like(p))
-    return draft, target
-
-
 def run_config(
     tiny_dirs, prompts, arch: str = "qwen2", pair: dict | None = None, **fields
 ) -> RunConfig:
@@ -253,7 +182,7 @@ def read_records(run_dir):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return make_tokenizer()
+    return byte_tokenizer()
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
@@ -268,7 +197,7 @@ def tiny_dirs(tmp_path_factory, tokenizer):
     for arch in ("llama", "qwen2"):
         for role, seed, layers in (("draft", 1, 1), ("target", 2, 2)):
             path = tmp_path_factory.mktemp(f"{arch}-{role}")
-            make_model(arch, len(tokenizer), seed, layers).save_pretrained(path)
+            tiny_model(arch, len(tokenizer), seed, layers).save_pretrained(path)
             tokenizer.save_pretrained(path)
             dirs[arch, role] = path
     return dirs

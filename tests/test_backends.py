@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import make_model, near_pair, spine_nodes, steps_of
+from conftest import spine_nodes, steps_of
 from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.drafters import DrafterConfig
+from specscope.models.tiny import near_pair, tiny_model
 from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.trees import TreeShape
@@ -53,7 +54,7 @@ def test_assisted_generation_with_a_perfect_drafter_takes_k_plus_one_tokens_per_
     ceil(12 / (K + 1)) passes of the target (the first with the prefill), and the output is
     plain greedy's."""
     torch.manual_seed(0)
-    target = make_model("qwen2", len(tokenizer), seed=3)
+    target = tiny_model("qwen2", len(tokenizer), seed=3)
     ids = tokenizer("def add(a, b):")["input_ids"]
     plain = hf_generate(target, ids, 12, frozenset(), min_new_tokens=12)
     assert plain.target_passes == 12 and len(plain.tokens) == 12
@@ -64,7 +65,7 @@ def test_assisted_generation_with_a_perfect_drafter_takes_k_plus_one_tokens_per_
 
 
 def test_assisted_generation_restores_the_assistants_generation_config(tokenizer):
-    draft, target = near_pair("qwen2", tokenizer, 0.05)
+    draft, target = near_pair("qwen2", len(tokenizer), 0.05)
     config = draft.generation_config
     before = (config.num_assistant_tokens, config.assistant_confidence_threshold)
     ids = tokenizer("x = 1")["input_ids"]
@@ -167,7 +168,7 @@ def test_tune_times_its_costs_over_the_runs_text_at_their_median_context(tiny_di
     assert costs.context_len == runs.decoding_context
     assert 0.2 < costs.step_scale < 5  # real steps over their timed passes: near 1
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer)
+    draft, target = near_pair("qwen2", len(tokenizer))
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     with pytest.raises(PolicyError, match="text has 20 tokens, fewer than context_len 21"):
         measure_costs(decoder, context_len=21, sizes=(1, 2), repeats=1, text=whole[:20])
@@ -185,7 +186,7 @@ def test_a_lookups_step_scale_is_set_against_plain_decoding_timed_beside_it(toke
     from specscope.tune.costs import measure_costs
 
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer)
+    draft, target = near_pair("qwen2", len(tokenizer))
     vocab = len(tokenizer)
     drafted = SpeculativeDecoder(draft, target, vocab, frozenset())
     text = [t % 50 for t in range(64)]  # repeats, so the lookup finds what to propose
@@ -278,7 +279,7 @@ def test_the_bench_routes_to_assisted_generation_and_predicts_it(tokenizer):
     prompts run it (the assisted method's very run, K = 2), the outputs are plain greedy's, the
     steps are the target's passes, and the assisted method is set against tune's prediction."""
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    draft, target = near_pair("qwen2", len(tokenizer), noise=0.05)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     nodes = _spine({"code": [0.9, 0.8, 0.7]})
     policy = tune(
@@ -322,7 +323,7 @@ def test_the_bench_counts_assisted_generations_decoding_after_its_first_step(tok
     drafter and K = 2 its first step brings 3 tokens, and the bench's decode phase (what its
     speed-up is over) is the 5 tokens after them, not 7 (plain's first step: the prefill's one)."""
     torch.manual_seed(0)
-    target = make_model("qwen2", len(tokenizer), seed=3)
+    target = tiny_model("qwen2", len(tokenizer), seed=3)
     decoder = SpeculativeDecoder(copy.deepcopy(target), target, len(tokenizer), frozenset())
     items = [PromptItem("code-0", "code", ({"role": "user", "content": "def add(a, b):"},))]
     config = BenchConfig(
@@ -338,7 +339,7 @@ def test_the_bench_counts_assisted_generations_decoding_after_its_first_step(tok
 def test_specscope_and_assisted_generation_decode_the_same_chain_alike(tokenizer):
     """The same speculation in both backends: a chain of 3 decoded by specscope's loop and by
     transformers' assisted generation gives plain greedy's output (float32)."""
-    draft, target = near_pair("llama", tokenizer, noise=0.05)
+    draft, target = near_pair("llama", len(tokenizer), noise=0.05)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     ids = tokenizer("The sum of 2 and 3 is")["input_ids"]
     plain = plain_generate(target, ids, DecodeConfig(max_new_tokens=10), len(tokenizer)).tokens

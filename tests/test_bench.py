@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import near_pair
 from specscope.analysis.render import to_markdown
 from specscope.decode import SpeculativeDecoder
 from specscope.files import json_text
+from specscope.models.tiny import near_pair
 from specscope.prompts.domains import select_prompts
 from specscope.records import ALL_DOMAINS
 from specscope.trees import TreeShape
@@ -104,7 +104,7 @@ def test_the_bench_never_times_a_tuning_prompt_unless_labelled_in_sample():
 @pytest.fixture(scope="module")
 def tiny_bench(tokenizer):
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    draft, target = near_pair("qwen2", len(tokenizer), noise=0.05)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})
     chosen = bench_prompts(["code"], 3, 42, policy, in_sample=True)
@@ -319,7 +319,7 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     from specscope.tune.choose import bench_decision
 
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    draft, target = near_pair("qwen2", len(tokenizer), noise=0.05)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})  # code: chain(2)
     chosen = bench_prompts(["code"], 3, 42, policy)
@@ -376,7 +376,7 @@ def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp
     from specscope.tune.bench import BenchCheckpoint
 
     torch.set_num_threads(1)
-    draft, target = near_pair("qwen2", tokenizer, noise=0.05)
+    draft, target = near_pair("qwen2", len(tokenizer), noise=0.05)
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     policy = _policy({"run_id": "r1", "prompt_ids": CODE_IDS[:120]})
     chosen = bench_prompts(["code", "math"], 2, 42, policy, split=False)

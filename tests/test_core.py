@@ -9,13 +9,13 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import make_model, near_pair
 from specscope.core import passes
 from specscope.core.batch import Batch, Row
 from specscope.core.draft import ChildRule
 from specscope.core.loop import Speculator
 from specscope.core.passes import gather_rows, keep_positions, prefill
 from specscope.core.sampling import gumbel_topk_scores, speculative_sample
+from specscope.models.tiny import near_pair, tiny_model
 from specscope.trees import TreeConfig, TreeShape
 
 SHAPES = {
@@ -32,7 +32,7 @@ CONTEXTS = [
 
 @pytest.fixture(scope="module")
 def pair(arch, tokenizer):
-    return near_pair(arch, tokenizer)
+    return near_pair(arch, len(tokenizer))
 
 
 def _plain(model, ids: list[int]) -> torch.Tensor:
@@ -73,7 +73,7 @@ def test_a_prefill_without_logits_skips_the_lm_head_and_fills_the_same_cache(tok
     """Refills and the draft's prefill need the cache alone: the decoder body runs, the LM head
     does not, and the cache holds the same bits as a prefill with logits (both float32 and int8
     take this path)."""
-    model = make_model(arch, len(tokenizer), seed=3, layers=2)
+    model = tiny_model(arch, len(tokenizer), seed=3, layers=2)
     ids = tokenizer("the same cache")["input_ids"]
     head = model.get_output_embeddings()
     calls = []
@@ -94,7 +94,7 @@ def test_a_prefill_without_logits_skips_the_lm_head_and_fills_the_same_cache(tok
 def test_keep_positions_gathers_every_layer(tokenizer):
     from transformers import DynamicCache
 
-    model = make_model("llama", len(tokenizer), seed=3, layers=2)
+    model = tiny_model("llama", len(tokenizer), seed=3, layers=2)
     ids = tokenizer("hello world, tree")["input_ids"]
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
@@ -115,7 +115,7 @@ def test_keep_positions_gathers_every_layer(tokenizer):
 
 
 def test_gather_rows_right_aligns_rows_of_several_caches(tokenizer):
-    model = make_model("qwen2", len(tokenizer), seed=3, layers=2)
+    model = tiny_model("qwen2", len(tokenizer), seed=3, layers=2)
     a, b = tokenizer("short")["input_ids"], tokenizer("a longer context")["input_ids"]
     with torch.inference_mode():
         cache_a, _ = prefill(model, a)

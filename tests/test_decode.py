@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from typer.testing import CliRunner
 
-from conftest import near_pair, tiny_pair_args
+from conftest import tiny_pair_args
 from specscope.cli import app
 from specscope.core.sampling import warp
 from specscope.decode import (
@@ -20,6 +20,7 @@ from specscope.decode import (
     emitted_per_step,
     plain_generate,
 )
+from specscope.models.tiny import near_pair
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
 
@@ -47,7 +48,7 @@ def decoders(tokenizer):
     out = {}
     for arch in ("llama", "qwen2"):
         for name, noise in (("close", 0.05), ("far", 1.0)):
-            draft, target = near_pair(arch, tokenizer, noise, seed=7)
+            draft, target = near_pair(arch, len(tokenizer), noise, seed=7)
             out[arch, name] = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     return out
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import near_pair, run_config
+from conftest import run_config
 from specscope.analysis.replay import (
     StopRule,
     Subtree,
@@ -32,6 +32,7 @@ from specscope.decode import (
     tokens_per_step,
 )
 from specscope.models.load import load_pair
+from specscope.models.tiny import near_pair
 from specscope.prompts.render import render_item
 from specscope.run.study import run_study
 from specscope.trees import DynamicTree, TreeConfig, TreeShape
@@ -52,7 +53,7 @@ def measured(request, tmp_path_factory, tokenizer):
     MEASURED on PROMPTS: (the run's config, its directory, the loaded pair)."""
     arch = request.param
     root = tmp_path_factory.mktemp(f"decode-replay-{arch}")
-    draft, target = near_pair(arch, tokenizer, noise=0.05)
+    draft, target = near_pair(arch, len(tokenizer), noise=0.05)
     dirs = {}
     for role, model in (("draft", draft), ("target", target)):
         model.save_pretrained(root / role)
@@ -175,7 +176,7 @@ def test_the_stop_rule_drafts_less_than_the_tree_it_cuts(measured):
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 @pytest.mark.parametrize("new_tokens", [1, 7, 16])
 def test_a_perfect_drafter_decodes_k_plus_one_tokens_per_step(tokenizer, k, new_tokens):
-    _, target = near_pair("llama", tokenizer, noise=0.0)
+    _, target = near_pair("llama", len(tokenizer), noise=0.0)
     decoder = SpeculativeDecoder(target, target, len(tokenizer), frozenset())
     ids = tokenizer("def add(a, b):\n    return")["input_ids"]
     result = decoder.generate(ids, TreeShape.chain(k), DecodeConfig(new_tokens))

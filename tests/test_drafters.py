@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from typer.testing import CliRunner
 
-from conftest import near_pair, run_config, tiny_pair_args
+from conftest import run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.core.sampling import warp
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
@@ -29,6 +29,7 @@ from specscope.drafters import (
 )
 from specscope.drafters.early_exit import early_exit_view
 from specscope.models import load_pair, load_tokenizer
+from specscope.models.tiny import near_pair
 from specscope.prompts.items import read_jsonl
 from specscope.prompts.render import render_item
 from specscope.records import load_run
@@ -226,7 +227,7 @@ def exit_distribution(target, context: list[int], exit_layer: int) -> torch.Tens
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_early_exit_view_is_the_targets_first_layers(tokenizer, arch):
-    _, target = near_pair(arch, tokenizer)
+    _, target = near_pair(arch, len(tokenizer))
     view = early_exit_view(target, 1)
     assert view.model.embed_tokens is target.model.embed_tokens  # shared, not copied
     assert len(view.model.layers) == 1 and len(target.model.layers) == 2
@@ -384,7 +385,7 @@ def prompts_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def pairs(tokenizer):
-    return {arch: near_pair(arch, tokenizer, 0.05, seed=7) for arch in ("llama", "qwen2")}
+    return {arch: near_pair(arch, len(tokenizer), 0.05, seed=7) for arch in ("llama", "qwen2")}
 
 
 def decoder_for(pairs, tokenizer, arch: str, drafter: DrafterConfig) -> SpeculativeDecoder:

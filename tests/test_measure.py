@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import near_pair, read_records, run_config
+from conftest import read_records, run_config
 from specscope.core.batch import Batch, Row, StepScores
 from specscope.core.passes import greedy_token
 from specscope.measure import checks
@@ -17,6 +17,7 @@ from specscope.measure.checks import MeasureError
 from specscope.measure.naive import NaiveOracle
 from specscope.measure.records import step_record
 from specscope.models import load_pair
+from specscope.models.tiny import near_pair
 from specscope.records import RunDir
 from specscope.run.study import run_study
 from specscope.trees import TreeConfig, TreeShape
@@ -52,7 +53,7 @@ STEP_COLUMNS = ["prompt_id", "step", "emitted_token", "accepted_len", "tau", "co
 
 @pytest.fixture(scope="module")
 def pair(arch, tokenizer):
-    return near_pair(arch, tokenizer)
+    return near_pair(arch, len(tokenizer))
 
 
 @pytest.fixture

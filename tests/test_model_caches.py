@@ -29,11 +29,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import make_model
 from specscope.cli import app
 from specscope.models import ModelLoadError, demo
 from specscope.models.int8_cache import entry_dir
 from specscope.models.load import load_model, model_identity
+from specscope.models.tiny import tiny_model
 
 cli = CliRunner()
 IDS = torch.tensor([[5, 17, 99, 3, 42, 42, 7]])
@@ -58,7 +58,7 @@ def cache(tmp_path, monkeypatch):
 def same_shape_other(tmp_path_factory, tokenizer):
     """A llama model of the tiny target's config with other weights (the review's tiny-other)."""
     path = tmp_path_factory.mktemp("llama-other")
-    make_model("llama", len(tokenizer), seed=3, layers=2).save_pretrained(path)
+    tiny_model("llama", len(tokenizer), seed=3, layers=2).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -290,7 +290,7 @@ def fake_demo(tmp_path, cache, monkeypatch, tokenizer):
     def convert(path, dtype):
         assert path == gguf
         builds.append(1)
-        return make_model("llama", len(tokenizer), seed=11, layers=2).to(dtype), tokenizer
+        return tiny_model("llama", len(tokenizer), seed=11, layers=2).to(dtype), tokenizer
 
     monkeypatch.setattr(demo, "_kept_gguf", lambda role: gguf)
     monkeypatch.setattr(demo, "load_gguf", convert)
@@ -569,7 +569,7 @@ def test_a_damaged_checkpoint_through_the_cli_is_exit_2(damaged, tiny_dirs, arch
 
 def test_tied_output_weights_are_not_missing(arch, tmp_path, tokenizer):
     """A checkpoint whose lm_head is tied to embed_tokens holds one of them: that is complete."""
-    model = make_model(arch, len(tokenizer), seed=4, layers=1)
+    model = tiny_model(arch, len(tokenizer), seed=4, layers=1)
     model.config.tie_word_embeddings = True
     tied = type(model)(model.config)
     tied.save_pretrained(tmp_path / "tied")

@@ -8,22 +8,22 @@ from importlib import metadata
 import pytest
 import torch
 
-from conftest import make_model, make_tokenizer, near_pair
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
 from specscope.models.config import DemoModel
 from specscope.models.gguf import load_gguf
 from specscope.models.load import check_vocabularies
+from specscope.models.tiny import byte_tokenizer, near_pair, tiny_model
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
 
 
 def test_same_vocabulary_passes(tokenizer):
-    check_vocabularies(tokenizer, make_tokenizer())
+    check_vocabularies(tokenizer, byte_tokenizer())
 
 
 def test_different_vocabulary_names_first_differing_token(tokenizer):
-    other = make_tokenizer()
+    other = byte_tokenizer()
     other.add_tokens(["<extra>"])
     with pytest.raises(
         ModelLoadError, match=r"token id 259 is None in the draft and '<extra>' in the target"
@@ -32,7 +32,7 @@ def test_different_vocabulary_names_first_differing_token(tokenizer):
 
 
 def test_pair_with_different_vocabularies_is_refused_before_loading_weights(tiny_dirs, tmp_path):
-    other = make_tokenizer()
+    other = byte_tokenizer()
     other.add_tokens(["<extra>"])
     bad = tmp_path / "bad-target"
     bad.mkdir()
@@ -231,7 +231,7 @@ def test_int8_pair_greedy_speculation_is_exactly_plain(tokenizer, arch):
     from specscope.models.int8 import quantize_int8, use_rowwise_attention
     from specscope.tune.hf_generate import hf_generate
 
-    draft, target = near_pair(arch, tokenizer, 0.3, seed=7)
+    draft, target = near_pair(arch, len(tokenizer), 0.3, seed=7)
     quantize_int8(draft)
     use_rowwise_attention(quantize_int8(target))
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
@@ -297,7 +297,7 @@ def test_int8_needs_float32_on_the_cpu(tokenizer):
     from specscope.models.int8 import quantize_int8
 
     with pytest.raises(ModelLoadError, match="float32"):
-        quantize_int8(make_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
+        quantize_int8(tiny_model("llama", len(tokenizer), seed=1).to(torch.bfloat16))
     with pytest.raises(ModelLoadError, match="float32"):
         PairConfig(dtype="bfloat16", quantize="int8")
     with pytest.raises(ModelLoadError, match="unknown quantization"):
@@ -312,7 +312,7 @@ def test_int8_tree_pass_logits_equal_one_token_passes_bit_for_bit(tokenizer, arc
     from specscope.core.passes import feed
     from specscope.models.int8 import quantize_int8, use_rowwise_attention
 
-    target = quantize_int8(make_model(arch, len(tokenizer), seed=5, layers=2))
+    target = quantize_int8(tiny_model(arch, len(tokenizer), seed=5, layers=2))
     use_rowwise_attention(target)
     ids = tokenizer(INT8_PROMPTS[1])["input_ids"]
     shape = TreeShape.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]")
@@ -384,7 +384,7 @@ def test_int8_cache_rebuilds_the_quantised_model_bit_for_bit(
     assert (
         cached.parameters
         == fresh.parameters
-        == sum(p.numel() for p in make_model(arch, 259, seed=2, layers=2).parameters())
+        == sum(p.numel() for p in tiny_model(arch, 259, seed=2, layers=2).parameters())
     )
     assert cached.model.config.to_dict() == fresh.model.config.to_dict()
     assert cached.model.generation_config.to_dict() == fresh.model.generation_config.to_dict()

@@ -361,13 +361,13 @@ def test_bench_needs_a_prompt_per_domain():
 
 def test_cost_measurement_on_a_vocabulary_under_1000_tokens(tokenizer):
     # before: _time_forward drew token ids from randint(0, 1000) whatever the vocabulary
-    from conftest import make_model
     from specscope.decode import SpeculativeDecoder
+    from specscope.models.tiny import tiny_model
     from specscope.tune.costs import measure_costs
 
     draft, target = (
-        make_model("llama", len(tokenizer), 1, 1),
-        make_model("llama", len(tokenizer), 2),
+        tiny_model("llama", len(tokenizer), 1, 1),
+        tiny_model("llama", len(tokenizer), 2),
     )
     decoder = SpeculativeDecoder(draft, target, len(tokenizer), frozenset())
     costs = measure_costs(decoder, context_len=16, sizes=(1, 2), repeats=1)

@@ -14,8 +14,8 @@ by accident. ``EarlyExitCandidateGenerator`` is that generator with the model as
 import pytest
 import torch
 
-from conftest import make_model
 from specscope.drafters import DrafterConfig
+from specscope.models.tiny import tiny_model
 from specscope.serving.export import ExportOptions, export_policy
 from specscope.trees import TreeShape
 from specscope.tune.policy import PolicyFile
@@ -54,8 +54,8 @@ def drafted(monkeypatch):
 
 
 def _pair():
-    target = make_model("llama", VOCAB, seed=2, layers=2)
-    assistant = make_model("llama", VOCAB, seed=1, layers=1)
+    target = tiny_model("llama", VOCAB, seed=2, layers=2)
+    assistant = tiny_model("llama", VOCAB, seed=1, layers=1)
     for model in (target, assistant):
         model.generation_config.pad_token_id = 0
     return target, assistant
