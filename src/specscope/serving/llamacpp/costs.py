@@ -7,11 +7,12 @@ break-even points: the tokens per step a chain of K needs to pay, and the draft 
 perfect acceptance stops paying. Those costs come from llama-bench (:class:`CostCurve`,
 :func:`measure_cost_grid`), timed per setting and quantisation, each model alone.
 
-llama-bench times each model alone, while in llama-server the two models share the cores
-(speculative settings ran at 0.62-0.71 of what the curves alone predicted), so the step model
-``specscope llamacpp`` prices draft-model settings with (:class:`ServerStepModel`) scales the
-curves by what plain and one draft-model setting measured in llama-server once (:func:`calibrate`),
-on the tuning prompts: never on the cells it then predicts. This module does not run models
+The step model ``specscope llamacpp`` prices draft-model settings with
+(:class:`ServerStepModel`) prices each step at the passes llama-server runs for it
+(:meth:`PassCosts.passes_s`, read in the llama.cpp source specscope builds), at llama-bench's
+costs of each model alone, scaled by what plain and one draft-model setting measured in
+llama-server once (:func:`calibrate`), on the tuning prompts: never on the cells it then
+predicts. This module does not run models
 (:mod:`.programs` and :mod:`.server` do); reading a GGUF's quantisation needs the ``llamacpp``
 extra.
 """

@@ -8,15 +8,17 @@ prompts and checked on held-out ones.
   *priced*: its tokens per step replayed from the run's records as llama-server counts them,
   over a step time: each step's passes as llama-server runs them, at llama-bench's pass costs
   (:class:`.costs.ServerStepModel`), scaled by two factors that plain's and one draft-model
-  setting's requests measured here (the calibration, named in the policy file). An earlier
-  tune's requests can be priced again without timing (``timings``). The model-free lookups, C++ that specscope does not
-  replay, are chosen on their timings. One chooser (:func:`specscope.tune.engine_choice.choose`)
-  takes each domain's and the uniform best; the policy file's ``llama_server`` entries hold the
-  exact flags and GGUF files, and ``tune.cells`` every candidate's prediction and how it was made.
-  The run measured another model than the GGUF where they differ: the output says which.
+  setting's requests measured here (the calibration, named in the policy file); an earlier
+  tune's requests can be priced again without timing (``timings``). The model-free lookups,
+  C++ that specscope does not replay, are chosen on their timings. One chooser
+  (:func:`specscope.tune.engine_choice.choose`) takes each domain's and the uniform best; the
+  policy file's ``llama_server`` entries hold the exact flags and GGUF files, and ``tune.cells``
+  every candidate's prediction and how it was made. The run measured another model than the
+  GGUF where they differ: the output says which.
 - :func:`bench_llama_server` (its second half; ``--policy-file FILE`` alone): the
   policy's candidates (and the priced setting of highest predicted speed-up, the step model's
-  check) on held-out prompts (none that the run measured), every repeat on fresh servers; predicted against measured for every cell, each domain's regret (the chosen candidate
+  check) on held-out prompts (none that the run measured), every repeat on fresh servers;
+  predicted against measured for every cell, each domain's regret (the chosen candidate
   against the best one measured), routed against the best single setting over the four domains'
   traffic, and whether each interval is ±5% or narrower.
 
