@@ -4,6 +4,7 @@ setting (with a calibration of its verdict), what a bench times, the export of a
 the whole command on real llama-server processes when the programs and the demo pair are here."""
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -14,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specscope.cli import app
+from specscope.errors import SpecscopeError
 from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.serving.export import ExportError, ExportOptions, export_policy
@@ -175,6 +177,47 @@ def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
     back = requests_from_frame(requests_frame(requests))
     assert back == requests
     assert runs_from_requests(back, frozenset({"c1"})) == runs
+
+
+def test_a_run_stopped_midway_times_only_what_its_journal_lacks(tmp_path):
+    """Interrupted at the 7th of 12 requests (the server fails), the run's journal holds the 6
+    answered; run again over it, only the other 6 are timed (the stopped repeat on fresh
+    servers), and the requests are the same as an uninterrupted run's. Another run's journal is
+    refused, and a line the interruption cut is dropped."""
+    items = [PromptItem(f"c{i}", "code", [], "") for i in range(2)]
+    prompts = [(it, [i + 1, i + 2]) for i, it in enumerate(items)]
+    settings = candidate_settings(["ngram-mod"], ServerSetting())
+    asked = []
+
+    def script(setting, ids, nth):
+        if len(asked) == 7 and fail:
+            raise ConnectionError("the server died")
+        return _completion(10, 100.0 * (1 + len(ids)), 50.0)
+
+    def serve(setting):
+        return nullcontext(ScriptedServer(setting, script, asked))
+
+    journal = tmp_path / "requests.partial.jsonl"
+    run = functools.partial(
+        time_candidates, None, None, None, settings, prompts, 10, repeats=3, serve=serve,
+        journal=journal, inside=tmp_path,
+    )  # fmt: skip
+    fail = True
+    with pytest.raises(ConnectionError):
+        run()
+    assert len(journal.read_text().splitlines()) == 6
+    with open(journal, "a") as f:
+        f.write('{"candidate": "plain", "prom')  # cut mid-line
+    fail, asked[:] = False, []
+    _, requests = run()
+    assert len(asked) == 6 and len(requests) == 12
+    assert {(r.repeat, r.candidate, r.prompt_id) for r in requests} == {
+        (rep, n, it.id) for rep in range(3) for n in settings for it in items
+    }
+    other = candidate_settings(["ngram-simple"], ServerSetting())
+    with pytest.raises(SpecscopeError, match="another run's journal"):
+        time_candidates(None, None, None, other, prompts, 10, repeats=3, serve=serve,
+                        journal=journal)  # fmt: skip
 
 
 # --- the chooser over timed candidates ----------------------------------------------------------------

@@ -15,12 +15,17 @@ drafts accepted at 3.5x the first time's speed on this project's CPU), so a repe
 server would time another thing than the first. Within a repeat the prompts go in the same
 order for every candidate, the candidates in an order that rotates prompt by prompt.
 
+Nothing timed is lost to an interruption: with a ``journal``, every request is appended to it as
+it is answered, and a run started again over the same journal times only what it lacks (the
+repeat it stopped in on fresh servers again).
+
 It does not choose (:mod:`specscope.tune.engine_choice`) or summarise (:func:`~specscope.tune.bench.summarize_bench`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...errors import SpecscopeError
+from ...files import append_line
 from ...prompts.items import PromptItem
 from ...tune.bench import BenchRun
 from .programs import LlamaTools
@@ -88,13 +95,17 @@ def time_candidates(
     log: Callable[[str], None] | None = None,
     serve: Callable[[ServerSetting], AbstractContextManager] | None = None,
     first_repeat: int = 0,
+    journal: Path | None = None,
+    inside: Path | None = None,
 ) -> tuple[list[BenchRun], list[LlamaRequest]]:
     """Every candidate on every prompt, ``repeats`` times, servers restarted each repeat; the
     bench rows (:func:`runs_from_requests`) and every request. ``serve(setting)`` starts one
     server, whose ``complete(ids, n_predict)`` answers a :class:`Completion` (default: a
     :class:`LlamaServer` of ``target``, with ``draft`` where the setting drafts with a
     model). ``first_repeat``: the index of the first repeat (more repeats of a bench made
-    before)."""
+    before). ``journal``: a JSON-lines file every request is appended to as it is answered
+    (``inside``: as :func:`~specscope.files.write_output`'s); the requests it already holds are
+    not timed again (module docstring)."""
     if PLAIN not in settings:
         raise ValueError("the candidates need 'plain': it is the reference")
     if serve is None:
@@ -103,33 +114,45 @@ def time_candidates(
             return LlamaServer(tools, target, s, draft if s.uses_draft_model else None)
 
     names = list(settings)
-    requests: list[LlamaRequest] = []
     total = len(prompts) * len(names) * repeats
-    for rep in range(first_repeat, first_repeat + repeats):
+    reps = range(first_repeat, first_repeat + repeats)
+    done = read_journal(journal, names, [item.id for item, _ in prompts], reps, n_predict)
+    if done and log:
+        log(f"{len(done)} of {total} requests already timed in {journal}: timing the rest")
+    requests: list[LlamaRequest] = []
+    for rep in reps:
+        keys = [(rep, name, item.id) for item, _ in prompts for name in names]
+        if all(k in done for k in keys):
+            requests += [done[k] for k in keys]
+            continue
         with ExitStack() as stack:
             servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
             for i, (item, ids) in enumerate(prompts):
                 shift = (i + rep) % len(names)
                 for name in names[shift:] + names[:shift]:
+                    if (rep, name, item.id) in done:
+                        requests.append(done[rep, name, item.id])
+                        continue
                     t0 = time.perf_counter()
                     c = servers[name].complete(ids, n_predict)
                     wall = time.perf_counter() - t0
-                    requests.append(
-                        LlamaRequest(
-                            name,
-                            item.id,
-                            item.domain,
-                            rep,
-                            c.predicted_n,
-                            c.prompt_ms / 1000,
-                            c.predicted_ms / 1000,
-                            c.draft_n,
-                            c.draft_n_accepted,
-                            c.stop_type,
-                            wall,
-                            tuple(c.tokens),
-                        )
+                    request = LlamaRequest(
+                        name,
+                        item.id,
+                        item.domain,
+                        rep,
+                        c.predicted_n,
+                        c.prompt_ms / 1000,
+                        c.predicted_ms / 1000,
+                        c.draft_n,
+                        c.draft_n_accepted,
+                        c.stop_type,
+                        wall,
+                        tuple(c.tokens),
                     )
+                    requests.append(request)
+                    if journal is not None:
+                        append_line(journal, json.dumps(asdict(request)), inside)
                     if log:
                         log(
                             f"[{len(requests)}/{total}] repeat {rep + 1} {item.domain:9s} "
@@ -171,6 +194,41 @@ def runs_from_requests(
             )
         )
     return runs
+
+
+def read_journal(
+    path: Path | None,
+    names: Sequence[str],
+    prompt_ids: Sequence[str],
+    reps: range,
+    n_predict: int,
+) -> dict[tuple[int, str, str], LlamaRequest]:
+    """(repeat, candidate, prompt id) -> the request a journal holds; refused, naming the file,
+    where it holds a request this run would not make (another bench's)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue  # a line cut by the interruption is dropped below; blank ones here
+        try:
+            d = json.loads(line)
+            r = LlamaRequest(**{**d, "output_ids": tuple(d["output_ids"])})
+        except (ValueError, TypeError, KeyError):
+            continue  # the last line, cut when the run stopped
+        if (
+            r.candidate not in names
+            or r.prompt_id not in prompt_ids
+            or r.repeat not in reps
+            or (r.tokens > n_predict)
+        ):
+            raise SpecscopeError(
+                f"{path} holds a request this run would not make ({r.candidate} on "
+                f"{r.prompt_id}, repeat {r.repeat + 1}, {r.tokens} tokens): it is another run's "
+                "journal; remove it, or run into another --out"
+            )
+        out[r.repeat, r.candidate, r.prompt_id] = r
+    return out
 
 
 def requests_from_frame(frame: pd.DataFrame) -> list[LlamaRequest]:

@@ -393,14 +393,18 @@ def tune_llama_server(
             f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's "
             f"prompts x {repeats} repeat(s), {n_predict} tokens each"
         )
+        journal = out.with_name(out.stem + "-requests.partial.jsonl")
         runs, requests = time_candidates(
-            tools, target, draft, settings, prompts, n_predict, repeats, log=log
-        )
+            tools, target, draft, settings, prompts, n_predict, repeats, log=log,
+            journal=journal, inside=inside,
+        )  # fmt: skip
     write_output(
         out.with_name(out.stem + "-requests.parquet"),
         requests_frame(requests).to_parquet(None, index=False),
         inside,
     )
+    if timings is None:
+        journal.unlink(missing_ok=True)
     rec = index_records(run)  # every draft-model setting below replays it: indexed once
     model = None
     if calibration is not None:
@@ -691,6 +695,8 @@ def bench_llama_server(
             chosen.in_sample_ids,
             log,
             first_repeat=first,
+            journal=out / "requests.partial.jsonl",
+            inside=inside,
         )[1]
     runs = runs_from_requests(requests, chosen.in_sample_ids)
     per_domain_choice = {d: e["candidate"] for d, e in server["domains"].items()}
@@ -717,6 +723,7 @@ def bench_llama_server(
     write_output(
         out / "requests.parquet", requests_frame(requests).to_parquet(None, index=False), inside
     )
+    (out / "requests.partial.jsonl").unlink(missing_ok=True)
     grids = (
         bench_grid(rows, "llama-server on held-out prompts"),
         prediction_grid(cells, chosen.tuned),
