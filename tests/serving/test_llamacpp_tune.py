@@ -21,6 +21,7 @@ from specscope.records import ALL_DOMAINS
 from specscope.serving.export import ExportError, ExportOptions, export_policy
 from specscope.serving.llamacpp.backend import (
     candidate_settings,
+    read_journal,
     requests_frame,
     requests_from_frame,
     runs_from_requests,
@@ -211,6 +212,8 @@ def test_a_run_stopped_midway_times_only_what_its_journal_lacks(tmp_path):
     fail, asked[:] = False, []
     _, requests = run()
     assert len(asked) == 6 and len(requests) == 12
+    whole = read_journal(journal, list(settings), [it.id for it in items], range(3), 10)
+    assert sorted(whole.values(), key=str) == sorted(requests, key=str)  # the cut line ended
     assert {(r.repeat, r.candidate, r.prompt_id) for r in requests} == {
         (rep, n, it.id) for rep in range(3) for n in settings for it in items
     }

@@ -117,6 +117,8 @@ def time_candidates(
     total = len(prompts) * len(names) * repeats
     reps = range(first_repeat, first_repeat + repeats)
     done = read_journal(journal, names, [item.id for item, _ in prompts], reps, n_predict)
+    if journal is not None and journal.is_file() and not journal.read_text().endswith("\n"):
+        append_line(journal, "", inside)  # end the line an interruption cut
     if done and log:
         log(f"{len(done)} of {total} requests already timed in {journal}: timing the rest")
     requests: list[LlamaRequest] = []
@@ -220,7 +222,7 @@ def read_journal(
             r.candidate not in names
             or r.prompt_id not in prompt_ids
             or r.repeat not in reps
-            or (r.tokens > n_predict)
+            or r.tokens > n_predict
         ):
             raise SpecscopeError(
                 f"{path} holds a request this run would not make ({r.candidate} on "
