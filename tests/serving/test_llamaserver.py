@@ -131,15 +131,16 @@ def test_break_even_from_curves():
     cand = Candidate(ServerSetting(poll=0, draft_threads=2, draft_poll=0), TARGET, DRAFT)
     c = cand.costs()
     assert c.plain_token_s == pytest.approx(0.040)
-    # K = 1: one draft token and a 2-token target pass must be paid by tau tokens of 40 ms
-    assert c.break_even_tau(1) == pytest.approx((0.012 + 0.054) / 0.040)  # 1.65
-    assert c.break_even_tau(3) == pytest.approx((3 * 0.012 + 0.088) / 0.040)  # 3.1
-    assert c.break_even_tau(4) == pytest.approx((4 * 0.012 + 0.112) / 0.040)  # 4.0 < 5
-    # perfect acceptance with K = 1 pays while 2 d + 0.054 < 2 * 0.040
-    assert c.break_even_draft_s(1) == pytest.approx((0.080 - 0.054) / 2)
+    # K = 1: the draft's pass of the last token, the target's pass of 2 and the draft's pass of
+    # the same 2 again must be paid by tau tokens of 40 ms
+    assert c.break_even_tau(1) == pytest.approx((0.012 + 0.054 + 0.016) / 0.040)  # 2.05 > 2
+    assert c.break_even_tau(3) == pytest.approx((3 * 0.012 + 0.088 + 0.024) / 0.040)  # 3.7
+    assert c.break_even_tau(4) == pytest.approx((4 * 0.012 + 0.112 + 0.028) / 0.040)  # 4.7 < 5
+    # perfect acceptance with K = 1 pays while d + (16 / 12) d + 0.054 < 2 * 0.040
+    assert c.break_even_draft_s(1) == pytest.approx((0.080 - 0.054) / (1 + 0.016 / 0.012))
     table = pd.DataFrame(break_even_rows(CostGrid((TARGET, DRAFT)).candidates(), [1, 4]))
-    assert list(table["break_even_tau"]) == pytest.approx([1.65, 4.0])
-    assert list(table["pays_at_all"]) == [True, True]
+    assert list(table["break_even_tau"]) == pytest.approx([2.05, 4.7])
+    assert list(table["pays_at_all"]) == [False, True]
     assert list(table["target_k1_rel"]) == pytest.approx([1.35, 2.8])
     # a target whose passes grow linearly never pays, whatever the acceptance
     linear = curve("target", "Q8_0", 2, 0, [0.04, 0.08, 0.12, 0.16, 0.20])
