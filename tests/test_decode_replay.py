@@ -223,3 +223,72 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def measured_int8(tmp_path_factory, tokenizer):
+    """A near Llama pair measured in int8 with MEASURED on PROMPTS in batches of 4 (the draft on
+    row-wise attention, as int8 measurement runs it): (the run's config, its directory)."""
+    root = tmp_path_factory.mktemp("decode-replay-int8")
+    dirs = {}
+    for role, model in zip(("draft", "target"), near_pair("llama", len(tokenizer), noise=0.05)):
+        model.save_pretrained(root / role)
+        tokenizer.save_pretrained(root / role)
+        dirs["llama", role] = root / role
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": i, "domain": d, "prompt": p}) + "\n" for i, d, p in PROMPTS)
+    )
+    config = run_config(
+        dirs,
+        prompts,
+        "llama",
+        pair={"quantize": "int8"},
+        tree=TreeConfig(policy="static", paths=MEASURED),
+        max_new_tokens=NEW_TOKENS,
+        criteria=None,
+    )
+    run_study(config, root / "run", progress=False, batch_size=4)
+    return config, root / "run"
+
+
+@pytest.mark.int8
+@pytest.mark.parametrize("k", [2, 4])
+def test_int8_decoding_on_the_measured_draft_attention_is_the_replay(measured_int8, k):
+    """With the draft on the attention int8 measurement drafts with (``--draft-attention
+    rowwise``), specscope's decoder and transformers' assisted generation decode each prompt in
+    exactly the steps the records replay to, and the measurement's trajectory."""
+    from specscope.tune.choose import PairRequest, load_decode_pair
+    from specscope.tune.hf_generate import hf_generate
+
+    config, run_dir = measured_int8
+    pair = load_decode_pair(
+        PairRequest(config.pair.draft, config.pair.target, int8=True, draft_attention="rowwise")
+    )
+    assert pair.draft.model.config._attn_implementation == "specscope_rowwise"
+    rec = index_records(run_dir)
+    ours = replay_counts(rec, top_chain(k), prefill_drafts=False)
+    theirs = replay_counts(rec, top_chain(k), prefill_drafts=True)
+    steps = load_run_steps(run_dir)
+    decoder = make_decoder(pair)
+    for item in config.prompts.select(config.seed):
+        ids = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+        p = rec.prompt_ids.index(item.id)
+        result = decoder.generate(ids, TreeShape.chain(k), DecodeConfig(NEW_TOKENS))
+        assert result.tokens == steps[item.id], item.id
+        assert len(result.steps) == ours.steps[p], item.id
+        g = hf_generate(
+            pair.target.model, ids, NEW_TOKENS, frozenset(), pair.draft.model, k, NEW_TOKENS
+        )
+        assert g.tokens == steps[item.id], item.id
+        assert g.target_passes == theirs.steps[p], item.id
+
+
+def test_rowwise_draft_attention_is_refused_without_int8():
+    from specscope.tune.acceptance import PolicyError
+    from specscope.tune.choose import PairRequest
+
+    with pytest.raises(PolicyError, match="needs --int8"):
+        PairRequest(draft_attention="rowwise")
+    with pytest.raises(PolicyError, match="one of sdpa, rowwise, not 'flash'"):
+        PairRequest(int8=True, draft_attention="flash")

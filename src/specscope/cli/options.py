@@ -78,6 +78,14 @@ INT8 = typer.Option(
     "few tokens cost about one, greedy outputs stay plain decoding's of the same model, and "
     "records do not depend on the batch size.",
 )
+DRAFT_ATTENTION = typer.Option(
+    "sdpa",
+    "--draft-attention",
+    help="The draft model's attention: sdpa (the fastest) or rowwise (with --int8: the "
+    "batch-invariant attention that int8 measurement drafts with, so that decoding drafts exactly "
+    "the tokens the records hold and a replayed prediction is checked step for step; a draft "
+    "pass costs a few percent more, its prefill about 1.4x).",
+)
 THREADS_HELP = (
     f"CPU threads for torch, 1 to {MAX_THREADS} (default: torch's own, capped at the CPUs this "
     "process may use: its affinity mask and its container's CPU quota; a sweep's shard on Ray: "

@@ -26,10 +26,12 @@ from .drafting import drafter_config
 BENCH_DOMAINS = ("code", "math", "reasoning", "chat")  # the paper's four
 
 
-def _pair_request(draft, target, dtype, device, trust_remote_code: bool, int8: bool):
+def _pair_request(
+    draft, target, dtype, device, trust_remote_code: bool, int8: bool, draft_attention="sdpa"
+):
     from ..tune.choose import PairRequest
 
-    return PairRequest(draft, target, dtype, device, trust_remote_code, int8)
+    return PairRequest(draft, target, dtype, device, trust_remote_code, int8, draft_attention)
 
 
 RECORD_SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -106,6 +108,7 @@ def decode(
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
+    draft_attention: str = options.DRAFT_ATTENTION,
     drafter: str | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
@@ -140,7 +143,7 @@ def decode(
     choice = choose_speculation(tree, text, drafter_given)
     set_threads(threads)
     pair = load_decode_pair(
-        _pair_request(draft, target, dtype, device, trust_remote_code, int8),
+        _pair_request(draft, target, dtype, device, trust_remote_code, int8, draft_attention),
         drafter=choice.drafter,
     )
     messages = [{"role": "user", "content": text}]
@@ -311,6 +314,7 @@ def bench(
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
+    draft_attention: str = options.DRAFT_ATTENTION,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
     exit_layer: int | None = options.EXIT_LAYER,
@@ -377,10 +381,15 @@ def bench(
             target_layers(target or "demo:target", trust_remote_code)
         )
     pair = choose.load_decode_pair(
-        _pair_request(draft, target, dtype, device, trust_remote_code, int8)
+        _pair_request(draft, target, dtype, device, trust_remote_code, int8, draft_attention)
     )
     setting = choose.BenchSetting(
-        policy_file, router_name, str(pair.target.model.dtype), int8, torch.get_num_threads()
+        policy_file,
+        router_name,
+        str(pair.target.model.dtype),
+        int8,
+        torch.get_num_threads(),
+        draft_attention,
     )
     checkpoint = None
     if out is not None:  # each prompt's runs kept as timed: the same command resumes
@@ -410,6 +419,7 @@ def bench(
     title = (
         f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
         f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
+        f"{', the draft on row-wise attention' if draft_attention == 'rowwise' else ''}"
     )
     grids = [choose.bench_grid(rows, title), checks.prediction_grid(cells, chosen.tuned)]
     decision = choose.bench_decision(policy, config, names, rows, runs) if policy else {}

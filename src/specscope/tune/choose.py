@@ -140,6 +140,25 @@ class PairRequest:
     device: str | None = None
     trust_remote_code: bool = False
     int8: bool = False
+    draft_attention: str = "sdpa"  # a key of DRAFT_ATTENTIONS
+
+    def __post_init__(self) -> None:
+        if self.draft_attention not in DRAFT_ATTENTIONS:
+            raise PolicyError(
+                f"--draft-attention must be one of {', '.join(DRAFT_ATTENTIONS)}, "
+                f"not {self.draft_attention!r}"
+            )
+        if self.draft_attention == "rowwise" and not self.int8:
+            raise PolicyError(
+                "--draft-attention rowwise needs --int8: int8 measurement drafts on row-wise "
+                "attention; in bfloat16 and float32 it drafts on SDPA, as decoding does"
+            )
+
+
+# the draft model's attention in decoding: SDPA (transformers' default here), or the row-wise
+# attention that int8 measurement runs the draft on (specscope.measure.study), with which a
+# decode drafts exactly the tokens the records hold
+DRAFT_ATTENTIONS = ("sdpa", "rowwise")
 
 
 def load_decode_pair(
@@ -166,7 +185,12 @@ def load_decode_pair(
         config = PairConfig(**fields)
     except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
         raise PolicyError(f"the run's [pair] section: {e}") from None
-    return load_pair(config, drafter or DrafterConfig())
+    pair = load_pair(config, drafter or DrafterConfig())
+    if request.draft_attention == "rowwise" and pair.draft is not None:
+        from ..models.int8 import use_rowwise_attention
+
+        use_rowwise_attention(pair.draft.model)
+    return pair
 
 
 # --- tune -------------------------------------------------------------------------------------------
@@ -470,6 +494,7 @@ class BenchSetting:
     dtype: str
     int8: bool
     threads: int
+    draft_attention: str = "sdpa"
 
 
 def bench_document(
@@ -488,6 +513,7 @@ def bench_document(
         "dtype": setting.dtype,
         "int8": setting.int8,
         "threads": setting.threads,
+        "draft_attention": setting.draft_attention,
         "machine": machine_line(),
         "router_accuracy": [
             {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
