@@ -243,6 +243,8 @@ def llamacpp(
             tune_timings,
         )
         print_grids([tune_grid(choice)], blank=False)
+        for test in choice.route_tests:
+            typer.echo(test.sentence)
         typer.echo(models_note(policy))
         typer.echo(f"wrote {policy_file}")
     bench = bench_llama_server(

@@ -17,11 +17,20 @@ A candidate's cell is predicted one of two ways, and says which (:attr:`Cell.how
 A priced candidate that was also timed keeps that timing beside its prediction
 (:attr:`Cell.timed_speedup`: an in-sample check, never what chooses).
 
+A domain leaves the uniform choice for its own best candidate only where that candidate is
+faster than the uniform one in the domain with 95% confidence (:class:`RouteTest`): both timed
+on the tuning prompts, their decode speeds are compared paired by prompt (prompts resampled); a
+priced one is set against the other by their intervals, without pairing. An engine serves each
+setting from its own server (llama-server takes no speculation setting per request), so a route
+must pay for a server: a lead inside the noise of a few tuning prompts does not. specscope's own
+decoder switches trees per request at no cost, and ``tune`` routes on the point estimate.
+
 It does not run anything (the engines do) or write policy files (the engine's command does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,12 +84,67 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class RouteTest:
+    """A domain's best candidate against the uniform choice in that domain: decode speed over
+    the uniform's, with a 95% interval; the route is taken only where the interval is above 1.
+    Too few prompts for an interval (one per domain): not testable, and the point estimate
+    decides, as it would without the test."""
+
+    domain: str
+    best: str
+    uniform: str
+    ratio: float
+    lo: float
+    hi: float
+    paired: bool  # paired by prompt; else from the two candidates' own intervals
+
+    @property
+    def testable(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    @property
+    def pays(self) -> bool:
+        return self.lo > 1 if self.testable else self.ratio > 1
+
+    @property
+    def sentence(self) -> str:
+        how = "paired by prompt" if self.paired else "from the two intervals"
+        if not self.testable:
+            interval, why = "", " (not testable: too few prompts; the point estimate decides)"
+        else:
+            interval = f" [{self.lo:.3f}, {self.hi:.3f}]"
+            why = "" if self.pays else " (the lead is inside the interval)"
+        verdict = f"routed to {self.best}" if self.pays else f"kept {self.uniform}"
+        return (
+            f"{self.domain}: {self.best} against {self.uniform} {self.ratio:.3f}x{interval} "
+            f"({how}): {verdict}{why}"
+        )
+
+    def to_dict(self) -> dict:
+        def r(x: float) -> float | None:
+            return round(x, 4) if math.isfinite(x) else None
+
+        return {
+            "domain": self.domain,
+            "best": self.best,
+            "uniform": self.uniform,
+            "ratio": r(self.ratio),
+            "interval": [r(self.lo), r(self.hi)],
+            "paired": self.paired,
+            "testable": self.testable,
+            "routed": self.pays,
+        }
+
+
+@dataclass(frozen=True)
 class EngineChoice:
-    """Each domain's candidate, the uniform one, and every cell they were chosen from."""
+    """Each domain's candidate, the uniform one, every cell they were chosen from, and the test
+    behind each domain whose best candidate is not the uniform one."""
 
     per_domain: dict[str, str]
     uniform: str
     cells: tuple[Cell, ...] = field(default=())
+    route_tests: tuple[RouteTest, ...] = field(default=())
 
     def cell(self, candidate: str, domain: str) -> Cell:
         for c in self.cells:
@@ -142,14 +206,81 @@ def timed_cells(
     )
 
 
-def choose(cells: Sequence[Cell], min_speedup: float = 1.0) -> EngineChoice:
-    """Per domain, and over all domains for the uniform entry, the candidate of highest
-    predicted speed-up if that exceeds ``min_speedup``, else plain."""
+def route_test(
+    best: Cell,
+    uniform: Cell,
+    runs: Sequence[BenchRun] = (),
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> RouteTest:
+    """``best`` against ``uniform`` in ``best``'s domain (module docstring): paired by prompt
+    where ``runs`` time both there (``uniform`` plain: ``best``'s own interval, which is paired
+    with plain), else the ratio of the point predictions within the ratio of the intervals' far
+    ends."""
+    domain = best.domain
+    if uniform.candidate == PLAIN or best.candidate == PLAIN:
+        mine = best if uniform.candidate == PLAIN else uniform
+        ratio_, lo, hi = mine.speedup, mine.lo, mine.hi
+        if best.candidate == PLAIN:
+            ratio_, lo, hi = 1 / ratio_, 1 / hi, 1 / lo
+        return RouteTest(
+            domain, best.candidate, uniform.candidate, ratio_, lo, hi, best.how == TIMED
+        )
+    both = best.how == uniform.how == TIMED
+    pair = [
+        dataclasses.replace(r, method=PLAIN) if r.method == uniform.candidate else r
+        for r in runs
+        if r.domain == domain and r.method in (best.candidate, uniform.candidate)
+    ]
+    if both and {r.method for r in pair} == {PLAIN, best.candidate}:
+        row = next(
+            r
+            for r in summarize_bench(pair, n_boot, seed)
+            if r.domain == domain and r.method == best.candidate
+        )
+        return RouteTest(
+            domain, best.candidate, uniform.candidate, row.speedup, row.speedup_lo,
+            row.speedup_hi, True,
+        )  # fmt: skip
+    return RouteTest(
+        domain,
+        best.candidate,
+        uniform.candidate,
+        best.speedup / uniform.speedup,
+        best.lo / uniform.hi,
+        best.hi / uniform.lo,
+        False,
+    )
+
+
+def choose(
+    cells: Sequence[Cell],
+    min_speedup: float = 1.0,
+    runs: Sequence[BenchRun] = (),
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> EngineChoice:
+    """Over all domains, the uniform entry: the candidate of highest predicted speed-up if that
+    exceeds ``min_speedup``, else plain; per domain, the same, kept only where it beats the
+    uniform one in that domain (:func:`route_test`, ``runs``: the timed candidates' runs on the
+    tuning prompts), else the uniform one."""
 
     def best(domain: str) -> str:
         mine = [c for c in cells if c.domain == domain and c.candidate != PLAIN]
         top = max(mine, key=lambda c: c.speedup, default=None)
         return top.candidate if top is not None and top.speedup > min_speedup else PLAIN
 
+    def cell(candidate: str, domain: str) -> Cell:
+        return next(c for c in cells if (c.candidate, c.domain) == (candidate, domain))
+
+    uniform = best(ALL_DOMAINS)
     domains = list(dict.fromkeys(c.domain for c in cells if c.domain != ALL_DOMAINS))
-    return EngineChoice({d: best(d) for d in domains}, best(ALL_DOMAINS), tuple(cells))
+    per_domain, tests = {}, []
+    for d in domains:
+        top = best(d)
+        per_domain[d] = top
+        if top != uniform:
+            test = route_test(cell(top, d), cell(uniform, d), runs, n_boot, seed)
+            tests.append(test)
+            per_domain[d] = top if test.pays else uniform
+    return EngineChoice(per_domain, uniform, tuple(cells), tuple(tests))

@@ -11,7 +11,8 @@ prompts and checked on held-out ones.
   setting's requests measured here (the calibration, named in the policy file); an earlier
   tune's requests can be priced again without timing (``timings``). The model-free lookups,
   C++ that specscope does not replay, are chosen on their timings. One chooser
-  (:func:`specscope.tune.engine_choice.choose`) takes each domain's and the uniform best; the
+  (:func:`specscope.tune.engine_choice.choose`) takes the uniform best, and a domain's own best
+  only where it beats the uniform one there with 95% confidence (``tune.route_tests``); the
   policy file's ``llama_server`` entries hold the exact flags and GGUF files, and ``tune.cells``
   every candidate's prediction and how it was made. The run measured another model than the
   GGUF where they differ: the output says which.
@@ -339,7 +340,11 @@ def llama_policy(
                 "candidates": entries,
             },
             "source": source,
-            "tune": {**tune_info, "cells": [c.to_dict() for c in choice.cells]},
+            "tune": {
+                **tune_info,
+                "cells": [c.to_dict() for c in choice.cells],
+                "route_tests": [t.to_dict() for t in choice.route_tests],
+            },
         },
     )
 
@@ -442,7 +447,7 @@ def tune_llama_server(
             "draft-model settings not priced: no draft-model candidate without p_min was timed "
             "to calibrate llama-server's step (they are chosen on their timings)"
         )
-    choice = choose(cells, min_speedup)
+    choice = choose(cells, min_speedup, runs, n_boot)
     source = {
         "run_dir": str(run_dir),
         "run_id": run.manifest.get("run_id"),
