@@ -28,6 +28,11 @@ methods=(--prompt-lookup-min 2 --prompt-lookup-max 4 --assisted-tokens "$k" --ch
   --methods plain,chain,ngram,assisted "${methods[@]}" --tuning-prompts --per-domain 3 \
   --repeats 1 --out "$dec/bench-tuning.json"
 python scripts/same_prompts.py "$dec/bench-tuning.json" --out "$dec/same-prompts.md"
+# the same with the draft on the row-wise attention measurement drafts with: the replay's steps exactly
+[ -f "$dec/bench-tuning-rowwise.json" ] || specscope bench --policy-file "$dec/policy.json" \
+  --methods plain,chain,ngram,assisted "${methods[@]}" --tuning-prompts --per-domain 3 \
+  --repeats 1 --draft-attention rowwise --out "$dec/bench-tuning-rowwise.json"
+python scripts/same_prompts.py "$dec/bench-tuning-rowwise.json" --out "$dec/same-prompts-rowwise.md"
 # (a bench whose .partial.jsonl is left was interrupted: it resumes)
 [ -f "$dec/bench-heldout.json" ] && [ ! -f "$dec/bench-heldout.json.partial.jsonl" ] ||
   specscope bench --policy-file "$dec/policy.json" \

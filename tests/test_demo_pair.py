@@ -168,3 +168,38 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
             )
         recorded = run.prompts.set_index("prompt_id").loc[item.id].output_token_ids
         assert list(recorded) == plain[0, len(ids) :].tolist(), item.id
+
+
+def test_int8_decoding_drafts_what_the_study_measured(int8_pair):
+    """A chat prompt of the shipped int8 drafter study (results/demo-pair/drafters/draft-model)
+    where decoding on SDPA parts from the records (the draft's top token flips at a near-tie:
+    18 steps, 17 replayed): with the draft on the row-wise attention measurement drafts with
+    (``--draft-attention rowwise``), the chain of 4 decodes the study's output in exactly the
+    steps its records replay to."""
+    from pathlib import Path
+
+    from specscope.analysis.replay import index_records, replay_counts, top_chain
+    from specscope.decode import DecodeConfig, make_decoder
+    from specscope.models.int8 import rowwise_attention_during
+    from specscope.trees import TreeShape
+
+    run_dir = Path(__file__).parents[1] / "results/demo-pair/drafters/draft-model"
+    run = load_run(run_dir)
+    config = RunConfig.from_dict(run.manifest["config"])
+    item = next(i for i in config.prompts.select(config.seed) if i.id == "mtbench/157")
+    ids = render_item(int8_pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+    rec = index_records(run_dir)
+    p = rec.prompt_ids.index(item.id)
+    replayed = replay_counts(rec, top_chain(4), prefill_drafts=False).steps[p]
+    recorded = run.steps.query("prompt_id == @item.id").sort_values("step")
+    decoder = make_decoder(int8_pair)
+
+    def decode():
+        return decoder.generate(ids, TreeShape.chain(4), DecodeConfig(config.max_new_tokens))
+
+    sdpa = decode()
+    with rowwise_attention_during(int8_pair.draft.model):
+        rowwise = decode()
+    assert sdpa.tokens == rowwise.tokens == recorded["emitted_token"].tolist()
+    assert len(sdpa.steps) != replayed  # the check can fail: SDPA drafts otherwise here
+    assert len(rowwise.steps) == replayed
