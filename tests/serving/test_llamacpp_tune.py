@@ -675,14 +675,18 @@ def test_an_earlier_tunes_timings_are_reused_only_for_the_same_candidates_and_pr
     ]
     path = tmp_path / "policy-requests.parquet"
     requests_frame(rows).to_parquet(path, index=False)
-    again = earlier_timings(path, settings, items, 64)
+    again = earlier_timings(path, settings, items, 64, 1)
     assert [(r.candidate, r.prompt_id, r.decode_s) for r in again] == [
         (r.candidate, r.prompt_id, r.decode_s) for r in rows
     ]
-    with pytest.raises(SpecscopeError, match="2 missing, 0 not this tune's"):
-        earlier_timings(path, settings, [*items, PromptItem("p2", "code", ())], 64)
-    with pytest.raises(SpecscopeError, match=r"longest output 9 of 8 tokens"):
-        earlier_timings(path, settings, items, 8)
+    with pytest.raises(SpecscopeError, match="0 this tune would not make and 2 of its 6 missing"):
+        earlier_timings(path, settings, [*items, PromptItem("p2", "code", ())], 64, 1)
+    with pytest.raises(SpecscopeError, match=r"4 this tune would not make .* 9 of 8 tokens"):
+        earlier_timings(path, settings, items, 8, 1)
     more = candidate_settings(["plain", "ngram-mod", "ngram-simple"], ServerSetting())
-    with pytest.raises(SpecscopeError, match="2 missing"):
-        earlier_timings(path, more, items, 64)
+    with pytest.raises(SpecscopeError, match="2 of its 6 missing"):
+        earlier_timings(path, more, items, 64, 1)
+    with pytest.raises(SpecscopeError, match="4 of its 8 missing"):  # a tune of 2 repeats
+        earlier_timings(path, settings, items, 64, 2)
+    with pytest.raises(SpecscopeError, match="2 this tune would not make"):  # another prompt
+        earlier_timings(path, settings, items[:1], 64, 1)

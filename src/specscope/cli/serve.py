@@ -197,7 +197,7 @@ def llamacpp(
     tune_timings: Path | None = typer.Option(
         None,
         "--tune-timings",
-        help="An earlier tune's policy-requests.parquet (the same candidates, prompts and tokens): priced and chosen again from those timings, nothing timed for tuning.",
+        help="An earlier tune's policy-requests.parquet (the same candidates, prompts, repeats and tokens): priced and chosen again from those timings, nothing timed for tuning.",
     ),
     min_speedup: float = options.MIN_SPEEDUP,
     in_sample: bool = options.IN_SAMPLE,

@@ -117,7 +117,7 @@ def time_candidates(
     total = len(prompts) * len(names) * repeats
     reps = range(first_repeat, first_repeat + repeats)
     done = read_journal(journal, names, [item.id for item, _ in prompts], reps, n_predict)
-    if journal is not None and journal.is_file() and not journal.read_text().endswith("\n"):
+    if journal is not None and _cut(journal):
         append_line(journal, "", inside)  # end the line an interruption cut
     if done and log:
         log(f"{len(done)} of {total} requests already timed in {journal}: timing the rest")
@@ -198,6 +198,28 @@ def runs_from_requests(
     return runs
 
 
+def _cut(path: Path) -> bool:
+    """Whether ``path`` exists and its last line has no end (an interruption cut it)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
+def made_here(
+    r: LlamaRequest, names: Sequence[str], prompt_ids: Sequence[str], reps: range, n_predict: int
+) -> bool:
+    """Whether ``r`` is a request of a run that times ``names`` on ``prompt_ids``, ``reps``
+    times, ``n_predict`` tokens at most (a journal or an earlier tune of another run is not)."""
+    return (
+        r.candidate in names
+        and r.prompt_id in prompt_ids
+        and r.repeat in reps
+        and r.tokens <= n_predict
+    )
+
+
 def read_journal(
     path: Path | None,
     names: Sequence[str],
@@ -218,12 +240,7 @@ def read_journal(
             r = LlamaRequest(**{**d, "output_ids": tuple(d["output_ids"])})
         except (ValueError, TypeError, KeyError):
             continue  # the last line, cut when the run stopped
-        if (
-            r.candidate not in names
-            or r.prompt_id not in prompt_ids
-            or r.repeat not in reps
-            or r.tokens > n_predict
-        ):
+        if not made_here(r, names, prompt_ids, reps, n_predict):
             raise SpecscopeError(
                 f"{path} holds a request this run would not make ({r.candidate} on "
                 f"{r.prompt_id}, repeat {r.repeat + 1}, {r.tokens} tokens): it is another run's "

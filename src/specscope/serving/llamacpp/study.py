@@ -83,6 +83,7 @@ from ...tune.router import RuleRouter, prompt_text
 from .backend import (
     LlamaRequest,
     candidate_settings,
+    made_here,
     requests_frame,
     requests_from_frame,
     runs_from_requests,
@@ -390,7 +391,7 @@ def tune_llama_server(
     prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
     tools = build_llama_tools(log)
     if timings is not None:
-        requests = earlier_timings(timings, settings, items, n_predict)
+        requests = earlier_timings(timings, settings, items, n_predict, repeats)
         runs = runs_from_requests(requests)
         log(f"{len(requests)} requests timed before, from {timings}: not timed again")
     else:
@@ -477,21 +478,28 @@ def tune_llama_server(
 
 
 def earlier_timings(
-    path: Path, settings: dict[str, ServerSetting], items: Sequence[PromptItem], n_predict: int
+    path: Path,
+    settings: dict[str, ServerSetting],
+    items: Sequence[PromptItem],
+    n_predict: int,
+    repeats: int,
 ) -> list[LlamaRequest]:
     """The requests of an earlier tune (its ``-requests.parquet``), refused unless they are
-    every one of ``settings`` on every one of ``items``, none longer than ``n_predict``."""
+    the requests this tune would make (:func:`.backend.made_here`), every one of them."""
     import pandas as pd
 
     requests = requests_from_frame(pd.read_parquet(path))
-    have = {(r.candidate, r.prompt_id) for r in requests}
-    want = {(n, it.id) for n in settings for it in items}
-    if have != want or any(r.tokens > n_predict for r in requests):
+    ids = [it.id for it in items]
+    mine = [r for r in requests if made_here(r, list(settings), ids, range(repeats), n_predict)]
+    expected = len(settings) * len(ids) * repeats
+    missing = expected - len({(r.repeat, r.candidate, r.prompt_id) for r in mine})
+    if len(mine) < len(requests) or missing:
         raise SpecscopeError(
-            f"{path} holds {len(have)} (candidate, prompt) pairs, this tune times {len(want)} "
-            f"({len(want - have)} missing, {len(have - want)} not this tune's; longest output "
+            f"{path} holds {len(requests)} requests: {len(requests) - len(mine)} this tune would "
+            f"not make and {missing} of its {expected} missing (longest output "
             f"{max((r.tokens for r in requests), default=0)} of {n_predict} tokens): give the "
-            "same candidates, --tune-per-domain and --max-new-tokens, or time again"
+            "same candidates, --tune-per-domain, --tune-repeats and --max-new-tokens, or time "
+            "again"
         )
     return requests
 
