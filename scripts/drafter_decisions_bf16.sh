@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# The drafter decisions in bfloat16 at a reduced size, as shipped in results/demo-pair/drafters-bf16/:
-# the study on 10 prompts per domain (drafter_study.sh with drafters-bf16-sweep.toml), tune over its two
-# runs, a bench of that policy on 20 held-out prompts per domain x 1 repeat, and a bench on the
-# tuning prompts set beside the replay of exactly those prompts. 2 threads; run the tune and the
-# benches with nothing else on the machine. Resumable up to the tune.
+# The drafter decisions in bfloat16, as shipped in results/demo-pair/drafters-bf16/ (the reduced
+# size: the study on 10 prompts per domain, a bench of 1 repeat):
+#   bash scripts/drafter_decisions_bf16.sh
+# or at the int8 study's size (30 tuning prompts per domain, 20 held out, 3 repeats; the study
+# is shipped in results/demo-pair/drafters-bf16-full/, tune and bench about 2.7 hours here):
+#   bash scripts/drafter_decisions_bf16.sh results/demo-pair/drafters-bf16-full-sweep.toml \
+#     results/demo-pair/drafters-bf16-full 3
+# The study (drafter_study.sh), tune over its two runs, a bench of that policy on 20 held-out
+# prompts per domain x REPEATS, and a bench on the tuning prompts set beside the replay of
+# exactly those prompts. 2 threads; run the tune and the benches with nothing else on the
+# machine. Resumable up to the tune; an interrupted bench resumes from its journal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=results/demo-pair/drafters-bf16
-bash scripts/drafter_study.sh results/demo-pair/drafters-bf16-sweep.toml runs/drafters-bf16 "$out"
-specscope tune "$out/draft-model" "$out/ngram" --threads 2 --max-depth 4 --repeats 5 \
-  -o "$out/policy.json"
+sweep=${1:-results/demo-pair/drafters-bf16-sweep.toml}
+out=${2:-results/demo-pair/drafters-bf16}
+repeats=${3:-1}
+name=$(basename "$out")
+bash scripts/drafter_study.sh "$sweep" "runs/$name" "$out"
+[ -f "$out/policy.json" ] || specscope tune "$out/draft-model" "$out/ngram" --threads 2 \
+  --max-depth 4 --repeats 5 -o "$out/policy.json"
 # the chain length the policy chose most often for the draft model (chain and assisted time it)
 k=$(python -c 'import collections, json, sys
 p = json.load(open(sys.argv[1]))
 depths = [e["nodes"] for e in [*p["domains"].values(), p["uniform"]] if "drafter" not in e and e["nodes"]]
 print(collections.Counter(depths).most_common(1)[0][0] if depths else 3)' "$out/policy.json")
-specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted,routed \
+held="$out/bench-heldout.json"  # (a bench whose .partial.jsonl is left was interrupted: it resumes)
+[ -f "$held" ] && [ ! -f "$held.partial.jsonl" ] ||
+  specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted,routed \
   --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
-  --per-domain 20 --max-new-tokens 48 --repeats 1 --warmup 1 --out "$out/bench-heldout.json"
-specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted \
+  --per-domain 20 --max-new-tokens 48 --repeats "$repeats" --warmup 1 --out "$held"
+[ -f "$out/bench-tuning.json" ] ||
+  specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted \
   --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
   --tuning-prompts --per-domain 2 --max-new-tokens 48 --repeats 1 --warmup 1 \
   --out "$out/bench-tuning.json"
