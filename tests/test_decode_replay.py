@@ -47,12 +47,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
-def measured(request, tmp_path_factory, tokenizer):
-    """A near pair (many nodes accepted) of each architecture saved as checkpoints, measured with
-    MEASURED on PROMPTS: (the run's config, its directory, the loaded pair)."""
-    arch = request.param
-    root = tmp_path_factory.mktemp(f"decode-replay-{arch}")
+def _measure(root, arch: str, tokenizer, pair: dict | None = None, batch_size: int = 1):
+    """A near pair (many nodes accepted) of ``arch`` saved as checkpoints under ``root`` and
+    measured with MEASURED on PROMPTS: (the run's config, its directory)."""
     draft, target = near_pair(arch, len(tokenizer), noise=0.05)
     dirs = {}
     for role, model in (("draft", draft), ("target", target)):
@@ -67,12 +64,21 @@ def measured(request, tmp_path_factory, tokenizer):
         dirs,
         prompts,
         arch,
+        pair=pair,
         tree=TreeConfig(policy="static", paths=MEASURED),
         max_new_tokens=NEW_TOKENS,
         criteria=None,
     )
-    run_dir = root / "run"
-    run_study(config, run_dir, progress=False)
+    run_study(config, root / "run", progress=False, batch_size=batch_size)
+    return config, root / "run"
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def measured(request, tmp_path_factory, tokenizer):
+    """Each architecture's near pair measured in float32: (the run's config, its directory, the
+    loaded pair)."""
+    arch = request.param
+    config, run_dir = _measure(tmp_path_factory.mktemp(f"decode-replay-{arch}"), arch, tokenizer)
     return config, run_dir, load_pair(config.pair)
 
 
@@ -227,29 +233,10 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def measured_int8(tmp_path_factory, tokenizer):
-    """A near Llama pair measured in int8 with MEASURED on PROMPTS in batches of 4 (the draft on
-    row-wise attention, as int8 measurement runs it): (the run's config, its directory)."""
+    """The near Llama pair measured in int8 in batches of 4 (the draft on row-wise attention,
+    as int8 measurement runs it): (the run's config, its directory)."""
     root = tmp_path_factory.mktemp("decode-replay-int8")
-    dirs = {}
-    for role, model in zip(("draft", "target"), near_pair("llama", len(tokenizer), noise=0.05)):
-        model.save_pretrained(root / role)
-        tokenizer.save_pretrained(root / role)
-        dirs["llama", role] = root / role
-    prompts = root / "prompts.jsonl"
-    prompts.write_text(
-        "".join(json.dumps({"id": i, "domain": d, "prompt": p}) + "\n" for i, d, p in PROMPTS)
-    )
-    config = run_config(
-        dirs,
-        prompts,
-        "llama",
-        pair={"quantize": "int8"},
-        tree=TreeConfig(policy="static", paths=MEASURED),
-        max_new_tokens=NEW_TOKENS,
-        criteria=None,
-    )
-    run_study(config, root / "run", progress=False, batch_size=4)
-    return config, root / "run"
+    return _measure(root, "llama", tokenizer, pair={"quantize": "int8"}, batch_size=4)
 
 
 @pytest.mark.int8
