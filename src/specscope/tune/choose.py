@@ -130,6 +130,12 @@ def choose_speculation(
 # --- the pair a decode, tune or bench loads ---------------------------------------------------------
 
 
+# the draft model's attention in decoding: SDPA (transformers' default here), or the row-wise
+# attention that int8 measurement runs the draft on (specscope.measure.study), with which a
+# decode drafts exactly the tokens the records hold
+DRAFT_ATTENTIONS = ("sdpa", "rowwise")
+
+
 @dataclass(frozen=True)
 class PairRequest:
     """The models the command line asks for (None: the run's, else the defaults)."""
@@ -140,7 +146,7 @@ class PairRequest:
     device: str | None = None
     trust_remote_code: bool = False
     int8: bool = False
-    draft_attention: str = "sdpa"  # a key of DRAFT_ATTENTIONS
+    draft_attention: str = "sdpa"  # one of DRAFT_ATTENTIONS
 
     def __post_init__(self) -> None:
         if self.draft_attention not in DRAFT_ATTENTIONS:
@@ -153,12 +159,6 @@ class PairRequest:
                 "--draft-attention rowwise needs --int8: int8 measurement drafts on row-wise "
                 "attention; in bfloat16 and float32 it drafts on SDPA, as decoding does"
             )
-
-
-# the draft model's attention in decoding: SDPA (transformers' default here), or the row-wise
-# attention that int8 measurement runs the draft on (specscope.measure.study), with which a
-# decode drafts exactly the tokens the records hold
-DRAFT_ATTENTIONS = ("sdpa", "rowwise")
 
 
 def load_decode_pair(
