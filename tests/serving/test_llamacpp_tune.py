@@ -634,6 +634,30 @@ def test_tune_and_bench_through_llama_server(tmp_path):
     assert not set(bench["held_out"]["in_sample_prompts"])
     assert {r["method"] for r in bench["rows"]} >= {"plain", "routed", "uniform"}
     assert bench["routed_vs_best_single"]["verdict"]
+    assert isinstance(policy["tune"]["route_tests"], list)
+    # chosen again from those timings, nothing timed and nothing benched
+    again = tmp_path / "again"
+    result = CliRunner().invoke(
+        app,
+        [
+            "llamacpp", str(run), "--out", str(again), "--candidate", "ngram-simple:n=3,m=8",
+            "--candidate", "draft-simple:k=2", "--tune-per-domain", "1", "--max-new-tokens", "8",
+            "--boot", "50", "--max-k", "2", "--price-p-min", "0.5", "--cost-grid",
+            str(run.parent / "llama-costs" / "cost_grid.json"), "--tune-only",
+            "--tune-timings", str(out / "policy-requests.parquet"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "not timed again" in result.output and not (again / "bench.json").exists()
+    rechosen = json.loads((again / "policy.json").read_text())
+    assert rechosen["tune"]["cells"] == cells
+
+
+def test_tune_only_is_refused_with_a_policy_to_bench(tmp_path):
+    result = CliRunner().invoke(
+        app, ["llamacpp", str(tmp_path), "--tune-only", "--policy-file", str(tmp_path / "p.json")]
+    )
+    assert result.exit_code != 0 and "--tune-only tunes a policy" in result.output
 
 
 def test_llama_servers_outputs_are_set_beside_the_runs():

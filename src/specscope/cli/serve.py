@@ -9,7 +9,7 @@ import typer
 
 from ..limits import MAX_PROMPTS, MAX_REPEATS, MAX_THREADS
 from . import options
-from .app import MACHINE, SERVE, command, print_grids
+from .app import MACHINE, SERVE, command, fail, print_grids
 
 # --- export (serving engines) -------------------------------------------------------------------
 
@@ -199,6 +199,9 @@ def llamacpp(
         "--tune-timings",
         help="An earlier tune's policy-requests.parquet (the same candidates, prompts, repeats and tokens): priced and chosen again from those timings, nothing timed for tuning.",
     ),
+    tune_only: bool = typer.Option(
+        False, "--tune-only", help="Tune and write the policy; bench nothing (it takes hours)."
+    ),
     min_speedup: float = options.MIN_SPEEDUP,
     in_sample: bool = options.IN_SAMPLE,
     seed: int | None = options.SEED,
@@ -222,6 +225,8 @@ def llamacpp(
 
     out = out or run_dir / "llamacpp"
     log = functools.partial(typer.echo, err=True)
+    if tune_only and policy_file is not None:
+        fail("--tune-only tunes a policy; --policy-file benches one: give one of them")
     if policy_file is None:
         policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
         policy, choice = tune_llama_server(
@@ -247,6 +252,8 @@ def llamacpp(
             typer.echo(test.sentence)
         typer.echo(models_note(policy))
         typer.echo(f"wrote {policy_file}")
+        if tune_only:
+            return
     bench = bench_llama_server(
         policy_file,
         out,
