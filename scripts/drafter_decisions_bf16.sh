@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# The drafter decisions in bfloat16, as shipped in results/demo-pair/drafters-bf16/ (the reduced
-# size: the study on 10 prompts per domain, a bench of 1 repeat):
-#   bash scripts/drafter_decisions_bf16.sh
-# or at the int8 study's size (30 tuning prompts per domain, 20 held out, 3 repeats; the study
-# is shipped in results/demo-pair/drafters-bf16-full/, tune and bench about 2.7 hours here):
-#   bash scripts/drafter_decisions_bf16.sh results/demo-pair/drafters-bf16-full-sweep.toml \
-#     results/demo-pair/drafters-bf16-full 3
-# The study (drafter_study.sh), tune over its two runs, a bench of that policy on 20 held-out
-# prompts per domain x REPEATS, and a bench on the tuning prompts set beside the replay of
+# The drafter decisions in bfloat16 at the int8 study's size, as shipped in
+# results/demo-pair/drafters-bf16-full/ (30 tuning prompts per domain, 20 held out; shipped with
+# 1 repeat: bash scripts/drafter_decisions_bf16.sh results/demo-pair/drafters-bf16-full-sweep.toml
+# results/demo-pair/drafters-bf16-full 1). The study (drafter_study.sh), tune over its two runs,
+# a bench of that policy on 20 held-out prompts per domain x REPEATS (default 3: about 2.7 hours
+# with the tune on 2 CPU cores), and a bench on the tuning prompts set beside the replay of
 # exactly those prompts. 2 threads; run the tune and the benches with nothing else on the
-# machine. Resumable up to the tune; an interrupted bench resumes from its journal.
+# machine, and on another machine remove policy.json and the bench files first (tune times this
+# machine). Resumable: every step whose output exists is skipped; an interrupted bench resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sweep=${1:-results/demo-pair/drafters-bf16-sweep.toml}
-out=${2:-results/demo-pair/drafters-bf16}
-repeats=${3:-1}
+sweep=${1:-results/demo-pair/drafters-bf16-full-sweep.toml}
+out=${2:-results/demo-pair/drafters-bf16-full}
+repeats=${3:-3}
 name=$(basename "$out")
 bash scripts/drafter_study.sh "$sweep" "runs/$name" "$out"
 [ -f "$out/policy.json" ] || specscope tune "$out/draft-model" "$out/ngram" --threads 2 \

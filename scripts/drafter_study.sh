@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Another study's files: bash scripts/drafter_study.sh SWEEP.toml RUNS_DIR OUT_DIR (the bfloat16 one:
-# results/demo-pair/drafters-bf16-sweep.toml runs/drafters-bf16 results/demo-pair/drafters-bf16).
+# results/demo-pair/drafters-bf16-full-sweep.toml runs/drafters-bf16-full results/demo-pair/drafters-bf16-full).
 sweep=${1:-results/demo-pair/drafters-sweep.toml} runs=${2:-runs/drafters}
 out=${3:-results/demo-pair/drafters}
 specscope sweep "$sweep" --out "$runs"
