@@ -1150,15 +1150,18 @@ def routed_against_best_single(
         if r.domain == ALL_DOMAINS and r.method != "routed" and r.method not in derived
     ]
     best = max(singles, key=lambda r: r.decode_tokens_per_s).method
-    pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == best] + [
-        r for r in runs if r.method == "routed"
-    ]
-    row = next(
-        r
-        for r in summarize_bench(pair, n_boot, seed)
-        if r.domain == ALL_DOMAINS and r.method == "routed"
-    )
+    row = rows_against(runs, "routed", best, n_boot, seed)[ALL_DOMAINS]
     return RoutedAgainstSingle(best, row.speedup, row.speedup_lo, row.speedup_hi, row.prompts)
+
+
+def rows_against(
+    runs: Sequence[BenchRun], method: str, reference: str, n_boot: int = 2000, seed: int = 0
+) -> dict[str, BenchRow]:
+    """Per domain (and ``all``): ``method``'s bench row with ``reference`` in plain's place, so
+    that its speed-up is over ``reference``'s, paired by prompt, with the bench's interval."""
+    pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == reference]
+    pair += [r for r in runs if r.method == method]
+    return {r.domain: r for r in summarize_bench(pair, n_boot, seed) if r.method == method}
 
 
 # --- is the interval narrow enough ---------------------------------------------------------------

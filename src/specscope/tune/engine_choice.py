@@ -30,7 +30,6 @@ It does not run anything (the engines do) or write policy files (the engine's co
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,11 +38,16 @@ import numpy as np
 
 from ..analysis.stats import ClusterBootstrap, ratio
 from ..records import ALL_DOMAINS
-from .bench import BenchRun, summarize_bench
+from .bench import BenchRun, rows_against, summarize_bench
 from .predict import TIMED, Prediction
 
 PLAIN = "plain"
 PRICED = "replayed tokens per step over the engine's step model"
+
+
+def _rounded(x: float) -> float | None:
+    """A figure as a policy file holds it: 4 decimals, or null where it is not finite."""
+    return round(x, 4) if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,7 @@ class Cell:
     step_s: float = math.nan  # priced: the step model's seconds per decoding step
 
     def to_dict(self) -> dict:
-        def r(x: float) -> float | None:
-            return round(x, 4) if math.isfinite(x) else None
-
+        r = _rounded
         return {
             "candidate": self.candidate,
             "domain": self.domain,
@@ -121,9 +123,7 @@ class RouteTest:
         )
 
     def to_dict(self) -> dict:
-        def r(x: float) -> float | None:
-            return round(x, 4) if math.isfinite(x) else None
-
+        r = _rounded
         return {
             "domain": self.domain,
             "best": self.best,
@@ -227,17 +227,9 @@ def route_test(
             domain, best.candidate, uniform.candidate, ratio_, lo, hi, best.how == TIMED
         )
     both = best.how == uniform.how == TIMED
-    pair = [
-        dataclasses.replace(r, method=PLAIN) if r.method == uniform.candidate else r
-        for r in runs
-        if r.domain == domain and r.method in (best.candidate, uniform.candidate)
-    ]
-    if both and {r.method for r in pair} == {PLAIN, best.candidate}:
-        row = next(
-            r
-            for r in summarize_bench(pair, n_boot, seed)
-            if r.domain == domain and r.method == best.candidate
-        )
+    mine = [r for r in runs if r.domain == domain]
+    if both and {best.candidate, uniform.candidate} <= {r.method for r in mine}:
+        row = rows_against(mine, best.candidate, uniform.candidate, n_boot, seed)[domain]
         return RouteTest(
             domain, best.candidate, uniform.candidate, row.speedup, row.speedup_lo,
             row.speedup_hi, True,
