@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The drafter decisions in bfloat16 at the int8 study's size, as shipped in
-# results/demo-pair/drafters-bf16-full/ (30 tuning prompts per domain, 20 held out; shipped with
-# 1 repeat: bash scripts/drafter_decisions_bf16.sh results/demo-pair/drafters-bf16-full-sweep.toml
-# results/demo-pair/drafters-bf16-full 1). The study (drafter_study.sh), tune over its two runs,
-# a bench of that policy on 20 held-out prompts per domain x REPEATS (default 3: about 2.7 hours
-# with the tune on 2 CPU cores), and a bench on the tuning prompts set beside the replay of
+# results/demo-pair/drafters-bf16-full/ (30 tuning prompts per domain, 20 held out x 3 repeats:
+# bash scripts/drafter_decisions_bf16.sh). The study (drafter_study.sh), tune over its two runs,
+# a bench of that policy on 20 held-out prompts per domain x REPEATS (default 3: about 2.6 hours,
+# the tune 10 minutes more, on 2 CPU cores), and a bench on the tuning prompts set beside the replay of
 # exactly those prompts. 2 threads; run the tune and the benches with nothing else on the
 # machine, and on another machine remove policy.json and the bench files first (tune times this
 # machine). Resumable: every step whose output exists is skipped; an interrupted bench resumes.
