@@ -227,9 +227,9 @@ def route_test(
             domain, best.candidate, uniform.candidate, ratio_, lo, hi, best.how == TIMED
         )
     both = best.how == uniform.how == TIMED
-    mine = [r for r in runs if r.domain == domain]
-    if both and {best.candidate, uniform.candidate} <= {r.method for r in mine}:
-        row = rows_against(mine, best.candidate, uniform.candidate, n_boot, seed)[domain]
+    in_domain = [r for r in runs if r.domain == domain]
+    if both and {best.candidate, uniform.candidate} <= {r.method for r in in_domain}:
+        row = rows_against(in_domain, best.candidate, uniform.candidate, n_boot, seed)[domain]
         return RouteTest(
             domain, best.candidate, uniform.candidate, row.speedup, row.speedup_lo,
             row.speedup_hi, True,
