@@ -26,6 +26,8 @@ reach object stores) use the same unique temporaries (``records.rundir.write_fil
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import errno
 import json
 import math
@@ -270,14 +272,27 @@ def parse_json_object(raw: bytes, error: type[SpecscopeError], label: str) -> di
     return data
 
 
-def finite_json(obj):
-    """``obj`` with every NaN or infinite float replaced by None (strict JSON has no NaN)."""
+JSON_KEYS = (str, int, float, bool, type(None))  # keys json.dumps writes itself
+
+
+def to_jsonable(obj):
+    """``obj`` as JSON values: dataclasses as objects, tuples as lists, enums as their values,
+    paths as text, numpy scalars as Python ones, and every NaN or infinite float as None (strict
+    JSON has no NaN)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {k if isinstance(k, JSON_KEYS) else str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_json(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):  # numpy scalars
+        return to_jsonable(obj.item())
     return obj
 
 
@@ -285,7 +300,7 @@ def json_text(obj, indent: int | None = 2) -> str:
     """Strict JSON text: NaN and infinities become null, never the literal ``NaN``."""
     return (
         json.dumps(
-            finite_json(obj), indent=indent, allow_nan=False, default=str, ensure_ascii=False
+            to_jsonable(obj), indent=indent, allow_nan=False, default=str, ensure_ascii=False
         )
         + "\n"
     )

@@ -19,9 +19,7 @@ escaped with ``html.escape``.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime as dt
-import enum
 import html
 import json
 import math
@@ -31,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..files import json_text, write_output
+from ..files import json_text, to_jsonable, write_output
 from .delivered import delivered_grids, delivered_plots
 from .drafters import DrafterComparison
 from .findings import Finding, Verdict
@@ -55,25 +53,6 @@ from .results import Analysis, PaperTables
 from .stats import EMPTY, Estimate
 
 # --- JSON ------------------------------------------------------------------------------------------
-
-
-def to_jsonable(obj):
-    """Dataclasses, tuples, enums and paths as JSON values; NaN and inf become null."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "item"):  # numpy scalars
-        return to_jsonable(obj.item())
-    return obj
 
 
 # --- comparisons -----------------------------------------------------------------------------------
@@ -352,7 +331,7 @@ def write_outputs(
     md, tex, csv_dir = write_tables(
         grids, out_dir, f"specscope analysis of {a.info.run_id}", inside
     )
-    js = write_output(out_dir / "analysis.json", json_text(to_jsonable(a), indent=1), inside)
+    js = write_output(out_dir / "analysis.json", json_text(a, indent=1), inside)
     message = None
     drawn: list[Plot] = []
     if plots:
@@ -419,7 +398,7 @@ def write_drafter_outputs(
     md, tex, csv_dir = write_tables(
         drafter_grids(c), out_dir, f"specscope drafters: {', '.join(c.drafters)}", inside
     )
-    js = write_output(out_dir / "drafters.json", json_text(to_jsonable(c), indent=1), inside)
+    js = write_output(out_dir / "drafters.json", json_text(c, indent=1), inside)
     message = plots_unavailable() if plots else "plots not requested"
     drawn = write_drafter_plots(c, out_dir / "plots", inside) if plots else []
     return DrafterOutputs(out_dir, md, tex, csv_dir, js, tuple(drawn), message)
