@@ -4,7 +4,8 @@
 
 Reads every run the bench recorded (nothing is timed again) and prints what the bench prints:
 the summary, predicted against measured for every cell, regret, routed against the best single
-method and each interval's width against +-5%. --policy-file: the policy to set the runs against
+method and each interval's width against +-5%; --update writes the predicted-against-measured
+and precision parts into BENCH.json (nothing else in it changes). --policy-file: the policy to set the runs against
 (default: the one the bench ran). --with-candidates: a policy tuned before `tune` wrote its
 `candidates` gets them computed from its own tuning runs and cost models (files written before the
 bench: no bench data enters a prediction), so that every chain benched is predicted.
@@ -18,6 +19,8 @@ import json
 from pathlib import Path
 
 from specscope.analysis.render import to_markdown
+from specscope.files import json_text
+from specscope.prompts.domains import select_prompts
 from specscope.records import load_run
 from specscope.tune import bench as checks
 from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
@@ -127,6 +130,11 @@ def main() -> None:
     parser.add_argument("--policy-file", type=Path)
     parser.add_argument("--with-candidates", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="write the conclusion's predicted-against-measured and precision into BENCH.json",
+    )
     args = parser.parse_args()
     record = json.loads(args.bench.read_text())
     policy_path = args.policy_file or Path(record["policy_file"])
@@ -138,11 +146,12 @@ def main() -> None:
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_path)
     candidates = checks.candidate_predictions(policy, config)
-    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates)
-    precision = checks.speedup_precision(runs)
     domains = list(dict.fromkeys(r.domain for r in runs))
-    decision = bench_decision(policy, config, domains, rows, runs)
     tuned = checks.tuning_prompts(policy)
+    fitted = checks.tuning_per_domain(select_prompts(domains, None, seed=0), tuned)
+    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted)
+    precision = checks.speedup_precision(runs)
+    decision = bench_decision(policy, config, domains, rows, runs)
     grids = [
         bench_grid(rows, f"{record.get('machine', '')}: {args.bench}"),
         checks.prediction_grid(cells, tuned),
@@ -157,6 +166,13 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.update:
+        concluded = checks.checks_document(
+            checks.BenchPrompts([], {}, [], 0, tuned), cells, precision
+        )
+        record["predicted_vs_measured"] = concluded["predicted_vs_measured"]
+        record["precision"] = concluded["precision"]
+        args.bench.write_text(json_text(record))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from specscope.tune.bench import (
     BenchConfig,
     BenchError,
     BenchRun,
+    PolicyPrediction,
+    PredictedCell,
     bench_prompts,
     check_held_out,
     checks_document,
@@ -37,7 +39,7 @@ from specscope.tune.bench import (
     tuning_prompts,
 )
 from specscope.tune.policy import Choice, PolicyFile
-from specscope.tune.predict import EXTRAPOLATED, Prediction
+from specscope.tune.predict import EXTRAPOLATED, TIMED, Prediction
 from specscope.tune.router import RuleRouter
 
 CODE_IDS = [it.id for it in select_prompts(["code"], None, seed=42)]
@@ -98,6 +100,23 @@ def test_the_bench_never_times_a_tuning_prompt_unless_labelled_in_sample():
     check_held_out(labelled.items, labelled.tuned, in_sample=True)
 
 
+@pytest.mark.parametrize(
+    "predicted, measured, inside",
+    [
+        (Prediction(2.5, 2.3, 2.7, prompts=30), 2.8, True),  # widened to [2.18, 2.82]
+        (Prediction(2.5, 2.3, 2.7, prompts=30), 2.9, False),
+        (Prediction(1.0, 1.0, 1.0, TIMED, prompts=10), 1.0, True),  # no spread, and none here
+        (Prediction(1.0, 1.0, 1.0, TIMED, prompts=10), 1.007, None),  # nothing bounds it
+        (Prediction(2.5, method=EXTRAPOLATED), 2.5, None),  # no interval
+    ],
+)
+def test_a_held_out_cell_is_inside_the_interval_for_its_prompts(predicted, measured, inside):
+    cell = PredictedCell(
+        "chain", "code", 20, 0, PolicyPrediction(predicted, 1.2), measured, 1.2, 1.1, 1.3
+    )
+    assert cell.tokens_inside is inside
+
+
 # --- predicted against measured, on a tiny pair ----------------------------------------------------
 
 
@@ -133,7 +152,12 @@ def test_every_cell_shows_the_policys_prediction_beside_the_measurement(tiny_ben
     assert predictions["code"].speedup == 1.3
     assert predictions[ALL_DOMAINS].tokens_per_step.extrapolated
     rows = summarize_bench(runs)
-    cells = {(c.method, c.domain): c for c in predicted_vs_measured(rows, runs, predictions)}
+    fitted = chosen.tuning_per_domain
+    assert fitted == {"code": 120}
+    cells = {
+        (c.method, c.domain): c
+        for c in predicted_vs_measured(rows, runs, predictions, None, fitted)
+    }
     assert set(cells) == {("chain", "code"), ("uniform", "code"), ("routed", "code")}
     assert cells["chain", "code"].predicted is None  # the policy predicts no fixed chain
     assert cells["uniform", "code"].predicted == predictions[ALL_DOMAINS]
@@ -141,11 +165,15 @@ def test_every_cell_shows_the_policys_prediction_beside_the_measurement(tiny_ben
     assert routed.predicted == predictions["code"]
     measured = next(r for r in rows if (r.method, r.domain) == ("routed", "code"))
     assert routed.tokens_per_step == measured.tau and routed.speedup == measured.speedup
-    assert routed.tokens_inside == (2.3 <= measured.tau <= 2.7)
+    # the policy's interval [2.3, 2.7] of 120 tuning prompts, widened for a mean of 3 others
+    widen = math.sqrt(1 + 120 / 3)
+    assert routed.tokens_interval == pytest.approx((2.5 - 0.2 * widen, 2.5 + 0.2 * widen))
+    assert routed.tokens_inside == (2.5 - 0.2 * widen <= measured.tau <= 2.5 + 0.2 * widen)
     assert cells["uniform", "code"].tokens_inside is None  # extrapolated: no interval
     assert routed.in_sample == len(chosen.in_sample_ids) > 0
     text = to_markdown(prediction_grid(tuple(cells.values()), chosen.tuned))
     assert "2.50 \\[2.30, 2.70\\] (replay)" in text and "1.30x" in text and "tuning runs r1" in text
+    assert "\\[1.22, 3.78\\]" in text  # for these 3 prompts
     precision = speedup_precision(runs, n_boot=200)
     assert {(p.method, p.domain) for p in precision} == set(cells)
     assert all(p.repeats == 2 and p.prompts == 3 for p in precision)
@@ -159,6 +187,7 @@ def test_every_cell_shows_the_policys_prediction_beside_the_measurement(tiny_ben
         "interval": [2.3, 2.7],
         "method": "replay",
     }
+    assert routed_doc["held_out_interval"] == pytest.approx([2.5 - 0.2 * widen, 2.5 + 0.2 * widen])
     assert routed_doc["predicted_speedup"] == 1.3 and routed_doc["in_sample"] >= 1
     assert len(doc["precision"]) == 3 and "narrow_enough" in doc["precision"][0]
 

@@ -8,7 +8,12 @@ sample that gets a verdict; the README's table comes from the same code with 200
 
 import pytest
 
-from specscope.analysis.calibration import TRUTH, interval_coverage, verdict_rates
+from specscope.analysis.calibration import (
+    TRUTH,
+    held_out_coverage,
+    interval_coverage,
+    verdict_rates,
+)
 from specscope.analysis.findings import Verdict
 from specscope.analysis.results import Settings
 
@@ -74,3 +79,12 @@ def test_intervals_cover_the_truth_at_small_samples():
     # percentile intervals covered 0.54 at 2 prompts per domain, 0.71 at 3
     cov = interval_coverage((2, 3, 10), reps=25, steps=16, n_boot=200)
     assert (cov["coverage"] >= 0.88).all(), cov.to_string()
+
+
+@pytest.mark.parametrize("fitted, held_out", [(10, 10), (30, 20)])
+def test_held_out_figures_fall_in_the_widened_interval(fitted, held_out):
+    # tuning and held-out prompts from one population: the held-out figure should fall in its
+    # interval 95% of the time; the tuning mean's own interval held it 79% at 30 / 20
+    cover = held_out_coverage(fitted, held_out, trials=400, n_boot=300, seed=3)
+    assert 0.91 <= cover["held-out interval"] <= 0.985, cover
+    assert cover["tuning interval"] <= 0.9, cover

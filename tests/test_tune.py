@@ -3,6 +3,7 @@
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -409,6 +410,21 @@ def test_policy_file_round_trip(tmp_path):
         )
     with pytest.raises(PolicyError, match="tokens_per_step must be a number >= 1"):
         Prediction.from_dict({"tokens_per_step": "3", "method": "replay"}, "here")
+    with pytest.raises(PolicyError, match="prediction.prompts must be a whole number"):
+        Prediction.from_dict({"tokens_per_step": 3, "method": "replay", "prompts": 2.5}, "here")
+
+
+def test_a_prediction_says_where_a_held_out_sample_falls():
+    """The interval of 30 tuning prompts, widened for 20 held-out ones by sqrt(1 + 30/20); the
+    prompts behind it are recorded in the policy file (older files: the tuning runs' count)."""
+    p = Prediction(3.0, 2.9, 3.2, prompts=30)
+    assert Prediction.from_dict(p.to_dict(), "here") == p and p.to_dict()["prompts"] == 30
+    widen = math.sqrt(2.5)
+    assert p.held_out(20) == pytest.approx((3.0 - 0.1 * widen, 3.0 + 0.2 * widen))
+    older = Prediction(3.0, 2.9, 3.2)  # a file that predates the count: the tuning runs' prompts
+    assert older.held_out(20) is None and older.held_out(20, fitted=30) == p.held_out(20)
+    assert p.held_out(20, fitted=5) == p.held_out(20)  # its own count wins
+    assert Prediction(3.0, prompts=30).held_out(20) is None  # no interval: nothing to widen
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from .drafters import DrafterComparison, compare_drafters
 from .findings import Verdict
 from .prepare import ALL, prepare
 from .results import Analysis, Settings
+from .stats import ClusterBootstrap, held_out_interval, ratio
 from .synthetic import (
     DomainProfile,
     DrafterProfile,
@@ -314,6 +315,63 @@ def interval_coverage(
             }
         )
     return pd.DataFrame(rows)
+
+
+# --- a prediction checked on held-out prompts -------------------------------------------------------
+
+
+def decoding_prompts(n: int, rng: np.random.Generator, depth: int = 4) -> np.ndarray:
+    """``n`` synthetic prompts decoded with a chain of ``depth``: per prompt, its positions
+    (accepted tokens + 1, summed over steps) and its steps, ``(n, 2)``. Each prompt accepts each
+    next chain token with its own probability (:data:`MODEL`'s 0.70, with prompt effects of sd
+    0.35 on the log-odds) and decodes 8 to 40 steps: the population of
+    :func:`held_out_coverage`."""
+    logit = np.log(MODEL.accept / (1 - MODEL.accept)) + rng.normal(0, 0.35, size=n)
+    accept = 1 / (1 + np.exp(-logit))
+    steps = rng.integers(8, 41, size=n)
+    out = np.empty((n, 2))
+    for i in range(n):
+        runs = rng.random((steps[i], depth)) < accept[i]
+        accepted = np.where(runs.all(axis=1), depth, np.argmin(runs, axis=1))
+        out[i] = accepted.sum() + steps[i], steps[i]
+    return out
+
+
+def held_out_coverage(
+    fitted: int = 30,
+    held_out: int = 20,
+    trials: int = 400,
+    n_boot: int = 400,
+    seed: int = 0,
+    population: np.ndarray | None = None,
+) -> dict[str, float]:
+    """How often a held-out figure falls in a prediction's interval, where the prediction's
+    prompts and the held-out ones come from one population (so it should, 95% of the time).
+
+    Each trial draws ``fitted`` prompts (the tuning prompts) and ``held_out`` others, gives the
+    tokens per step of the first with its 95% interval (the bootstrap of
+    :mod:`specscope.analysis.stats`) and checks the second's against that interval (the tuning
+    mean's, which bounds the population's figure) and against
+    :func:`~specscope.analysis.stats.held_out_interval` (widened for a sample of ``held_out``).
+    ``population``: per-prompt (positions, steps) to draw both from without replacement (a
+    measured run's prompts); without it, fresh synthetic prompts
+    (:func:`decoding_prompts`)."""
+    rng = np.random.default_rng(seed)
+    boot = ClusterBootstrap.draw(np.zeros(fitted), n_boot, seed)
+    inside = {"tuning interval": 0, "held-out interval": 0}
+    for _ in range(trials):
+        if population is None:
+            tune, new = decoding_prompts(fitted, rng), decoding_prompts(held_out, rng)
+        else:
+            pick = rng.permutation(len(population))
+            tune, new = population[pick[:fitted]], population[pick[fitted : fitted + held_out]]
+        totals = boot.total(tune)
+        e = boot.estimate(ratio(totals[:, 0], totals[:, 1]), prompts=fitted)
+        measured = new[:, 0].sum() / new[:, 1].sum()
+        lo, hi = held_out_interval(e.value, e.lo, e.hi, fitted, held_out)
+        inside["tuning interval"] += e.lo <= measured <= e.hi
+        inside["held-out interval"] += lo <= measured <= hi
+    return {name: hits / trials for name, hits in inside.items()}
 
 
 # --- the drafter comparison -----------------------------------------------------------------------

@@ -104,6 +104,24 @@ def nan_estimate(n: int = 0, prompts: int = 0) -> Estimate:
     return Estimate(math.nan, n=n, prompts=prompts)
 
 
+def held_out_interval(
+    value: float, lo: float, hi: float, fitted: int, new: int
+) -> tuple[float, float]:
+    """Where the same figure measured on ``new`` other prompts of the population falls, at the
+    confidence of [lo, hi], an interval of ``value`` from ``fitted`` prompts.
+
+    [lo, hi] bounds the population's figure; a figure of ``new`` other prompts also varies with
+    the prompts drawn, by as much again at ``new`` = ``fitted``. The two samples' variances add,
+    so each side widens by sqrt(1 + fitted / new) (a t interval's ``t * se`` becomes
+    ``t * se * sqrt(1 + fitted / new)``). A 95% [lo, hi] of 30 tuning prompts held the figure of
+    20 others in 79% of random splits (synthetic prompts and shipped runs alike), the widened
+    interval in 94 to 96% (:func:`specscope.analysis.calibration.held_out_coverage`)."""
+    if fitted < 1 or new < 1:
+        raise ValueError(f"prompt counts must be 1 or more, got fitted={fitted}, new={new}")
+    widen = math.sqrt(1 + fitted / new)
+    return value - (value - lo) * widen, value + (hi - value) * widen
+
+
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den, NaN where den is 0 (an empty cell), without warnings."""
     num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)

@@ -414,7 +414,9 @@ def bench(
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_file) if policy_file else {}
     candidates = checks.candidate_predictions(policy, config) if policy else {}
-    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates)
+    cells = checks.predicted_vs_measured(
+        rows, runs, predictions, candidates, chosen.tuning_per_domain
+    )
     precision = checks.speedup_precision(runs)
     title = (
         f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "

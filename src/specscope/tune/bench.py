@@ -28,6 +28,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +279,7 @@ class BenchPrompts:
     tuned: TuningPrompts = TuningPrompts(frozenset(), (), known=False)
     in_sample: bool = False  # tuning prompts may be timed (labelled in-sample)
     tuning_only: bool = False  # only tuning prompts are timed (and scored)
+    tuning_per_domain: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def in_sample_ids(self) -> frozenset[str]:
@@ -308,9 +310,10 @@ def bench_prompts(
     if tuning_only and not tuned.ids:
         raise BenchError("the policy names no tuning run's prompts to time (--tuning-prompts)")
     in_sample = in_sample or tuning_only
+    every = select_prompts(domains, None, seed=seed)
     pool = [
         it
-        for it in select_prompts(domains, None, seed=seed)
+        for it in every
         if (it.id in tuned.ids if tuning_only else in_sample or it.id not in tuned.ids)
     ]
     if split:
@@ -355,7 +358,13 @@ def bench_prompts(
         tuned,
         in_sample,
         tuning_only,
+        tuning_per_domain(every, tuned),
     )
+
+
+def tuning_per_domain(items: Sequence[PromptItem], tuned: TuningPrompts) -> dict[str, int]:
+    """Domain -> how many of ``items`` (every prompt of the domains) the tuning runs measured."""
+    return dict(Counter(it.domain for it in items if it.id in tuned.ids))
 
 
 # a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
@@ -777,15 +786,30 @@ class PredictedCell:
     speedup: float  # measured decode speed-up over plain, same prompts
     speedup_lo: float
     speedup_hi: float
+    # the tuning runs' prompts in the domain: the prompts behind a prediction whose policy file
+    # predates recording them (0: not known)
+    tuning_prompts: int = 0
+
+    @property
+    def tokens_interval(self) -> tuple[float, float] | None:
+        """Where the tokens per step of this cell's prompts were predicted to fall: the
+        prediction's interval widened for a sample of held-out prompts of this size
+        (:meth:`Prediction.held_out`; None: no interval, or no prompt count behind it)."""
+        p = self.predicted.tokens_per_step if self.predicted else None
+        return p.held_out(self.prompts, self.tuning_prompts) if p is not None else None
 
     @property
     def tokens_inside(self) -> bool | None:
-        """Whether the measured tokens per step lie in the predicted interval (None: no
-        interval predicted)."""
-        p = self.predicted.tokens_per_step if self.predicted else None
-        if p is None or not (math.isfinite(p.lo) and math.isfinite(p.hi)):
+        """Whether the measured tokens per step lie in :attr:`tokens_interval`. None: no
+        interval, or one of no width (every tuning prompt decoded the same tokens per step,
+        so nothing bounds another sample's), unless the measurement equals it."""
+        interval = self.tokens_interval
+        if interval is None:
             return None
-        return p.lo <= self.tokens_per_step <= p.hi
+        lo, hi = interval
+        if hi - lo < 1e-9:
+            return True if abs(self.tokens_per_step - lo) < 1e-9 else None
+        return lo <= self.tokens_per_step <= hi
 
 
 def predicted_vs_measured(
@@ -793,13 +817,17 @@ def predicted_vs_measured(
     runs: Sequence[BenchRun],
     predictions: Mapping[str, PolicyPrediction],
     candidates: Mapping[tuple[str, str], PolicyPrediction] | None = None,
+    tuning_prompts: Mapping[str, int] | None = None,
 ) -> tuple[PredictedCell, ...]:
     """Every cell of the bench's summary but plain's, with the policy's prediction where it
     made one: the routed method in a domain, that domain's entry; any other method,
     ``candidates[(method, domain)]`` (the prediction for its drafter and tree in that domain:
     :func:`candidate_predictions`, or a timed backend's); the uniform method without one, the
-    uniform entry (pooled over the domains)."""
+    uniform entry (pooled over the domains). ``tuning_prompts``: domain -> the tuning runs'
+    prompts in it (:attr:`BenchPrompts.tuning_per_domain`), for predictions that do not record
+    the prompts behind their interval."""
     candidates = candidates or {}
+    tuning_prompts = tuning_prompts or {}
     cells = []
     for r in rows:
         if r.method == "plain" or r.domain == ALL_DOMAINS:
@@ -822,6 +850,7 @@ def predicted_vs_measured(
                 r.speedup,
                 r.speedup_lo,
                 r.speedup_hi,
+                tuning_prompts.get(r.domain, sum(tuning_prompts.values())),
             )
         )
     return tuple(cells)
@@ -841,12 +870,17 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         interval = f" [{p.lo:.2f}, {p.hi:.2f}]" if math.isfinite(p.lo) else ""
         return f"{p.tokens_per_step:.2f}{interval} ({p.method})"
 
+    def held_out(c: PredictedCell) -> str:
+        interval = c.tokens_interval
+        return "-" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
     rows = tuple(
         (
             c.domain,
             c.method,
             f"{c.prompts}" + (f" ({c.in_sample} in-sample)" if c.in_sample else " held out"),
             predicted_tokens(c),
+            held_out(c),
             _number(c.tokens_per_step),
             {None: "-", True: "yes", False: "no"}[c.tokens_inside],
             _number(c.predicted.speedup if c.predicted else math.nan, suffix="x"),
@@ -860,7 +894,14 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         if tuned.known
         else "the policy names no tuning runs: whether its prompts were held out is unknown"
     )
-    columns = ("domain", "method", "prompts", "predicted tokens/step", "measured tokens/step")
+    columns = (
+        "domain",
+        "method",
+        "prompts",
+        "predicted tokens/step",
+        "for these prompts",
+        "measured tokens/step",
+    )
     return Grid(
         "bench_predicted",
         "predicted (policy file, before the bench) against measured",
@@ -874,7 +915,9 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         "each domain's entry; another method: the prediction tune made for its drafter and tree "
         "in the domain where the policy holds one (its candidates: every chain of each drafter "
         "tuned over, or a timed backend's settings); else uniform: the uniform entry (pooled), "
-        "another: none. "
+        "another: none. The predicted interval bounds the tuning prompts' population; "
+        "'for these prompts' widens it for a sample of the cell's held-out prompts (the two "
+        "samples' variances add), and 'inside' checks the measurement against that. "
         f"Held out from: {where}.",
     )
 
@@ -1333,6 +1376,7 @@ def checks_document(
                     else None
                 ),
                 "predicted_speedup": c.predicted.speedup if c.predicted else None,
+                "held_out_interval": list(c.tokens_interval) if c.tokens_interval else None,
                 "tokens_inside": c.tokens_inside,
             }
             for c in cells

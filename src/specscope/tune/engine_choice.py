@@ -175,7 +175,9 @@ def tokens_per_step(
             reps = ratio(totals[:, 0], totals[:, 1])
             e = boot.subset(keep).estimate(reps, prompts=len(keep), strata=len(set(strata[keep])))
             if math.isfinite(e.value):
-                out[(method, str(domain))] = Prediction(e.value, e.lo, e.hi, TIMED)
+                out[(method, str(domain))] = Prediction(
+                    e.value, e.lo, e.hi, TIMED, prompts=len(keep)
+                )
     return out
 
 

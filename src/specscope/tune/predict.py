@@ -29,6 +29,7 @@ from ..analysis.replay import (
 )
 from ..analysis.replay import replay_counts as replay_prompts
 from ..analysis.results import Settings
+from ..analysis.stats import held_out_interval
 from ..records import ALL_DOMAINS
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
@@ -52,6 +53,7 @@ class Prediction:
     # of; NaN: not known, the whole output's stand in)
     decode_tokens_per_step: float = math.nan
     decode_proposal_rate: float = math.nan
+    prompts: int = 0  # the prompts the interval resampled (0: not recorded)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -62,6 +64,16 @@ class Prediction:
     @property
     def extrapolated(self) -> bool:
         return self.method == EXTRAPOLATED
+
+    def held_out(self, prompts: int, fitted: int = 0) -> tuple[float, float] | None:
+        """The interval a mean over ``prompts`` held-out prompts falls in
+        (:func:`~specscope.analysis.stats.held_out_interval`), from the prompts behind this
+        prediction (``fitted`` where it does not record them); None without an interval or a
+        prompt count."""
+        fitted = self.prompts or fitted
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)) or fitted < 1 or prompts < 1:
+            return None
+        return held_out_interval(self.tokens_per_step, self.lo, self.hi, fitted, prompts)
 
     def speed_terms(self) -> tuple[float, float]:
         """Tokens per step and proposal rate after the first token, which a predicted decode
@@ -79,6 +91,7 @@ class Prediction:
             "tokens_per_step": round(self.tokens_per_step, 4),
             "interval": interval,
             "method": self.method,
+            **({"prompts": self.prompts} if self.prompts else {}),
             **(
                 {"decode_tokens_per_step": round(self.decode_tokens_per_step, 4)}
                 if math.isfinite(self.decode_tokens_per_step)
@@ -103,6 +116,9 @@ class Prediction:
         later = data.get("decode_tokens_per_step", math.nan)
         if not isinstance(later, (int, float)) or isinstance(later, bool):
             raise PolicyError(f"{where}: prediction.decode_tokens_per_step must be a number")
+        prompts = data.get("prompts", 0)
+        if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts < 0:
+            raise PolicyError(f"{where}: prediction.prompts must be a whole number >= 0")
         try:
             return cls(
                 float(value),
@@ -110,6 +126,7 @@ class Prediction:
                 float(hi),
                 data.get("method"),
                 decode_tokens_per_step=float(later),
+                prompts=prompts,
             )
         except PolicyError as e:
             raise PolicyError(f"{where}: {e}") from None
@@ -186,5 +203,8 @@ class Predictor:
         key = shape.paths
         if key not in self._figures:  # one bootstrap per tree gives every domain's interval
             self._figures[key] = estimate(self.records, self.counts(shape), self.settings)[0]
-        tokens = self._figures[key].row(ALL if domain == ALL_DOMAINS else domain).tokens_per_step
-        return dataclasses.replace(point, tokens_per_step=tokens.value, lo=tokens.lo, hi=tokens.hi)
+        row = self._figures[key].row(ALL if domain == ALL_DOMAINS else domain)
+        tokens = row.tokens_per_step
+        return dataclasses.replace(
+            point, tokens_per_step=tokens.value, lo=tokens.lo, hi=tokens.hi, prompts=row.prompts
+        )

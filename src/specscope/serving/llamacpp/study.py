@@ -728,7 +728,11 @@ def bench_llama_server(
     ]
     rows = summarize_bench(runs, n_boot)
     cells = predicted_vs_measured(
-        rows, runs, policy_predictions(policy_path), candidate_predictions(policy)
+        rows,
+        runs,
+        policy_predictions(policy_path),
+        candidate_predictions(policy),
+        chosen.tuning_per_domain,
     )
     precision = speedup_precision(runs, n_boot=n_boot)
     regret = regrets(rows, {d: per_domain_choice.get(d, fallback) for d in domains})
