@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import pandas as pd
 
 from specscope.analysis.calibration import held_out_coverage
@@ -45,9 +46,12 @@ def measured(run: str, depth: int, trials: int, held_share: float) -> pd.DataFra
     if rec.spine_depth:
         chain = min(depth, rec.spine_depth)
         candidates[f"chain of {chain}"] = top_chain(chain)
-    rows = []
+    rows, seen = [], []
     for label, candidate in candidates.items():
         per_prompt = replay_counts(rec, candidate, prefill_drafts=False).per_prompt()[:, :2]
+        if any(np.array_equal(per_prompt, other) for other in seen):
+            continue  # the run's tree is that chain
+        seen.append(per_prompt)
         for code, domain in enumerate(rec.domains):
             pool = per_prompt[rec.prompt_domain == code]
             held = max(2, round(len(pool) * held_share))

@@ -389,6 +389,9 @@ def test_policy_file_round_trip(tmp_path):
     # a tuned file says how each tree's tokens per step were predicted, and reads back
     entry = json.loads(path.read_text())["domains"]["code"]
     assert entry["prediction"]["method"] == "replay"
+    # the prompts behind the interval, for a bench to widen it for its own sample
+    code_prompts = steps_of(_long_nodes_frame()).query("domain == 'code'")["prompt_id"].nunique()
+    assert entry["prediction"]["prompts"] == code_prompts
     reloaded = PolicyFile.load(path)
     assert reloaded.predictions["code"].tokens_per_step == pytest.approx(
         policy.choices["code"].expected_tau, abs=1e-4
