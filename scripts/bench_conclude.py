@@ -9,6 +9,9 @@ and precision parts into BENCH.json (nothing else in it changes). --policy-file:
 (default: the one the bench ran). --with-candidates: a policy tuned before `tune` wrote its
 `candidates` gets them computed from its own tuning runs and cost models (files written before the
 bench: no bench data enters a prediction), so that every chain benched is predicted.
+--with-routed: likewise for the routed cells, a policy tuned before `tune` wrote its `routed`
+predictions (each domain's tuning prompts as the rule router sends them) gets them by tuning its
+own runs again with its own cost models, refused unless that gives the file's choices.
 """
 
 from __future__ import annotations
@@ -33,22 +36,53 @@ from specscope.tune.policy import (
     chain_candidates,
     parse_backend,
     parse_drafter,
+    tune,
 )
+from specscope.tune.routed import prompt_texts
+
+
+def measured_runs(policy: PolicyFile) -> list[Measured]:
+    """The policy's tuning runs as ``tune`` weighed them: each run with the cost model of its
+    drafter that the file holds, and its prompts' texts (for the routed prediction)."""
+    source = policy.info.get("source") or {}
+    models = policy.info.get("cost_models") or {"": policy.info["cost_model"]}
+    run_dirs = dict.fromkeys(e.get("run_dir") for e in [source, *(source.get("runs") or ())])
+    out = []
+    for run_dir in filter(None, run_dirs):
+        run = load_run(run_dir)
+        drafter = drafter_of(run)
+        costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
+        out.append(Measured(drafter, run.nodes, run.steps, costs, prompt_texts(run.prompts)))
+    return out
+
+
+def with_routed(policy: PolicyFile) -> PolicyFile:
+    """``policy`` with the routed predictions ``tune`` writes today: tuned again from its own
+    runs and cost models (nothing the bench measured), refused unless that gives the file's
+    choices."""
+    again = tune(
+        measured_runs(policy), TuneConfig(**policy.info.get("tune", {})), policy.info.get("source")
+    )
+    same = (again.trees, again.uniform, again.drafters, again.backends) == (
+        policy.trees,
+        policy.uniform,
+        policy.drafters,
+        policy.backends,
+    )
+    if not same or "routed" not in again.info:
+        raise SystemExit(
+            "tuning the policy's runs again does not give its choices (or no routed "
+            "prediction): --with-routed cannot stand in for the file's tune"
+        )
+    return dataclasses.replace(policy, info={**policy.info, "routed": again.info["routed"]})
 
 
 def with_candidates(policy: PolicyFile) -> PolicyFile:
     """``policy`` with the candidates ``tune`` writes today, from its tuning runs and the cost
     model of each drafter that the file holds."""
-    source = policy.info.get("source") or {}
     config = TuneConfig(**policy.info.get("tune", {}))
-    models = policy.info.get("cost_models") or {"": policy.info["cost_model"]}
-    run_dirs = dict.fromkeys(e.get("run_dir") for e in [source, *(source.get("runs") or ())])
     candidates = []
-    for run_dir in filter(None, run_dirs):
-        run = load_run(run_dir)
-        drafter = drafter_of(run)
-        costs = CostModel.from_dict(models.get(drafter.label) or next(iter(models.values())))
-        measured = Measured(drafter, run.nodes, run.steps, costs)
+    for measured in measured_runs(policy):
         vectors = measured.vectors(config)
         candidates += chain_candidates(
             measured,
@@ -129,6 +163,7 @@ def main() -> None:
     parser.add_argument("bench", type=Path)
     parser.add_argument("--policy-file", type=Path)
     parser.add_argument("--with-candidates", action="store_true")
+    parser.add_argument("--with-routed", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
     parser.add_argument(
         "--update",
@@ -141,6 +176,8 @@ def main() -> None:
     policy = PolicyFile.load(policy_path)
     if args.with_candidates:
         policy = with_candidates(policy)
+    if args.with_routed:
+        policy = with_routed(policy)
     runs = [BenchRun.from_dict(r) for r in record["runs"]]
     config = BenchConfig.from_dict(record["config"])
     rows = summarize_bench(runs)
@@ -149,7 +186,8 @@ def main() -> None:
     domains = list(dict.fromkeys(r.domain for r in runs))
     tuned = checks.tuning_prompts(policy)
     fitted = checks.tuning_per_domain(select_prompts(domains, None, seed=0), tuned)
-    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted)
+    routed = checks.routed_predictions(policy, record.get("router", "rules"))
+    cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted, routed)
     precision = checks.speedup_precision(runs)
     decision = bench_decision(policy, config, domains, rows, runs)
     grids = [

@@ -1,6 +1,7 @@
 """tune/: optimal trees, acceptance vectors, the tuner, policy files, the bench summary, and
 ``specscope tune`` feeding a routed ``decode`` (the routers: test_router.py)."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -151,6 +152,33 @@ def test_tune_picks_trees_and_no_speculation_where_nothing_helps():
     assert code is not None and code.paths[0] == (0,)
     assert policy.choices["code"].predicted_speedup > 1
     assert best_tree(AcceptanceVector.from_rates([[0.01]]), COSTS).shape is None
+
+
+CODE_TEXT = "Write a Python function that returns the sum of a list.\n\ndef total(xs):"
+
+
+def test_routed_prediction_replays_each_prompt_with_the_entry_it_is_sent_to():
+    """code speculates, chat does not; the router sends chat's one prompt (code-like text) to
+    code's tree, on which it accepts nothing: routed chat decodes one token a step with the tree's
+    cost, routed code is code's own entry."""
+    nodes = _long_nodes_frame()
+    nodes.loc[nodes.domain == "chat", "greedy_accept"] = False
+    texts = {"code-p": CODE_TEXT, "chat-p": CODE_TEXT}
+    measured = dataclasses.replace(draft_model(nodes), texts=texts)
+    policy = tune([measured], TuneConfig(min_count=1))
+    assert policy.tree_for("chat") is None and policy.tree_for("code") is not None
+    routed = policy.info["routed"]
+    assert routed["router"] == "rules"
+    chat, code = routed["domains"]["chat"], routed["domains"]["code"]
+    assert chat["sent"] == {"code": 1} and code["sent"] == {"code": 1}
+    assert chat["prediction"]["tokens_per_step"] == 1.0  # every chat step rejects the tree
+    step = COSTS.step_time(policy.tree_for("code"), 1.0)
+    assert chat["predicted_speedup"] == pytest.approx(COSTS.plain_token_s / step, abs=1e-4)
+    entry = policy.choices["code"]
+    assert code["prediction"]["tokens_per_step"] == pytest.approx(entry.expected_tau, abs=1e-4)
+    assert code["predicted_speedup"] == pytest.approx(entry.predicted_speedup, abs=1e-4)
+    # without the prompts' texts nothing is routed, and the file says nothing about it
+    assert "routed" not in tune([draft_model(nodes)], TuneConfig(min_count=1)).info
 
 
 def test_best_tree_weighs_only_chains_llama_ngram_simple_drafts_with():

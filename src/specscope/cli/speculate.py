@@ -224,6 +224,7 @@ def tune(
     from ..tune.costs import CostModel
     from ..tune.policy import Measured, TuneConfig
     from ..tune.policy import tune as tune_policy
+    from ..tune.routed import prompt_texts
 
     config = TuneConfig(
         max_nodes=max_nodes,
@@ -261,7 +262,7 @@ def tune(
         if save_costs:
             models[0].save(save_costs, inside_of(save_costs, run_dir))
     measured = [
-        Measured(d, r.nodes, r.steps, m)
+        Measured(d, r.nodes, r.steps, m, prompt_texts(r.prompts))
         for d, r, m in zip(runs.drafters, runs.runs, models, strict=True)
     ]
     tuned_for = choose.target_record(target or runs.target, pair, runs.drafters, trust_remote_code)
@@ -414,8 +415,9 @@ def bench(
     rows = summarize_bench(runs)
     predictions = checks.policy_predictions(policy_file) if policy_file else {}
     candidates = checks.candidate_predictions(policy, config) if policy else {}
+    routed = checks.routed_predictions(policy, router_name) if policy else {}
     cells = checks.predicted_vs_measured(
-        rows, runs, predictions, candidates, chosen.tuning_per_domain
+        rows, runs, predictions, candidates, chosen.tuning_per_domain, routed
     )
     precision = checks.speedup_precision(runs)
     title = (

@@ -749,6 +749,27 @@ def policy_predictions(path: str | Path) -> dict[str, PolicyPrediction]:
     return out
 
 
+def routed_predictions(policy, router: str) -> dict[str, PolicyPrediction]:
+    """Domain -> what ``tune`` predicted for the domain's prompts as ``router`` routes them (the
+    policy file's ``routed`` table, :mod:`.routed`); empty for a file without one or made for
+    another router."""
+    from .policy import PolicyError
+
+    table = (policy.info.get("routed") if policy is not None else None) or {}
+    if table.get("router") != router:
+        return {}
+    out = {}
+    for domain, entry in (table.get("domains") or {}).items():
+        where = f"policy file: routed.domains.{domain}"
+        if not isinstance(entry, dict) or "prediction" not in entry:
+            raise PolicyError(f"{where} must be a table with a prediction")
+        out[str(domain)] = PolicyPrediction(
+            Prediction.from_dict(entry["prediction"], where),
+            float(entry.get("predicted_speedup", math.nan)),
+        )
+    return out
+
+
 def candidate_predictions(policy, config: BenchConfig) -> dict[tuple[str, str], PolicyPrediction]:
     """(method, domain) -> the prediction ``tune`` made for the drafter and tree that a bench
     method decodes with (the policy file's ``candidates``: every chain of every drafter tuned
@@ -818,6 +839,7 @@ def predicted_vs_measured(
     predictions: Mapping[str, PolicyPrediction],
     candidates: Mapping[tuple[str, str], PolicyPrediction] | None = None,
     tuning_prompts: Mapping[str, int] | None = None,
+    routed: Mapping[str, PolicyPrediction] | None = None,
 ) -> tuple[PredictedCell, ...]:
     """Every cell of the bench's summary but plain's, with the policy's prediction where it
     made one: the routed method in a domain, that domain's entry; any other method,
@@ -825,16 +847,19 @@ def predicted_vs_measured(
     :func:`candidate_predictions`, or a timed backend's); the uniform method without one, the
     uniform entry (pooled over the domains). ``tuning_prompts``: domain -> the tuning runs'
     prompts in it (:attr:`BenchPrompts.tuning_per_domain`), for predictions that do not record
-    the prompts behind their interval."""
+    the prompts behind their interval. ``routed``: domain -> the prediction for its prompts as
+    the bench's router sends them (:func:`routed_predictions`), which the routed method is set
+    against where the policy holds one (else the domain's entry)."""
     candidates = candidates or {}
     tuning_prompts = tuning_prompts or {}
+    routed = routed or {}
     cells = []
     for r in rows:
         if r.method == "plain" or r.domain == ALL_DOMAINS:
             continue
         mine = [x for x in runs if x.method == r.method and x.domain == r.domain]
         if r.method == "routed":
-            predicted = predictions.get(r.domain)
+            predicted = routed.get(r.domain) or predictions.get(r.domain)
         elif r.method == "uniform" and (r.method, r.domain) not in candidates:
             predicted = predictions.get(ALL_DOMAINS)
         else:
@@ -912,9 +937,11 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         rows,
         "tokens per step: output tokens over decoding steps, the prefill's token one step (as "
         "specscope's decoder counts them, and tune's replay with a plain prefill pass). routed: "
-        "each domain's entry; another method: the prediction tune made for its drafter and tree "
-        "in the domain where the policy holds one (its candidates: every chain of each drafter "
-        "tuned over, or a timed backend's settings); else uniform: the uniform entry (pooled), "
+        "the domain's tuning prompts as the router sent them, each replayed with the entry it "
+        "was sent to (a policy file without that: the domain's entry); another method: the "
+        "prediction tune made for its drafter and tree in the domain where the policy holds "
+        "one (its candidates: every chain of each drafter tuned over, or a timed backend's "
+        "settings); else uniform: the uniform entry (pooled), "
         "another: none. The predicted interval bounds the tuning prompts' population; "
         "'for these prompts' widens it for a sample of the cell's held-out prompts (the two "
         "samples' variances add), and 'inside' checks the measurement against that. "

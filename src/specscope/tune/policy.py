@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from .acceptance import (
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
 from .predict import Prediction, Predictor
+from .routed import ROUTER, Destination, routed_predictions
 
 POLICY_FORMAT = "specscope-policy/1"
 
@@ -261,6 +262,8 @@ class Measured:
     nodes: pd.DataFrame  # may be empty for a chain-only drafter: its steps say it all
     steps: pd.DataFrame
     costs: CostModel
+    # prompt id -> the text a router reads (the user turns), for the routed prediction
+    texts: Mapping[str, str] = field(default_factory=dict)
 
     def acceptance(self, min_count: int) -> dict[str, AcceptanceVector]:
         """Per domain (and pooled): the acceptance vector that proposes candidate trees and
@@ -356,10 +359,13 @@ def tune(
     choices: dict[str, Choice] = {}
     vector: dict[str, AcceptanceVector] = {}  # the chosen drafter's (the first's if none pays)
     predictors: dict[str, Predictor] = {}  # per domain: the chosen drafter's
+    costs: dict[str, CostModel] = {}  # per domain: the chosen drafter's
     candidates: list[dict] = []
+    population = None  # the first run's records: the tuning prompts a route is predicted on
     for m in measured:
         vectors = m.vectors(config)
         predictor = m.predictor(vectors)
+        population = population or predictor.records
         assisted = m.assisted_predictor(vectors)
         candidates += chain_candidates(m, predictor, config, vectors, assisted)
         for name, acc in vectors.items():
@@ -386,10 +392,20 @@ def tune(
                     choice, chosen_by = theirs, assisted
             if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
                 choices[name], vector[name], predictors[name] = choice, acc, chosen_by
+                costs[name] = m.costs
     for name, choice in choices.items():
         if choice.shape is not None:
             interval = predictors[name].with_interval(choice.shape, name)
             choices[name] = dataclasses.replace(choice, prediction=interval)
+    texts = {k: v for m in measured for k, v in m.texts.items()}
+    routed = routed_predictions(
+        population,
+        texts,
+        {
+            name: Destination(c.shape, predictors[name], costs[name], c.backend)
+            for name, c in choices.items()
+        },
+    )
     uniform = choices.pop(ALL_DOMAINS)
     drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
     backends = {d: c.backend for d, c in choices.items() if c.shape and c.backend != "specscope"}
@@ -402,6 +418,11 @@ def tune(
     if len(measured) > 1:
         info["cost_models"] = {m.drafter.label: m.costs.to_dict() for m in measured}
     info["candidates"] = candidates
+    if routed:
+        info["routed"] = {
+            "router": ROUTER,
+            "domains": {d: r.to_dict() for d, r in routed.items()},
+        }
     return PolicyFile(
         trees={d: c.shape for d, c in choices.items()},
         uniform=uniform.shape,
