@@ -85,9 +85,24 @@ def test_draft_simple_takes_k_and_p_min():
     assert flags[flags.index("--spec-draft-p-min") + 1] == "0.75"
 
 
+def test_poll_is_a_setting_of_every_candidate():
+    """llama.cpp's --poll (busy-waiting of the compute threads between passes) is tuned over:
+    plain and a lookup at poll 0 are candidates of their own."""
+    quiet = ServerSetting.parse("plain:poll=0")
+    assert (quiet.k, quiet.poll, quiet.name) == (0, 0, "plain-t2-poll0-b2048-ub512")
+    flags = quiet.flags()
+    assert flags[flags.index("--poll") + 1] == "0" and "--spec-type" not in flags
+    lookup = ServerSetting.parse("ngram-mod:m=16,poll=0")
+    assert (lookup.k, lookup.poll, lookup.spec_type) == (16, 0, "ngram-mod")
+    assert ServerSetting.parse("plain").poll == ServerSetting().poll == 50
+    assert list(candidate_settings(["plain:poll=0"], ServerSetting())) == ["plain", "plain:poll=0"]
+
+
 @pytest.mark.parametrize(
     "text, says",
     [
+        ("plain:k=2", "plain drafts nothing, so it takes only poll"),
+        ("plain:poll=101", "poll must be 0 to 100"),
         ("ngram-fancy", "not a spec type specscope runs"),
         ("ngram-simple:q=3", "unknown size 'q'"),
         ("ngram-simple:n=x", "n='x' is not a number"),

@@ -189,33 +189,47 @@ class ServerSetting:
         """A candidate as written on the command line: ``plain``, ``draft-simple:k=2``,
         ``draft-simple:k=4,p_min=0.75``, ``ngram-simple`` (llama.cpp's sizes),
         ``ngram-simple:n=3,m=8``, ``ngram-mod``, ... on top of ``base``'s threads and
-        polling."""
+        polling; ``poll=N`` sets llama.cpp's ``--poll`` (``plain:poll=0``: threads sleep
+        between passes)."""
         base = base or cls()
         kind, _, given = text.strip().partition(":")
-        keys = {"k": "k", "m": "k", "n": "ngram_size", "p_min": "p_min"}
-        example = "plain, draft-simple:k=2,p_min=0.5, ngram-simple:n=3,m=8 or ngram-mod"
-        if kind == "plain" and not given:
-            return replace(base, k=0, spec_type="draft-simple", p_min=0.0)
-        if kind not in SPEC_TYPES:
+        keys = {"k": "k", "m": "k", "n": "ngram_size", "p_min": "p_min", "poll": "poll"}
+        example = (
+            "plain, plain:poll=0, draft-simple:k=2,p_min=0.5, ngram-simple:n=3,m=8 or ngram-mod"
+        )
+        if kind != "plain" and kind not in SPEC_TYPES:
             raise LlamaToolsError(
                 f"candidate {text!r}: {kind!r} is not a spec type specscope runs; choose plain "
                 f"or one of {', '.join(SPEC_TYPES)} (e.g. {example})"
             )
-        n, m = SPEC_TYPES[kind].default_sizes
+        n, m = SPEC_TYPES[kind].default_sizes if kind != "plain" else (None, None)
         values: dict = {"k": m or 3, "ngram_size": n or base.ngram_size, "p_min": 0.0}
+        given_keys = []
         for part in filter(None, given.split(",")):
             key, _, value = part.partition("=")
-            if key.strip() not in keys:
+            key = key.strip()
+            if key not in keys:
                 raise LlamaToolsError(
-                    f"candidate {text!r}: unknown size {key.strip()!r}; sizes are k (or m), "
-                    f"n and p_min (e.g. {example})"
+                    f"candidate {text!r}: unknown size {key!r}; sizes are k (or m), n, p_min and "
+                    f"poll (e.g. {example})"
                 )
             try:
-                values[keys[key.strip()]] = (float if key.strip() == "p_min" else int)(value)
+                values[keys[key]] = (float if key == "p_min" else int)(value)
             except ValueError:
                 raise LlamaToolsError(
-                    f"candidate {text!r}: {key.strip()}={value!r} is not a number"
+                    f"candidate {text!r}: {key}={value!r} is not a number"
                 ) from None
+            given_keys.append(key)
+        if not 0 <= values.get("poll", base.poll) <= 100:
+            raise LlamaToolsError(f"candidate {text!r}: poll must be 0 to 100 (llama.cpp's --poll)")
+        if kind == "plain":
+            if set(given_keys) - {"poll"}:
+                raise LlamaToolsError(
+                    f"candidate {text!r}: plain drafts nothing, so it takes only poll (e.g. plain:poll=0)"
+                )
+            return replace(
+                base, k=0, spec_type="draft-simple", p_min=0.0, poll=values.get("poll", base.poll)
+            )
         if values["k"] < 1:
             raise LlamaToolsError(f"candidate {text!r}: k (m) must be >= 1; use plain for none")
         return replace(base, spec_type=kind, **values)
