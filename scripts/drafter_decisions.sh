@@ -38,4 +38,4 @@ python scripts/same_prompts.py "$dec/bench-tuning-rowwise.json" --out "$dec/same
   specscope bench --policy-file "$dec/policy.json" \
   --methods plain,chain,ngram,assisted,routed "${methods[@]}" --per-domain 20 \
   --repeats "$repeats" --out "$dec/bench-heldout.json"
-python scripts/bench_conclude.py "$dec/bench-heldout.json" --out "$dec/summary-heldout.md"
+python scripts/bench_conclude.py "$dec/bench-heldout.json" --with-routed --update --out "$dec/summary-heldout.md"

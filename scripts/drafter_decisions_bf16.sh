@@ -26,7 +26,7 @@ held="$out/bench-heldout.json"  # (a bench whose .partial.jsonl is left was inte
   specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted,routed \
   --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
   --per-domain 20 --max-new-tokens 48 --repeats "$repeats" --warmup 1 --out "$held"
-python scripts/bench_conclude.py "$held" --out "$out/summary-heldout.md"
+python scripts/bench_conclude.py "$held" --with-routed --update --out "$out/summary-heldout.md"
 [ -f "$out/bench-tuning.json" ] ||
   specscope bench --policy-file "$out/policy.json" --methods plain,chain,ngram,assisted \
   --assisted-tokens $k --prompt-lookup-min 2 --prompt-lookup-max 4 --chain-depth $k --threads 2 \
