@@ -160,7 +160,7 @@ def llamacpp(
     candidates: list[str] = typer.Option(
         [],
         "--candidate",
-        help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; ,poll=N sets llama.cpp's --poll (plain:poll=0, ngram-mod:poll=0) (default: plain, draft-simple:k=2, ngram-simple, ngram-map-k, ngram-mod).",
+        help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; ,poll=N sets llama.cpp's --poll (plain:poll=0, ngram-mod:poll=0) (default: plain, plain:poll=0, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-map-k, ngram-mod, ngram-map-k:poll=0).",
     ),
     tune_per_domain: int | None = typer.Option(
         None,

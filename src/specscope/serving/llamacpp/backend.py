@@ -51,11 +51,15 @@ PLAIN = "plain"
 # make, aside)
 DEFAULT_CANDIDATES = (
     "plain",
+    # llama.cpp's --poll 0 (threads sleep between passes): on 2 CPUs plain decoded 1.11x plain
+    # at the default poll 50, and a lookup's gain there was mostly this (BENCHMARKS.md)
+    "plain:poll=0",
     "draft-simple:k=2",
     "draft-simple:k=4,p_min=0.75",
     "ngram-simple",
     "ngram-map-k",
     "ngram-mod",
+    "ngram-map-k:poll=0",
 )
 
 

@@ -170,7 +170,7 @@ def replayed_chains(run, settings: dict[str, ServerSetting]) -> dict[tuple[str, 
         for row in result.rows:
             domain = ALL_DOMAINS if row.domain == ALL else row.domain
             e = row.tokens_per_step
-            out[(name, domain)] = Prediction(e.value, e.lo, e.hi, REPLAY)
+            out[(name, domain)] = Prediction(e.value, e.lo, e.hi, REPLAY, prompts=row.prompts)
     return out
 
 
@@ -256,7 +256,7 @@ def priced_cells(
                     speedup,
                     speedup * e.lo / e.value,
                     speedup * e.hi / e.value,
-                    Prediction(e.value, e.lo, e.hi, REPLAY),
+                    Prediction(e.value, e.lo, e.hi, REPLAY, prompts=row.prompts),
                     math.nan,
                     was.exact if was else None,
                     how=PRICED,
