@@ -842,7 +842,8 @@ def predicted_vs_measured(
     routed: Mapping[str, PolicyPrediction] | None = None,
 ) -> tuple[PredictedCell, ...]:
     """Every cell of the bench's summary but plain's, with the policy's prediction where it
-    made one: the routed method in a domain, that domain's entry; any other method,
+    made one: the routed method in a domain, its routed prediction (``routed``) or else that
+    domain's entry; any other method,
     ``candidates[(method, domain)]`` (the prediction for its drafter and tree in that domain:
     :func:`candidate_predictions`, or a timed backend's); the uniform method without one, the
     uniform entry (pooled over the domains). ``tuning_prompts``: domain -> the tuning runs'
@@ -875,7 +876,7 @@ def predicted_vs_measured(
                 r.speedup,
                 r.speedup_lo,
                 r.speedup_hi,
-                tuning_prompts.get(r.domain, sum(tuning_prompts.values())),
+                tuning_prompts.get(r.domain, 0),
             )
         )
     return tuple(cells)
