@@ -1386,8 +1386,8 @@ def checks_document(
     cells: Sequence[PredictedCell],
     precision: Sequence[SpeedupPrecision],
 ) -> dict:
-    """The bench record's part on what it confirms: which prompts were held out, predicted
-    against measured per cell, and each interval's width against the ±5% asked for."""
+    """The bench record's part on what it confirms: which prompts were held out, and
+    :func:`conclusions_document`."""
     return {
         "held_out": {
             "tuning_runs": list(chosen.tuned.runs),
@@ -1395,6 +1395,17 @@ def checks_document(
             "in_sample_allowed": chosen.in_sample,
             "in_sample_prompts": sorted(chosen.in_sample_ids),
         },
+        **conclusions_document(cells, precision),
+    }
+
+
+def conclusions_document(
+    cells: Sequence[PredictedCell], precision: Sequence[SpeedupPrecision]
+) -> dict:
+    """What a bench concludes from its runs: predicted against measured per cell, and each
+    interval's width against the ±5% asked for (concluded again from the same runs by
+    ``scripts/bench_conclude.py --update``)."""
+    return {
         "predicted_vs_measured": [
             {
                 **{k: v for k, v in dataclasses.asdict(c).items() if k != "predicted"},

@@ -19,6 +19,7 @@ it. It does not choose anything (:mod:`.policy`) or time anything (:mod:`.costs`
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..analysis.replay import ReplayRecords
+from ..analysis.replay import ReplayCounts, ReplayRecords
 from ..analysis.results import Settings
 from ..analysis.stats import ClusterBootstrap, ratio
 from ..records import ALL_DOMAINS
@@ -48,6 +49,12 @@ class Destination:
     predictor: Predictor
     costs: CostModel
     backend: str = "specscope"
+
+    @functools.cached_property
+    def counts(self) -> tuple[ReplayCounts, ReplayCounts]:
+        """Every prompt's replay counts under this entry, whole and after the first step."""
+        counts = self.predictor.counts(self.shape)
+        return counts, counts.after_first()
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,7 @@ def _prompt_figures(
     and their time in plain tokens (what plain decoding of one token costs)."""
     if dest.shape is None:
         return length, length, length - 1, length - 1
-    counts = dest.predictor.counts(dest.shape)
-    later = counts.after_first()
+    counts, later = dest.counts
     steps = float(later.steps[index])
     if dest.backend == "transformers":
         step = dest.costs.assisted_step_time(len(dest.shape))

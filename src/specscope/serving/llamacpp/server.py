@@ -94,6 +94,13 @@ class ServerSetting:
                 f"spec type {self.spec_type!r} is not one specscope runs; "
                 f"choose one of {', '.join(SPEC_TYPES)}"
             )
+        if not 0 <= self.poll <= 100 or (
+            self.draft_poll is not None and not 0 <= self.draft_poll <= 100
+        ):
+            raise LlamaToolsError(
+                f"setting {self.spec_name}: poll must be 0 to 100 (llama.cpp's --poll), got "
+                f"poll={self.poll}, draft_poll={self.draft_poll}"
+            )
         if self.k < 0 or self.ngram_size < 1 or not 0 <= self.p_min <= 1:
             raise LlamaToolsError(
                 f"setting {self.spec_type}: k must be >= 0, the n-gram size >= 1 and p_min in "
@@ -202,9 +209,7 @@ class ServerSetting:
                 f"candidate {text!r}: {kind!r} is not a spec type specscope runs; choose plain "
                 f"or one of {', '.join(SPEC_TYPES)} (e.g. {example})"
             )
-        n, m = SPEC_TYPES[kind].default_sizes if kind != "plain" else (None, None)
-        values: dict = {"k": m or 3, "ngram_size": n or base.ngram_size, "p_min": 0.0}
-        given_keys = []
+        sizes: dict = {}  # the sizes given, by field
         for part in filter(None, given.split(",")):
             key, _, value = part.partition("=")
             key = key.strip()
@@ -214,25 +219,23 @@ class ServerSetting:
                     f"poll (e.g. {example})"
                 )
             try:
-                values[keys[key]] = (float if key == "p_min" else int)(value)
+                sizes[keys[key]] = (float if key == "p_min" else int)(value)
             except ValueError:
                 raise LlamaToolsError(
                     f"candidate {text!r}: {key}={value!r} is not a number"
                 ) from None
-            given_keys.append(key)
-        if not 0 <= values.get("poll", base.poll) <= 100:
-            raise LlamaToolsError(f"candidate {text!r}: poll must be 0 to 100 (llama.cpp's --poll)")
+        poll = sizes.pop("poll", base.poll)
         if kind == "plain":
-            if set(given_keys) - {"poll"}:
+            if sizes:
                 raise LlamaToolsError(
                     f"candidate {text!r}: plain drafts nothing, so it takes only poll (e.g. plain:poll=0)"
                 )
-            return replace(
-                base, k=0, spec_type="draft-simple", p_min=0.0, poll=values.get("poll", base.poll)
-            )
+            return replace(base, k=0, spec_type="draft-simple", p_min=0.0, poll=poll)
+        n, m = SPEC_TYPES[kind].default_sizes
+        values = {"k": m or 3, "ngram_size": n or base.ngram_size, "p_min": 0.0, **sizes}
         if values["k"] < 1:
             raise LlamaToolsError(f"candidate {text!r}: k (m) must be >= 1; use plain for none")
-        return replace(base, spec_type=kind, **values)
+        return replace(base, spec_type=kind, poll=poll, **values)
 
     @classmethod
     def from_dict(cls, d: dict) -> ServerSetting:
