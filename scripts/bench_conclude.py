@@ -4,9 +4,10 @@
 
 Reads every run the bench recorded (nothing is timed again) and prints what the bench prints:
 the summary, predicted against measured for every cell, regret, routed against the best single
-method and each interval's width against +-5%; --update writes the predicted-against-measured
-and precision parts into BENCH.json (nothing else in it changes). --policy-file: the policy to set the runs against
-(default: the one the bench ran). --with-candidates: a policy tuned before `tune` wrote its
+method and each interval's width against +-5%; --update writes what it concluded into BENCH.json:
+the summary rows, predicted against measured, precision, regret and routed against the best
+single method (the runs and everything else in it stay). --policy-file: the policy to set the
+runs against (default: the one the bench ran). --with-candidates: a policy tuned before `tune` wrote its
 `candidates` gets them computed from its own tuning runs and cost models (files written before the
 bench: no bench data enters a prediction), so that every chain benched is predicted.
 --with-routed: likewise for the routed cells, a policy tuned before `tune` wrote its `routed`
@@ -27,7 +28,7 @@ from specscope.prompts.domains import select_prompts
 from specscope.records import load_run
 from specscope.tune import bench as checks
 from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
-from specscope.tune.choose import bench_decision, bench_grid, drafter_of
+from specscope.tune.choose import bench_decision, bench_grid, decision_document, drafter_of
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import (
     Measured,
@@ -168,7 +169,7 @@ def main() -> None:
     parser.add_argument(
         "--update",
         action="store_true",
-        help="write the conclusion's predicted-against-measured and precision into BENCH.json",
+        help="write what it concluded (rows, predictions, precision, regret) into BENCH.json",
     )
     args = parser.parse_args()
     record = json.loads(args.bench.read_text())
@@ -205,7 +206,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n")
     if args.update:
+        record["rows"] = [dataclasses.asdict(r) for r in rows]
         record.update(checks.conclusions_document(cells, precision))
+        record.update(decision_document(decision))
         args.bench.write_text(json_text(record))
 
 

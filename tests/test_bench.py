@@ -248,12 +248,41 @@ def test_spread_across_prompts_needs_more_prompts_in_proportion_to_the_width_squ
     assert f"~{p.prompts_needed} prompts" in text and "repeats alone cannot" in text
 
 
-def test_noise_between_repeats_can_be_averaged_away_by_repeats():
+def test_noise_between_repeats_can_be_averaged_away_by_repeats_only():
+    # every prompt 2x in both repeats, but the second repeat 30% slower for the method on every
+    # prompt (its servers): no number of prompts can narrow that, more repeats can
     (p,) = speedup_precision(_runs([2.0] * 6, repeat_noise=(-0.3, 0.3)), n_boot=2000)
     assert not p.narrow_enough and p.repeats_needed is not None and p.repeats_needed > 2
-    assert p.prompts_needed > 6
+    assert p.prompts_needed is None and p.repeat_share == pytest.approx(1.0)
+    assert "prompts alone cannot get there" in to_markdown(precision_grid([p]))
     with pytest.raises(BenchError, match="fraction in \\(0, 1\\)"):
         speedup_precision(_runs([2.0] * 2), target=5)
+
+
+def test_a_repeat_effect_widens_the_bench_table_interval_too():
+    """The same prompts with and without a repeat effect common to them: the bench table's
+    interval widens by it (it resampled prompts alone before), and one repeat gives no
+    verdict."""
+    speedups = [1.8, 1.9, 2.0, 2.1, 2.2, 2.0]
+    quiet, noisy = _runs(speedups, (0.0, 0.0)), _runs(speedups, (-0.05, 0.05))
+
+    def width(runs):
+        row = next(r for r in summarize_bench(runs, n_boot=500) if r.method == "chain")
+        return row.speedup_hi - row.speedup_lo
+
+    assert width(noisy) > 2 * width(quiet)
+    (one,) = speedup_precision(_runs(speedups), n_boot=200)  # one repeat: (0.0, 0.0) -> R = 2
+    single = [dataclasses.replace(r, repeat_times_s=r.repeat_times_s[:1],
+                                  repeat_first_token_s=r.repeat_first_token_s[:1])
+              for r in _runs(speedups)]  # fmt: skip
+    (p,) = speedup_precision(single, n_boot=200)
+    assert p.repeats == 1 and not p.narrow_enough and math.isnan(p.repeat_share)
+    assert one.repeats == 2 and math.isfinite(one.repeat_share)
+    assert "not testable" in to_markdown(precision_grid([p]))
+    # a spread across prompts and a repeat effect, each too wide alone: both must grow
+    (both,) = speedup_precision(_runs([1.2, 1.6, 2.0, 2.4, 2.8, 3.2], (-0.3, 0.3)), n_boot=500)
+    assert both.prompts_needed is None and both.repeats_needed is None
+    assert "neither alone can get there" in to_markdown(precision_grid([both]))
 
 
 def test_one_prompt_gives_no_interval_to_scale():

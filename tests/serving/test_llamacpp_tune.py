@@ -34,6 +34,7 @@ from specscope.serving.llamacpp.study import (
     benched_candidates,
     draft_model_candidates,
     priced_cells,
+    source_prompts,
 )
 from specscope.trees import TreeShape
 from specscope.tune.bench import (
@@ -673,6 +674,19 @@ def test_tune_only_is_refused_with_a_policy_to_bench(tmp_path):
         app, ["llamacpp", str(tmp_path), "--tune-only", "--policy-file", str(tmp_path / "p.json")]
     )
     assert result.exit_code != 0 and "--tune-only tunes a policy" in result.output
+
+
+def test_tuning_prompts_take_turns_by_domain_as_a_benchs_do():
+    """A spec type that keeps state across requests (ngram-mod's pool) drafts from the traffic
+    before a prompt: the tune serves its prompts in the bench's order, the domains in turns."""
+    from pathlib import Path
+
+    run = Path(__file__).parents[2] / "results" / "demo-pair" / "deep-tree"
+    manifest = json.loads((run / "manifest.json").read_text())
+    domains = list(manifest["config"]["prompts"]["domains"])
+    items = source_prompts(manifest, 3, measured=True)
+    assert [it.domain for it in items] == domains * 3
+    assert {it.id for it in items} <= set(manifest["prompts"]["ids"])
 
 
 def test_llama_servers_outputs_are_set_beside_the_runs():

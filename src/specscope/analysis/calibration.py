@@ -24,6 +24,7 @@ up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -374,6 +375,70 @@ def held_out_coverage(
     return {name: hits / trials for name, hits in inside.items()}
 
 
+def speedup_interval_coverage(
+    prompts: int = 20,
+    repeats: int = 3,
+    sd_prompt: float = 0.02,
+    sd_repeat: float = 0.013,
+    sd_noise: float = 0.01,
+    trials: int = 400,
+    n_boot: int = 400,
+    seed: int = 0,
+    speedup: float = 1.1,
+) -> dict[str, float]:
+    """How often a bench's 95% speed-up intervals hold the true speed-up, on benches of known
+    truth where prompts and repeats are crossed.
+
+    Each trial times ``prompts`` prompts x ``repeats`` repeats of plain and one method: plain
+    takes T_i (prompt i's length) times exp(u_r + e), the method T_i / (``speedup`` exp(w_i))
+    times exp(v_r + e'), with w ~ N(0, ``sd_prompt``) the prompt's own speed-up, u and v ~
+    N(0, ``sd_repeat``) what a repeat brings to every prompt it times (freshly started
+    servers), e and e' ~ N(0, ``sd_noise``) each request's own. The true speed-up (infinitely
+    many prompts and repeats) is ``speedup`` exp(-sd_prompt² / 2). Returns the coverage of the
+    bench table's interval (:func:`~specscope.tune.bench.summarize_bench`) with the repeats
+    hidden (prompts resampled alone, as before repeats were resampled) and shown, and of the
+    precision table's (:func:`~specscope.tune.bench.speedup_precision`)."""
+    from ..tune.bench import BenchRun, speedup_precision, summarize_bench
+
+    rng = np.random.default_rng(seed)
+    truth = speedup * np.exp(-(sd_prompt**2) / 2)
+    hits = {"prompts alone": 0, "prompts and repeats": 0, "precision table": 0}
+    tokens = (1,) * 65  # one first token, 64 decoded
+    for _ in range(trials):
+        length = rng.uniform(2.0, 6.0, prompts)
+        own = speedup * np.exp(rng.normal(0, sd_prompt, prompts))
+        u, v = rng.normal(0, sd_repeat, (2, repeats))
+        runs = []
+        for i in range(prompts):
+            for method, base, shift in (("plain", length[i], u), ("chain", length[i] / own[i], v)):
+                times = tuple(0.5 + base * np.exp(shift + rng.normal(0, sd_noise, repeats)))
+                runs.append(
+                    BenchRun(method, f"p{i}", "code", "", tokens, 65, float(np.mean(times)),
+                             0.5, times, (0.5,) * repeats)
+                )  # fmt: skip
+        hidden = [dataclasses.replace(r, repeat_times_s=(), repeat_first_token_s=()) for r in runs]
+        boot_seed = int(rng.integers(1 << 30))
+        for name, these in (("prompts alone", hidden), ("prompts and repeats", runs)):
+            row = next(r for r in summarize_bench(these, n_boot, boot_seed) if r.method == "chain")
+            hits[name] += row.speedup_lo <= truth <= row.speedup_hi
+        (p,) = speedup_precision(runs, n_boot=n_boot, seed=boot_seed)
+        hits["precision table"] += p.lo <= truth <= p.hi
+    return {name: n / trials for name, n in hits.items()}
+
+
+def speedup_coverage_table(trials: int = 400, n_boot: int = 400, prompts: int = 20) -> pd.DataFrame:
+    """:func:`speedup_interval_coverage` at 1, 2, 3 and 5 repeats, without a repeat effect and
+    with the 1.3% one measured between llama-server's repeats on this project's CPU."""
+    rows = []
+    for sd_repeat in (0.0, 0.013):
+        for repeats in (1, 2, 3, 5):
+            cover = speedup_interval_coverage(
+                prompts, repeats, sd_repeat=sd_repeat, trials=trials, n_boot=n_boot, seed=repeats
+            )
+            rows.append({"repeat effect sd": sd_repeat, "repeats": repeats, **cover})
+    return pd.DataFrame(rows)
+
+
 # --- the drafter comparison -----------------------------------------------------------------------
 
 MODEL = DrafterProfile(0.70)  # a chain of 4, each node accepted with odds 0.70 at an average prompt
@@ -542,6 +607,11 @@ def main(argv: list[str] | None = None) -> None:
         help="only the verdicts stratified by sibling rank",
     )
     parser.add_argument(
+        "--bench-only",
+        action="store_true",
+        help="only the coverage of the bench's speed-up intervals (prompts x repeats)",
+    )
+    parser.add_argument(
         "--drafters-only",
         action="store_true",
         help="only the drafter comparison (drafter A accepts more than B)",
@@ -550,6 +620,9 @@ def main(argv: list[str] | None = None) -> None:
     pd.set_option("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60)
     if args.drafters_only:
         _print_drafter_rates(args.prompts, args.reps, args.steps)
+        return
+    if args.bench_only:
+        _print_bench_coverage(args.reps)
         return
     for n in args.prompts:
         for stratified in (True,) if args.stratified_only else (False, True):
@@ -576,6 +649,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     _print_drafter_rates(args.prompts, args.reps, args.steps)
+    _print_bench_coverage(args.reps)
+
+
+def _print_bench_coverage(reps: int) -> None:
+    print("\n## coverage of the bench's 95% speed-up intervals, 20 prompts x repeats\n")
+    print(speedup_coverage_table(trials=max(reps, 100)).to_markdown(index=False, floatfmt=".3f"))
 
 
 if __name__ == "__main__":

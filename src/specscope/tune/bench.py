@@ -13,10 +13,11 @@ What a bench can confirm:
   bench measured (tokens per decoding step counted as the decoder counts them: the prefill's
   token is one step).
 - **Is the interval narrow enough** (:func:`speedup_precision`): each domain's decode speed-up
-  with an interval that resamples prompts and, within each prompt, the repeats (method and
-  plain paired by repeat), whether its half-width is within ±5% of the speed-up, and if not how
-  many prompts (at these repeats) or repeats (at these prompts, when repeats alone can get
-  there) would make it so, from the two resamplings' variances.
+  with an interval over prompts and repeats (method and plain paired by repeat; the two are
+  crossed, so each is resampled whole), whether its half-width is within ±5% of the speed-up,
+  and if not how many prompts (at these repeats) or repeats (at these prompts) would make it
+  so, from the two variances. One repeat gives no verdict: what varies between repeats is then
+  unmeasured.
 
 Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specscope.tune.policy`).
 """
@@ -37,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.render import Column, Grid
-from ..analysis.stats import ClusterBootstrap, ratio
+from ..analysis.stats import ClusterBootstrap, ratio, with_repeats
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
@@ -195,7 +196,7 @@ class BenchRow:
     tau: float  # tokens per verification step (nan where not observed)
     exact: bool  # every output equals plain greedy's
     speedup_lo: float = float("nan")  # 95% interval of ``speedup``: prompts resampled within
-    speedup_hi: float = float("nan")  # domains, method and plain paired (nan: too few prompts)
+    speedup_hi: float = float("nan")  # domains and whole repeats, method and plain paired
 
 
 ROUTERS = ("rules", "learned")
@@ -645,7 +646,9 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
     """Per method and domain (and ``all``): tokens per second end to end and after the first
     token, speed-ups over plain, tau, exactness. Totals over prompts: tokens / seconds. The decode
     speed-up's interval resamples prompts within domains (a prompt's method and plain times stay
-    paired), as every interval in specscope does (:mod:`specscope.analysis.stats`)."""
+    paired), as every interval in specscope does (:mod:`specscope.analysis.stats`), and, where
+    the runs keep 2 or more repeats, whole repeats too
+    (:func:`~specscope.analysis.stats.with_repeats`: a repeat's state is common to its prompts)."""
     reference = {r.prompt_id: r.tokens for r in runs if r.method == "plain"}
     domains = list(dict.fromkeys(r.domain for r in runs))
     prompts = list(dict.fromkeys(r.prompt_id for r in runs))
@@ -679,6 +682,9 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
         reps = ratio(ratio(m[:, 0], m[:, 1]), ratio(p[:, 0], p[:, 1]))
         strata = len({domain_of[q] for q in np.array(prompts)[keep]})
         e = sub.estimate(reps, prompts=int(keep.sum()), strata=strata)
+        base = {r.prompt_id: r for r in plain if r.decode_tokens}
+        pairs = [(r, base[r.prompt_id]) for r in mine if r.decode_tokens and r.prompt_id in base]
+        e = with_repeats(e, *_repeat_speedups(pairs, n_boot, seed + 1))
         return e.lo, e.hi
 
     rows = []
@@ -1253,8 +1259,9 @@ class SpeedupPrecision:
     lo: float
     hi: float
     target: float  # relative half-width asked for
-    prompts_needed: int | None  # at these repeats (None: one prompt gives no spread to scale)
+    prompts_needed: int | None  # at these repeats (None: prompts alone cannot get there)
     repeats_needed: int | None  # at these prompts (None: repeats alone cannot get there)
+    repeat_share: float = math.nan  # share of the variance between repeats (nan: one repeat)
 
     @property
     def half_width(self) -> float:
@@ -1263,7 +1270,10 @@ class SpeedupPrecision:
 
     @property
     def narrow_enough(self) -> bool:
-        return math.isfinite(self.half_width) and self.half_width <= self.target
+        """±``target`` or narrower, with the variation between repeats measured (2 or more)."""
+        return (
+            self.repeats > 1 and math.isfinite(self.half_width) and self.half_width <= self.target
+        )
 
 
 def speedup_precision(
@@ -1274,8 +1284,8 @@ def speedup_precision(
 ) -> tuple[SpeedupPrecision, ...]:
     """Per method (plain aside) and domain: the decode speed-up (tokens after the first over
     their seconds, against plain's on the same prompts, repeats paired by round) with a 95%
-    interval from a two-stage bootstrap (prompts resampled, then each prompt's repeats), and the
-    prompts or repeats a ±``target`` interval needs (see the module's docstring)."""
+    interval over prompts and repeats (:func:`_precision`), and the prompts or repeats a
+    ±``target`` interval needs (see the module's docstring)."""
     if not 0 < target < 1:
         raise BenchError(f"the target half-width is a fraction in (0, 1), got {target}")
     plain = {r.prompt_id: r for r in runs if r.method == "plain"}
@@ -1298,56 +1308,84 @@ def _decode_times(run: BenchRun) -> np.ndarray:
     return np.array([run.time_s - run.first_token_s])
 
 
+def _repeat_speedups(
+    pairs: Sequence[tuple[BenchRun, BenchRun]], n_boot: int, seed: int
+) -> tuple[np.ndarray, int]:
+    """The decode speed-up of each (method, plain) pair's method over plain, all prompts kept
+    and whole repeats drawn with replacement (one draw for every prompt: what a repeat brings is
+    common to its prompts): ``(B + 1,)`` replicates, row 0 the sample, and the repeats (1 where
+    the runs do not all keep the same number of repeats: nothing to resample)."""
+    times = [(_decode_times(m), _decode_times(p)) for m, p in pairs]
+    R = len(times[0][0]) if times else 1
+    if R < 2 or any(len(a) != R or len(b) != R for a, b in times):
+        return np.full(n_boot + 1, np.nan), 1
+    draws = np.ones((n_boot + 1, R))
+    draws[1:] = np.random.default_rng(seed).multinomial(R, np.full(R, 1.0 / R), size=n_boot)
+    mine = np.stack([a for a, _ in times]) @ draws.T / R  # (P, B + 1)
+    base = np.stack([b for _, b in times]) @ draws.T / R
+    tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float).sum(0)
+    return ratio(tokens[0], mine.sum(0)) / ratio(tokens[1], base.sum(0)), R
+
+
 def _precision(method, domain, pairs, target, n_boot, seed) -> SpeedupPrecision:
+    """Prompts resampled with the repeats kept, repeats resampled whole with the prompts kept,
+    the two variances added (:func:`~specscope.analysis.stats.with_repeats`); the prompts or
+    repeats that would bring that variance down to the target's, from each one's share."""
     tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float)  # (P, 2)
-    mine = np.stack([_decode_times(m) for m, _ in pairs])  # (P, R)
-    base = np.stack([_decode_times(p) for _, p in pairs])
-    P, R = mine.shape
+    mine = np.stack([_decode_times(m).mean() for m, _ in pairs])  # (P,) mean over repeats
+    base = np.stack([_decode_times(p).mean() for _, p in pairs])
+    P = len(pairs)
     boot = ClusterBootstrap.draw(np.zeros(P), n_boot, seed)
-    rng = np.random.default_rng(seed + 1)
-    repeat_w = np.ones((n_boot + 1, P, R))
-    if R > 1 and n_boot:
-        repeat_w[1:] = rng.multinomial(R, np.full(R, 1.0 / R), size=(n_boot, P))
-
-    def speedups(prompt_w: np.ndarray, rep_w: np.ndarray) -> np.ndarray:
-        t_mine = (rep_w * mine).sum(-1) / R  # (B + 1, P): each prompt's mean time
-        t_base = (rep_w * base).sum(-1) / R
-        n = prompt_w @ tokens  # (B + 1, 2)
-        return ratio(n[:, 0], (prompt_w * t_mine).sum(-1)) / ratio(
-            n[:, 1], (prompt_w * t_base).sum(-1)
-        )
-
-    both = boot.estimate(speedups(boot.weights, repeat_w), prompts=P)
-    half = (both.hi - both.lo) / 2 / both.value if both.value > 0 else math.nan
-    var_prompts = np.var(speedups(boot.weights, np.ones_like(repeat_w))[1:])
-    var_repeats = np.var(speedups(np.ones_like(boot.weights), repeat_w)[1:])
-    prompts_needed = repeats_needed = None
-    if math.isfinite(half):
-        factor = (half / target) ** 2
-        prompts_needed = max(P, math.ceil(P * factor))
-        share = var_repeats / (var_prompts + var_repeats) if var_prompts + var_repeats else 0.0
-        room = 1 - factor * (1 - share)  # what repeats must bring the rest down to
-        if factor <= 1:
-            repeats_needed = R
-        elif room > 0 and share > 0:
-            repeats_needed = math.ceil(R * factor * share / room)
-    return SpeedupPrecision(
-        method, domain, P, R, both.value, both.lo, both.hi, target, prompts_needed, repeats_needed
+    n = boot.total(tokens)
+    by_prompt = boot.estimate(
+        ratio(n[:, 0], boot.total(mine)) / ratio(n[:, 1], boot.total(base)), prompts=P
     )
+    by_repeat, R = _repeat_speedups(pairs, n_boot, seed + 1)
+    e = with_repeats(by_prompt, by_repeat, R)
+    prompts_needed = repeats_needed = None
+    share = math.nan
+    if e.has_interval and e.value > 0:
+        share = 1 - by_prompt.se**2 / e.se**2 if R > 1 and e.se > 0 else 0.0
+        factor = ((e.hi - e.lo) / 2 / e.value / target) ** 2
+        if factor <= 1:
+            prompts_needed, repeats_needed = P, R
+        else:
+            if factor * share < 1:  # the repeats' part must fit: more prompts shrink the rest
+                prompts_needed = math.ceil(P * factor * (1 - share) / (1 - factor * share))
+            if share > 0 and factor * (1 - share) < 1:
+                repeats_needed = math.ceil(R * factor * share / (1 - factor * (1 - share)))
+    return SpeedupPrecision(
+        method, domain, P, R, e.value, e.lo, e.hi, target, prompts_needed, repeats_needed,
+        share if R > 1 else math.nan,  # one repeat: unmeasured
+    )  # fmt: skip
 
 
 def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
     """Each domain's speed-up interval, and whether it is narrow enough to confirm a prediction."""
 
     def verdict(r: SpeedupPrecision) -> str:
+        if not math.isfinite(r.half_width):
+            return "no: one prompt gives no interval; time more prompts"
+        if r.repeats < 2:
+            return (
+                f"not testable: ±{r.half_width:.1%} over prompts, but one repeat leaves the "
+                "variation between repeats unmeasured; time 2 or more"
+            )
         if r.narrow_enough:
             return f"yes: ±{r.half_width:.1%}"
+        more = f"no: ±{r.half_width:.1%}; ±{r.target:.0%} needs"
+        if r.prompts_needed is None and r.repeats_needed is None:
+            k = (r.half_width / r.target) ** 2  # both scaled by k: the variance by 1 / k
+            return (
+                f"{more} more prompts and repeats together, e.g. ~{math.ceil(r.prompts * k)} "
+                f"prompts x ~{math.ceil(r.repeats * k)} repeats (neither alone can get there)"
+            )
         if r.prompts_needed is None:
-            return "no: one prompt gives no interval; time more prompts"
-        more = f"no: ±{r.half_width:.1%}; ±{r.target:.0%} needs ~{r.prompts_needed} prompts"
+            return f"{more} ~{r.repeats_needed} repeats (prompts alone cannot get there)"
+        more += f" ~{r.prompts_needed} prompts at {r.repeats} repeats"
         if r.repeats_needed is not None:
-            return f"{more} at {r.repeats} repeats, or ~{r.repeats_needed} repeats"
-        return f"{more} at {r.repeats} repeats (repeats alone cannot get there)"
+            return f"{more}, or ~{r.repeats_needed} repeats"
+        return f"{more} (repeats alone cannot get there)"
 
     return Grid(
         "bench_precision",
@@ -1360,6 +1398,7 @@ def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
                 "prompts",
                 "repeats",
                 "speed-up (95% CI)",
+                "between repeats",
                 "narrow enough",
             )
         ),
@@ -1371,13 +1410,16 @@ def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
                 r.repeats,
                 _number(r.speedup, suffix="x")
                 + (f" [{r.lo:.2f}, {r.hi:.2f}]" if math.isfinite(r.lo) else ""),
+                f"{r.repeat_share:.0%}" if math.isfinite(r.repeat_share) else "-",
                 verdict(r),
             )
             for r in rows
         ),
         "decode speed-up from each prompt's mean time over repeats, method and plain paired by "
-        "repeat; prompts needed scale as the interval's width squared; repeats needed from the "
-        "share of the variance that resampling repeats alone gives.",
+        "repeat; prompts and repeats are crossed (what a repeat brings, such as its freshly "
+        "started servers, is common to all its prompts), so each is resampled whole and the two "
+        "variances add (t interval); between repeats: the repeats' share of that variance. "
+        "Prompts or repeats needed: what brings that variance down to the target's.",
     )
 
 

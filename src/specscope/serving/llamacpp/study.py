@@ -33,6 +33,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from ...analysis.render import Column, Grid, to_markdown
@@ -119,7 +120,9 @@ def chain_k(shape: TreeShape | None) -> int:
 def source_prompts(manifest: dict, per_domain: int | None, measured: bool) -> list[PromptItem]:
     """Prompts of the run's domain sources, drawn again with its seed: the run's own
     (``measured``: the tuning prompts) or ones it did not measure (held out); the first
-    ``per_domain`` of each domain (None: all)."""
+    ``per_domain`` of each domain (None: all), the domains taking turns as in a bench
+    (:func:`~specscope.tune.bench.bench_prompts`): a spec type that keeps state across requests
+    (``ngram-mod``'s n-gram pool) then sees mixed traffic before each prompt in both."""
     spec = manifest.get("config", {}).get("prompts", {})
     domains = list(spec.get("domains") or [])
     if not domains or spec.get("file"):
@@ -136,7 +139,8 @@ def source_prompts(manifest: dict, per_domain: int | None, measured: bool) -> li
         mine = picked.setdefault(item.domain, [])
         if (item.id in used) == measured and (per_domain is None or len(mine) < per_domain):
             mine.append(item)
-    return [x for d in domains for x in picked.get(d, [])]
+    turns = zip_longest(*(picked.get(d, []) for d in domains))
+    return [x for row in turns for x in row if x is not None]
 
 
 def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
