@@ -17,6 +17,10 @@ calibrated on pairs of synthetic drafters measured on the same prompts whose tau
 at every prompt (alike, or a lookup that proposes in only some steps but whose longer chains make
 up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
 
+A bench's speed-up intervals are calibrated on synthetic benches whose prompts and repeats are
+crossed, with and without an effect common to each repeat's prompts
+(:func:`speedup_interval_coverage`).
+
 ``tests/test_calibration.py`` runs a small version in CI; the full table of docs/calibration.md comes from
 ``python -m specscope.analysis.calibration``. Nothing here reads a model.
 """
