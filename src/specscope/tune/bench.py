@@ -1332,8 +1332,8 @@ def _precision(method, domain, pairs, target, n_boot, seed) -> SpeedupPrecision:
     the two variances added (:func:`~specscope.analysis.stats.with_repeats`); the prompts or
     repeats that would bring that variance down to the target's, from each one's share."""
     tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float)  # (P, 2)
-    mine = np.stack([_decode_times(m).mean() for m, _ in pairs])  # (P,) mean over repeats
-    base = np.stack([_decode_times(p).mean() for _, p in pairs])
+    mine = np.array([_decode_times(m).mean() for m, _ in pairs])  # (P,) mean over repeats
+    base = np.array([_decode_times(p).mean() for _, p in pairs])
     P = len(pairs)
     boot = ClusterBootstrap.draw(np.zeros(P), n_boot, seed)
     n = boot.total(tokens)
