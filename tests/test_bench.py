@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specscope.analysis.render import to_markdown
+from specscope.analysis.stats import none_differed_p
 from specscope.decode import SpeculativeDecoder
 from specscope.files import json_text
 from specscope.models.tiny import near_pair
@@ -28,6 +29,7 @@ from specscope.tune.bench import (
     bench_prompts,
     check_held_out,
     checks_document,
+    differing_prompts,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
@@ -113,6 +115,36 @@ def test_the_bench_never_times_a_tuning_prompt_unless_labelled_in_sample():
 def test_a_held_out_cell_is_inside_the_interval_for_its_prompts(predicted, measured, inside):
     cell = PredictedCell(
         "chain", "code", 20, 0, PolicyPrediction(predicted, 1.2), measured, 1.2, 1.1, 1.3
+    )
+    assert cell.tokens_inside is inside
+
+
+@pytest.mark.parametrize(
+    "differing, inside", [(0, True), (1, True), (4, True), (5, False), (9, False)]
+)
+def test_a_prediction_of_no_width_is_checked_by_the_prompts_that_decode_otherwise(
+    differing, inside
+):
+    # every one of 20 tuning prompts decoded 1.00 tokens per step (a lookup whose drafts nobody
+    # accepted); of 20 held-out prompts, `differing` decoded more. One population leaves all the
+    # differing prompts among the held-out ones with chance C(20, k) / C(40, k): 0.053 at 4,
+    # 0.024 at 5 (Fisher's exact test, one-sided)
+    assert none_differed_p(20, 20, 4) == pytest.approx(4845 / 91390)
+    assert none_differed_p(20, 20, 5) == pytest.approx(15504 / 658008)
+    assert none_differed_p(20, 20, 0) == 1.0
+    flat = PolicyPrediction(Prediction(1.0, 1.0, 1.0, TIMED, prompts=20), 1.07)
+    runs = [
+        BenchRun("ngram-mod", f"r{i}", "reasoning", "", tuple(range(64)), 60 if i < differing else 64, 1.0, 0.1)
+        for i in range(20)
+    ]  # fmt: skip
+    assert differing_prompts(flat, runs) == differing
+    assert (
+        differing_prompts(PolicyPrediction(Prediction(2.5, 2.3, 2.7, prompts=30), 1.2), runs)
+        is None
+    )
+    tau = sum(len(r.tokens) for r in runs) / sum(r.steps for r in runs)
+    cell = PredictedCell(
+        "ngram-mod", "reasoning", 20, 0, flat, tau, 1.1, 1.0, 1.2, differing=differing
     )
     assert cell.tokens_inside is inside
 

@@ -16,11 +16,14 @@ from typer.testing import CliRunner
 
 from specscope.cli import app
 from specscope.errors import SpecscopeError
+from specscope.hardware import machine_line
 from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.serving.export import ExportError, ExportOptions, export_policy
 from specscope.serving.llamacpp.backend import (
+    LlamaRequest,
     candidate_settings,
+    machines_by_repeat,
     read_journal,
     requests_frame,
     requests_from_frame,
@@ -32,7 +35,9 @@ from specscope.serving.llamacpp.programs import LlamaToolsError
 from specscope.serving.llamacpp.server import Completion, ServerSetting
 from specscope.serving.llamacpp.study import (
     benched_candidates,
+    candidate_predictions,
     draft_model_candidates,
+    machines_note,
     priced_cells,
     source_prompts,
 )
@@ -194,6 +199,32 @@ def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
     back = requests_from_frame(requests_frame(requests))
     assert back == requests
     assert runs_from_requests(back, frozenset({"c1"})) == runs
+    assert {q.machine for q in requests} == {machine_line()}  # what timed them, request by request
+
+
+def test_a_bench_says_when_its_repeats_ran_on_several_machines():
+    """Repeats timed in several sessions may run on several machines: each request names its
+    own, a requests file from before that reads back as not recorded, and the bench says so
+    where the machines differ from each other or from the tune's."""
+    a, b = "AMD EPYC (AVX2), 2 CPUs", "Intel Xeon (AVX2, AVX512, AMX), 2 CPUs"
+
+    def request(rep, machine):
+        return LlamaRequest(
+            "plain", "c0", "code", rep, 10, 0.1, 0.5, 0, 0, "limit", 0.6, (), machine
+        )
+
+    requests = [request(0, a), request(2, b), request(1, a)]
+    assert machines_by_repeat(requests) == {a: [1, 2], b: [3]}
+    note = machines_note(machines_by_repeat(requests), a)
+    assert note.startswith(f"Timed on more than one machine or another than the tune's: repeats "
+                           f"1, 2 on {a}; repeat 3 on {b}. The speed predictions come from "
+                           f"timings on {a}")  # fmt: skip
+    assert machines_note({a: [1, 2, 3]}, a) is None
+    assert f"repeats 1, 2, 3 on {b}" in machines_note({b: [1, 2, 3]}, a)
+    old = requests_frame(requests).drop(columns="machine")  # written before it was recorded
+    assert {r.machine for r in requests_from_frame(old)} == {""}
+    assert machines_note(machines_by_repeat(requests_from_frame(old)), a) is None
+    assert "repeat 2 on a machine not recorded" in machines_note({a: [1], "": [2]}, a)
 
 
 def test_a_run_stopped_midway_times_only_what_its_journal_lacks(tmp_path):
@@ -561,6 +592,24 @@ def test_a_bench_leaves_out_only_what_every_domain_found_dominated():
     ]
     policy = _policy(cells + priced, {"code": "lookup", "chat": "plain"}, "plain")
     assert benched_candidates(policy) == ["plain", "lookup", "draft", "k2"]
+
+
+def test_a_timed_cell_is_checked_with_the_prompts_the_tune_timed():
+    # the tune timed 10 prompts per domain of a run that measured 30: the interval a bench sets
+    # 20 held-out prompts against widens for 10 tuning prompts, not 30
+    timed = {"tokens_per_step": 1.2, "interval": [1.1, 1.3], "method": "timed on the tuning "
+             "prompts", "prompts": 10}  # fmt: skip
+    cells = [{**_cell("lookup", "code", 1.1, 1.0, 1.2), "tokens_per_step": timed}]
+    (found,) = candidate_predictions(_policy(cells, {"code": "lookup"}, "lookup")).values()
+    assert found.speedup == 1.1 and found.tokens_per_step.prompts == 10
+    widen = math.sqrt(1 + 10 / 20)
+    assert found.tokens_per_step.held_out(20, fitted=30) == pytest.approx(
+        (1.2 - 0.1 * widen, 1.2 + 0.1 * widen)
+    )
+    # a policy file from before the prediction recorded its prompts: the cell's own count
+    older = [{**cells[0], "prompts": 10, "tokens_per_step": {**timed, "prompts": None}}]
+    (found,) = candidate_predictions(_policy(older, {"code": "lookup"}, "lookup")).values()
+    assert found.tokens_per_step.prompts == 10
 
 
 # --- the export of a policy tuned in llama-server ---------------------------------------------------

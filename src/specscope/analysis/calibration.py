@@ -19,7 +19,8 @@ up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
 
 A bench's speed-up intervals are calibrated on synthetic benches whose prompts and repeats are
 crossed, with and without an effect common to each repeat's prompts
-(:func:`speedup_interval_coverage`).
+(:func:`speedup_interval_coverage`), and its check of a prediction of no width (every tuning
+prompt decoded alike) on prompts that differ with known chances (:func:`none_differed_false_alarms`).
 
 ``tests/test_calibration.py`` runs a small version in CI; the full table of docs/calibration.md comes from
 ``python -m specscope.analysis.calibration``. Nothing here reads a model.
@@ -40,7 +41,7 @@ from .drafters import DrafterComparison, compare_drafters
 from .findings import Verdict
 from .prepare import ALL, prepare
 from .results import Analysis, Settings
-from .stats import ClusterBootstrap, held_out_interval, ratio
+from .stats import ClusterBootstrap, held_out_interval, none_differed_p, ratio
 from .synthetic import (
     DomainProfile,
     DrafterProfile,
@@ -443,6 +444,50 @@ def speedup_coverage_table(trials: int = 400, n_boot: int = 400, prompts: int = 
     return pd.DataFrame(rows)
 
 
+def none_differed_false_alarms(
+    fitted: int = 20,
+    new: int = 20,
+    share: float = 0.05,
+    new_share: float | None = None,
+    trials: int = 20_000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """How often a bench calls a prediction of no width wrong (:func:`~specscope.analysis.stats.
+    none_differed_p` under 5%), where each prompt decodes otherwise than the common figure with
+    chance ``share`` among the tuning prompts and ``new_share`` (default: the same, one
+    population) among the held-out ones. "no width": the share of trials in which no tuning
+    prompt differed (the others give the prediction an interval of width, checked as any);
+    "called outside, of those" and "of all trials": the false-alarm rate where the shares are
+    equal (the test is exact over all trials; of those of no width it is higher where such a
+    tuning sample is a rare, unrepresentative draw), the power where ``new_share`` is larger."""
+    rng = np.random.default_rng(seed)
+    new_share = share if new_share is None else new_share
+    tune = rng.binomial(fitted, share, trials)
+    held = rng.binomial(new, new_share, trials)
+    counted = held[tune == 0]
+    p = {k: none_differed_p(fitted, new, k) for k in np.unique(counted)}
+    outside = sum(p[k] < 0.05 for k in counted)
+    return {
+        "no width": len(counted) / trials,
+        "called outside, of those": outside / max(len(counted), 1),
+        "of all trials": outside / trials,
+    }
+
+
+def none_differed_table(trials: int = 20_000) -> pd.DataFrame:
+    """:func:`none_differed_false_alarms` at 20 tuning and 20 held-out prompts, over shares of
+    differing prompts from rare to common, one population and held-out shares larger by 0.2 and
+    0.35 (what ``ngram-mod`` drafting from earlier requests did to 7 of 20)."""
+    rows = []
+    for share in (0.01, 0.05, 0.1, 0.2):
+        for gap in (0.0, 0.2, 0.35):
+            rate = none_differed_false_alarms(
+                20, 20, share, share + gap, trials, seed=int(share * 100)
+            )
+            rows.append({"tuning share": share, "held-out share": share + gap, **rate})
+    return pd.DataFrame(rows)
+
+
 # --- the drafter comparison -----------------------------------------------------------------------
 
 MODEL = DrafterProfile(0.70)  # a chain of 4, each node accepted with odds 0.70 at an average prompt
@@ -659,6 +704,8 @@ def main(argv: list[str] | None = None) -> None:
 def _print_bench_coverage(reps: int) -> None:
     print("\n## coverage of the bench's 95% speed-up intervals, 20 prompts x repeats\n")
     print(speedup_coverage_table(trials=max(reps, 100)).to_markdown(index=False, floatfmt=".3f"))
+    print("\n## a prediction of no width called outside, 20 tuning and 20 held-out prompts\n")
+    print(none_differed_table().to_markdown(index=False, floatfmt=".3f"))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.render import Column, Grid
-from ..analysis.stats import ClusterBootstrap, ratio, with_repeats
+from ..analysis.stats import ClusterBootstrap, none_differed_p, ratio, with_repeats
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
@@ -816,6 +816,9 @@ class PredictedCell:
     # the tuning runs' prompts in the domain: the prompts behind a prediction whose policy file
     # predates recording them (0: not known)
     tuning_prompts: int = 0
+    # where every tuning prompt decoded the same tokens per step (an interval of no width): of
+    # this cell's prompts, those that decoded another (None: the interval has width, or none)
+    differing: int | None = None
 
     @property
     def tokens_interval(self) -> tuple[float, float] | None:
@@ -827,15 +830,20 @@ class PredictedCell:
 
     @property
     def tokens_inside(self) -> bool | None:
-        """Whether the measured tokens per step lie in :attr:`tokens_interval`. None: no
-        interval, or one of no width (every tuning prompt decoded the same tokens per step,
-        so nothing bounds another sample's), unless the measurement equals it."""
+        """Whether the measured tokens per step lie in :attr:`tokens_interval`; where that has
+        no width (every tuning prompt decoded the same tokens per step), whether no more of
+        this cell's prompts decoded another than one population allows
+        (:func:`~specscope.analysis.stats.none_differed_p` at 5%). None: no interval, or one of
+        no width without the count of prompts that differ."""
         interval = self.tokens_interval
         if interval is None:
             return None
         lo, hi = interval
         if hi - lo < 1e-9:
-            return True if abs(self.tokens_per_step - lo) < 1e-9 else None
+            if self.differing is None:
+                return True if abs(self.tokens_per_step - lo) < 1e-9 else None
+            fitted = self.predicted.tokens_per_step.prompts or self.tuning_prompts
+            return none_differed_p(fitted, self.prompts, self.differing) >= 0.05
         return lo <= self.tokens_per_step <= hi
 
 
@@ -883,9 +891,20 @@ def predicted_vs_measured(
                 r.speedup_lo,
                 r.speedup_hi,
                 tuning_prompts.get(r.domain, 0),
+                differing_prompts(predicted, mine),
             )
         )
     return tuple(cells)
+
+
+def differing_prompts(predicted: PolicyPrediction | None, runs: Sequence[BenchRun]) -> int | None:
+    """Where the predicted interval has no width (every tuning prompt decoded the same tokens
+    per step), how many of ``runs`` decoded another (to 4 decimals, as the policy file holds
+    the prediction); None where it has width or there is none."""
+    p = predicted.tokens_per_step if predicted else None
+    if p is None or not math.isfinite(p.lo) or p.hi - p.lo >= 1e-9:
+        return None
+    return sum(abs(len(x.tokens) / max(x.steps, 1) - p.tokens_per_step) > 5e-5 for x in runs)
 
 
 def _number(x: float, digits: int = 2, suffix: str = "") -> str:
@@ -951,7 +970,10 @@ def prediction_grid(cells: Sequence[PredictedCell], tuned: TuningPrompts) -> Gri
         "settings); else uniform: the uniform entry (pooled), "
         "another: none. The predicted interval bounds the tuning prompts' population; "
         "'for these prompts' widens it for a sample of the cell's held-out prompts (the two "
-        "samples' variances add), and 'inside' checks the measurement against that. "
+        "samples' variances add), and 'inside' checks the measurement against that; where "
+        "every tuning prompt decoded the same (an interval of no width), 'inside' asks whether "
+        "no more of the cell's prompts decoded another than one population allows (Fisher's "
+        "exact test at 5%: at 20 and 20 prompts, up to 4). "
         f"Held out from: {where}.",
     )
 

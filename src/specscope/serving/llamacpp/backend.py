@@ -37,6 +37,7 @@ import pandas as pd
 
 from ...errors import SpecscopeError
 from ...files import append_line
+from ...hardware import machine_line
 from ...prompts.items import PromptItem
 from ...tune.bench import BenchRun
 from .programs import LlamaTools
@@ -79,6 +80,7 @@ class LlamaRequest:
     stop_type: str
     wall_s: float = float("nan")  # the request's round trip as the client saw it
     output_ids: tuple[int, ...] = ()  # the greedy output, to set beside other candidates'
+    machine: str = ""  # the machine that timed it (hardware.machine_line; "": not recorded)
 
 
 def candidate_settings(texts: Sequence[str], base: ServerSetting) -> dict[str, ServerSetting]:
@@ -126,6 +128,7 @@ def time_candidates(
     if done and log:
         log(f"{len(done)} of {total} requests already timed in {journal}: timing the rest")
     requests: list[LlamaRequest] = []
+    here = machine_line()
     for rep in reps:
         keys = [(rep, name, item.id) for item, _ in prompts for name in names]
         if all(k in done for k in keys):
@@ -155,6 +158,7 @@ def time_candidates(
                         c.stop_type,
                         wall,
                         tuple(c.tokens),
+                        here,
                     )
                     requests.append(request)
                     if journal is not None:
@@ -255,8 +259,9 @@ def read_journal(
 
 
 def requests_from_frame(frame: pd.DataFrame) -> list[LlamaRequest]:
-    """The requests of a ``requests.parquet`` back (the output ids as tuples)."""
-    names = [f.name for f in dataclasses.fields(LlamaRequest)]
+    """The requests of a ``requests.parquet`` back (the output ids as tuples; a column that a
+    file written before it lacks takes its default)."""
+    names = [f.name for f in dataclasses.fields(LlamaRequest) if f.name in frame.columns]
     return [
         LlamaRequest(**{**row, "output_ids": tuple(int(t) for t in row["output_ids"])})
         for row in frame[names].to_dict("records")
@@ -265,3 +270,13 @@ def requests_from_frame(frame: pd.DataFrame) -> list[LlamaRequest]:
 
 def requests_frame(rows: Sequence[LlamaRequest]) -> pd.DataFrame:
     return pd.DataFrame([asdict(r) for r in rows])
+
+
+def machines_by_repeat(requests: Sequence[LlamaRequest]) -> dict[str, list[int]]:
+    """The machine each repeat was timed on -> those repeats (1-based), in order ("": requests
+    from before the machine was recorded): a bench whose repeats ran in several sessions may
+    have run on several machines."""
+    out: dict[str, set[int]] = {}
+    for r in requests:
+        out.setdefault(r.machine, set()).add(r.repeat + 1)
+    return {m: sorted(reps) for m, reps in sorted(out.items(), key=lambda kv: min(kv[1]))}

@@ -84,6 +84,7 @@ from ...tune.router import RuleRouter, prompt_text
 from .backend import (
     LlamaRequest,
     candidate_settings,
+    machines_by_repeat,
     made_here,
     requests_frame,
     requests_from_frame,
@@ -595,12 +596,15 @@ class LlamaBench:
 
 
 def candidate_predictions(policy: PolicyFile) -> dict[tuple[str, str], PolicyPrediction]:
-    """(candidate, domain) -> its prediction on the tuning prompts, from ``tune.cells``."""
+    """(candidate, domain) -> its prediction on the tuning prompts, from ``tune.cells``, with
+    the prompts behind it (a timed cell's are the tune's, fewer than the run's; files from
+    before the prediction recorded them give the cell's)."""
     out = {}
-    for cell in policy.info.get("tune", {}).get("cells", []):
-        t = cell.get("tokens_per_step") or {}
-        lo, hi = t.get("interval") or (math.nan, math.nan)
-        tokens = Prediction(float(t["tokens_per_step"]), lo, hi, t["method"]) if t else None
+    for i, cell in enumerate(policy.info.get("tune", {}).get("cells", [])):
+        t = cell.get("tokens_per_step")
+        if t:
+            t = {**t, "prompts": t.get("prompts") or int(cell.get("prompts") or 0)}
+        tokens = Prediction.from_dict(t, f"policy file: tune.cells[{i}]") if t else None
         speedup = cell.get("predicted_speedup")
         out[(cell["candidate"], cell["domain"])] = PolicyPrediction(
             tokens, float(speedup) if speedup is not None else math.nan
@@ -636,6 +640,25 @@ def benched_candidates(policy: PolicyFile) -> list[str]:
             if hi >= best_lo:
                 keep.add(c["candidate"])
     return [n for n in server["candidates"] if n in keep]
+
+
+def machines_note(machines: dict[str, list[int]], tuned_on: str | None) -> str | None:
+    """A sentence where a bench's repeats ran on more than one machine, or on another than the
+    tune's (whose timings every speed prediction comes from); None where all ran on one machine
+    that is the tune's or is not recorded (requests from before it was)."""
+    known = {m for m in machines if m}
+    if len(machines) < 2 and known <= {tuned_on}:
+        return None
+    runs = "; ".join(
+        f"repeat{'s' if len(reps) > 1 else ''} {', '.join(map(str, reps))} on "
+        f"{m or 'a machine not recorded'}"
+        for m, reps in machines.items()
+    )
+    return (
+        f"Timed on more than one machine or another than the tune's: {runs}. The speed "
+        f"predictions come from timings on {tuned_on or 'a machine not recorded'}; between "
+        "repeats, the intervals hold what the machines differ by."
+    )
 
 
 def bench_llama_server(
@@ -751,9 +774,10 @@ def bench_llama_server(
         regret_grid(regret),
         precision_grid(precision),
     )
+    machines = machines_by_repeat(requests)
     document = {
         "backend": "llama-server",
-        "machine": machine_line(),
+        "machines": {m or "not recorded": reps for m, reps in machines.items()},
         "policy_file": str(policy_path),
         "config": {
             "per_domain": per_domain,
@@ -775,5 +799,8 @@ def bench_llama_server(
     write_json(out / "bench.json", document, inside)
     summary = "\n\n".join(to_markdown(g) for g in grids)
     summary += f"\n\n{single.sentence}\n"
+    if note := machines_note(machines, tuned.get("machine")):
+        log(note)
+        summary += f"\n{note}\n"
     write_output(out / "summary.md", summary, inside)
     return LlamaBench(tuple(runs), grids, document)
