@@ -8,6 +8,7 @@ trajectories can be compared token for token.
 """
 
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,36 +171,81 @@ def test_demo_trajectory_equals_plain_greedy_decoding(demo_run):
         assert list(recorded) == plain[0, len(ids) :].tolist(), item.id
 
 
-def test_int8_decoding_drafts_what_the_study_measured(int8_pair):
-    """A chat prompt of the shipped int8 drafter study (results/demo-pair/drafters/draft-model)
-    where decoding on SDPA parts from the records (the draft's top token flips at a near-tie:
-    18 steps, 17 replayed): with the draft on the row-wise attention measurement drafts with
-    (``--draft-attention rowwise``), the chain of 4 decodes the study's output in exactly the
-    steps its records replay to."""
-    from pathlib import Path
+SHIPPED_DRAFTER_STUDY = Path(__file__).parents[1] / "results/demo-pair/drafters/draft-model"
 
+
+def decoded_against_records(pair, run_dir: Path, prompt_id: str):
+    """Decode ``prompt_id`` of the study in ``run_dir`` with a chain of 4, on SDPA and on the
+    row-wise attention measurement drafts with (``--draft-attention rowwise``); returns the two
+    outputs, the tokens the records hold and the steps they replay to."""
     from specscope.analysis.replay import index_records, replay_counts, top_chain
     from specscope.decode import DecodeConfig, make_decoder
     from specscope.models.int8 import rowwise_attention_during
     from specscope.trees import TreeShape
 
-    run_dir = Path(__file__).parents[1] / "results/demo-pair/drafters/draft-model"
     run = load_run(run_dir)
     config = RunConfig.from_dict(run.manifest["config"])
-    item = next(i for i in config.prompts.select(config.seed) if i.id == "mtbench/157")
-    ids = render_item(int8_pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+    item = next(i for i in config.prompts.select(config.seed) if i.id == prompt_id)
+    ids = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
     rec = index_records(run_dir)
-    p = rec.prompt_ids.index(item.id)
-    replayed = replay_counts(rec, top_chain(4), prefill_drafts=False).steps[p]
-    recorded = run.steps.query("prompt_id == @item.id").sort_values("step")
-    decoder = make_decoder(int8_pair)
+    replayed = replay_counts(rec, top_chain(4), prefill_drafts=False).steps
+    replayed = replayed[rec.prompt_ids.index(prompt_id)]
+    recorded = run.steps.query("prompt_id == @prompt_id").sort_values("step")
+    decoder = make_decoder(pair)
 
     def decode():
         return decoder.generate(ids, TreeShape.chain(4), DecodeConfig(config.max_new_tokens))
 
     sdpa = decode()
-    with rowwise_attention_during(int8_pair.draft.model):
+    with rowwise_attention_during(pair.draft.model):
         rowwise = decode()
-    assert sdpa.tokens == rowwise.tokens == recorded["emitted_token"].tolist()
+    return sdpa, rowwise, recorded["emitted_token"].tolist(), replayed
+
+
+def test_int8_decoding_drafts_what_measurement_recorded(int8_pair, tmp_path):
+    """A chat prompt of the shipped int8 drafter study measured here again (chain of 4, 48
+    tokens): with the draft on the row-wise attention measurement drafts with, decoding emits the
+    measured output in exactly the steps its records replay to; on SDPA, the same tokens."""
+    import dataclasses
+    import json
+
+    config = RunConfig.from_dict(load_run(SHIPPED_DRAFTER_STUDY).manifest["config"])
+    item = next(i for i in config.prompts.select(config.seed) if i.id == "mtbench/157")
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(
+        json.dumps({"id": item.id, "domain": item.domain, "messages": list(item.messages)})
+    )
+    run_dir = tmp_path / "run"
+    run_study(
+        dataclasses.replace(config, prompts=PromptSpec(file=str(prompts))),
+        run_dir,
+        progress=False,
+        pair=int8_pair,
+    )
+    sdpa, rowwise, recorded, replayed = decoded_against_records(int8_pair, run_dir, item.id)
+    assert sdpa.tokens == rowwise.tokens == recorded
+    assert len(rowwise.steps) == replayed < len(recorded)  # drafts were accepted
+
+
+def test_int8_decoding_drafts_what_the_shipped_study_measured(int8_pair):
+    """The shipped records themselves, on a machine with the instruction sets of the one that
+    made them: the chat prompt where decoding on SDPA parts from the records (the draft's top
+    token flips at a near-tie: 18 steps, 17 replayed) decodes the study's output, on row-wise
+    attention in exactly the steps its records replay to."""
+    from specscope.run.manifest import this_machine
+
+    made_on = load_run(SHIPPED_DRAFTER_STUDY).manifest["machines"][0]
+    here = this_machine()
+    if here["features"] != made_on["features"]:
+        pytest.skip(
+            f"the records were made on an {made_on['cpu']} ({', '.join(made_on['features'])}); "
+            f"this machine has {', '.join(here['features']) or 'none of those'}: float rounding "
+            "follows the kernels, so they replay bit for bit only on a machine like it "
+            "(test_int8_decoding_drafts_what_measurement_recorded checks decoding here)"
+        )
+    sdpa, rowwise, recorded, replayed = decoded_against_records(
+        int8_pair, SHIPPED_DRAFTER_STUDY, "mtbench/157"
+    )
+    assert sdpa.tokens == rowwise.tokens == recorded
     assert len(sdpa.steps) != replayed  # the check can fail: SDPA drafts otherwise here
     assert len(rowwise.steps) == replayed

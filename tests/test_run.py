@@ -15,8 +15,10 @@ from conftest import read_records, run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.measure import study as measure_study
 from specscope.measure.checks import MeasureError
+from specscope.progress import Silent
 from specscope.records import load_run
 from specscope.run.config import PromptSpec, RunConfigError, load_config
+from specscope.run.manifest import this_machine
 from specscope.run.study import run_study
 
 cli = CliRunner()
@@ -140,6 +142,44 @@ def test_interrupted_run_resumes_to_the_sameread_records(
         pd.testing.assert_frame_equal(x, y)
     again = run_study(config, tmp_path / "cut", progress=False)
     assert again.already_complete and again.prompts_measured == 0
+
+
+class Notes(Silent):
+    def __init__(self):
+        self.notes = []
+
+    def note(self, message, level="info"):
+        self.notes.append((level, message))
+
+
+def test_manifest_names_the_machines_that_measured(tiny_dirs, prompt_file, tmp_path, monkeypatch):
+    """A run records this machine; resumed on another (its manifest edited to say so), it keeps
+    both and warns that rounding can differ between them."""
+    config = run_config(tiny_dirs, prompt_file)
+    real = measure_study.finish_prompt
+    calls = {"n": 0}
+
+    def dies_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, tmp_path / "run", progress=False)
+    manifest_path = tmp_path / "run" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["machines"] == [this_machine()]
+    elsewhere = {**this_machine(), "cpu": "another CPU", "features": ["AVX2"]}
+    manifest["machines"] = [elsewhere]
+    manifest_path.write_text(json.dumps(manifest))
+    monkeypatch.setattr(measure_study, "finish_prompt", real)
+    notes = Notes()
+    run_study(config, tmp_path / "run", progress=notes)
+    assert load_run(tmp_path / "run").manifest["machines"] == [elsewhere, this_machine()]
+    warnings = [m for level, m in notes.notes if level == "warning" and "another machine" in m]
+    assert len(warnings) == 1 and "2 in manifest.json's machines" in warnings[0]
 
 
 @pytest.mark.slow

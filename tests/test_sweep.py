@@ -18,6 +18,7 @@ from specscope.measure import study as measure_study
 from specscope.models import PairConfig
 from specscope.records import RunDir, load_run, to_table
 from specscope.run.config import RunConfig
+from specscope.run.manifest import this_machine
 from specscope.run.study import run_study
 from specscope.sweep import (
     Execution,
@@ -242,6 +243,7 @@ def test_local_sweep_writes_a_run_per_grid_point(local_sweep):
     run = load_run(runs[3])
     assert run.manifest["sweep"]["axes"] == {"tree": "chain", "domain": "chat"}
     assert run.manifest["models"]["target"]["architecture"] == "Qwen2ForCausalLM"
+    assert run.manifest["machines"] == [this_machine()]  # the worker's, reported with its shard
     assert set(run.prompts.domain) == {"chat"} and set(run.nodes.depth) == {1, 2, 3}
 
 

@@ -44,11 +44,16 @@ def cpu_name() -> str:
 SPEED_FLAGS = {"avx2": "AVX2", "avx512f": "AVX512", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX"}
 
 
+def cpu_features() -> list[str]:
+    """The instruction sets of :data:`SPEED_FLAGS` this CPU has, by name (``["AVX2", "AVX512"]``)."""
+    flags = cpu_flags()
+    return [name for flag, name in SPEED_FLAGS.items() if flag in flags]
+
+
 def machine_line() -> str:
     """The CPU, the instruction sets that decide its matmul speed, and the CPUs this process may
     use: how a timing names the machine it was taken on."""
-    flags = cpu_flags()
-    features = ", ".join(name for flag, name in SPEED_FLAGS.items() if flag in flags)
+    features = ", ".join(cpu_features())
     return f"{cpu_name()}{f' ({features})' if features else ''}, {usable_cpus()} CPUs"
 
 

@@ -1,5 +1,5 @@
-"""A run's provenance: its manifest (config, tree, models, packages, commit, prompts), the check
-that a run being resumed still has the same prompts and models, and config differences.
+"""A run's provenance: its manifest (config, tree, models, packages, machines, commit, prompts),
+the check that a run being resumed still has the same prompts and models, and config differences.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import __version__
+from ..hardware import cpu_features, cpu_name, usable_cpus
 from ..prompts.items import (
     PromptItem,
     prompt_sha256,
@@ -43,6 +44,31 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
+
+
+def this_machine() -> dict:
+    """The machine measuring here: CPU name, instruction sets, usable CPUs, torch's CPU kernels and
+    the GPU if one is visible. Floating-point rounding follows the kernels, so records reproduce bit
+    for bit only on a machine that runs the same ones."""
+    import torch
+
+    machine = {
+        "cpu": cpu_name(),
+        "features": cpu_features(),
+        "cpus": usable_cpus(),
+        "torch_cpu_kernels": str(torch.backends.cpu.get_cpu_capability()),
+    }
+    if torch.cuda.is_available():
+        machine["gpu"] = torch.cuda.get_device_name()
+    return machine
+
+
+def machines_with_this(manifest: dict | None) -> list[dict]:
+    """The machines a run's records came from, this one added if it is new (a run resumed
+    elsewhere holds records of both)."""
+    machines = list((manifest or {}).get("machines") or [])
+    here = this_machine()
+    return machines if here in machines else [*machines, here]
 
 
 def now_utc() -> str:

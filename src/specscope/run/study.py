@@ -32,6 +32,7 @@ from .config import RunConfig, RunConfigError
 from .manifest import (
     check_identity,
     config_differences,
+    machines_with_this,
     now_utc,
     prompt_hashes,
     run_manifest,
@@ -208,6 +209,14 @@ def run_study(
         )
         manifest["prompts"]["sha256"] = hashes
         manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+        manifest["machines"] = machines_with_this(existing)
+        if len(manifest["machines"]) > 1 and done:
+            progress.note(
+                f"{out_dir}: resumed on another machine than its records so far "
+                f"({len(manifest['machines'])} in manifest.json's machines): floating-point "
+                "rounding can differ between them",
+                "warning",
+            )
         out_dir.mkdir(parents=True, exist_ok=True)
         writer.write_manifest(manifest)
         if empty:

@@ -425,6 +425,7 @@ def _open_runs(spec: SweepSpec, states: list[PointState]) -> None:
         s.manifest = run_manifest(
             s.point.config, s.items, s.empty, old.get("models", {}), old.get("created")
         )
+        s.manifest["machines"] = old.get("machines", [])  # the workers' add theirs
         s.manifest["sweep"] = {
             "name": spec.name,
             "sweep_id": spec.sweep_id,
@@ -526,8 +527,13 @@ def _run_sweep(
     def report(result: ShardResult) -> None:
         board.shard_done(result)
         state = by_label[result.label]
-        if result.models and state.manifest.get("models") != result.models:
-            state.manifest["models"] = result.models  # provenance, as soon as a worker has it
+        machines = state.manifest.setdefault("machines", [])
+        new_machine = result.machine is not None and result.machine not in machines
+        if new_machine:
+            machines.append(result.machine)
+        if new_machine or (result.models and state.manifest.get("models") != result.models):
+            if result.models:
+                state.manifest["models"] = result.models  # provenance, as soon as a worker has it
             state.writer.write_manifest(state.manifest)
 
     # nothing to run: no progress shown

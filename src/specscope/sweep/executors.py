@@ -20,7 +20,7 @@ from ..models import ModelPair, PairConfig, load_pair
 from ..prompts.items import PromptItem
 from ..records import RunDir, json_bytes, open_location, run_lock, write_file
 from ..run.config import RunConfig
-from ..run.manifest import now_utc
+from ..run.manifest import now_utc, this_machine
 from .grid import RAY_EXTRA_HINT, Execution, SweepError
 
 # --- shards --------------------------------------------------------------------------------------
@@ -52,6 +52,7 @@ class ShardResult:
     models: dict  # pair provenance, empty where no model was loaded
     worker: str  # host:pid
     error: str | None = None
+    machine: dict | None = None  # run.manifest.this_machine(), where the shard measured prompts
 
 
 class PairCache:
@@ -172,7 +173,10 @@ def _run_shard(
         cpu_seconds=round(time.process_time() - cpu_start, 3),
     )  # < seconds: CPU-starved
     write_file(status_fs, status_path, json_bytes(status))
-    return ShardResult(shard.shard_id, shard.label, len(todo), nodes, seconds, models, worker)
+    machine = this_machine() if todo else None
+    return ShardResult(
+        shard.shard_id, shard.label, len(todo), nodes, seconds, models, worker, machine=machine
+    )
 
 
 # --- executors -----------------------------------------------------------------------------------
