@@ -238,7 +238,7 @@ def test_int8_decoding_drafts_what_the_shipped_study_measured(int8_pair):
     here = this_machine()
     if here["features"] != made_on["features"]:
         pytest.skip(
-            f"the records were made on an {made_on['cpu']} ({', '.join(made_on['features'])}); "
+            f"the records were made on {made_on['cpu']} ({', '.join(made_on['features'])}); "
             f"this machine has {', '.join(here['features']) or 'none of those'}: float rounding "
             "follows the kernels, so they replay bit for bit only on a machine like it "
             "(test_int8_decoding_drafts_what_measurement_recorded checks decoding here)"
