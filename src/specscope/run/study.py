@@ -209,8 +209,9 @@ def run_study(
         )
         manifest["prompts"]["sha256"] = hashes
         manifest["execution"] = {"batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+        before = (existing or {}).get("machines") or []
         manifest["machines"] = machines_with_this(existing)
-        if len(manifest["machines"]) > 1 and done:
+        if before and len(manifest["machines"]) > len(before):
             progress.note(
                 f"{out_dir}: resumed on another machine than its records so far "
                 f"({len(manifest['machines'])} in manifest.json's machines): floating-point "
