@@ -171,6 +171,24 @@ def tiny_pair_args(tiny_dirs, arch: str = "qwen2") -> list[str]:
     ]
 
 
+def interrupt_at_prompt(monkeypatch, n: int):
+    """Make measurement raise KeyboardInterrupt as its ``n``-th prompt finishes, before that
+    prompt is committed; returns the function that puts measurement back."""
+    from specscope.measure import study as measure_study
+
+    real = measure_study.finish_prompt
+    calls = {"n": 0}
+
+    def dies(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure_study, "finish_prompt", dies)
+    return lambda: monkeypatch.setattr(measure_study, "finish_prompt", real)
+
+
 def read_records(run_dir):
     """A run's node, step and prompt tables without their timing columns."""
     run = load_run(run_dir)

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from conftest import read_records, run_config, tiny_pair_args
+from conftest import interrupt_at_prompt, read_records, run_config, tiny_pair_args
 from specscope.cli import app
-from specscope.measure import study as measure_study
 from specscope.measure.checks import MeasureError
 from specscope.progress import Silent
 from specscope.records import load_run
@@ -121,21 +120,12 @@ def test_interrupted_run_resumes_to_the_sameread_records(
     config = run_config(tiny_dirs, prompt_file)
     run_study(config, tmp_path / "whole", progress=False)
 
-    real = measure_study.finish_prompt
-    calls = {"n": 0}
-
-    def dies_on_third(*args, **kwargs):  # as the third prompt finishes, before it is committed
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_third)
+    restore = interrupt_at_prompt(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "cut", progress=False)
     partial = load_run(tmp_path / "cut")
     assert partial.manifest["status"] == "running" and len(partial.prompts) == 2
-    monkeypatch.setattr(measure_study, "finish_prompt", real)
+    restore()
     summary = run_study(config, tmp_path / "cut", progress=False)
     assert summary.prompts_measured == 5
     for x, y in zip(read_records(tmp_path / "whole"), read_records(tmp_path / "cut")):
@@ -156,16 +146,7 @@ def test_manifest_names_the_machines_that_measured(tiny_dirs, prompt_file, tmp_p
     """A run records this machine; resumed on another (its manifest edited to say so), it keeps
     both and warns that rounding can differ between them."""
     config = run_config(tiny_dirs, prompt_file)
-    real = measure_study.finish_prompt
-    calls = {"n": 0}
-
-    def dies_on_third(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(measure_study, "finish_prompt", dies_on_third)
+    restore = interrupt_at_prompt(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "run", progress=False)
     manifest_path = tmp_path / "run" / "manifest.json"
@@ -174,7 +155,7 @@ def test_manifest_names_the_machines_that_measured(tiny_dirs, prompt_file, tmp_p
     elsewhere = {**this_machine(), "cpu": "another CPU", "features": ["AVX2"]}
     manifest["machines"] = [elsewhere]
     manifest_path.write_text(json.dumps(manifest))
-    monkeypatch.setattr(measure_study, "finish_prompt", real)
+    restore()
     notes = Notes()
     run_study(config, tmp_path / "run", progress=notes)
     assert load_run(tmp_path / "run").manifest["machines"] == [elsewhere, this_machine()]
