@@ -37,6 +37,30 @@ pytestmark = [
 MAX_NEW = 8
 
 
+def test_a_demo_tokenizer_is_read_without_converting_the_model(tmp_path, monkeypatch):
+    """Reading demo:draft's tokenizer or layer count converts nothing (the target's conversion
+    takes a minute and 3 GB): they come from its GGUF file until the bf16 checkpoint is built,
+    from the checkpoint after, and the two tokenizers encode alike."""
+    from specscope.models import demo, load_tokenizer
+    from specscope.models.load import target_layers
+
+    demo.demo_gguf("draft")  # the user's cache keeps the GGUF file: link it, not copy
+    kept = demo.cache_dir() / "gguf"
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    (tmp_path / "gguf").symlink_to(kept)
+    from_gguf = load_tokenizer("demo:draft")
+    assert target_layers("demo:draft") == 24
+    assert not (tmp_path / "demo").exists()  # nothing converted
+    demo.demo_checkpoint("draft")
+    built = load_tokenizer("demo:draft")
+    assert target_layers("demo:draft") == 24
+    assert Path(built.name_or_path) == demo.demo_checkpoint_dir("draft")
+    texts = [item.messages[0]["content"] for item in SMOKE_PROMPTS] + ["def f(x): return 2  # 平方"]
+    assert [from_gguf.encode(t) for t in texts] == [built.encode(t) for t in texts]
+    assert from_gguf.get_vocab() == built.get_vocab()
+    assert from_gguf.chat_template == built.chat_template
+
+
 # The refused GGUF first: it dequantises the draft twice (up to about 2 GB each time), before
 # the int8 pair is loaded for the rest of the file.
 def test_a_gguf_missing_a_tensor_is_refused(tmp_path):

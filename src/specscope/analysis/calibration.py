@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -431,6 +433,95 @@ def speedup_interval_coverage(
     return {name: n / trials for name, n in hits.items()}
 
 
+# regret worlds: the chosen candidate's true speed, that of 7 others (true regret
+# max(0, 1 - chosen / others)), and whether "the regret is 3% or less" is true there
+REGRET_WORLDS = {
+    "ahead by 10% (0%)": (1.0, 0.9, True),
+    "equal (0%)": (1.0, 1.0, True),
+    "at the bound (3%)": (0.97, 1.0, True),
+    "just above (4%)": (0.96, 1.0, False),
+    "above (6%)": (0.94, 1.0, False),
+    "far above (10%)": (0.90, 1.0, False),
+}
+
+
+def synthetic_bench(
+    speeds: Mapping[str, float],
+    prompts: int,
+    repeats: int,
+    rng: np.random.Generator,
+    sd_prompt: float = 0.06,
+    sd_repeat: float = 0.013,
+    sd_noise: float = 0.05,
+    domain: str = "code",
+) -> list:
+    """One bench of known truth: each method decodes at its ``speeds``. Each prompt i has
+    a length T_i and each candidate there its own speed-up exp(w_ij), w ~ N(0, ``sd_prompt``);
+    each candidate's repeat r brings exp(v_jr), v ~ N(0, ``sd_repeat``) (its freshly started
+    server, common to its prompts), and each request its own exp(e), e ~ N(0, ``sd_noise``).
+    The effects have the same distribution for every candidate, so the true speed of one over
+    another is the ratio of their ``speeds``."""
+    from ..tune.bench import BenchRun
+
+    length = rng.uniform(2.0, 6.0, prompts)
+    tokens = (1,) * 65  # one first token, 64 decoded
+    runs = []
+    for method, speed in speeds.items():
+        shift = rng.normal(0, sd_repeat, repeats)
+        own = speed * np.exp(rng.normal(0, sd_prompt, prompts))
+        for i in range(prompts):
+            times = tuple(
+                0.5 + length[i] / own[i] * np.exp(shift + rng.normal(0, sd_noise, repeats))
+            )
+            runs.append(
+                BenchRun(method, f"{domain}{i}", domain, "", tokens, 65, float(np.median(times)),
+                         0.5, times, (0.5,) * repeats)
+            )  # fmt: skip
+    return runs
+
+
+def regret_verdict_rates(
+    prompts: int = 20,
+    repeats: int = 3,
+    candidates: int = 8,
+    trials: int = 200,
+    n_boot: int = 400,
+    seed: int = 0,
+    **effects: float,
+) -> pd.DataFrame:
+    """How often a bench's regret verdict (:func:`~specscope.tune.bench.regrets`: "the chosen
+    candidate gives up 3% or less of the best one's speed") says "holds" and "does not hold" in
+    the worlds of :data:`REGRET_WORLDS`: where the claim is false, "holds" is a false positive;
+    where it is true, "does not hold" is one. ``effects``: :func:`synthetic_bench`'s sds."""
+    from ..tune.bench import regrets, summarize_bench
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for world, (speed, other, true) in REGRET_WORLDS.items():
+        said = Counter()
+        for _ in range(trials):
+            others = {"plain": other, **{f"other{j}": other for j in range(1, candidates - 1)}}
+            runs = synthetic_bench({"chosen": speed, **others}, prompts, repeats, rng, **effects)
+            table = summarize_bench(runs, n_boot=0)
+            (r,) = regrets(
+                table, runs, {"code": "chosen"}, n_boot=n_boot, seed=int(rng.integers(1 << 30))
+            )
+            said[r.verdict.split(":")[0]] += 1
+        rows.append(
+            {
+                "world": world,
+                "claim true": true,
+                "prompts": prompts,
+                "repeats": repeats,
+                "holds": said["holds"] / trials,
+                "does not hold": said["does not hold"] / trials,
+                "not testable": said["not testable"] / trials,
+                "false positives": (said["does not hold"] if true else said["holds"]) / trials,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def speedup_coverage_table(trials: int = 400, n_boot: int = 400, prompts: int = 20) -> pd.DataFrame:
     """:func:`speedup_interval_coverage` at 1, 2, 3 and 5 repeats, without a repeat effect and
     with the 1.3% one measured between llama-server's repeats on this project's CPU."""
@@ -704,6 +795,9 @@ def main(argv: list[str] | None = None) -> None:
 def _print_bench_coverage(reps: int) -> None:
     print("\n## coverage of the bench's 95% speed-up intervals, 20 prompts x repeats\n")
     print(speedup_coverage_table(trials=max(reps, 100)).to_markdown(index=False, floatfmt=".3f"))
+    print("\n## the regret verdict (3% or less), 8 candidates, 20 prompts x repeats\n")
+    table = pd.concat([regret_verdict_rates(20, r, trials=max(reps, 100), seed=r) for r in (1, 3)])
+    print(table.to_markdown(index=False, floatfmt=".3f"))
     print("\n## a prediction of no width called outside, 20 tuning and 20 held-out prompts\n")
     print(none_differed_table().to_markdown(index=False, floatfmt=".3f"))
 

@@ -82,6 +82,14 @@ class Estimate:
             return 0.0 if self.value < x else 1.0
         return float(sps.t.cdf((self.value - x) / self.se, self.df))
 
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The t interval at another ``confidence`` (a Bonferroni-adjusted one, say); NaN where
+        the figure is not testable."""
+        if not self.testable:
+            return math.nan, math.nan
+        half = float(sps.t.ppf(0.5 + confidence / 2, self.df)) * self.se
+        return self.value - half, self.value + half
+
     def format(self, digits: int = 3, interval: bool = True, signed: bool = False) -> str:
         if not self.defined:
             return EMPTY

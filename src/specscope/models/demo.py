@@ -206,12 +206,18 @@ def _problem(target: Path, spec: DemoModel) -> str | None:
     return None
 
 
+def demo_checkpoint_dir(role: str) -> Path:
+    """Where the demo model's bf16 checkpoint is kept (built or not)."""
+    spec = demo_spec(role)
+    return cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
+
+
 def demo_checkpoint(role: str) -> Path:
     """The cached bf16 safetensors checkpoint of a demo model, verified against its marker (see
     the module docstring), built on first use and built again where it fails the check (from the
     GGUF that :func:`demo_gguf` keeps, if there is one, else from a temporary assembly)."""
     spec = demo_spec(role)
-    target = cache_dir() / "demo" / f"{spec.name}-{spec.sha256[:12]}-bf16"
+    target = demo_checkpoint_dir(role)
     problem = _problem(target, spec)
     if problem is None:
         return target

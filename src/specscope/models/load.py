@@ -34,7 +34,7 @@ from ..errors import require
 from ..progress import current
 from .checkpoint import refuse_incomplete
 from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
-from .demo import demo_checkpoint, demo_spec
+from .demo import demo_checkpoint, demo_checkpoint_dir, demo_gguf, demo_spec
 from .fingerprint import model_fingerprint
 from .gguf import load_gguf
 from .int8 import quantize_int8, use_rowwise_attention
@@ -76,12 +76,21 @@ def resolve_source(source: str) -> tuple[str, Path | str]:
     return "hub", source
 
 
+def _demo_metadata(role: str) -> tuple[str, Path]:
+    """Where to read a demo model's tokenizer or config: before its bf16 checkpoint is first
+    built, its GGUF file (converting the weights takes a minute and 3 GB for the target); then
+    the checkpoint, checked (and built again where it fails the check) as any use does."""
+    if not demo_checkpoint_dir(role).exists():
+        return "gguf", demo_gguf(role)
+    return "dir", demo_checkpoint(role)
+
+
 def load_tokenizer(source: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     kind, where = resolve_source(source)
     if kind == "demo":
-        where = demo_checkpoint(where)
+        kind, where = _demo_metadata(where)
     if kind == "gguf":
         require("gguf", f"loading {where.name}", ("gguf", "accelerate"))
         try:
@@ -357,7 +366,7 @@ def target_layers(source: str, trust_remote_code: bool = False) -> int:
 
     kind, where = resolve_source(source)
     if kind == "demo":
-        where = demo_checkpoint(where)
+        kind, where = _demo_metadata(where)
     if kind == "gguf":
         from gguf import GGUFReader
 

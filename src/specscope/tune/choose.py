@@ -539,7 +539,7 @@ def bench_decision(
     timed method is a candidate; only ``routed`` is not."""
     out: dict = {}
     chosen = bench.policy_choices(policy, config, domains)
-    scored = bench.regrets(rows, chosen, derived=("routed",)) if chosen else ()
+    scored = bench.regrets(rows, runs, chosen, derived=("routed",)) if chosen else ()
     unscored = [d for d in domains if d not in chosen]
     if unscored and "routed" in config.methods:
         by_route, unscored = bench.routed_regrets(runs, unscored)
@@ -556,7 +556,10 @@ def decision_document(decision: dict) -> dict:
     """:func:`bench_decision` as the bench's JSON record holds it."""
     out = {}
     if "regret" in decision:
-        out["regret"] = [{**dataclasses.asdict(r), "regret": r.regret} for r in decision["regret"]]
+        out["regret"] = [
+            {**dataclasses.asdict(r), "regret": r.regret, "verdict": r.verdict}
+            for r in decision["regret"]
+        ]
     if decision.get("unscored"):
         out["unscored"] = decision["unscored"]
     if "routed_vs_best_single" in decision:

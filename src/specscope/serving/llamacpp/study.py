@@ -762,7 +762,9 @@ def bench_llama_server(
         chosen.tuning_per_domain,
     )
     precision = speedup_precision(runs, n_boot=n_boot)
-    regret = regrets(rows, {d: per_domain_choice.get(d, fallback) for d in domains})
+    regret = regrets(
+        rows, runs, {d: per_domain_choice.get(d, fallback) for d in domains}, n_boot=n_boot
+    )
     single = routed_against_best_single(runs, n_boot)
     write_output(
         out / "requests.parquet", requests_frame(requests).to_parquet(None, index=False), inside
@@ -791,7 +793,9 @@ def bench_llama_server(
         },
         "rows": [dataclasses.asdict(r) for r in rows],
         **checks_document(chosen, cells, precision),
-        "regret": [{**dataclasses.asdict(r), "regret": r.regret} for r in regret],
+        "regret": [
+            {**dataclasses.asdict(r), "regret": r.regret, "verdict": r.verdict} for r in regret
+        ],
         "routed_vs_best_single": {**dataclasses.asdict(single), "verdict": single.verdict},
         "derived": "routed and uniform are the candidates' own requests, picked per prompt by "
         "the rule router (routed) or the policy's uniform entry: a route only picks a server",
