@@ -534,7 +534,7 @@ def test_regret_and_routed_against_the_best_single_setting():
     assert single.best_single == "draft"
     assert single.ratio == pytest.approx((4 / 1.2 + 4 / 1.1) / (2 + 4))
     assert single.verdict == "routing beats the best single setting"  # no noise: a point
-    # routing chat to lookup (0.5x) instead: slower than draft everywhere, than plain over all
+    # routing every prompt to lookup (chat 0.5x): slower over all than draft, and than plain
     worse = derived_runs(runs, "routed", lambda r: ("lookup", r.domain))
     slower = routed_against_best_single([*runs, *worse], n_boot=200)
     assert slower.best_single == "draft" and not slower.beats_every_single
