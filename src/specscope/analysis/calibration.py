@@ -384,6 +384,16 @@ def held_out_coverage(
     return {name: hits / trials for name, hits in inside.items()}
 
 
+def _synthetic_run(method: str, prompt: str, domain: str, times: tuple, time_s: float):
+    """A synthetic bench run: 64 tokens decoded after a first token at 0.5 s, ``times`` the
+    seconds of each repeat, ``time_s`` what stands for them (their mean or median)."""
+    from ..tune.bench import BenchRun
+
+    return BenchRun(
+        method, prompt, domain, "", (1,) * 65, 65, time_s, 0.5, times, (0.5,) * len(times)
+    )
+
+
 def speedup_interval_coverage(
     prompts: int = 20,
     repeats: int = 3,
@@ -407,12 +417,11 @@ def speedup_interval_coverage(
     bench table's interval (:func:`~specscope.tune.bench.summarize_bench`) with the repeats
     hidden (prompts resampled alone, as before repeats were resampled) and shown, and of the
     precision table's (:func:`~specscope.tune.bench.speedup_precision`)."""
-    from ..tune.bench import BenchRun, speedup_precision, summarize_bench
+    from ..tune.bench import speedup_precision, summarize_bench
 
     rng = np.random.default_rng(seed)
     truth = speedup * np.exp(-(sd_prompt**2) / 2)
     hits = {"prompts alone": 0, "prompts and repeats": 0, "precision table": 0}
-    tokens = (1,) * 65  # one first token, 64 decoded
     for _ in range(trials):
         length = rng.uniform(2.0, 6.0, prompts)
         own = speedup * np.exp(rng.normal(0, sd_prompt, prompts))
@@ -421,10 +430,7 @@ def speedup_interval_coverage(
         for i in range(prompts):
             for method, base, shift in (("plain", length[i], u), ("chain", length[i] / own[i], v)):
                 times = tuple(0.5 + base * np.exp(shift + rng.normal(0, sd_noise, repeats)))
-                runs.append(
-                    BenchRun(method, f"p{i}", "code", "", tokens, 65, float(np.mean(times)),
-                             0.5, times, (0.5,) * repeats)
-                )  # fmt: skip
+                runs.append(_synthetic_run(method, f"p{i}", "code", times, float(np.mean(times))))
         hidden = [dataclasses.replace(r, repeat_times_s=(), repeat_first_token_s=()) for r in runs]
         boot_seed = int(rng.integers(1 << 30))
         for name, these in (("prompts alone", hidden), ("prompts and repeats", runs)):
@@ -463,10 +469,7 @@ def synthetic_bench(
     server, common to its prompts), and each request its own exp(e), e ~ N(0, ``sd_noise``).
     The effects have the same distribution for every candidate, so the true speed of one over
     another is the ratio of their ``speeds``."""
-    from ..tune.bench import BenchRun
-
     length = rng.uniform(2.0, 6.0, prompts)
-    tokens = (1,) * 65  # one first token, 64 decoded
     runs = []
     for method, speed in speeds.items():
         shift = rng.normal(0, sd_repeat, repeats)
@@ -476,9 +479,8 @@ def synthetic_bench(
                 0.5 + length[i] / own[i] * np.exp(shift + rng.normal(0, sd_noise, repeats))
             )
             runs.append(
-                BenchRun(method, f"{domain}{i}", domain, "", tokens, 65, float(np.median(times)),
-                         0.5, times, (0.5,) * repeats)
-            )  # fmt: skip
+                _synthetic_run(method, f"{domain}{i}", domain, times, float(np.median(times)))
+            )
     return runs
 
 

@@ -1094,6 +1094,14 @@ ONE_REPEAT = (
 )
 
 
+def untestable(interval: float, repeats: int) -> str | None:
+    """Why a verdict over several candidates' intervals cannot be given (``interval``: a bound,
+    NaN without one), or None: no interval, or one repeat, whose variation is then unmeasured."""
+    if not math.isfinite(interval):
+        return "not testable: too few prompts for an interval"
+    return ONE_REPEAT if repeats < 2 else None
+
+
 @dataclass(frozen=True)
 class Regret:
     """One domain: the speed-up of the candidate tuning chose against the best one measured,
@@ -1121,10 +1129,8 @@ class Regret:
 
     @property
     def verdict(self) -> str:
-        if not math.isfinite(self.hi):
-            return "not testable: too few prompts for an interval"
-        if self.repeats < 2:
-            return ONE_REPEAT
+        if reason := untestable(self.hi, self.repeats):
+            return reason
         if self.hi <= self.bound:
             return f"holds: {self.bound:.0%} or less"
         if self.lo > self.bound:
@@ -1321,10 +1327,8 @@ class RoutedAgainstSingle:
 
     @property
     def verdict(self) -> str:
-        if not math.isfinite(self.lo):
-            return "not testable: too few prompts for an interval"
-        if self.repeats < 2:
-            return ONE_REPEAT
+        if reason := untestable(self.lo, self.repeats):
+            return reason
         if self.beats_every_single:
             return "routing beats the best single setting"
         if self.faster_single:
