@@ -40,6 +40,7 @@ from specscope.serving.llamacpp.study import (
     machines_note,
     priced_cells,
     source_prompts,
+    tune_grid,
 )
 from specscope.trees import TreeShape
 from specscope.tune.bench import (
@@ -314,6 +315,12 @@ def test_the_fastest_candidate_per_domain_and_over_all_is_chosen():
     assert choice.uniform == "lookup"
     # a higher bar leaves every domain plain
     assert choose(cells, min_speedup=2.5).per_domain == {"code": "plain", "chat": "plain"}
+
+
+def test_a_tune_of_one_repeat_says_its_intervals_leave_out_the_variation_between_repeats():
+    cells = timed_cells(_world({"code": {"plain": 1.0, "lookup": 2.0}}), n_boot=50)
+    assert "--tune-repeats 2" in tune_grid(choose(cells), repeats=1).note
+    assert "--tune-repeats" not in tune_grid(choose(cells), repeats=2).note
 
 
 def test_a_domain_leaves_the_uniform_choice_only_for_a_lead_beyond_the_noise():

@@ -170,7 +170,12 @@ def llamacpp(
         help="Of the run's prompts, how many per domain tuning times (default: all).",
     ),
     tune_repeats: int = typer.Option(
-        1, "--tune-repeats", min=1, max=MAX_REPEATS, help="Repeats of each tuning request."
+        1,
+        "--tune-repeats",
+        min=1,
+        max=MAX_REPEATS,
+        help="Repeats of each tuning request, each on fresh servers; 2 or more put the variation "
+        "between repeats into the intervals and route tests.",
     ),
     domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 10),
@@ -247,7 +252,7 @@ def llamacpp(
             p_mins,
             tune_timings,
         )
-        print_grids([tune_grid(choice)], blank=False)
+        print_grids([tune_grid(choice, tune_repeats)], blank=False)
         for test in choice.route_tests:
             typer.echo(test.sentence)
         typer.echo(models_note(policy))

@@ -529,9 +529,17 @@ def models_note(policy: PolicyFile) -> str:
     return line
 
 
-def tune_grid(choice: EngineChoice) -> Grid:
+ONE_TUNING_REPEAT = (
+    " One repeat: the intervals are over prompts only, and leave out what a freshly started "
+    "server brings to all of a setting's requests; --tune-repeats 2 or more puts that in them "
+    "and in the route tests."
+)
+
+
+def tune_grid(choice: EngineChoice, repeats: int = 1) -> Grid:
     """Every candidate per domain on the tuning prompts, the chosen one marked: the priced ones'
-    predictions beside what they did in llama-server where they ran (in-sample)."""
+    predictions beside what they did in llama-server where they ran (in-sample); ``repeats``:
+    the tune's, whose intervals leave out the variation between repeats when it is one."""
 
     def num(x: float, suffix: str = "") -> str:
         return f"{x:.2f}{suffix}" if math.isfinite(x) else "-"
@@ -579,7 +587,8 @@ def tune_grid(choice: EngineChoice) -> Grid:
         "records replayed as this chain decodes (the measured pair, not the GGUF) over the step "
         "model (llama-bench's pass costs, scaled by plain's and one draft-model setting's "
         "requests here); its 'timed here' is an in-sample check, not what chose. timed: what it "
-        "did in llama-server on these prompts (model-free lookups, unreplayed).",
+        "did in llama-server on these prompts (model-free lookups, unreplayed)."
+        + (ONE_TUNING_REPEAT if repeats < 2 else ""),
     )
 
 
