@@ -536,6 +536,8 @@ def test_regret_and_routed_against_the_best_single_setting():
     assert out["code"].verdict == "holds: 3% or less"
     assert out["chat"].lo == pytest.approx(out["chat"].regret) == pytest.approx(out["chat"].hi)
     assert out["chat"].verdict == "does not hold: above 3%"
+    # the upper end is set by the candidate that could lie furthest above the chosen one
+    assert out["chat"].bounded_by == "draft" and out["code"].bounded_by == ""
     single = routed_against_best_single([*runs, *routed], n_boot=200)
     # the best single over all traffic: draft (4/1.2 + 4/1.1 s); routed: 4/2 + 4 s
     assert single.best_single == "draft"
@@ -568,6 +570,10 @@ def test_the_regret_interval_holds_the_best_candidates_lead_with_noise():
         (r,) = regrets(rows, runs, {"code": "chosen"}, n_boot=400)
         assert r.lo < 1 - 1 / gap < r.hi  # the best measured may be another (1%: plain)
         assert r.verdict.startswith(verdict), r
+        # the upper end: a rival whose interval reaches furthest above the chosen one (with 2
+        # repeats, not always the fastest: its repeats' part has one degree of freedom)
+        assert r.bounded_by in set(speed["code"]) - {"chosen"}
+        assert f"set by {r.bounded_by})" in r.verdict or verdict == "does not hold"
 
 
 @pytest.mark.calibration

@@ -1120,6 +1120,9 @@ class Regret:
     hi: float = math.nan
     bound: float = REGRET_BOUND
     repeats: int = 1  # repeats behind the interval (one leaves their variation out of it)
+    # the candidate that sets the interval's upper end: the one whose speed could lie furthest
+    # above the chosen one's ("": none)
+    bounded_by: str = ""
 
     @property
     def regret(self) -> float:
@@ -1135,11 +1138,25 @@ class Regret:
             return f"holds: {self.bound:.0%} or less"
         if self.lo > self.bound:
             return f"does not hold: above {self.bound:.0%}"
-        return f"not testable: the interval holds {self.bound:.0%}; time more prompts or repeats"
+        widest = f" (its upper end set by {self.bounded_by})" if self.bounded_by else ""
+        return (
+            f"not testable: the interval holds {self.bound:.0%}{widest}; time more prompts or "
+            "repeats"
+        )
 
 
 # methods that are no candidate of their own (a route over the candidates, or one of them)
 DERIVED_METHODS = ("routed", "uniform")
+
+
+@dataclass(frozen=True)
+class RegretInterval:
+    """:func:`regret_interval`'s answer."""
+
+    lo: float
+    hi: float
+    repeats: int  # the fewest repeats behind the candidates' intervals
+    bounded_by: str = ""  # the candidate whose interval sets ``hi`` ("": none)
 
 
 def regret_interval(
@@ -1150,7 +1167,7 @@ def regret_interval(
     n_boot: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
-) -> tuple[float, float, int]:
+) -> RegretInterval:
     """A ``confidence`` interval of the true regret of ``chosen`` in ``domain`` (1 - its decode
     speed over that of the fastest of ``others``, in expectation over prompts and repeats).
 
@@ -1158,16 +1175,16 @@ def regret_interval(
     optimistic (the winner's curse: with 8 candidates of equal speed and a 2% standard error
     each, the best measured leads the chosen one by 2.8% on average, 1.42 standard errors).
     Instead each candidate's speed against the chosen's, on the same prompts
-    (:func:`paired_speedup`), gets a
-    Bonferroni-adjusted interval (at 1 - (1 - confidence) / ``len(others)``), so that all of
-    them hold their truth together with ``confidence`` or more; then the true regret
-    max(0, 1 - min ratio) lies between the bounds that the ratios' bounds give; and the fewest
-    repeats behind them. With one repeat, what a repeat brings to all of a candidate's prompts is
-    left out, and at the bound the regret is called above it in 11% of benches rather than 5%:
+    (:func:`paired_speedup`), gets a Bonferroni-adjusted interval (at 1 - (1 - confidence) /
+    ``len(others)``), so that all of them hold their truth together with ``confidence`` or
+    more; then the true regret max(0, 1 - min ratio) lies between the bounds that the ratios'
+    bounds give, the upper one set by the candidate of lowest lower bound; and the fewest
+    repeats behind them. With one repeat, what a repeat brings to all of a candidate's prompts
+    is left out, and at the bound the regret is called above it in 11% of benches rather than 5%:
     :attr:`Regret.verdict` then says not testable (calibrated on benches of known regret,
     :func:`specscope.analysis.calibration.regret_verdict_rates`)."""
     if not others:
-        return 0.0, 0.0, 0
+        return RegretInterval(0.0, 0.0, 0)
     mine = {r.prompt_id: r for r in runs if r.method == chosen and r.domain == domain}
     level = 1 - (1 - confidence) / len(others)
     lows, highs, repeats = [], [], []
@@ -1179,14 +1196,16 @@ def regret_interval(
             if r.decode_tokens and mine[r.prompt_id].decode_tokens
         ]
         if not pairs:
-            return math.nan, math.nan, 0
+            return RegretInterval(math.nan, math.nan, 0)
         paired = paired_speedup(pairs, n_boot, seed)
         lo, hi = paired.both.interval(level)
         lows.append(lo)
         highs.append(hi)
         repeats.append(paired.repeats)
     # a regret lies in [0, 1]: no speed is below 0 (few repeats can give a ratio's bound below)
-    return max(0.0, 1 - min(highs)), min(max(0.0, 1 - min(lows)), 1.0), min(repeats)
+    hi = min(max(0.0, 1 - min(lows)), 1.0)
+    widest = others[int(np.argmin(lows))] if hi > 0 else ""
+    return RegretInterval(max(0.0, 1 - min(highs)), hi, min(repeats), widest)
 
 
 def regrets(
@@ -1208,8 +1227,11 @@ def regrets(
             continue
         best = max(mine, key=mine.__getitem__)
         others = [m for m in mine if m != pick]
-        lo, hi, repeats = regret_interval(runs, domain, pick, others, n_boot, seed)
-        out.append(Regret(domain, pick, mine[pick], best, mine[best], 0, lo, hi, repeats=repeats))
+        i = regret_interval(runs, domain, pick, others, n_boot, seed)
+        out.append(
+            Regret(domain, pick, mine[pick], best, mine[best], 0, i.lo, i.hi,
+                   repeats=i.repeats, bounded_by=i.bounded_by)
+        )  # fmt: skip
     return tuple(out)
 
 
