@@ -1174,20 +1174,22 @@ def regret_interval(
     The best measured candidate is the best of several noisy speed-ups, so its lead is
     optimistic (the winner's curse: with 8 candidates of equal speed and a 2% standard error
     each, the best measured leads the chosen one by 2.8% on average, 1.42 standard errors).
-    Instead each candidate's speed against the chosen's, on the same prompts
-    (:func:`paired_speedup`), gets a Bonferroni-adjusted interval (at 1 - (1 - confidence) /
-    ``len(others)``), so that all of them hold their truth together with ``confidence`` or
-    more; then the true regret max(0, 1 - min ratio) lies between the bounds that the ratios'
-    bounds give, the upper one set by the candidate of lowest lower bound; and the fewest
-    repeats behind them. With one repeat, what a repeat brings to all of a candidate's prompts
-    is left out, and at the bound the regret is called above it in 11% of benches rather than 5%:
+    Instead the true regret is max(0, 1 - the least of the true ratios chosen / candidate),
+    each ratio measured on the same prompts (:func:`paired_speedup`). Its upper end: 1 - the
+    least of the ratios' lower ends at ``confidence``, each alone, since the least true ratio
+    is one of them and that one's lower end alone misses it at most (1 - confidence) / 2 of the
+    time; the candidate whose lower end that is sets it. Its lower end: 1 - the least of their
+    upper ends held together (Bonferroni, at 1 - (1 - confidence) / ``len(others)``): it misses
+    only where some ratio's upper end does. Then the fewest repeats behind them. With
+    one repeat, what a repeat brings to all of a candidate's prompts is left out, and at the
+    bound the regret is called above it in 11% of benches rather than 5%:
     :attr:`Regret.verdict` then says not testable (calibrated on benches of known regret,
     :func:`specscope.analysis.calibration.regret_verdict_rates`)."""
     if not others:
         return RegretInterval(0.0, 0.0, 0)
     mine = {r.prompt_id: r for r in runs if r.method == chosen and r.domain == domain}
     level = 1 - (1 - confidence) / len(others)
-    lows, highs, repeats = [], [], []
+    lows, highs, repeats = [], [], []  # of each ratio: alone, and held together with the others
     for other in others:
         pairs = [
             (mine[r.prompt_id], r)
@@ -1198,9 +1200,8 @@ def regret_interval(
         if not pairs:
             return RegretInterval(math.nan, math.nan, 0)
         paired = paired_speedup(pairs, n_boot, seed)
-        lo, hi = paired.both.interval(level)
-        lows.append(lo)
-        highs.append(hi)
+        lows.append(paired.both.interval(confidence)[0])
+        highs.append(paired.both.interval(level)[1])
         repeats.append(paired.repeats)
     # a regret lies in [0, 1]: no speed is below 0 (few repeats can give a ratio's bound below)
     hi = min(max(0.0, 1 - min(lows)), 1.0)
@@ -1265,8 +1266,9 @@ def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
     note = (
         "regret: 1 - chosen / best measured decode speed-up over plain. The best of several "
         "noisy speed-ups is optimistic; the interval is not: each candidate's speed against the "
-        "chosen one's on the same prompts, 95% together (Bonferroni over the candidates), prompts "
-        "and repeats resampled. The verdict: the true regret is "
+        "chosen one's on the same prompts, prompts and repeats resampled, its upper end from "
+        "each alone, its lower end from all held together (Bonferroni). The verdict: the true "
+        "regret is "
         f"{REGRET_BOUND:.0%} or less (the interval below it), above it (the interval above "
         "it), or not testable (the interval holds it)."
     )
@@ -1334,15 +1336,16 @@ def derived_runs(
 
 @dataclass(frozen=True)
 class RoutedAgainstSingle:
-    """Routed decoding against the best single candidate over all the traffic, with intervals
-    that hold together over every single candidate (:func:`routed_against_best_single`)."""
+    """Routed decoding against the best single candidate over all the traffic, with an interval
+    of routed over the truly fastest single (:func:`routed_against_best_single`)."""
 
     best_single: str
     ratio: float  # routed decode tokens per second over the best single's, same prompts
-    lo: float  # the ratio's interval, 95% together with those against the other singles
+    lo: float  # 95% interval of routed over the truly fastest single (regret_interval's way)
     hi: float
     prompts: int
-    # a single candidate faster than routed (its interval wholly above routed's speed), if any
+    # a single candidate faster than routed (its interval, held together with the others',
+    # wholly above routed's speed), if any
     faster_single: str = ""
     beats_every_single: bool = False  # every single candidate's interval below routed's speed
     repeats: int = 1  # repeats behind the intervals (one leaves their variation out of them)
@@ -1374,11 +1377,13 @@ def routed_against_best_single(
     confidence: float = 0.95,
 ) -> RoutedAgainstSingle:
     """The candidate (``routed`` and the ``derived`` methods aside) of highest decode speed over
-    all prompts, and routed's speed over it; every single candidate's ratio gets an interval
-    (prompts resampled within domains and whole repeats, the two paired by prompt,
-    :func:`paired_speedup`) adjusted for their number (Bonferroni), since the best single is
-    picked on the same prompts: the verdict "routing beats" needs every single below routed,
-    "routing is slower" one single above it."""
+    all prompts, and routed's speed over it, with an interval of routed over the truly fastest
+    single: the least of the ratios routed / single (prompts resampled within domains and whole
+    repeats, the two paired by prompt, :func:`paired_speedup`), from the least of their lower
+    ends, each alone, to the least of their upper ends held together (Bonferroni; as the
+    regret's, :func:`regret_interval`). "Routing beats" needs every single below routed, each
+    alone; "routing is slower" one single above it, held together: the best single is picked
+    on the same prompts."""
     rows = summarize_bench(runs, n_boot, seed)
     singles = [
         r
@@ -1388,7 +1393,7 @@ def routed_against_best_single(
     best = max(singles, key=lambda r: r.decode_tokens_per_s).method
     routed = {r.prompt_id: r for r in runs if r.method == "routed" and r.decode_tokens}
     level = 1 - (1 - confidence) / len(singles)
-    bounds, ratios, repeats = {}, {}, []
+    lows, highs, ratios, repeats = {}, {}, {}, []  # each alone, and held together
     for single in singles:
         pairs = [
             (routed[r.prompt_id], r)
@@ -1397,18 +1402,18 @@ def routed_against_best_single(
         ]
         paired = paired_speedup(pairs, n_boot, seed)
         ratios[single.method] = paired.both.value
-        bounds[single.method] = paired.both.interval(level)
+        lows[single.method] = paired.both.interval(confidence)[0]
+        highs[single.method] = paired.both.interval(level)[1]
         repeats.append(paired.repeats)
-    above = [m for m, (_, hi) in bounds.items() if hi < 1]
-    lo, hi = bounds[best]
+    lo, hi = min(lows.values()), min(highs.values())
     return RoutedAgainstSingle(
         best,
         ratios[best],
         lo,
         hi,
         len(routed),
-        min(above, key=lambda m: bounds[m][1]) if above else "",
-        all(lo > 1 for lo, _ in bounds.values()),
+        min(highs, key=highs.__getitem__) if hi < 1 else "",
+        lo > 1,
         min(repeats),
     )
 
