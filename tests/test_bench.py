@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specscope.analysis.render import to_markdown
-from specscope.analysis.stats import none_differed_p
+from specscope.analysis.stats import Estimate, none_differed_p
 from specscope.decode import SpeculativeDecoder
 from specscope.files import json_text
 from specscope.models.tiny import near_pair
@@ -30,6 +30,7 @@ from specscope.tune.bench import (
     check_held_out,
     checks_document,
     differing_prompts,
+    least_ratio,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
@@ -507,3 +508,18 @@ def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp
     other = BenchCheckpoint(checkpoint.path, {**key, "prompts": key["prompts"][:2]})
     with pytest.raises(BenchError, match="holds a bench of other settings"):
         other.load()
+
+
+def test_the_least_ratio_takes_its_lower_end_alone_and_its_upper_end_held_together():
+    """Two ratios with a standard error of 0.01 on 10 degrees of freedom: the least true ratio
+    is one of them, so its lower end is the lesser lower end at 95% each (t 2.228), its upper
+    end the lesser upper end at 97.5% each (t 2.634), both here the lesser ratio's."""
+    a = Estimate(1.00, se=0.01, df=10)
+    b = Estimate(0.99, se=0.01, df=10)
+    least = least_ratio({"a": a, "b": b})
+    assert least.lo == pytest.approx(0.99 - 2.2281 * 0.01, abs=1e-4) and least.lo_by == "b"
+    assert least.hi == pytest.approx(0.99 + 2.6338 * 0.01, abs=1e-4) and least.hi_by == "b"
+    wide = least_ratio({"a": a, "b": Estimate(1.20, se=0.2, df=2)})
+    # a ratio of 1.2 measured loosely (2 degrees of freedom) sets the lower end all the same
+    assert wide.lo_by == "b" and wide.hi_by == "a"
+    assert wide.lo == pytest.approx(1.20 - 4.3027 * 0.2, abs=1e-3)

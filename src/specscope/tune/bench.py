@@ -1150,6 +1150,30 @@ DERIVED_METHODS = ("routed", "uniform")
 
 
 @dataclass(frozen=True)
+class LeastRatio:
+    """An interval of the least of several true ratios (:func:`least_ratio`)."""
+
+    lo: float
+    hi: float
+    lo_by: str  # the ratio whose lower end is ``lo``
+    hi_by: str  # the ratio whose upper end (held together with the others') is ``hi``
+
+
+def least_ratio(ratios: Mapping[str, Estimate], confidence: float = 0.95) -> LeastRatio:
+    """A ``confidence`` interval of the least of the true ``ratios`` (name -> its estimate), as
+    a regret or the route test needs when the best rival is picked on the same prompts. The
+    lower end is the least of their lower ends, each alone: the least true ratio is one fixed
+    ratio's, and that one's lower end alone misses it at most (1 - confidence) / 2 of the time.
+    The upper end is the least of their upper ends held together (Bonferroni, at 1 -
+    (1 - confidence) / len(ratios)): it misses only where some ratio's upper end does."""
+    level = 1 - (1 - confidence) / len(ratios)
+    lows = {m: e.interval(confidence)[0] for m, e in ratios.items()}
+    highs = {m: e.interval(level)[1] for m, e in ratios.items()}
+    lo_by, hi_by = min(lows, key=lows.__getitem__), min(highs, key=highs.__getitem__)
+    return LeastRatio(lows[lo_by], highs[hi_by], lo_by, hi_by)
+
+
+@dataclass(frozen=True)
 class RegretInterval:
     """:func:`regret_interval`'s answer."""
 
@@ -1175,12 +1199,10 @@ def regret_interval(
     optimistic (the winner's curse: with 8 candidates of equal speed and a 2% standard error
     each, the best measured leads the chosen one by 2.8% on average, 1.42 standard errors).
     Instead the true regret is max(0, 1 - the least of the true ratios chosen / candidate),
-    each ratio measured on the same prompts (:func:`paired_speedup`). Its upper end: 1 - the
-    least of the ratios' lower ends at ``confidence``, each alone, since the least true ratio
-    is one of them and that one's lower end alone misses it at most (1 - confidence) / 2 of the
-    time; the candidate whose lower end that is sets it. Its lower end: 1 - the least of their
-    upper ends held together (Bonferroni, at 1 - (1 - confidence) / ``len(others)``): it misses
-    only where some ratio's upper end does. Then the fewest repeats behind them. With
+    each ratio measured on the same prompts (:func:`paired_speedup`), and its interval is that
+    of the least ratio (:func:`least_ratio`: the upper end from each ratio's lower end alone,
+    set by the candidate whose it is; the lower end from their upper ends held together); and
+    the fewest repeats behind them. With
     one repeat, what a repeat brings to all of a candidate's prompts is left out, and at the
     bound the regret is called above it in 11% of benches rather than 5%:
     :attr:`Regret.verdict` then says not testable (calibrated on benches of known regret,
@@ -1188,8 +1210,7 @@ def regret_interval(
     if not others:
         return RegretInterval(0.0, 0.0, 0)
     mine = {r.prompt_id: r for r in runs if r.method == chosen and r.domain == domain}
-    level = 1 - (1 - confidence) / len(others)
-    lows, highs, repeats = [], [], []  # of each ratio: alone, and held together with the others
+    ratios, repeats = {}, []
     for other in others:
         pairs = [
             (mine[r.prompt_id], r)
@@ -1200,13 +1221,12 @@ def regret_interval(
         if not pairs:
             return RegretInterval(math.nan, math.nan, 0)
         paired = paired_speedup(pairs, n_boot, seed)
-        lows.append(paired.both.interval(confidence)[0])
-        highs.append(paired.both.interval(level)[1])
+        ratios[other] = paired.both
         repeats.append(paired.repeats)
+    least = least_ratio(ratios, confidence)
     # a regret lies in [0, 1]: no speed is below 0 (few repeats can give a ratio's bound below)
-    hi = min(max(0.0, 1 - min(lows)), 1.0)
-    widest = others[int(np.argmin(lows))] if hi > 0 else ""
-    return RegretInterval(max(0.0, 1 - min(highs)), hi, min(repeats), widest)
+    hi = min(max(0.0, 1 - least.lo), 1.0)
+    return RegretInterval(max(0.0, 1 - least.hi), hi, min(repeats), least.lo_by if hi > 0 else "")
 
 
 def regrets(
@@ -1379,11 +1399,9 @@ def routed_against_best_single(
     """The candidate (``routed`` and the ``derived`` methods aside) of highest decode speed over
     all prompts, and routed's speed over it, with an interval of routed over the truly fastest
     single: the least of the ratios routed / single (prompts resampled within domains and whole
-    repeats, the two paired by prompt, :func:`paired_speedup`), from the least of their lower
-    ends, each alone, to the least of their upper ends held together (Bonferroni; as the
-    regret's, :func:`regret_interval`). "Routing beats" needs every single below routed, each
-    alone; "routing is slower" one single above it, held together: the best single is picked
-    on the same prompts."""
+    repeats, the two paired by prompt, :func:`paired_speedup`; :func:`least_ratio`, since the
+    best single is picked on the same prompts). "Routing beats" needs every single below
+    routed, each alone; "routing is slower" one single above it, held together."""
     rows = summarize_bench(runs, n_boot, seed)
     singles = [
         r
@@ -1392,8 +1410,7 @@ def routed_against_best_single(
     ]
     best = max(singles, key=lambda r: r.decode_tokens_per_s).method
     routed = {r.prompt_id: r for r in runs if r.method == "routed" and r.decode_tokens}
-    level = 1 - (1 - confidence) / len(singles)
-    lows, highs, ratios, repeats = {}, {}, {}, []  # each alone, and held together
+    ratios, repeats = {}, []
     for single in singles:
         pairs = [
             (routed[r.prompt_id], r)
@@ -1401,19 +1418,17 @@ def routed_against_best_single(
             if r.method == single.method and r.prompt_id in routed and r.decode_tokens
         ]
         paired = paired_speedup(pairs, n_boot, seed)
-        ratios[single.method] = paired.both.value
-        lows[single.method] = paired.both.interval(confidence)[0]
-        highs[single.method] = paired.both.interval(level)[1]
+        ratios[single.method] = paired.both
         repeats.append(paired.repeats)
-    lo, hi = min(lows.values()), min(highs.values())
+    least = least_ratio(ratios, confidence)
     return RoutedAgainstSingle(
         best,
-        ratios[best],
-        lo,
-        hi,
+        ratios[best].value,
+        least.lo,
+        least.hi,
         len(routed),
-        min(highs, key=highs.__getitem__) if hi < 1 else "",
-        lo > 1,
+        least.hi_by if least.hi < 1 else "",
+        least.lo > 1,
         min(repeats),
     )
 
