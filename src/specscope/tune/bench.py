@@ -1202,9 +1202,9 @@ def regret_interval(
     each ratio measured on the same prompts (:func:`paired_speedup`), and its interval is that
     of the least ratio (:func:`least_ratio`: the upper end from each ratio's lower end alone,
     set by the candidate whose it is; the lower end from their upper ends held together); and
-    the fewest repeats behind them. With
-    one repeat, what a repeat brings to all of a candidate's prompts is left out, and at the
-    bound the regret is called above it in 11% of benches rather than 5%:
+    the fewest repeats behind them. With one repeat, what a repeat brings to all of a
+    candidate's prompts is left out, and at the bound the regret is called above it in 11% of
+    benches rather than 5%:
     :attr:`Regret.verdict` then says not testable (calibrated on benches of known regret,
     :func:`specscope.analysis.calibration.regret_verdict_rates`)."""
     if not others:
@@ -1361,13 +1361,13 @@ class RoutedAgainstSingle:
 
     best_single: str
     ratio: float  # routed decode tokens per second over the best single's, same prompts
-    lo: float  # 95% interval of routed over the truly fastest single (regret_interval's way)
+    lo: float  # 95% interval of routed over the truly fastest single (least_ratio)
     hi: float
     prompts: int
     # a single candidate faster than routed (its interval, held together with the others',
     # wholly above routed's speed), if any
     faster_single: str = ""
-    beats_every_single: bool = False  # every single candidate's interval below routed's speed
+    beats_every_single: bool = False  # every single's interval, each alone, below routed's
     repeats: int = 1  # repeats behind the intervals (one leaves their variation out of them)
 
     @property
