@@ -20,9 +20,9 @@ What a bench can confirm:
   unmeasured.
 - **Regret and the route test** (:func:`regrets`, :func:`routed_against_best_single`): the
   chosen candidate against the best one measured, and routed against the best single one, with
-  intervals that hold together over every candidate, since the best is picked on the same
-  prompts (the best of several noisy speed-ups is optimistic); a verdict on "3% or less" and on
-  "routing beats", "not testable" with one repeat.
+  an interval of the least of the true ratios to every candidate (:func:`least_ratio`), since
+  the best is picked on the same prompts (the best of several noisy speed-ups is optimistic); a
+  verdict on "3% or less" and on "routing beats", "not testable" with one repeat.
 
 Times the decoder of :mod:`specscope.decode`; does not choose trees (:mod:`specscope.tune.policy`).
 """
@@ -1116,7 +1116,7 @@ class Regret:
     # scored on only this many of the domain's prompts (0: all of them): where only ``routed``
     # timed the chosen setting, the prompts the router sent to the domain's own entry
     prompts: int = 0
-    lo: float = math.nan  # 95% interval of the true regret, simultaneous over the candidates
+    lo: float = math.nan  # 95% interval of the true regret (:func:`regret_interval`)
     hi: float = math.nan
     bound: float = REGRET_BOUND
     repeats: int = 1  # repeats behind the interval (one leaves their variation out of it)
@@ -1143,6 +1143,10 @@ class Regret:
             f"not testable: the interval holds {self.bound:.0%}{widest}; time more prompts or "
             "repeats"
         )
+
+    def to_dict(self) -> dict:
+        """As a bench's JSON record holds it: the fields, the regret and the verdict."""
+        return {**dataclasses.asdict(self), "regret": self.regret, "verdict": self.verdict}
 
 
 # methods that are no candidate of their own (a route over the candidates, or one of them)
@@ -1379,6 +1383,10 @@ class RoutedAgainstSingle:
         if self.faster_single:
             return f"routing is slower than a single setting ({self.faster_single})"
         return "no route beats the best single setting (the interval holds 1)"
+
+    def to_dict(self) -> dict:
+        """As a bench's JSON record holds it: the fields and the verdict."""
+        return {**dataclasses.asdict(self), "verdict": self.verdict}
 
     @property
     def sentence(self) -> str:

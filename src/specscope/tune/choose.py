@@ -556,15 +556,11 @@ def decision_document(decision: dict) -> dict:
     """:func:`bench_decision` as the bench's JSON record holds it."""
     out = {}
     if "regret" in decision:
-        out["regret"] = [
-            {**dataclasses.asdict(r), "regret": r.regret, "verdict": r.verdict}
-            for r in decision["regret"]
-        ]
+        out["regret"] = [r.to_dict() for r in decision["regret"]]
     if decision.get("unscored"):
         out["unscored"] = decision["unscored"]
     if "routed_vs_best_single" in decision:
-        single = decision["routed_vs_best_single"]
-        out["routed_vs_best_single"] = {**dataclasses.asdict(single), "verdict": single.verdict}
+        out["routed_vs_best_single"] = decision["routed_vs_best_single"].to_dict()
     return out
 
 

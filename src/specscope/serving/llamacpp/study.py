@@ -802,10 +802,8 @@ def bench_llama_server(
         },
         "rows": [dataclasses.asdict(r) for r in rows],
         **checks_document(chosen, cells, precision),
-        "regret": [
-            {**dataclasses.asdict(r), "regret": r.regret, "verdict": r.verdict} for r in regret
-        ],
-        "routed_vs_best_single": {**dataclasses.asdict(single), "verdict": single.verdict},
+        "regret": [r.to_dict() for r in regret],
+        "routed_vs_best_single": single.to_dict(),
         "derived": "routed and uniform are the candidates' own requests, picked per prompt by "
         "the rule router (routed) or the policy's uniform entry: a route only picks a server",
     }
