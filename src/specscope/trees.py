@@ -21,6 +21,7 @@ import torch
 
 from .errors import SpecscopeError
 from .limits import MAX_TREE_NODES, out_of_range
+from .schemas import INPUT
 
 Path = tuple[int, ...]
 
@@ -262,6 +263,8 @@ class TreeConfig:
     ``paper-text``: the paper text's literal reading, ``top_k`` roots (3/5/0 under the 8-node cap).
     ``chain``: one path of ``depth`` draft-greedy tokens. ``static``: the tree given by ``paths``.
     """
+
+    __pydantic_config__ = INPUT  # a config file's [tree] table (specscope.schemas)
 
     policy: str = "paper"
     top_k: int = 3

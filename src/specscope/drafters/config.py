@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 
 from ..errors import SpecscopeError
 from ..limits import MAX_LAYERS, MAX_NGRAM
+from ..schemas import INPUT
 
 
 class DrafterError(SpecscopeError, ValueError):
@@ -84,6 +85,8 @@ PARAM_MAX = {
 @dataclass(frozen=True)
 class DrafterConfig:
     """Which drafter proposes the tree, and its parameters (None: not given)."""
+
+    __pydantic_config__ = INPUT  # a config file's [drafter] table (specscope.schemas)
 
     kind: str = "draft-model"
     prompt_lookup_min: int | None = None

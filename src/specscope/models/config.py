@@ -11,6 +11,7 @@ import torch
 from ..drafters import DrafterConfig
 from ..errors import SpecscopeError
 from ..hardware import cpu_flags
+from ..schemas import INPUT
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZATIONS = ("int8",)
@@ -59,6 +60,8 @@ DEMO_EXTRA_HINT = "pip install 'specscope[demo]'"
 @dataclass(frozen=True)
 class PairConfig:
     """Which draft and target to load, in which dtype, on which devices."""
+
+    __pydantic_config__ = INPUT  # a config file's [pair] table (specscope.schemas)
 
     draft: str = "demo:draft"
     target: str = "demo:target"

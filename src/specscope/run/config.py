@@ -25,6 +25,7 @@ from ..files import read_json, read_toml_table
 from ..limits import MAX_PROMPTS, MAX_SEED, MAX_TOKENS, out_of_range
 from ..models import PairConfig
 from ..progress import current
+from ..schemas import INPUT, parse
 from ..prompts.items import (
     SMOKE_PROMPTS,
     PromptItem,
@@ -35,7 +36,6 @@ from ..prompts.items import (
 from ..prompts.render import RENDERINGS
 from ..theory import CriteriaConfig
 from ..trees import TreeConfig
-from ..validate import check_fields
 
 PRESETS = ("paper", "demo")
 ENGINES = ("cached", "naive")  # how measurement scores a step: KV caches and one tree pass, or
@@ -66,6 +66,8 @@ def remote_code_from_command_line(pair: dict, given: bool, where: str) -> dict:
 @dataclass(frozen=True)
 class PromptSpec:
     """Which prompts to measure: a JSONL file, the built-in smoke set, or domain sources."""
+
+    __pydantic_config__ = INPUT  # a config file's [prompts] table (specscope.schemas)
 
     file: str | None = None
     domains: tuple[str, ...] = ()
@@ -106,7 +108,10 @@ class PromptSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that determines a run's records."""
+    """Everything that determines a run's records: a config file's schema (its sections are the
+    nested dataclasses; :mod:`specscope.schemas` checks every value's type on read)."""
+
+    __pydantic_config__ = INPUT
 
     pair: PairConfig = field(default_factory=PairConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -173,47 +178,11 @@ class RunConfig:
                     '(or use rendering = "task", "chat" or "raw")'
                 )
             data["rendering"] = "chat" if legacy else "raw"
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise RunConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
-        check_fields(cls, data, RunConfigError)
-        try:
-            if isinstance(data.get("criteria"), dict):
-                data["criteria"] = CriteriaConfig.from_dict(data["criteria"])
-        except (TypeError, ValueError) as e:
-            if isinstance(e, SpecscopeError):
-                raise
-            raise RunConfigError(f"criteria: {e}") from None
-        nested = {
-            "pair": PairConfig,
-            "tree": TreeConfig,
-            "prompts": PromptSpec,
-            "drafter": DrafterConfig,
-        }
-        for key, kind in nested.items():
-            if key in data:
-                if not isinstance(data[key], dict):
-                    raise RunConfigError(f"[{key}] must be a table, got {data[key]!r}")
-                section = dict(data[key])
-                allowed = {f.name for f in dataclasses.fields(kind)}
-                if set(section) - allowed:
-                    raise RunConfigError(
-                        f"unknown keys {sorted(set(section) - allowed)} in "
-                        f"[{key}]; allowed: {sorted(allowed)}"
-                    )
-                check_fields(kind, section, RunConfigError, f"{key}.")
-                for name in ("domains", "sources"):
-                    if name in section and section[name] is not None:
-                        section[name] = tuple(
-                            tuple(x) if isinstance(x, list) else x for x in section[name]
-                        )
-                if kind is PairConfig:
-                    section = remote_code_from_command_line(section, trust_remote_code, where)
-                data[key] = kind(**section)
-        if "pair" not in data and trust_remote_code:
-            data["pair"] = PairConfig(trust_remote_code=True)
-        return cls(**data)
+        if isinstance(data.get("pair"), dict):
+            data["pair"] = remote_code_from_command_line(data["pair"], trust_remote_code, where)
+        elif "pair" not in data and trust_remote_code:
+            data["pair"] = {"trust_remote_code": True}
+        return parse(cls, data, where, RunConfigError)
 
     def replace(self, **overrides) -> RunConfig:
         """A copy with top-level or ``section.key`` overrides (None values are ignored); an

@@ -24,7 +24,7 @@ from ..limits import MAX_THREADS, out_of_range
 from ..models import ModelLoadError, PairConfig
 from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
 from ..trees import TreeConfig
-from ..validate import check_fields
+from ..schemas import INPUT, parse
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
@@ -62,6 +62,8 @@ class Variant:
 @dataclass(frozen=True)
 class Execution:
     """How shards are cut and scheduled; none of it changes a record."""
+
+    __pydantic_config__ = INPUT  # a sweep file's [execution] table (specscope.schemas)
 
     prompts_per_shard: int = 8
     max_retries: int = 3  # Ray retries of a shard whose worker died
@@ -350,15 +352,8 @@ def parse_sweep(
         )
     except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
         raise SweepError(f"base config: {e}") from None
-    execution = data.get("execution", {})
-    unknown = sorted(set(execution) - {f.name for f in dataclasses.fields(Execution)})
-    if unknown:
-        raise SweepError(
-            f"[execution]: unknown keys {unknown}; allowed: "
-            f"{', '.join(f.name for f in dataclasses.fields(Execution))}"
-        )
-    check_fields(Execution, execution, SweepError, "execution.")
-    execution = Execution(**execution).replace(max_points=max_points)
+    execution = parse(Execution, data.get("execution", {}), "the sweep file", SweepError, "execution")
+    execution = execution.replace(max_points=max_points)
     check_grid_size(data, execution.max_points)
     spec = SweepSpec(
         name=str(data.get("name", name)),

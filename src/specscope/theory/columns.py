@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecscopeError
-from ..validate import check_fields
+from ..schemas import INPUT, parse
 from .certificates import Pool, certificate_pools
 from .criteria import (
     SUM_ATOL,
@@ -42,6 +42,8 @@ class CriteriaConfig:
     Entropy defaults follow Medusa: threshold min(eps, delta * exp(-H)) with posterior_threshold
     eps = 0.09 and posterior_alpha delta = 0.3.
     """
+
+    __pydantic_config__ = INPUT  # a config file's [criteria] table (specscope.schemas)
 
     greedy: bool = True
     additive_t: float | None = 0.1
@@ -80,13 +82,6 @@ class CriteriaConfig:
         d["tree_m"] = list(self.tree_m)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CriteriaConfig:
-        d = dict(d)
-        check_fields(cls, d, CriteriaError, "criteria.")
-        if "tree_m" in d:
-            d["tree_m"] = tuple(d["tree_m"])
-        return cls(**d)
 
 
 def node_certificate_columns(p: torch.Tensor, config: CriteriaConfig) -> dict[str, np.ndarray]:
@@ -162,4 +157,6 @@ def criteria_config_from_manifest(manifest: dict) -> CriteriaConfig:
     raw = manifest.get("criteria")
     if raw is None and isinstance(manifest.get("config"), dict):
         raw = manifest["config"].get("criteria")
-    return CriteriaConfig.from_dict(raw) if isinstance(raw, dict) else CriteriaConfig()
+    if not isinstance(raw, dict):
+        return CriteriaConfig()
+    return parse(CriteriaConfig, raw, "the run's criteria", CriteriaError)

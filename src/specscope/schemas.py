@@ -1,0 +1,184 @@
+"""The one schema layer of the files users hand in: each declared once, checked on read.
+
+A file's schema is its dataclass (``RunConfig`` and its sections, a sweep's ``Execution``) or a
+pydantic model where no dataclass holds it (a prompts file's line, the part of a policy file the
+gateway reads). :func:`parse` validates TOML- or JSON-like data against it with pydantic, in
+strict mode (``"3"`` is not an integer, ``"true"`` is not a boolean, a list is not a string) and
+with unknown keys refused (``__pydantic_config__ = INPUT`` on each dataclass), and turns the first
+error into one line that names the file (or ``path:line``), the key, the value and what is
+allowed. A check that a dataclass makes itself (``__post_init__``: a range, a known name) raises
+its own :class:`~specscope.errors.SpecscopeError`, which passes through unchanged.
+
+Why pydantic: it validates the dataclasses the library already uses (one declaration, not a model
+beside each), reports every error with its location, and generates each file's JSON Schema
+(:func:`json_schema`, ``scripts/input_schemas.py`` writes them for the docs). msgspec is faster but
+validates only its own Struct types; cattrs generates no JSON Schema.
+
+Knows nothing of what the files mean; reads no file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from functools import cache
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from .errors import SpecscopeError
+
+# the config of every input schema: unknown keys are refused (strictness is asked per call)
+INPUT = ConfigDict(extra="forbid")
+
+T = TypeVar("T")
+
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "dict_type": "a table (an object)",
+    "dataclass_type": "a table (an object)",
+    "model_type": "a table (an object)",
+    "model_attributes_type": "a table (an object)",
+    "none_required": "none",
+}
+
+
+@cache
+def _adapter(kind: Any) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def parse(
+    kind: type[T], data: object, where: str, error: type[SpecscopeError], section: str = ""
+) -> T:
+    """``data`` (read from ``where``: a file or ``path:line``; ``section``: the table of that file
+    it is) as ``kind``, or ``error`` with one line naming ``where``, the key, the value and what is
+    allowed."""
+    try:
+        text = json.dumps(data, default=str, allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as e:  # not JSON-like: a key that is a tuple
+        raise error(f"{where}: not a JSON-like value ({e})") from None
+    try:
+        return _adapter(kind).validate_json(text, strict=True)
+    except ValidationError as e:
+        own = _own_error(e)
+        if own is not None:
+            raise own from None
+        raise error(describe(e, kind, where, section)) from None
+
+
+def _own_error(e: ValidationError) -> SpecscopeError | None:
+    """A dataclass's own check that failed inside pydantic: raised as it is, so that its class
+    and message stay what the dataclass says."""
+    for err in e.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecscopeError):
+            return cause
+    return None
+
+
+def _key(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> str:
+    """The first error of ``e`` in one line: ``where: key must be X, got V``."""
+    err = e.errors()[0]
+    loc, typ = tuple(err["loc"]), err["type"]
+    key = _key(((section,) if section else ()) + loc)
+    at = f"{where}: {key}" if key else where
+    value = err.get("input")
+    if typ in ("unexpected_keyword_argument", "extra_forbidden"):
+        allowed = _allowed_keys(kind, loc[:-1])
+        listed = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{where}: unknown key {key!r}{listed}"
+    if typ == "missing":
+        return f"{at} is missing (it is required)"
+    if typ in ("value_error", "assertion_error"):
+        return f"{at}: {(err.get('ctx') or {}).get('error', err['msg'])}"
+    if typ == "literal_error":
+        expected = f"one of {(err.get('ctx') or {}).get('expected', '')}"
+    elif typ in ("too_short", "too_long"):
+        ctx = err.get("ctx") or {}
+        low, high = ctx.get("min_length"), ctx.get("max_length")
+        expected = f"a list of {low if low == high or high is None else f'{low} to {high}'} items"
+    elif typ.startswith(("greater_than", "less_than")):
+        bound = next(iter((err.get("ctx") or {}).values()), "")
+        sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(typ, "<=")
+        expected = f"a number {sign} {bound}"
+    else:
+        expected = _EXPECTED.get(typ, err["msg"].removeprefix("Input should be ").lower())
+    if expected != "none" and _optional(_type_at(kind, loc)):
+        expected += " or none"
+    return f"{at} must be {expected}, got {_shown(value)}"
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fields(kind: Any) -> dict[str, Any]:
+    """The keys a table of ``kind`` may hold, and each key's type."""
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return {name: f.annotation for name, f in kind.model_fields.items()}
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return {f.name: hints[f.name] for f in dataclasses.fields(kind) if f.init}
+    return {}
+
+
+def _inner(tp: Any, part: object) -> Any:
+    """The type that ``part`` (a key or an index) of a value of type ``tp`` has."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        found = [_inner(a, part) for a in args if a is not type(None)]
+        return next((f for f in found if f is not None), None)
+    if origin is typing.Annotated:
+        return _inner(args[0], part)
+    if origin in (tuple, list) and isinstance(part, int) and args:
+        return args[0] if len(args) == 2 and args[1] is Ellipsis else args[min(part, len(args) - 1)]
+    if origin is dict and args:
+        return args[1]
+    return _fields(tp).get(part) if isinstance(part, str) else None
+
+
+def _type_at(kind: Any, loc: tuple) -> Any:
+    tp = kind
+    for part in loc:
+        tp = _inner(tp, part)
+        if tp is None:
+            return None
+    return tp
+
+
+def _optional(tp: Any) -> bool:
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    return union and type(None) in typing.get_args(tp)
+
+
+def _allowed_keys(kind: Any, loc: tuple) -> list[str]:
+    tp = _type_at(kind, loc)
+    while typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next((a for a in typing.get_args(tp) if _fields(a)), None)
+    return sorted(_fields(tp))
+
+
+def json_schema(kind: Any) -> dict:
+    """The JSON Schema of an input file's schema (for the docs)."""
+    return _adapter(kind).json_schema()
