@@ -25,7 +25,6 @@ from ..files import read_json, read_toml_table
 from ..limits import MAX_PROMPTS, MAX_SEED, MAX_TOKENS, out_of_range
 from ..models import PairConfig
 from ..progress import current
-from ..schemas import INPUT, parse
 from ..prompts.items import (
     SMOKE_PROMPTS,
     PromptItem,
@@ -34,6 +33,7 @@ from ..prompts.items import (
     sample_items,
 )
 from ..prompts.render import RENDERINGS
+from ..schemas import INPUT, parse
 from ..theory import CriteriaConfig
 from ..trees import TreeConfig
 

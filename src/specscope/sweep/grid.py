@@ -23,8 +23,8 @@ from ..files import read_toml_table
 from ..limits import MAX_THREADS, out_of_range
 from ..models import ModelLoadError, PairConfig
 from ..run.config import PromptSpec, RunConfig, RunConfigError, load_config
-from ..trees import TreeConfig
 from ..schemas import INPUT, parse
+from ..trees import TreeConfig
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
@@ -352,7 +352,9 @@ def parse_sweep(
         )
     except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
         raise SweepError(f"base config: {e}") from None
-    execution = parse(Execution, data.get("execution", {}), "the sweep file", SweepError, "execution")
+    execution = parse(
+        Execution, data.get("execution", {}), "the sweep file", SweepError, "execution"
+    )
     execution = execution.replace(max_points=max_points)
     check_grid_size(data, execution.max_points)
     spec = SweepSpec(

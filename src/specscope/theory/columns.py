@@ -83,7 +83,6 @@ class CriteriaConfig:
         return d
 
 
-
 def node_certificate_columns(p: torch.Tensor, config: CriteriaConfig) -> dict[str, np.ndarray]:
     """Per-context certificates: ``cert_<criterion>`` and ``cert_tree_m<m>``, each [B] float64.
 
