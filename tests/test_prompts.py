@@ -422,8 +422,24 @@ def test_jsonl_source_for_a_domain_and_a_new_domain(tmp_path):
         ),
         (['{"id": "a", "prompt": "hi"}'], ":1: no 'domain'"),
         (['{"id": "a", "domain": "chat"}'], ":1: needs 'prompt'"),
-        (['{"domain": "chat", "messages": [{"content": "x"}]}'], ":1: 'messages' must be"),
-        (['["not", "an", "object"]'], ":1: expected a JSON object"),
+        (
+            ['{"domain": "chat", "messages": [{"content": "x"}]}'],
+            r":1: messages\[0\].role is missing",
+        ),
+        (['["not", "an", "object"]'], r":1 must be a table \(an object\), got \['not'"),
+        # wrong types are refused, not turned into strings (a list was the domain "['code', ...]")
+        (
+            ['{"domain": ["code", "math"], "prompt": "x"}'],
+            r":1: domain must be a string or none, got \['code', 'math'\]$",
+        ),
+        (
+            ['{"id": {"n": 1}, "domain": "code", "prompt": "x"}'],
+            r":1: id must be a string or an integer or none, got \{'n': 1\}$",
+        ),
+        (
+            ['{"domain": "code", "prompt": "x", "answer": 3}'],
+            ":1: unknown key 'answer'; allowed: domain, id, messages, metadata, prompt, reply_prefix$",
+        ),
         (
             [
                 '{"id": "a", "domain": "c", "prompt": "x"}',
@@ -505,5 +521,5 @@ def test_jsonl_reply_prefix(tmp_path):
     path.write_text('{"id": "a", "domain": "code", "prompt": "x", "reply_prefix": "def f():"}\n')
     assert read_jsonl(path)[0].reply_prefix == "def f():"
     path.write_text('{"id": "a", "domain": "code", "prompt": "x", "reply_prefix": 3}\n')
-    with pytest.raises(PromptSourceError, match="'reply_prefix' must be a string"):
+    with pytest.raises(PromptSourceError, match="reply_prefix must be a string, got 3"):
         read_jsonl(path)

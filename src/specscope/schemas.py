@@ -97,9 +97,14 @@ def _key(loc: tuple) -> str:
 
 
 def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> str:
-    """The first error of ``e`` in one line: ``where: key must be X, got V``."""
-    err = e.errors()[0]
-    loc, typ = tuple(err["loc"]), err["type"]
+    """The first error of ``e`` in one line: ``where: key must be X, got V``. A value that fits
+    no member of a union (``str | int | None``) is described by the union, unless a member's
+    constraint (a length, a bound) is what it missed."""
+    errors = [(_strip_tags(kind, tuple(x["loc"])), x) for x in e.errors()]
+    loc, err = errors[0]
+    tried = [x for at_loc, x in errors if at_loc == loc]
+    err = next((x for x in tried if not x["type"].endswith("_type")), err)
+    typ = err["type"]
     key = _key(((section,) if section else ()) + loc)
     at = f"{where}: {key}" if key else where
     value = err.get("input")
@@ -107,6 +112,8 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
         allowed = _allowed_keys(kind, loc[:-1])
         listed = f"; allowed: {', '.join(allowed)}" if allowed else ""
         return f"{where}: unknown key {key!r}{listed}"
+    if typ == "json_invalid":  # the JSON is json.dumps's own: only a lone surrogate breaks it
+        return f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
     if typ == "missing":
         return f"{at} is missing (it is required)"
     if typ in ("value_error", "assertion_error"):
@@ -121,10 +128,12 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
         bound = next(iter((err.get("ctx") or {}).values()), "")
         sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(typ, "<=")
         expected = f"a number {sign} {bound}"
+    elif typ == "string_too_short":
+        expected = "a non-empty string"
+    elif _is_union(_type_at(kind, loc)):
+        expected = _described(_type_at(kind, loc))
     else:
         expected = _EXPECTED.get(typ, err["msg"].removeprefix("Input should be ").lower())
-    if expected != "none" and _optional(_type_at(kind, loc)):
-        expected += " or none"
     return f"{at} must be {expected}, got {_shown(value)}"
 
 
@@ -167,9 +176,37 @@ def _type_at(kind: Any, loc: tuple) -> Any:
     return tp
 
 
-def _optional(tp: Any) -> bool:
-    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
-    return union and type(None) in typing.get_args(tp)
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def _strip_tags(kind: Any, loc: tuple) -> tuple:
+    """``loc`` without the tags pydantic puts in it for a union's members (``str``,
+    ``list[ChatTurn]``): only the keys and indexes of the file."""
+    tp, out = kind, []
+    for part in loc:
+        if isinstance(part, str) and _is_union(tp) and _inner(tp, part) is None:
+            continue
+        out.append(part)
+        tp = _inner(tp, part)
+    return tuple(out)
+
+
+def _described(tp: Any) -> str:
+    """What a value of type ``tp`` is, in words: ``a string or an integer or none``."""
+    if _is_union(tp):
+        args = typing.get_args(tp)
+        return " or ".join(_described(a) for a in sorted(args, key=lambda a: a is type(None)))
+    if typing.get_origin(tp) is typing.Annotated:
+        return _described(typing.get_args(tp)[0])
+    if tp is type(None):
+        return "none"
+    if typing.get_origin(tp) in (list, tuple):
+        return "a list"
+    if typing.get_origin(tp) is dict or _fields(tp):
+        return "a table (an object)"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _allowed_keys(kind: Any, loc: tuple) -> list[str]:

@@ -12,9 +12,13 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from ..errors import SpecscopeError
 from ..files import parse_json
+from ..schemas import INPUT, parse
 
 
 class PromptSourceError(SpecscopeError, ValueError):
@@ -84,41 +88,54 @@ SMOKE_PROMPTS: tuple[PromptItem, ...] = tuple(
 # --- JSONL files ----------------------------------------------------------------------------------
 
 
+class ChatTurn(BaseModel):
+    """One turn of a prompt's conversation, as the OpenAI chat API writes it (other keys, such
+    as ``name``, are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str
+
+
+class PromptLine(BaseModel):
+    """One line of a JSONL prompts file: ``prompt`` (a string) or ``messages`` (chat turns), a
+    ``domain`` unless the file's domain is given, an ``id`` unless the line's number will do."""
+
+    model_config = INPUT
+    id: str | int | None = None
+    domain: Annotated[str, StringConstraints(min_length=1)] | None = None
+    prompt: str | None = None
+    messages: list[ChatTurn] | None = None
+    reply_prefix: str = ""  # the start of the model's reply (see specscope.prompts.render)
+    metadata: dict[str, Any] = {}  # anything else the line carries, kept with the item
+
+    @model_validator(mode="after")
+    def _one_text(self) -> PromptLine:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("needs 'prompt' (a string) or 'messages' (chat turns), one of them")
+        return self
+
+
 def _item_from_json(
     obj: object, where: str, default_domain: str | None, index: int, source: str
 ) -> PromptItem:
-    if not isinstance(obj, dict):
-        raise PromptSourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    domain = obj.get("domain", default_domain)
+    line = parse(PromptLine, obj, where, PromptSourceError)
+    domain = line.domain or default_domain
     if not domain:
         raise PromptSourceError(f"{where}: no 'domain' (give one per line or one for the file)")
-    if "messages" in obj:
-        messages = obj["messages"]
-        if not (
-            isinstance(messages, list)
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
-        ):
-            raise PromptSourceError(
-                f"{where}: 'messages' must be a list of {{'role', 'content'}} objects"
-            )
-    elif "prompt" in obj:
-        if not isinstance(obj["prompt"], str):
-            raise PromptSourceError(f"{where}: 'prompt' must be a string")
-        messages = [{"role": "user", "content": obj["prompt"]}]
+    if line.messages is not None:
+        messages = tuple(turn.model_dump() for turn in line.messages)
     else:
-        raise PromptSourceError(f"{where}: needs 'prompt' (a string) or 'messages' (chat turns)")
-    reply_prefix = obj.get("reply_prefix", "")
-    if not isinstance(reply_prefix, str):
-        raise PromptSourceError(f"{where}: 'reply_prefix' must be a string")
-    item_id = str(obj.get("id", f"{Path(source).stem}-{index}"))
+        messages = user_message(line.prompt or "")
     return PromptItem(
-        id=item_id,
-        domain=str(domain),
-        messages=tuple(messages),
+        id=str(line.id) if line.id is not None else f"{Path(source).stem}-{index}",
+        domain=domain,
+        messages=messages,
         source=f"jsonl:{source}",
         source_index=index,
+        metadata=line.metadata,
         dataset=source,
-        reply_prefix=reply_prefix,
+        reply_prefix=line.reply_prefix,
     )
 
 
