@@ -108,6 +108,8 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     key = _key(((section,) if section else ()) + loc)
     at = f"{where}: {key}" if key else where
     value = err.get("input")
+    if loc[-1:] == ("[key]",):  # a table's key itself (pydantic's loc: the table, the key, [key])
+        return f"{where}: {_key(loc[:-2]) or 'the file'} has a key {loc[-2]!r}: {err['msg']}"
     if typ in ("unexpected_keyword_argument", "extra_forbidden"):
         allowed = _allowed_keys(kind, loc[:-1])
         listed = f"; allowed: {', '.join(allowed)}" if allowed else ""

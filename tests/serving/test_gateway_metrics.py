@@ -155,6 +155,16 @@ def test_predictions_from_a_policy_file(tmp_path):
         sample(text, "specscope:gateway_predicted_tokens_per_step", domain="chat", bound="mid")
         is None
     )
+    # a policy file of the wrong shape is refused in one line naming the key, never read as
+    # something else (a list of domains was read character by character: "cx" served as "c")
+    for text, message in (
+        ('{"domains": ["cx"]}', r"domains must be a table \(an object\), got \['cx'\]$"),
+        ('{"domains": "code"}', r"domains must be a table \(an object\), got 'code'$"),
+        ('{"domains": {"code": {"expected_tau": "2"}}}', "expected_tau must be a number or none"),
+    ):
+        policy.write_text(text)
+        with pytest.raises(MetricsError, match=message):
+            load_predictions(policy)
     policy.write_text('{"domains": {"code": {"expected_tau": 0.5}}}')
     with pytest.raises(MetricsError, match=r"domains.code: .*need 1 <= low"):
         load_predictions(policy)

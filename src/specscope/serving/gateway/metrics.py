@@ -35,9 +35,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from ...errors import SpecscopeError, require
 from ...files import read_json_object
+from ...schemas import parse
 from ..ingest.formats import engine_format
 from ..request_stats import IngestError
 
@@ -132,30 +136,48 @@ def drift_state(tally: DomainTally, prediction: Prediction, min_requests: int = 
     return 0.0
 
 
+class PredictedEntry(BaseModel):
+    """What the drift signal reads of a policy entry; the rest of the entry (its tree, drafter,
+    prediction record) is ``specscope tune``'s and passes unread."""
+
+    model_config = ConfigDict(extra="allow")
+    expected_tau: float | None = None  # None: no speculation, or a hand-written entry
+    expected_tau_low: float | None = None
+    expected_tau_high: float | None = None
+
+
+class PolicyPredictions(BaseModel):
+    """The part of a ``specscope tune`` policy file the gateway reads: an entry per domain (a
+    table, or a tree literal such as ``"none"``) and the uniform entry."""
+
+    model_config = ConfigDict(extra="allow")  # the tune's own keys (format, source, costs...)
+    domains: dict[Annotated[str, StringConstraints(min_length=1)], PredictedEntry | str] = {}
+    uniform: PredictedEntry | str | None = None
+
+
 def load_predictions(path: str | Path) -> dict[str, Prediction | None]:
     """Each domain's predicted tokens per step from a ``specscope tune`` policy file (JSON), and
     ``"*"`` for the uniform entry (domains the policy does not list). An entry without
     ``expected_tau`` (no speculation, or a hand-written policy) predicts nothing (None)."""
     data = read_json_object(path, MetricsError, "policy file")
-    entries = dict(data.get("domains") or {})
-    if isinstance(data.get("uniform"), Mapping):
-        entries["*"] = data["uniform"]
+    policy = parse(PolicyPredictions, data, f"policy file {path}", MetricsError)
+    entries: dict[str, PredictedEntry | str | None] = dict(policy.domains)
+    if isinstance(policy.uniform, PredictedEntry):
+        entries["*"] = policy.uniform
     out: dict[str, Prediction | None] = {}
     for domain, entry in entries.items():
-        if not isinstance(entry, Mapping) or "expected_tau" not in entry:
-            out[str(domain)] = None  # listed, so the uniform entry does not stand in for it
+        if not isinstance(entry, PredictedEntry) or entry.expected_tau is None:
+            out[domain] = None  # listed, so the uniform entry does not stand in for it
             continue
-        where = f"{path}: {'uniform' if domain == '*' else f'domains.{domain}'}"
-        values = [
-            entry.get(k, entry["expected_tau"])
-            for k in ("expected_tau", "expected_tau_low", "expected_tau_high")
-        ]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise MetricsError(f"{where}: expected_tau (and its bounds) must be numbers")
+        tau = entry.expected_tau
+        low, high = entry.expected_tau_low, entry.expected_tau_high
         try:
-            out[str(domain)] = Prediction(*(float(v) for v in values))
+            out[domain] = Prediction(
+                tau, tau if low is None else low, tau if high is None else high
+            )
         except MetricsError as e:
-            raise MetricsError(f"{where}: {e}") from None
+            where = "uniform" if domain == "*" else f"domains.{domain}"
+            raise MetricsError(f"policy file {path}: {where}: {e}") from None
     return out
 
 
