@@ -472,3 +472,45 @@ class Exploit:
 
     def __reduce__(self):
         return print, ("pickle code ran",)
+
+
+def test_records_of_the_wrong_type_are_refused_on_read_with_the_column_named(tmp_path):
+    # Before: greedy_accept held as the strings "true"/"false" (a CSV round trip leaves it so) was
+    # read as truthy strings: analyze exited 0 with greedy acceptance 1.0 in every domain.
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from specscope.analysis.synthetic import write_synthetic_run
+
+    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=2, steps=2)
+    nodes = pd.read_parquet(run / "nodes.parquet")
+    nodes["greedy_accept"] = nodes["greedy_accept"].map({True: "true", False: "false"})
+    pq.write_table(pa.Table.from_pandas(nodes, preserve_index=False), run / "nodes.parquet")
+    result = cli.invoke(app, ["analyze", str(run), "--out", str(tmp_path / "a")])
+    _one_error_line(result, run / "nodes.parquet", "'greedy_accept'", "bool")
+
+
+def test_records_are_cast_to_their_schema_where_no_value_changes():
+    import pyarrow as pa
+
+    from specscope.records.rundir import RunDirError, typed_records
+    from specscope.records.schema import STEP_SCHEMA
+
+    # pandas writes int64 and large strings: cast to the schema's narrower types, values kept
+    columns = {
+        f.name: pa.array([1], pa.int64()) for f in STEP_SCHEMA if pa.types.is_integer(f.type)
+    }
+    columns |= {f.name: pa.array([0.5]) for f in STEP_SCHEMA if pa.types.is_floating(f.type)}
+    columns |= {
+        f.name: pa.array(["x"], pa.large_string()) for f in STEP_SCHEMA if f.type == "string"
+    }
+    table = typed_records(pa.table(columns), "steps", "steps.parquet")
+    assert table.select(STEP_SCHEMA.names).schema == STEP_SCHEMA
+    # a value that does not fit its width, and a float where an integer belongs, are refused
+    too_big = pa.table({**columns, "tree_size": pa.array([1 << 20], pa.int64())})
+    with pytest.raises(RunDirError, match=r"steps.parquet: column 'tree_size' does not fit int16"):
+        typed_records(too_big, "steps", "steps.parquet")
+    fractional = pa.table({**columns, "tau": pa.array([1.5])})
+    with pytest.raises(RunDirError, match=r"column 'tau' holds double, .* says int16"):
+        typed_records(fractional, "steps", "steps.parquet")

@@ -52,6 +52,60 @@ from ..files import os_error_reason, parse_json_object, temporary_name
 from .checks import check_records
 from .schema import FILLED_COLUMNS, SCHEMA_VERSION, SCHEMAS, TABLES, Run, RunDirError
 
+# the kinds of column type a cast may move between without changing what a value means: an
+# integer of another width (overflow refused), a float from an integer, a string of another offset
+# width; a string where a boolean or a number belongs is not one (a CSV round trip's "false")
+_KINDS = (
+    ("boolean", pa.types.is_boolean),
+    ("integer", pa.types.is_integer),
+    ("number", lambda t: pa.types.is_floating(t) or pa.types.is_integer(t)),
+    ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+    ("list", lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)),
+)
+
+
+def _same_kind(declared: pa.DataType, found: pa.DataType) -> bool:
+    if pa.types.is_null(found):  # a column of nulls only
+        return True
+    if pa.types.is_dictionary(found):
+        found = found.value_type
+    kind = next(test for _, test in _KINDS if test(declared))
+    return kind(found) and not (pa.types.is_integer(declared) and pa.types.is_floating(found))
+
+
+def typed_records(table: pa.Table, name: str, where: str) -> pa.Table:
+    """``table`` (records of the named schema read from ``where``) with every column of the
+    schema cast to its declared type, columns added since version 1 filled in, other columns
+    kept; a missing column, or one of another kind or whose values do not fit (a string of
+    "true"/"false" where a boolean belongs, an integer too large for its width) is refused with
+    the file and the column named. The one check of records on read."""
+    schema = SCHEMAS[name]
+    for column, value in FILLED_COLUMNS.items():
+        if column in schema.names and column not in table.column_names:
+            table = table.append_column(column, pa.array([value] * table.num_rows, pa.string()))
+    missing = [c for c in schema.names if c not in table.column_names]
+    if missing:
+        raise RunDirError(f"{where}: {name} records lack columns {missing}")
+    for declared in schema:
+        index = table.schema.get_field_index(declared.name)
+        found = table.schema.field(index).type
+        if found == declared.type:
+            continue
+        problem = f"holds {found}, the {name} records' schema says {declared.type}"
+        if _same_kind(declared.type, found):
+            try:
+                column = table.column(index).cast(declared.type, safe=True)
+                table = table.set_column(index, declared, column)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                problem = f"does not fit {declared.type} ({e})"
+        raise RunDirError(
+            f"{where}: column {declared.name!r} {problem}; records rewritten by another tool "
+            "(a CSV round trip, pandas object columns) must keep the schema's types "
+            "(docs/reference/records.md)"
+        )
+    return table
+
 
 def open_location(
     location: str | Path, filesystem: pafs.FileSystem | None = None
@@ -197,26 +251,23 @@ class RunDir:
         return rows == committed
 
     def read_table(self, name: str, consolidated: bool | None = None) -> pd.DataFrame:
-        """A table's records, checked for the schema's columns: the consolidated file where it is
-        current (``consolidated``; default :meth:`consolidated_is_current`), else the committed
-        parts (a run that is still going, was interrupted, or grew since it was consolidated)."""
+        """A table's records, each column of the schema cast to its declared type
+        (:func:`typed_records`): the consolidated file where it is current (``consolidated``;
+        default :meth:`consolidated_is_current`), else the committed parts (a run that is still
+        going, was interrupted, or grew since it was consolidated)."""
         if consolidated is None:
             consolidated = self.consolidated_is_current()
-        path = f"{self.root}/{name}.parquet"
         try:
             if consolidated:
-                table = pq.read_table(path, filesystem=self.fs)
+                table = self._typed(f"{self.root}/{name}.parquet", name)
             else:
                 table = self._committed(name)
         except (pa.ArrowInvalid, OSError) as e:
             raise RunDirError(f"{self.root}: cannot read {name} records: {e}") from e
-        for column, value in FILLED_COLUMNS.items():
-            if column in SCHEMAS[name].names and column not in table.column_names:
-                table = table.append_column(column, pa.array([value] * table.num_rows))
-        missing = [c for c in SCHEMAS[name].names if c not in table.column_names]
-        if missing:
-            raise RunDirError(f"{self.root}: {name} records lack columns {missing}")
         return table.to_pandas()
+
+    def _typed(self, path: str, name: str) -> pa.Table:
+        return typed_records(pq.read_table(path, filesystem=self.fs), name, path)
 
     def _committed(self, name: str) -> pa.Table:
         """One table's parts of the committed prompts (those whose prompt part exists), joined."""
@@ -224,9 +275,7 @@ class RunDir:
         files = [f for f in self._files(f"{self.parts}/{name}") if f.rpartition("/")[2] in done]
         if not files:
             return SCHEMAS[name].empty_table()
-        return pa.concat_tables(
-            [pq.read_table(f, filesystem=self.fs) for f in files], promote_options="default"
-        )
+        return pa.concat_tables([self._typed(f, name) for f in files], promote_options="default")
 
     def done_prompt_ids(self) -> set[str]:
         return {
