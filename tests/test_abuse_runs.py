@@ -514,3 +514,27 @@ def test_records_are_cast_to_their_schema_where_no_value_changes():
     fractional = pa.table({**columns, "tau": pa.array([1.5])})
     with pytest.raises(RunDirError, match=r"column 'tau' holds double, .* says int16"):
         typed_records(fractional, "steps", "steps.parquet")
+
+
+@pytest.mark.slow
+def test_a_50_mb_prompt_is_measured_in_bounded_time_and_memory(tiny_dirs, tmp_path):
+    # Before: run tokenised a prompt's whole text and then kept its last 512 tokens: a 50 MB line
+    # took 230 s and 9.9 GB (the byte tokenizer here: 138 s, 9.4 GB for the rendering alone).
+    import resource
+
+    words = "the quick brown fox jumps over 12345 lazy dogs; "
+    text = (words * (50_000_000 // len(words) + 1))[:50_000_000]
+    prompts = tmp_path / "huge.jsonl"
+    prompts.write_text(json.dumps({"id": "huge", "domain": "chat", "prompt": text}) + "\n")
+    del text
+    out = tmp_path / "huge-run"
+    command = [sys.executable, "-m", "specscope.cli", *_run_args(tiny_dirs, prompts, out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    assert peak_gb < 2.5, f"the run peaked at {peak_gb:.1f} GB"
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(out / "prompts.parquet").to_pylist()[0]
+    assert row["truncated"] and row["prompt_tokens"] == 512
+    assert len(row["prompt_text"]) < 1_000_000  # the text tokenised: the cut, not the 50 MB

@@ -523,3 +523,28 @@ def test_jsonl_reply_prefix(tmp_path):
     path.write_text('{"id": "a", "domain": "code", "prompt": "x", "reply_prefix": 3}\n')
     with pytest.raises(PromptSourceError, match="reply_prefix must be a string, got 3"):
         read_jsonl(path)
+
+
+def test_a_long_prompt_is_cut_before_tokenising_to_the_same_last_tokens():
+    # The cut keeps (max_tokens + margin) x the longest token's characters: tokenising that end
+    # gives the whole text's last max_tokens ids, with a BPE whose tokens span many characters.
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from specscope.prompts import render
+
+    rng = random.Random(0)
+    words = ["def", "    ", "return", "x", "==", "1234567", "\n\n", "####", "the", "é", "数"]
+    corpus = ["".join(rng.choice(words) + rng.choice(" \n") for _ in range(400)) for _ in range(50)]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core)
+    assert render.longest_token_chars(tok) > 4  # tokens of many characters: the cut matters
+    for seed in range(20):
+        r = random.Random(seed)
+        text = "".join(r.choice(words) + r.choice([" ", "", "\n", "  "]) for _ in range(6000))
+        whole = tok(text, add_special_tokens=False)["input_ids"]
+        got = render.render_prompt(tok, [{"role": "user", "content": text}], "raw", 40)
+        assert len(got.text) < len(text) and got.truncated  # cut before tokenising
+        assert got.ids == whole[-40:]

@@ -18,6 +18,7 @@ knows nothing of runs or records.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -64,14 +65,38 @@ def check_rendering(name: str) -> str:
     return name
 
 
+# tokens at the front of a cut text that the cut may have changed (a token split in two, a
+# pre-tokenizer's word begun mid-way): tokenised, then dropped with the rest of the front
+CUT_MARGIN_TOKENS = 64
+
+
+@functools.lru_cache(maxsize=8)
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` can stand for: the longest entry of its
+    vocabulary and added tokens (a byte-level token's entry has one character per byte, at least
+    as many as the text it decodes to)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+def _cut(tokenizer, text: str, max_tokens: int) -> str:
+    """The end of ``text`` that holds at least its last ``max_tokens`` tokens and the margin
+    before them, so that tokenising it gives the same last ``max_tokens`` tokens as tokenising
+    the whole (every token stands for at most :func:`longest_token_chars` characters): a prompt
+    of 50 MB is tokenised as a few hundred kB, in bounded time and memory."""
+    keep = (max_tokens + CUT_MARGIN_TOKENS) * longest_token_chars(tokenizer)
+    return text[-keep:] if len(text) > keep else text
+
+
 def render_prompt(
     tokenizer, messages: Sequence[dict], rendering: str, max_tokens: int, reply_prefix: str = ""
 ) -> RenderedPrompt:
     """Render the turns (and the reply's start) as ``rendering`` says, tokenise, keep the last
-    ``max_tokens``."""
+    ``max_tokens``. A text longer than those tokens can span is cut first (:func:`_cut`): the
+    text kept is what was tokenised, the ids the same as the whole text's last ``max_tokens``."""
     text, special = RENDERINGS[check_rendering(rendering)](tokenizer, messages, reply_prefix)
-    ids = tokenizer(text, add_special_tokens=special)["input_ids"]
-    return RenderedPrompt(text, ids[-max_tokens:], len(ids) > max_tokens)
+    cut = _cut(tokenizer, text, max_tokens)
+    ids = tokenizer(cut, add_special_tokens=special)["input_ids"]
+    return RenderedPrompt(cut, ids[-max_tokens:], len(cut) < len(text) or len(ids) > max_tokens)
 
 
 def render_item(tokenizer, item, rendering: str, max_tokens: int) -> RenderedPrompt:
