@@ -15,6 +15,8 @@ import base64
 import errno
 import json
 import os
+import resource
+import select
 import signal
 import socket
 import subprocess
@@ -44,10 +46,12 @@ from specscope.serving.gateway import (
     RequestLog,
     SseScanner,
     errors_path,
+    listen,
     make_app,
     open_logs,
 )
 from specscope.serving.gateway.metrics import Prediction
+from specscope.serving.gateway.proxy import AcceptFailureLog, gateway_server, run_server
 from specscope.serving.ingest import ingest
 from specscope.tune.router import RuleRouter
 
@@ -87,6 +91,9 @@ class FakeBackend:
     def __init__(self):
         self.seen: list[tuple[str, dict, bytes]] = []
         self.open = 0
+        self.after_end = 0  # bytes the "after-done" stream wrote past data: [DONE]
+        self.release = threading.Event()  # lets the "stats-every" stream end
+        self.released = False  # it was released, not tired of waiting
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -137,8 +144,8 @@ class FakeBackend:
             self.open -= 1
 
     @staticmethod
-    def head(status: int, kind: str, length: int | None = None) -> bytes:
-        lines = [f"HTTP/1.1 {status} X", f"Content-Type: {kind}", "Connection: close"]
+    def head(status: int, kind: str, length: int | None = None, connection: str = "close") -> bytes:
+        lines = [f"HTTP/1.1 {status} X", f"Content-Type: {kind}", f"Connection: {connection}"]
         if length is not None:
             lines.append(f"Content-Length: {length}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -148,6 +155,9 @@ class FakeBackend:
         if mode == "hang":  # until the gateway closes the connection
             await reader.read(1)
             return
+        if mode.startswith("slow:"):  # an answer after this many seconds
+            await asyncio.sleep(float(mode[5:]))
+            mode = "ok"
         if mode.startswith("json:"):  # an answer of this many bytes (padding in the content)
             size = int(mode[5:])
             body = answer_json({"pad": "p" * size})
@@ -163,7 +173,11 @@ class FakeBackend:
             "surrogate": answer_json().replace(b'"ok"', b'"ok\\ud800"'),
             "error500": b'{"error": {"message": "engine down"}}',
         }
-        if mode in bodies:
+        if mode == "nominates":  # a header that its Connection header names, and one it does not
+            head = self.head(200, "application/json", len(bodies["ok"]), "close, X-Engine-Hop")
+            hop = b"\r\nX-Engine-Hop: private\r\nX-Engine-Kept: public\r\n\r\n"
+            write(head[:-4] + hop + bodies["ok"])
+        elif mode in bodies:
             status = 500 if mode == "error500" else 200
             write(self.head(status, "application/json", len(bodies[mode])) + bodies[mode])
         elif mode == "short":  # the connection closes 990 bytes early
@@ -180,6 +194,22 @@ class FakeBackend:
                 write(sse("[DONE]"))
             else:
                 write(sse(*([] if mode == "stream-nostats" else [FINAL]), "[DONE]"))
+        elif mode.startswith("after-done:"):  # a whole stream, then this many bytes more
+            write(self.head(200, "text/event-stream") + sse(CHUNK, FINAL, "[DONE]"))
+            junk = b"j" * (1 << 16)
+            while self.after_end < int(mode[11:]):
+                write(junk)
+                await writer.drain()  # raises once the gateway has closed the connection
+                self.after_end += len(junk)
+        elif mode == "stats-every":  # statistics in every event, the end once released
+            write(self.head(200, "text/event-stream"))
+            for i in range(3):
+                write(sse({**FINAL, "i": i}))
+                await writer.drain()
+                await asyncio.sleep(0.2)
+            wait = self.release.wait
+            self.released = await asyncio.get_running_loop().run_in_executor(None, wait, 10)
+            write(sse("[DONE]"))
         elif mode == "endless-line":  # 4 MiB of one line, then its stats (in the same line)
             write(self.head(200, "text/event-stream") + sse(CHUNK) + b'data: {"pad": "')
             for _ in range(64):
@@ -207,6 +237,25 @@ class Served:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(10)
+
+
+class ServedGateway(Served):
+    """The gateway's app served as ``specscope gateway`` serves it (:func:`gateway_server`, its
+    h11 protocol, limits and exception handler) on a free local port, in a thread."""
+
+    def __init__(self, app, limits: GatewayLimits, backend_urls: int):
+        sock = listen("127.0.0.1", 0)
+        self.server = gateway_server(app, limits, backend_urls)
+        self.thread = threading.Thread(
+            target=asyncio.run, args=(run_server(self.server, sock),), daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -240,8 +289,11 @@ def gateway(backend, tmp_path):
             "llama.cpp", {"code": Backend(backend.url, "code")}, Backend(backend.url, "plain")
         )
         log = tmp_path / "gateway.jsonl"
-        served = Served(
-            make_app(deployment, log, None, GatewayLimits(**limits), observers, predictions)
+        limits = GatewayLimits(**limits)
+        served = ServedGateway(
+            make_app(deployment, log, None, limits, observers, predictions),
+            limits,
+            len(deployment.backend_urls()),
         )
         servers.append(served)
         return served.url, log
@@ -387,7 +439,9 @@ def test_sse_scanner_holds_at_most_one_bounded_line():
     for _ in range(1000):  # an endless line: nothing held
         scanner.feed(b"y" * 1000)
         assert len(scanner._line) == 0
-    assert scanner.feed(b'zz\ndata: {"c": 3}\ndata: [DONE]\n') == [{"c": 3}] and scanner.done
+    assert scanner.past_end is None
+    assert scanner.feed(b'zz\ndata: {"c": 3}\ndata: [DONE]\nabc') == [{"c": 3}] and scanner.done
+    assert scanner.past_end == 3  # the bytes of that chunk after the end line
 
 
 # --- requests at the edges ---------------------------------------------------------------------
@@ -550,6 +604,50 @@ def test_a_stream_with_statistics_is_logged_before_its_end_reaches_the_client(ga
     assert [x["prompt_id"] for x in seen_at_end[0]] == ["s1"]  # written before the stats arrived
     (line,) = read_lines(log)
     assert line["response"] == FINAL and line["status"] == 200 and line["stream"] is True
+
+
+def test_bytes_past_a_streams_end_are_relayed_up_to_the_cap_and_never_held(gateway, backend):
+    url, log = gateway(max_answer_bytes=1 << 20)
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        headers={"X-Fake-Mode": f"after-done:{48 << 20}", "X-Prompt-Id": "d"},
+        json={"messages": [{"role": "user", "content": CODE}], "stream": True},
+        timeout=30,
+    ) as answer:
+        received = b"".join(answer.iter_raw())
+    whole = sse(CHUNK, FINAL, "[DONE]")
+    assert received.startswith(whole)
+    assert len(received) - len(whole) <= 1 << 20  # at most max_answer_bytes past the end
+    deadline = time.monotonic() + 5
+    while backend.open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # the gateway stopped reading and closed the connection: the engine's 48 MiB never went
+    # through (what it wrote is the cap and the two sockets' buffers)
+    assert backend.open == 0 and backend.after_end < 16 << 20
+    (line,) = read_lines(log)  # the stream was whole at its end: logged as answered
+    assert (line["prompt_id"], line["status"], line["response"]) == ("d", 200, FINAL)
+
+
+def test_a_stream_with_statistics_in_every_event_is_relayed_as_it_comes(gateway, backend):
+    url, log = gateway()
+    seen_at_end = []
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        headers={"X-Fake-Mode": "stats-every", "X-Prompt-Id": "every"},
+        json={"messages": [{"role": "user", "content": CODE}], "stream": True},
+    ) as answer:
+        received = b""
+        for chunk in answer.iter_raw():
+            received += chunk
+            if b'"i": 0' in received:  # the first event came before the engine's end
+                backend.release.set()
+            if b"[DONE]" in received and not seen_at_end:
+                seen_at_end.append(read_lines(log))
+    assert backend.released  # the engine was not still waiting when it ended the stream
+    assert received == sse(*({**FINAL, "i": i} for i in range(3)), "[DONE]")
+    assert [x["response"]["i"] for x in seen_at_end[0]] == [2]  # the last statistics, logged
 
 
 # --- isolation ---------------------------------------------------------------------------------
@@ -764,6 +862,143 @@ def test_a_bug_is_a_json_500_without_a_traceback(gateway, backend):
     assert read_lines(errors_path(log))[0]["status"] == 500
 
 
+def test_headers_named_by_connection_are_not_forwarded_either_way(gateway, backend):
+    url, log = gateway()
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        headers={
+            "Connection": "keep-alive, X-Internal-Token ,x-OTHER",
+            "X-Internal-Token": "secret",
+            "X-Other": "o",
+            "X-Kept": "k",
+            "X-Fake-Mode": "nominates",
+        },
+        json={"messages": [{"role": "user", "content": CODE}]},
+    )
+    assert answer.status_code == 200
+    (_, headers, _), *_ = backend.seen
+    assert "x-internal-token" not in headers and "x-other" not in headers
+    assert headers["x-kept"] == "k"
+    assert "x-engine-hop" not in answer.headers and answer.headers["x-engine-kept"] == "public"
+
+
+# --- bounded in time ---------------------------------------------------------------------------
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def until_closed(sock: socket.socket, limit: float, trickle: bytes = b"") -> tuple[float, bytes]:
+    """Seconds until the server closes ``sock`` (``limit`` if it does not), and what it sent;
+    with ``trickle``, one line of it is sent every 0.1 s meanwhile."""
+    start, received = time.monotonic(), b""
+    lines = iter(trickle.splitlines(keepends=True))
+    while (elapsed := time.monotonic() - start) < limit:
+        if select.select([sock], [], [], 0.1)[0]:
+            try:
+                data = sock.recv(65536)
+            except ConnectionError:
+                return elapsed, received
+            if not data:
+                return elapsed, received
+            received += data
+        elif (line := next(lines, None)) is not None:
+            try:
+                sock.sendall(line)
+            except ConnectionError:
+                return elapsed, received
+    return limit, received
+
+
+def health(sock: socket.socket) -> bytes:
+    """GET /health on a kept-alive connection; the whole answer."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return answer
+
+
+SLOW_HEADERS = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n" + b"".join(
+    b"X-Slow-%d: 1\r\n" % i for i in range(40)
+)
+
+
+def test_a_client_slow_with_its_headers_is_cut_off_at_the_deadline(gateway, backend):
+    url, log = gateway(header_timeout=0.5)
+    with socket.create_connection(("127.0.0.1", port_of(url))) as sock:
+        elapsed, received = until_closed(sock, 4.0, SLOW_HEADERS)  # a header line every 0.1 s
+    assert 0.4 < elapsed < 2.0
+    assert received.startswith(b"HTTP/1.1 408 ")
+    # a kept-alive connection: the deadline counts from the end of the answer before
+    with socket.create_connection(("127.0.0.1", port_of(url))) as sock:
+        assert health(sock).startswith(b"HTTP/1.1 200 ")
+        elapsed, received = until_closed(sock, 4.0, SLOW_HEADERS)
+    assert 0.4 < elapsed < 2.0 and received.startswith(b"HTTP/1.1 408 ")
+    # a client in time is served on one connection, its answers slower than the deadline
+    with httpx.Client(timeout=10) as client:
+        for _ in range(2):
+            answer = client.post(
+                url + "/v1/chat/completions",
+                headers={"X-Fake-Mode": "slow:1"},
+                json={"messages": [{"role": "user", "content": CODE}]},
+            )
+            assert answer.status_code == 200 and answer.json()["timings"] == TIMINGS
+    assert len(backend.seen) == 2 and len(read_lines(log)) == 2
+
+
+def test_a_silent_client_and_an_idle_kept_alive_one_are_closed(gateway, backend):
+    url, log = gateway(header_timeout=0.5, keep_alive_timeout=0.3)
+    with socket.create_connection(("127.0.0.1", port_of(url))) as sock:
+        elapsed, received = until_closed(sock, 4.0)
+    assert 0.4 < elapsed < 2.0 and received == b""  # nothing began: closed without a word
+    with socket.create_connection(("127.0.0.1", port_of(url))) as sock:
+        assert health(sock).startswith(b"HTTP/1.1 200 ")
+        elapsed, received = until_closed(sock, 4.0)
+    assert 0.2 < elapsed < 1.5 and received == b""
+
+
+def test_connections_beyond_the_servers_bound_get_a_503(gateway, backend):
+    # one backend URL, max_in_flight 1: the server takes 2 connections at once
+    url, log = gateway(max_in_flight=1)
+    assert post(url).status_code == 200
+    with socket.create_connection(("127.0.0.1", port_of(url))):  # an idle connection open
+        time.sleep(0.2)
+        refused = post(url)
+    assert refused.status_code == 503 and refused.text == "Service Unavailable"
+    assert post(url).status_code == 200
+    server = gateway_server(None, GatewayLimits(max_in_flight=3), 2)
+    assert server.config.limit_concurrency == server.config.backlog == 9
+
+
+def test_accept_failures_are_one_line_per_interval_with_the_count_of_the_rest():
+    lines, now = [], [0.0]
+
+    class Loop:
+        def default_exception_handler(self, context):
+            lines.append(("default", context["message"]))
+
+    handler = AcceptFailureLog(interval=10, clock=lambda: now[0], write=lines.append)
+    emfile = OSError(errno.EMFILE, "Too many open files")
+    context = {"message": "socket.accept() out of system resource", "exception": emfile}
+    for t in [0.0] + [0.5] * 2048 + [9.9, 10.2, 11.0, 25.0]:
+        now[0] = t
+        handler(Loop(), context)
+    handler(Loop(), {"message": "something else", "exception": ValueError("x")})
+    assert len(lines) == 4
+    assert lines[0].startswith(
+        "specscope gateway: socket.accept() out of system resource: Too many open files ("
+    )
+    assert "2049 more in the 10 s since the line before" in lines[1]
+    assert "1 more in the 15 s since the line before" in lines[2]
+    assert lines[3] == ("default", "something else")
+
+
 # --- the command -------------------------------------------------------------------------------
 
 
@@ -791,7 +1026,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(tmp_path, backend, *options) -> tuple[subprocess.Popen, str, Path]:
+def start_gateway(
+    tmp_path, backend, *options, stderr=subprocess.PIPE
+) -> tuple[subprocess.Popen, str, Path]:
     path = tmp_path / "deployment.toml"
     path.write_text(
         f'[domains.code]\nurl = "{backend.url}"\nmodel = "code"\n'
@@ -811,7 +1048,7 @@ def start_gateway(tmp_path, backend, *options) -> tuple[subprocess.Popen, str, P
             str(log),
             *options,
         ],
-        stderr=subprocess.PIPE,
+        stderr=stderr,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -820,7 +1057,7 @@ def start_gateway(tmp_path, backend, *options) -> tuple[subprocess.Popen, str, P
             httpx.get(url + "/health", timeout=1)
             return process, url, log
         except httpx.TransportError:
-            assert process.poll() is None, process.stderr.read().decode()
+            assert process.poll() is None, process.stderr and process.stderr.read().decode()
             assert time.monotonic() < deadline, "the gateway did not start"
             time.sleep(0.1)
 
@@ -866,3 +1103,27 @@ def test_kill_9_after_n_answers_leaves_all_n_in_the_logs(tmp_path, backend):
         )
     )
     assert ingest(log, "llama.cpp", prompts, tmp_path / "run")["counts"]["requests"] == 10
+
+
+@pytest.mark.slow
+def test_out_of_descriptors_is_one_line_not_one_per_waiting_connection(tmp_path, backend):
+    with open(tmp_path / "stderr.txt", "w+b") as stderr:
+        process, url, log = start_gateway(tmp_path, backend, stderr=stderr)
+        try:
+            used = len(os.listdir(f"/proc/{process.pid}/fd"))
+            limit = resource.prlimit(process.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (used + 4, limit[1]))
+            clients = [socket.create_connection(("127.0.0.1", port_of(url))) for _ in range(60)]
+            time.sleep(3)  # asyncio tries to accept them once a second
+            for client in clients:
+                client.close()
+            resource.prlimit(process.pid, resource.RLIMIT_NOFILE, limit)
+            time.sleep(1.5)  # the next try accepts them
+            assert httpx.get(url + "/health", timeout=5).status_code == 200  # it recovered
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(15)
+        stderr.seek(0)
+        text = stderr.read().decode()
+    (line,) = [x for x in text.splitlines() if "out of system resource" in x]
+    assert "Too many open files" in line and "Traceback" not in text

@@ -38,7 +38,7 @@ def gateway(
         "--max-in-flight",
         min=1,
         max=100_000,
-        help="Requests in flight per backend URL (its connection pool); beyond: 503 at once.",
+        help="Requests in flight per backend URL (its connection pool); beyond: 503 at once. The server takes MAX-IN-FLIGHT x (backend URLs + 1) connections at once (its listen backlog too); beyond: a plain 503, in no log.",
     ),
     connect_timeout: float = typer.Option(
         5.0, "--connect-timeout", min=0.001, max=3600, help="Seconds to connect to a backend."
@@ -58,7 +58,21 @@ def gateway(
         "--max-answer-mb",
         min=1,
         max=4096,
-        help="Largest non-streamed answer in MiB (beyond: 502); it is logged whole.",
+        help="Largest non-streamed answer in MiB (beyond: 502); it is logged whole. A stream is cut after this much past its end (data: [DONE]).",
+    ),
+    header_timeout: float = typer.Option(
+        10.0,
+        "--header-timeout",
+        min=0.001,
+        max=3600,
+        help="Seconds a client has to send a request's headers, from its connection or the end of the answer before; a slower one is cut off.",
+    ),
+    keep_alive_timeout: float = typer.Option(
+        5.0,
+        "--keep-alive-timeout",
+        min=0.001,
+        max=3600,
+        help="Seconds an idle kept-alive client connection stays open.",
     ),
     policy: Path | None = options.POLICY_FILE,
     graceful_timeout: float = typer.Option(
@@ -76,10 +90,11 @@ def gateway(
     /metrics (Prometheus, per domain; with --policy-file, the drift from its predictions). A
     client's X-Prompt-Id header (UTF-8) names the request in the log (for specscope ingest
     --prompts). Each backend URL gets its own connections and timeouts, so a backend that hangs
-    delays only its own domains. The request log holds only answers that carry the engine's
-    statistics; every other request (an engine error, an answer without statistics, a refused
-    or stopped request, a backend fault) is in the errors log with the reason. Backend
-    credentials (http://user:pw@host) are sent, and shown nowhere."""
+    delays only its own domains; a client slower than --header-timeout with its headers, or
+    idle longer than --keep-alive-timeout, is disconnected. The request log holds only answers
+    that carry the engine's statistics; every other request (an engine error, an answer without
+    statistics, a refused or stopped request, a backend fault) is in the errors log with the
+    reason. Backend credentials (http://user:pw@host) are sent, and shown nowhere."""
     from ..serving.gateway import Deployment, GatewayLimits, MiB, serve
     from ..serving.gateway.metrics import load_predictions
 
@@ -90,6 +105,8 @@ def gateway(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         graceful_timeout=graceful_timeout,
+        header_timeout=header_timeout,
+        keep_alive_timeout=keep_alive_timeout,
     )
     backends = {}
     for value in backend:

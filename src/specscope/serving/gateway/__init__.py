@@ -15,7 +15,8 @@ that deployment look like one server:
    names for that domain (or the fallback), setting ``model`` where the deployment gives a preset
    name. Each backend URL has its own connection pool, timeouts (connect, read, write, pool) and
    a bound on the requests in flight (beyond it: 503 at once), so a backend that hangs holds up
-   only its own domains; a client that leaves cancels its upstream request;
+   only its own domains; a client that leaves cancels its upstream request. Headers that the
+   client's ``Connection`` header names are not forwarded (nor the engine's, back);
 3. it returns the engine's answer unchanged: a streamed answer (server-sent events) chunk by chunk
    as the engine sends them, an engine's error with its own status and body. A non-streamed
    answer larger than :attr:`GatewayLimits.max_answer_bytes`, one cut short, or any other
@@ -28,8 +29,10 @@ that deployment look like one server:
    the errors log with an ``error`` naming why: answers without those statistics, engine errors,
    refused requests, backend faults, clients that left, and requests still in flight when the
    gateway stops. A record is written before the client receives the end of its answer (a
-   stream's closing chunks are held back until then), each line whole or not at all (a failed
-   write is cut back and reported, never a torn line or a failed answer).
+   stream's latest chunk with statistics is held back until then; the record is written at its
+   ``data: [DONE]``, after which at most :attr:`GatewayLimits.max_answer_bytes` are relayed),
+   each line whole or not at all (a failed write is cut back and reported, never a torn line or
+   a failed answer).
 
 The prompt id is the client's ``X-Prompt-Id`` header read as UTF-8 (so that the log joins the
 client's prompts file), else one the gateway makes up. Backend URLs are checked at start, and
@@ -41,7 +44,9 @@ and the drift of tokens per step from the policy's prediction).
 
 It does not start or stop engines (:mod:`specscope.serving.llamacpp.server` does for llama-server), choose
 settings (``specscope tune``/``llamacpp``) or read the logs (:mod:`specscope.serving.ingest`);
-it does not authenticate clients (it listens on 127.0.0.1 by default).
+it does not authenticate clients (it listens on 127.0.0.1 by default). :func:`serve` bounds
+clients in time and number (:class:`GatewayLimits`: ``header_timeout``, ``keep_alive_timeout``,
+:meth:`GatewayLimits.max_connections`).
 
 The package: :mod:`.deployment` (backends, URL checks, routing), :mod:`.logs` (the two logs),
 :mod:`.proxy` (the ASGI application and ``serve``), :mod:`.metrics` (``/metrics``).

@@ -1,5 +1,8 @@
 """The proxy itself: the ASGI application, its limits, each backend's client, the relay of
-answers and the records it hands to the logs and observers.
+answers and the records it hands to the logs and observers, and the server that runs it, bounded
+in time as well as in size (a deadline for each request's headers, one for an idle kept-alive
+connection, a bound on the connections served at once, and one line per interval, not one per
+attempt, while the process is out of descriptors).
 
 It does not read deployment files (:mod:`.deployment`), open log files (:mod:`.logs`) or count
 what it serves (:mod:`.metrics`).
@@ -8,6 +11,8 @@ what it serves (:mod:`.metrics`).
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import itertools
 import json
 import math
@@ -15,9 +20,9 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ...errors import require
@@ -59,25 +64,56 @@ _NOT_FORWARDED = _HOP_HEADERS | {"content-type", "accept-encoding", PROMPT_ID_HE
 MiB = 1 << 20
 
 
+def _nominated(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[str]:
+    """The header names that a message's ``Connection`` headers list (comma-separated, any
+    case): hop-by-hop headers of that one connection, not forwarded (RFC 9110 7.6.1)."""
+    return frozenset(
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    ) - {""}
+
+
 @dataclass(frozen=True)
 class GatewayLimits:
-    """How much one request may ask of the gateway, and how long it waits for a backend."""
+    """How much one request may ask of the gateway, how long it waits for a client's request and
+    for a backend's answer."""
 
     max_request_bytes: int = 16 * MiB  # a larger request body: 413
-    max_answer_bytes: int = 64 * MiB  # a larger non-streamed answer: 502 (it is logged whole)
+    # a larger non-streamed answer: 502 (it is logged whole); a stream is cut after this many
+    # bytes past its end (data: [DONE])
+    max_answer_bytes: int = 64 * MiB
     max_event_bytes: int = 1 * MiB  # a longer SSE line is relayed but not read for statistics
-    max_in_flight: int = 64  # per backend URL; beyond it: 503 at once
+    # per backend URL; beyond it: 503 at once. The server takes at most max_connections(...)
+    # connections at once (see there)
+    max_in_flight: int = 64
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # between two reads of an answer: a long generation is fine
     write_timeout: float = 60.0
     pool_timeout: float = 10.0  # waiting for one of the backend's max_in_flight connections
     graceful_timeout: float = 30.0  # at SIGTERM, for requests in flight to finish
+    # from a connection (or the end of the answer before, on a kept-alive one) until the
+    # request's headers are complete; a client slower than that is cut off (408 if it began)
+    header_timeout: float = 10.0
+    keep_alive_timeout: float = 5.0  # an idle kept-alive connection that sends nothing: closed
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise GatewayError(f"{f.name} must be a positive finite number, got {value!r}")
+
+    def max_connections(self, backend_urls: int) -> int:
+        """The connections the server serves at once: ``max_in_flight`` for each backend URL
+        plus ``max_in_flight`` more for ``/health``, ``/metrics``, idle kept-alive connections
+        and clients still sending their headers. It is uvicorn's ``limit_concurrency`` (a request
+        that arrives while this many connections are open, or this many requests run, gets
+        uvicorn's plain-text 503 without reaching the gateway, so it is in no log; the backends'
+        own bound, a logged JSON 503, comes first) and the listen backlog (connections the
+        kernel completes before the gateway accepts them; it caps the backlog at
+        ``net.core.somaxconn``)."""
+        return self.max_in_flight * (backend_urls + 1)
 
 
 class _NonFinite(ValueError):
@@ -112,6 +148,7 @@ class SseScanner:
     def __init__(self, max_line: int = MiB):
         self.max_line = max_line
         self.done = False  # a ``data: [DONE]`` line was seen
+        self.past_end: int | None = None  # bytes after that line in the chunk that held it
         self.overlong = False
         self._line = bytearray()
         self._skipping = False
@@ -124,6 +161,8 @@ class SseScanner:
                 event = self._event(bytes(self._line).rstrip(b"\r"))
                 if event is not None:
                     events.append(event)
+                if self.done and self.past_end is None:
+                    self.past_end = len(chunk) - end - 1
             self._line.clear()
             self._skipping = False
             start = end + 1
@@ -398,11 +437,9 @@ class _Gateway:
         token = self._begin(entry, started)
         relayed = False
         try:
-            headers = [
-                (k, v)
-                for k, v in request.scope["headers"]
-                if k.decode("latin-1") not in _NOT_FORWARDED
-            ]
+            received = request.scope["headers"]
+            dropped = _NOT_FORWARDED | _nominated(received)
+            headers = [(k, v) for k, v in received if k.decode("latin-1").lower() not in dropped]
             headers.append((b"content-type", b"application/json"))
             outgoing = upstream.client.build_request(
                 "POST",
@@ -415,10 +452,9 @@ class _Gateway:
                 self._exchange(upstream.client, outgoing), request.receive
             )
             # the engine's headers as it sent them (bytes: not re-encoded)
+            dropped = _HOP_HEADERS | _nominated(answer.headers.raw)
             out_headers = [
-                (k, v)
-                for k, v in answer.headers.raw
-                if k.decode("latin-1").lower() not in _HOP_HEADERS
+                (k, v) for k, v in answer.headers.raw if k.decode("latin-1").lower() not in dropped
             ]
             out_headers.append((DOMAIN_HEADER.encode(), domain.encode()))
             if body is None:
@@ -536,9 +572,14 @@ class _AnswerTooLarge(Exception):
 class _Relay:
     """An ASGI response relaying the engine's stream chunk by chunk while the client listens.
 
-    Chunks from the first that holds the statistics event or ``data: [DONE]`` on are held back
-    until the next chunk shows the stream goes on, or until the request is logged: a client never
-    sees the end of a stream whose record is not written."""
+    The latest chunk that holds a statistics event is held back until the next chunk shows the
+    stream goes on (a chunk without statistics is sent with it; one with newer statistics is
+    held in its place), so at most one chunk is held. The request is logged when ``data: [DONE]``
+    arrives (events after it are not read) or, without one, when the stream ends; only then do
+    the held chunk and the end reach the client: a client never sees the end of a stream whose
+    record is not written. Bytes after ``[DONE]`` are relayed as they come, at most
+    ``max_answer_bytes`` of them; beyond that the gateway stops reading, closes the engine's
+    connection and ends the client's answer."""
 
     def __init__(self, gateway: _Gateway, answer, headers: list, token: int, upstream: _Upstream):
         self.gateway, self.answer, self.token, self.upstream = gateway, answer, token, upstream
@@ -561,54 +602,80 @@ class _Relay:
             self.upstream.in_flight -= 1
             gateway._finish(self.token, "errors", stream=True, **outcome)
 
+    def _log(self, scanner: SseScanner, stats: dict | None, last: dict | None) -> None:
+        gateway, status = self.gateway, self.answer.status_code
+        if stats is not None:
+            gateway._finish(self.token, "requests", stream=True, status=status, response=stats)
+            return
+        reason = (
+            gateway._stats_missing(scanner.overlong)
+            if last is not None or scanner.overlong
+            else "the stream held no JSON event"
+        )
+        gateway._finish(
+            self.token,
+            "errors",
+            stream=True,
+            status=status,
+            error=reason,
+            **({"answer": last} if last is not None else {}),
+        )
+
     async def _pump(self, send) -> dict:
         """Relay the stream; the fields of its errors-log record if it is not logged."""
         gateway, answer = self.gateway, self.answer
         key = gateway.stats_key
         scanner = SseScanner(gateway.limits.max_event_bytes)
-        last = stats = None
-        held: list[bytes] = []
+        cap = gateway.limits.max_answer_bytes
+        last = stats = held = None
+        after_end = 0  # bytes read after the data: [DONE] line
+
+        async def body(piece: bytes) -> None:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+
         await send(
             {"type": "http.response.start", "status": answer.status_code, "headers": self.headers}
         )
         try:
             async for chunk in answer.aiter_bytes():  # decoded: content-encoding is not relayed
-                done = scanner.done
-                events = scanner.feed(chunk)
-                closing = scanner.done and not done
-                for event in events:
-                    last = event
-                    if event.get(key) is not None:
-                        stats, closing = event, True
-                if closing or scanner.done:
-                    held.append(chunk)
-                    continue
-                for piece in (*held, chunk):
-                    await send({"type": "http.response.body", "body": piece, "more_body": True})
-                held.clear()
+                if scanner.done:
+                    past_end = len(chunk)
+                else:
+                    carries = False
+                    for event in scanner.feed(chunk):
+                        last = event
+                        if event.get(key) is not None:
+                            stats, carries = event, True
+                    if not scanner.done:
+                        if held is not None:  # the stream went on: the held chunk was not last
+                            await body(held)
+                            held = None
+                        if carries:  # maybe the last statistics: held till the stream goes on
+                            held = chunk
+                        else:
+                            await body(chunk)
+                        continue
+                    self._log(scanner, stats, last)  # the end: logged before the client sees it
+                    if held is not None:
+                        await body(held)
+                        held = None
+                    past_end = scanner.past_end
+                # the last past_end bytes of chunk follow the end: at most cap of those in all
+                over = after_end + past_end - cap
+                after_end += past_end
+                if over > 0:
+                    if len(chunk) > over:
+                        await body(chunk[: len(chunk) - over])
+                    break  # the engine's connection is closed when the relay ends
+                await body(chunk)
         except gateway.httpx.HTTPError as e:
-            error = f"the stream ended early: {type(e).__name__}: {e or 'no answer'}"
-            return {"status": answer.status_code, "error": error}
-        if stats is not None:
-            gateway._finish(
-                self.token, "requests", stream=True, status=answer.status_code, response=stats
-            )
-        else:
-            reason = (
-                gateway._stats_missing(scanner.overlong)
-                if last is not None or scanner.overlong
-                else "the stream held no JSON event"
-            )
-            gateway._finish(
-                self.token,
-                "errors",
-                stream=True,
-                status=answer.status_code,
-                error=reason,
-                **({"answer": last} if last is not None else {}),
-            )
-        for piece in held:
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            if not scanner.done:  # else the record is written and only what follows is cut
+                error = f"the stream ended early: {type(e).__name__}: {e or 'no answer'}"
+                return {"status": answer.status_code, "error": error}
+        if not scanner.done:
+            self._log(scanner, stats, last)
+            if held is not None:
+                await body(held)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return {}
 
@@ -685,6 +752,137 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class AcceptFailureLog:
+    """The serving loop's exception handler: a process out of descriptors (or buffers) fails
+    every ``accept`` of every waiting connection, and asyncio reports each failure (up to the
+    listen backlog per attempt, an attempt a second); this writes one line per ``interval``
+    seconds, with the count of failures it did not write since the line before. Anything else
+    goes to the loop's default handler."""
+
+    interval: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    write: Callable[[str], None] = _stderr_line
+    _last: float | None = field(default=None, init=False)
+    _unwritten: int = field(default=0, init=False)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        error = context.get("exception")
+        if not (isinstance(error, OSError) and error.errno in _OUT_OF_RESOURCES):
+            loop.default_exception_handler(context)
+            return
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval:
+            self._unwritten += 1
+            return
+        since = (
+            f"; {self._unwritten} more in the {now - self._last:.0f} s since the line before"
+            if self._last is not None
+            else ""
+        )
+        self.write(
+            f"specscope gateway: {context.get('message', 'out of resources')}: "
+            f"{os_error_reason(error)}{since} (raise the descriptor limit, ulimit -n, or lower "
+            "--max-in-flight or --header-timeout; such failures are written once every "
+            f"{self.interval:g} s)"
+        )
+        self._last, self._unwritten = now, 0
+
+
+@functools.cache
+def _h11_protocol():
+    """uvicorn's h11 protocol with a deadline for each request's headers (uvicorn has none):
+    armed when the connection is made and when an answer ends on a kept-alive connection,
+    disarmed once a request's headers are complete; when it passes, the connection is closed,
+    after a 408 if part of a request arrived. Idle kept-alive connections are closed by
+    uvicorn's own ``timeout_keep_alive``, which is shorter by default."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineH11(H11Protocol):
+        header_timeout: float = GatewayLimits.header_timeout  # set per server by a subclass
+
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _watch_headers(self) -> None:
+            idle = self.cycle is None or self.cycle.response_complete  # no request being served
+            waiting = idle and not self.transport.is_closing()
+            if waiting and self._header_timer is None:
+                self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+            elif not waiting and self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+                self.transport.write(
+                    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
+                    b"connection: close\r\n\r\n"
+                )
+            self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._watch_headers()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch_headers()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._watch_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+    return HeaderDeadlineH11
+
+
+def gateway_server(app, limits: GatewayLimits, backend_urls: int):
+    """The uvicorn server that runs ``app`` within ``limits``: h11 with the header deadline
+    (never httptools, whose protocol has none), no WebSockets, ``keep_alive_timeout``, and
+    :meth:`GatewayLimits.max_connections` as both ``limit_concurrency`` and the listen
+    backlog."""
+    import uvicorn  # the gateway extra
+
+    protocol = type(
+        "GatewayH11Protocol", (_h11_protocol(),), {"header_timeout": limits.header_timeout}
+    )
+    connections = limits.max_connections(backend_urls)
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        ws="none",
+        log_level="warning",
+        timeout_keep_alive=limits.keep_alive_timeout,
+        limit_concurrency=connections,
+        backlog=connections,
+        timeout_graceful_shutdown=math.ceil(limits.graceful_timeout),
+    )
+    return uvicorn.Server(config)
+
+
+async def run_server(server, sock: socket.socket) -> None:
+    """Serve on ``sock`` (bound, see :func:`listen`) until ``server`` exits, with
+    :class:`AcceptFailureLog` as the loop's exception handler."""
+    asyncio.get_running_loop().set_exception_handler(AcceptFailureLog())
+    await server.serve(sockets=[sock])
+
+
 def serve(
     deployment: Deployment,
     log: str | Path,
@@ -696,11 +894,10 @@ def serve(
     predictions: Mapping[str, Prediction | None] | None = None,
     ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run the gateway until SIGINT or SIGTERM (uvicorn, one process); ``ready`` is called once
-    the address is bound and the logs are open. At a stop, requests in flight get
-    ``limits.graceful_timeout`` seconds to finish; those left are logged as stopped."""
-    import uvicorn  # the gateway extra
-
+    """Run the gateway until SIGINT or SIGTERM (uvicorn, one process, asyncio's own event loop);
+    ``ready`` is called once the address is bound and the logs are open. At a stop, requests in
+    flight get ``limits.graceful_timeout`` seconds to finish; those left are logged as
+    stopped."""
     limits = limits or GatewayLimits()
     sock = listen(host, port)
     try:
@@ -710,7 +907,5 @@ def serve(
         raise
     if ready is not None:
         ready()
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=math.ceil(limits.graceful_timeout)
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    server = gateway_server(app, limits, len(deployment.backend_urls()))
+    asyncio.run(run_server(server, sock))
