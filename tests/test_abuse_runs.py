@@ -538,3 +538,41 @@ def test_a_50_mb_prompt_is_measured_in_bounded_time_and_memory(tiny_dirs, tmp_pa
     row = pq.read_table(out / "prompts.parquet").to_pylist()[0]
     assert row["truncated"] and row["prompt_tokens"] == 512
     assert len(row["prompt_text"]) < 1_000_000  # the text tokenised: the cut, not the 50 MB
+
+
+def test_a_domain_name_cannot_drive_the_terminal(tmp_path):
+    # Before: a domain named "code\x1b[2J" cleared the terminal from analyze's tables.
+    from specscope.analysis.synthetic import PROFILES, write_synthetic_run
+
+    hostile = "code\x1b[2J\u202e"
+    profiles = {hostile if d == "code" else d: p for d, p in PROFILES.items()}
+    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=4, steps=4, profiles=profiles)
+    result = cli.invoke(app, ["analyze", str(run), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\u202e" not in result.output
+    assert "code\\x1b[2J\\u202e" in result.output  # shown, escaped
+
+
+def test_a_full_disk_or_file_size_limit_names_the_file(tmp_path):
+    # Before: analyze under a file size limit said "File too large" and no file.
+    import resource
+    import signal
+
+    from specscope.analysis.synthetic import write_synthetic_run
+
+    run = write_synthetic_run(tmp_path / "run", prompts_per_domain=4, steps=4)
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    out = tmp_path / "a"
+    done = subprocess.run(
+        [sys.executable, "-m", "specscope.cli", "analyze", str(run), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=limited,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "File too large" in done.stderr and str(out) in done.stderr, done.stderr

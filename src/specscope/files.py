@@ -26,6 +26,7 @@ reach object stores) use the same unique temporaries (``records.rundir.write_fil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -173,7 +174,7 @@ def write_output(path: str | Path, data: bytes | str, inside: Path | None = None
     elif _is_stream(path):
         if path.is_dir():
             raise OutputError(f"{path} is a directory; give a file name")
-        with open(path, "wb") as sink:  # the user named a stream: write into it
+        with _naming(path), open(path, "wb") as sink:  # the user named a stream: write into it
             sink.write(raw)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +188,7 @@ def write_output(path: str | Path, data: bytes | str, inside: Path | None = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
     try:
-        with os.fdopen(fd, "wb") as sink:
+        with _naming(path), os.fdopen(fd, "wb") as sink:
             sink.write(raw)
             if mode is not None:
                 os.fchmod(sink.fileno(), mode)
@@ -196,6 +197,18 @@ def write_output(path: str | Path, data: bytes | str, inside: Path | None = None
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An OSError of writing to an open file (a full disk, ``File too large``) names ``path``:
+    the write itself reports no file name."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
 
 
 def _read_bytes(path: Path, error: type[SpecscopeError], label: str, kind: str) -> bytes:

@@ -247,11 +247,18 @@ def to_html(grid: Grid, id_prefix: str = "") -> str:
 
 
 def to_rich(grid: Grid):
+    """A grid as a rich table; text cells are shown as written (no markup) and terminal-safe."""
     from rich.table import Table
+    from rich.text import Text
+
+    from ..console import terminal_safe
+
+    def rich_cell(v: Cell, c: Column) -> Text:
+        return Text(terminal_safe(cell_text(v, c)))
 
     table = Table(
-        title=grid.title,
-        caption=grid.note or None,
+        title=Text(terminal_safe(grid.title)),
+        caption=Text(terminal_safe(grid.note)) if grid.note else None,
         caption_justify="left",
         title_justify="left",
         show_lines=False,
@@ -263,7 +270,7 @@ def to_rich(grid: Grid):
     for i, c in enumerate(grid.columns):
         table.add_column(c.name, justify="right" if numeric[i] and i else "left", overflow="fold")
     for row in grid.rows:
-        table.add_row(*(cell_text(v, c) for v, c in zip(row, grid.columns)))
+        table.add_row(*(rich_cell(v, c) for v, c in zip(row, grid.columns)))
     return table
 
 

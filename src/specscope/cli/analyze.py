@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import terminal_safe
 from ..files import local_location
 from . import options
 from .app import ANALYZE, command, fail, print_grids
@@ -130,7 +131,7 @@ def analyze(
     if show != "none":
         print_grids(grids)
     for warning in a.warnings:
-        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+        typer.secho(f"warning: {terminal_safe(warning)}", fg=typer.colors.YELLOW, err=True)
     outputs = write_outputs(a, out_dir, plots=plots, inside=inside)
     if plots and outputs.plot_message:
         typer.secho(outputs.plot_message, fg=typer.colors.YELLOW, err=True)
@@ -341,7 +342,7 @@ def _compare_drafters(run_dirs: list[str], out: str | None, settings, plots: boo
     comparison = compare_drafters(run_dirs, settings)
     print_grids(drafter_grids(comparison))
     for warning in comparison.warnings:
-        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+        typer.secho(f"warning: {terminal_safe(warning)}", fg=typer.colors.YELLOW, err=True)
     if out is not None:
         written = write_drafter_outputs(comparison, out, plots, inside)
         if plots and written.plot_message:
@@ -403,7 +404,7 @@ def certify(
     print_grids(certify_grids(report, confidence), blank=False)
     console = make_console()
     for note in report.notes:
-        console.print(f"note: {note}", markup=False, highlight=False)
+        console.print(f"note: {terminal_safe(note)}", markup=False, highlight=False)
     if out is not None:
         try:
             written = write_certify_outputs(report, out, plots, inside)

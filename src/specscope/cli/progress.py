@@ -11,7 +11,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichBar
 
-from ..console import make_console
+from ..console import make_console, terminal_safe
 from ..progress import Level, Tally
 
 STYLES: dict[str, str | None] = {"info": None, "warning": "yellow", "error": "red"}
@@ -55,7 +55,9 @@ class ProgressBar:
             )
 
     def note(self, message: str, level: Level = "info") -> None:
-        self.console.print(message, style=STYLES[level], markup=False, highlight=False)
+        self.console.print(
+            terminal_safe(message), style=STYLES[level], markup=False, highlight=False
+        )
 
     def stop(self) -> None:
         if self.rich is not None:

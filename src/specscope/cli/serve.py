@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import terminal_safe
 from ..limits import MAX_PROMPTS, MAX_REPEATS, MAX_THREADS
 from . import options
 from .app import MACHINE, SERVE, command, fail, print_grids
@@ -123,7 +124,7 @@ def ingest(
 
     manifest = ingest_log(log, fmt, prompts, out, join=join, engine_version=engine_version)
     for warning in manifest["warnings"]:
-        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
+        typer.secho(f"warning: {terminal_safe(warning)}", fg=typer.colors.YELLOW, err=True)
     counts = manifest["counts"]
     version = manifest["engine_version"] or "version not stated (--engine-version)"
     typer.echo(
