@@ -73,19 +73,23 @@ def parse(
     try:
         return _adapter(kind).validate_json(text, strict=True)
     except ValidationError as e:
-        own = _own_error(e)
+        own = _own_error(e, where, section)
         if own is not None:
             raise own from None
         raise error(describe(e, kind, where, section)) from None
 
 
-def _own_error(e: ValidationError) -> SpecscopeError | None:
-    """A dataclass's own check that failed inside pydantic: raised as it is, so that its class
-    and message stay what the dataclass says."""
+def _own_error(e: ValidationError, where: str, section: str) -> SpecscopeError | None:
+    """A dataclass's own check that failed inside pydantic (a range, a known name): its class
+    and message, with the file and the table it failed in named before it."""
     for err in e.errors():
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, SpecscopeError):
-            return cause
+            key = _key(((section,) if section else ()) + tuple(err["loc"]))
+            try:
+                return type(cause)(f"{where}: {key}: {cause}" if key else f"{where}: {cause}")
+            except TypeError:  # an error class that takes more than its message
+                return cause
     return None
 
 
@@ -117,7 +121,7 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     if typ == "json_invalid":  # the JSON is json.dumps's own: only a lone surrogate breaks it
         return f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
     if typ == "missing":
-        return f"{at} is missing (it is required)"
+        return f"{at} is missing; give {_described(_type_at(kind, loc))}"
     if typ in ("value_error", "assertion_error"):
         return f"{at}: {(err.get('ctx') or {}).get('error', err['msg'])}"
     if typ == "literal_error":

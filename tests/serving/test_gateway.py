@@ -358,7 +358,12 @@ def test_a_deployment_file_loads():
                 "reasoning, chat)"
             ),
         ),
-        ('[domains.code]\nurl = "http://h:1"\n', "no [fallback] table"),
+        ('[domains.code]\nurl = "http://h:1"\n', "fallback is missing; give a table (an object)"),
+        ('engine = "llama.cpp"\nfallback = "http://h:1"\n', "fallback must be a table (an object)"),
+        (
+            DEPLOYMENT + "[domains.math]\nurl = 8080\n",
+            "domains.math.url must be a string, got 8080",
+        ),
         (
             DEPLOYMENT.replace('url = "http://127.0.0.1:8080/"', 'url = "127.0.0.1:8080"'),
             "fallback: url must be an http:// or https:// base URL with a host, got '127.0.0.1:8080'",
@@ -367,7 +372,8 @@ def test_a_deployment_file_loads():
             DEPLOYMENT.replace('"llama.cpp"', '"tgi"'),
             "engine 'tgi' is not one the gateway logs for",
         ),
-        (DEPLOYMENT + "port = 3\n", "unknown key 'port'"),
+        (DEPLOYMENT + "port = 3\n", "unknown key 'domains.code.port'; allowed: model, url"),
+        ("port = 3\n" + DEPLOYMENT, "unknown key 'port'; allowed: domains, engine, fallback"),
     ],
 )
 def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):

@@ -10,10 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import StringConstraints
 
 from ...errors import SpecscopeError
 from ...files import read_json_object, read_toml_table
+from ...schemas import INPUT, parse
 from ...tune.router import Rule, RuleRouter, prompt_text
 from ..ingest.formats import FORMATS
 
@@ -39,10 +43,20 @@ def _redact(parts) -> str:
 
 @dataclass(frozen=True)
 class Backend:
-    """Where one domain's requests go."""
+    """Where one domain's requests go: a deployment file's ``[fallback]`` or ``[domains.NAME]``
+    table (its schema, :mod:`specscope.schemas`)."""
+
+    __pydantic_config__ = INPUT
 
     url: str  # base URL of the engine's server, e.g. http://127.0.0.1:8080 (credentials included)
     model: str | None = None  # the body's ``model`` to set (llama-server router: the preset name)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", check_backend_url(self.url, ""))
+        if self.model is not None and not self.model:
+            raise DeploymentError(
+                "model must be a non-empty string (the preset or model name the engine serves)"
+            )
 
     @property
     def display(self) -> str:
@@ -59,6 +73,20 @@ class Backend:
         userinfo, at, _ = urlsplit(self.url).netloc.rpartition("@")
         text = text.replace(self.url, self.display)
         return text.replace(userinfo + at, "***@") if at else text
+
+
+@dataclass(frozen=True)
+class DeploymentFile:
+    """A deployment file (TOML, docs/gateway.md): the engine, the fallback's backend and each
+    domain's."""
+
+    __pydantic_config__ = INPUT
+
+    fallback: Backend  # the backend of any prompt whose domain has no table of its own
+    engine: str = "llama.cpp"
+    domains: dict[Annotated[str, StringConstraints(min_length=1)], Backend] = field(
+        default_factory=dict
+    )
 
 
 @dataclass(frozen=True)
@@ -96,30 +124,9 @@ class Deployment:
     @classmethod
     def from_table(cls, table: Mapping, where: str = "deployment") -> Deployment:
         """From a deployment table: ``engine``, ``[fallback]`` and ``[domains.NAME]`` tables of
-        ``url`` and optional ``model`` (see docs/gateway.md)."""
-        unknown = set(table) - {"engine", "fallback", "domains"}
-        if unknown:
-            raise DeploymentError(
-                f"{where}: unknown key {min(unknown)!r}; allowed: engine, fallback, domains"
-            )
-        engine = table.get("engine", "llama.cpp")
-        if not isinstance(engine, str):
-            raise DeploymentError(
-                f"{where}: engine must be a string, one of {', '.join(ENGINE_STATS_KEY)}"
-            )
-        if "fallback" not in table:
-            raise DeploymentError(
-                f"{where}: no [fallback] table (the backend of any prompt "
-                "whose domain has no table of its own)"
-            )
-        domains = table.get("domains", {})
-        if not isinstance(domains, Mapping):
-            raise DeploymentError(f"{where}: domains must be a table of [domains.NAME] tables")
-        return cls(
-            engine,
-            {str(d): _backend(b, f"{where}: domains.{d}") for d, b in domains.items()},
-            _backend(table["fallback"], f"{where}: fallback"),
-        )
+        ``url`` and optional ``model`` (:class:`DeploymentFile`, see docs/gateway.md)."""
+        read = parse(DeploymentFile, table, where, DeploymentError)
+        return cls(read.engine, read.domains, read.fallback)
 
     @classmethod
     def from_export(
@@ -153,9 +160,8 @@ class Deployment:
             model = entry.get("model") if isinstance(entry, Mapping) else None
             if model is None and engine == "llama.cpp":
                 model = domain  # the router-mode preset is named after its domain
-            return _backend(
-                {"url": url, **({"model": model} if model else {})}, f"{where}: domains.{domain}"
-            )
+            entry = {"url": url, **({"model": model} if model is not None else {})}
+            return parse(Backend, entry, f"{where}: domains.{domain}", DeploymentError)
 
         named = {str(d): backend(str(d), e) for d, e in domains.items()}
         # the router's fallback domain is itself a domain of the export: its backend serves
@@ -212,56 +218,42 @@ def routable_domains(router: RuleRouter) -> tuple[str, ...]:
 def check_backend_url(url, where: str) -> str:
     """``url`` without a trailing slash if it is a base URL the gateway can forward to: http or
     https, a host, a port in 1..65535 if one is given, no query, fragment, whitespace or control
-    character, at most one ``@``; else a :class:`DeploymentError` naming what is wrong."""
+    character, at most one ``@``; else a :class:`DeploymentError` naming what is wrong (after
+    ``where: `` where given)."""
+    at = f"{where}: " if where else ""
     if not isinstance(url, str):
-        raise DeploymentError(f"{where}: url must be a string, got {url!r}")
+        raise DeploymentError(f"{at}url must be a string, got {url!r}")
     try:
         parts = urlsplit(url)
     except ValueError as e:
-        raise DeploymentError(f"{where}: url is not a URL ({e})") from None
+        raise DeploymentError(f"{at}url is not a URL ({e})") from None
     shown = repr(_redact(parts))  # urlsplit drops tabs and line breaks: the check is on url
     bad = next((c for c in url if c.isspace() or not c.isprintable()), None)
     if bad is not None:
         raise DeploymentError(
-            f"{where}: url {shown} holds the character {bad!r}; "
+            f"{at}url {shown} holds the character {bad!r}; "
             "write it without spaces or control characters (percent-encode them)"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise DeploymentError(
-            f"{where}: url must be an http:// or https:// base URL with a host, got {shown}"
+            f"{at}url must be an http:// or https:// base URL with a host, got {shown}"
         )
     if parts.query or parts.fragment or "?" in url or "#" in url:
         raise DeploymentError(
-            f"{where}: url {shown} has a query or fragment; a base URL has neither "
+            f"{at}url {shown} has a query or fragment; a base URL has neither "
             "(the request's own path is appended to it)"
         )
     if parts.netloc.count("@") > 1:
         raise DeploymentError(
-            f"{where}: url {shown} holds '@' more than once; percent-encode '@' in credentials"
+            f"{at}url {shown} holds '@' more than once; percent-encode '@' in credentials"
         )
     try:
         port = parts.port
     except ValueError:
         port = 0
     if port == 0 or (port is None and parts.netloc.rpartition("@")[2].endswith(":")):
-        raise DeploymentError(f"{where}: url {shown}: the port must be a number in 1..65535")
+        raise DeploymentError(f"{at}url {shown}: the port must be a number in 1..65535")
     return url.rstrip("/")
-
-
-def _backend(entry, where: str) -> Backend:
-    if not isinstance(entry, Mapping):
-        raise DeploymentError(f"{where}: must be a table with url (and optionally model)")
-    unknown = set(entry) - {"url", "model"}
-    if unknown:
-        raise DeploymentError(f"{where}: unknown key {min(unknown)!r}; allowed: url, model")
-    url, model = entry.get("url"), entry.get("model")
-    url = check_backend_url(url, where)
-    if model is not None and (not isinstance(model, str) or not model):
-        raise DeploymentError(
-            f"{where}: model must be a non-empty string (the preset or model "
-            f"name the engine serves), got {model!r}"
-        )
-    return Backend(url, model)
 
 
 def request_text(body: Mapping) -> str:
