@@ -1,6 +1,6 @@
 """Write the command line's reference pages from the command line itself.
 
-    python scripts/cli_reference.py          # write docs/reference/cli.md and options.md
+    python scripts/cli_reference.py          # write docs/reference/cli.md, options.md, input-files.md
     python scripts/cli_reference.py --check  # exit 1 if either differs from what it would write
 
 The pages are made by :mod:`specscope.cli.reference`; tests/test_cli_options.py checks that the
@@ -13,9 +13,14 @@ import sys
 from pathlib import Path
 
 from specscope.cli.reference import commands_markdown, options_markdown
+from specscope.input_files import input_files_markdown
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
-PAGES = {"cli.md": commands_markdown, "options.md": options_markdown}
+PAGES = {
+    "cli.md": commands_markdown,
+    "options.md": options_markdown,
+    "input-files.md": input_files_markdown,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -6,8 +6,8 @@ gateway reads). :func:`parse` validates TOML- or JSON-like data against it with 
 strict mode (``"3"`` is not an integer, ``"true"`` is not a boolean, a list is not a string) and
 with unknown keys refused (``__pydantic_config__ = INPUT`` on each dataclass), and turns the first
 error into one line that names the file (or ``path:line``), the key, the value and what is
-allowed. A check that a dataclass makes itself (``__post_init__``: a range, a known name) raises
-its own :class:`~specscope.errors.SpecscopeError`, which passes through unchanged.
+allowed. A check that a dataclass makes itself (``__post_init__``: a range, a known name) is
+reported the same way, its message after the file and the table it failed in.
 
 Why pydantic: it validates the dataclasses the library already uses (one declaration, not a model
 beside each), reports every error with its location, and generates each file's JSON Schema
@@ -73,24 +73,9 @@ def parse(
     try:
         return _adapter(kind).validate_json(text, strict=True)
     except ValidationError as e:
-        own = _own_error(e, where, section)
-        if own is not None:
-            raise own from None
         raise error(describe(e, kind, where, section)) from None
-
-
-def _own_error(e: ValidationError, where: str, section: str) -> SpecscopeError | None:
-    """A dataclass's own check that failed inside pydantic (a range, a known name): its class
-    and message, with the file and the table it failed in named before it."""
-    for err in e.errors():
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, SpecscopeError):
-            key = _key(((section,) if section else ()) + tuple(err["loc"]))
-            try:
-                return type(cause)(f"{where}: {key}: {cause}" if key else f"{where}: {cause}")
-            except TypeError:  # an error class that takes more than its message
-                return cause
-    return None
+    except SpecscopeError as e:  # a dataclass's own check of a class pydantic does not catch
+        raise (e if isinstance(e, error) else error(f"{where}: {e}")) from None
 
 
 def _key(loc: tuple) -> str:
@@ -122,7 +107,7 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
         return f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
     if typ == "missing":
         return f"{at} is missing; give {_described(_type_at(kind, loc))}"
-    if typ in ("value_error", "assertion_error"):
+    if typ in ("value_error", "assertion_error"):  # a dataclass's own check (a range, a name)
         return f"{at}: {(err.get('ctx') or {}).get('error', err['msg'])}"
     if typ == "literal_error":
         expected = f"one of {(err.get('ctx') or {}).get('expected', '')}"
@@ -188,13 +173,17 @@ def _is_union(tp: Any) -> bool:
 
 def _strip_tags(kind: Any, loc: tuple) -> tuple:
     """``loc`` without the tags pydantic puts in it for a union's members (``str``,
-    ``list[ChatTurn]``): only the keys and indexes of the file."""
-    tp, out = kind, []
+    ``list[ChatTurn]``), right after the union's own place: only the keys and indexes of the
+    file. ``X | None`` has no tags."""
+    tp, out, tagged = kind, [], False
     for part in loc:
-        if isinstance(part, str) and _is_union(tp) and _inner(tp, part) is None:
+        if tagged and isinstance(part, str):
+            tagged = False
             continue
         out.append(part)
         tp = _inner(tp, part)
+        members = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else []
+        tagged = len(members) > 1
     return tuple(out)
 
 

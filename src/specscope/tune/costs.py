@@ -25,9 +25,10 @@ import torch
 from ..core.loop import DecodeConfig
 from ..core.passes import crop, feed_causal, position_limit, prefill
 from ..decode import SpeculativeDecoder
-from ..drafters import DrafterConfig, DrafterError
+from ..drafters import DrafterConfig
 from ..files import read_json_object, write_json
 from ..hardware import machine_line
+from ..schemas import INPUT, parse
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 from .hf_generate import Generated, hf_generate
@@ -87,6 +88,8 @@ class CostModel:
     drafter_model: str | None = None
     assisted_step_s: tuple[tuple[int, float], ...] = ()
     plain_backend: str = "specscope"
+
+    __pydantic_config__ = INPUT  # a cost model file's schema (specscope.schemas)
 
     def __post_init__(self) -> None:
         if self.drafter is not None and self.drafter.has_distribution == self.model_free:
@@ -175,37 +178,10 @@ class CostModel:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> CostModel:
-        """A cost model from its JSON form; values are checked by type and range (numbers, not
-        strings or booleans; times finite and positive)."""
-
-        def table(name: str) -> tuple[tuple[int, float], ...]:
-            rows = data[name]
-            if not isinstance(rows, list) or not all(
-                isinstance(r, list) and len(r) == 2 for r in rows
-            ):
-                raise PolicyError(f"cost model: {name} must be a list of [tokens, seconds] pairs")
-            return tuple((k, s) for k, s in rows)
-
-        try:
-            return cls(
-                draft_s=table("draft_s"),
-                target_s=table("target_s"),
-                plain_token_s=data["plain_token_s"],
-                overhead_s=data.get("overhead_s", 0.0),
-                step_scale=data.get("step_scale", 1.0),
-                empty_step_scale=data.get("empty_step_scale", 1.0),
-                root_tokens=data.get("root_tokens", 2),
-                context_len=data.get("context_len", 0),
-                hardware=str(data.get("hardware", "")),
-                model_free=_flag(data.get("model_free", False), "model_free"),
-                drafter=_drafter(data.get("drafter")),
-                drafter_model=_text(data.get("drafter_model"), "drafter_model"),
-                assisted_step_s=table("assisted_step_s") if "assisted_step_s" in data else (),
-                plain_backend=_text(data.get("plain_backend", "specscope"), "plain_backend"),
-            )
-        except KeyError as e:
-            raise PolicyError(f"cost model: missing {e.args[0]!r}") from None
+    def from_dict(cls, data: dict, where: str = "cost model") -> CostModel:
+        """A cost model from its JSON form (read from ``where``), checked by its schema (this
+        class, :mod:`specscope.schemas`): types, unknown keys, then ranges."""
+        return parse(cls, data, where, PolicyError)
 
     def save(self, path: str | Path, inside: Path | None = None) -> Path:
         """Write as strict JSON (see :func:`specscope.files.write_output` for ``inside``)."""
@@ -213,11 +189,9 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
-        try:
-            return cls.from_dict(read_json_object(path, PolicyError, "cost model"))
-        except PolicyError as e:
-            message = str(e)
-            raise PolicyError(message if str(path) in message else f"{path}: {message}") from None
+        return cls.from_dict(
+            read_json_object(path, PolicyError, "cost model"), f"cost model {path}"
+        )
 
     def check_drafter(self, drafter: DrafterConfig, model: str | None) -> str | None:
         """Refuse to price a run of ``drafter`` (drafting with ``model``, see
@@ -267,31 +241,6 @@ def drafting_model(models: dict, drafter: DrafterConfig) -> str | None:
         return None
     found = identity.get("fingerprint") or identity.get("source")
     return str(found) if found else None
-
-
-def _drafter(table) -> DrafterConfig | None:
-    if table is None:
-        return None
-    if not isinstance(table, dict) or not isinstance(table.get("kind"), str):
-        raise PolicyError(
-            f'cost model: drafter must be a table such as {{"kind": "draft-model"}}, got {table!r}'
-        )
-    try:
-        return DrafterConfig(**table)
-    except (DrafterError, TypeError) as e:
-        raise PolicyError(f"cost model: drafter: {e}") from None
-
-
-def _text(value, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise PolicyError(f"cost model: {name} must be a string, got {value!r}")
-    return value
-
-
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise PolicyError(f"cost model: {name} must be true or false, got {value!r}")
-    return value
 
 
 def _check_number(
