@@ -396,7 +396,7 @@ def test_a_chain_of_depth_100000_is_refused_at_once(tiny_dirs, tmp_path, no_weig
     result, seconds = _cli(*args, 100_000, *tiny_pair_args(tiny_dirs))
     if command == "run":  # the tree's own check: a config file's depth gets it too
         assert result.exit_code == 2
-        assert "error: tree depth must be in 1..4096, got 100000" in result.output
+        assert "error: tree: tree depth must be in 1..4096, got 100000" in result.output
     else:
         option = "--depth" if command == "decode" else "--chain-depth"
         assert _out_of_range(result, option, 100_000, 1, MAX_TREE_NODES), result.output

@@ -396,7 +396,8 @@ def test_columns_for_the_engine():
     one = T.step_criteria_columns(p[0], q[0], cfg)
     assert one["accept_greedy"].shape == (1,)
     assert one["accept_greedy"][0] == (int(q[0].argmax()) == int(p[0].argmax()))
-    assert T.CriteriaConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    manifest = {"config": {"criteria": json.loads(json.dumps(cfg.to_dict()))}}
+    assert T.criteria_config_from_manifest(manifest) == cfg
 
 
 def test_one_pass_columns_equal_the_separate_ones():

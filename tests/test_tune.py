@@ -439,10 +439,16 @@ def test_policy_file_round_trip(tmp_path):
                 }
             }
         )
-    with pytest.raises(PolicyError, match="tokens_per_step must be a number >= 1"):
+    with pytest.raises(
+        PolicyError, match="^here: prediction.tokens_per_step must be a number, got '3'$"
+    ):
         Prediction.from_dict({"tokens_per_step": "3", "method": "replay"}, "here")
-    with pytest.raises(PolicyError, match="prediction.prompts must be a whole number"):
+    with pytest.raises(PolicyError, match="tokens_per_step must be a number >= 1, got 0.5$"):
+        Prediction.from_dict({"tokens_per_step": 0.5, "method": "replay"}, "here")
+    with pytest.raises(PolicyError, match="prediction.prompts must be an integer, got 2.5$"):
         Prediction.from_dict({"tokens_per_step": 3, "method": "replay", "prompts": 2.5}, "here")
+    with pytest.raises(PolicyError, match="unknown key 'prediction.tokens'; allowed: "):
+        Prediction.from_dict({"tokens": 3, "tokens_per_step": 3, "method": "replay"}, "here")
 
 
 def test_a_prediction_says_where_a_held_out_sample_falls():

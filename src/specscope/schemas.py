@@ -95,20 +95,21 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     err = next((x for x in tried if not x["type"].endswith("_type")), err)
     typ = err["type"]
     key = _key(((section,) if section else ()) + loc)
-    at = f"{where}: {key}" if key else where
+    at = ": ".join(part for part in (where, key) if part)
     value = err.get("input")
     if loc[-1:] == ("[key]",):  # a table's key itself (pydantic's loc: the table, the key, [key])
-        return f"{where}: {_key(loc[:-2]) or 'the file'} has a key {loc[-2]!r}: {err['msg']}"
+        table = ": ".join(x for x in (where, _key(loc[:-2])) if x)
+        return f"{table} has a key {loc[-2]!r}: {err['msg']}"
     if typ in ("unexpected_keyword_argument", "extra_forbidden"):
         allowed = _allowed_keys(kind, loc[:-1])
         listed = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return f"{where}: unknown key {key!r}{listed}"
+        return f"{where + ': ' if where else ''}unknown key {key!r}{listed}"
     if typ == "json_invalid":  # the JSON is json.dumps's own: only a lone surrogate breaks it
         return f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
     if typ == "missing":
         return f"{at} is missing; give {_described(_type_at(kind, loc))}"
     if typ in ("value_error", "assertion_error"):  # a dataclass's own check (a range, a name)
-        return f"{at}: {(err.get('ctx') or {}).get('error', err['msg'])}"
+        return ": ".join(x for x in (at, str((err.get("ctx") or {}).get("error", err["msg"]))) if x)
     if typ == "literal_error":
         expected = f"one of {(err.get('ctx') or {}).get('expected', '')}"
     elif typ in ("too_short", "too_long"):
@@ -117,6 +118,7 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
         expected = f"a list of {low if low == high or high is None else f'{low} to {high}'} items"
     elif typ.startswith(("greater_than", "less_than")):
         bound = next(iter((err.get("ctx") or {}).values()), "")
+        bound = f"{bound:g}" if isinstance(bound, float) else bound
         sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(typ, "<=")
         expected = f"a number {sign} {bound}"
     elif typ == "string_too_short":

@@ -193,7 +193,7 @@ class RunConfig:
                 continue
             section, _, name = key.rpartition(".")
             (data[section] if section else data)[name] = value
-        return RunConfig.from_dict(data, trust_remote_code=data["pair"]["trust_remote_code"])
+        return RunConfig.from_dict(data, data["pair"]["trust_remote_code"], where="")
 
 
 def load_config(source: str | Path | None) -> RunConfig:

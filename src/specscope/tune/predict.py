@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, Field
 
 from ..analysis.prepare import ALL
 from ..analysis.replay import (
@@ -31,6 +34,7 @@ from ..analysis.replay import replay_counts as replay_prompts
 from ..analysis.results import Settings
 from ..analysis.stats import held_out_interval
 from ..records import ALL_DOMAINS
+from ..schemas import INPUT, parse
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
 
@@ -101,39 +105,31 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, data, where: str) -> Prediction:
-        """A domain entry's ``prediction`` table, checked (files from before it lack it)."""
-        example = '{"tokens_per_step": 3.1, "interval": [3.0, 3.2], "method": "replay"}'
-        if not isinstance(data, dict):
-            raise PolicyError(f"{where}: prediction must be a table such as {example}")
-        value, interval = data.get("tokens_per_step"), data.get("interval")
-        if not _number(value) or value < 1:
-            raise PolicyError(f"{where}: prediction.tokens_per_step must be a number >= 1")
-        if interval is not None and not (
-            isinstance(interval, list) and len(interval) == 2 and all(map(_number, interval))
-        ):
-            raise PolicyError(f"{where}: prediction.interval must be [lo, hi] or null")
-        lo, hi = interval if interval is not None else (math.nan, math.nan)
-        later = data.get("decode_tokens_per_step", math.nan)
-        if not isinstance(later, (int, float)) or isinstance(later, bool):
-            raise PolicyError(f"{where}: prediction.decode_tokens_per_step must be a number")
-        prompts = data.get("prompts", 0)
-        if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts < 0:
-            raise PolicyError(f"{where}: prediction.prompts must be a whole number >= 0")
+        """A domain entry's ``prediction`` table (:class:`PredictionRecord`), checked."""
+        read = parse(PredictionRecord, data, where, PolicyError, "prediction")
+        lo, hi = read.interval if read.interval is not None else (math.nan, math.nan)
         try:
             return cls(
-                float(value),
-                float(lo),
-                float(hi),
-                data.get("method"),
-                decode_tokens_per_step=float(later),
-                prompts=prompts,
+                read.tokens_per_step,
+                lo,
+                hi,
+                read.method,
+                decode_tokens_per_step=read.decode_tokens_per_step,
+                prompts=read.prompts,
             )
         except PolicyError as e:
             raise PolicyError(f"{where}: {e}") from None
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+class PredictionRecord(BaseModel):
+    """A prediction as a policy file holds it (:meth:`Prediction.to_dict`): its schema."""
+
+    model_config = INPUT
+    tokens_per_step: Annotated[float, Field(ge=1, allow_inf_nan=False)]
+    interval: tuple[float, float] | None = None  # [lo, hi]; null: none
+    method: str
+    prompts: Annotated[int, Field(ge=0)] = 0
+    decode_tokens_per_step: float = math.nan
 
 
 class Predictor:
