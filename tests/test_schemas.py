@@ -108,7 +108,11 @@ def test_any_broken_file_is_one_line_naming_it_never_a_traceback(name):
         ("prompts-line", {"domain": ["code"]}, "domain must be a string or none, got ['code']"),
         ("deployment", {"fallback": None}, "fallback must be a table (an object), got None"),
         ("cost-model", {"plain_token_s": "0.02"}, "plain_token_s must be a number, got '0.02'"),
-        ("sweep-execution", {"batch_size": 2.5}, "batch_size must be an integer or none, got 2.5"),
+        (
+            "sweep",
+            {"execution": {"batch_size": 2.5}},
+            "execution.batch_size must be an integer or none",
+        ),
         ("policy-predictions", {"domains": ["cx"]}, "domains must be a table (an object)"),
     ],
 )

@@ -145,7 +145,9 @@ def test_grid_expansion(tmp_path):
         ({"execution": {"prompts_per_shard": 0}}, "prompts_per_shard must be >= 1"),
         ({"execution": {"batch_size": 0}}, "batch_size must be >= 1, got 0"),
         ({"execution": {"batch_size": "8"}}, "execution.batch_size must be an integer or none"),
-        ({"grid": {}}, "unknown sweep keys ['grid']"),
+        ({"grid": {}}, "unknown key 'grid'; allowed: base, decode, defaults, domains, drafters"),
+        ({"trees": "paper"}, "trees must be a list or none, got 'paper'"),
+        ({"trees": [3]}, "trees[0] must be a string or a table (an object), got 3"),
     ],
 )
 def test_bad_sweep_files_get_clear_errors(data, message):

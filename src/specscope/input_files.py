@@ -18,7 +18,7 @@ from .run.config import RunConfig, RunConfigError
 from .schemas import json_schema
 from .serving.gateway.deployment import DeploymentError, DeploymentFile
 from .serving.gateway.metrics import MetricsError, PolicyPredictions
-from .sweep.grid import Execution, SweepError
+from .sweep.grid import SweepError, SweepFile
 from .tune.acceptance import PolicyError
 from .tune.costs import CostModel
 
@@ -48,12 +48,16 @@ INPUT_FILES: dict[str, InputFile] = {
             "drafter": {"kind": "ngram", "prompt_lookup_max": 3},
         },
     ),
-    "sweep-execution": InputFile(
-        "A sweep file's `[execution]` table (TOML)",
+    "sweep": InputFile(
+        "Sweep file (TOML)",
         "`specscope sweep FILE`",
-        Execution,
+        SweepFile,
         SweepError,
-        {"prompts_per_shard": 4, "batch_size": 2, "cpus_per_shard": 1.0},
+        {
+            "base": "demo",
+            "trees": ["paper", {"policy": "chain", "depth": [2, 3]}],
+            "execution": {"prompts_per_shard": 4, "batch_size": 2},
+        },
     ),
     "prompts-line": InputFile(
         "A line of a prompts file (JSONL)",

@@ -17,6 +17,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from ..drafters import DrafterConfig, DrafterError
 from ..errors import SpecscopeError
 from ..files import read_toml_table
@@ -204,14 +206,10 @@ _SECTIONS = {
 }
 
 
-def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
+def _axis(axis: str, entries: list) -> tuple[Variant, ...]:
     """Variants of the pairs, trees or domains axis; list values expand into one variant each."""
     section, kind = _SECTIONS[axis]
     fields = {f.name: f for f in dataclasses.fields(kind)}
-    if not isinstance(entries, list):
-        raise SweepError(
-            f"{axis}: expected a list of tables ([[{axis}]]), got {type(entries).__name__}"
-        )
     if not entries:
         raise SweepError(
             f"{axis}: an empty list; give at least one entry, or leave the axis out "
@@ -225,8 +223,6 @@ def _axis(axis: str, entries: Any) -> tuple[Variant, ...]:
                 "trees": {"policy": entry},
                 "domains": {"name": entry, "domains": [entry]},
             }[axis]
-        if not isinstance(entry, dict):
-            raise SweepError(f"{axis}[{i}]: expected a table, got {entry!r}")
         entry = dict(entry)
         name = entry.pop("name", None)
         unknown = sorted(set(entry) - set(fields))
@@ -302,10 +298,8 @@ def check_grid_size(data: dict, limit: int) -> int:
     return size
 
 
-def _decode(table: Any) -> tuple[Variant, ...]:
+def _decode(table: dict) -> tuple[Variant, ...]:
     """The decode axis: the product of every setting's values (a scalar is one value)."""
-    if not isinstance(table, dict):
-        raise SweepError(f"[decode]: expected a table of settings, got {table!r}")
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for key in table:
         if key.partition(".")[0] not in known or key in SECTIONS:
@@ -328,6 +322,23 @@ def _decode(table: Any) -> tuple[Variant, ...]:
     return tuple(variants)
 
 
+class SweepFile(BaseModel):
+    """A sweep file (TOML, docs/guides/sweep.md): its schema. Each axis is a list of entries
+    (a table of its run-config section's keys, a list value making one variant per value, or
+    a name); the values are checked as run configs at every grid point."""
+
+    model_config = INPUT
+    name: str | None = None  # default: the file's name
+    base: str | None = None  # a preset, a config file or a run's manifest.json
+    defaults: dict[str, Any] = {}  # run-config keys over the base's
+    execution: Execution = Execution()
+    pairs: list[dict[str, Any]] | None = None
+    drafters: list[str | dict[str, Any]] | None = None
+    trees: list[str | dict[str, Any]] | None = None
+    domains: list[str | dict[str, Any]] | None = None
+    decode: dict[str, Any] | None = None  # run-config key (or section.key) -> value or values
+
+
 def parse_sweep(
     data: dict, name: str = "sweep", max_points: int | None = None, trust_remote_code: bool = False
 ) -> SweepSpec:
@@ -339,32 +350,22 @@ def parse_sweep(
     ``max_points`` (default: ``[execution] max_points``, else MAX_GRID_POINTS): a grid of more
     points is refused before it is expanded.
     """
-    allowed = {"name", "base", "defaults", "execution", *AXES}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise SweepError(f"unknown sweep keys {unknown}; allowed: {sorted(allowed)}")
+    read = parse(SweepFile, data, "the sweep file", SweepError)
     try:
-        base = load_config(data.get("base"))
+        base = load_config(read.base)
         base = RunConfig.from_dict(
-            _merge(base.to_dict(), data.get("defaults", {}), "defaults"),
-            trust_remote_code,
-            "the sweep file",
+            _merge(base.to_dict(), read.defaults, "defaults"), trust_remote_code, "the sweep file"
         )
     except (RunConfigError, ModelLoadError, TypeError, ValueError) as e:
         raise SweepError(f"base config: {e}") from None
-    execution = parse(
-        Execution, data.get("execution", {}), "the sweep file", SweepError, "execution"
-    )
-    execution = execution.replace(max_points=max_points)
+    execution = read.execution.replace(max_points=max_points)
     check_grid_size(data, execution.max_points)
+    axis = {a: _axis(a, getattr(read, a)) for a in _SECTIONS if getattr(read, a) is not None}
     spec = SweepSpec(
-        name=str(data.get("name", name)),
+        name=read.name or name,
         base=base,
-        pairs=_axis("pairs", data["pairs"]) if "pairs" in data else (),
-        drafters=_axis("drafters", data["drafters"]) if "drafters" in data else (),
-        trees=_axis("trees", data["trees"]) if "trees" in data else (),
-        domains=_axis("domains", data["domains"]) if "domains" in data else (),
-        decode=_decode(data["decode"]) if "decode" in data else (),
+        **axis,
+        decode=_decode(read.decode) if read.decode is not None else (),
         execution=execution,
         source=data,
         trust_remote_code=trust_remote_code,
