@@ -441,6 +441,9 @@ class _Gateway:
             dropped = _NOT_FORWARDED | _nominated(received)
             headers = [(k, v) for k, v in received if k.decode("latin-1").lower() not in dropped]
             headers.append((b"content-type", b"application/json"))
+            # an answer as the engine writes it: a compressed one would be inflated chunk by
+            # chunk before any size bound could see it (httpx asks for gzip by default)
+            headers.append((b"accept-encoding", b"identity"))
             outgoing = upstream.client.build_request(
                 "POST",
                 backend.url + request.url.path,
