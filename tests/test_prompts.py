@@ -266,6 +266,7 @@ def test_list_domains_covers_the_registry():
         "EleutherAI/hendrycks_math",
         "openai/gsm8k",
         "HuggingFaceH4/ultrachat_200k",
+        "nvidia/SPEED-Bench",
     }
     assert all(not r.ready_offline and "network" in r.note for r in hub)
 
@@ -548,3 +549,100 @@ def test_a_long_prompt_is_cut_before_tokenising_to_the_same_last_tokens():
         got = render.render_prompt(tok, [{"role": "user", "content": text}], "raw", 40)
         assert len(got.text) < len(text) and got.truncated  # cut before tokenising
         assert got.ids == whole[-40:]
+
+
+# --- question files: MT-Bench, Spec-Bench and SPEED-Bench ----------------------------------------
+
+# lines in the format of Spec-Bench's data/spec_bench/question.jsonl (hemingkx/Spec-Bench@fd2c1cd:
+# question_id, category, turns), texts written here
+SPEC_BENCH_LINES = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Again."]},
+    {"question_id": 121, "category": "coding", "turns": ["Write a Python function that adds."]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate 'Guten Tag' to English."]},
+    {
+        "question_id": 401,
+        "category": "math_reasoning",
+        "turns": ["Tom has 3 apples, eats 1. Left?"],
+    },
+]
+# a row of SPEED-Bench's qualitative config (nvidia/SPEED-Bench README's dataset_info features)
+SPEED_BENCH_ROWS = [
+    {
+        "question_id": f"q{i}",
+        "category": category,
+        "sub_category": "general",
+        "turns": [f"A {category} question number {i}?"],
+        "source": "written-here",
+        "src_id": str(i),
+        "difficulty": "easy",
+        "multiturn": False,
+    }
+    for i, category in enumerate(["coding", "math", "writing", "rag", "coding", "stem"])
+]
+
+
+def test_a_question_file_is_read_with_its_categories_mapped_to_domains(tmp_path):
+    path = tmp_path / "question.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in SPEC_BENCH_LINES) + "\n")
+    items = I.read_jsonl(path)
+    assert [(it.id, it.domain) for it in items] == [
+        ("question/81", "chat"),
+        ("question/121", "code"),
+        ("question/161", "translation"),  # no counterpart among the four: its own domain
+        ("question/401", "reasoning"),  # Spec-Bench's math_reasoning is GSM8K
+    ]
+    assert items[0].messages == ({"role": "user", "content": "Write a haiku about rain."},)
+    assert items[0].metadata == {"category": "writing", "turns": 2}
+    path.write_text('{"question_id": 1, "category": "qa", "turns": []}\n')
+    with pytest.raises(
+        PromptSourceError, match=":1: turns must be a list of at least 1 item, got \\[\\]$"
+    ):
+        I.read_jsonl(path)
+
+
+def test_speed_bench_reads_a_local_copy_in_the_hub_format(hf_datasets, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "qualitative.parquet"
+    pq.write_table(pa.Table.from_pylist(SPEED_BENCH_ROWS), copy)
+    code = D.load_source(local("code", "speed-bench", copy))
+    assert [it.id for it in code] == ["speed-bench/q0", "speed-bench/q4"]
+    assert {it.domain for it in code} == {"code"} and code[0].metadata["difficulty"] == "easy"
+    chat = D.load_source(local("chat", "speed-bench", copy))
+    assert [it.metadata["category"] for it in chat] == ["writing", "stem"]
+    assert [it.id for it in D.load_source(local("rag", "speed-bench", copy))] == ["speed-bench/q3"]
+
+
+@pytest.mark.slow
+def test_spec_bench_and_speed_bench_files_are_measured_by_run(tiny_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from conftest import tiny_pair_args
+    from specscope.cli import app
+    from specscope.records import load_run
+
+    spec = tmp_path / "question.jsonl"
+    spec.write_text("\n".join(json.dumps(x) for x in SPEC_BENCH_LINES) + "\n")
+    speed = tmp_path / "speed-bench.jsonl"
+    speed.write_text("\n".join(json.dumps(x) for x in SPEED_BENCH_ROWS[:4]) + "\n")
+    for prompts, domains in (
+        (spec, {"chat", "code", "translation", "reasoning"}),
+        (speed, {"code", "math", "chat", "rag"}),
+    ):
+        out = tmp_path / prompts.stem
+        args = [
+            "run",
+            "--out",
+            str(out),
+            "--quiet",
+            *tiny_pair_args(tiny_dirs),
+            "--prompts",
+            str(prompts),
+        ]
+        result = CliRunner().invoke(
+            app, [*args, "--policy", "chain", "--depth", "2", "--max-new-tokens", "3"]
+        )
+        assert result.exit_code == 0, result.output
+        run = load_run(out)
+        assert set(run.prompts["domain"]) == domains and len(run.nodes) > 0

@@ -115,7 +115,12 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     elif typ in ("too_short", "too_long"):
         ctx = err.get("ctx") or {}
         low, high = ctx.get("min_length"), ctx.get("max_length")
-        expected = f"a list of {low if low == high or high is None else f'{low} to {high}'} items"
+        if high is None:
+            expected = f"a list of at least {low} item{'s' if low != 1 else ''}"
+        elif low is None:
+            expected = f"a list of at most {high} items"
+        else:
+            expected = f"a list of {low if low == high else f'{low} to {high}'} items"
     elif typ.startswith(("greater_than", "less_than")):
         bound = next(iter((err.get("ctx") or {}).values()), "")
         bound = f"{bound:g}" if isinstance(bound, float) else bound

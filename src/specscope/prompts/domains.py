@@ -27,8 +27,12 @@ chat          ``mtbench``          ``ultrachat``         (HuggingFaceH4/ultracha
   own dependency tree is large) and checked against a pinned sha256. MT-Bench's other categories
   are the domains ``mtbench-math``, ``mtbench-coding`` and ``mtbench-reasoning``.
 
-Any domain can also read a JSONL file (``jsonl:PATH`` or a path ending in ``.jsonl``), see
-:func:`read_jsonl`. Samples are seeded and machine independent: items are ranked by
+Each of the four also has ``speed-bench``: SPEED-Bench's questions (nvidia/SPEED-Bench,
+qualitative, 80 per category) of its categories (coding; math; reasoning; writing, roleplay,
+humanities and stem); its other categories are the domains ``qa``, ``rag``, ``summarization`` and
+``multilingual``. Any domain can also read a JSONL file (``jsonl:PATH`` or a path ending in
+``.jsonl``), see :func:`read_jsonl`; a question file (MT-Bench's or Spec-Bench's
+``question.jsonl``) is read with its categories mapped to domains (``CATEGORY_DOMAINS``). Samples are seeded and machine independent: items are ranked by
 ``sha256(f"{seed}/{id}")`` and the first N taken (no library RNG whose stream could change).
 Adding a source is one small class or one entry in :data:`DOMAINS`.
 """
@@ -47,6 +51,7 @@ from .sources import (
     HubGsm8k,
     HubHumanEval,
     HubMath,
+    HubSpeedBench,
     HubUltraChat,
     HubUnreachableError,
     HumanEvalSource,
@@ -72,6 +77,18 @@ class Domain:
         return self.sources[0]
 
 
+def _speed_bench(domain: str, categories: tuple[str, ...]) -> PromptSource:
+    """SPEED-Bench's questions of ``categories`` (80 each) as ``domain``'s prompts."""
+    return HubSpeedBench(
+        name="speed-bench",
+        domain=domain,
+        dataset="nvidia/SPEED-Bench",
+        config="qualitative",
+        size=80 * len(categories),
+        categories=categories,
+    )
+
+
 def _mtbench(domain: str, categories: tuple[str, ...], size: int) -> PromptSource:
     return MTBenchSource(
         name="mtbench", domain=domain, dataset=MTBENCH_REQUIREMENT, size=size, categories=categories
@@ -95,6 +112,7 @@ DOMAINS: dict[str, Domain] = {
                     config="openai_humaneval",
                     size=164,
                 ),
+                _speed_bench("code", ("coding",)),
             ),
         ),
         Domain(
@@ -116,6 +134,7 @@ DOMAINS: dict[str, Domain] = {
                     config="algebra",
                     size=1187,
                 ),
+                _speed_bench("math", ("math",)),
             ),
         ),
         Domain(
@@ -132,6 +151,7 @@ DOMAINS: dict[str, Domain] = {
                     config="main",
                     size=1319,
                 ),
+                _speed_bench("reasoning", ("reasoning",)),
             ),
         ),
         Domain(
@@ -146,6 +166,7 @@ DOMAINS: dict[str, Domain] = {
                     split="test_sft",
                     size=23110,
                 ),
+                _speed_bench("chat", ("writing", "roleplay", "humanities", "stem")),
             ),
         ),
         Domain(
@@ -162,6 +183,13 @@ DOMAINS: dict[str, Domain] = {
             "mtbench-reasoning",
             "MT-Bench reasoning questions (first turns)",
             (_mtbench("mtbench-reasoning", ("reasoning",), 10),),
+        ),
+        # SPEED-Bench's categories that none of the four domains above covers
+        *(
+            Domain(
+                name, f"SPEED-Bench {name} questions (first turns)", (_speed_bench(name, (name,)),)
+            )
+            for name in ("qa", "rag", "summarization", "multilingual")
         ),
     )
 }

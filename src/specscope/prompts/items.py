@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ..errors import SpecscopeError
 from ..files import parse_json
@@ -116,9 +116,57 @@ class PromptLine(BaseModel):
         return self
 
 
+# The categories of the question files of MT-Bench, Spec-Bench and SPEED-Bench, and the domain
+# each is measured as; a category not listed (translation, summarization, qa, rag, multilingual)
+# is a domain of its own name. Spec-Bench's math_reasoning is GSM8K, the paper's reasoning set.
+CATEGORY_DOMAINS = {
+    "coding": "code",
+    "math": "math",
+    "math_reasoning": "reasoning",
+    "reasoning": "reasoning",
+    "writing": "chat",
+    "roleplay": "chat",
+    "humanities": "chat",
+    "stem": "chat",
+    "extraction": "chat",
+}
+
+
+class QuestionLine(BaseModel):
+    """A line of a question file (MT-Bench's and Spec-Bench's ``question.jsonl``, a row of
+    SPEED-Bench): an id, a category and the user's turns; the first turn is the prompt (the
+    later turns follow the model's own answers). Other keys (SPEED-Bench's ``sub_category``,
+    ``difficulty``, ...) are kept as metadata."""
+
+    model_config = ConfigDict(extra="allow")
+    question_id: str | int
+    category: Annotated[str, StringConstraints(min_length=1)]
+    turns: Annotated[list[str], Field(min_length=1)]
+
+
+def question_item(
+    row: object, where: str, source: str, index: int, dataset: str, split: str = ""
+) -> PromptItem:
+    """The prompt item of a question file's line or row: its first turn, in the domain its
+    category maps to (:data:`CATEGORY_DOMAINS`), the category kept in its metadata."""
+    line = parse(QuestionLine, row, where, PromptSourceError)
+    return PromptItem(
+        id=f"{Path(dataset).stem}/{line.question_id}",
+        domain=CATEGORY_DOMAINS.get(line.category, line.category),
+        messages=user_message(line.turns[0]),
+        source=source,
+        source_index=index,
+        metadata={"category": line.category, "turns": len(line.turns), **(line.model_extra or {})},
+        dataset=dataset,
+        split=split,
+    )
+
+
 def _item_from_json(
     obj: object, where: str, default_domain: str | None, index: int, source: str
 ) -> PromptItem:
+    if isinstance(obj, dict) and "turns" in obj:  # a question file's line
+        return question_item(obj, where, f"jsonl:{source}", index, source, "question.jsonl")
     line = parse(PromptLine, obj, where, PromptSourceError)
     domain = line.domain or default_domain
     if not domain:
@@ -195,7 +243,8 @@ def _cut_short(data: bytes) -> bool:
 
 
 def iter_jsonl(path: str | Path, domain: str | None = None) -> Iterator[PromptItem]:
-    """The items of ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines,
+    """The items of ``{"id", "domain", "prompt"}`` or ``{"id", "domain", "messages"}`` lines, or
+    of a question file's ``{"question_id", "category", "turns"}`` lines (:class:`QuestionLine`),
     one line at a time (a duplicate id raises when its line is reached)."""
     seen: set[str] = set()
     for where, obj in jsonl_objects(path, PromptSourceError):

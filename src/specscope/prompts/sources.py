@@ -18,13 +18,13 @@ import tempfile
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..cache import cache_dir
-from .items import PromptItem, PromptSourceError, read_jsonl, user_message
+from .items import PromptItem, PromptSourceError, question_item, read_jsonl, user_message
 
 # --- prompt sources -----------------------------------------------------------------------------
 
@@ -455,6 +455,26 @@ class HubUltraChat(HubSource):
         return self._make(
             f"ultrachat/{self.split}-{index}", first, index, dataset, prompt_id=row.get("prompt_id")
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubSpeedBench(HubSource):
+    """SPEED-Bench's qualitative split (nvidia/SPEED-Bench, 80 questions in each of 11
+    categories, built to compare acceptance across them): the first turns of the questions of
+    ``categories``, each in the domain its category maps to
+    (:data:`~specscope.prompts.items.CATEGORY_DOMAINS`)."""
+
+    categories: tuple[str, ...]
+    columns = ("question_id", "category", "turns")
+
+    def load(self) -> list[PromptItem]:
+        return [it for it in super().load() if it.metadata["category"] in self.categories]
+
+    def item(self, row: Mapping[str, Any], index: int, dataset: str) -> PromptItem:
+        item = question_item(
+            dict(row), f"{dataset} row {index}", self.name, index, dataset, self.split
+        )
+        return replace(item, id=f"speed-bench/{row['question_id']}", domain=self.domain)
 
 
 @dataclass(frozen=True, kw_only=True)
