@@ -32,8 +32,9 @@ qualitative, 80 per category) of its categories (coding; math; reasoning; writin
 humanities and stem); its other categories are the domains ``qa``, ``rag``, ``summarization`` and
 ``multilingual``. Any domain can also read a JSONL file (``jsonl:PATH`` or a path ending in
 ``.jsonl``), see :func:`read_jsonl`; a question file (MT-Bench's or Spec-Bench's
-``question.jsonl``) is read with its categories mapped to domains (``CATEGORY_DOMAINS``). Samples are seeded and machine independent: items are ranked by
-``sha256(f"{seed}/{id}")`` and the first N taken (no library RNG whose stream could change).
+``question.jsonl``) is read with its categories mapped to domains (``CATEGORY_DOMAINS``).
+Samples are seeded and machine independent: items are ranked by ``sha256(f"{seed}/{id}")`` and
+the first N taken (no library RNG whose stream could change).
 Adding a source is one small class or one entry in :data:`DOMAINS`.
 """
 
