@@ -243,12 +243,15 @@ def test_v1_models_read_by_the_openai_sdk_merges_the_backends_and_never_hangs(tm
     finally:
         silent.close()
     # no model known at all: a 502 the SDK raises, not an empty list
-    nothing = Deployment("vllm", {}, Backend(closed_port_url()))
+    hidden = closed_port_url().replace("http://", "http://user:secret@")
+    nothing = Deployment("vllm", {}, Backend(hidden))
     gateway = served(make_app(nothing, tmp_path / "g2.jsonl", limits=limits))
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.APIStatusError) as e:
         client.models.list()
     assert e.value.status_code == 502 and "did not answer" in str(e.value)
+    assert e.value.response.headers["x-specscope-unlisted"].startswith("http://***@127.0.0.1:")
+    assert "secret" not in str(e.value) and "secret" not in e.value.response.text
 
 
 def test_v1_models_of_a_router_mode_deployment_lists_its_presets(tmp_path, served):
