@@ -75,6 +75,7 @@ INPUT_FILES: dict[str, InputFile] = {
             "engine": "llama.cpp",
             "fallback": {"url": "http://127.0.0.1:8080", "model": "plain"},
             "domains": {"code": {"url": "http://127.0.0.1:8080", "model": "code"}},
+            "vllm_compatible_metrics": False,
         },
     ),
     "policy-predictions": InputFile(

@@ -373,7 +373,10 @@ def test_a_deployment_file_loads():
             "engine 'tgi' is not one the gateway logs for",
         ),
         (DEPLOYMENT + "port = 3\n", "unknown key 'domains.code.port'; allowed: model, url"),
-        ("port = 3\n" + DEPLOYMENT, "unknown key 'port'; allowed: domains, engine, fallback"),
+        (
+            "port = 3\n" + DEPLOYMENT,
+            "unknown key 'port'; allowed: domains, engine, fallback, vllm_compatible_metrics",
+        ),
     ],
 )
 def test_bad_deployments_are_refused_in_one_line(tmp_path, text, message):

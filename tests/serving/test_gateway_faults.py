@@ -834,20 +834,20 @@ def test_observers_see_every_record_and_metrics_count_them(gateway, backend, tmp
     accepted = TIMINGS["draft_n_accepted"]
     steps = TIMINGS["predicted_n"] - 1 - accepted
     expected = {
-        'vllm:request_success_total{domain="code"}': 1.0,
-        'vllm:request_success_total{domain="chat"}': 1.0,
-        'specscope:gateway_request_errors_total{domain="code",status="500"}': 1.0,
-        'vllm:spec_decode_num_drafts_total{domain="code"}': float(steps),
-        'vllm:spec_decode_num_accepted_tokens_total{domain="code"}': float(accepted),
-        'vllm:spec_decode_num_draft_tokens_total{domain="code"}': float(TIMINGS["draft_n"]),
-        'vllm:generation_tokens_total{domain="code"}': float(TIMINGS["predicted_n"]),
-        'vllm:e2e_request_latency_seconds_count{domain="code"}': 2.0,
-        'specscope:gateway_predicted_tokens_per_step{bound="low",domain="code"}': 1.4,
-        'specscope:gateway_tokens_per_step{bound="mid",domain="code"}': (steps + accepted) / steps,
+        'specscope_gateway_requests_total{domain="code"}': 1.0,
+        'specscope_gateway_requests_total{domain="chat"}': 1.0,
+        'specscope_gateway_request_errors_total{domain="code",status="500"}': 1.0,
+        'specscope_gateway_verify_steps_total{domain="code"}': float(steps),
+        'specscope_gateway_accepted_tokens_total{domain="code"}': float(accepted),
+        'specscope_gateway_draft_tokens_total{domain="code"}': float(TIMINGS["draft_n"]),
+        'specscope_gateway_generation_tokens_total{domain="code"}': float(TIMINGS["predicted_n"]),
+        'specscope_gateway_request_latency_seconds_count{domain="code"}': 2.0,
+        'specscope_gateway_predicted_tokens_per_step{bound="low",domain="code"}': 1.4,
+        'specscope_gateway_tokens_per_step{bound="mid",domain="code"}': (steps + accepted) / steps,
     }
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     assert {k: float(values[k]) for k in expected} == pytest.approx(expected)
-    assert values['specscope:gateway_drift{domain="code"}'] == "NaN"  # one request: not testable
+    assert values['specscope_gateway_drift{domain="code"}'] == "NaN"  # one request: not testable
 
 
 def test_a_bug_is_a_json_500_without_a_traceback(gateway, backend):

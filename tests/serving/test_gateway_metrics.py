@@ -52,23 +52,25 @@ def test_counts_are_the_logged_statistics_per_domain():
     metrics.observe("errors", {"domain": "chat", "status": 502, "latency_s": 0.01})
     metrics.observe("requests", {"domain": "chat", "response": {"no": "timings"}})
     text = metrics.exposition()[0].decode()
-    assert sample(text, "vllm:request_success_total", domain="code") == 2
-    assert sample(text, "vllm:spec_decode_num_drafts_total", domain="code") == 15
-    assert sample(text, "vllm:spec_decode_num_accepted_tokens_total", domain="code") == 20
-    assert sample(text, "vllm:spec_decode_num_draft_tokens_total", domain="code") == 60
-    assert sample(text, "vllm:generation_tokens_total", domain="code") == 42
-    assert sample(text, "vllm:prompt_tokens_total", domain="code") == 22
-    assert sample(text, "vllm:e2e_request_latency_seconds_count", domain="code") == 2
-    assert sample(text, "vllm:e2e_request_latency_seconds_sum", domain="code") == pytest.approx(1.6)
-    assert sample(text, "specscope:gateway_request_errors_total", domain="chat", status=502) == 1
-    assert sample(text, "specscope:gateway_unreadable_statistics_total", domain="chat") == 1
-    assert sample(text, "vllm:spec_decode_num_drafts_total", domain="chat") == 0
+    assert sample(text, "specscope_gateway_requests_total", domain="code") == 2
+    assert sample(text, "specscope_gateway_verify_steps_total", domain="code") == 15
+    assert sample(text, "specscope_gateway_accepted_tokens_total", domain="code") == 20
+    assert sample(text, "specscope_gateway_draft_tokens_total", domain="code") == 60
+    assert sample(text, "specscope_gateway_generation_tokens_total", domain="code") == 42
+    assert sample(text, "specscope_gateway_prompt_tokens_total", domain="code") == 22
+    assert sample(text, "specscope_gateway_request_latency_seconds_count", domain="code") == 2
+    assert sample(
+        text, "specscope_gateway_request_latency_seconds_sum", domain="code"
+    ) == pytest.approx(1.6)
+    assert sample(text, "specscope_gateway_request_errors_total", domain="chat", status=502) == 1
+    assert sample(text, "specscope_gateway_unreadable_statistics_total", domain="chat") == 1
+    assert sample(text, "specscope_gateway_verify_steps_total", domain="chat") == 0
     # served tokens per step: (15 + 20) / 15
-    assert sample(text, "specscope:gateway_tokens_per_step", domain="code", bound="mid") == (
+    assert sample(text, "specscope_gateway_tokens_per_step", domain="code", bound="mid") == (
         pytest.approx(35 / 15)
     )
     # no prediction given: drift not testable
-    assert math.isnan(sample(text, "specscope:gateway_drift", domain="code"))
+    assert math.isnan(sample(text, "specscope_gateway_drift", domain="code"))
 
 
 def test_the_ratio_interval_is_the_request_clustered_one():
@@ -147,12 +149,12 @@ def test_predictions_from_a_policy_file(tmp_path):
     }
     metrics = GatewayMetrics("llama.cpp", ["code", "math", "chat"], predictions)
     text = metrics.exposition()[0].decode()
-    assert sample(text, "specscope:gateway_predicted_tokens_per_step", domain="code", bound="low")
+    assert sample(text, "specscope_gateway_predicted_tokens_per_step", domain="code", bound="low")
     assert sample(
-        text, "specscope:gateway_predicted_tokens_per_step", domain="math", bound="mid"
+        text, "specscope_gateway_predicted_tokens_per_step", domain="math", bound="mid"
     ) == pytest.approx(1.8)
     assert (
-        sample(text, "specscope:gateway_predicted_tokens_per_step", domain="chat", bound="mid")
+        sample(text, "specscope_gateway_predicted_tokens_per_step", domain="chat", bound="mid")
         is None
     )
     # a policy file of the wrong shape is refused in one line naming the key, never read as

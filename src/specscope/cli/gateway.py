@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -75,6 +76,11 @@ def gateway(
         help="Seconds an idle kept-alive client connection stays open.",
     ),
     policy: Path | None = options.POLICY_FILE,
+    vllm_compatible_metrics: bool = typer.Option(
+        False,
+        "--vllm-compatible-metrics",
+        help="Export /metrics under vLLM's names too (vllm:spec_decode_num_drafts, ...), beside specscope_gateway_*, as the deployment file's vllm_compatible_metrics = true does; only where no vLLM's own /metrics is scraped beside the gateway's (each count would be summed twice).",
+    ),
     graceful_timeout: float = typer.Option(
         30.0,
         "--graceful-timeout",
@@ -86,8 +92,9 @@ def gateway(
     """Route each request by its prompt's domain to that domain's engine, pass the answer
     (streamed or not, errors included) back unchanged, and log the engine's speculation stats.
 
-    Serves POST /v1/chat/completions, /v1/completions and /completion, GET /health and GET
-    /metrics (Prometheus, per domain; with --policy-file, the drift from its predictions). A
+    Serves POST /v1/chat/completions, /v1/completions and /completion, GET /v1/models (the
+    backends' models, merged), GET /health and GET /metrics (Prometheus, specscope_gateway_*
+    per domain; with --policy-file, the drift from its predictions). A
     client's X-Prompt-Id header (UTF-8) names the request in the log (for specscope ingest
     --prompts). Each backend URL gets its own connections and timeouts, so a backend that hangs
     delays only its own domains; a client slower than --header-timeout with its headers, or
@@ -113,6 +120,8 @@ def gateway(
         domain, sep, url = value.partition("=")
         backends.update({domain: url} if sep and "://" not in domain else {"*": value})
     plan = Deployment.load(deployment, backends)
+    if vllm_compatible_metrics:
+        plan = dataclasses.replace(plan, vllm_compatible_metrics=True)
     predictions = load_predictions(policy) if policy is not None else None
     for domain, server in [*plan.domains.items(), ("other", plan.fallback)]:
         typer.echo(f"{domain}: {server.name}", err=True)

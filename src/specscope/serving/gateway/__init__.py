@@ -39,8 +39,11 @@ client's prompts file), else one the gateway makes up. Backend URLs are checked 
 their credentials (``http://user:pw@host``, sent as Basic auth) are shown nowhere: ``/health``,
 log lines, messages and start-up output name :attr:`Backend.display`. Observers are told of
 every record written: :class:`~specscope.serving.gateway.metrics.GatewayMetrics` is one, served
-at ``/metrics`` (Prometheus: per-domain requests, tokens, drafted and accepted tokens, latency,
-and the drift of tokens per step from the policy's prediction).
+at ``/metrics`` (Prometheus, ``specscope_gateway_*``: per-domain requests, tokens, drafted and
+accepted tokens, latency, and the drift of tokens per step from the policy's prediction; vLLM's
+``vllm:*`` names too only where the deployment sets ``vllm_compatible_metrics``). ``GET
+/v1/models`` lists the backends' own models, merged, in OpenAI's format, each backend given
+``connect_timeout`` to answer.
 
 It does not start or stop engines (:mod:`specscope.serving.llamacpp.server` does for llama-server), choose
 settings (``specscope tune``/``llamacpp``) or read the logs (:mod:`specscope.serving.ingest`);

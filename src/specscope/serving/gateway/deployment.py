@@ -87,16 +87,21 @@ class DeploymentFile:
     domains: dict[Annotated[str, StringConstraints(min_length=1)], Backend] = field(
         default_factory=dict
     )
+    # /metrics also under vLLM's names (vllm:spec_decode_num_drafts, ...): for vLLM's dashboards
+    # where no vLLM's own /metrics is scraped beside the gateway's (else each count twice)
+    vllm_compatible_metrics: bool = False
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """Each domain's backend, the fallback's, and the engine whose statistics the log keeps."""
+    """Each domain's backend, the fallback's, and the engine whose statistics the log keeps;
+    ``vllm_compatible_metrics``: ``/metrics`` also under vLLM's names."""
 
     engine: str
     domains: Mapping[str, Backend]
     fallback: Backend
     router: RuleRouter = field(default_factory=RuleRouter)
+    vllm_compatible_metrics: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_STATS_KEY:
@@ -121,12 +126,23 @@ class Deployment:
         """Each distinct backend URL, once."""
         return tuple(dict.fromkeys(b.url for b in (*self.domains.values(), self.fallback)))
 
+    def backends(self) -> tuple[Backend, ...]:
+        """Each distinct backend (URL and model), once: the domains' in order, the fallback's
+        last."""
+        return tuple(dict.fromkeys((*self.domains.values(), self.fallback)))
+
     @classmethod
     def from_table(cls, table: Mapping, where: str = "deployment") -> Deployment:
         """From a deployment table: ``engine``, ``[fallback]`` and ``[domains.NAME]`` tables of
-        ``url`` and optional ``model`` (:class:`DeploymentFile`, see docs/gateway.md)."""
+        ``url`` and optional ``model``, and ``vllm_compatible_metrics`` (:class:`DeploymentFile`,
+        see docs/gateway.md)."""
         read = parse(DeploymentFile, table, where, DeploymentError)
-        return cls(read.engine, read.domains, read.fallback)
+        return cls(
+            read.engine,
+            read.domains,
+            read.fallback,
+            vllm_compatible_metrics=read.vllm_compatible_metrics,
+        )
 
     @classmethod
     def from_export(

@@ -6,20 +6,26 @@ Each answered request's statistics are read with the engine's ingest parser
 (:func:`specscope.serving.ingest.formats.engine_format`), so a request counts here exactly as
 ``specscope ingest`` would count it.
 
-Names follow vLLM's where vLLM has the metric (``vllm/v1/metrics/loggers.py`` at commit
-005a810b, ``vllm/v1/spec_decode/metrics.py`` at 016a8587): ``vllm:request_success``,
-``vllm:prompt_tokens``, ``vllm:generation_tokens``, ``vllm:spec_decode_num_drafts`` (verify
-steps), ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
-``vllm:e2e_request_latency_seconds``, each with a ``domain`` label; so vLLM's PromQL for the
-acceptance rate and the mean acceptance length works per domain. What vLLM has no name for is
-``specscope:``: failed requests, answers without statistics, and the drift signal.
+**Names.** The gateway's own series are ``specscope_gateway_*``, named as Prometheus' naming
+rules ask (no colons: those are for recording rules; counters end in ``_total``), each with a
+``domain`` label: ``specscope_gateway_requests_total`` (answered with statistics),
+``..._request_errors_total``, ``..._unreadable_statistics_total``, ``..._prompt_tokens_total``,
+``..._generation_tokens_total``, ``..._verify_steps_total``, ``..._draft_tokens_total``,
+``..._accepted_tokens_total``, ``..._request_latency_seconds`` (a histogram), and the gauges
+``..._tokens_per_step``, ``..._predicted_tokens_per_step`` and ``..._drift``.
+
+vLLM's names (:data:`VLLM_NAMES`) are exported as well only where the deployment asks for them
+(``vllm_compatible_metrics = true``, or ``--vllm-compatible-metrics``), so that vLLM's PromQL and
+dashboards work per domain: by default they are not, because in front of a vLLM whose own
+``/metrics`` is scraped too (or beside one), every ``sum(vllm:...)`` would count each request
+twice, and in front of SGLang or llama.cpp they would claim a vLLM that is not there.
 
 **Drift.** For each domain, the served tokens per verify step ``T = sum(accepted + steps) /
 sum(steps)`` (the bonus token included, as the policy's ``expected_tau``), with a 99% interval
 from the ratio estimator's request-clustered variance (requests are the independent units, not
 steps). The domain drifts when that interval lies wholly outside the policy's predicted interval
 (``expected_tau_low``..``expected_tau_high`` when the policy gives them, else the point
-``expected_tau``): ``specscope:gateway_drift`` is -1 (below), +1 (above) or 0; before
+``expected_tau``): ``specscope_gateway_drift`` is -1 (below), +1 (above) or 0; before
 :data:`MIN_REQUESTS` speculated requests it is NaN (not testable). 99%, not 95%: on simulated
 requests whose truth is the prediction (per-request acceptance rates drawn from a Beta, 5 to 60
 steps each), a 95% interval raised false alarms in 6-9% of domains at 30-50 requests (the ratio
@@ -47,7 +53,26 @@ from ..request_stats import IngestError
 
 MIN_REQUESTS = 30  # speculated requests a domain needs before its drift is tested
 Z99 = 2.5758293035489004  # two-sided 99% normal quantile (see the module docstring)
-# vLLM's request latency buckets (vllm/v1/metrics/loggers.py @005a810b)
+PREFIX = "specscope_gateway_"
+# The vLLM name of each of the gateway's counters (and the latency histogram), exported only on
+# request. Checked against vLLM's source: vllm:request_success, vllm:prompt_tokens,
+# vllm:generation_tokens and vllm:e2e_request_latency_seconds in vllm/v1/metrics/loggers.py
+# @005a810bc40faa25b8870fbc8559c3462581eee3 (PrometheusStatLogger); vllm:spec_decode_num_drafts,
+# vllm:spec_decode_num_draft_tokens and vllm:spec_decode_num_accepted_tokens in
+# vllm/v1/spec_decode/metrics.py @016a8587edb04ae53c913a1da9355a07dc0ca4ae (SpecDecodingProm, whose
+# docstring gives the PromQL: acceptance rate = accepted / draft tokens, mean acceptance length =
+# 1 + accepted / drafts). vLLM labels them model_name and engine (request_success also
+# finished_reason); the gateway's copies carry domain instead.
+VLLM_NAMES = {
+    "requests": "vllm:request_success",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+    "verify_steps": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "request_latency_seconds": "vllm:e2e_request_latency_seconds",
+}
+# vLLM's request latency buckets (vllm/v1/metrics/loggers.py @005a810b, request_latency_buckets)
 LATENCY_BUCKETS = (
     0.3,
     0.5,
@@ -181,8 +206,33 @@ def load_predictions(path: str | Path) -> dict[str, Prediction | None]:
     return out
 
 
+class _Series:
+    """One quantity under its specscope name and, where asked, its vLLM name too: ``labels``
+    returns the children of both, incremented or observed together."""
+
+    def __init__(self, metrics: Sequence):
+        self.metrics = tuple(metrics)
+
+    def labels(self, *values: str) -> _Children:
+        return _Children(tuple(m.labels(*values) for m in self.metrics))
+
+
+@dataclass(frozen=True)
+class _Children:
+    children: tuple
+
+    def inc(self, amount: float = 1) -> None:
+        for child in self.children:
+            child.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for child in self.children:
+            child.observe(value)
+
+
 class GatewayMetrics:
-    """Per-domain counters of what the gateway served, in their own Prometheus registry."""
+    """Per-domain counters of what the gateway served, in their own Prometheus registry:
+    ``specscope_gateway_*``, and vLLM's names of the same counts where ``vllm_compatible``."""
 
     def __init__(
         self,
@@ -190,6 +240,7 @@ class GatewayMetrics:
         domains: Sequence[str],
         predictions: Mapping[str, Prediction | None] | None = None,
         min_requests: int = MIN_REQUESTS,
+        vllm_compatible: bool = False,
     ):
         require("gateway", "specscope gateway", ("prometheus_client",))
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -200,50 +251,56 @@ class GatewayMetrics:
         chosen = {d: given[d] if d in given else given.get("*") for d in self.domains}
         self.predictions = {d: p for d, p in chosen.items() if p is not None}
         self.min_requests = min_requests
+        self.vllm_compatible = vllm_compatible
         self.tallies = {d: DomainTally() for d in self.domains}
         self.registry = registry = CollectorRegistry()
 
-        def counter(name: str, doc: str, labels=("domain",)):
-            return Counter(name, doc, list(labels), registry=registry)
+        def names(key: str) -> list[str]:
+            twin = VLLM_NAMES.get(key) if vllm_compatible else None
+            return [PREFIX + key, *([twin] if twin else [])]
 
-        self.success = counter("vllm:request_success", "Requests answered with statistics.")
+        def counter(key: str, doc: str, labels=("domain",)) -> _Series:
+            return _Series(Counter(n, doc, list(labels), registry=registry) for n in names(key))
+
+        self.success = counter("requests", "Requests answered with statistics.")
         self.errors = counter(
-            "specscope:gateway_request_errors",
+            "request_errors",
             "Requests answered with an error, or without statistics (the errors log).",
             ("domain", "status"),
         )
         self.unparsed = counter(
-            "specscope:gateway_unreadable_statistics",
+            "unreadable_statistics",
             "Answers whose statistics the engine's ingest parser refused.",
         )
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of answered requests.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
-        self.drafts = counter("vllm:spec_decode_num_drafts", "Verify steps (drafts verified).")
-        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
-        self.accepted_tokens = counter(
-            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."
-        )
-        self.latency = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Request latency at the gateway, from the request to the answer's end.",
-            ["domain"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of answered requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.drafts = counter("verify_steps", "Verify steps (drafts verified).")
+        self.draft_tokens = counter("draft_tokens", "Draft tokens proposed.")
+        self.accepted_tokens = counter("accepted_tokens", "Draft tokens accepted.")
+        self.latency = _Series(
+            Histogram(
+                name,
+                "Request latency at the gateway, from the request to the answer's end.",
+                ["domain"],
+                buckets=LATENCY_BUCKETS,
+                registry=registry,
+            )
+            for name in names("request_latency_seconds")
         )
         served = Gauge(
-            "specscope:gateway_tokens_per_step",
+            PREFIX + "tokens_per_step",
             "Served tokens per verify step (bonus token included), with its 99% interval.",
             ["domain", "bound"],
             registry=registry,
         )
         predicted = Gauge(
-            "specscope:gateway_predicted_tokens_per_step",
+            PREFIX + "predicted_tokens_per_step",
             "The policy's predicted tokens per verify step and its interval.",
             ["domain", "bound"],
             registry=registry,
         )
         drift = Gauge(
-            "specscope:gateway_drift",
+            PREFIX + "drift",
             "-1: served below the predicted interval, +1: above, 0: consistent, NaN: not testable "
             f"(fewer than {min_requests} speculated requests or no prediction).",
             ["domain"],
@@ -316,6 +373,8 @@ class GatewayMetrics:
 
 __all__ = [
     "MIN_REQUESTS",
+    "PREFIX",
+    "VLLM_NAMES",
     "DomainTally",
     "GatewayMetrics",
     "MetricsError",

@@ -40,6 +40,8 @@ _STATS_HINT = {
     "sglang": "SGLang adds them to its native /generate answers",
 }
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/completion")
+MODELS_ROUTE = "/v1/models"
+UNLISTED_HEADER = "x-specscope-unlisted"  # the backends whose /v1/models did not answer
 PROMPT_ID_HEADER = b"x-prompt-id"
 DOMAIN_HEADER = "x-specscope-domain"
 STOPPED = "the gateway stopped before the engine answered"
@@ -555,6 +557,76 @@ class _Gateway:
             502, _error(502, message, kind, domain=domain, backend=backend.display)
         )
 
+    async def _backend_models(self, url: str) -> list[dict]:
+        """The entries of one backend's ``GET /v1/models`` that have a string ``id``; raises if
+        it does not answer 200 with OpenAI's list within ``connect_timeout`` seconds (connecting,
+        waiting for a pooled connection and reading included), or answers more than
+        ``max_event_bytes``."""
+        client, limit = self.upstreams[url].client, self.limits.connect_timeout
+
+        async def fetch() -> bytes:
+            outgoing = client.build_request(
+                "GET", url + MODELS_ROUTE, headers={"accept-encoding": "identity"}
+            )
+            answer = await client.send(outgoing, stream=True)
+            try:
+                answer.raise_for_status()
+                body = bytearray()
+                async for chunk in answer.aiter_bytes():
+                    body += chunk
+                    if len(body) > self.limits.max_event_bytes:
+                        raise ValueError("the model list is larger than max_event_bytes")
+                return bytes(body)
+            finally:
+                await answer.aclose()
+
+        listed = json.loads(await asyncio.wait_for(fetch(), limit))
+        data = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(data, list):
+            raise ValueError("the answer is not OpenAI's model list")
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    async def models(self, request):
+        """``GET /v1/models`` in OpenAI's list format: the models the backends list (each
+        backend asked at once, each within ``connect_timeout``), and each ``model`` the
+        deployment sets that no backend listed; an id listed twice is given once, first
+        backend first. A backend that does not answer is left out and named in the
+        ``x-specscope-unlisted`` header; 502 when no model is known at all."""
+        backends = self.deployment.backends()
+        urls = self.deployment.backend_urls()
+        answers = await asyncio.gather(
+            *(self._backend_models(url) for url in urls), return_exceptions=True
+        )
+        shown = {b.url: b.display for b in backends}
+        unlisted = [shown[u] for u, a in zip(urls, answers) if isinstance(a, BaseException)]
+        owner = f"specscope-gateway ({self.deployment.engine})"
+        entries: dict[str, dict] = {}
+        for answer in answers:
+            for m in () if isinstance(answer, BaseException) else answer:
+                created = m.get("created")
+                owned_by = m.get("owned_by")
+                entries.setdefault(
+                    m["id"],
+                    {
+                        "id": m["id"],
+                        "object": "model",
+                        "created": created if type(created) is int else 0,
+                        "owned_by": owned_by if isinstance(owned_by, str) else owner,
+                    },
+                )
+        for backend in backends:
+            if backend.model is not None:
+                entries.setdefault(
+                    backend.model,
+                    {"id": backend.model, "object": "model", "created": 0, "owned_by": owner},
+                )
+        named = ", ".join(unlisted).encode("ascii", "backslashreplace").decode()
+        headers = {UNLISTED_HEADER: named} if unlisted else None
+        if not entries:
+            message = f"no backend listed its models ({', '.join(unlisted)} did not answer)"
+            return _json_response(502, _error(502, message, "backend_unavailable"), headers)
+        return _json_response(200, {"object": "list", "data": list(entries.values())}, headers)
+
     async def health(self, request):
         return _json_response(
             200,
@@ -706,7 +778,12 @@ def make_app(
 
     # opened now, so that a log that cannot be written fails at start, not at the first request
     logs = open_logs(log, errors_log)
-    metrics = GatewayMetrics(deployment.engine, routable_domains(deployment.router), predictions)
+    metrics = GatewayMetrics(
+        deployment.engine,
+        routable_domains(deployment.router),
+        predictions,
+        vllm_compatible=deployment.vllm_compatible_metrics,
+    )
     observers = (metrics.observe, *observers)
     gateway = _Gateway(deployment, logs, limits or GatewayLimits(), observers)
 
@@ -727,6 +804,7 @@ def make_app(
 
     routes = [Route(path, gateway.proxy, methods=["POST"]) for path in ROUTES]
     routes.append(Route("/health", gateway.health, methods=["GET"]))
+    routes.append(Route(MODELS_ROUTE, gateway.models, methods=["GET"]))
     routes.append(Route("/metrics", exposition, methods=["GET"]))
     return Starlette(
         routes=routes,
