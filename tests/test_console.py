@@ -81,3 +81,82 @@ def test_analyze_redirected_to_a_file_is_not_truncated(small_run, tmp_path):
     ):
         assert any(all(h in line for h in headers) for line in lines), headers
     assert any("Prompt echo: output words copied from the prompt" in line for line in lines)
+
+
+class Recorder:
+    """A Progress that records what it is told."""
+
+    def __init__(self):
+        self.events = []
+
+    def start(self, what, unit, tally):
+        self.events.append(("start", what, unit, tally.done, tally.total))
+
+    def update(self, tally):
+        self.events.append(("update", tally.done, tally.total))
+
+    def note(self, message, level="info"):
+        self.events.append(("note", message))
+
+    def stop(self):
+        self.events.append(("stop",))
+
+
+def test_long_stages_report_to_the_current_observer(small_run, tmp_path):
+    # analyze, certify, ingest, bench, tune's timing and the llama-server requests report through
+    # counting(): start, one update per unit, stop, to whatever observer the caller made current
+    from specscope.analysis import analyze
+    from specscope.progress import counting, reporting
+
+    recorder = Recorder()
+    with reporting(recorder):
+        with counting("work", "items", 3, done=1) as advance:
+            advance()
+            advance()
+        analyze(small_run)
+    assert recorder.events[:4] == [
+        ("start", "work", "items", 1, 3),
+        ("update", 2, 3),
+        ("update", 3, 3),
+        ("stop",),
+    ]
+    assert recorder.events[4:] == [
+        ("start", "analyzing", "stages", 0, 3),
+        ("update", 1, 3),
+        ("update", 2, 3),
+        ("update", 3, 3),
+        ("stop",),
+    ]
+
+
+def test_the_bar_shows_time_remaining_and_stacks_inner_stages():
+    from rich.console import Console
+
+    from specscope.cli.progress import ProgressBar
+    from specscope.progress import counting, reporting
+
+    bar = ProgressBar()
+    buffer = io.StringIO()
+    bar.console = Console(file=buffer, force_terminal=True, color_system=None, width=150)
+    with reporting(bar):
+        with counting("outer", "prompts", 2) as outer:
+            with counting("inner", "timings", 4) as inner:
+                inner(4)
+            outer(2)
+    text = buffer.getvalue()
+    assert "inner" in text and "0/4 timings" in text  # drawn below the outer while it ran
+    assert "2/2 prompts" in text and "left" in text  # the outer drawn at its end
+    assert bar.rich is None and bar.tasks == []  # every bar closed
+
+
+def test_off_a_terminal_the_bar_is_quiet():
+    from specscope.cli.progress import ProgressBar
+    from specscope.progress import counting, reporting
+
+    bar = ProgressBar()
+    buffer = io.StringIO()
+    bar.console.file = buffer  # not a terminal: notes only
+    with reporting(bar), counting("work", "items", 2) as advance:
+        advance(2)
+        bar.note("a note")
+    assert buffer.getvalue() == "a note\n"

@@ -3,7 +3,8 @@
 The library never writes to the terminal. :func:`specscope.run.study.run_study` and
 :func:`specscope.sweep.run_sweep` take a :class:`Progress` and tell it when the work starts, each
 time a unit (a prompt, a shard) is done, what the caller should know (a skipped prompt, a failed
-shard), and when the work stops. The default, :data:`SILENT`, drops everything; the command line
+shard), and when the work stops; other long stages report to the current observer through
+:func:`counting`. The default, :data:`SILENT`, drops everything; the command line
 passes a rich progress bar (``specscope.cli.progress``). This module knows nothing of terminals.
 
 Work that happens deep under a call (assembling and converting the demo pair, quantising a model
@@ -15,7 +16,8 @@ command).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -87,6 +89,26 @@ _CURRENT: ContextVar[Progress] = ContextVar("specscope_progress", default=SILENT
 def current() -> Progress:
     """The observer of the current context (:data:`SILENT` outside any :func:`reporting`)."""
     return _CURRENT.get()
+
+
+@contextmanager
+def counting(what: str, unit: str, total: int, done: int = 0) -> Iterator[Callable[[int], None]]:
+    """Report long work of ``total`` units (``done`` of them before this call) to the current
+    observer: it starts on entering, ``advance(n=1)`` after each unit, and stops on leaving. The
+    library's long stages (timing costs, a bench, an analysis, an ingest) report through this, so
+    that the command line shows them with the time remaining."""
+    observer, started, count = current(), time.perf_counter(), done
+
+    def advance(n: int = 1) -> None:
+        nonlocal count
+        count += n
+        observer.update(Tally(count, total, 0, 0, time.perf_counter() - started))
+
+    observer.start(what, unit, Tally(done, total, 0, 0, 0.0))
+    try:
+        yield advance
+    finally:
+        observer.stop()
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..progress import counting
 from .delivered import Delivered, deliver, delivered_grids
 from .drafters import DrafterComparison, compare_drafters
 from .findings import Finding, Verdict, evaluate_findings
@@ -56,8 +57,14 @@ def analyze(
     domain's effect at node, step and prompt level and, with ``predictors``, the scorecard of
     acceptance predictors: minutes on a large run, so off unless asked for).
     """
-    rec = prepare(read_run(run_dir))
-    return deliver(analyze_records(rec, settings, stratify), rec, predictors)
+    with counting("analyzing", "stages", 3) as advance:
+        rec = prepare(read_run(run_dir))
+        advance()
+        tables = analyze_records(rec, settings, stratify)
+        advance()
+        analysis = deliver(tables, rec, predictors)
+        advance()
+    return analysis
 
 
 __all__ = [

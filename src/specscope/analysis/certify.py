@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..errors import MissingExtraError, SpecscopeError
 from ..files import write_output
+from ..progress import counting
 from ..records import ALL_DOMAINS, Run
 from ..theory import (
     CRITERIA,
@@ -473,15 +474,19 @@ def certify_run(
     """
     if margin_bins is not None:
         margin_bins = check_margin_bins(margin_bins)
-    steps, source, notes = certify_steps(run)
-    names = [c[5:] for c in steps.columns if c.startswith("cert_")]
-    crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=criterion_order)
-    tree_names = sorted((n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
-    clusters = StepClusters.of(steps, n_boot, seed, confidence)
-    criteria = (
-        _summaries(steps, crit_names, "criterion", clusters) if crit_names else pd.DataFrame()
-    )
-    trees = _summaries(steps, tree_names, "tree", clusters) if tree_names else pd.DataFrame()
+    with counting("certifying", "stages", 3) as advance:
+        steps, source, notes = certify_steps(run)
+        names = [c[5:] for c in steps.columns if c.startswith("cert_")]
+        crit_names = sorted((n for n in names if not n.startswith("tree_m")), key=criterion_order)
+        tree_names = sorted((n for n in names if n.startswith("tree_m")), key=lambda n: int(n[6:]))
+        clusters = StepClusters.of(steps, n_boot, seed, confidence)
+        advance()
+        criteria = (
+            _summaries(steps, crit_names, "criterion", clusters) if crit_names else pd.DataFrame()
+        )
+        advance()
+        trees = _summaries(steps, tree_names, "tree", clusters) if tree_names else pd.DataFrame()
+        advance()
     margins = None
     if margin_bins is not None:
         flags = [c for c in map(flag_column, crit_names + tree_names) if c in steps.columns]

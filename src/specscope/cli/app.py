@@ -105,7 +105,7 @@ def command(*args, panel: str, **kwargs):
         def guarded(*a, **k):
             refuse_uris(k)
             try:
-                with reporting(ProgressBar(bar=False)):  # the library's notes, on stderr
+                with reporting(ProgressBar()):  # the library's notes and long stages, on stderr
                     return function(*a, **k)
             except EXPECTED as e:
                 fail(describe(e))

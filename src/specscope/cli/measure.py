@@ -7,12 +7,19 @@ from pathlib import Path
 import typer
 
 from ..limits import MAX_GRID, MAX_PROMPTS, MAX_RETRIES
+from ..progress import current
 from . import options
 from .app import MEASURE, command, set_threads
 from .drafting import drafter_config
 from .progress import ProgressBar
 
 # --- run (measurement engine) ------------------------------------------------------------------
+
+
+def _bar(quiet: bool):
+    """The command's own observer (its bars stack with any stage under the run's), or notes only
+    with ``--quiet``."""
+    return ProgressBar(bar=False) if quiet else current()
 
 
 @command(panel=MEASURE)
@@ -131,9 +138,7 @@ def run(
     if batch_size is None:
         batch_size = default_batch_size(cfg)
     set_threads(threads)
-    summary = run_study(
-        cfg, out, overwrite=overwrite, progress=ProgressBar(bar=not quiet), batch_size=batch_size
-    )
+    summary = run_study(cfg, out, overwrite=overwrite, progress=_bar(quiet), batch_size=batch_size)
     if summary.already_complete:
         typer.echo(
             f"{out}: run {summary.run_id} is already complete ({summary.prompts_total} prompts); nothing to do"
@@ -237,7 +242,7 @@ def sweep(
         address=address,
         execution=execution,
         overwrite=overwrite,
-        progress=ProgressBar(bar=not quiet),
+        progress=_bar(quiet),
     )
     if not summary.shards_run:
         typer.echo(

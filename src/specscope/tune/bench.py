@@ -49,6 +49,7 @@ from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
 from ..errors import SpecscopeError
 from ..files import read_json_object, read_toml_table
+from ..progress import counting
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
@@ -541,63 +542,58 @@ def run_bench(
     if done and log:
         log(f"resuming: {len(done)} of {len(items)} prompts timed before ({checkpoint.path})")
     runs = []
-    for i, (item, ids) in enumerate(zip(items, rendered)):
-        if item.id in done:
-            runs += done[item.id]
-            continue
-        text = prompt_text(item)
-        same_as = dict(fixed_twins)
-        domain = ""
-        if "routed" in methods.fns and methods.route is not None:
-            domain, setting = methods.route(text)
-            twin = next((m for m in originals if _same(methods.settings[m], setting)), None)
-            if twin is not None:
-                same_as["routed"] = twin
-        timed = [m for m in methods.fns if m not in same_as]
-        times: dict[str, list[float]] = {m: [] for m in timed}
-        firsts: dict[str, list[float]] = {m: [] for m in timed}
-        outputs: dict[str, Decoded] = {}
-        for _ in range(config.repeats):
-            for name in timed:
-                t0 = time.perf_counter()
-                outputs[name] = methods.fns[name](ids, text)
-                times[name].append(time.perf_counter() - t0)
-                firsts[name].append(outputs[name].first_token_s)
-        for name, twin in same_as.items():
-            outputs[name] = dataclasses.replace(
-                outputs[twin], routed_to=domain if name == "routed" else ""
-            )
-            times[name], firsts[name] = times[twin], firsts[twin]
-        timed_runs = []
-        for name in methods.fns:
-            out = outputs[name]
-            median = float(np.median(times[name]))
-            timed_runs.append(
-                BenchRun(
-                    name,
-                    item.id,
-                    item.domain,
-                    out.routed_to,
-                    tuple(out.tokens),
-                    out.steps,
-                    median,
-                    float(np.median(firsts[name])),
-                    tuple(times[name]),
-                    tuple(firsts[name]),
-                    item.id in in_sample_ids,
-                    out.first_tokens,
+    with counting("bench", "prompts", len(items), len(done)) as advance:
+        for item, ids in zip(items, rendered):
+            if item.id in done:
+                runs += done[item.id]
+                continue
+            text = prompt_text(item)
+            same_as = dict(fixed_twins)
+            domain = ""
+            if "routed" in methods.fns and methods.route is not None:
+                domain, setting = methods.route(text)
+                twin = next((m for m in originals if _same(methods.settings[m], setting)), None)
+                if twin is not None:
+                    same_as["routed"] = twin
+            timed = [m for m in methods.fns if m not in same_as]
+            times: dict[str, list[float]] = {m: [] for m in timed}
+            firsts: dict[str, list[float]] = {m: [] for m in timed}
+            outputs: dict[str, Decoded] = {}
+            for _ in range(config.repeats):
+                for name in timed:
+                    t0 = time.perf_counter()
+                    outputs[name] = methods.fns[name](ids, text)
+                    times[name].append(time.perf_counter() - t0)
+                    firsts[name].append(outputs[name].first_token_s)
+            for name, twin in same_as.items():
+                outputs[name] = dataclasses.replace(
+                    outputs[twin], routed_to=domain if name == "routed" else ""
                 )
-            )
-            if log:
-                log(
-                    f"[{i + 1}/{len(items)}] {item.domain:9s} {name:9s} {len(out.tokens):3d} "
-                    f"tokens {median:6.2f} s {len(out.tokens) / median:6.2f} tok/s"
-                    + (f" (routed: {out.routed_to})" if out.routed_to else "")
-                    + (f" (= {same_as[name]}'s run)" if name in same_as else "")
+                times[name], firsts[name] = times[twin], firsts[twin]
+            timed_runs = []
+            for name in methods.fns:
+                out = outputs[name]
+                median = float(np.median(times[name]))
+                timed_runs.append(
+                    BenchRun(
+                        name,
+                        item.id,
+                        item.domain,
+                        out.routed_to,
+                        tuple(out.tokens),
+                        out.steps,
+                        median,
+                        float(np.median(firsts[name])),
+                        tuple(times[name]),
+                        tuple(firsts[name]),
+                        item.id in in_sample_ids,
+                        out.first_tokens,
+                    )
                 )
-        if checkpoint is not None:
-            checkpoint.append(timed_runs)
-        runs += timed_runs
+            if checkpoint is not None:
+                checkpoint.append(timed_runs)
+            runs += timed_runs
+            advance()
     return runs
 
 

@@ -28,6 +28,7 @@ from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
 from ..files import read_json_object, write_json
 from ..hardware import machine_line
+from ..progress import counting
 from ..schemas import INPUT, parse
 from ..trees import TreeShape
 from .acceptance import AcceptanceVector, PolicyError
@@ -349,21 +350,31 @@ def measure_costs(
     chain = TreeShape.chain(CALIBRATION_CHAIN)
     config = DecodeConfig(max_new_tokens=decode_tokens)
     decodes = []
-    for _ in range(repeats):
-        for k in sizes:
-            for name, model in models.items():
-                t = time_forward(model, caches[name], context_len, k, 1, decoder.vocab)
-                samples.setdefault((name, k), []).append(t)
-        if decoder.lookup is not None:
-            lookup = time_lookup(decoder.lookup, context, max(sizes), 1)
-            samples.setdefault(("lookup", 1), []).append(lookup)
-        plain = plain_generate_s(decoder.target, context, decode_tokens)
-        samples.setdefault(("plain", 1), []).append(plain)
-        if draft_model:
-            for k in ASSISTED_CHAINS:
-                t = assisted_step_s(decoder.target, decoder.draft, context, k, decode_tokens)
-                samples.setdefault(("assisted", k), []).append(t)
-        decodes.append((decoder.generate(context, chain, config).steps[1:], plain))
+    # what a round times: every pass size of each model, a lookup, a plain generate(), an
+    # assisted step per K, a real decode
+    per_round = len(sizes) + 2 + (decoder.lookup is not None)
+    per_round += len(ASSISTED_CHAINS) if draft_model else 0
+    with counting("timing costs", "timings", repeats * per_round) as advance:
+        for _ in range(repeats):
+            for k in sizes:
+                for name, model in models.items():
+                    t = time_forward(model, caches[name], context_len, k, 1, decoder.vocab)
+                    samples.setdefault((name, k), []).append(t)
+                advance()
+            if decoder.lookup is not None:
+                lookup = time_lookup(decoder.lookup, context, max(sizes), 1)
+                samples.setdefault(("lookup", 1), []).append(lookup)
+                advance()
+            plain = plain_generate_s(decoder.target, context, decode_tokens)
+            samples.setdefault(("plain", 1), []).append(plain)
+            advance()
+            if draft_model:
+                for k in ASSISTED_CHAINS:
+                    t = assisted_step_s(decoder.target, decoder.draft, context, k, decode_tokens)
+                    samples.setdefault(("assisted", k), []).append(t)
+                    advance()
+            decodes.append((decoder.generate(context, chain, config).steps[1:], plain))
+            advance()
 
     def table(name: str) -> tuple[tuple[int, float], ...]:
         return tuple((k, _median(t)) for (n, k), t in samples.items() if n == name)

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...files import read_json_object, umask, write_json
+from ...progress import counting
 from ...prompts.items import PromptSourceError, iter_jsonl
 from ...records import check_writable_dir
 from ...tune.router import prompt_text
@@ -306,28 +307,30 @@ def _join_and_write(
     An answer without statistics is left out (counted in ``skipped``); joined by order, it still
     takes its prompt's place."""
     order = iter(list(items)) if join == "order" else None
-    for logged in iter_requests(log, fmt, skipped):
-        if order is not None:
-            prompt_id = _next_in_order(order, logged, prompts_file)
-        if logged.stats is None:
-            continue
-        if order is None:
-            prompt_id = _id_join(logged)
-        if prompt_id not in items:
-            raise _unknown_prompt(prompt_id, logged, prompts_file)
-        if isinstance(items[prompt_id], str):
-            raise IngestError(
-                f"request {prompt_id!r} of {logged.where} appears twice in {log} (first at "
-                f"{items[prompt_id]}): each prompt joins one answer (a client that retried a "
-                "request with the same id logs it twice; keep the line to measure)"
-            )
-        domain, text = items[prompt_id]
-        items[prompt_id] = logged.where  # joined: a second line is refused, the text is freed
-        seen.domains.add(domain)
-        seen.derived.update(logged.stats.derived)
-        seen.histogram |= bool(logged.stats.histogram)
-        seen.engine_version(logged.stats, logged.where)
-        tables.add(prompt_id, domain, text, logged.stats)
+    with counting("ingesting", "requests", len(items)) as advance:
+        for logged in iter_requests(log, fmt, skipped):
+            if order is not None:
+                prompt_id = _next_in_order(order, logged, prompts_file)
+            if logged.stats is None:
+                continue
+            if order is None:
+                prompt_id = _id_join(logged)
+            if prompt_id not in items:
+                raise _unknown_prompt(prompt_id, logged, prompts_file)
+            if isinstance(items[prompt_id], str):
+                raise IngestError(
+                    f"request {prompt_id!r} of {logged.where} appears twice in {log} (first at "
+                    f"{items[prompt_id]}): each prompt joins one answer (a client that retried a "
+                    "request with the same id logs it twice; keep the line to measure)"
+                )
+            domain, text = items[prompt_id]
+            items[prompt_id] = logged.where  # joined: a second line is refused, the text is freed
+            seen.domains.add(domain)
+            seen.derived.update(logged.stats.derived)
+            seen.histogram |= bool(logged.stats.histogram)
+            seen.engine_version(logged.stats, logged.where)
+            tables.add(prompt_id, domain, text, logged.stats)
+            advance()
 
 
 def ingest(

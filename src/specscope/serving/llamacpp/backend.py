@@ -38,6 +38,7 @@ import pandas as pd
 from ...errors import SpecscopeError
 from ...files import append_line
 from ...hardware import machine_line
+from ...progress import counting
 from ...prompts.items import PromptItem
 from ...tune.bench import BenchRun
 from .programs import LlamaTools
@@ -129,47 +130,42 @@ def time_candidates(
         log(f"{len(done)} of {total} requests already timed in {journal}: timing the rest")
     requests: list[LlamaRequest] = []
     here = machine_line()
-    for rep in reps:
-        keys = [(rep, name, item.id) for item, _ in prompts for name in names]
-        if all(k in done for k in keys):
-            requests += [done[k] for k in keys]
-            continue
-        with ExitStack() as stack:
-            servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
-            for i, (item, ids) in enumerate(prompts):
-                shift = (i + rep) % len(names)
-                for name in names[shift:] + names[:shift]:
-                    if (rep, name, item.id) in done:
-                        requests.append(done[rep, name, item.id])
-                        continue
-                    t0 = time.perf_counter()
-                    c = servers[name].complete(ids, n_predict)
-                    wall = time.perf_counter() - t0
-                    request = LlamaRequest(
-                        name,
-                        item.id,
-                        item.domain,
-                        rep,
-                        c.predicted_n,
-                        c.prompt_ms / 1000,
-                        c.predicted_ms / 1000,
-                        c.draft_n,
-                        c.draft_n_accepted,
-                        c.stop_type,
-                        wall,
-                        tuple(c.tokens),
-                        here,
-                    )
-                    requests.append(request)
-                    if journal is not None:
-                        append_line(journal, json.dumps(asdict(request)), inside)
-                    if log:
-                        log(
-                            f"[{len(requests)}/{total}] repeat {rep + 1} {item.domain:9s} "
-                            f"{name:22s} {c.predicted_n:3d} tokens "
-                            f"{c.predicted_n / max(c.predicted_ms / 1000, 1e-9):6.1f} tok/s"
-                            + (f", {c.draft_n_accepted}/{c.draft_n} drafts" if c.draft_n else "")
+    with counting("timing requests", "requests", total, len(done)) as advance:
+        for rep in reps:
+            keys = [(rep, name, item.id) for item, _ in prompts for name in names]
+            if all(k in done for k in keys):
+                requests += [done[k] for k in keys]
+                continue
+            with ExitStack() as stack:
+                servers = {name: stack.enter_context(serve(s)) for name, s in settings.items()}
+                for i, (item, ids) in enumerate(prompts):
+                    shift = (i + rep) % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        if (rep, name, item.id) in done:
+                            requests.append(done[rep, name, item.id])
+                            continue
+                        t0 = time.perf_counter()
+                        c = servers[name].complete(ids, n_predict)
+                        wall = time.perf_counter() - t0
+                        request = LlamaRequest(
+                            name,
+                            item.id,
+                            item.domain,
+                            rep,
+                            c.predicted_n,
+                            c.prompt_ms / 1000,
+                            c.predicted_ms / 1000,
+                            c.draft_n,
+                            c.draft_n_accepted,
+                            c.stop_type,
+                            wall,
+                            tuple(c.tokens),
+                            here,
                         )
+                        requests.append(request)
+                        if journal is not None:
+                            append_line(journal, json.dumps(asdict(request)), inside)
+                        advance()
     return runs_from_requests(requests, in_sample_ids), requests
 
 
