@@ -18,11 +18,13 @@ import typer
 from ..errors import SpecscopeError
 from ..files import os_error_reason
 from ..progress import reporting
+from .helptext import AsWrittenGroup
 from .options import RenamingCommand
 from .progress import ProgressBar
 
 app = typer.Typer(
     name="specscope",
+    cls=AsWrittenGroup,
     help="Acceptance dynamics of tree-based speculative decoding.",
     no_args_is_help=True,
     add_completion=False,

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import typer
-from typer.core import TyperCommand
 from typer.models import OptionInfo
 
 from ..drafters import DRAFTERS
@@ -36,6 +35,7 @@ from ..limits import (
     MAX_TREE_NODES,
     MAX_TUNE_NODES,
 )
+from .helptext import AsWrittenCommand
 
 # --- the models ---------------------------------------------------------------------------------
 
@@ -389,8 +389,9 @@ def _note(line: str) -> None:
     typer.echo(line, err=True)
 
 
-class RenamingCommand(TyperCommand):
-    """A typer command that still takes its options' old names, saying each one's new name."""
+class RenamingCommand(AsWrittenCommand):
+    """A typer command that still takes its options' old names, saying each one's new name (and
+    shows its help as written: :class:`~specscope.cli.helptext.AsWrittenCommand`)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         return super().parse_args(ctx, rename_args(self.name or "", args, _note))
