@@ -2,7 +2,8 @@
 
 typer renders help with rich markup, where ``[plot]`` or ``[domains.NAME]`` is a style tag and
 vanishes; specscope's help texts hold no markup, so each is escaped as it is shown (the click
-objects, and the reference pages read off them, keep the words as written). A flag (``--quiet``,
+objects, and the reference pages read off them, keep the words as written). Options are shown panel by panel
+(:data:`OPTION_PANELS`). A flag (``--quiet``,
 ``--plots/--no-plots``) shows no ``<bool>`` type: it takes no value. Nothing here parses.
 """
 
@@ -12,6 +13,23 @@ import copy
 
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
+
+# The help panels of a command's options, in the order --help shows them (after typer's own
+# "Options", which holds --help and any option of no panel).
+MODELS, TREE, DRAFTER, PROMPTS, EXECUTION, OUTPUT = (
+    "models",
+    "tree",
+    "drafter",
+    "prompts",
+    "execution",
+    "output",
+)
+OPTION_PANELS = (MODELS, TREE, DRAFTER, PROMPTS, EXECUTION, OUTPUT)
+
+
+def _panel_order(param) -> int:
+    panel = getattr(param, "rich_help_panel", None)
+    return OPTION_PANELS.index(panel) if panel in OPTION_PANELS else -1
 
 
 def _shown_param(param):
@@ -31,7 +49,7 @@ def as_shown(command, ctx):
         shown.help = escape(shown.help)
     if shown.short_help:
         shown.short_help = escape(shown.short_help)
-    params = [_shown_param(p) for p in command.get_params(ctx)]
+    params = sorted((_shown_param(p) for p in command.get_params(ctx)), key=_panel_order)
     shown.params = params
     shown.get_params = lambda _ctx: params
     if isinstance(command, TyperGroup):

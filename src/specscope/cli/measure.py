@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
@@ -22,25 +23,32 @@ def run(
         "--out",
         "-o",
         help="Run directory to write (or resume): a local path or a file:// URI.",
+        rich_help_panel=options.OUTPUT,
     ),
     config: str | None = typer.Option(
         None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
-    dtype: str | None = options.DTYPE,
+    dtype: options.Dtype | None = options.DTYPE,
     device: str | None = options.DEVICE,
-    draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
+    draft_device: str | None = typer.Option(
+        None, help="Draft device (default: --device).", rich_help_panel=options.MODELS
+    ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    policy: str | None = options.TREE_POLICY,
+    policy: options.MeasuredPolicy | None = options.TREE_POLICY,
     # checked by TreeConfig, as a config file's [tree] is
     top_k: int | None = options.checked_by_library(options.TOP_K),
     branch: int | None = options.checked_by_library(options.BRANCH),
     depth: int | None = options.checked_by_library(options.TREE_DEPTH),
     max_nodes: int | None = options.checked_by_library(options.MAX_NODES),
     paths: str | None = options.PATHS,
-    engine: str | None = typer.Option(
-        None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."
+    engine: options.MeasureEngine | None = typer.Option(
+        None,
+        "--measure-engine",
+        help="How each step is measured: cached (KV caches, one tree pass) or naive (the paper's "
+        "full recompute). Default: the config's.",
+        rich_help_panel=options.EXECUTION,
     ),
     prompts: Path | None = options.PROMPTS,
     domains: list[str] | None = options.DOMAINS,
@@ -49,18 +57,24 @@ def run(
         None,
         "--source",
         help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains).",
+        rich_help_panel=options.PROMPTS_PANEL,
     ),
-    smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="Use the built-in 4-prompt smoke set.",
+        rich_help_panel=options.PROMPTS_PANEL,
+    ),
     max_new_tokens: int | None = options.MAX_NEW_TOKENS,
     max_prompt_tokens: int | None = options.MAX_PROMPT_TOKENS,
-    rendering: str | None = options.RENDERING,
+    rendering: options.Rendering | None = options.RENDERING,
     seed: int | None = options.SEED,
     batch_size: int | None = options.BATCH_SIZE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
     overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
-    drafter: str | None = options.DRAFTER,
+    drafter: options.DrafterKind | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
     ngram_size: int | None = options.NGRAM_SIZE,
@@ -158,31 +172,42 @@ def sweep(
         "--out",
         "-o",
         help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME).",
+        rich_help_panel=options.OUTPUT,
     ),
-    executor: str = typer.Option(
+    executor: Literal["local", "ray"] = typer.Option(  # sweep.executors.EXECUTORS
         "local",
         "--executor",
         "-e",
         help="local (one process) or ray (shards as Ray tasks; needs the ray extra).",
+        rich_help_panel=options.EXECUTION,
     ),
     address: str | None = typer.Option(
         None,
         "--address",
         help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine).",
+        rich_help_panel=options.EXECUTION,
     ),
     prompts_per_shard: int | None = typer.Option(
         None,
         min=1,
         max=MAX_PROMPTS,
         help="Prompts per shard (a worker loads its pair once per shard).",
+        rich_help_panel=options.EXECUTION,
     ),
     max_retries: int | None = typer.Option(
-        None, min=0, max=MAX_RETRIES, help="Ray retries of a shard whose worker died."
+        None,
+        min=0,
+        max=MAX_RETRIES,
+        help="Ray retries of a shard whose worker died.",
+        rich_help_panel=options.EXECUTION,
     ),
-    cpus_per_shard: float | None = typer.Option(None, help="CPUs a shard reserves on Ray."),
+    cpus_per_shard: float | None = typer.Option(
+        None, help="CPUs a shard reserves on Ray.", rich_help_panel=options.EXECUTION
+    ),
     gpus_per_shard: float | None = typer.Option(
         None,
         help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU).",
+        rich_help_panel=options.EXECUTION,
     ),
     threads: int | None = options.THREADS,
     batch_size: int | None = options.BATCH_SIZE,
@@ -192,9 +217,12 @@ def sweep(
         min=1,
         max=MAX_GRID,
         help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000).",
+        rich_help_panel=options.EXECUTION,
     ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="List the grid points and exit.", rich_help_panel=options.OUTPUT
+    ),
     overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
 ) -> None:
