@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import typer
 
@@ -30,22 +29,23 @@ def run(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
-    dtype: options.Dtype | None = options.DTYPE,
+    dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     draft_device: str | None = typer.Option(
         None, help="Draft device (default: --device).", rich_help_panel=options.MODELS
     ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    policy: options.MeasuredPolicy | None = options.TREE_POLICY,
+    policy: str | None = options.with_choices(options.TREE_POLICY, options.MEASURED_POLICIES),
     # checked by TreeConfig, as a config file's [tree] is
     top_k: int | None = options.checked_by_library(options.TOP_K),
     branch: int | None = options.checked_by_library(options.BRANCH),
     depth: int | None = options.checked_by_library(options.TREE_DEPTH),
     max_nodes: int | None = options.checked_by_library(options.MAX_NODES),
     paths: str | None = options.PATHS,
-    engine: options.MeasureEngine | None = typer.Option(
+    engine: str | None = typer.Option(
         None,
         "--measure-engine",
+        metavar=options.one_of(options.MEASURE_ENGINES),
         help="How each step is measured: cached (KV caches, one tree pass) or naive (the paper's "
         "full recompute). Default: the config's.",
         rich_help_panel=options.EXECUTION,
@@ -67,14 +67,14 @@ def run(
     ),
     max_new_tokens: int | None = options.MAX_NEW_TOKENS,
     max_prompt_tokens: int | None = options.MAX_PROMPT_TOKENS,
-    rendering: options.Rendering | None = options.RENDERING,
+    rendering: str | None = options.RENDERING,
     seed: int | None = options.SEED,
     batch_size: int | None = options.BATCH_SIZE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
     overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
-    drafter: options.DrafterKind | None = options.DRAFTER,
+    drafter: str | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
     ngram_size: int | None = options.NGRAM_SIZE,
@@ -174,10 +174,11 @@ def sweep(
         help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME).",
         rich_help_panel=options.OUTPUT,
     ),
-    executor: Literal["local", "ray"] = typer.Option(  # sweep.executors.EXECUTORS
+    executor: str = typer.Option(
         "local",
         "--executor",
         "-e",
+        metavar="<local|ray>",  # sweep.executors.EXECUTORS
         help="local (one process) or ray (shards as Ray tasks; needs the ray extra).",
         rich_help_panel=options.EXECUTION,
     ),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import typer
 from typer.models import OptionInfo
@@ -41,15 +40,28 @@ from .helptext import PROMPTS as PROMPTS_PANEL
 
 # --- what each option takes, and where --help shows it -------------------------------------------
 
-# Values an option takes, listed by --help; tests/test_cli_help.py checks each against the library's
-# own list (kept here, as words, so that the command line loads neither torch nor the library).
-Dtype = Literal["bfloat16", "float16", "float32", "auto"]
-MeasuredPolicy = Literal["paper", "paper-text", "chain", "static"]  # trees.POLICIES
-DecodePolicy = Literal["paper", "paper-text", "chain", "static", "dynamic", "optimal", "none"]
-DrafterKind = Literal["draft-model", "ngram", "llama-ngram-simple", "early-exit"]  # DRAFTERS
-Rendering = Literal["task", "chat", "raw"]
-MeasureEngine = Literal["cached", "naive"]  # run.config.ENGINES
-DraftAttention = Literal["sdpa", "rowwise"]
+# Values an option takes, listed by --help (the library checks a value, in one line naming them);
+# tests/test_cli_help.py checks each list against the library's own (kept here, as words, so that
+# the command line loads neither torch nor the library to show its help).
+DTYPES = ("bfloat16", "float16", "float32", "auto")
+MEASURED_POLICIES = ("paper", "paper-text", "chain", "static")  # trees.POLICIES
+DECODE_POLICIES = (*MEASURED_POLICIES, "dynamic", "optimal", "none")  # tune.policy.SPECULATIONS
+DRAFTER_KINDS = ("draft-model", "ngram", "llama-ngram-simple", "early-exit")  # drafters.DRAFTERS
+RENDERINGS = ("task", "chat", "raw")
+MEASURE_ENGINES = ("cached", "naive")  # run.config.ENGINES
+DRAFT_ATTENTIONS = ("sdpa", "rowwise")
+
+
+def one_of(values: tuple[str, ...]) -> str:
+    """How --help shows an option's choices: ``<a|b|c>``."""
+    return f"<{'|'.join(values)}>"
+
+
+def with_choices(option: OptionInfo, values: tuple[str, ...]) -> OptionInfo:
+    """``option`` as a command that takes fewer of its values shows it (run: the measured trees)."""
+    fewer = copy.copy(option)
+    fewer.metavar = one_of(values)
+    return fewer
 
 
 # A shared option whose default is each command's own ends its help with " Default: ...": the words
@@ -113,6 +125,7 @@ DTYPE = own_defaults(
     typer.Option(
         None,
         "--dtype",
+        metavar=one_of(DTYPES),
         help="The models' float type; auto: the fastest here (bfloat16 on a GPU or a CPU with AMX "
         "or AVX512-BF16, else float32). The manifest names the one used.",
         rich_help_panel=MODELS,
@@ -145,6 +158,7 @@ INT8 = typer.Option(
 DRAFT_ATTENTION = typer.Option(
     "sdpa",
     "--draft-attention",
+    metavar=one_of(DRAFT_ATTENTIONS),
     help="The draft model's attention: sdpa (the fastest) or rowwise (with --int8: the "
     "batch-invariant attention that int8 measurement drafts with, so that decoding drafts exactly "
     "the tokens the records hold and a replayed prediction is checked step for step; a draft "
@@ -165,6 +179,7 @@ THREADS = typer.Option(
 DRAFTER = typer.Option(
     None,
     "--drafter",
+    metavar=one_of(DRAFTER_KINDS),
     help="What proposes the tree (default: draft-model, or the config's).",
     rich_help_panel=DRAFTER_PANEL,
 )
@@ -255,6 +270,7 @@ MAX_PROMPT_TOKENS = own_defaults(
 RENDERING = typer.Option(
     None,
     "--rendering",
+    metavar=one_of(RENDERINGS),
     help="How a prompt becomes text: task (the default: the chat template, a code item's reply "
     "opening with its function so the model writes the body; a bare prompt renders as chat), "
     "chat (the chat template only) or raw (no template, the paper's code).",
@@ -324,6 +340,7 @@ TREE_POLICY = own_defaults(
     typer.Option(
         None,
         "--policy",
+        metavar=one_of(DECODE_POLICIES),
         help="Tree policy: a tree of fixed shape (paper, paper-text, chain, static), one built "
         "while decoding (dynamic, optimal) or plain decoding (none).",
         rich_help_panel=TREE,

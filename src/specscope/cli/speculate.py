@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Literal
 
 import typer
 
@@ -71,7 +70,7 @@ def decode(
         help="Read the prompt from this file.",
         rich_help_panel=options.PROMPTS_PANEL,
     ),
-    policy: options.DecodePolicy = options.with_default(options.TREE_POLICY, "chain"),
+    policy: str = options.with_default(options.TREE_POLICY, "chain"),
     depth: int | None = options.TREE_DEPTH,
     top_k: int | None = options.TOP_K,
     branch: int | None = options.BRANCH,
@@ -109,7 +108,7 @@ def decode(
         rich_help_panel=options.TREE,
     ),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
-    rendering: options.Rendering | None = options.RENDERING,
+    rendering: str | None = options.RENDERING,
     max_prompt_tokens: int = options.with_default(options.MAX_PROMPT_TOKENS, 512),
     records: Path | None = typer.Option(
         None,
@@ -119,13 +118,13 @@ def decode(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
-    dtype: options.Dtype | None = options.DTYPE,
+    dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
-    draft_attention: options.DraftAttention = options.DRAFT_ATTENTION,
-    drafter: options.DrafterKind | None = options.DRAFTER,
+    draft_attention: str = options.DRAFT_ATTENTION,
+    drafter: str | None = options.DRAFTER,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
     ngram_size: int | None = options.NGRAM_SIZE,
@@ -248,7 +247,7 @@ def tune(
     repeats: int = options.REPEATS,
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
-    dtype: options.Dtype | None = options.DTYPE,
+    dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
@@ -344,9 +343,10 @@ def bench(
         help="Methods to time (default plain,assisted,chain,uniform,routed; repeat the option or separate by commas): plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
         rich_help_panel=options.EXECUTION,
     ),
-    router_name: Literal["rules", "learned"] = typer.Option(  # tune.bench.ROUTERS
+    router_name: str = typer.Option(
         "rules",
         "--router",
+        metavar="<rules|learned>",  # tune.bench.ROUTERS
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
         rich_help_panel=options.PROMPTS_PANEL,
     ),
@@ -362,12 +362,12 @@ def bench(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
-    dtype: options.Dtype | None = options.DTYPE,
+    dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
-    draft_attention: options.DraftAttention = options.DRAFT_ATTENTION,
+    draft_attention: str = options.DRAFT_ATTENTION,
     prompt_lookup_min: int | None = options.PROMPT_LOOKUP_MIN,
     prompt_lookup_max: int | None = options.PROMPT_LOOKUP_MAX,
     exit_layer: int | None = options.EXIT_LAYER,
