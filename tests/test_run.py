@@ -312,7 +312,7 @@ def test_cli_config_file_and_overrides(tiny_dirs, prompt_file, tmp_path):
             ["--policy", "beam"],
             "unknown tree policy 'beam'; choose one of paper, paper-text, chain, static",
         ),
-        (["--engine", "turbo"], "unknown engine 'turbo'; choose one of cached, naive"),
+        (["--measure-engine", "turbo"], "unknown engine 'turbo'; choose one of cached, naive"),
         (["--depth", "0"], "tree depth must be >= 1"),
         (
             ["--max-nodes", "1", "--top-k", "3"],

@@ -252,5 +252,5 @@ def test_llama_ngram_simple_exports_exactly_and_only_to_llama_cpp():
         "--spec-ngram-simple-size-m": 12,
     }
     assert code["approximated"] is False and doc["approximation"] is None
-    with pytest.raises(ExportError, match="llama.cpp's own rule: export this policy with --engine"):
+    with pytest.raises(ExportError, match="llama.cpp's own rule: export this policy with --to"):
         export_policy(policy, "vllm", ExportOptions(target="/m/target"))

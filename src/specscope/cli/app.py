@@ -10,6 +10,7 @@ command reports (certify's soundness violation); anything else with a traceback 
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from pathlib import Path
 
@@ -18,11 +19,13 @@ import typer
 from ..errors import SpecscopeError
 from ..files import os_error_reason
 from ..progress import reporting
-from .options import RenamingCommand
+from .helptext import AsWrittenGroup
+from .options import RenamingCommand, for_command
 from .progress import ProgressBar
 
 app = typer.Typer(
     name="specscope",
+    cls=AsWrittenGroup,
     help="Acceptance dynamics of tree-based speculative decoding.",
     no_args_is_help=True,
     add_completion=False,
@@ -30,8 +33,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from .. import __version__
+
+        typer.echo(f"specscope {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print specscope's version and exit.",
+    ),
+) -> None:
     """Acceptance dynamics of tree-based speculative decoding: measure, analyse, certify, speculate."""
 
 
@@ -95,12 +114,19 @@ PANELS = (MEASURE, ANALYZE, SPECULATE, SERVE, MACHINE)
 
 def command(*args, panel: str, **kwargs):
     """``app.command`` in help panel ``panel`` (one of :data:`PANELS`) whose function refuses URIs
-    given for local paths (:func:`refuse_uris`), turns any expected failure (:data:`EXPECTED`)
+    given for local paths (:func:`refuse_uris`), shows each shared option's help with this command's
+    own default (:func:`~specscope.cli.options.for_command`), turns any expected failure (:data:`EXPECTED`)
     into :func:`fail`, and still takes its options' old names
     (:class:`~specscope.cli.options.RenamingCommand`)."""
     assert panel in PANELS, f"help panel {panel!r} is not one of {', '.join(PANELS)}"
 
     def register(function):
+        name = args[0] if args else function.__name__.replace("_", "-")
+        signature = inspect.signature(function)
+        own = [
+            p.replace(default=for_command(p.default, name)) for p in signature.parameters.values()
+        ]
+
         @functools.wraps(function)
         def guarded(*a, **k):
             refuse_uris(k)
@@ -110,6 +136,7 @@ def command(*args, panel: str, **kwargs):
             except EXPECTED as e:
                 fail(describe(e))
 
+        guarded.__signature__ = signature.replace(parameters=own)  # each option's own default
         return app.command(*args, cls=RenamingCommand, rich_help_panel=panel, **kwargs)(guarded)
 
     return register

@@ -29,6 +29,7 @@ def run(
         "--out",
         "-o",
         help="Run directory to write (or resume): a local path or a file:// URI.",
+        rich_help_panel=options.OUTPUT,
     ),
     config: str | None = typer.Option(
         None, "--config", "-c", help="Preset (paper, demo) or TOML file; options below override it."
@@ -37,9 +38,11 @@ def run(
     target: str | None = options.TARGET,
     dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
-    draft_device: str | None = typer.Option(None, help="Draft device (defaults to --device)."),
+    draft_device: str | None = typer.Option(
+        None, help="Draft device (default: --device).", rich_help_panel=options.MODELS
+    ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    policy: str | None = options.TREE_POLICY,
+    policy: str | None = options.with_choices(options.TREE_POLICY, options.MEASURED_POLICIES),
     # checked by TreeConfig, as a config file's [tree] is
     top_k: int | None = options.checked_by_library(options.TOP_K),
     branch: int | None = options.checked_by_library(options.BRANCH),
@@ -47,7 +50,12 @@ def run(
     max_nodes: int | None = options.checked_by_library(options.MAX_NODES),
     paths: str | None = options.PATHS,
     engine: str | None = typer.Option(
-        None, help="cached (KV caches, one tree pass) or naive (paper's full recompute)."
+        None,
+        "--measure-engine",
+        metavar=options.one_of(options.MEASURE_ENGINES),
+        help="How each step is measured: cached (KV caches, one tree pass) or naive (the paper's "
+        "full recompute). Default: the config's.",
+        rich_help_panel=options.EXECUTION,
     ),
     prompts: Path | None = options.PROMPTS,
     domains: list[str] | None = options.DOMAINS,
@@ -56,8 +64,14 @@ def run(
         None,
         "--source",
         help="DOMAIN=SOURCE: use another prompt source for a domain (see specscope domains).",
+        rich_help_panel=options.PROMPTS_PANEL,
     ),
-    smoke: bool = typer.Option(False, "--smoke", help="Use the built-in 4-prompt smoke set."),
+    smoke: bool = typer.Option(
+        False,
+        "--smoke",
+        help="Use the built-in 4-prompt smoke set.",
+        rich_help_panel=options.PROMPTS_PANEL,
+    ),
     max_new_tokens: int | None = options.MAX_NEW_TOKENS,
     max_prompt_tokens: int | None = options.MAX_PROMPT_TOKENS,
     rendering: str | None = options.RENDERING,
@@ -163,31 +177,43 @@ def sweep(
         "--out",
         "-o",
         help="Sweep directory or URI, e.g. s3://bucket/sweeps/x or file:///data/x (default: sweeps/NAME).",
+        rich_help_panel=options.OUTPUT,
     ),
     executor: str = typer.Option(
         "local",
         "--executor",
         "-e",
+        metavar="<local|ray>",  # sweep.executors.EXECUTORS
         help="local (one process) or ray (shards as Ray tasks; needs the ray extra).",
+        rich_help_panel=options.EXECUTION,
     ),
     address: str | None = typer.Option(
         None,
         "--address",
         help="Ray cluster: auto or HOST:PORT (default: start Ray on this machine).",
+        rich_help_panel=options.EXECUTION,
     ),
     prompts_per_shard: int | None = typer.Option(
         None,
         min=1,
         max=MAX_PROMPTS,
         help="Prompts per shard (a worker loads its pair once per shard).",
+        rich_help_panel=options.EXECUTION,
     ),
     max_retries: int | None = typer.Option(
-        None, min=0, max=MAX_RETRIES, help="Ray retries of a shard whose worker died."
+        None,
+        min=0,
+        max=MAX_RETRIES,
+        help="Ray retries of a shard whose worker died.",
+        rich_help_panel=options.EXECUTION,
     ),
-    cpus_per_shard: float | None = typer.Option(None, help="CPUs a shard reserves on Ray."),
+    cpus_per_shard: float | None = typer.Option(
+        None, help="CPUs a shard reserves on Ray.", rich_help_panel=options.EXECUTION
+    ),
     gpus_per_shard: float | None = typer.Option(
         None,
         help="GPUs a cuda shard reserves on Ray (default: one per cuda device of the pair; 0.5 packs two per GPU).",
+        rich_help_panel=options.EXECUTION,
     ),
     threads: int | None = options.THREADS,
     batch_size: int | None = options.BATCH_SIZE,
@@ -197,9 +223,12 @@ def sweep(
         min=1,
         max=MAX_GRID,
         help="Refuse a grid of more points than this (default: [execution] max_points, else 10,000).",
+        rich_help_panel=options.EXECUTION,
     ),
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the grid points and exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="List the grid points and exit.", rich_help_panel=options.OUTPUT
+    ),
     overwrite: bool = options.OVERWRITE,
     quiet: bool = options.QUIET,
 ) -> None:

@@ -21,10 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import typer
-from typer.core import TyperCommand
 from typer.models import OptionInfo
 
-from ..drafters import DRAFTERS
 from ..limits import (
     MAX_BATCH,
     MAX_BOOT,
@@ -36,40 +34,118 @@ from ..limits import (
     MAX_TREE_NODES,
     MAX_TUNE_NODES,
 )
+from .helptext import DRAFTER as DRAFTER_PANEL
+from .helptext import EXECUTION, MODELS, OUTPUT, TREE, AsWrittenCommand
+from .helptext import PROMPTS as PROMPTS_PANEL
+
+# --- what each option takes, and where --help shows it -------------------------------------------
+
+# Values an option takes, listed by --help (the library checks a value, in one line naming them);
+# tests/test_cli_help.py checks each list against the library's own (kept here, as words, so that
+# the command line loads neither torch nor the library to show its help).
+DTYPES = ("bfloat16", "float16", "float32", "auto")
+MEASURED_POLICIES = ("paper", "paper-text", "chain", "static")  # trees.POLICIES
+DECODE_POLICIES = (*MEASURED_POLICIES, "dynamic", "optimal", "none")  # tune.policy.SPECULATIONS
+DRAFTER_KINDS = ("draft-model", "ngram", "llama-ngram-simple", "early-exit")  # drafters.DRAFTERS
+RENDERINGS = ("task", "chat", "raw")
+MEASURE_ENGINES = ("cached", "naive")  # run.config.ENGINES
+DRAFT_ATTENTIONS = ("sdpa", "rowwise")
+
+
+def one_of(values: tuple[str, ...]) -> str:
+    """How --help shows an option's choices: ``<a|b|c>``."""
+    return f"<{'|'.join(values)}>"
+
+
+def with_choices(option: OptionInfo, values: tuple[str, ...]) -> OptionInfo:
+    """``option`` as a command that takes fewer of its values shows it (run: the measured trees)."""
+    fewer = copy.copy(option)
+    fewer.metavar = one_of(values)
+    return fewer
+
+
+# A shared option whose default is each command's own ends its help with " Default: ...": the words
+# before it are the option's one meaning, the same in every command.
+DEFAULT_WORDS = " Default: "
+
+
+def own_defaults(option: OptionInfo, **by_command: str) -> OptionInfo:
+    """``option``, whose help each command ends with its own default: ``by_command`` maps a command
+    (``_`` for every other) to the words; :func:`for_command` makes each command's help."""
+    option.own_defaults = by_command
+    return option
+
+
+def for_command(option, command: str):
+    """``option`` as ``command`` shows it: its help ending with that command's own default (an
+    option without :func:`own_defaults`, or anything else, is returned as it is)."""
+    said = getattr(option, "own_defaults", None)
+    if not isinstance(option, OptionInfo) or not said:
+        return option
+    words = said.get(command.replace("-", "_"), said.get("_"))
+    own = copy.copy(option)
+    own.help = f"{option.help}{DEFAULT_WORDS}{words}." if words else option.help
+    return own
+
+
+def meaning(help_text: str) -> str:
+    """An option's meaning: its help without the command's own default (:func:`own_defaults`)."""
+    return help_text.partition(DEFAULT_WORDS)[0]
+
 
 # --- the models ---------------------------------------------------------------------------------
 
-DRAFT = typer.Option(
-    None,
-    "--draft",
-    help="Draft model: hub id, local dir, .gguf file, or demo:draft (default: the config's or "
-    "the run's, else demo:draft).",
+DRAFT = own_defaults(
+    typer.Option(
+        None,
+        "--draft",
+        help="Draft model: hub id, local dir, .gguf file, or demo:draft.",
+        rich_help_panel=MODELS,
+    ),
+    run="the config's, else demo:draft",
+    tune="the run's",
+    _="demo:draft",
 )
-TARGET = typer.Option(
-    None,
-    "--target",
-    help="Target model: hub id, local dir, .gguf file, or demo:target (default: the config's or "
-    "the run's, else demo:target).",
+TARGET = own_defaults(
+    typer.Option(
+        None,
+        "--target",
+        help="Target model: hub id, local dir, .gguf file, or demo:target.",
+        rich_help_panel=MODELS,
+    ),
+    run="the config's, else demo:target",
+    tune="the run's",
+    _="demo:target",
 )
-DTYPE = typer.Option(
-    None,
-    "--dtype",
-    help="bfloat16, float16, float32, or auto (the fastest here: bfloat16 on a GPU or a CPU with "
-    "AMX or AVX512-BF16, else float32). Default: the config's or the run's, else auto to "
-    "measure (run) and bfloat16 to decode (decode, tune, bench: passes of a few tokens, where "
-    "bfloat16 was the fastest float dtype on every CPU timed). The manifest names the one used.",
+_DECODE_DTYPE = (
+    "bfloat16 (passes of a few tokens, where bfloat16 was the fastest float dtype on every CPU "
+    "timed)"
+)
+DTYPE = own_defaults(
+    typer.Option(
+        None,
+        "--dtype",
+        metavar=one_of(DTYPES),
+        help="The models' float type; auto: the fastest here (bfloat16 on a GPU or a CPU with AMX "
+        "or AVX512-BF16, else float32). The manifest names the one used.",
+        rich_help_panel=MODELS,
+    ),
+    run="the config's, else auto",
+    tune=f"the run's, else {_DECODE_DTYPE}",
+    _=_DECODE_DTYPE,
 )
 DEVICE = typer.Option(
     None,
     "--device",
-    help="Device of both models, e.g. cpu or cuda:0 (run: --draft-device puts the draft on "
-    "another).",
+    help="Device of both models, e.g. cpu or cuda:0.",
+    rich_help_panel=MODELS,
 )
 TRUST_REMOTE_CODE = typer.Option(
     False,
     "--trust-remote-code",
     help="Allow model code from the hub (only this flag allows it: a config, sweep file or run "
     "manifest that asks for it is ignored).",
+    rich_help_panel=MODELS,
 )
 INT8 = typer.Option(
     False,
@@ -77,48 +153,59 @@ INT8 = typer.Option(
     help="Both models' linear layers in int8 on the CPU (implies --dtype float32): passes of a "
     "few tokens cost about one, greedy outputs stay plain decoding's of the same model, and "
     "records do not depend on the batch size.",
+    rich_help_panel=MODELS,
 )
 DRAFT_ATTENTION = typer.Option(
     "sdpa",
     "--draft-attention",
+    metavar=one_of(DRAFT_ATTENTIONS),
     help="The draft model's attention: sdpa (the fastest) or rowwise (with --int8: the "
     "batch-invariant attention that int8 measurement drafts with, so that decoding drafts exactly "
     "the tokens the records hold and a replayed prediction is checked step for step; a draft "
     "pass costs a few percent more, its prefill about 1.4x).",
+    rich_help_panel=MODELS,
 )
 THREADS_HELP = (
     f"CPU threads for torch, 1 to {MAX_THREADS} (default: torch's own, capped at the CPUs this "
     "process may use: its affinity mask and its container's CPU quota; a sweep's shard on Ray: "
     "its cpus-per-shard). Time costs (tune) and bench with the same number."
 )
-THREADS = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP)
+THREADS = typer.Option(
+    None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP, rich_help_panel=EXECUTION
+)
 
 # --- the drafter (specscope.cli.drafting turns these into a DrafterConfig) -------------------------
 
 DRAFTER = typer.Option(
     None,
     "--drafter",
-    help=f"What proposes the tree: {', '.join(DRAFTERS)} (default: draft-model, or the config's).",
+    metavar=one_of(DRAFTER_KINDS),
+    help="What proposes the tree (default: draft-model, or the config's).",
+    rich_help_panel=DRAFTER_PANEL,
 )
 PROMPT_LOOKUP_MIN = typer.Option(
     None,
     "--prompt-lookup-min",
     help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min; default 5, or --prompt-lookup-max).",
+    rich_help_panel=DRAFTER_PANEL,
 )
 PROMPT_LOOKUP_MAX = typer.Option(
     None,
     "--prompt-lookup-max",
     help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
+    rich_help_panel=DRAFTER_PANEL,
 )
 NGRAM_SIZE = typer.Option(
     None,
     "--ngram-size",
     help="llama-ngram-simple: the n-gram matched (llama.cpp's --spec-ngram-simple-size-n; default 12); the chain's --depth is its M.",
+    rich_help_panel=DRAFTER_PANEL,
 )
 EXIT_LAYER = typer.Option(
     None,
     "--exit-layer",
     help="early-exit: the target's layers the draft runs (1 .. the target's layers - 1).",
+    rich_help_panel=DRAFTER_PANEL,
 )
 
 # --- prompts and generation -----------------------------------------------------------------------
@@ -128,52 +215,80 @@ PROMPTS = typer.Option(
     "--prompts",
     "-p",
     help="JSONL file of prompts, one {id, domain, prompt or messages} per line.",
+    rich_help_panel=PROMPTS_PANEL,
 )
-DOMAINS = typer.Option(
-    None,
-    "--domains",
-    help="Prompt domains, e.g. code,math,reasoning,chat (repeat the option or separate by "
-    "commas; default: the config's, bench: all four).",
+DOMAINS = own_defaults(
+    typer.Option(
+        None,
+        "--domains",
+        help="Prompt domains, e.g. code,math,reasoning,chat (repeat the option or separate by "
+        "commas).",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    run="the config's",
+    _="code, math, reasoning and chat",
 )
-PER_DOMAIN = typer.Option(
-    None,
-    "--per-domain",
-    "-n",
-    min=1,
-    max=MAX_PROMPTS,
-    help="Prompts per domain (default: the config's; bench 2 and llamacpp 10, held out from "
-    "the run's prompts: 10 is specscope's minimum for a verdict).",
+PER_DOMAIN = own_defaults(
+    typer.Option(
+        None,
+        "--per-domain",
+        "-n",
+        min=1,
+        max=MAX_PROMPTS,
+        help="Prompts per domain.",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    run="the config's",
+    bench="2",
+    llamacpp="10, held out from the run's prompts (10 is specscope's minimum for a verdict)",
 )
-MAX_NEW_TOKENS = typer.Option(
-    None,
-    "--max-new-tokens",
-    min=1,
-    max=MAX_TOKENS,
-    help="Tokens to generate per prompt (default: the config's; decode and llamacpp 64, bench 48).",
+MAX_NEW_TOKENS = own_defaults(
+    typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        max=MAX_TOKENS,
+        help="Tokens to generate per prompt.",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    run="the config's",
+    bench="48",
+    _="64",
 )
-MAX_PROMPT_TOKENS = typer.Option(
-    None,
-    "--max-prompt-tokens",
-    min=1,
-    max=MAX_TOKENS,
-    help="Keep the last N prompt tokens (default: the config's, decode 512).",
+MAX_PROMPT_TOKENS = own_defaults(
+    typer.Option(
+        None,
+        "--max-prompt-tokens",
+        min=1,
+        max=MAX_TOKENS,
+        help="Keep the last N prompt tokens.",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    run="the config's",
+    _="512",
 )
 RENDERING = typer.Option(
     None,
     "--rendering",
+    metavar=one_of(RENDERINGS),
     help="How a prompt becomes text: task (the default: the chat template, a code item's reply "
     "opening with its function so the model writes the body; a bare prompt renders as chat), "
     "chat (the chat template only) or raw (no template, the paper's code).",
+    rich_help_panel=PROMPTS_PANEL,
 )
 DECODE_RENDERING = "task"  # a bare prompt renders under task as under chat
-SEED = typer.Option(
-    None,
-    "--seed",
-    min=0,
-    max=MAX_SEED,
-    help="Seed of the command's randomness: the prompt sample (run; bench: also the router's "
-    "split), the sampling (decode), the bootstrap (analyses). Default: the config's (a run's "
-    "config: 42 unless it sets one), else 0.",
+SEED = own_defaults(
+    typer.Option(
+        None,
+        "--seed",
+        min=0,
+        max=MAX_SEED,
+        help="Seed of the command's randomness: the prompt sample (run; bench: also the router's "
+        "split), the sampling (decode), the bootstrap (analyses).",
+        rich_help_panel=EXECUTION,
+    ),
+    run="the config's (42 unless it sets one)",
+    _="0",
 )
 DEFAULT_SEED = 0  # where no config gives one
 MIN_PATH_PROB = typer.Option(
@@ -181,6 +296,7 @@ MIN_PATH_PROB = typer.Option(
     "--min-path-prob",
     help="Stop growing a tree when no frontier path has this draft probability (0: grow the "
     "whole tree).",
+    rich_help_panel=TREE,
 )
 POLICY_FILE = typer.Option(
     None,
@@ -188,6 +304,7 @@ POLICY_FILE = typer.Option(
     help="A policy file written by `specscope tune`: a tree and drafter per domain (decode and "
     "bench route each prompt to its domain's; gateway: /metrics shows each domain's predicted "
     "tokens per step and whether what is served drifts from it).",
+    rich_help_panel=TREE,
 )
 MIN_SPEEDUP = typer.Option(
     1.0, "--min-speedup", min=0.0, help="Speculate only where the predicted speed-up exceeds this."
@@ -197,6 +314,7 @@ IN_SAMPLE = typer.Option(
     "--in-sample",
     help="Also time prompts that the policy's tuning runs measured, each labelled in-sample "
     "(default: they are held out, and a bench that would need them is refused).",
+    rich_help_panel=PROMPTS_PANEL,
 )
 TUNING_PROMPTS = typer.Option(
     False,
@@ -204,6 +322,7 @@ TUNING_PROMPTS = typer.Option(
     help="Time only the prompts the policy's tuning runs measured, labelled in-sample: the "
     "prediction checked on the prompts it was made from, and every output against the one the "
     "run recorded.",
+    rich_help_panel=PROMPTS_PANEL,
 )
 REPEATS = typer.Option(
     3,
@@ -212,25 +331,35 @@ REPEATS = typer.Option(
     max=MAX_REPEATS,
     help="Timings of each measured point; the median is kept (bench and llamacpp: each prompt's "
     "repeats, every one kept for the interval).",
+    rich_help_panel=EXECUTION,
 )
 
 # --- trees ------------------------------------------------------------------------------------------
 
-TREE_POLICY = typer.Option(
-    None,
-    "--policy",
-    help="Tree policy: paper, paper-text, chain or static (run and decode), dynamic, optimal or "
-    "none (decode: trees built while decoding, or plain decoding). Default: the config's; "
-    "decode: chain.",
+TREE_POLICY = own_defaults(
+    typer.Option(
+        None,
+        "--policy",
+        metavar=one_of(DECODE_POLICIES),
+        help="Tree policy: a tree of fixed shape (paper, paper-text, chain, static), one built "
+        "while decoding (dynamic, optimal) or plain decoding (none).",
+        rich_help_panel=TREE,
+    ),
+    run="the config's",
+    decode="chain",
 )
-TREE_DEPTH = typer.Option(
-    None,
-    "--depth",
-    min=1,
-    max=MAX_TREE_NODES,
-    help=f"Tree depth (a chain's length), 1 to {MAX_TREE_NODES} and within the models' positions "
-    "with the prompt and the new tokens (default: the config's; decode: chain 4, dynamic 5, "
-    "optimal 6).",
+TREE_DEPTH = own_defaults(
+    typer.Option(
+        None,
+        "--depth",
+        min=1,
+        max=MAX_TREE_NODES,
+        help="Tree depth (a chain's length), within the models' positions with the prompt and "
+        "the new tokens.",
+        rich_help_panel=TREE,
+    ),
+    run=f"the config's; 1 to {MAX_TREE_NODES}",
+    decode="chain 4, dynamic 5, optimal 6",
 )
 TOP_K = typer.Option(
     None,
@@ -239,6 +368,7 @@ TOP_K = typer.Option(
     max=MAX_TREE_NODES,
     help=f"paper: root candidates (min(top_k, branch) roots); dynamic: nodes expanded per depth "
     f"and children each (4); 1 to {MAX_TREE_NODES}, at most the vocabulary.",
+    rich_help_panel=TREE,
 )
 BRANCH = typer.Option(
     None,
@@ -246,39 +376,53 @@ BRANCH = typer.Option(
     min=1,
     max=MAX_TREE_NODES,
     help=f"paper: children per node, 1 to {MAX_TREE_NODES}.",
+    rich_help_panel=TREE,
 )
-MAX_NODES = typer.Option(
-    None,
-    "--max-nodes",
-    min=1,
-    max=MAX_TREE_NODES,
-    help=f"Node budget of a tree, breadth-first, 1 to {MAX_TREE_NODES} (default: the config's; "
-    "decode: paper 8, dynamic 16, optimal 16; tune: the largest tree considered, 32, at most "
-    f"{MAX_TUNE_NODES}).",
+MAX_NODES = own_defaults(
+    typer.Option(
+        None,
+        "--max-nodes",
+        min=1,
+        max=MAX_TREE_NODES,
+        help="Node budget of a tree, breadth-first.",
+        rich_help_panel=TREE,
+    ),
+    run=f"the config's; 1 to {MAX_TREE_NODES}",
+    decode="paper 8, dynamic 16, optimal 16",
+    tune=f"32, at most {MAX_TUNE_NODES}: the largest tree tune considers",
 )
 PATHS = typer.Option(
-    None, "--paths", help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".'
+    None,
+    "--paths",
+    help='Static tree as path tuples, e.g. "[(0,), (1,), (0, 0)]".',
+    rich_help_panel=TREE,
 )
 
 # --- measuring ----------------------------------------------------------------------------------------
 
-BATCH_SIZE = typer.Option(
-    None,
-    "--batch-size",
-    "-b",
-    min=1,
-    max=MAX_BATCH,
-    help="Prompts measured together (cached engine; default: a sweep file's [execution] "
-    "batch_size, else 8 on a CPU, 32 on a GPU, 1 for the naive engine). Same records as one at "
-    "a time, faster.",
+BATCH_SIZE = own_defaults(
+    typer.Option(
+        None,
+        "--batch-size",
+        "-b",
+        min=1,
+        max=MAX_BATCH,
+        help="Prompts measured together (cached engine): the same records as one at a time, "
+        "faster.",
+        rich_help_panel=EXECUTION,
+    ),
+    run="8 on a CPU, 32 on a GPU, 1 for the naive engine",
+    sweep="the sweep file's [execution] batch_size, else 8 on a CPU, 32 on a GPU, 1 for the "
+    "naive engine",
 )
 OVERWRITE = typer.Option(
     False,
     "--overwrite",
     help="Replace what specscope wrote in --out (a run, or a sweep's runs) and start over, after "
     "every input is checked; a directory specscope did not write is never touched.",
+    rich_help_panel=OUTPUT,
 )
-QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.", rich_help_panel=OUTPUT)
 
 # --- analyses -------------------------------------------------------------------------------------------
 
@@ -359,6 +503,8 @@ RENAMED: tuple[Renamed, ...] = (
     Renamed("--no-chat-template", ("--rendering", "raw"), ("decode",)),
     Renamed("--repetitions", ("--repeats",), ("llamacpp",)),
     Renamed("--policy", ("--policy-file",), ("gateway",)),
+    # run's --engine was the measurement engine; elsewhere an engine is the serving engine
+    Renamed("--engine", ("--measure-engine",), ("run",)),
 )
 
 
@@ -389,8 +535,9 @@ def _note(line: str) -> None:
     typer.echo(line, err=True)
 
 
-class RenamingCommand(TyperCommand):
-    """A typer command that still takes its options' old names, saying each one's new name."""
+class RenamingCommand(AsWrittenCommand):
+    """A typer command that still takes its options' old names, saying each one's new name (and
+    shows its help as written: :class:`~specscope.cli.helptext.AsWrittenCommand`)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         return super().parse_args(ctx, rename_args(self.name or "", args, _note))

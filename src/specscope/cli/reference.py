@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typer.main import get_command
 
 from .app import PANELS, app
-from .options import RENAMED
+from .options import DEFAULT_WORDS, RENAMED
+from .options import meaning as meaning_of
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,20 @@ def _option_row(name: str, uses: list[ParamDoc]) -> str:
         if len(defaults) == 1
         else "; ".join(f"{_code(d)} ({', '.join(cs)})" for d, cs in defaults.items())
     )
-    helps = dict.fromkeys(_cell(p.help) for p in uses)
+    helps = dict.fromkeys(_cell(meaning_of(p.help)) for p in uses)
     if len(helps) == 1:
         meaning = next(iter(helps))
     else:  # an allowed difference (tests/test_cli_options.py): each command's own
         meaning = " / ".join(
-            f"{h} ({', '.join(p.command for p in uses if _cell(p.help) == h)})" for h in helps
+            f"{h} ({', '.join(p.command for p in uses if _cell(meaning_of(p.help)) == h)})"
+            for h in helps
         )
+    own: dict[str, list[str]] = {}  # each command's own default, in words (options.own_defaults)
+    for p in uses:
+        if words := p.help.partition(DEFAULT_WORDS)[2]:
+            own.setdefault(_cell(words.rstrip(".")), []).append(p.command)
+    if own:
+        meaning += DEFAULT_WORDS + "; ".join(f"{w} ({', '.join(cs)})" for w, cs in own.items())
     commands_ = ", ".join(dict.fromkeys(p.command for p in uses))
     return f"| {_code(name)} | {meaning} | {default} | {commands_} |"
 

@@ -65,7 +65,10 @@ def decode(
         None, help="The prompt (one user message); or --prompt-file."
     ),
     prompt_file: Path | None = typer.Option(
-        None, "--prompt-file", help="Read the prompt from this file."
+        None,
+        "--prompt-file",
+        help="Read the prompt from this file.",
+        rich_help_panel=options.PROMPTS_PANEL,
     ),
     policy: str = options.with_default(options.TREE_POLICY, "chain"),
     depth: int | None = options.TREE_DEPTH,
@@ -77,15 +80,23 @@ def decode(
         None,
         "--acceptance",
         help="optimal: run directory whose node records give the acceptance vector.",
+        rich_help_panel=options.TREE,
     ),
     policy_file: Path | None = options.POLICY_FILE,
     domain: str | None = typer.Option(
         None,
         "--domain",
         help="With --policy-file: use this domain's tree (no routing). With --acceptance: this domain's vector (default: all).",
+        rich_help_panel=options.TREE,
     ),
-    temperature: float = typer.Option(0.0, help="0: greedy (lossless); > 0: speculative sampling."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
+    temperature: float = typer.Option(
+        0.0,
+        help="0: greedy (lossless); > 0: speculative sampling.",
+        rich_help_panel=options.PROMPTS_PANEL,
+    ),
+    top_p: float = typer.Option(
+        1.0, help="Nucleus sampling mass, in (0, 1].", rich_help_panel=options.PROMPTS_PANEL
+    ),
     seed: int | None = options.SEED,
     min_path_prob: float = options.MIN_PATH_PROB,
     p_min: float = typer.Option(
@@ -94,12 +105,16 @@ def decode(
         min=0.0,
         max=1.0,
         help="Greedy static trees and chains: do not draft a node whose draft probability is below this, nor its descendants (llama.cpp's --spec-draft-p-min; 0: off).",
+        rich_help_panel=options.TREE,
     ),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
     rendering: str | None = options.RENDERING,
     max_prompt_tokens: int = options.with_default(options.MAX_PROMPT_TOKENS, 512),
     records: Path | None = typer.Option(
-        None, "--records", help="Write per-step records (.parquet, .csv or .jsonl)."
+        None,
+        "--records",
+        help="Write per-step records (.parquet, .csv or .jsonl).",
+        rich_help_panel=options.OUTPUT,
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
@@ -180,33 +195,54 @@ def tune(
         help="Measurement runs (specscope run), one per drafter, or a sweep over drafters: their nodes give acceptance by depth and sibling rank per domain.",
     ),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Policy file to write (default: RUN_DIR/policy.json)."
+        None,
+        "--out",
+        "-o",
+        help="Policy file to write (default: RUN_DIR/policy.json).",
+        rich_help_panel=options.OUTPUT,
     ),
     costs: Path | None = options.COSTS,
     save_costs: Path | None = typer.Option(
-        None, "--save-costs", help="Also write the measured cost model here (one run)."
+        None,
+        "--save-costs",
+        help="Also write the measured cost model here (one run).",
+        rich_help_panel=options.OUTPUT,
     ),
     max_nodes: int = options.with_default(options.MAX_NODES, 32, MAX_TUNE_NODES),
     max_depth: int = typer.Option(
-        8, min=1, max=MAX_TUNE_DEPTH, help="Deepest tree considered (capped by the run's tree)."
+        8,
+        min=1,
+        max=MAX_TUNE_DEPTH,
+        help="Deepest tree considered (capped by the run's tree).",
+        rich_help_panel=options.TREE,
     ),
     max_rank: int | None = typer.Option(
-        None, min=1, max=MAX_TREE_NODES, help="Highest sibling rank + 1 considered."
+        None,
+        min=1,
+        max=MAX_TREE_NODES,
+        help="Highest sibling rank + 1 considered.",
+        rich_help_panel=options.TREE,
     ),
     min_count: int = typer.Option(
-        20, min=0, max=MAX_COUNT, help="Acceptance cells seen fewer times count as 0."
+        20,
+        min=0,
+        max=MAX_COUNT,
+        help="Acceptance cells seen fewer times count as 0.",
+        rich_help_panel=options.TREE,
     ),
     min_speedup: float = options.MIN_SPEEDUP,
     extrapolate: bool = typer.Option(
         False,
         "--extrapolate",
         help="Depths past the run's tree reuse the deepest measured acceptance (assumes flat acceptance in depth).",
+        rich_help_panel=options.TREE,
     ),
     context_len: int | None = typer.Option(
         None,
         min=1,
         max=MAX_TOKENS,
         help="Context length of the cost measurement (it must fit the models' positions); default: the median context of the runs' steps, where decoding them spends its time.",
+        rich_help_panel=options.EXECUTION,
     ),
     repeats: int = options.REPEATS,
     draft: str | None = options.DRAFT,
@@ -280,11 +316,19 @@ def bench(
     per_domain: int = options.with_default(options.PER_DOMAIN, 2),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 48),
     warmup: int = typer.Option(
-        1, min=0, max=MAX_REPEATS, help="Untimed rounds of every method on the first prompt."
+        1,
+        min=0,
+        max=MAX_REPEATS,
+        help="Untimed rounds of every method on the first prompt.",
+        rich_help_panel=options.EXECUTION,
     ),
     repeats: int = options.REPEATS,
     chain_depth: int = typer.Option(
-        4, min=1, max=MAX_TREE_NODES, help="Depth of the 'chain' method."
+        4,
+        min=1,
+        max=MAX_TREE_NODES,
+        help="Depth of the 'chain' method.",
+        rich_help_panel=options.TREE,
     ),
     min_path_prob: float = options.MIN_PATH_PROB,
     assisted_tokens: int | None = typer.Option(
@@ -292,21 +336,29 @@ def bench(
         min=1,
         max=MAX_TREE_NODES,
         help="The 'assisted' method drafts a chain of this many tokens per step (transformers' constant schedule, no confidence stop: what tune predicts); default: transformers' own (up to 20, stopped by a confidence threshold it re-fits), which nothing predicts.",
+        rich_help_panel=options.TREE,
     ),
     methods: list[str] | None = typer.Option(
         None,
         help="Methods to time (default plain,assisted,chain,uniform,routed; repeat the option or separate by commas): plain, assisted, chain, uniform, routed, dynamic, ngram (a chain of --chain-depth from n-gram lookup), early-exit (a chain from the target's first --exit-layer layers).",
+        rich_help_panel=options.EXECUTION,
     ),
     router_name: str = typer.Option(
         "rules",
         "--router",
+        metavar="<rules|learned>",  # tune.bench.ROUTERS
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
+        rich_help_panel=options.PROMPTS_PANEL,
     ),
     in_sample: bool = options.IN_SAMPLE,
     tuning_prompts: bool = options.TUNING_PROMPTS,
     seed: int | None = options.SEED,
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Write every run and the summary as JSON."
+        None,
+        "--out",
+        "-o",
+        help="Write every run and the summary as JSON.",
+        rich_help_panel=options.OUTPUT,
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,

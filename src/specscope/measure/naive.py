@@ -1,7 +1,7 @@
 """The paper's algorithm, every draft and target row recomputed from scratch (``use_cache=False``).
 
 The independent oracle that proves the records of batched measurement (the tests compare them),
-and ``specscope run --engine naive``. Slow by design: it runs its own forwards, without a cache,
+and ``specscope run --measure-engine naive``. Slow by design: it runs its own forwards, without a cache,
 and shares nothing with the speculation stages but :func:`~specscope.core.draft.grow_tree` (which
 node takes which token). The measurement driver commits its steps like any other
 (:func:`specscope.measure.study.commit_greedy_token`).

@@ -171,7 +171,7 @@ def check_drafter(
         )
     elif kind in DRAFTER_ENGINE:
         reason = (
-            f"it is {DRAFTER_ENGINE[kind]}'s own rule: export this policy with --engine "
+            f"it is {DRAFTER_ENGINE[kind]}'s own rule: export this policy with --to "
             f"{DRAFTER_ENGINE[kind]}, or tune the domain with ngram or the draft model"
         )
     else:
