@@ -11,7 +11,8 @@ reported the same way, its message after the file and the table it failed in.
 
 Why pydantic: it validates the dataclasses the library already uses (one declaration, not a model
 beside each), reports every error with its location, and generates each file's JSON Schema
-(:func:`json_schema`, ``scripts/input_schemas.py`` writes them for the docs). msgspec is faster but
+(:func:`json_schema`; :mod:`specscope.input_files` lists the files, and the reference page of
+input files shows each schema). msgspec is faster but
 validates only its own Struct types; cattrs generates no JSON Schema.
 
 Knows nothing of what the files mean; reads no file.
@@ -213,7 +214,7 @@ def _described(tp: Any) -> str:
 
 def _allowed_keys(kind: Any, loc: tuple) -> list[str]:
     tp = _type_at(kind, loc)
-    while typing.get_origin(tp) in (typing.Union, types.UnionType):
+    while _is_union(tp):
         tp = next((a for a in typing.get_args(tp) if _fields(a)), None)
     return sorted(_fields(tp))
 

@@ -2,9 +2,9 @@
 
 typer renders help with rich markup, where ``[plot]`` or ``[domains.NAME]`` is a style tag and
 vanishes; specscope's help texts hold no markup, so each is escaped as it is shown (the click
-objects, and the reference pages read off them, keep the words as written). Options are shown panel by panel
-(:data:`OPTION_PANELS`). A flag (``--quiet``,
-``--plots/--no-plots``) shows no ``<bool>`` type: it takes no value. Nothing here parses.
+objects, and the reference pages read off them, keep the words as written). Options are shown
+panel by panel (:data:`OPTION_PANELS`). A flag (``--quiet``, ``--plots/--no-plots``) shows no
+``<bool>`` type: it takes no value. Nothing here parses.
 """
 
 from __future__ import annotations
