@@ -464,6 +464,7 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
 
 
 def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp_path):
+    from specscope.progress import reporting
     from specscope.tune.bench import BenchCheckpoint
 
     torch.set_num_threads(1)
@@ -481,25 +482,39 @@ def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp
     class Interrupted(Exception):
         pass
 
-    def interrupted_at_the_third_prompt(line: str) -> None:
-        if line.startswith("[3/4]"):
-            raise Interrupted
-        logged.append(line)
+    class Progress:  # the bench's progress: interrupted once two prompts are timed
+        def __init__(self, stop_at=None):
+            self.stop_at, self.seen = stop_at, []
 
-    def bench(log):
-        return run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(),
-                         config, log=log, checkpoint=checkpoint)  # fmt: skip
+        def start(self, what, unit, tally):
+            self.seen.append(("start", tally.done, tally.total))
+
+        def update(self, tally):
+            if tally.done == self.stop_at:
+                raise Interrupted
+            self.seen.append(tally.done)
+
+        def note(self, message, level="info"):
+            pass
+
+        def stop(self):
+            pass
+
+    def bench(progress):
+        with reporting(progress):
+            return run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy,
+                             RuleRouter(), config, log=logged.append, checkpoint=checkpoint)  # fmt: skip
 
     with pytest.raises(Interrupted):
-        bench(interrupted_at_the_third_prompt)
+        bench(Progress(stop_at=2))
     lines = checkpoint.path.read_text().splitlines()
     assert len(lines) == 1 + 2  # the key, then the two prompts timed whole
     with checkpoint.path.open("a") as f:
         f.write('[{"method": "plain", "prom')  # a line cut short by the interruption
-    logged.clear()
-    runs = bench(logged.append)
-    assert logged[0].startswith("resuming: 2 of 4 prompts timed before")
-    assert [line[:5] for line in logged[1:]] == ["[3/4]"] * 2 + ["[4/4]"] * 2  # no prompt twice
+    progress = Progress()
+    runs = bench(progress)
+    assert logged == ["resuming: 2 of 4 prompts timed before (" + str(checkpoint.path) + ")"]
+    assert progress.seen == [("start", 2, 4), 3, 4]  # no prompt twice
     assert [(r.method, r.prompt_id) for r in runs] == [
         (m, i.id) for i in chosen.items for m in ("plain", "chain")
     ]
