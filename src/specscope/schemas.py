@@ -91,6 +91,9 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     constraint (a length, a bound) is what it missed."""
     errors = [(_strip_tags(kind, tuple(x["loc"])), x) for x in e.errors()]
     loc, err = errors[0]
+    if err["type"].endswith("_type"):  # a union's member that got further in says more
+        deeper = (x for x in errors if len(x[0]) > len(loc) and x[0][: len(loc)] == loc)
+        loc, err = next(deeper, errors[0])
     tried = [x for at_loc, x in errors if at_loc == loc]
     err = next((x for x in tried if not x["type"].endswith("_type")), err)
     typ = err["type"]
@@ -114,11 +117,13 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     elif typ in ("too_short", "too_long"):
         ctx = err.get("ctx") or {}
         low, high = ctx.get("min_length"), ctx.get("max_length")
-        expected = f"a list of {low if low == high or high is None else f'{low} to {high}'} items"
+        count = f"at least {low}" if high is None else low if low == high else f"{low} to {high}"
+        expected = f"a list of {count} item{'' if count in (1, 'at least 1') else 's'}"
     elif typ.startswith(("greater_than", "less_than")):
         bound = next(iter((err.get("ctx") or {}).values()), "")
         sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(typ, "<=")
-        expected = f"a number {sign} {bound}"
+        noun = "an integer" if _described(_type_at(kind, loc)).startswith("an int") else "a number"
+        expected = f"{noun} {sign} {bound}"
     elif typ == "string_too_short":
         expected = "a non-empty string"
     elif _is_union(_type_at(kind, loc)):
@@ -175,23 +180,28 @@ def _strip_tags(kind: Any, loc: tuple) -> tuple:
     """``loc`` without the tags pydantic puts in it for a union's members (``str``,
     ``list[ChatTurn]``), right after the union's own place: only the keys and indexes of the
     file. ``X | None`` has no tags."""
-    tp, out, tagged = kind, [], False
+    tp, out, tagged = kind, [], _tagged(kind)
     for part in loc:
         if tagged and isinstance(part, str):
             tagged = False
             continue
         out.append(part)
         tp = _inner(tp, part)
-        members = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else []
-        tagged = len(members) > 1
+        tagged = _tagged(tp)
     return tuple(out)
+
+
+def _tagged(tp: Any) -> bool:
+    """Whether pydantic tags the errors of a value of type ``tp`` with its member's name."""
+    return _is_union(tp) and len([a for a in typing.get_args(tp) if a is not type(None)]) > 1
 
 
 def _described(tp: Any) -> str:
     """What a value of type ``tp`` is, in words: ``a string or an integer or none``."""
     if _is_union(tp):
         args = typing.get_args(tp)
-        return " or ".join(_described(a) for a in sorted(args, key=lambda a: a is type(None)))
+        ordered = sorted(args, key=lambda a: a is type(None))
+        return " or ".join(dict.fromkeys(_described(a) for a in ordered))
     if typing.get_origin(tp) is typing.Annotated:
         return _described(typing.get_args(tp)[0])
     if tp is type(None):
