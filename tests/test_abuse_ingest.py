@@ -151,6 +151,26 @@ IMPOSSIBLE = [
         "spec_verify_ct is 0 but spec_accept_token_num is 40",
     ),
     ("sglang", sglang(16, 12), r"completion_tokens \(12\) is less than spec_verify_ct \+ 1"),
+    # a renamed count is named as the line spells it
+    (
+        "sglang",
+        sglang(3, 9).replace(
+            '"spec_verify_ct": 3', '"spec_verify_ct": 3, "spec_accepted_drafts": "5"'
+        ),
+        r"meta_info\.spec_accepted_drafts must be an integer or none, got '5'",
+    ),
+    (
+        "vllm",
+        vllm(3, 2, 6).replace(
+            '"num_draft_tokens": 6', '"num_draft_tokens": 6, "per_step_accepted": [0, 1, 1]'
+        ),
+        r"metrics\.speculative_decoding: per_step_drafted is missing; vLLM's detailed metrics hold",
+    ),
+    (
+        "llama.cpp",
+        llamacpp(4, 2, 9).replace('"draft_n_accepted": 2, ', ""),
+        r"timings: draft_n_accepted is missing; llama-server writes draft_n and draft_n_accepted",
+    ),
     (
         "sglang",
         sglang(2**63, 2**63),

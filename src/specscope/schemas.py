@@ -26,7 +26,8 @@ import typing
 from functools import cache
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from .errors import SpecscopeError
 
@@ -81,6 +82,7 @@ def parse(
 def _key(loc: tuple) -> str:
     out = ""
     for part in loc:
+        part = part if isinstance(part, int) or str(part).isprintable() else repr(part)
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -141,11 +143,19 @@ def _shown(value: object, limit: int = 80) -> str:
 def _fields(kind: Any) -> dict[str, Any]:
     """The keys a table of ``kind`` may hold, and each key's type."""
     if isinstance(kind, type) and issubclass(kind, BaseModel):
-        return {name: f.annotation for name, f in kind.model_fields.items()}
+        return {k: f.annotation for n, f in kind.model_fields.items() for k in _keys_of(n, f)}
     if dataclasses.is_dataclass(kind):
         hints = typing.get_type_hints(kind)
         return {f.name: hints[f.name] for f in dataclasses.fields(kind) if f.init}
     return {}
+
+
+def _keys_of(name: str, field: FieldInfo) -> list[str]:
+    """The keys a model's field is read from: its name, its alias or each of its alias choices."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [choice for choice in alias.choices if isinstance(choice, str)]
+    return [alias if isinstance(alias, str) else name]
 
 
 def _inner(tp: Any, part: object) -> Any:
