@@ -18,6 +18,11 @@ from .run.config import RunConfig, RunConfigError
 from .schemas import json_schema
 from .serving.gateway.deployment import DeploymentError, DeploymentFile
 from .serving.gateway.metrics import MetricsError, PolicyPredictions
+from .serving.llamacpp.ingest import Timings
+from .serving.request_stats import IngestError
+from .serving.sglang.ingest import MetaInfo
+from .serving.specbench import Answer
+from .serving.vllm.ingest import SpecDecodingMetrics
 from .sweep.grid import SweepError, SweepFile
 from .tune.acceptance import PolicyError
 from .tune.costs import CostModel
@@ -95,6 +100,47 @@ INPUT_FILES: dict[str, InputFile] = {
             "target_s": [[1, 0.02], [9, 0.03]],
             "plain_token_s": 0.02,
         },
+    ),
+    "vllm-record": InputFile(
+        "vLLM's statistics of an answer (`metrics.speculative_decoding`, in an engine log)",
+        "`specscope ingest LOG --format vllm`, `specscope gateway` (engine `vllm`)",
+        SpecDecodingMetrics,
+        IngestError,
+        {
+            "num_spec_steps": 4,
+            "num_accepted_draft_tokens": 5,
+            "num_draft_tokens": 12,
+            "num_spec_tokens": 3,
+            "acceptance_histogram": [1, 1, 1, 1],
+        },
+    ),
+    "sglang-record": InputFile(
+        "SGLang's statistics of an answer (`meta_info` of /generate, in an engine log)",
+        "`specscope ingest LOG --format sglang`, `specscope gateway` (engine `sglang`)",
+        MetaInfo,
+        IngestError,
+        {
+            "id": "5799660f",
+            "completion_tokens": 9,
+            "spec_verify_ct": 3,
+            "spec_num_correct_drafts": 5,
+            "spec_num_proposed_drafts": 9,
+            "spec_correct_drafts_histogram": [0, 1, 2],
+        },
+    ),
+    "llamacpp-record": InputFile(
+        "llama-server's statistics of an answer (`timings`, in an engine log)",
+        "`specscope ingest LOG --format llama.cpp`, `specscope gateway` (engine `llama.cpp`)",
+        Timings,
+        IngestError,
+        {"predicted_n": 16, "predicted_ms": 210.5, "draft_n": 12, "draft_n_accepted": 11},
+    ),
+    "spec-bench-record": InputFile(
+        "A line of a Spec-Bench answer file (JSONL)",
+        "`specscope ingest LOG --format spec-bench`",
+        Answer,
+        IngestError,
+        {"question_id": 81, "choices": [{"index": 0, "accept_lengths": [1, 3, 2]}]},
     ),
 }
 

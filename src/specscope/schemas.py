@@ -27,7 +27,8 @@ import typing
 from functools import cache
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from .errors import SpecscopeError
 
@@ -82,6 +83,7 @@ def parse(
 def _key(loc: tuple) -> str:
     out = ""
     for part in loc:
+        part = part if isinstance(part, int) or str(part).isprintable() else repr(part)
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -92,6 +94,9 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
     constraint (a length, a bound) is what it missed."""
     errors = [(_strip_tags(kind, tuple(x["loc"])), x) for x in e.errors()]
     loc, err = errors[0]
+    if err["type"].endswith("_type"):  # a union's member that got further in says more
+        deeper = (x for x in errors if len(x[0]) > len(loc) and x[0][: len(loc)] == loc)
+        loc, err = next(deeper, errors[0])
     tried = [x for at_loc, x in errors if at_loc == loc]
     err = next((x for x in tried if not x["type"].endswith("_type")), err)
     typ = err["type"]
@@ -126,7 +131,8 @@ def describe(e: ValidationError, kind: Any, where: str, section: str = "") -> st
         bound = next(iter((err.get("ctx") or {}).values()), "")
         bound = f"{bound:g}" if isinstance(bound, float) else bound
         sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(typ, "<=")
-        expected = f"a number {sign} {bound}"
+        noun = "an integer" if _described(_type_at(kind, loc)).startswith("an int") else "a number"
+        expected = f"{noun} {sign} {bound}"
     elif typ == "string_too_short":
         expected = "a non-empty string"
     elif _is_union(_type_at(kind, loc)):
@@ -144,11 +150,19 @@ def _shown(value: object, limit: int = 80) -> str:
 def _fields(kind: Any) -> dict[str, Any]:
     """The keys a table of ``kind`` may hold, and each key's type."""
     if isinstance(kind, type) and issubclass(kind, BaseModel):
-        return {name: f.annotation for name, f in kind.model_fields.items()}
+        return {k: f.annotation for n, f in kind.model_fields.items() for k in _keys_of(n, f)}
     if dataclasses.is_dataclass(kind):
         hints = typing.get_type_hints(kind)
         return {f.name: hints[f.name] for f in dataclasses.fields(kind) if f.init}
     return {}
+
+
+def _keys_of(name: str, field: FieldInfo) -> list[str]:
+    """The keys a model's field is read from: its name, its alias or each of its alias choices."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [choice for choice in alias.choices if isinstance(choice, str)]
+    return [alias if isinstance(alias, str) else name]
 
 
 def _inner(tp: Any, part: object) -> Any:
@@ -183,23 +197,28 @@ def _strip_tags(kind: Any, loc: tuple) -> tuple:
     """``loc`` without the tags pydantic puts in it for a union's members (``str``,
     ``list[ChatTurn]``), right after the union's own place: only the keys and indexes of the
     file. ``X | None`` has no tags."""
-    tp, out, tagged = kind, [], False
+    tp, out, tagged = kind, [], _tagged(kind)
     for part in loc:
         if tagged and isinstance(part, str):
             tagged = False
             continue
         out.append(part)
         tp = _inner(tp, part)
-        members = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else []
-        tagged = len(members) > 1
+        tagged = _tagged(tp)
     return tuple(out)
+
+
+def _tagged(tp: Any) -> bool:
+    """Whether pydantic tags the errors of a value of type ``tp`` with its member's name."""
+    return _is_union(tp) and len([a for a in typing.get_args(tp) if a is not type(None)]) > 1
 
 
 def _described(tp: Any) -> str:
     """What a value of type ``tp`` is, in words: ``a string or an integer or none``."""
     if _is_union(tp):
         args = typing.get_args(tp)
-        return " or ".join(_described(a) for a in sorted(args, key=lambda a: a is type(None)))
+        ordered = sorted(args, key=lambda a: a is type(None))
+        return " or ".join(dict.fromkeys(_described(a) for a in ordered))
     if typing.get_origin(tp) is typing.Annotated:
         return _described(typing.get_args(tp)[0])
     if tp is type(None):

@@ -2,17 +2,23 @@
 
 :class:`RequestStats` is one finished request as an engine logged it; :class:`EngineFormat` is one
 engine's log format (its parser, stream-chunk test, version check, derivations and the key of its
-statistics in an answer). Each engine's parser lives with that engine (:mod:`specscope.serving.vllm.ingest`,
-:mod:`specscope.serving.sglang.ingest`, :mod:`specscope.serving.llamacpp.ingest`,
-:mod:`specscope.serving.specbench`) and uses the field readers and :func:`check_counts` here; the
-registry of formats is :mod:`specscope.serving.ingest.formats`. This module does not read files,
-join prompts or write anything.
+statistics in an answer). Each engine's parser lives with that engine
+(:mod:`specscope.serving.vllm.ingest`, :mod:`specscope.serving.sglang.ingest`,
+:mod:`specscope.serving.llamacpp.ingest`, :mod:`specscope.serving.specbench`), which declares its
+statistics record as a pydantic model of :data:`Count` fields (read with
+:func:`specscope.schemas.parse`) and makes the checks no schema can say with :func:`check_counts`
+and :func:`checked_histogram` here; the registry of formats is
+:mod:`specscope.serving.ingest.formats`. This module does not read files, join prompts or write
+anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import Field
 
 from ..errors import SpecscopeError
 
@@ -22,6 +28,8 @@ class IngestError(SpecscopeError, ValueError):
 
 
 INT64_MAX = 2**63 - 1  # counts are stored as int64: a larger one is no count an engine logs
+# a count in an engine's statistics record (each engine's record is a pydantic model of these)
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 @dataclass(frozen=True)
@@ -43,48 +51,6 @@ class RequestStats:
     histogram: tuple[int, ...] | None = None
     derived: tuple[str, ...] = ()
     engine_version: str | None = None  # as the line states it (llama-server system_fingerprint)
-
-
-def is_count(value, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= INT64_MAX
-
-
-def shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def logged_field(obj: dict, key: str, where: str, kind=int):
-    if key not in obj:
-        raise IngestError(f"{where}: missing field {key!r}")
-    value = obj[key]
-    if kind is int and not is_count(value):
-        raise IngestError(
-            f"{where}: field {key!r} must be a non-negative integer of at most "
-            f"2**63 - 1 (int64), got {shown(value)}"
-        )
-    if kind is list and not (isinstance(value, list) and all(is_count(v) for v in value)):
-        raise IngestError(
-            f"{where}: field {key!r} must be a list of non-negative integers of "
-            "at most 2**63 - 1 (int64)"
-        )
-    return value
-
-
-def first_logged_field(obj: dict, keys: tuple[str, ...], where: str, kind=int):
-    """The first of ``keys`` present in ``obj`` (engines renamed fields across versions), as
-    ``(key, value)``; ``(None, None)`` if none is."""
-    for key in keys:
-        if key in obj:
-            return key, logged_field(obj, key, where, kind)
-    return None, None
-
-
-def logged_section(line: dict, key: str, where: str, what: str) -> dict:
-    value = line.get(key)
-    if not isinstance(value, dict):
-        raise IngestError(f"{where}: no {key} ({what})")
-    return value
 
 
 def check_counts(

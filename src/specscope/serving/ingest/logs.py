@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...prompts.items import jsonl_objects
-from ..request_stats import EngineFormat, IngestError, RequestStats, shown
+from ...schemas import parse
+from ..request_stats import EngineFormat, IngestError, RequestStats
 from .formats import engine_format
 
 SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
@@ -123,13 +124,7 @@ def _failed_request(line: dict, where: str) -> IngestError:
 def _client_id(line: dict, where: str) -> str | None:
     """The line's ``prompt_id`` (0 included), or None."""
     value = line.get("prompt_id")
-    if value is None:
-        return None
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise IngestError(
-            f"{where}: field 'prompt_id' must be a string or an integer, got {shown(value)}"
-        )
-    return str(value)
+    return None if value is None else str(parse(str | int, value, where, IngestError, "prompt_id"))
 
 
 def _stream_key(body: dict) -> str:

@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import re
 
-from ..request_stats import (
-    EngineFormat,
-    IngestError,
-    RequestStats,
-    check_counts,
-    logged_field,
-    logged_section,
-)
+from pydantic import BaseModel, ConfigDict
+
+from ...schemas import parse
+from ..request_stats import Count, EngineFormat, IngestError, RequestStats, check_counts
 
 # tools/server/server-common.cpp `server_slot_stats::to_json` (llama.cpp vendored by
 # llama-cpp-python 0.3.36): draft_n and draft_n_accepted are written only `if (n_draft_tokens >
@@ -30,22 +26,38 @@ LLAMACPP_STEPS = (
 )
 
 
+class Timings(BaseModel):
+    """llama-server's ``timings`` of one answer, as far as ingest reads it (its other keys, such as
+    ``predicted_ms``, are allowed); no ``draft_n`` and no ``draft_n_accepted``: nothing drafted."""
+
+    model_config = ConfigDict(extra="allow")
+    predicted_n: Count
+    draft_n: Count | None = None
+    draft_n_accepted: Count | None = None
+    draft_n_verif_steps: Count | None = None  # not written by llama-server (PR #27676 closed)
+
+
 def _llamacpp(line: dict, where: str) -> RequestStats:
-    timings = logged_section(line, "timings", where, "a llama-server completion response")
+    if line.get("timings") is None:
+        raise IngestError(f"{where}: no timings (a llama-server completion response)")
+    timings = parse(Timings, line["timings"], where, IngestError, "timings")
     version = line.get("system_fingerprint")
     version = version if isinstance(version, str) and version else None
     where = f"{where}: timings"
-    generated = logged_field(timings, "predicted_n", where)
+    generated, drafted, accepted = timings.predicted_n, timings.draft_n, timings.draft_n_accepted
     request_id = line.get("id")
     request_id = (
         str(request_id)
         if isinstance(request_id, (str, int)) and not isinstance(request_id, bool)
         else ""
     )  # /completion: no id (id_slot is a slot)
-    if "draft_n" not in timings and "draft_n_accepted" not in timings:
+    if drafted is None and accepted is None:
         return RequestStats(request_id, 0, 0, 0, generated, engine_version=version)
-    drafted = logged_field(timings, "draft_n", where)
-    accepted = logged_field(timings, "draft_n_accepted", where)
+    if drafted is None or accepted is None:
+        raise IngestError(
+            f"{where}: {'draft_n' if drafted is None else 'draft_n_accepted'} is missing; "
+            "llama-server writes draft_n and draft_n_accepted together (neither: nothing drafted)"
+        )
     names = {
         "steps": "draft_n_verif_steps",
         "accepted": "draft_n_accepted",
@@ -59,9 +71,8 @@ def _llamacpp(line: dict, where: str) -> RequestStats:
             "verify step"
         )
     derived: tuple[str, ...] = ()
-    if "draft_n_verif_steps" in timings:
-        steps = logged_field(timings, "draft_n_verif_steps", where)
-    else:
+    steps = timings.draft_n_verif_steps
+    if steps is None:
         steps = max(generated - 1 - accepted, 1) if drafted else 0
         names["steps"], derived = "verify steps (predicted_n - 1 - draft_n_accepted)", ("steps",)
     check_counts(where, names, steps, accepted, drafted, generated)

@@ -5,16 +5,16 @@ in an answer (``meta_info``). It reads one answer; it does not read files.
 
 from __future__ import annotations
 
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from ...schemas import parse
 from ..request_stats import (
+    Count,
     EngineFormat,
     IngestError,
     RequestStats,
     check_counts,
     checked_histogram,
-    first_logged_field,
-    logged_field,
-    logged_section,
-    shown,
 )
 
 # python/sglang/srt/managers/tokenizer_manager.py `_calculate_spec_decoding_metrics`, three
@@ -32,21 +32,46 @@ SGLANG_DRAFTED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draf
 SGLANG_HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
-def _sglang(line: dict, where: str) -> RequestStats:
-    meta = logged_section(line, "meta_info", where, "an SGLang /generate response")
-    where = f"{where}: meta_info"
-    steps = (
-        logged_field(meta, "spec_verify_ct", where) if meta.get("spec_verify_ct") is not None else 0
+def _renamed(names: tuple[str, ...]):
+    return Field(
+        None,
+        validation_alias=AliasChoices(*names),
+        description=f"the first present of {', '.join(names)} (newest name first)",
     )
-    generated = logged_field(meta, "completion_tokens", where)
+
+
+class MetaInfo(BaseModel):
+    """The ``meta_info`` of an SGLang /generate answer, as far as ingest reads it (its other keys
+    are allowed); a renamed count is read under the first of its names present."""
+
+    model_config = ConfigDict(extra="allow")
+    spec_verify_ct: Count | None = None  # null or absent: nothing verified
+    completion_tokens: Count
+    spec_num_correct_drafts: Count | None = _renamed(SGLANG_ACCEPTED)
+    spec_num_proposed_drafts: Count | None = _renamed(SGLANG_DRAFTED)
+    spec_correct_drafts_histogram: list[Count] | None = _renamed(SGLANG_HISTOGRAM)
+
+
+def _logged_as(meta: dict, names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if name in meta), None)
+
+
+def _sglang(line: dict, where: str) -> RequestStats:
+    meta = line.get("meta_info")
+    if meta is None:
+        raise IngestError(f"{where}: no meta_info (an SGLang /generate response)")
+    info = parse(MetaInfo, meta, where, IngestError, "meta_info")
+    where = f"{where}: meta_info"
+    steps, generated = info.spec_verify_ct or 0, info.completion_tokens
+    accepted, drafted = info.spec_num_correct_drafts, info.spec_num_proposed_drafts
+    acc_key = _logged_as(meta, SGLANG_ACCEPTED)
     request_id = str(meta.get("id", ""))
     if steps == 0:  # nothing verified: SGLang @001067ff writes no spec_* field at all then
-        for key in SGLANG_ACCEPTED:
-            if meta.get(key):
-                raise IngestError(
-                    f"{where}: spec_verify_ct is 0 but {key} is {shown(meta[key])};"
-                    " without a verify step no draft is accepted"
-                )
+        if accepted:
+            raise IngestError(
+                f"{where}: spec_verify_ct is 0 but {acc_key} is {accepted};"
+                " without a verify step no draft is accepted"
+            )
         return RequestStats(request_id, 0, 0, 0, generated)
     if generated < steps + 1:
         raise IngestError(
@@ -54,16 +79,14 @@ def _sglang(line: dict, where: str) -> RequestStats:
             f"spec_verify_ct + 1 ({steps + 1}); each verify step yields at least "
             "one token, and the prefill one"
         )
-    acc_key, accepted = first_logged_field(meta, SGLANG_ACCEPTED, where)
-    _, drafted = first_logged_field(meta, SGLANG_DRAFTED, where)
     derived: tuple[str, ...] = ()
-    if acc_key is None:
+    if accepted is None:
         accepted, derived = generated - 1 - steps, ("accepted",)
         acc_key = "accepted drafts (completion_tokens - 1 - spec_verify_ct)"
-    hist_key, values = first_logged_field(meta, SGLANG_HISTOGRAM, where, list)
+    values, hist_key = info.spec_correct_drafts_histogram, _logged_as(meta, SGLANG_HISTOGRAM)
     histogram = (
         None
-        if hist_key is None
+        if values is None
         else checked_histogram(values, where, hist_key, steps, accepted, "spec_verify_ct", acc_key)
     )
     check_counts(

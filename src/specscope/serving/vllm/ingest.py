@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import re
 
+from pydantic import BaseModel, ConfigDict
+
+from ...schemas import parse
 from ..request_stats import (
+    Count,
     EngineFormat,
     IngestError,
     RequestStats,
     check_counts,
     checked_histogram,
     histogram_from_steps,
-    logged_field,
-    shown,
 )
 
 # docs/features/speculative_decoding/acceptance_metrics.md @02cf515f (vLLM >= 0.29, PR #48915):
@@ -24,6 +26,28 @@ from ..request_stats import (
 # num_spec_tokens, acceptance_histogram (dense, num_spec_tokens + 1), per_step_* in detailed};
 # "null for n > 1"; steps with no scheduled draft are omitted (so steps are verify steps only);
 # streaming: only the final usage chunk carries it.
+
+
+class SpecDecodingMetrics(BaseModel):
+    """vLLM's ``metrics.speculative_decoding`` of one answer (its other keys, such as
+    ``mean_acceptance_length``, are allowed and not read); null: not logged."""
+
+    model_config = ConfigDict(extra="allow")
+    num_spec_steps: Count
+    num_accepted_draft_tokens: Count
+    num_draft_tokens: Count
+    num_spec_tokens: Count | None = None
+    acceptance_histogram: list[Count] | None = None
+    per_step_accepted: list[Count] | None = None  # detailed metrics: both per_step_* lists
+    per_step_drafted: list[Count] | None = None
+
+
+class Usage(BaseModel):
+    """The ``usage`` of a vLLM answer, as far as ingest reads it."""
+
+    model_config = ConfigDict(extra="allow")
+    completion_tokens: Count | None = None
+
 
 VLLM_FLAG = "--per-request-spec-decode-metrics summary or detailed"
 
@@ -60,30 +84,26 @@ def _vllm(line: dict, where: str) -> RequestStats:
             f"with {VLLM_FLAG}, speculative decoding on and n == 1)"
         )
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-    if not isinstance(spec, dict):
+    if spec is None:
         raise IngestError(
             f"{where}: no metrics.speculative_decoding (start vLLM >= 0.29 with "
             f"{VLLM_FLAG}; when streaming, also stream_options.include_usage)"
         )
-    usage = body.get("usage")
-    if usage is not None and not isinstance(usage, dict):
-        raise IngestError(f"{where}: field 'usage' must be an object, got {shown(usage)}")
-    generated = None
-    if usage is not None and usage.get("completion_tokens") is not None:
-        generated = logged_field(usage, "completion_tokens", f"{where}: usage")
+    usage = parse(Usage | None, body.get("usage"), where, IngestError, "usage")
+    generated = usage.completion_tokens if usage is not None else None
+    spec = parse(SpecDecodingMetrics, spec, where, IngestError, "metrics.speculative_decoding")
     where = f"{where}: metrics.speculative_decoding"
-    steps = logged_field(spec, "num_spec_steps", where)
-    accepted = logged_field(spec, "num_accepted_draft_tokens", where)
-    drafted = logged_field(spec, "num_draft_tokens", where)
-    k = (
-        logged_field(spec, "num_spec_tokens", where)
-        if spec.get("num_spec_tokens") is not None
-        else None
-    )
+    steps, accepted = spec.num_spec_steps, spec.num_accepted_draft_tokens
+    drafted, k = spec.num_draft_tokens, spec.num_spec_tokens
     per_acc = per_draft = histogram = None
-    if "per_step_accepted" in spec or "per_step_drafted" in spec:
-        per_acc = tuple(logged_field(spec, "per_step_accepted", where, list))
-        per_draft = tuple(logged_field(spec, "per_step_drafted", where, list))
+    if spec.per_step_accepted is not None or spec.per_step_drafted is not None:
+        if spec.per_step_accepted is None or spec.per_step_drafted is None:
+            missing = "per_step_accepted" if spec.per_step_accepted is None else "per_step_drafted"
+            raise IngestError(
+                f"{where}: {missing} is missing; vLLM's detailed metrics hold per_step_accepted "
+                "and per_step_drafted together"
+            )
+        per_acc, per_draft = tuple(spec.per_step_accepted), tuple(spec.per_step_drafted)
         if not len(per_acc) == len(per_draft) == steps:
             raise IngestError(
                 f"{where}: per_step_accepted ({len(per_acc)}) and per_step_drafted "
@@ -100,8 +120,8 @@ def _vllm(line: dict, where: str) -> RequestStats:
                 f"({drafted}), not {sum(per_draft)}"
             )
         histogram = histogram_from_steps(per_acc)
-    if spec.get("acceptance_histogram") is not None:
-        values = logged_field(spec, "acceptance_histogram", where, list)
+    if spec.acceptance_histogram is not None:
+        values = spec.acceptance_histogram
         if k is not None and len(values) != k + 1:
             raise IngestError(
                 f"{where}: acceptance_histogram has {len(values)} entries; vLLM "
