@@ -47,10 +47,31 @@ def plots_unavailable() -> str | None:
     return None
 
 
-def _figure(width: float, height: float):
+# The domains' colours, in the order of a run's domains (All is black): blue, orange, sky blue and
+# purple first (Okabe-Ito and ColorBrewer hues that stay apart under the common colour-vision
+# deficiencies), then brown, pink and indigo. No green, red, amber or grey: those are the verdicts'
+# (VERDICT_COLOURS), so a domain is never read as a verdict on the screen they share.
+DOMAIN_COLOURS = ("#0072B2", "#E69F00", "#56B4E9", "#6A3D9A", "#8C510A", "#CC79A7", "#332288")
+
+
+def domain_colour(i: int) -> str:
+    """The colour of the ``i``-th domain (cycling past the last)."""
+    return DOMAIN_COLOURS[i % len(DOMAIN_COLOURS)]
+
+
+def _figure(width: float, height: float, domain_cycle: bool = True):
+    """A figure whose axes draw series in :data:`DOMAIN_COLOURS` (``domain_cycle``), else in
+    matplotlib's default cycle."""
     from matplotlib.figure import Figure  # the plot extra
 
-    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+    class _DomainFigure(Figure):
+        def add_subplot(self, *args, **kwargs):
+            ax = super().add_subplot(*args, **kwargs)
+            ax.set_prop_cycle(color=list(DOMAIN_COLOURS))
+            return ax
+
+    cls = _DomainFigure if domain_cycle else Figure
+    return cls(figsize=(width, height), dpi=110, layout="constrained")
 
 
 def _values(ests: tuple[Estimate, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -232,12 +253,32 @@ def variance_plot(a: Analysis):
 
 # --- the first screen: the claims and tokens per step ---------------------------------------------
 
-VERDICT_COLOURS = {  # the hues of the report's verdict text (its CSS darkens the lighter two)
+VERDICT_COLOURS = {  # the report's verdict text's hues: none of them a domain's (DOMAIN_COLOURS)
     Verdict.HOLDS: "#1a7f37",
     Verdict.FAILS: "#c62828",
-    Verdict.INCONCLUSIVE: "#b08800",
-    Verdict.UNTESTABLE: "#8c8c8c",
+    Verdict.INCONCLUSIVE: "#555555",
+    Verdict.UNTESTABLE: "#9e9e9e",
 }
+# Each verdict's marker, so that a verdict is told by its shape (and the panel's title says it in
+# words), not by its colour alone: filled circle, cross, hollow diamond; an untestable claim has no
+# figure to mark.
+VERDICT_MARKERS = {
+    Verdict.HOLDS: ("o", True),
+    Verdict.FAILS: ("X", True),
+    Verdict.INCONCLUSIVE: ("D", False),
+    Verdict.UNTESTABLE: ("o", False),
+}
+
+
+def _verdict_marker(verdict: Verdict) -> dict:
+    marker, filled = VERDICT_MARKERS[verdict]
+    colour = VERDICT_COLOURS[verdict]
+    return {
+        "marker": marker,
+        "color": colour,
+        "markerfacecolor": colour if filled else "white",
+        "markeredgecolor": colour,
+    }
 
 
 def claim_references(key: str) -> tuple[float, ...]:
@@ -288,7 +329,16 @@ def _forest_panel(ax, f: Finding) -> None:
     names = [name for name, _ in f.figures]
     v, err = _values(tuple(e for _, e in f.figures))
     y = np.arange(len(names))[::-1]
-    ax.errorbar(v, y, xerr=err, fmt="o", color=colour, markersize=4, capsize=2, zorder=2)
+    ax.errorbar(
+        v,
+        y,
+        xerr=err,
+        linestyle="none",
+        markersize=5,
+        capsize=2,
+        zorder=2,
+        **_verdict_marker(f.verdict),
+    )
     ax.set_yticks(y, [textwrap.shorten(n, 26, placeholder="…") for n in names])
     ax.set_ylim(-0.6, len(names) - 0.4)
 
@@ -311,8 +361,7 @@ def forest_plot(a: Analysis):
     for ax in axes[len(findings) :]:
         ax.set_visible(False)
     handles = [
-        Line2D([], [], color=c, marker="o", linestyle="-", label=v.value)
-        for v, c in VERDICT_COLOURS.items()
+        Line2D([], [], linestyle="-", label=v.value, **_verdict_marker(v)) for v in VERDICT_COLOURS
     ] + [Line2D([], [], color="#444444", linestyle="--", label="claim's reference")]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=7.5, frameon=False)
     fig.suptitle(
@@ -343,7 +392,7 @@ def tokens_per_step_plot(a: Analysis):
     x = np.arange(len(rows), dtype=float)
     for i, (domain, est) in enumerate(rows):
         v, err = _values((est,))
-        style = {"color": "black"} if domain == ALL else {"color": f"C{i}"}
+        style = {"color": "black" if domain == ALL else domain_colour(i)}
         ax.errorbar(x[i : i + 1], v, yerr=err, fmt="o", capsize=4, markersize=6, **style)
         ax.annotate(
             est.format(2, interval=False),
@@ -447,7 +496,7 @@ def certified_by_margin_plot(table):
     and tree width (dashed), with the intervals as whiskers; below, the steps per bin.
     ``table`` is a :class:`specscope.analysis.certify.MarginTable`."""
     rows = [r for r in table.rows if r.domain == ALL_DOMAINS]
-    fig = _figure(9, 5.5)
+    fig = _figure(9, 5.5, domain_cycle=False)  # one series per criterion, more than the domains'
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     x = np.arange(len(rows), dtype=float)
     spread = 0.5 / max(len(table.names), 1)

@@ -33,6 +33,7 @@ from ..files import json_text, to_jsonable, write_output
 from .delivered import delivered_grids, delivered_plots
 from .drafters import DrafterComparison
 from .findings import Finding, Verdict
+from .headline import pair_title, portable, run_subtitle
 from .paper import PAPER, load_paper_tables, paper_data
 from .plots import FIRST_SCREEN, Plot, plots_unavailable, write_drafter_plots, write_plots
 from .prepare import ALL
@@ -327,6 +328,7 @@ def write_outputs(
 ) -> Outputs:
     """Every output of one analysis into ``out_dir`` (created); returns the paths written."""
     out_dir = Path(out_dir)
+    a = portable(a)  # no absolute path of this machine in the files
     grids = run_grids(a) + compare_with_paper(a)
     md, tex, csv_dir = write_tables(
         grids, out_dir, f"specscope analysis of {a.info.run_id}", inside
@@ -357,6 +359,7 @@ def write_report(
     """One self-contained HTML report of one run, or a comparison of several (with ``drafters``,
     the runs' drafters side by side)."""
     message = plots_unavailable() if plots else "plots not requested"
+    analyses = [portable(a) for a in analyses]  # no absolute path of this machine in the page
     with tempfile.TemporaryDirectory() as tmp:
         drawn = {
             i: write_plots(a, Path(tmp) / str(i)) + delivered_plots(a, Path(tmp) / str(i))
@@ -412,7 +415,8 @@ def write_drafter_outputs(
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0.6em auto;
        max-width: 1400px; padding: 0 1em; color: #222; line-height: 1.4; }
-h1 { font-size: 1.3em; margin: 0.2em 0 0.3em; }
+h1 { font-size: 1.3em; margin: 0.2em 0 0.1em; }
+p.subtitle { color: #444; margin: 0 0 0.6em; font-size: 0.95em; }
 h2 { font-size: 1.2em; border-bottom: 2px solid #444; margin: 1.6em 0 0.4em; }
 section.run > h2 { margin-top: 0.3em; }
 h3 { margin: 1.6em 0 0.4em; }
@@ -433,7 +437,9 @@ td.text { min-width: 8ch; max-width: 48ch; }
 .ci { color: #777; font-size: 0.85em; }
 .note { color: #555; font-size: 0.8em; max-width: 100ch; }
 .v-holds { color: #1a7f37; font-weight: 600; } .v-fails { color: #c62828; font-weight: 600; }
-.v-inconclusive { color: #8a6d00; } .v-untestable { color: #777; }
+.v-inconclusive { color: #444; } .v-untestable { color: #777; }
+.v-holds::before { content: "✓ "; } .v-fails::before { content: "✗ "; }
+.v-inconclusive::before { content: "? "; } .v-untestable::before { content: "– "; }
 .warn { background: #fff4e0; border-left: 4px solid #e69500; padding: 0.4em 0.8em; }
 figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; }
@@ -530,8 +536,7 @@ def _img(plot: Plot, prefix: str = "") -> str:
     data = base64.b64encode(plot.png.read_bytes()).decode("ascii")
     return (
         f'<figure id="{esc(prefix)}plot-{esc(plot.name)}"><img alt="{esc(plot.title)}" '
-        f'src="data:image/png;base64,{data}"><figcaption>{esc(plot.title)} '
-        f"(SVG written beside the PNG)</figcaption></figure>"
+        f'src="data:image/png;base64,{data}"><figcaption>{esc(plot.title)}</figcaption></figure>'
     )
 
 
@@ -685,8 +690,10 @@ def _info_part(a: Analysis, pre: str) -> Part:
 
 
 def _run_section(
-    i: int, a: Analysis, plots: list[Plot], paper: bool, plot_message: str | None
+    i: int, a: Analysis, plots: list[Plot], paper: bool, plot_message: str | None, alone: bool
 ) -> str:
+    """One run's part of the page; a run ``alone`` on its page has its title in the page's <h1>,
+    a run among several its own heading (the pair by name) and subtitle."""
     pre = f"r{i}-"
     by_name = {p.name: p for p in plots}
     grids = {g.key: g for g in run_grids(a)}
@@ -694,8 +701,14 @@ def _run_section(
     if paper:
         parts.append(_paper_part(a, pre))
     parts += [_prompts_part(a), _info_part(a, pre)]
+    heading = (
+        ""
+        if alone
+        else f"<h2>Run {html.escape(a.info.run_id)}: {html.escape(_pair(a))}</h2>"
+        f'<p class="subtitle">{html.escape(run_subtitle(a))}</p>'
+    )
     return (
-        f'<section id="run-{i}" class="run"><h2>Run {html.escape(a.info.run_id)}</h2>'
+        f'<section id="run-{i}" class="run">{heading}'
         + _overview(a, by_name, plot_message, grids, pre)
         + "\n".join(_part_html(p, pre) for p in parts)
         + "</section>"
@@ -721,6 +734,10 @@ def _comparison_section(
     )
 
 
+def _pair(a: Analysis) -> str:
+    return pair_title(a.info.manifest, a.info.run_id)
+
+
 def html_report(
     analyses: list[Analysis],
     plots: dict[int, list[Plot]],
@@ -732,10 +749,16 @@ def html_report(
     """The HTML text of a report of one or more runs (the first is the reference); ``drafters``
     adds their drafters side by side to the comparison."""
     esc = html.escape
-    names = ", ".join(a.info.run_id for a in analyses)
-    title = f"specscope report: {names}" if len(analyses) == 1 else f"specscope comparison: {names}"
+    alone = len(analyses) == 1
+    if alone:  # the pair by name, then the run in one line: tree, dtype, prompts, date
+        title, subtitle = _pair(analyses[0]), run_subtitle(analyses[0])
+    else:
+        title = f"specscope comparison: {', '.join(a.info.run_id for a in analyses)}"
+        pairs = list(dict.fromkeys(_pair(a) for a in analyses))
+        subtitle = f"{len(analyses)} runs of " + "; ".join(pairs)
     body = [
-        _run_section(i, a, plots.get(i, []), paper, plot_message) for i, a in enumerate(analyses)
+        _run_section(i, a, plots.get(i, []), paper, plot_message, alone)
+        for i, a in enumerate(analyses)
     ]
     nav = ""
     if len(analyses) > 1:
@@ -749,8 +772,8 @@ def html_report(
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-        f"<h1>{esc(title)}</h1>{nav}\n"
+        f"<title>{esc(title)} · specscope</title><style>{CSS}</style></head><body>"
+        f'<h1>{esc(title)}</h1><p class="subtitle">{esc(subtitle)}</p>{nav}\n'
         + "\n".join(body)
         + f'<footer><p class="note">Generated by specscope {esc(__version__)} on {stamp}. '
         f"Self-contained: no network needed.</p></footer></body></html>\n"

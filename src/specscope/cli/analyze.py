@@ -70,7 +70,7 @@ def analyze(
 
     Writes tables.md, tables.tex, csv/, analysis.json, plots/ and report.html to --out.
     """
-    from ..analysis.render import findings_grid
+    from ..analysis.headline import console_grids
     from ..analysis.report import run_grids, write_outputs
     from ..files import check_output, inside_of
     from ..records import check_writable_dir
@@ -98,38 +98,8 @@ def analyze(
         typer.echo(f"wrote {md}, {js}")
         return
     (a,) = _analyses([run_dir], settings, stratify, predictors)
-    grids = run_grids(a)
-    if show == "main":
-        keep = {
-            "findings",
-            "decoded_tokens_per_step",
-            "level_shares",
-            "domain_effect",
-            "scorecard_node",
-            "scorecard_prefix",
-            "scorecard_stop_rules",
-            "table1",
-            "table2",
-            "table3",
-            "table4",
-            "table5",
-            "table6",
-            "tau",
-            "acceptance_vector",
-            "effects",
-            "paradox",
-            "echo",
-            "variance",
-            "stratified_rho",
-            "stratified_alpha",
-            "stratified_depth",
-        }
-        stratified = a.stratification.findings if a.stratification is not None else ()
-        grids = [findings_grid(a.findings, compact=True, stratified=stratified)] + [
-            g for g in grids if g.key in keep - {"findings"}
-        ]
-    if show != "none":
-        print_grids(grids)
+    grids = console_grids(a, run_grids(a), show)  # the first screen, the claims, the tables
+    print_grids(grids)
     for warning in a.warnings:
         typer.secho(f"warning: {terminal_safe(warning)}", fg=typer.colors.YELLOW, err=True)
     outputs = write_outputs(a, out_dir, plots=plots, inside=inside)
