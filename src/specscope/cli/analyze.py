@@ -65,8 +65,9 @@ def analyze(
         help="Also score every recorded signal as a predictor of acceptance (AUROC, Brier, calibration error, reliability plot, certificates, stop rules): minutes on a large run.",
     ),
 ) -> None:
-    """The paper's Tables I-VI, the corrected metrics and the paper's findings, with intervals;
-    decoded tokens per step and domain's effect at node, step and prompt level.
+    """Decoded tokens per step by domain and where speculation pays first, then the paper's
+    findings, its Tables I-VI and the corrected metrics, with intervals; domain's effect at node,
+    step and prompt level.
 
     Writes tables.md, tables.tex, csv/, analysis.json, plots/ and report.html to --out.
     """
