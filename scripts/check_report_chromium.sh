@@ -25,7 +25,7 @@ if [[ -z "$browser" ]]; then
   exit 3
 fi
 
-"$python" -m specscope.cli report "$run" --out "$out/report.html" --n-boot 200
+"$python" -m specscope.cli report "$run" --out "$out/report.html" --boot 200
 # A copy of the page with a script that, once the page has loaded, records what the browser made of
 # each image (decoded, natural size, where it lies) and where each table lies, with the viewport:
 # the report itself has no script.
@@ -112,9 +112,10 @@ if imread is not None:  # plots are the only large coloured areas of the page
     assert coloured.sum() > 500, f"plots not visible in the screenshot ({coloured.sum()} rows)"
     first = imread(out / "first-screen.png")[..., :3]
     assert first.shape[:2] == (fold, 1280), f"first screen is {first.shape[1]}x{first.shape[0]}"
-    # the claims' lines alone colour about 120 rows (their verdicts); the two plots over 250
+    # verdicts are grey but for holds (green) and does not hold (red): the claims' lines colour a
+    # dozen rows; the two plots' domains and verdicts about 110 (a synthetic run: most inconclusive)
     rows = ((first.max(axis=2) - first.min(axis=2) > 0.2).mean(axis=1) > 0.005).sum()
-    assert rows > 200, f"plots not visible in the first screen ({rows} coloured rows)"
+    assert rows > 80, f"plots not visible in the first screen ({rows} coloured rows)"
 sizes = ", ".join(f"{i['width']}x{i['height']}" for i in decoded)
 print(f"ok: {len(required)} tables and {images} plots rendered ({sizes}); first screen holds the "
       f"claims and tokens per step, no table; screenshots {out / 'report.png'}, "
