@@ -291,9 +291,10 @@ def test_policy_ranks_are_integers_not_booleans(tmp_path, tree):
     # before: [[true]] was read as rank 1 (a bool is an int in Python), [[0.5]] as rank 0
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"domains": {"code": {"tree": tree}}}))
-    with pytest.raises(PolicyError, match="sibling ranks must be integers"):
+    rank = r"domains\.code\.tree\[\d\]\[\d\] must be an integer, got"
+    with pytest.raises(PolicyError, match=rank):
         PolicyFile.load(path)
-    _one_line_error(_cli("export", path, "--to", "llama.cpp"), "sibling ranks", str(path))
+    _one_line_error(_cli("export", path, "--to", "llama.cpp"), "must be an integer, got", str(path))
 
 
 def test_tree_paths_literal_refuses_booleans():

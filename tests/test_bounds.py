@@ -641,7 +641,7 @@ def test_export_refuses_a_huge_prompt_lookup_for_every_engine(tmp_path, engine):
     result, _ = _cli("export", policy, "--to", engine, "--draft", "d", "--target", "t.gguf")
     assert result.exit_code == 2, result.output
     assert (
-        f"domain 'code': drafter: prompt_lookup_max must be an integer in 1..{MAX_NGRAM}, "
+        f"domains.code.drafter: prompt_lookup_max must be an integer in 1..{MAX_NGRAM}, "
         f"got {10**30}"
     ) in " ".join(result.output.split())
 

@@ -471,10 +471,14 @@ def test_a_prediction_says_where_a_held_out_sample_falls():
         ({"domains": {"code": {"tree": "[(0,), (1, 0, 0)]"}}}, "no parent path"),
         ({"domains": {"code": {"tree": "[(0,), (-1,)]"}}}, "malformed tree"),
         ({"domains": {"code": {"tree": "((0,)"}}}, "cannot parse"),
-        ({"domains": {"code": {"tree": 3}}}, "malformed tree"),
+        ({"domains": {"code": {"tree": 3}}}, "domains.code.tree must be a string or a list, got 3"),
         ({"domains": {"code": {"tree": []}}}, "at least one node"),
-        ({"domains": {"code": {}}}, "missing 'tree'"),
-        ({"trees": {}}, "needs a 'domains' table"),
+        ({"domains": {"code": {}}}, "domains.code.tree is missing; give a string or a list"),
+        ({"trees": {}}, "domains is missing; give a table"),
+        (
+            {"domains": {"code": {"tree": "[(0,)]", "expected_taus": 2}}},
+            "unknown key 'domains.code.expected_taus'",
+        ),
     ],
 )
 def test_policy_file_errors(tmp_path, content, message):
@@ -548,8 +552,12 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
 @pytest.mark.parametrize(
     "drafter, tree, message",
     [
-        ("ngram", '"[(0,)]"', "drafter must be a table such as"),
-        ({"prompt_lookup_min": 2}, '"[(0,)]"', r"drafter.kind must be one of draft-model, ngram, "),
+        ("ngram", '"[(0,)]"', "drafter must be a table \\(an object\\) or none, got 'ngram'"),
+        (
+            {"prompt_lookup_min": 2},
+            '"[(0,)]"',
+            "prompt_lookup_min is a parameter of the ngram drafter, not of draft-model",
+        ),
         ({"kind": "medusa"}, '"[(0,)]"', r"drafter: unknown drafter 'medusa'; choose one of"),
         (
             {"kind": "ngram", "prompt_lookup_min": 0},
@@ -559,7 +567,7 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
         (
             {"kind": "ngram", "prompt_lookup_min": 2.0},
             '"[(0,)]"',
-            r"prompt_lookup_min must be an integer >= 1, got 2.0$",
+            r"drafter.prompt_lookup_min must be an integer or none, got 2.0$",
         ),
         (
             {"kind": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2},
@@ -575,8 +583,8 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
         (
             {"kind": "ngram", "lookahead": 3},
             '"[(0,)]"',
-            r"drafter has unknown field 'lookahead'; allowed: kind, prompt_lookup_min, "
-            r"prompt_lookup_max, ngram_size, exit_layer$",
+            r"unknown key 'domains.code.drafter.lookahead'; allowed: exit_layer, kind, ngram_size, "
+            r"prompt_lookup_max, prompt_lookup_min$",
         ),
         (
             NGRAM_2_4,
@@ -592,7 +600,10 @@ def test_policy_file_drafter_errors_name_the_domain_and_field(tmp_path, drafter,
     path.write_text(
         f'{{"domains": {{"code": {{"tree": {tree}, "drafter": {json.dumps(drafter)}}}}}}}'
     )
-    with pytest.raises(PolicyError, match=rf"^{path}: domain 'code': ") as error:
+    # the file first, then the entry: its key (a type, an unknown key) or its domain (a meaning)
+    with pytest.raises(
+        PolicyError, match=rf"^{path}: (domain 'code': |(unknown key ')?domains.code)"
+    ) as error:
         PolicyFile.load(path)
     assert "\n" not in str(error.value)
     with pytest.raises(PolicyError, match=message):

@@ -26,6 +26,7 @@ from .serving.vllm.ingest import SpecDecodingMetrics
 from .sweep.grid import SweepError, SweepFile
 from .tune.acceptance import PolicyError
 from .tune.costs import CostModel
+from .tune.policy import PolicyDocument
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,19 @@ INPUT_FILES: dict[str, InputFile] = {
             "fallback": {"url": "http://127.0.0.1:8080", "model": "plain"},
             "domains": {"code": {"url": "http://127.0.0.1:8080", "model": "code"}},
             "vllm_compatible_metrics": False,
+        },
+    ),
+    "policy": InputFile(
+        "Policy file (JSON, or TOML by hand)",
+        "`specscope decode` and `bench --policy-file FILE`, `export POLICY`",
+        PolicyDocument,
+        PolicyError,
+        {
+            "domains": {
+                "code": {"tree": "[(0,), (0, 0), (0, 0, 0)]"},
+                "chat": {"tree": "[(0,)]", "drafter": {"kind": "ngram", "prompt_lookup_max": 3}},
+            },
+            "uniform": "none",
         },
     ),
     "policy-predictions": InputFile(

@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict
 
 from ..analysis.replay import ReplayRecords, shape_label
-from ..drafters.config import DRAFTERS, DrafterConfig, DrafterError
+from ..drafters.config import DrafterConfig, DrafterError
 from ..files import read_json_object, read_toml_table, write_json
 from ..prompts.domains import DOMAINS
+from ..schemas import INPUT, parse
 from ..trees import DynamicTree, Speculation, TreeConfig, TreeConfigError, TreeShape
 from .acceptance import (
     ALL_DOMAINS,
@@ -40,7 +42,7 @@ from .acceptance import (
 )
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
-from .predict import Prediction, Predictor
+from .predict import Prediction, PredictionRecord, Predictor
 from .routed import ROUTER, Destination, routed_predictions
 
 POLICY_FORMAT = "specscope-policy/1"
@@ -528,8 +530,7 @@ class PolicyFile:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy") -> PolicyFile:
-        if not isinstance(data, dict) or not isinstance(data.get("domains"), dict):
-            raise PolicyError(f"{where}: needs a 'domains' table mapping domain -> {{tree = ...}}")
+        parse(PolicyDocument, data, where, PolicyError)  # every type and key, then what they mean
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
         if unknown:
             raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
@@ -615,32 +616,41 @@ def check_drafter(where: str, shape: TreeShape | None, drafter: DrafterConfig) -
         raise PolicyError(f"{where}: {e}") from None
 
 
-# the keys a policy file's drafter table takes: kind and every drafter's parameters
-DRAFTER_KEYS = ("kind", *dict.fromkeys(p for kind in DRAFTERS.values() for p in kind.params))
+class PolicyEntry(BaseModel):
+    """A policy file's entry of a domain, its uniform entry, or one of its candidates: the
+    schema (what ``tune`` writes: :meth:`Choice.to_dict`). A hand-written entry needs only
+    ``tree``; ``drafter`` absent is the draft model, ``backend`` absent specscope's decoder."""
+
+    model_config = INPUT
+    tree: str | list[list[int]]  # path tuples ("[(0,), (0, 0)]" or [[0], [0, 0]]) or "none"
+    drafter: DrafterConfig | None = None
+    backend: str = "specscope"  # BACKENDS
+    prediction: PredictionRecord | None = None
+    nodes: int | None = None
+    expected_tau: float | None = None
+    predicted_speedup: float | None = None
+    step_time_s: float | None = None
+    domain: str | None = None  # a candidate's
+
+
+class PolicyDocument(BaseModel):
+    """A policy file (``specscope tune``'s JSON, or a hand-written TOML): an entry per domain (a
+    table, or a tree literal) and the uniform entry; what else the tune records (its costs,
+    acceptance, source, an engine's own section) is read by name where it is used."""
+
+    model_config = ConfigDict(extra="allow")
+    format: str | None = None
+    domains: dict[str, PolicyEntry | str]
+    uniform: PolicyEntry | str | None = None
+    candidates: list[PolicyEntry] = []
 
 
 def parse_drafter(entry, where: str) -> DrafterConfig:
-    """``{"drafter": {"kind": "ngram", "prompt_lookup_min": 2, ...}}``; absent: the draft model."""
-    if not isinstance(entry, dict) or "drafter" not in entry:
+    """``{"drafter": {"kind": "ngram", "prompt_lookup_min": 2, ...}}`` of an entry its schema
+    checked (:class:`PolicyEntry`); absent: the draft model."""
+    if not isinstance(entry, dict) or entry.get("drafter") is None:
         return DrafterConfig()
-    table = entry["drafter"]
-    example = '{"kind": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-    if not isinstance(table, dict):
-        raise PolicyError(f"{where}: drafter must be a table such as {example}, got {table!r}")
-    unknown = [k for k in table if k not in DRAFTER_KEYS]
-    if unknown:
-        raise PolicyError(
-            f"{where}: drafter has unknown field {unknown[0]!r}; allowed: {', '.join(DRAFTER_KEYS)}"
-        )
-    kind = table.get("kind")
-    if not isinstance(kind, str):
-        raise PolicyError(
-            f"{where}: drafter.kind must be one of {', '.join(DRAFTERS)}, got {kind!r}"
-        )
-    try:
-        return DrafterConfig(**table)
-    except DrafterError as e:
-        raise PolicyError(f"{where}: drafter: {e}") from None
+    return parse(DrafterConfig, entry["drafter"], where, PolicyError, "drafter")
 
 
 def parse_tree(entry, where: str) -> TreeShape | None:
