@@ -290,7 +290,7 @@ def _from_record(spec: Acceptance, metrics: Metrics, where: str, request_id: str
 def _aiperf(line: dict, where: str) -> RequestStats:
     record = parse(Record, line, where, IngestError)
     request_id = _join_id(record.metadata)
-    if record.spec_decode_acceptance is None:  # skipped before the parser; null is refused here
+    if record.spec_decode_acceptance is None:  # iter_requests skips these (FORMAT.unstated)
         raise IngestError(f"{where}: {ACCEPTANCE} is null; AIPerf omits it when it has none")
     return _from_record(record.spec_decode_acceptance, record.metrics, where, request_id)
 
