@@ -16,6 +16,7 @@ from .errors import SpecscopeError
 from .prompts.items import PromptLine, PromptSourceError
 from .run.config import RunConfig, RunConfigError
 from .schemas import json_schema
+from .serving.aiperf import Record as AIPerfRecord
 from .serving.gateway.deployment import DeploymentError, DeploymentFile
 from .serving.gateway.metrics import MetricsError, PolicyPredictions
 from .serving.llamacpp.ingest import Timings
@@ -155,6 +156,36 @@ INPUT_FILES: dict[str, InputFile] = {
         Answer,
         IngestError,
         {"question_id": 81, "choices": [{"index": 0, "accept_lengths": [1, 3, 2]}]},
+    ),
+    "aiperf-record": InputFile(
+        "A line of AIPerf's `profile_export.jsonl` (JSONL)",
+        "`specscope ingest LOG --format aiperf`",
+        AIPerfRecord,
+        IngestError,
+        {
+            "metadata": {
+                "session_num": 0,
+                "conversation_id": "q1",
+                "turn_index": 0,
+                "request_start_ns": 1,
+                "request_end_ns": 2,
+                "worker_id": "worker_0",
+                "record_processor_id": "record_processor_0",
+                "benchmark_phase": "profiling",
+            },
+            "metrics": {"spec_decode_steps": {"value": 4, "unit": "count"}},
+            "spec_decode_acceptance": {
+                "engine": "vllm",
+                "mean_acceptance_length": 2.25,
+                "draft_acceptance_rate": 0.4167,
+                "acceptance_histogram": {"0": 1, "1": 1, "2": 1, "3": 1},
+                "num_accepted_draft_tokens": 6,
+                "num_draft_tokens": 12,
+                "num_spec_steps": 4,
+                "num_spec_tokens": 3,
+                "completion_tokens": 11,
+            },
+        },
     ),
 }
 

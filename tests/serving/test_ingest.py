@@ -204,7 +204,7 @@ def test_bad_lines_are_one_line_errors_and_write_nothing(tmp_path):
         (
             "tgi",
             [VLLM_DETAILED],
-            "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench",
+            "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench, aiperf",
         ),
     ]
     for fmt, lines, message in cases:

@@ -405,7 +405,10 @@ def test_sglang_histogram_must_give_the_accepted_count(tmp_path):
             "is not a llama.cpp build; allowed: bNNNN",
         ),
         (["-f", "vllm", "--join", "hash"], "unknown --join 'hash'; allowed: id, order"),
-        (["-f", "tgi"], "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench"),
+        (
+            ["-f", "tgi"],
+            "unknown format 'tgi'; allowed: vllm, sglang, llama.cpp, spec-bench, aiperf",
+        ),
     ],
 )
 def test_unknown_versions_joins_and_formats_are_one_line_and_write_nothing(tmp_path, args, message):
@@ -497,3 +500,239 @@ def test_a_real_llama_server_sse_capture_reads_its_final_chunk(tmp_path):
     assert manifest["engine_version"] == "b1-0c1e570"
     rows = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert rows[["steps", "accepted", "drafted", "generated"]].values.tolist() == [[2, 5, 5, 8]]
+
+
+# --- AIPerf: profile_export.jsonl -------------------------------------------------------------------
+# ai-dynamo/aiperf src/aiperf/common/models/record_models.py@1849cd1b: one MetricRecordInfo per line,
+# {metadata: MetricRecordMetadata, metrics: {tag: {value, unit}}, spec_decode_acceptance, error};
+# spec_decode_models.py@0786f0ca: SpecDecodeAcceptanceRecord (acceptance_histogram sparse, string
+# keys on the wire); metrics/types/spec_decode_metrics.py@1849cd1b: the spec_decode_* record metrics
+# (steps: unit count; accepted/draft tokens: unit tokens); no record for a zero-step request.
+# The values are written here, worked by hand.
+
+
+def aiperf_line(conversation="code-0", turn=0, acceptance=None, error=None, session=0):
+    metrics = {
+        "request_latency": {"value": 412.5, "unit": "ms"},
+        "output_sequence_length": {"value": 11, "unit": "tokens"},
+    }
+    if acceptance is not None:
+        steps = acceptance["num_spec_steps"]
+        accepted = acceptance["num_accepted_draft_tokens"]
+        drafted = acceptance["num_draft_tokens"]
+        metrics |= {
+            "spec_decode_acceptance_length": {"value": 1 + accepted / steps, "unit": "ratio"},
+            "spec_decode_draft_acceptance_rate": {"value": 100 * accepted / drafted, "unit": "%"},
+            "spec_decode_accepted_per_verified": {
+                "value": (accepted + steps) / (drafted + steps),
+                "unit": "ratio",
+            },
+            "spec_decode_steps": {"value": steps, "unit": "count"},
+            "spec_decode_accepted_draft_tokens": {"value": accepted, "unit": "tokens"},
+            "spec_decode_draft_tokens": {"value": drafted, "unit": "tokens"},
+        }
+    line = {
+        "metadata": {
+            "session_num": session,
+            "x_request_id": f"5f0c1a2e-0000-4000-8000-00000000000{session}",
+            "x_correlation_id": f"9a1b2c3d-0000-4000-8000-00000000000{session}",
+            "conversation_id": conversation,
+            "turn_index": turn,
+            "request_start_ns": 1_760_000_000_000_000_000 + session,
+            "request_ack_ns": 1_760_000_000_010_000_000 + session,
+            "request_end_ns": 1_760_000_000_412_500_000 + session,
+            "worker_id": "worker_0",
+            "record_processor_id": "record_processor_0",
+            "benchmark_phase": "profiling",
+            "was_cancelled": False,
+            "agent_depth": 0,
+        },
+        "metrics": metrics if error is None else {},
+    }
+    if acceptance is not None:
+        line["spec_decode_acceptance"] = acceptance
+    if error is not None:
+        line["error"] = error
+    return line
+
+
+def aiperf_vllm(per_step_accepted, k=3, completion_tokens=None):
+    """vllm_adapter.py@7bb5f5c8: vLLM's dense histogram made sparse (zero buckets dropped), the
+    per-step lists of its detailed metrics copied."""
+    steps, accepted = len(per_step_accepted), sum(per_step_accepted)
+    histogram = {}
+    for a in per_step_accepted:
+        histogram[str(a)] = histogram.get(str(a), 0) + 1
+    return {
+        "engine": "vllm",
+        "mean_acceptance_length": 1 + accepted / steps,
+        "draft_acceptance_rate": accepted / (k * steps),
+        "acceptance_histogram": dict(sorted(histogram.items())),
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": k * steps,
+        "num_spec_steps": steps,
+        "num_spec_tokens": k,
+        "completion_tokens": completion_tokens,
+        "per_step_accepted": per_step_accepted,
+        "per_step_drafted": [k] * steps,
+    }
+
+
+def _aiperf_prompts(tmp_path):
+    return _prompts(
+        tmp_path,
+        [
+            {"id": f"{d}-{i}", "domain": d, "prompt": f"{d} question {i}"}
+            for d in ("code", "chat")
+            for i in range(3)
+        ]
+        + [{"id": "chat-0:1", "domain": "chat", "prompt": "and a follow-up"}],
+    )
+
+
+def _ingest_aiperf(tmp_path, lines, *extra):
+    log = _write(tmp_path / "profile_export.jsonl", lines)
+    out = tmp_path / "run"
+    args = ["ingest", str(log), "--format", "aiperf", "-p", str(_aiperf_prompts(tmp_path))]
+    return CliRunner().invoke(app, [*args, "-o", str(out), *extra]), out
+
+
+def test_aiperf_profile_export_ingests_through_the_cli_into_a_run_that_analyze_reads(tmp_path):
+    lines = [  # code accepts 2 drafts a step (3 tokens), chat 1 (2 tokens)
+        aiperf_line(f"code-{i}", acceptance=aiperf_vllm([2, 3, 1, 2], completion_tokens=13))
+        for i in range(3)
+    ] + [
+        aiperf_line(f"chat-{i}", acceptance=aiperf_vllm([1, 0, 2, 1], completion_tokens=9))
+        for i in range(3)
+    ]
+    lines += [
+        aiperf_line("chat-0", turn=1, acceptance=aiperf_vllm([1, 1], completion_tokens=5)),
+        aiperf_line("code-9"),  # no verify step: AIPerf writes no record, nor the metrics
+        aiperf_line("code-8", error={"code": 500, "type": "HTTPError", "message": "boom"}),
+    ]
+    result, out = _ingest_aiperf(tmp_path, lines)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"] == "AIPerf" and manifest["counts"]["requests"] == 7
+    assert manifest["derived"] == {} and manifest["per_step"] and manifest["histogram"]
+    assert manifest["skipped"]["without_statistics"] == 2
+    assert "without spec_decode_acceptance" in manifest["warnings"][0]
+    assert "ran no verify step" in manifest["warnings"][0]
+    requests = pd.read_parquet(out / "requests.parquet").set_index("prompt_id")
+    assert requests.loc["code-0", ["steps", "accepted", "drafted", "generated"]].tolist() == [
+        4,
+        8,
+        12,
+        13,
+    ]
+    assert requests.loc["chat-0:1", "steps"] == 2  # a later turn joins CONVERSATION:TURN
+    code0 = load_histogram(out).query("prompt_id == 'code-0'")
+    assert dict(zip(code0["accepted_len"], code0["steps"])) == {1: 1, 2: 2, 3: 1}
+    result = CliRunner().invoke(app, ["analyze", str(out), "--boot", "0"])
+    assert result.exit_code == 0, result.output
+    analysis = json.loads((out / "analysis" / "analysis.json").read_text())
+    rows = {d["domain"]: d for d in analysis["domains"]}
+    assert rows["code"]["tokens_per_step"]["value"] == pytest.approx(3.0)
+    assert rows["chat"]["tokens_per_step"]["value"] == pytest.approx(2.0)  # (14 + 14) / 14
+
+
+def test_aiperf_trtllm_histogram_is_read_and_llamacpp_steps_are_derived(tmp_path):
+    trtllm = {  # trtllm_adapter.py@038b7df1: no per-step lists; the engine's dense histogram
+        "engine": "tensorrt_llm",
+        "mean_acceptance_length": 2.0,
+        "draft_acceptance_rate": 0.5,
+        "acceptance_histogram": {"0": 1, "1": 1, "2": 2},
+        "num_accepted_draft_tokens": 5,
+        "num_draft_tokens": 10,
+        "num_spec_steps": 4,
+        "num_spec_tokens": 2,
+        "completion_tokens": 10,
+    }
+    # llamacpp_adapter.py@5850dd43: predicted_n 16, draft_n 12, draft_n_accepted 11 become
+    # num_spec_steps = 16 - 11 = 5 and an even histogram {2: 4, 3: 1}; completion_tokens null
+    llamacpp = {
+        "engine": "llamacpp",
+        "mean_acceptance_length": 1 + 11 / 5,
+        "draft_acceptance_rate": 11 / 12,
+        "acceptance_histogram": {"3": 1, "2": 4},
+        "num_accepted_draft_tokens": 11,
+        "num_draft_tokens": 12,
+        "num_spec_steps": 5,
+        "num_spec_tokens": None,
+        "completion_tokens": None,
+    }
+    log = _write(
+        tmp_path / "log.jsonl",
+        [aiperf_line("code-0", acceptance=trtllm), aiperf_line("code-1", acceptance=llamacpp)],
+    )
+    (_, trt), (_, llama) = read_log(log, "aiperf")
+    assert (trt.steps, trt.accepted, trt.drafted, trt.generated) == (4, 5, 10, 10)
+    assert trt.histogram == (1, 1, 2) and trt.derived == ()
+    # specscope's llama.cpp derivation: 16 - 1 - 11 = 4 verify steps; AIPerf's histogram dropped
+    assert (llama.steps, llama.accepted, llama.drafted, llama.generated) == (4, 11, 12, 16)
+    assert llama.histogram is None and llama.derived == ("generated", "steps")
+    result, out = _ingest_aiperf(
+        tmp_path, [aiperf_line("code-1", acceptance=llamacpp)], "--join", "id"
+    )
+    assert result.exit_code == 0, result.output
+    derived = json.loads((out / "manifest.json").read_text())["derived"]
+    assert set(derived) == {"generated", "steps"} and "predicted_n" in derived["generated"]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            lambda a: a.update(num_spec_steps="4"),
+            r"spec_decode_acceptance\.num_spec_steps must be an integer, got '4'",
+        ),
+        (
+            lambda a: a.pop("num_draft_tokens"),
+            r"spec_decode_acceptance\.num_draft_tokens is missing; give an integer",
+        ),
+        (
+            lambda a: a.update(acceptance_histogram={"one": 4}),
+            r"spec_decode_acceptance: acceptance_histogram has a key 'one'",
+        ),
+        (
+            lambda a: a.update(acceptance_histogram={"0": 1, "1": 1, "2": 1, "4": 1}),
+            r"acceptance_histogram has a bucket 4 above num_spec_tokens \(3\)",
+        ),
+        (
+            lambda a: a.update(acceptance_histogram={"2": 3, "1": 2}),
+            r"acceptance_histogram sums to 5 steps, not num_spec_steps \(4\)",
+        ),
+        (
+            lambda a: a.update(per_step_drafted=None),
+            r"per_step_drafted is missing; AIPerf copies per_step_accepted and per_step_drafted",
+        ),
+        (
+            lambda a: a.update(completion_tokens=5),
+            r"num_accepted_draft_tokens \+ num_spec_steps \(8 \+ 4\) exceeds completion_tokens",
+        ),
+    ],
+)
+def test_aiperf_bad_records_are_refused_in_one_line_naming_the_field(tmp_path, change, message):
+    import re
+
+    line = aiperf_line("code-0", acceptance=aiperf_vllm([2, 3, 1, 2], completion_tokens=13))
+    change(line["spec_decode_acceptance"])
+    result, out = _ingest_aiperf(tmp_path, [line])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0])
+    assert "profile_export.jsonl:1: " in lines[0] and not out.exists()
+
+
+def test_aiperf_metrics_that_disagree_with_the_record_and_a_missing_metadata_are_refused(tmp_path):
+    line = aiperf_line("code-0", acceptance=aiperf_vllm([2, 3, 1, 2]))
+    line["metrics"]["spec_decode_steps"]["value"] = 5
+    with pytest.raises(IngestError, match=r"metrics\.spec_decode_steps\.value \(5\) differs"):
+        read_log(_write(tmp_path / "a.jsonl", [line]), "aiperf")
+    line = aiperf_line("code-0", acceptance=aiperf_vllm([2, 3, 1, 2]))
+    del line["metadata"]
+    with pytest.raises(IngestError, match=r"a\.jsonl:1: metadata is missing; give a table"):
+        read_log(_write(tmp_path / "a.jsonl", [line]), "aiperf")
+    only_errors = [aiperf_line("code-8", error={"code": 500, "message": "boom"})]
+    with pytest.raises(IngestError, match="holds no requests: 1 line.* without spec_decode_acc"):
+        read_log(_write(tmp_path / "a.jsonl", only_errors), "aiperf")

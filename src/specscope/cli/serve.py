@@ -104,13 +104,18 @@ def ingest(
         ...,
         help="The engine's responses: one JSON object per line, a raw SSE capture (data: lines) or one stream chunk per line.",
     ),
-    fmt: str = typer.Option(..., "--format", "-f", help="vllm, sglang, llama.cpp or spec-bench."),
+    fmt: str = typer.Option(
+        ...,
+        "--format",
+        "-f",
+        help="vllm, sglang, llama.cpp, spec-bench or aiperf (AIPerf's profile_export.jsonl).",
+    ),
     prompts: Path = options.with_default(options.PROMPTS, ...),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     join: str = typer.Option(
         "id",
         "--join",
-        help="id: by each line's prompt_id, else the engine's request id; order: the n-th request of the log joins the n-th prompt, only for lines that carry no id (llama-server /completion responses) and are in the prompts file's order (one client sending the prompts one at a time; the gateway logs in completion order).",
+        help="id: by each line's prompt_id, else the engine's request id (AIPerf: its conversation_id); order: the n-th request of the log joins the n-th prompt, only for lines that carry no id (llama-server /completion responses) and are in the prompts file's order (one client sending the prompts one at a time; the gateway logs in completion order).",
     ),
     engine_version: str | None = options.ENGINE_VERSION,
 ) -> None:

@@ -134,7 +134,9 @@ class EngineFormat:
     """One engine's log format: its parser, how to tell a stream chunk that is not the last,
     which versions it reads, and how each count it may derive is derived. ``stats_key``: the
     field of an answer that carries its statistics (the one the gateway looks for in a stream's
-    events); None where no answer goes without them."""
+    events); None where no answer goes without them. ``unstated``: whether a line is one the
+    format writes for a request without statistics (skipped and counted, not refused), and
+    ``unstated_why`` says which lines those are, for the warning."""
 
     engine: str
     parse: Callable[[dict, str], RequestStats]
@@ -143,3 +145,5 @@ class EngineFormat:
     check_version: Callable[[str], None] = lambda version: None
     derivations: dict[str, str] = field(default_factory=dict)
     source: str = ""  # the engine file (and commit) the parser follows
+    unstated: Callable[[dict], bool] = lambda line: False
+    unstated_why: str = ""

@@ -4,11 +4,13 @@ and the gateway read.
 Each entry of :data:`FORMATS` is an engine's :class:`~specscope.serving.request_stats.EngineFormat`,
 defined beside that engine's export (:mod:`specscope.serving.vllm.ingest`,
 :mod:`specscope.serving.sglang.ingest`, :mod:`specscope.serving.llamacpp.ingest`) or on its own
-(:mod:`specscope.serving.specbench`). This module parses nothing itself.
+(:mod:`specscope.serving.specbench`, :mod:`specscope.serving.aiperf`). This module parses nothing
+itself.
 """
 
 from __future__ import annotations
 
+from ..aiperf import FORMAT as AIPERF
 from ..llamacpp import ingest as llamacpp
 from ..request_stats import EngineFormat, IngestError
 from ..sglang import ingest as sglang
@@ -20,6 +22,7 @@ FORMATS: dict[str, EngineFormat] = {
     "sglang": sglang.FORMAT,
     "llama.cpp": llamacpp.FORMAT,
     "spec-bench": SPEC_BENCH,
+    "aiperf": AIPERF,
 }
 
 

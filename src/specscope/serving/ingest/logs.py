@@ -15,7 +15,9 @@ Two kinds of line are read but not kept, and counted in :class:`Skipped` so that
 so: a last line that is not JSON (a line cut short when its writer was killed or the disk
 filled; the same in the middle of the log is refused, as it means the file is damaged), and a
 gateway's streamed answer whose events carried no statistics (older gateways logged those in the
-request log; a vLLM client that streams without ``stream_options.include_usage`` gets them). A
+request log; a vLLM client that streams without ``stream_options.include_usage`` gets them), or a
+line its format says it writes for a request without statistics (``EngineFormat.unstated``:
+AIPerf's records without ``spec_decode_acceptance``). A
 record of the gateway's errors log (a failed request: ``status``/``error``, no ``response``) is
 refused naming that log.
 
@@ -70,11 +72,14 @@ class Skipped:
         if self.without_statistics:
             n, named = self.without_statistics, ", ".join(self.first_without_statistics)
             more = f" and {n - NAMED} more" if n > NAMED else ""
-            key = engine_format(self.fmt).stats_key
+            spec = engine_format(self.fmt)
             out.append(
-                f"{n} line(s) without statistics skipped ({named}{more}): streamed answers "
-                f"whose events carried no {key}; "
-                + STREAM_HINTS.get(self.fmt, "the stream's last event, as logged, had none")
+                f"{n} line(s) without statistics skipped ({named}{more}): "
+                + (
+                    spec.unstated_why
+                    or f"streamed answers whose events carried no {spec.stats_key}; "
+                    + STREAM_HINTS.get(self.fmt, "the stream's last event, as logged, had none")
+                )
             )
         if self.torn_last_line:
             out.append(
@@ -172,7 +177,7 @@ def iter_requests(path: Path, fmt: str, skipped: Skipped | None = None) -> Itera
             raise _failed_request(line, where)
         body = line["response"] if isinstance(line.get("response"), dict) else line
         client = _client_id(line, where)
-        if _unstated(line, body, spec):
+        if _unstated(line, body, spec) or spec.unstated(body):
             skipped.answer_without_statistics(where)
             yield LoggedRequest(where, client, None)
             continue
