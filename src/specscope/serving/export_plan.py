@@ -67,8 +67,6 @@ class DeploymentPlan:
     uniform: TreeShape | None
     router: RuleRouter
     policy_source: str = ""
-    cost_model: dict | None = None  # the policy's cost model, if it was tuned (vLLM schedule)
-    acceptance: dict | None = None  # the policy's acceptance vectors, if tuned
     llama_server: dict | None = None  # the settings llama-server was timed with, per domain
     notes: tuple[str, ...] = ()  # what the document must say of this policy (unchecked layers)
 
@@ -100,8 +98,6 @@ class DeploymentPlan:
             policy.uniform,
             router,
             source,
-            policy.info.get("cost_model"),
-            policy.info.get("acceptance"),
             policy.info.get("llama_server"),
             check_exit_layers(domains, policy.info.get("source"), target),
         )
