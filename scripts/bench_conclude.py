@@ -22,12 +22,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+from specscope.analysis.bench_stats import BenchRun, speedup_precision, summarize_bench
 from specscope.analysis.render import to_markdown
 from specscope.files import json_text
 from specscope.prompts.domains import select_prompts
 from specscope.records import load_run
 from specscope.tune import bench as checks
-from specscope.tune.bench import BenchConfig, BenchRun, summarize_bench
+from specscope.tune.bench import BenchConfig
 from specscope.tune.choose import bench_decision, bench_grid, decision_document, drafter_of
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import (
@@ -189,7 +190,7 @@ def main() -> None:
     fitted = checks.tuning_per_domain(select_prompts(domains, None, seed=0), tuned)
     routed = checks.routed_predictions(policy, record.get("router", "rules"))
     cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted, routed)
-    precision = checks.speedup_precision(runs)
+    precision = speedup_precision(runs)
     decision = bench_decision(policy, config, domains, rows, runs)
     grids = [
         bench_grid(rows, f"{record.get('machine', '')}: {args.bench}"),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from specscope.analysis.bench_stats import speedup_precision
 from specscope.analysis.render import to_markdown
 from specscope.analysis.stats import Estimate, none_differed_p
 from specscope.decode import SpeculativeDecoder
@@ -37,7 +38,6 @@ from specscope.tune.bench import (
     prediction_grid,
     regret_grid,
     run_bench,
-    speedup_precision,
     summarize_bench,
     tuning_prompts,
 )

@@ -688,9 +688,9 @@ def test_export_says_when_the_exit_layer_is_unchecked():
     )
     doc = export_policy(policy, "transformers", ExportOptions())
     assert (
-        "the policy does not record its target's layer count (tune it again to record it): "
-        "early-exit layer(s) 8 (code) are not checked against the target; each must be below "
-        "its layer count"
+        "the policy does not record its target's layer count (tune it again to record it, or "
+        "give the target): early-exit layer(s) 8 (code) are not checked against the target; "
+        "each must be below its layer count"
     ) in doc["notes"]
     for engine in ENGINES:  # a policy without early exits gets no such note
         plain = PolicyFile(trees={"code": CHAIN3})

@@ -163,3 +163,35 @@ def test_prompt_lookup_takes_the_exported_settings(monkeypatch):
         **doc["generate_kwargs"],
     )
     assert made == [(3, 2)]
+
+
+def test_export_checks_an_early_exit_against_the_target_it_is_given(tmp_path, tiny_dirs):
+    """``specscope export --to transformers --target T``: an exit layer at or past T's layer
+    count (2 here, read from T's config) is refused in one line, though the policy records no
+    target; one below it exports with no "not checked" note."""
+    from typer.testing import CliRunner
+
+    from specscope.cli import app
+
+    target = str(tiny_dirs["llama", "target"])
+    chain = TreeShape.from_paths([(0,), (0, 0), (0, 0, 0)])
+    policy = tmp_path / "policy.json"
+    args = ["export", str(policy), "--to", "transformers", "--target", target]
+    PolicyFile(
+        trees={"code": chain}, drafters={"code": DrafterConfig("early-exit", exit_layer=2)}
+    ).save(policy)
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and "domain 'code': exit_layer must be in 1..1" in lines[0]
+    assert "the target has 2 layers" in lines[0] and "the export's target" in lines[0]
+    PolicyFile(
+        trees={"code": chain}, drafters={"code": DrafterConfig("early-exit", exit_layer=1)}
+    ).save(policy)
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "not checked" not in done.output
+    assert '"assistant_early_exit": 1' in done.output
+    # without --target (and none recorded) the note says the layer is unchecked
+    unchecked = CliRunner().invoke(app, args[:-2])
+    assert unchecked.exit_code == 0 and "not checked against the target" in unchecked.output

@@ -4,16 +4,14 @@ mode (one preset per domain) behind specscope gateway.
 Held-out prompts of every domain go through the gateway; the test checks that each reached its
 domain's preset (the log names it; the server's timings show drafting only where the preset
 speculates, at most K per verify step), that every output equals the plain preset's greedy output
-token for token or leaves it only at a near-tie of the target, that the draft counts are exactly
-what greedy chains of K give on the draft's agreement with those outputs
-(llamacpp.router.chain_counts), that a streamed chat answer passes through, and that specscope
-ingest of the
-gateway's log gives per-domain tokens per step whose interval meets the one that a measurement of
-the draft's agreement on other prompts predicts for the same K.
+token for token or leaves it only at a near-tie of the target, that a streamed chat answer passes
+through, and that specscope ingest of the gateway's log counts every request (no accepted drafts
+where the preset decodes plainly).
 
-Cost: 8 held-out and 4 measured prompts x 16 tokens on the demo pair, six presets loaded (mmap).
-Measured here: 14 min wall, 9 min 20 s CPU, with the 2 cores shared by other jobs (llama-server's
-own timings showed 0.6 tok/s, against about 30 alone); not yet measured on an idle machine. The
+Cost: 8 held-out prompts x 16 tokens on the demo pair, five presets loaded (mmap). Measured
+before the draft-agreement checks were removed (4 more prompts, a sixth preset): 14 min wall,
+9 min 20 s CPU, with the 2 cores shared by other jobs (llama-server's own timings showed 0.6 tok/s,
+against about 30 alone); not yet measured as it is now, nor on an idle machine. The
 first run builds llama-server from the llama-cpp-python sdist (cmake and a C++ compiler, many
 minutes; the build is cached, or set SPECSCOPE_LLAMA_BIN).
 """
@@ -25,7 +23,6 @@ import shutil
 import threading
 import time
 
-import numpy as np
 import pytest
 
 pytest.importorskip("starlette")
@@ -36,16 +33,7 @@ from specscope.serving.export import export_policy
 from specscope.serving.export_plan import ExportOptions
 from specscope.serving.gateway import Deployment, make_app
 from specscope.serving.llamacpp.programs import LlamaToolsError, build_llama_tools, find_llama_tools
-from specscope.serving.llamacpp.router import (
-    GREEDY,
-    LlamaRouter,
-    chain_counts,
-    chain_predictions,
-    draft_agreement,
-    first_difference,
-    presets_ini,
-    top_logprobs,
-)
+from specscope.serving.llamacpp.router import GREEDY, LlamaRouter, presets_ini
 from specscope.serving.llamacpp.server import ServerSetting
 from specscope.serving.llamacpp.study import chain
 from specscope.tune.policy import PolicyFile
@@ -55,7 +43,7 @@ from specscope.tune.router import RuleRouter, prompt_text
 pytestmark = [pytest.mark.weights, pytest.mark.slow, pytest.mark.llamacpp]
 
 N_PREDICT = 16
-PER_DOMAIN = 2  # held-out prompts per domain (and as many measured, for drafting domains)
+PER_DOMAIN = 2  # held-out prompts per domain
 KS = {"code": 3, "math": 2}  # the presets that speculate; reasoning and chat decode plainly
 DOMAINS = ("code", "math", "reasoning", "chat")
 # a near-tie: the target's two most likely tokens within this many nats; llama.cpp's K+1-token
@@ -96,12 +84,11 @@ def _prompts():
     from specscope.prompts.items import PromptSourceError
 
     try:
+        # twice as many as held out: the same held-out prompts as when the other half was measured
         items = select_prompts(list(DOMAINS), 2 * PER_DOMAIN, seed=2026)
     except (PromptSourceError, ImportError) as e:
         pytest.skip(f"offline prompt sources are missing (pip install 'specscope[domains]'): {e}")
-    measured = [it for d in KS for it in [x for x in items if x.domain == d][PER_DOMAIN:]]
-    held_out = [it for d in DOMAINS for it in [x for x in items if x.domain == d][:PER_DOMAIN]]
-    return measured, held_out
+    return [it for d in DOMAINS for it in [x for x in items if x.domain == d][:PER_DOMAIN]]
 
 
 class Served:
@@ -124,25 +111,25 @@ class Served:
 def deployment(tmp_path_factory):
     tools = _tools()
     target, draft = _demo_pair()
-    measured, held_out = _prompts()
+    held_out = _prompts()
     tmp = tmp_path_factory.mktemp("llama-router")
-    # the presets specscope export writes for this policy (one per routed domain), and two more
-    # for the checks: the target alone (plain greedy) and the draft alone (its greedy tokens)
+    # the presets specscope export writes for this policy (one per routed domain), and one more
+    # for the checks: the target alone (plain greedy)
     policy = PolicyFile({d: chain(KS.get(d, 0)) for d in DOMAINS})
     document = export_policy(
         policy, "llama.cpp", ExportOptions(draft=str(draft), target=str(target))
     )
-    extra = {"plain": {"model": target}, "draft": {"model": draft}, "*": {"c": 1024}}
+    extra = {"plain": {"model": target}, "*": {"c": 1024}}
     presets = tmp / "presets.ini"
     presets.write_text(document["presets_ini"] + "\n" + presets_ini(extra).split("\n", 1)[1])
     router = LlamaRouter(
-        tools, presets, ServerSetting(), log=tmp / "llama-server.log", models_max=len(DOMAINS) + 2
+        tools, presets, ServerSetting(), log=tmp / "llama-server.log", models_max=len(DOMAINS) + 1
     )
     with router:
         plan = Deployment.from_export(document, {"*": router.url})
         gateway = Served(make_app(plan, tmp / "gateway.jsonl"))
         try:
-            yield router, gateway.url, tmp, measured, held_out
+            yield router, gateway.url, tmp, held_out
         finally:
             gateway.stop()
 
@@ -166,10 +153,35 @@ def _plain(router, prompt_tokens):
     return answer["tokens"]
 
 
+def _first_difference(a, b):
+    """The first position where two token sequences differ (the shorter one's end included)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _top_logprobs(router, preset, prompt_tokens, n=2):
+    """The ``n`` most likely next tokens after the prompt and their log-probabilities."""
+    answer = router.post(
+        "/completion",
+        {
+            "model": preset,
+            "prompt": prompt_tokens,
+            "n_predict": 1,
+            "n_probs": n,
+            "cache_prompt": True,
+            **GREEDY,
+        },
+    )
+    (first,) = answer["completion_probabilities"]
+    return [(int(x["id"]), float(x["logprob"])) for x in first["top_logprobs"]]
+
+
 def test_llama_server_router_behind_the_gateway(deployment):
     from specscope.serving.ingest import ingest
 
-    router, url, tmp, measured, held_out = deployment
+    router, url, tmp, held_out = deployment
     domain_of = RuleRouter().classify
 
     # 1. held-out prompts of every domain through the gateway (/completion, greedy)
@@ -194,7 +206,7 @@ def test_llama_server_router_behind_the_gateway(deployment):
     }
     assert set(lines) == {it.id for it in held_out}
 
-    counts, agreements, differs = {}, {}, []
+    differs = []
     for item in held_out:
         line, routed = lines[item.id], domain_of(prompt_text(item))
         timings = line["response"]["timings"]
@@ -213,30 +225,20 @@ def test_llama_server_router_behind_the_gateway(deployment):
         assert timings["prompt_n"] == len(prompt_tokens)
         plain, routed_tokens = _plain(router, prompt_tokens), line["response"]["tokens"]
         assert len(routed_tokens) == timings["predicted_n"]
-        t = first_difference(routed_tokens, plain)
+        t = _first_difference(routed_tokens, plain)
         if t is not None:
-            (top, lp1), (second, lp2) = top_logprobs(router, "plain", prompt_tokens + plain[:t])
+            (top, lp1), (second, lp2) = _top_logprobs(router, "plain", prompt_tokens + plain[:t])
             assert {top, second} == {plain[t], routed_tokens[t]} and lp1 - lp2 < NEAR_TIE, (
                 f"{item.id}: speculation left plain greedy at token {t}, not at a near-tie "
                 f"(log-probabilities {lp1:.3f} and {lp2:.3f})"
             )
             differs.append(item.id)
-        # 3. the draft counts are exactly greedy chains of K over the draft's agreement with
-        #    the output that was produced
-        if preset != "plain":
-            agreements[item.id] = draft_agreement(router, "draft", prompt_tokens, routed_tokens)
-            counts[item.id] = chain_counts(agreements[item.id], KS[preset])
-            assert (timings["predicted_n"], timings["draft_n"], timings["draft_n_accepted"]) == (
-                counts[item.id].generated,
-                counts[item.id].drafted,
-                counts[item.id].accepted,
-            ), item.id
     print(
         f"outputs equal to plain greedy: {len(held_out) - len(differs)}/{len(held_out)} "
         f"(near-ties: {differs or 'none'})"
     )
 
-    # 4. ingest of the gateway's log against the prediction of a measurement on other prompts
+    # 3. ingest of the gateway's log: every request, no accepted drafts where decoding is plain
     prompts_file = tmp / "prompts.jsonl"
     prompts_file.write_text(
         "".join(
@@ -255,47 +257,9 @@ def test_llama_server_router_behind_the_gateway(deployment):
     plain_rows = requests[~requests["domain"].isin(list(KS))]
     assert (plain_rows["accepted"] == 0).all()
 
-    measure = {}
-    for item in measured:
-        tokens = _tokens(router, prompt_text(item))
-        measure[item.id] = draft_agreement(router, "draft", tokens, _plain(router, tokens))
-    predicted = {
-        (c.domain, c.k): c.prediction
-        for c in chain_predictions(
-            measure,
-            {it.id: it.domain for it in measured},
-            sorted(set(KS.values())),
-            max(KS.values()),
-        )
-    }
-    rng = np.random.default_rng(0)
-    for domain, k in KS.items():
-        seen = requests[requests["domain"] == domain]
-        if seen.empty or (domain, k) not in predicted:
-            continue
-        # tokens per step seen (ingest), counted as the prediction counts them: the prompt's
-        # pass is one step with one token (verify steps + 1 per request), with a 95% interval
-        # from resampling its own requests; predicted: the agreement on other prompts replayed
-        acc, steps = seen["accepted"].to_numpy(float), seen["steps"].to_numpy(float)
-        tokens, passes = acc + steps + 1, steps + 1
-        draws = rng.integers(0, len(seen), size=(1000, len(seen)))
-        seen_tps = tokens.sum() / passes.sum()
-        seen_low, seen_high = np.quantile(
-            tokens[draws].sum(1) / passes[draws].sum(1), [0.025, 0.975]
-        )
-        p = predicted[domain, k]
-        print(
-            f"{domain} K={k}: tokens/step seen {seen_tps:.2f} [{seen_low:.2f}, {seen_high:.2f}] "
-            f"over {len(seen)} requests; predicted {p.tokens_per_step:.2f} [{p.lo:.2f}, "
-            f"{p.hi:.2f}] ({p.method}) from other prompts"
-        )
-        assert seen_low <= p.hi + 1e-9 and p.lo <= seen_high + 1e-9, (
-            f"{domain}: tokens per step seen and predicted disagree"
-        )
-
 
 def test_a_streamed_chat_request_through_the_gateway(deployment):
-    _, url, tmp, _, held_out = deployment
+    _, url, tmp, held_out = deployment
     code = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "code")
     with httpx.stream(
         "POST",
@@ -320,7 +284,7 @@ def test_the_openai_sdk_through_the_gateway(deployment):
     """A real client: the ``openai`` SDK, streaming and not, against the gateway in front of
     llama-server; both answers are logged with the engine's timings and routed by domain."""
     openai = pytest.importorskip("openai")
-    _, url, tmp, _, held_out = deployment
+    _, url, tmp, held_out = deployment
     code = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "code")
     chat = next(it for it in held_out if RuleRouter().classify(prompt_text(it)) == "chat")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)

@@ -22,6 +22,9 @@ Modules:
   ``plots`` (matplotlib, optional), ``report`` (output files, HTML reports, comparisons);
 - ``synthetic`` (synthetic runs of known structure), ``calibration`` (the verdicts' error rates
   on them);
+- ``bench_stats`` (timed bench runs: speed-ups over plain with intervals over prompts and
+  repeats, their precision, the regret of a choice), which ``specscope bench`` and calibration
+  share;
 - ``certify`` (``specscope certify``: certificates over a run) and ``stepwise`` (ingested
   engine logs), which no other module here imports.
 """

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ..records import Run
+from .bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
 from .drafters import DrafterComparison, compare_drafters
 from .findings import Verdict
 from .prepare import ALL, prepare
@@ -387,8 +388,6 @@ def held_out_coverage(
 def _synthetic_run(method: str, prompt: str, domain: str, times: tuple, time_s: float):
     """A synthetic bench run: 64 tokens decoded after a first token at 0.5 s, ``times`` the
     seconds of each repeat, ``time_s`` what stands for them (their mean or median)."""
-    from ..tune.bench import BenchRun
-
     return BenchRun(
         method, prompt, domain, "", (1,) * 65, 65, time_s, 0.5, times, (0.5,) * len(times)
     )
@@ -414,11 +413,9 @@ def speedup_interval_coverage(
     N(0, ``sd_repeat``) what a repeat brings to every prompt it times (freshly started
     servers), e and e' ~ N(0, ``sd_noise``) each request's own. The true speed-up (infinitely
     many prompts and repeats) is ``speedup`` exp(-sd_prompt² / 2). Returns the coverage of the
-    bench table's interval (:func:`~specscope.tune.bench.summarize_bench`) with the repeats
+    bench table's interval (:func:`~specscope.analysis.bench_stats.summarize_bench`) with the repeats
     hidden (prompts resampled alone, as before repeats were resampled) and shown, and of the
-    precision table's (:func:`~specscope.tune.bench.speedup_precision`)."""
-    from ..tune.bench import speedup_precision, summarize_bench
-
+    precision table's (:func:`~specscope.analysis.bench_stats.speedup_precision`)."""
     rng = np.random.default_rng(seed)
     truth = speedup * np.exp(-(sd_prompt**2) / 2)
     hits = {"prompts alone": 0, "prompts and repeats": 0, "precision table": 0}
@@ -493,12 +490,10 @@ def regret_verdict_rates(
     seed: int = 0,
     **effects: float,
 ) -> pd.DataFrame:
-    """How often a bench's regret verdict (:func:`~specscope.tune.bench.regrets`: "the chosen
+    """How often a bench's regret verdict (:func:`~specscope.analysis.bench_stats.regrets`: "the chosen
     candidate gives up 3% or less of the best one's speed") says "holds" and "does not hold" in
     the worlds of :data:`REGRET_WORLDS`: where the claim is false, "holds" is a false positive;
     where it is true, "does not hold" is one. ``effects``: :func:`synthetic_bench`'s sds."""
-    from ..tune.bench import regrets, summarize_bench
-
     rng = np.random.default_rng(seed)
     rows = []
     for world, (speed, other, true) in REGRET_WORLDS.items():

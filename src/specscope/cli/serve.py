@@ -38,7 +38,7 @@ def export(
     target: str | None = typer.Option(
         None,
         "--target",
-        help="llama.cpp: the target GGUF file every preset serves (default: the demo pair's).",
+        help="The target model (path, hub id, GGUF file): an early exit's layer must be below its layer count (read from its config, no weights). llama.cpp: the target GGUF file every preset serves (default: the demo pair's).",
     ),
     poll: int = typer.Option(
         0,

@@ -376,6 +376,7 @@ def bench(
     early-exit decoding, per domain."""
     import torch
 
+    from ..analysis.bench_stats import speedup_precision, summarize_bench
     from ..decode import make_decoder
     from ..drafters import DrafterConfig
     from ..files import check_output_file, write_json
@@ -387,7 +388,6 @@ def bench(
         BenchConfig,
         bench_prompts,
         run_bench,
-        summarize_bench,
     )
     from ..tune.policy import PolicyFile
 
@@ -471,7 +471,7 @@ def bench(
     cells = checks.predicted_vs_measured(
         rows, runs, predictions, candidates, chosen.tuning_per_domain, routed
     )
-    precision = checks.speedup_precision(runs)
+    precision = speedup_precision(runs)
     title = (
         f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
         f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"

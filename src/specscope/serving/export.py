@@ -63,7 +63,7 @@ def export_policy(
         raise ExportError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = ENGINES[engine]
     version = spec.version(engine_version)
-    plan = DeploymentPlan.from_policy(policy, source, router)
+    plan = DeploymentPlan.from_policy(policy, source, router, options.target)
     body = spec.export(plan, options, version)
     approximation = body.pop("approximation", version.approximation)
     return {

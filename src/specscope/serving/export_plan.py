@@ -6,8 +6,9 @@ vLLM and SGLang have none), so a per-domain policy is deployed as one engine con
 domain and requests routed to it. :class:`DeploymentPlan` lists those domains: each domain the
 router can produce gets the policy's tree for it, with its drafter, or the policy's uniform tree
 and drafter when the policy does not list it. A policy domain the router cannot produce is refused,
-and so is an early exit at or past the layers of the target the policy was tuned for (``tune``
-records them); where the policy does not record them, the plan's ``notes`` say so.
+and so is an early exit at or past the layers of the target: the one the policy was tuned for
+(``tune`` records its layer count) and the one the export is given (``--target``, its config read,
+no weights); where neither is known, the plan's ``notes`` say so.
 
 This module knows no engine; the engine modules turn a plan into their own settings.
 """
@@ -66,15 +67,19 @@ class DeploymentPlan:
     uniform: TreeShape | None
     router: RuleRouter
     policy_source: str = ""
-    cost_model: dict | None = None  # the policy's cost model, if it was tuned (vLLM schedule)
-    acceptance: dict | None = None  # the policy's acceptance vectors, if tuned
     llama_server: dict | None = None  # the settings llama-server was timed with, per domain
     notes: tuple[str, ...] = ()  # what the document must say of this policy (unchecked layers)
 
     @classmethod
     def from_policy(
-        cls, policy: PolicyFile, source: str = "", router: RuleRouter = RuleRouter()
+        cls,
+        policy: PolicyFile,
+        source: str = "",
+        router: RuleRouter = RuleRouter(),
+        target: str | None = None,
     ) -> DeploymentPlan:
+        """The plan of ``policy``; ``target``: the target model the export is given (its layer
+        count bounds an early exit, as the policy's recorded one does)."""
         produced = tuple(dict.fromkeys((*ROUTED_DOMAINS, router.fallback)))
         unknown = [d for d in policy.trees if d not in produced]
         if unknown:
@@ -93,42 +98,54 @@ class DeploymentPlan:
             policy.uniform,
             router,
             source,
-            policy.info.get("cost_model"),
-            policy.info.get("acceptance"),
             policy.info.get("llama_server"),
-            check_exit_layers(domains, policy.info.get("source")),
+            check_exit_layers(domains, policy.info.get("source"), target),
         )
 
 
-def check_exit_layers(domains: tuple[DomainPlan, ...], source) -> tuple[str, ...]:
-    """Refuse an early exit at or past the layers of the target the policy was tuned for (its
-    ``source.target.layers``, written by ``tune``); where they are not recorded, a note saying
-    that the exit layers are unchecked."""
+def check_exit_layers(
+    domains: tuple[DomainPlan, ...], source, given: str | None = None
+) -> tuple[str, ...]:
+    """Refuse an early exit at or past the layers of a known target: the one the policy was tuned
+    for (its ``source.target.layers``, written by ``tune``) and ``given``, the target the export
+    is given (its layer count read from its config or GGUF header, no weights). Where neither is
+    known, a note saying that the exit layers are unchecked, and why."""
     exits = [d for d in domains if d.shape is not None and d.drafter.kind == "early-exit"]
     if not exits:
         return ()
     target = source.get("target") if isinstance(source, dict) else None
     layers = target.get("layers") if isinstance(target, dict) else None
-    if layers is None:
-        return (
-            "the policy does not record its target's layer count (tune it again to record it): "
-            "early-exit layer(s) "
-            + ", ".join(f"{d.drafter.exit_layer} ({d.domain})" for d in exits)
-            + " are not checked against the target; each must be below its layer count",
-        )
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 2:
-        raise ExportError(
-            f"the policy's source.target.layers must be an integer >= 2, got {layers!r}"
-        )
-    for d in exits:
-        try:
-            d.drafter.check_target_layers(layers)
-        except DrafterError as e:
-            model = target.get("model") or "the target"
+    known: list[tuple[int, str]] = []  # (layer count, where it comes from)
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 2:
             raise ExportError(
-                f"domain {d.domain!r}: {e} ({model}, as the policy records)"
-            ) from None
-    return ()
+                f"the policy's source.target.layers must be an integer >= 2, got {layers!r}"
+            )
+        known.append((layers, f"{target.get('model') or 'the target'}, as the policy records"))
+    unread = ""
+    if given is not None:
+        from ..models.config import ModelLoadError
+        from ..models.load import target_layers
+
+        try:
+            known.append((target_layers(given), f"{given}, the export's target"))
+        except (ModelLoadError, OSError, ValueError, KeyError, ImportError) as e:
+            # a target named for the engine's machine, absent here, or a malformed file
+            unread = f"; the export's target's layer count could not be read ({e})"
+    for count, where in known:
+        for d in exits:
+            try:
+                d.drafter.check_target_layers(count)
+            except DrafterError as e:
+                raise ExportError(f"domain {d.domain!r}: {e} ({where})") from None
+    if known:
+        return ()
+    return (
+        "the policy does not record its target's layer count (tune it again to record it, or "
+        f"give the target){unread}: early-exit layer(s) "
+        + ", ".join(f"{d.drafter.exit_layer} ({d.domain})" for d in exits)
+        + " are not checked against the target; each must be below its layer count",
+    )
 
 
 def is_chain(shape: TreeShape) -> bool:

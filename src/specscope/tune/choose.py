@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.bench_stats import BenchRow, BenchRun
 from ..analysis.render import Column, Grid
 from ..drafters import DrafterConfig
 from ..hardware import machine_line
@@ -27,7 +28,7 @@ from ..records import ALL_DOMAINS, Run
 from ..trees import Speculation
 from . import bench
 from .acceptance import PolicyError
-from .bench import BenchConfig, BenchPrompts, BenchRow, BenchRun
+from .bench import BenchConfig, BenchPrompts
 from .costs import COST_DECODE_TOKENS, CostModel
 from .policy import PolicyFile
 

@@ -31,7 +31,7 @@ from ..hardware import machine_line
 from ..progress import counting
 from ..schemas import INPUT, parse
 from ..trees import TreeShape
-from .acceptance import AcceptanceVector, PolicyError
+from .acceptance import PolicyError
 from .hf_generate import Generated, hf_generate
 
 # --- cost model ----------------------------------------------------------------------------------
@@ -147,14 +147,6 @@ class CostModel:
         verify = proposal_rate * self.verify_time(shape)
         empty = (1 - proposal_rate) * self.empty_step_scale * self.plain_token_s
         return self.step_scale * (self.draft_time(shape) + verify) + empty + self.overhead_s
-
-    def predicted_speedup(
-        self, shape: TreeShape | None, acc: AcceptanceVector, proposal_rate: float = 1.0
-    ) -> float:
-        """Tokens per second with ``shape`` over tokens per second of plain decoding."""
-        if shape is None:
-            return 1.0
-        return acc.expected_tau(shape) / self.step_time(shape, proposal_rate) * self.plain_token_s
 
     def to_dict(self) -> dict:
         return {

@@ -1,5 +1,5 @@
 """llama-server as a backend of ``specscope tune`` and ``specscope bench``: candidate settings
-timed on prompts, returned as the bench's rows (:class:`~specscope.tune.bench.BenchRun`), so that
+timed on prompts, returned as the bench's rows (:class:`~specscope.analysis.bench_stats.BenchRun`), so that
 one summary, one interval procedure and one chooser serve every engine.
 
 How a request is timed. Greedy, ``cache_prompt`` off (every request starts cold), the server's own
@@ -19,7 +19,8 @@ Nothing timed is lost to an interruption: with a ``journal``, every request is a
 it is answered, and a run started again over the same journal times only what it lacks (the
 repeat it stopped in on fresh servers again).
 
-It does not choose (:mod:`specscope.tune.engine_choice`) or summarise (:func:`~specscope.tune.bench.summarize_bench`).
+It does not choose (:mod:`specscope.tune.engine_choice`) or summarise
+(:func:`~specscope.analysis.bench_stats.summarize_bench`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...analysis.bench_stats import BenchRun
 from ...errors import SpecscopeError
 from ...files import append_line
 from ...hardware import machine_line
 from ...progress import counting
 from ...prompts.items import PromptItem
-from ...tune.bench import BenchRun
 from .programs import LlamaTools
 from .server import LlamaServer, ServerSetting
 

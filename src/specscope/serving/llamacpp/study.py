@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
+from ...analysis.bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
 from ...analysis.render import Column, Grid, to_markdown
 from ...analysis.replay import (
     ALL,
@@ -58,7 +59,6 @@ from ...prompts.render import render_item, rendering_of
 from ...records import ALL_DOMAINS, load_run
 from ...trees import TreeShape
 from ...tune.bench import (
-    BenchRun,
     OutputAgreement,
     PolicyPrediction,
     RecordedOutputs,
@@ -71,10 +71,7 @@ from ...tune.bench import (
     predicted_vs_measured,
     prediction_grid,
     regret_grid,
-    regrets,
     routed_against_best_single,
-    speedup_precision,
-    summarize_bench,
 )
 from ...tune.choose import bench_grid
 from ...tune.engine_choice import PLAIN, PRICED, Cell, EngineChoice, choose, timed_cells

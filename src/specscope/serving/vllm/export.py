@@ -1,32 +1,23 @@
 """vLLM: one ``--speculative-config`` per domain: method ``draft_model`` (a standalone draft chain)
 or, for an ngram domain, method ``ngram`` with the measured ``prompt_lookup_min``/``max`` (the rule
-specscope's ngram drafter re-implements), and where the policy was tuned,
-``num_speculative_tokens_per_batch_size`` from its cost model (draft-model domains only: the cost
-model times the draft model's passes). vLLM has no early-exit drafter: such a domain is refused.
+specscope's ngram drafter re-implements). vLLM has no early-exit drafter: such a domain is refused.
 
 Trees are refused: vLLM removed ``speculative_token_tree`` and tree attention (PR #42121, merged
 2026-05; tree PRs were closed in 2026-06 as "no longer supported") and its ``SpeculativeConfig`` forbids
 unknown keys, so a tree makes the server refuse to start; before that, trees were drafted only by
 EAGLE heads (``method`` eagle/eagle3), not by the standalone draft model specscope measures.
 
-The batch-size schedule: specscope's cost model times draft and target passes by tokens fed; a
-batch of ``b`` sequences drafting a chain of ``K`` feeds about ``b`` times the tokens of one. For
-every batch size whose verify pass stays within the measured token counts, the K of best predicted
-speed-up (0: no speculation) up to the domain's K; vLLM carries the last range's K to larger
-batches and caps every K at ``num_speculative_tokens`` (vllm/v1/spec_decode/dynamic/utils.py).
-Two versions are checked: main@002e77c1 (trees removed, the schedule field present) and
-main@f19b16d9 (``speculative_token_tree`` still a field, no schedule). This module writes
-settings; it starts no server.
+No ``num_speculative_tokens_per_batch_size``: a K per batch size would have to be priced by
+replays and vLLM's own step costs at each batch size, which specscope does not measure (its cost
+model times its own decoder's passes on one sequence); the domain's K is the one setting written.
+Two versions are checked: main@002e77c1 (trees removed) and main@f19b16d9
+(``speculative_token_tree`` still a field). This module writes settings; it starts no server.
 """
 
 from __future__ import annotations
 
 import json
 
-from ...records.schema import ALL_DOMAINS
-from ...trees import TreeShape
-from ...tune.acceptance import AcceptanceVector
-from ...tune.costs import CostModel, interpolate
 from ..export_plan import (
     DeploymentPlan,
     DomainPlan,
@@ -35,7 +26,7 @@ from ..export_plan import (
     check_drafter,
     need,
 )
-from ..export_rules import EngineVersion, ExportError, Field, Rule
+from ..export_rules import EngineVersion, Field, Rule
 
 VLLM = "vllm-project/vllm"
 # SpeculativeMethod at 002e77c1, less its MTP model types (specscope exports draft_model only)
@@ -53,26 +44,6 @@ METHODS = (
     "ngram_gpu",
     "dspark",
 )
-
-
-def _schedule_ok(s: dict) -> bool:
-    """vLLM's validate_and_normalize_dynamic_sd_schedule, and K <= num_speculative_tokens."""
-    table = s.get("num_speculative_tokens_per_batch_size")
-    if table is None:
-        return True
-    if not isinstance(table, list) or not table:
-        return False
-    previous_end = 0
-    for entry in sorted(table, key=lambda e: e[0]):
-        if len(entry) != 3 or not all(isinstance(x, int) for x in entry):
-            return False
-        start, end, k = entry
-        if start <= 0 or start > end or k < 0 or start <= previous_end:
-            return False
-        if k > s["num_speculative_tokens"]:
-            return False
-        previous_end = end
-    return min(e[0] for e in table) == 1
 
 
 # the fields of each method specscope writes (SpeculativeConfig.__post_init__ at both commits:
@@ -129,30 +100,21 @@ MAIN_002E77C1 = EngineVersion(
     tree_reason="vLLM removed speculative_token_tree (PR #42121, merged 2026-05)",
     checked_against=(
         f"{VLLM}:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443",
-        f"{VLLM}:vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d3c1707ede85d03a7c7d47a105a1873fc",
     ),
     fields=(
         Field("method", str, choices=METHODS, required=True),
         Field("model", str),
         Field("num_speculative_tokens", int, low=1, required=True),
-        Field("num_speculative_tokens_per_batch_size", list),
         *NGRAM_FIELDS,
     ),
     forbid_extra=True,  # @config: pydantic extra="forbid"; speculative_token_tree is gone
-    rules=(
-        *METHOD_RULES,
-        Rule(
-            "num_speculative_tokens_per_batch_size: [start, end, K] ranges from batch size 1, "
-            "sorted, not overlapping, 0 <= K <= num_speculative_tokens",
-            _schedule_ok,
-        ),
-    ),
+    rules=METHOD_RULES,
     notes=(
         "trees refused: speculative_token_tree was removed (vLLM PR #42121, merged 2026-05) "
         "and unknown keys are refused; eagle/eagle3 need an EAGLE head, not the standalone draft specscope "
         "measured",
         "one vLLM server per domain (no per-request speculation length: vLLM #52258 open)",
-        NGRAM_NOTE + "; no batch-size schedule for them (the cost model times the draft model)",
+        NGRAM_NOTE,
         "early-exit domains refused: vLLM has no early-exit drafter",
     ),
     drafters=("draft-model", "ngram"),
@@ -161,8 +123,7 @@ MAIN_002E77C1 = EngineVersion(
 F19B16D9 = EngineVersion(
     engine="vllm",
     version="main@f19b16d9",
-    about="vLLM main at commit f19b16d9, before PR #42121: speculative_token_tree still there, "
-    "no batch-size schedule",
+    about="vLLM main at commit f19b16d9, before PR #42121: speculative_token_tree still there",
     tree_reason="at this version vLLM drafted trees only with an EAGLE head (method eagle/eagle3) "
     "and the tree-attention backend, not with the standalone draft specscope measured",
     checked_against=(
@@ -205,8 +166,8 @@ F19B16D9 = EngineVersion(
 VERSIONS = (MAIN_002E77C1, F19B16D9)
 EXPORTS = (
     "per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
-    "`num_speculative_tokens` K, and `num_speculative_tokens_per_batch_size` from the "
-    "policy's cost model (tuned policies); ngram domains: `method` ngram, "
+    "`num_speculative_tokens` K (no K per batch size: vLLM's batched step costs are not "
+    "measured); ngram domains: `method` ngram, "
     "`prompt_lookup_min`, `prompt_lookup_max`, `num_speculative_tokens` K, served with "
     "`VLLM_USE_V2_MODEL_RUNNER=0` (the V1 proposer, the rule measured; V2's differs)"
 )
@@ -215,60 +176,6 @@ REFUSES = (
     "forbidden; earlier trees needed an EAGLE head, not a standalone draft; early-exit "
     "domains (vLLM has no early-exit drafter)"
 )
-
-
-def batch_schedule(costs: CostModel, acc: AcceptanceVector, k_max: int) -> list[list[int]] | None:
-    """``[[start, end, K], ...]`` over the batch sizes whose verify pass of ``k_max + 1`` tokens per
-    sequence lies within the measured token counts; None if not even batch size 1 does."""
-    measured = costs.target_s[-1][0]
-    b_max = measured // (k_max + 1)
-    if b_max < 1:
-        return None
-    one = interpolate(costs.target_s, 1)
-    best = []
-    for b in range(1, b_max + 1):
-        plain = costs.plain_token_s * interpolate(costs.target_s, b) / one  # b tokens per pass
-        choice, speedup = 0, 1.0
-        for k in range(1, k_max + 1):
-            chain = TreeShape.chain(k)
-            passes = (
-                interpolate(costs.draft_s, b * costs.root_tokens)
-                + (k - 1) * interpolate(costs.draft_s, b)
-                + interpolate(costs.target_s, b * (k + 1))
-            )
-            step = costs.step_scale * passes + costs.overhead_s
-            s = acc.expected_tau(chain) * plain / step
-            if s > speedup:
-                choice, speedup = k, s
-        best.append(choice)
-    ranges: list[list[int]] = []
-    for b, k in enumerate(best, start=1):
-        if ranges and ranges[-1][2] == k:
-            ranges[-1][1] = b
-        else:
-            ranges.append([b, b, k])
-    return ranges
-
-
-def _tuned(plan: DeploymentPlan, domain: DomainPlan) -> tuple[CostModel, AcceptanceVector] | None:
-    if not plan.cost_model or not plan.acceptance:
-        return None
-    if not isinstance(plan.cost_model, dict):
-        raise ExportError("policy cost_model must be a table (as specscope tune writes it)")
-    key = domain.domain if domain.source == "policy" else ALL_DOMAINS
-    entry = plan.acceptance.get(key) if isinstance(plan.acceptance, dict) else None
-    if not entry:
-        return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("rates"), list):
-        raise ExportError(
-            f"policy acceptance[{key!r}] needs 'rates', a [depth][rank] list in "
-            "[0, 1] (as specscope tune writes it)"
-        )
-    try:
-        acc = AcceptanceVector.from_rates(entry["rates"])
-    except (TypeError, ValueError) as e:
-        raise ExportError(f"policy acceptance[{key!r}]: {e}") from None
-    return CostModel.from_dict(plan.cost_model), acc
 
 
 def _ngram_config(domain: DomainPlan, k: int) -> dict:
@@ -310,15 +217,6 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             ),
             "num_speculative_tokens": k,
         }
-        tuned = (
-            _tuned(plan, domain)
-            if "num_speculative_tokens_per_batch_size" in version.field_names
-            else None
-        )
-        if tuned is not None:
-            table = batch_schedule(*tuned, k)
-            if table is not None:
-                config["num_speculative_tokens_per_batch_size"] = table
         version.validate(config, where)
         domains[domain.domain] = {
             **entry,
