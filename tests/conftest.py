@@ -126,15 +126,6 @@ def rate_at_most(count: int, trials: int, confidence: float = 0.95) -> float:
     return float(ci.high)
 
 
-def rate_at_least(count: int, trials: int, confidence: float = 0.95) -> float:
-    """The one-sided lower bound (Clopper-Pearson) of a rate seen ``count`` times in ``trials``
-    simulated worlds: a power shown above a limit with few worlds (30 of 30 bounds it at 0.9)."""
-    from scipy.stats import binomtest
-
-    ci = binomtest(count, trials, alternative="greater").proportion_ci(confidence, method="exact")
-    return float(ci.low)
-
-
 def write_prompts(path, count: int = 3, domains: tuple[str, ...] = ("code", "chat")):
     """A JSONL prompts file of ``count`` short questions, ids p0.., domains taken in turn."""
     lines = [
