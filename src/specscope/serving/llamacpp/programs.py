@@ -122,8 +122,8 @@ class LlamaTools:
         return [p for p in PROGRAMS if not os.access(self.path(p), os.X_OK)]
 
 
-def build_root(source: LlamaSource = LLAMA_SOURCE) -> Path:
-    return cache_dir() / "llama.cpp" / source.version
+def build_root() -> Path:
+    return cache_dir() / "llama.cpp" / LLAMA_SOURCE.version
 
 
 def find_llama_tools() -> LlamaTools | None:
