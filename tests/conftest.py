@@ -116,6 +116,16 @@ def pytest_runtest_teardown(item, nextitem):
     return result
 
 
+def rate_at_most(count: int, trials: int, confidence: float = 0.95) -> float:
+    """The one-sided upper bound (Clopper-Pearson, exact binomial) of a rate seen ``count`` times
+    in ``trials`` independent simulated worlds. A calibration test that asserts this bound, not
+    the share itself, shows its rate below the limit with few worlds: 0 of 59 bounds it at 5%."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(count, trials, alternative="less").proportion_ci(confidence, method="exact")
+    return float(ci.high)
+
+
 def write_prompts(path, count: int = 3, domains: tuple[str, ...] = ("code", "chat")):
     """A JSONL prompts file of ``count`` short questions, ids p0.., domains taken in turn."""
     lines = [

@@ -356,8 +356,8 @@ def test_levels_combine_as_documented():
 
 @pytest.fixture(scope="module")
 def stratified_rates() -> pd.DataFrame:
-    # 10 runs per world (about 2 minutes, so its tests are marked slow); docs/calibration.md has
-    # the figures of longer runs
+    # 10 runs per world (29 s on 2 shared cores, 2026-12-02, so its tests are marked slow);
+    # docs/calibration.md has the figures of longer runs
     return verdict_rates(prompts_per_domain=10, reps=10, steps=32, n_boot=150, stratified=True)
 
 

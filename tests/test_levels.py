@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import rate_at_most
 from specscope.analysis.calibration import WORLDS, World
 from specscope.analysis.effects import variance_decomposition
 from specscope.analysis.findings import Verdict
@@ -250,9 +251,13 @@ def test_shares_are_recovered_within_their_intervals():
 @pytest.mark.slow
 @pytest.mark.parametrize("world", ["null", "heterogeneous", "depth", "alike"])
 def test_budget_verdict_false_positive_rate(world):
-    # nominal 2.5% one-sided; 200 runs: 11 or more "holds" would be p < 0.02 at the nominal rate
-    rates = budget_rates(FALSE_WORLDS.get(world) or WORLDS[world], reps=200)
-    assert rates[Verdict.HOLDS] <= 0.05, rates
+    # nominal 2.5% one-sided: the false-positive rate is shown to be at most 5% by its exact
+    # one-sided 95% bound, not by the share alone (60 runs: none may say "holds"; 200 runs, each
+    # of these worlds 0.000, module docstring; runs are seeded one by one, so these 60 are its
+    # first 60)
+    reps = 60
+    rates = budget_rates(FALSE_WORLDS.get(world) or WORLDS[world], reps=reps)
+    assert rate_at_most(round(rates[Verdict.HOLDS] * reps), reps) <= 0.05, rates
 
 
 @pytest.mark.slow

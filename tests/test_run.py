@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +24,7 @@ from specscope.run.study import run_study
 cli = CliRunner()
 
 
-@pytest.fixture
-def prompt_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
+def write_prompt_file(path):
     lines = [
         {"id": f"p{i}", "domain": ["code", "chat"][i % 2], "prompt": f"Question number {i}: why?"}
         for i in range(6)
@@ -45,12 +44,25 @@ def prompt_file(tmp_path):
     return path
 
 
+@pytest.fixture
+def prompt_file(tmp_path):
+    return write_prompt_file(tmp_path / "prompts.jsonl")
+
+
+@pytest.fixture(scope="module")
+def whole_run(tiny_dirs, tmp_path_factory):
+    """One whole run of the default config over the prompt file, made once for this file: the
+    tests that read it, compare their own runs with it or copy it leave it as it is."""
+    config = run_config(tiny_dirs, write_prompt_file(tmp_path_factory.mktemp("p") / "p.jsonl"))
+    out = tmp_path_factory.mktemp("whole") / "run"
+    return config, out, run_study(config, out, progress=False)
+
+
 @pytest.mark.slow
-def test_run_writesread_records(tiny_dirs, prompt_file, tmp_path):
-    config = run_config(tiny_dirs, prompt_file)
-    summary = run_study(config, tmp_path / "run", progress=False)
+def test_run_writesread_records(whole_run):
+    _, out, summary = whole_run
     assert summary.prompts_measured == 7 and summary.prompts_skipped_empty == 1
-    run = load_run(tmp_path / "run")
+    run = load_run(out)
     assert run.manifest["status"] == "complete"
     assert run.manifest["prompts"]["skipped_empty"] == ["empty"]
     assert run.manifest["tree"]["nodes_per_depth"] == [2, 4, 2]
@@ -74,11 +86,10 @@ def test_run_writesread_records(tiny_dirs, prompt_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_same_config_gives_identicalread_records(tiny_dirs, prompt_file, tmp_path):
-    config = run_config(tiny_dirs, prompt_file)
-    run_study(config, tmp_path / "a", progress=False)
+def test_same_config_gives_identicalread_records(whole_run, tmp_path):
+    config, whole, _ = whole_run
     run_study(config, tmp_path / "b", progress=False)
-    for x, y in zip(read_records(tmp_path / "a"), read_records(tmp_path / "b")):
+    for x, y in zip(read_records(whole), read_records(tmp_path / "b")):
         pd.testing.assert_frame_equal(x, y)
 
 
@@ -114,12 +125,8 @@ def test_cached_and_naive_runs_agree(tiny_dirs, prompt_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_run_resumes_to_the_sameread_records(
-    tiny_dirs, prompt_file, tmp_path, monkeypatch
-):
-    config = run_config(tiny_dirs, prompt_file)
-    run_study(config, tmp_path / "whole", progress=False)
-
+def test_interrupted_run_resumes_to_the_sameread_records(whole_run, tmp_path, monkeypatch):
+    config, whole, _ = whole_run
     restore = interrupt_at_prompt(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path / "cut", progress=False)
@@ -128,7 +135,7 @@ def test_interrupted_run_resumes_to_the_sameread_records(
     restore()
     summary = run_study(config, tmp_path / "cut", progress=False)
     assert summary.prompts_measured == 5
-    for x, y in zip(read_records(tmp_path / "whole"), read_records(tmp_path / "cut")):
+    for x, y in zip(read_records(whole), read_records(tmp_path / "cut")):
         pd.testing.assert_frame_equal(x, y)
     again = run_study(config, tmp_path / "cut", progress=False)
     assert again.already_complete and again.prompts_measured == 0
@@ -179,12 +186,13 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
         "--prompts",
         str(prompt_file),
         "--max-new-tokens",
-        "120",
+        "32",
         "--max-prompt-tokens",
         "64",
         "--batch-size",
         "2",
-    ]  # the default batch holds all 7 prompts: they would commit at once
+    ]  # the default batch holds all 7 prompts: they would commit at once; a batch of 2 prompts
+    # x 32 tokens takes seconds, against the 50 ms this test polls at (120 tokens took 4 minutes)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / "parts" / "prompts"
     deadline = time.time() + 600
@@ -203,16 +211,13 @@ def test_killed_process_resumes(tiny_dirs, prompt_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_other_config_in_out_dir_is_refused(tiny_dirs, prompt_file, tmp_path):
-    run_study(run_config(tiny_dirs, prompt_file), tmp_path / "r", progress=False)
+def test_other_config_in_out_dir_is_refused(whole_run, tmp_path):
+    config, whole, _ = whole_run
+    shutil.copytree(whole, tmp_path / "r")  # a finished run of config, made once (whole_run)
     with pytest.raises(RunConfigError, match="differs in: max_new_tokens"):
-        run_study(
-            run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3),
-            tmp_path / "r",
-            progress=False,
-        )
+        run_study(config.replace(max_new_tokens=3), tmp_path / "r", progress=False)
     summary = run_study(
-        run_config(tiny_dirs, prompt_file).replace(max_new_tokens=3),
+        config.replace(max_new_tokens=3),
         tmp_path / "r",
         overwrite=True,
         progress=False,

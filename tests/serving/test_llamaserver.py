@@ -159,6 +159,43 @@ def test_grid_candidates_pair_each_target_with_its_drafts():
     ]
 
 
+def test_the_pinned_llama_cpp_source_is_checked_before_it_is_built(tmp_path, monkeypatch):
+    """No llama-cpp-python is needed: the build's source is pinned, it is looked for in the cache
+    under the sdist's version, and an archive whose sha256 is not the pinned one is refused
+    before anything is extracted or compiled."""
+    import io
+    import tarfile
+
+    from specscope.serving.llamacpp import programs
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(programs.BIN_ENV, raising=False)
+    assert programs.LLAMA_SOURCE.build == "b11312" and programs.LLAMA_SOURCE.version == "0.3.36"
+    assert programs.build_root() == tmp_path / "cache" / "llama.cpp" / "0.3.36"
+    assert programs.find_llama_tools() is None  # nothing built there yet
+    monkeypatch.setattr(programs, "_require_build_tools", lambda: None)
+    ran = []
+
+    def fake_pip(cmd, log, echo, what, cwd=None):  # a tampered archive where pip would save it
+        ran.append(what)
+        assert programs.LLAMA_SOURCE.requirement in cmd
+        fake = io.BytesIO()
+        with tarfile.open(fileobj=fake, mode="w:gz") as tar:
+            data = b"cmake_minimum_required(VERSION 3.14)\n"
+            info = tarfile.TarInfo("llama_cpp_python-0.3.36/vendor/llama.cpp/CMakeLists.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        (Path(cmd[cmd.index("-d") + 1]) / "llama_cpp_python-0.3.36.tar.gz").write_bytes(
+            fake.getvalue()
+        )
+
+    monkeypatch.setattr(programs, "_run_logged", fake_pip)
+    with pytest.raises(LlamaToolsError, match="not the pinned"):
+        programs.build_llama_tools(echo=lambda line: None)
+    assert ran == ["pip download"]  # neither cmake step ran
+    assert not (programs.build_root() / "llama_cpp_python-0.3.36").exists()
+
+
 def test_completion_without_drafts_counts_zero():
     done = Completion.from_response(
         {

@@ -43,8 +43,9 @@ import pandas as pd
 from ..records import Run
 from .bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
 from .drafters import DrafterComparison, compare_drafters
+from .effects import check_stratifier
 from .findings import Verdict
-from .prepare import ALL, prepare
+from .prepare import ALL, Records, prepare
 from .results import Analysis, Settings
 from .stats import ClusterBootstrap, held_out_interval, none_differed_p, ratio
 from .synthetic import (
@@ -55,7 +56,7 @@ from .synthetic import (
     synthetic_drafter_tables,
     synthetic_tables,
 )
-from .tables import analyze_records
+from .tables import analyze_records, stratified_analysis
 
 DOMAINS = ("chat", "code", "math", "reasoning")
 
@@ -178,15 +179,8 @@ STRATIFIED_TRUTH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def simulate(
-    world: World,
-    prompts_per_domain: int,
-    seed: int,
-    steps: int = 32,
-    settings: Settings | None = None,
-    stratify: str | None = None,
-) -> Analysis:
-    """Analyse one synthetic run of ``world`` (stratified by ``stratify`` if given)."""
+def synthetic_records(world: World, prompts_per_domain: int, seed: int, steps: int = 32) -> Records:
+    """The prepared records of one synthetic run of ``world``."""
     nodes, step_table, prompts = synthetic_tables(
         prompts_per_domain=prompts_per_domain,
         steps=steps,
@@ -206,7 +200,20 @@ def simulate(
         step_table.to_pandas(),
         prompts.to_pandas(),
     )
-    return analyze_records(prepare(run), settings or Settings(n_boot=200, seed=seed), stratify)
+    return prepare(run)
+
+
+def simulate(
+    world: World,
+    prompts_per_domain: int,
+    seed: int,
+    steps: int = 32,
+    settings: Settings | None = None,
+    stratify: str | None = None,
+) -> Analysis:
+    """Analyse one synthetic run of ``world`` (stratified by ``stratify`` if given)."""
+    rec = synthetic_records(world, prompts_per_domain, seed, steps)
+    return analyze_records(rec, settings or Settings(n_boot=200, seed=seed), stratify)
 
 
 def verdict_rates(
@@ -232,22 +239,12 @@ def verdict_rates(
             settings = Settings(n_boot=n_boot, seed=r)
             if min_prompts is not None:
                 settings = Settings(n_boot=n_boot, seed=r, min_prompts=min_prompts)
-            a = simulate(
-                WORLDS[name],
-                prompts_per_domain,
-                seed=1000 * r + 7,
-                steps=steps,
-                settings=settings,
-                stratify=STRATIFIED if stratified else None,
-            )
-            found = (
-                a.stratification.findings
-                if stratified and a.stratification is not None
-                else ()
-                if stratified
-                else a.findings
-            )
-            for f in found:
+            rec = synthetic_records(WORLDS[name], prompts_per_domain, 1000 * r + 7, steps)
+            if stratified:  # the strata's findings alone: the whole run's analysis is not counted
+                found = stratified_analysis(rec, settings, check_stratifier(rec, STRATIFIED))
+            else:
+                found = analyze_records(rec, settings, None)
+            for f in found.findings:
                 counts.setdefault((f.key, name), {v: 0 for v in Verdict})[f.verdict] += 1
     rows = []
     for (key, name), c in counts.items():

@@ -1,9 +1,10 @@
 """llama.cpp's own programs: build them, time their passes with llama-bench, quantise GGUF files.
 
-:func:`build_llama_tools` compiles llama-server, llama-bench and llama-quantize offline from the
-source distribution of the *installed* llama-cpp-python (its sdist vendors llama.cpp whole), into
-specscope's cache, once: a finished build is reused. ``$SPECSCOPE_LLAMA_BIN`` names a directory of
-already built programs instead.
+:func:`build_llama_tools` compiles llama-server, llama-bench and llama-quantize from one pinned
+llama.cpp source (:data:`LLAMA_SOURCE`: llama.cpp b11312, commit 0c1e57098, as the sdist of
+llama-cpp-python 0.3.36 vendors it whole; pip downloads it, its sha256 is checked) into
+specscope's cache, once: a finished build is reused. Nothing installs or imports llama-cpp-python
+itself. ``$SPECSCOPE_LLAMA_BIN`` names a directory of already built programs instead.
 
 :func:`run_llama_bench` times passes of 1..N tokens in llama.cpp's own loop (llama-bench's
 prompt-processing tests at a context depth) and :func:`parse_llama_bench` reads its JSON output;
@@ -16,6 +17,7 @@ nothing of acceptance or policies (:mod:`specscope.serving.llamacpp.costs` and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -27,7 +29,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from ...cache import cache_dir
@@ -55,6 +56,31 @@ CMAKE_FLAGS = (
 )
 
 
+@dataclass(frozen=True)
+class LlamaSource:
+    """The llama.cpp that :func:`build_llama_tools` compiles: the sdist of llama-cpp-python
+    ``version`` on PyPI (``sha256`` of its archive), which vendors llama.cpp ``build`` (``commit``)
+    whole under vendor/llama.cpp."""
+
+    version: str  # of the llama-cpp-python sdist; names the build's cache directory
+    build: str  # llama.cpp's build number (its release tag)
+    commit: str  # llama.cpp's commit, abbreviated
+    sha256: str  # of llama_cpp_python-{version}.tar.gz
+
+    @property
+    def requirement(self) -> str:
+        return f"llama-cpp-python=={self.version}"
+
+
+# the llama.cpp whose source the docstrings, the export's flags and the ingest's fields cite
+LLAMA_SOURCE = LlamaSource(
+    "0.3.36",
+    "b11312",
+    "0c1e57098",
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+)
+
+
 class LlamaToolsError(SpecscopeError, RuntimeError):
     """llama.cpp's programs could not be built, found or run; the message says why."""
 
@@ -67,7 +93,7 @@ class LlamaTools:
     """A directory holding llama-server, llama-bench and llama-quantize, and their version."""
 
     bin_dir: Path
-    version: str  # the llama-cpp-python version whose vendored llama.cpp built them ("" unknown)
+    version: str  # the llama-cpp-python sdist whose vendored llama.cpp built them ("" unknown)
 
     def path(self, program: str) -> Path:
         return self.bin_dir / program
@@ -96,23 +122,13 @@ class LlamaTools:
         return [p for p in PROGRAMS if not os.access(self.path(p), os.X_OK)]
 
 
-def installed_llama_cpp_version() -> str:
-    try:
-        return metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        raise LlamaToolsError(
-            "llama-cpp-python is not installed, and its version names the "
-            "llama.cpp source to build; pip install 'specscope[llamacpp]'"
-        ) from None
-
-
-def build_root(version: str) -> Path:
-    return cache_dir() / "llama.cpp" / version
+def build_root() -> Path:
+    return cache_dir() / "llama.cpp" / LLAMA_SOURCE.version
 
 
 def find_llama_tools() -> LlamaTools | None:
     """``$SPECSCOPE_LLAMA_BIN`` if set (it must hold all three programs), else a finished build
-    in the cache for the installed llama-cpp-python, else None."""
+    of :data:`LLAMA_SOURCE` in the cache, else None."""
     if os.environ.get(BIN_ENV):
         tools = LlamaTools(Path(os.environ[BIN_ENV]).expanduser(), "")
         if tools.missing():
@@ -121,12 +137,8 @@ def find_llama_tools() -> LlamaTools | None:
                 f" it must hold {', '.join(PROGRAMS)}"
             )
         return tools
-    try:
-        version = installed_llama_cpp_version()
-    except LlamaToolsError:
-        return None
-    root = build_root(version)
-    tools = LlamaTools(root / "build" / "bin", version)
+    root = build_root()
+    tools = LlamaTools(root / "build" / "bin", LLAMA_SOURCE.version)
     if _built_with_these_flags(root / BUILD_MARKER) and not tools.missing():
         return tools
     return None
@@ -179,19 +191,22 @@ def _run_logged(
 
 
 def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = None) -> LlamaTools:
-    """llama-server, llama-bench and llama-quantize of the installed llama-cpp-python's llama.cpp,
-    built once into the cache (minutes on a small CPU); a finished build is returned at once."""
+    """llama-server, llama-bench and llama-quantize of :data:`LLAMA_SOURCE`, built once into the
+    cache (minutes on a small CPU); a finished build is returned at once."""
     found = find_llama_tools()
     if found is not None:
         return found
-    version = installed_llama_cpp_version()
     _require_build_tools()
-    root = build_root(version)
+    version = LLAMA_SOURCE.version
+    root = build_root()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
     source = root / f"llama_cpp_python-{version}"
     if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
-        echo(f"downloading the llama-cpp-python {version} source (vendored llama.cpp) ...")
+        echo(
+            f"downloading llama.cpp {LLAMA_SOURCE.build} (the source that llama-cpp-python "
+            f"{version} vendors) ..."
+        )
         with tempfile.TemporaryDirectory(dir=root) as tmp:
             _run_logged(
                 [
@@ -202,7 +217,7 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
                     "--no-deps",
                     "--no-binary",
                     ":all:",
-                    f"llama-cpp-python=={version}",
+                    LLAMA_SOURCE.requirement,
                     "-d",
                     tmp,
                 ],
@@ -214,6 +229,12 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
             if not archives:
                 raise LlamaToolsError(
                     f"pip downloaded no source archive of llama-cpp-python {version}; see {log}"
+                )
+            digest = _sha256(archives[0])
+            if digest != LLAMA_SOURCE.sha256:
+                raise LlamaToolsError(
+                    f"{archives[0].name} has sha256 {digest}, not the pinned "
+                    f"{LLAMA_SOURCE.sha256}; not built"
                 )
             with tarfile.open(archives[0]) as tar:
                 tar.extractall(root, filter="data")
@@ -257,10 +278,26 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
     if tools.missing():
         raise LlamaToolsError(f"the build finished without {', '.join(tools.missing())}; see {log}")
     (root / BUILD_MARKER).write_text(
-        json.dumps({"version": version, "programs": PROGRAMS, "cmake_flags": CMAKE_FLAGS}) + "\n"
+        json.dumps(
+            {
+                "version": version,
+                "llama_cpp": f"{LLAMA_SOURCE.build} ({LLAMA_SOURCE.commit})",
+                "programs": PROGRAMS,
+                "cmake_flags": CMAKE_FLAGS,
+            }
+        )
+        + "\n"
     )
     echo(f"built llama.cpp programs in {tools.bin_dir}")
     return tools
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --- llama-bench ------------------------------------------------------------------------------------
