@@ -19,6 +19,7 @@ from .schemas import json_schema
 from .serving.aiperf import Record as AIPerfRecord
 from .serving.gateway.deployment import DeploymentError, DeploymentFile
 from .serving.gateway.metrics import MetricsError, PolicyPredictions
+from .serving.llamacpp.costs import CostGridFile
 from .serving.llamacpp.ingest import Timings
 from .serving.request_stats import IngestError
 from .serving.sglang.ingest import MetaInfo
@@ -83,6 +84,29 @@ INPUT_FILES: dict[str, InputFile] = {
             "fallback": {"url": "http://127.0.0.1:8080", "model": "plain"},
             "domains": {"code": {"url": "http://127.0.0.1:8080", "model": "code"}},
             "vllm_compatible_metrics": False,
+        },
+    ),
+    "llama-cost-grid": InputFile(
+        "llama.cpp cost grid (JSON)",
+        "`specscope llamacpp --costs FILE` (tune with the llama-server backend)",
+        CostGridFile,
+        SpecscopeError,
+        {
+            "format": "specscope-llama-costs/1",
+            "curves": [
+                {
+                    "role": "target",
+                    "quant": "Q4_K_M",
+                    "model": "target.gguf",
+                    "threads": 2,
+                    "poll": 50,
+                    "batch": 2048,
+                    "ubatch": 512,
+                    "depth": 0,
+                    "seconds": [[1, 0.047], [2, 0.083]],
+                    "stddev": [[1, 0.001], [2, 0.002]],
+                }
+            ],
         },
     ),
     "policy": InputFile(

@@ -25,12 +25,15 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import pandas as pd
+from pydantic import BaseModel
 
 from ...cache import cache_dir
 from ...errors import SpecscopeError, require
 from ...files import read_json_object, write_output
+from ...schemas import INPUT, parse
 from ...tune.costs import interpolate
 from .programs import BenchGrid, quantize, run_llama_bench
 from .server import ServerSetting
@@ -242,6 +245,8 @@ class CostCurve:
     """Seconds of one pass of n tokens after ``depth`` tokens of context, as llama-bench timed
     one model alone under one setting (threads, polling, batch and micro-batch sizes)."""
 
+    __pydantic_config__ = INPUT  # a cost grid's curve (specscope.schemas)
+
     role: str  # target or draft
     quant: str  # the GGUF's quantisation label (Q4_K_M, Q8_0, ...)
     model: str  # the GGUF's file name
@@ -273,21 +278,6 @@ class CostCurve:
             "seconds": [list(x) for x in self.seconds],
             "stddev": [list(x) for x in self.stddev],
         }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> CostCurve:
-        return cls(
-            d["role"],
-            d["quant"],
-            d["model"],
-            int(d["threads"]),
-            int(d["poll"]),
-            int(d["batch"]),
-            int(d["ubatch"]),
-            int(d["depth"]),
-            tuple((int(n), float(s)) for n, s in d["seconds"]),
-            tuple((int(n), float(s)) for n, s in d["stddev"]),
-        )
 
 
 def curves_from_bench(rows, role: str, quant: str) -> list[CostCurve]:
@@ -398,6 +388,15 @@ def break_even_rows(options: list[Candidate], ks) -> list[dict]:
     return rows
 
 
+class CostGridFile(BaseModel):
+    """A llama.cpp cost grid as ``specscope llamacpp`` writes it: its schema."""
+
+    model_config = INPUT
+    format: Literal["specscope-llama-costs/1"]
+    info: dict[str, Any] = {}  # llama.cpp build, CPU, date, the llama-bench grids
+    curves: list[CostCurve]
+
+
 @dataclass(frozen=True)
 class CostGrid:
     """Pass-cost curves of the target and draft under every measured setting, with provenance."""
@@ -414,15 +413,9 @@ class CostGrid:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "cost grid") -> CostGrid:
-        if d.get("format") != "specscope-llama-costs/1":
-            raise SpecscopeError(
-                f"{where} is not a specscope llama.cpp cost grid (format "
-                f"{d.get('format')!r}, expected 'specscope-llama-costs/1')"
-            )
-        try:
-            return cls(tuple(CostCurve.from_dict(c) for c in d["curves"]), d.get("info") or {})
-        except (KeyError, TypeError, ValueError) as e:
-            raise SpecscopeError(f"{where}: a curve lacks or garbles field {e}") from None
+        """A cost grid from its JSON form, checked by its schema (:class:`CostGridFile`)."""
+        read = parse(CostGridFile, d, where, SpecscopeError)
+        return cls(tuple(read.curves), read.info)
 
     @classmethod
     def load(cls, path: str | Path) -> CostGrid:
