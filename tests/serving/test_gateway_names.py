@@ -5,7 +5,6 @@ read by the OpenAI SDK, each against a real gateway on loopback."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from test_gateway import Served  # an ASGI app on a free local port, in a thread
 from typer.testing import CliRunner
 
 import specscope.serving.gateway as gw
@@ -30,26 +30,6 @@ from specscope.serving.gateway.metrics import PREFIX, VLLM_NAMES
 CODE = "Write a python function that returns the sum of a list."
 CHAT = "Describe a quiet morning in a small harbour town."
 TIMINGS = {"predicted_n": 10, "draft_n": 9, "draft_n_accepted": 6, "prompt_n": 12}
-
-
-class Served:
-    """An ASGI app served by uvicorn on a free local port, in a thread."""
-
-    def __init__(self, asgi):
-        self.server = uvicorn.Server(
-            uvicorn.Config(asgi, host="127.0.0.1", port=0, log_level="error")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 def fake_engine(models: list[dict] | None) -> Starlette:
