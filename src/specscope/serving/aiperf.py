@@ -70,6 +70,7 @@ from .request_stats import (
     check_counts,
     checked_histogram,
     histogram_from_steps,
+    last_step_max,
 )
 
 ACCEPTANCE = "spec_decode_acceptance"
@@ -256,11 +257,7 @@ def _from_record(spec: Acceptance, metrics: Metrics, where: str, request_id: str
     if per_acc is not None:
         histogram = histogram_from_steps(per_acc)
     k = spec.num_spec_tokens
-    last = (
-        per_acc[-1]
-        if per_acc
-        else (k if k is not None else (len(histogram) - 1 if histogram else None))
-    )
+    last = last_step_max(per_acc, k, histogram)
     check_counts(
         at,
         {

@@ -122,6 +122,19 @@ def checked_histogram(
     return tuple(values)
 
 
+def last_step_max(
+    per_step_accepted: tuple[int, ...] | None, k: int | None, histogram: tuple[int, ...] | None
+) -> int | None:
+    """The most drafts a request's last verify step can have accepted (:func:`check_counts`'s
+    ``last_step_max``): its own count where per-step counts are logged, else the draft length
+    ``k``, else the histogram's largest bin; None where none is known."""
+    if per_step_accepted:
+        return per_step_accepted[-1]
+    if k is not None:
+        return k
+    return len(histogram) - 1 if histogram else None
+
+
 def histogram_from_steps(per_step: tuple[int, ...]) -> tuple[int, ...]:
     counts = [0] * (max(per_step, default=0) + 1)
     for a in per_step:

@@ -19,6 +19,7 @@ from ..request_stats import (
     check_counts,
     checked_histogram,
     histogram_from_steps,
+    last_step_max,
 )
 
 # docs/features/speculative_decoding/acceptance_metrics.md @02cf515f (vLLM >= 0.29, PR #48915):
@@ -137,11 +138,7 @@ def _vllm(line: dict, where: str) -> RequestStats:
             "num_accepted_draft_tokens",
         )
         histogram = histogram if histogram is not None else logged
-    last = (
-        per_acc[-1]
-        if per_acc
-        else (k if k is not None else (len(histogram) - 1 if histogram else None))
-    )
+    last = last_step_max(per_acc, k, histogram)
     check_counts(
         where,
         {
