@@ -48,13 +48,94 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """With ``--fast``, deselect (and count as deselected) every test carrying a NOT_FAST mark."""
-    if not config.getoption("fast"):
+    """With ``--fast``, deselect (and count as deselected) every test carrying a NOT_FAST mark.
+    Otherwise the ``llamacpp`` tests go last, and where llama.cpp's programs are not built yet
+    their build starts now in the background (:func:`_start_llama_build`)."""
+    if config.getoption("fast"):
+        fast = [item for item in items if not any(item.get_closest_marker(m) for m in NOT_FAST)]
+        if len(fast) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+            items[:] = fast
         return
-    fast = [item for item in items if not any(item.get_closest_marker(m) for m in NOT_FAST)]
-    if len(fast) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in fast])
-        items[:] = fast
+    items.sort(key=lambda item: item.get_closest_marker("llamacpp") is not None)  # stable
+    if items and items[-1].get_closest_marker("llamacpp"):
+        _start_llama_build()
+
+
+_LLAMA_BUILD: list[subprocess.Popen] = []
+
+
+def _can_build_llama() -> bool:
+    """Whether llama.cpp's programs are missing and this machine has what building them takes."""
+    import shutil
+
+    from specscope.serving.llamacpp.programs import LlamaToolsError, find_llama_tools
+
+    try:
+        if find_llama_tools() is not None:
+            return False
+    except LlamaToolsError:  # $SPECSCOPE_LLAMA_BIN names an incomplete directory
+        return False
+    return bool(shutil.which("cmake") and (shutil.which("c++") or shutil.which("g++")))
+
+
+def _start_llama_build() -> None:
+    """Build llama.cpp's programs (about 9 minutes on 2 cores) in a child process at the lowest
+    CPU priority while the other tests run: they take about one core of two, and the build the
+    rest. The first ``llamacpp`` test waits for it on the build's lock (:func:`llama_tools`)."""
+    import os
+
+    if not _can_build_llama():
+        return
+    code = (
+        "from specscope.serving.llamacpp.programs import build_llama_tools\n"
+        "build_llama_tools(echo=lambda line: None)"
+    )
+    _LLAMA_BUILD.append(
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: os.nice(19),  # noqa: PLW1509 (no threads yet at collection)
+            start_new_session=True,
+        )
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop a background build that outlived the session (e.g. ``-x`` stopped it early)."""
+    import os
+    import signal
+
+    for proc in _LLAMA_BUILD:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+
+
+def llama_tools():
+    """llama.cpp's programs for a test: found, or built (after the background build, if one is
+    under way); the test is skipped, saying why, where they cannot be had."""
+    from specscope.serving.llamacpp.programs import (
+        LlamaToolsError,
+        build_llama_tools,
+        find_llama_tools,
+    )
+
+    try:
+        if (tools := find_llama_tools()) is not None:
+            return tools
+    except LlamaToolsError as e:
+        pytest.skip(str(e))
+    if not _can_build_llama():
+        pytest.skip(
+            "llama.cpp's programs are not built and cmake or a C++ compiler is missing to build "
+            "them (or set SPECSCOPE_LLAMA_BIN to a directory of built llama.cpp programs)"
+        )
+    try:
+        return build_llama_tools(echo=lambda line: None)
+    except LlamaToolsError as e:
+        pytest.skip(f"llama.cpp's programs could not be built here: {e}")
 
 
 @functools.cache

@@ -5,6 +5,7 @@ import os
 import shutil
 from importlib import metadata
 
+import numpy as np
 import pytest
 import torch
 
@@ -461,3 +462,67 @@ def test_an_int8_entry_of_other_versions_is_replaced_not_kept_beside(
     new = entry_dir("dir", fingerprint)
     assert new != old and new.is_dir() and not old.exists()
     assert len(list((tmp_path / "int8").iterdir())) == 2  # the other model's entry stays
+
+
+def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
+    """A GGUF file without one tensor (a Qwen2 of two layers of width 64 in float32,
+    blk.1.ffn_up.weight left out): transformers would initialise it at random and only print a
+    load report; specscope refuses it, naming the tensor."""
+    gguf = pytest.importorskip("gguf")
+    from typer.testing import CliRunner
+
+    from specscope.cli import app
+
+    out = tmp_path / "draft-lacking.gguf"
+    writer = gguf.GGUFWriter(out, "qwen2")
+    writer.add_block_count(2)
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_vocab_size(512)
+    writer.add_tokenizer_model("gpt2")  # 511 one-character tokens and one merge of two
+    writer.add_token_list([chr(0x100 + i) for i in range(511)] + [chr(0x100) + chr(0x101)])
+    writer.add_token_types([1] * 512)
+    writer.add_token_merges([f"{chr(0x100)} {chr(0x101)}"])
+    writer.add_eos_token_id(511)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    vocab, hidden, ffn, kv = 512, 64, 128, 32
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(2):
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (hidden,),
+            f"blk.{i}.attn_q.weight": (hidden, hidden),
+            f"blk.{i}.attn_q.bias": (hidden,),
+            f"blk.{i}.attn_k.weight": (kv, hidden),
+            f"blk.{i}.attn_k.bias": (kv,),
+            f"blk.{i}.attn_v.weight": (kv, hidden),
+            f"blk.{i}.attn_v.bias": (kv,),
+            f"blk.{i}.attn_output.weight": (hidden, hidden),
+            f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.ffn_gate.weight": (ffn, hidden),
+            f"blk.{i}.ffn_up.weight": (ffn, hidden),
+            f"blk.{i}.ffn_down.weight": (hidden, ffn),
+        }
+    del shapes["blk.1.ffn_up.weight"]
+    rng = np.random.default_rng(0)
+    for name, shape in shapes.items():
+        writer.add_tensor(name, (0.02 * rng.standard_normal(shape)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    message = (
+        f"{out}: the checkpoint lacks tensor model.layers.1.mlp.up_proj.weight; refusing to "
+        "measure a model with randomly initialised tensors"
+    )
+    with pytest.raises(ModelLoadError) as refused:
+        load_gguf(out, torch.float32)
+    assert str(refused.value) == message
+    result = CliRunner().invoke(
+        app, ["decode", "def f(x):", "--draft", str(out), "--target", str(out)]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "lacks tensor model.layers.1.mlp.up_proj.weight" in result.output

@@ -11,9 +11,7 @@ else "not recognized in preset". When a built llama-server is given (SPECSCOPE_L
 llama-server on PATH), its --help and a router-mode start with the presets file are checked too.
 """
 
-import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -121,15 +119,11 @@ def test_spec_type_names_are_llama_cpp_b11312s():
     assert tuple(names) == version.field_names["--spec-type"].choices
 
 
-def _server() -> str | None:
-    path = os.environ.get("SPECSCOPE_LLAMA_SERVER") or shutil.which("llama-server")
-    return path if path and Path(path).is_file() else None
-
-
 @pytest.mark.llamacpp
-@pytest.mark.skipif(_server() is None, reason="no llama-server (set SPECSCOPE_LLAMA_SERVER)")
 def test_llama_server_accepts_presets(tmp_path):
-    server = _server()
+    from conftest import llama_tools
+
+    server = str(llama_tools().path("llama-server"))
     help_text = subprocess.run(
         [server, "--help"], capture_output=True, text=True, timeout=60
     ).stdout

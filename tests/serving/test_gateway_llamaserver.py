@@ -19,11 +19,12 @@ minutes; the build is cached, or set SPECSCOPE_LLAMA_BIN).
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 
 import pytest
+
+from conftest import llama_tools
 
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
@@ -32,7 +33,6 @@ uvicorn = pytest.importorskip("uvicorn")
 from specscope.serving.export import export_policy
 from specscope.serving.export_plan import ExportOptions
 from specscope.serving.gateway import Deployment, make_app
-from specscope.serving.llamacpp.programs import LlamaToolsError, build_llama_tools, find_llama_tools
 from specscope.serving.llamacpp.router import GREEDY, LlamaRouter, presets_ini
 from specscope.serving.llamacpp.server import ServerSetting
 from specscope.serving.llamacpp.study import chain
@@ -49,24 +49,6 @@ DOMAINS = ("code", "math", "reasoning", "chat")
 # a near-tie: the target's two most likely tokens within this many nats; llama.cpp's K+1-token
 # and 1-token passes of the demo target differ by up to 0.4 in a logit here (README)
 NEAR_TIE = 0.5
-
-
-def _tools():
-    try:
-        tools = find_llama_tools()
-    except LlamaToolsError as e:
-        pytest.skip(str(e))
-    if tools is not None:
-        return tools
-    if shutil.which("cmake") is None or not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip(
-            "llama-server is not built and cmake or a C++ compiler is missing to build it "
-            "(or set SPECSCOPE_LLAMA_BIN to a directory of built llama.cpp programs)"
-        )
-    try:
-        return build_llama_tools(echo=lambda line: None)
-    except LlamaToolsError as e:
-        pytest.skip(f"llama-server could not be built here: {e}")
 
 
 def _demo_pair():
@@ -109,7 +91,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    tools = _tools()
+    tools = llama_tools()
     target, draft = _demo_pair()
     held_out = _prompts()
     tmp = tmp_path_factory.mktemp("llama-router")

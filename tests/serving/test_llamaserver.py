@@ -215,15 +215,10 @@ def test_completion_without_drafts_counts_zero():
 
 
 def _demo_or_skip():
+    from conftest import llama_tools
     from specscope.models.demo import _kept_gguf
-    from specscope.serving.llamacpp.programs import find_llama_tools
 
-    tools = find_llama_tools()
-    if tools is None:
-        pytest.skip(
-            "llama.cpp's programs are not built (specscope.serving.llamacpp.programs."
-            "build_llama_tools, or $SPECSCOPE_LLAMA_BIN)"
-        )
+    tools = llama_tools()
     draft = _kept_gguf("draft")
     if not draft.is_file():
         pytest.skip(

@@ -17,6 +17,7 @@ nothing of acceptance or policies (:mod:`specscope.serving.llamacpp.costs` and
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +28,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,9 +199,27 @@ def build_llama_tools(echo: Callable[[str], None] = print, jobs: int | None = No
     if found is not None:
         return found
     _require_build_tools()
-    version = LLAMA_SOURCE.version
     root = build_root()
+    with _build_lock(root, echo):
+        return find_llama_tools() or _build(root, echo, jobs)
+
+
+@contextmanager
+def _build_lock(root: Path, echo: Callable[[str], None]) -> Iterator[None]:
+    """Hold the build directory's lock: a second build started meanwhile (another command, or a
+    test beside a background build) waits for the first, then finds its programs."""
     root.mkdir(parents=True, exist_ok=True)
+    with open(root / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for another build of llama.cpp's programs in {root} ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _build(root: Path, echo: Callable[[str], None], jobs: int | None) -> LlamaTools:
+    version = LLAMA_SOURCE.version
     log = root / "build.log"
     source = root / f"llama_cpp_python-{version}"
     if not (source / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
