@@ -385,9 +385,9 @@ def _known_roots(run_path: str) -> dict[str, str]:
     if is_absolute(run_path):
         roots[run_path.rstrip("/")] = portable_path(run_path)
     try:
-        from ..cache import cache_dir
+        from ..cache import CACHE_VARIABLE, cache_dir
 
-        roots[str(cache_dir())] = "<specscope cache>"
+        roots[str(cache_dir())] = CACHE_VARIABLE
     except Exception:  # pragma: no cover - an unreadable environment: no cache to name
         pass
     cwd = os.getcwd()
