@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specscope.cache import local_path
 from specscope.models import load_tokenizer
 from specscope.serving.llamacpp.programs import build_llama_tools
 from specscope.serving.llamacpp.server import LlamaServer, ServerSetting
@@ -51,7 +52,7 @@ def main() -> None:
     tools = build_llama_tools()
     rows = []
     for item, ids in prompts:
-        with LlamaServer(tools, Path(entry["target_gguf"]), setting) as server:
+        with LlamaServer(tools, local_path(entry["target_gguf"]), setting) as server:
             c = server.complete(ids, int(tuned["n_predict"]))
         rows.append(
             {

@@ -15,6 +15,7 @@ from conftest import small_run_config, tiny_pair_args
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
 from specscope.analysis.synthetic import write_synthetic_run
+from specscope.cache import recorded_path
 from specscope.cli import app
 from specscope.errors import SpecscopeError
 from specscope.records import RunDirError, load_run
@@ -182,7 +183,7 @@ def test_resume_refuses_new_weights_under_the_same_path(tiny_dirs, prompts, tmp_
     run_study(config, out, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     target = manifest["models"]["target"]
-    assert target["source"] == str(model.resolve()) and len(target["fingerprint"]) == 64
+    assert target["source"] == recorded_path(model.resolve()) and len(target["fingerprint"]) == 64
     weights = next(model.glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-8:] = bytes(8)

@@ -729,6 +729,10 @@ def test_tune_and_bench_through_llama_server(tmp_path):
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    from specscope.cache import cache_dir
+
+    for written in ("policy.json", "bench.json"):  # the demo GGUF files as $SPECSCOPE_CACHE/...
+        assert str(cache_dir()) not in (out / written).read_text()
     policy = json.loads((out / "policy.json").read_text())
     cells = policy["tune"]["cells"]
     priced = {"draft-simple:k=1", "draft-simple:k=1,p_min=0.5", "draft-simple:k=2",

@@ -325,6 +325,10 @@ MAIN_TABLES = (
 )
 
 
+# What ``analyze --show`` may ask for: the main tables, all of them, or none.
+SHOWS = ("main", "all", "none")
+
+
 def console_grids(a: Analysis, grids: list[Grid], show: str = "main") -> list[Grid]:
     """What ``specscope analyze`` prints, in order: the first screen (:func:`first_screen_grids`),
     the paper's claims (compact), then the main tables of ``grids`` (:data:`MAIN_TABLES`); with
@@ -381,9 +385,9 @@ def _known_roots(run_path: str) -> dict[str, str]:
     if is_absolute(run_path):
         roots[run_path.rstrip("/")] = portable_path(run_path)
     try:
-        from ..cache import cache_dir
+        from ..cache import CACHE_VARIABLE, cache_dir
 
-        roots[str(cache_dir())] = "<specscope cache>"
+        roots[str(cache_dir())] = CACHE_VARIABLE
     except Exception:  # pragma: no cover - an unreadable environment: no cache to name
         pass
     cwd = os.getcwd()
@@ -406,6 +410,7 @@ def portable(a: Analysis) -> Analysis:
 
 __all__ = [
     "MAIN_TABLES",
+    "SHOWS",
     "console_grids",
     "first_screen_grids",
     "model_name",

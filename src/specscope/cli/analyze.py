@@ -47,22 +47,35 @@ def analyze(
         ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
     ),
     out: str | None = typer.Option(
-        None, "--out", "-o", help="Output folder (default: RUN_DIR/analysis)."
+        None,
+        "--out",
+        "-o",
+        help="Output folder (default: RUN_DIR/analysis).",
+        rich_help_panel=options.OUTPUT,
     ),
     n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
     confidence: float = options.CONFIDENCE,
     plots: bool = options.PLOTS,
-    show: str = typer.Option("main", "--show", help="Tables to print: main, all or none."),
+    show: str = typer.Option(
+        "main",
+        "--show",
+        metavar=options.one_of(options.SHOWS),
+        help="Tables to print: the main ones, all or none.",
+        rich_help_panel=options.OUTPUT,
+    ),
     stratify: str = typer.Option(
         "auto",
         "--stratify",
+        metavar=options.one_of(options.STRATIFY),
         help="Repeat the per-domain tables and findings within each level of a node-level factor: sibling_rank, depth or position_bin; auto (sibling_rank when the trees have more than one) or none.",
+        rich_help_panel=options.ANALYSIS,
     ),
     predictors: bool = typer.Option(
         False,
         "--predictors/--no-predictors",
         help="Also score every recorded signal as a predictor of acceptance (AUROC, Brier, calibration error, reliability plot, certificates, stop rules): minutes on a large run.",
+        rich_help_panel=options.ANALYSIS,
     ),
 ) -> None:
     """Decoded tokens per step by domain and where speculation pays first, then the paper's
@@ -77,8 +90,8 @@ def analyze(
     from ..records import check_writable_dir
 
     run_dir, out = local_location(run_dir, "RUN_DIR"), local_location(out, "--out")
-    if show not in ("main", "all", "none"):
-        fail(f"--show must be main, all or none, not {show!r}")
+    if show not in options.SHOWS:
+        fail(f"unknown --show {show!r}; allowed: {', '.join(options.SHOWS)}")
     out_dir = check_output(out or run_dir / "analysis")
     inside = inside_of(out_dir, run_dir)  # a downloaded run's links are refused, not followed
     check_writable_dir(out_dir)
@@ -123,6 +136,7 @@ def report(
         "--out",
         "-o",
         help="HTML file (default: RUN_DIR/analysis/report.html, SWEEP_DIR/report.html, or ./specscope-comparison.html for several runs).",
+        rich_help_panel=options.OUTPUT,
     ),
     n_boot: int = options.BOOT,
     seed: int | None = options.SEED,
@@ -132,6 +146,7 @@ def report(
         True,
         "--paper/--no-paper",
         help="Include the comparison with the paper's published figures.",
+        rich_help_panel=options.ANALYSIS,
     ),
 ) -> None:
     """One self-contained HTML report (tables, plots, findings) of a run or a comparison of runs; runs of different drafters also side by side."""
@@ -176,6 +191,7 @@ COMPARE_OUT = typer.Option(
     "-o",
     help="Also write the comparison as tables.md, tables.tex and csv/ here (--by-drafter: also "
     "drafters.json and plots/).",
+    rich_help_panel=options.OUTPUT,
 )
 
 
@@ -192,6 +208,7 @@ def compare(
         "--by-drafter",
         help="Drafters side by side on the same prompts: tau, proposals and greedy acceptance by "
         "depth per domain, and whether one accepts more than another (paired by prompt).",
+        rich_help_panel=options.ANALYSIS,
     ),
     shapes: bool = typer.Option(
         False,
@@ -199,6 +216,7 @@ def compare(
         help="Each domain finding in every tree shape the runs hold (each run's measured tree and "
         "the top-1 chain within it), and the verdicts and domain orderings that change between "
         "shapes.",
+        rich_help_panel=options.ANALYSIS,
     ),
 ) -> None:
     """Side by side: this run's tables and another run's, the paper's figures, a sweep's runs, or
@@ -333,13 +351,18 @@ def certify(
         ..., help="A run directory written by `specscope run` (a path or a file:// URI)."
     ),
     out: str | None = typer.Option(
-        None, "--out", "-o", help="Write CSV and Markdown tables and plots (PNG+SVG) here."
+        None,
+        "--out",
+        "-o",
+        help="Write CSV and Markdown tables and plots (PNG+SVG) here.",
+        rich_help_panel=options.OUTPUT,
     ),
     plots: bool = options.PLOTS,
     margin_bins: str | None = typer.Option(
         None,
         "--margin-bins",
         help="Edges of the target-margin bins, comma-separated, increasing, in [0, 1] [default: 0,0.1,0.25,0.5,0.75,0.9,1]. Given explicitly, a run without margins is an error.",
+        rich_help_panel=options.ANALYSIS,
     ),
     n_boot: int = options.BOOT,
     seed: int | None = options.SEED,

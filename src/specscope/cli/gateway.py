@@ -9,6 +9,7 @@ import typer
 
 from . import options
 from .app import SERVE, command
+from .helptext import ENGINE, OUTPUT, SERVER
 
 
 @command(panel=SERVE)
@@ -21,28 +22,41 @@ def gateway(
         [],
         "--backend",
         help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat; DOMAIN must be one of the document's).",
+        rich_help_panel=ENGINE,
     ),
     log: Path = typer.Option(
         Path("gateway.jsonl"),
         "--log",
         help="Request log that specscope ingest reads (appended to; a symbolic link is refused). A device or FIFO (/dev/null) is written as it is and needs --errors-log.",
+        rich_help_panel=OUTPUT,
     ),
     errors_log: Path | None = typer.Option(
         None,
         "--errors-log",
         help="Log of every request that is not in the request log, with the reason (default: LOG with .errors before its suffix; never the request log itself).",
+        rich_help_panel=OUTPUT,
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on.", rich_help_panel=SERVER
+    ),
+    port: int = typer.Option(
+        8000, "--port", min=1, max=65535, help="Port to listen on.", rich_help_panel=SERVER
+    ),
     max_in_flight: int = typer.Option(
         64,
         "--max-in-flight",
         min=1,
         max=100_000,
         help="Requests in flight per backend URL (its connection pool); beyond: 503 at once. The server takes MAX-IN-FLIGHT x (backend URLs + 1) connections at once (its listen backlog too); beyond: a plain 503, in no log.",
+        rich_help_panel=ENGINE,
     ),
     connect_timeout: float = typer.Option(
-        5.0, "--connect-timeout", min=0.001, max=3600, help="Seconds to connect to a backend."
+        5.0,
+        "--connect-timeout",
+        min=0.001,
+        max=3600,
+        help="Seconds to connect to a backend.",
+        rich_help_panel=ENGINE,
     ),
     read_timeout: float = typer.Option(
         600.0,
@@ -50,9 +64,15 @@ def gateway(
         min=0.001,
         max=86_400,
         help="Seconds a backend may stay silent within an answer (a streamed one between chunks) before a 502.",
+        rich_help_panel=ENGINE,
     ),
     max_request_mb: int = typer.Option(
-        16, "--max-request-mb", min=1, max=4096, help="Largest request body in MiB (beyond: 413)."
+        16,
+        "--max-request-mb",
+        min=1,
+        max=4096,
+        help="Largest request body in MiB (beyond: 413).",
+        rich_help_panel=SERVER,
     ),
     max_answer_mb: int = typer.Option(
         64,
@@ -60,6 +80,7 @@ def gateway(
         min=1,
         max=4096,
         help="Largest non-streamed answer in MiB (beyond: 502); it is logged whole. A stream is cut after this much past its end (data: [DONE]).",
+        rich_help_panel=ENGINE,
     ),
     header_timeout: float = typer.Option(
         10.0,
@@ -67,6 +88,7 @@ def gateway(
         min=0.001,
         max=3600,
         help="Seconds a client has to send a request's headers, from its connection or the end of the answer before; a slower one is cut off.",
+        rich_help_panel=SERVER,
     ),
     keep_alive_timeout: float = typer.Option(
         5.0,
@@ -74,12 +96,14 @@ def gateway(
         min=0.001,
         max=3600,
         help="Seconds an idle kept-alive client connection stays open.",
+        rich_help_panel=SERVER,
     ),
     policy: Path | None = options.POLICY_FILE,
     vllm_compatible_metrics: bool = typer.Option(
         False,
         "--vllm-compatible-metrics",
         help="Export /metrics under vLLM's names too (vllm:spec_decode_num_drafts, ...), beside specscope_gateway_*, as the deployment file's vllm_compatible_metrics = true does; only where no vLLM's own /metrics is scraped beside the gateway's (each count would be summed twice).",
+        rich_help_panel=OUTPUT,
     ),
     graceful_timeout: float = typer.Option(
         30.0,
@@ -87,6 +111,7 @@ def gateway(
         min=0.001,
         max=86_400,
         help="At SIGTERM/Ctrl-C, seconds for requests in flight to finish; those left go to the errors log.",
+        rich_help_panel=SERVER,
     ),
 ) -> None:
     """Route each request by its prompt's domain to that domain's engine, pass the answer

@@ -15,16 +15,25 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 # The help panels of a command's options, in the order --help shows them (after typer's own
-# "Options", which holds --help and any option of no panel).
-MODELS, TREE, DRAFTER, PROMPTS, EXECUTION, OUTPUT = (
-    "models",
-    "tree",
-    "drafter",
-    "prompts",
-    "execution",
-    "output",
+# "Options", which holds --help and any option of no panel): what is decoded (models, tree,
+# drafter, prompts), what is chosen or analysed (tuning, analysis), what is served (engine: the
+# serving engine and its backends; server: the gateway's own listening side), then how the command
+# runs and what it writes.
+MODELS, TREE, DRAFTER, PROMPTS = "models", "tree", "drafter", "prompts"
+TUNING, ANALYSIS, ENGINE, SERVER = "tuning", "analysis", "engine", "server"
+EXECUTION, OUTPUT = "execution", "output"
+OPTION_PANELS = (
+    MODELS,
+    TREE,
+    DRAFTER,
+    PROMPTS,
+    TUNING,
+    ANALYSIS,
+    ENGINE,
+    SERVER,
+    EXECUTION,
+    OUTPUT,
 )
-OPTION_PANELS = (MODELS, TREE, DRAFTER, PROMPTS, EXECUTION, OUTPUT)
 
 
 def _panel_order(param) -> int:

@@ -183,7 +183,7 @@ def sweep(
         "local",
         "--executor",
         "-e",
-        metavar="<local|ray>",  # sweep.executors.EXECUTORS
+        metavar=options.one_of(options.EXECUTORS),
         help="local (one process) or ray (shards as Ray tasks; needs the ray extra).",
         rich_help_panel=options.EXECUTION,
     ),

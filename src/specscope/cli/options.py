@@ -34,8 +34,9 @@ from ..limits import (
     MAX_TREE_NODES,
     MAX_TUNE_NODES,
 )
+from .helptext import ANALYSIS, EXECUTION, MODELS, OUTPUT, TREE, TUNING, AsWrittenCommand
 from .helptext import DRAFTER as DRAFTER_PANEL
-from .helptext import EXECUTION, MODELS, OUTPUT, TREE, AsWrittenCommand
+from .helptext import ENGINE as ENGINE_PANEL
 from .helptext import PROMPTS as PROMPTS_PANEL
 
 # --- what each option takes, and where --help shows it -------------------------------------------
@@ -50,11 +51,26 @@ DRAFTER_KINDS = ("draft-model", "ngram", "llama-ngram-simple", "early-exit")  # 
 RENDERINGS = ("task", "chat", "raw")
 MEASURE_ENGINES = ("cached", "naive")  # run.config.ENGINES
 DRAFT_ATTENTIONS = ("sdpa", "rowwise")
+EXECUTORS = ("local", "ray")  # sweep.executors.EXECUTORS
+ROUTERS = ("rules", "learned")  # tune.bench.ROUTERS
+EXPORT_ENGINES = ("vllm", "sglang", "llama.cpp", "trtllm", "transformers")  # serving.export.ENGINES
+INGEST_FORMATS = ("vllm", "sglang", "llama.cpp", "spec-bench", "aiperf")  # serving.ingest FORMATS
+JOINS = ("id", "order")  # serving.ingest.JOINS
+SHOWS = ("main", "all", "none")  # analysis.headline.SHOWS
+STRATIFY = ("auto", "sibling_rank", "depth", "position_bin", "none")  # analysis.effects.STRATIFIERS
 
 
 def one_of(values: tuple[str, ...]) -> str:
     """How --help shows an option's choices: ``<a|b|c>``."""
     return f"<{'|'.join(values)}>"
+
+
+def listed(metavar: str | None) -> tuple[str, ...]:
+    """The choices a metavar made by :func:`one_of` lists; none for any other metavar."""
+    if not metavar or not (metavar.startswith("<") and metavar.endswith(">")):
+        return ()
+    values = tuple(metavar[1:-1].split("|"))
+    return values if len(values) > 1 and all(values) else ()
 
 
 def with_choices(option: OptionInfo, values: tuple[str, ...]) -> OptionInfo:
@@ -84,7 +100,8 @@ def for_command(option, command: str):
         return option
     words = said.get(command.replace("-", "_"), said.get("_"))
     own = copy.copy(option)
-    own.help = f"{option.help}{DEFAULT_WORDS}{words}." if words else option.help
+    if words:  # said in words: click's own "[default: ...]" would say it twice
+        own.help, own.show_default = f"{option.help}{DEFAULT_WORDS}{words}.", False
     return own
 
 
@@ -165,41 +182,63 @@ DRAFT_ATTENTION = typer.Option(
     "pass costs a few percent more, its prefill about 1.4x).",
     rich_help_panel=MODELS,
 )
-THREADS_HELP = (
-    f"CPU threads for torch, 1 to {MAX_THREADS} (default: torch's own, capped at the CPUs this "
-    "process may use: its affinity mask and its container's CPU quota; a sweep's shard on Ray: "
-    "its cpus-per-shard). Time costs (tune) and bench with the same number."
+_TORCH_THREADS = (
+    "torch's own, capped at the CPUs this process may use (its affinity mask and its container's "
+    "CPU quota)"
 )
-THREADS = typer.Option(
-    None, "--threads", min=1, max=MAX_THREADS, help=THREADS_HELP, rich_help_panel=EXECUTION
+THREADS = own_defaults(
+    typer.Option(
+        None,
+        "--threads",
+        min=1,
+        max=MAX_THREADS,
+        help="CPU threads for torch. Time costs (tune) and bench with the same number.",
+        rich_help_panel=EXECUTION,
+    ),
+    sweep=f"on Ray, a shard's --cpus-per-shard; else {_TORCH_THREADS}",
+    _=_TORCH_THREADS,
 )
 
 # --- the drafter (specscope.cli.drafting turns these into a DrafterConfig) -------------------------
 
-DRAFTER = typer.Option(
-    None,
-    "--drafter",
-    metavar=one_of(DRAFTER_KINDS),
-    help="What proposes the tree (default: draft-model, or the config's).",
-    rich_help_panel=DRAFTER_PANEL,
+DRAFTER = own_defaults(
+    typer.Option(
+        None,
+        "--drafter",
+        metavar=one_of(DRAFTER_KINDS),
+        help="What proposes the tree.",
+        rich_help_panel=DRAFTER_PANEL,
+    ),
+    run="the config's, else draft-model",
+    _="draft-model",
 )
-PROMPT_LOOKUP_MIN = typer.Option(
-    None,
-    "--prompt-lookup-min",
-    help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min; default 5, or --prompt-lookup-max).",
-    rich_help_panel=DRAFTER_PANEL,
+PROMPT_LOOKUP_MIN = own_defaults(
+    typer.Option(
+        None,
+        "--prompt-lookup-min",
+        help="ngram: shortest context suffix matched (vLLM's prompt_lookup_min).",
+        rich_help_panel=DRAFTER_PANEL,
+    ),
+    _="5, or --prompt-lookup-max",
 )
-PROMPT_LOOKUP_MAX = typer.Option(
-    None,
-    "--prompt-lookup-max",
-    help="ngram: longest context suffix matched (vLLM's prompt_lookup_max; default 5, or --prompt-lookup-min).",
-    rich_help_panel=DRAFTER_PANEL,
+PROMPT_LOOKUP_MAX = own_defaults(
+    typer.Option(
+        None,
+        "--prompt-lookup-max",
+        help="ngram: longest context suffix matched (vLLM's prompt_lookup_max).",
+        rich_help_panel=DRAFTER_PANEL,
+    ),
+    _="5, or --prompt-lookup-min",
 )
-NGRAM_SIZE = typer.Option(
-    None,
-    "--ngram-size",
-    help="llama-ngram-simple: the n-gram matched (llama.cpp's --spec-ngram-simple-size-n; default 12); the chain's --depth is its M.",
-    rich_help_panel=DRAFTER_PANEL,
+NGRAM_SIZE = own_defaults(
+    typer.Option(
+        None,
+        "--ngram-size",
+        help="llama-ngram-simple: the n-gram matched (llama.cpp's --spec-ngram-simple-size-n); the "
+        "chain's --depth is its M.",
+        rich_help_panel=DRAFTER_PANEL,
+    ),
+    _="12",
 )
 EXIT_LAYER = typer.Option(
     None,
@@ -267,14 +306,18 @@ MAX_PROMPT_TOKENS = own_defaults(
     run="the config's",
     _="512",
 )
-RENDERING = typer.Option(
-    None,
-    "--rendering",
-    metavar=one_of(RENDERINGS),
-    help="How a prompt becomes text: task (the default: the chat template, a code item's reply "
-    "opening with its function so the model writes the body; a bare prompt renders as chat), "
-    "chat (the chat template only) or raw (no template, the paper's code).",
-    rich_help_panel=PROMPTS_PANEL,
+RENDERING = own_defaults(
+    typer.Option(
+        None,
+        "--rendering",
+        metavar=one_of(RENDERINGS),
+        help="How a prompt becomes text: task (the chat template, a code item's reply opening "
+        "with its function so the model writes the body; a bare prompt renders as chat), chat "
+        "(the chat template only) or raw (no template, the paper's code).",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    run="the config's, else task",
+    _="task",
 )
 DECODE_RENDERING = "task"  # a bare prompt renders under task as under chat
 SEED = own_defaults(
@@ -307,14 +350,20 @@ POLICY_FILE = typer.Option(
     rich_help_panel=TREE,
 )
 MIN_SPEEDUP = typer.Option(
-    1.0, "--min-speedup", min=0.0, help="Speculate only where the predicted speed-up exceeds this."
+    1.0,
+    "--min-speedup",
+    min=0.0,
+    help="Speculate only where the predicted speed-up exceeds this.",
+    rich_help_panel=TUNING,
 )
-IN_SAMPLE = typer.Option(
-    False,
-    "--in-sample",
-    help="Also time prompts that the policy's tuning runs measured, each labelled in-sample "
-    "(default: they are held out, and a bench that would need them is refused).",
-    rich_help_panel=PROMPTS_PANEL,
+IN_SAMPLE = own_defaults(
+    typer.Option(
+        False,
+        "--in-sample",
+        help="Also time prompts that the policy's tuning runs measured, each labelled in-sample.",
+        rich_help_panel=PROMPTS_PANEL,
+    ),
+    _="they are held out, and a bench that would need them is refused",
 )
 TUNING_PROMPTS = typer.Option(
     False,
@@ -432,22 +481,35 @@ BOOT = typer.Option(
     min=0,
     max=MAX_BOOT,
     help="Bootstrap resamples of prompts for the intervals (0: no intervals).",
+    rich_help_panel=ANALYSIS,
 )
 CONFIDENCE = typer.Option(
-    0.95, "--confidence", min=0.5, max=0.999, help="Confidence level of the intervals."
+    0.95,
+    "--confidence",
+    min=0.5,
+    max=0.999,
+    help="Confidence level of the intervals.",
+    rich_help_panel=ANALYSIS,
 )
-PLOTS = typer.Option(True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).")
+PLOTS = typer.Option(
+    True, "--plots/--no-plots", help="Draw plots (needs the [plot] extra).", rich_help_panel=OUTPUT
+)
 COSTS = typer.Option(
     None,
     "--costs",
     help="A cost model (JSON, written by tune --save-costs) to use instead of timing one now.",
+    rich_help_panel=TUNING,
 )
-ENGINE_VERSION = typer.Option(
-    None,
-    "--engine-version",
-    help="The serving engine's version (export: one its rules were checked against, default "
-    "the newest checked; ingest: recorded in the run, checked against the log where it states "
-    "it).",
+ENGINE_VERSION = own_defaults(
+    typer.Option(
+        None,
+        "--engine-version",
+        help="The serving engine's version: export checks the settings against its rules; ingest "
+        "records it in the run and checks it against the log where the log states one.",
+        rich_help_panel=ENGINE_PANEL,
+    ),
+    export="the newest version whose rules were checked",
+    ingest="the version the log states, if any",
 )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typer.main import get_command
 
 from .app import PANELS, app
-from .options import DEFAULT_WORDS, RENAMED
+from .options import DEFAULT_WORDS, RENAMED, listed
 from .options import meaning as meaning_of
 
 
@@ -30,6 +30,7 @@ class ParamDoc:
     default: str  # as the reference shows it: "required", "-" for none given
     bounds: str  # "1..4096", or ""
     help: str
+    values: tuple[str, ...] = ()  # the values it takes, where it lists them (options.one_of)
 
 
 def _default(param) -> str:
@@ -61,7 +62,15 @@ def _doc(command: str, panel: str, param) -> ParamDoc:
     name = "/".join([longs[0], *param.secondary_opts]) if param.secondary_opts else longs[0]
     short = tuple(o for o in param.opts if not o.startswith("--"))
     return ParamDoc(
-        command, panel, "option", name, short, _default(param), _bounds(param), param.help or ""
+        command,
+        panel,
+        "option",
+        name,
+        short,
+        _default(param),
+        _bounds(param),
+        param.help or "",
+        listed(param.metavar),
     )
 
 
@@ -116,12 +125,14 @@ def commands_markdown() -> str:
             own = [p for p in params if p.command == name]
             if not own:
                 continue
-            lines += ["| argument or option | default | range | meaning |", "|---|---|---|---|"]
+            lines += [
+                "| argument or option | default | range or values | meaning |",
+                "|---|---|---|---|",
+            ]
             for p in own:
                 names = ", ".join(_code(n) for n in (p.name, *p.short))
-                lines.append(
-                    f"| {names} | {_code(p.default)} | {p.bounds or '-'} | {_cell(p.help)} |"
-                )
+                bounds = p.bounds or ", ".join(p.values) or "-"
+                lines.append(f"| {names} | {_code(p.default)} | {bounds} | {_cell(p.help)} |")
             lines.append("")
     return "\n".join(lines)
 
@@ -144,6 +155,16 @@ def _option_row(name: str, uses: list[ParamDoc]) -> str:
         meaning = " / ".join(
             f"{h} ({', '.join(p.command for p in uses if _cell(meaning_of(p.help)) == h)})"
             for h in helps
+        )
+    values: dict[str, list[str]] = {}  # the values it takes, where it lists them
+    for p in uses:
+        if p.values:
+            values.setdefault(", ".join(p.values), []).append(p.command)
+    if len(values) == 1:
+        meaning += f" Values: {next(iter(values))}."
+    elif values:
+        meaning += (
+            " Values: " + "; ".join(f"{v} ({', '.join(cs)})" for v, cs in values.items()) + "."
         )
     own: dict[str, list[str]] = {}  # each command's own default, in words (options.own_defaults)
     for p in uses:

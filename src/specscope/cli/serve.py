@@ -21,7 +21,11 @@ def export(
         ..., help="A policy file written by specscope tune (JSON or TOML)."
     ),
     to: str = typer.Option(
-        ..., "--to", help="Engine: vllm, sglang, llama.cpp, trtllm or transformers."
+        ...,
+        "--to",
+        metavar=options.one_of(options.EXPORT_ENGINES),
+        help="The serving engine whose format the settings are written in.",
+        rich_help_panel=options.ENGINE_PANEL,
     ),
     engine_version: str | None = options.ENGINE_VERSION,
     out: Path | None = typer.Option(
@@ -29,16 +33,19 @@ def export(
         "--out",
         "-o",
         help="Write the settings here (JSON; default: print them). llama.cpp: the presets file goes beside it, with .ini.",
+        rich_help_panel=options.OUTPUT,
     ),
     draft: str | None = typer.Option(
         None,
         "--draft",
         help="The draft model as the engine loads it (path, hub id; llama.cpp: the draft GGUF, default: the demo pair's).",
+        rich_help_panel=options.MODELS,
     ),
     target: str | None = typer.Option(
         None,
         "--target",
         help="The target model (path, hub id, GGUF file): an early exit's layer must be below its layer count (read from its config, no weights). llama.cpp: the target GGUF file every preset serves (default: the demo pair's).",
+        rich_help_panel=options.MODELS,
     ),
     poll: int = typer.Option(
         0,
@@ -46,6 +53,7 @@ def export(
         min=0,
         max=100,
         help="llama.cpp: --poll of the drafting presets (0: threads sleep; busy-waiting threads of the idle model slow two-model decoding on CPU).",
+        rich_help_panel=options.ENGINE_PANEL,
     ),
 ) -> None:
     """Each routed domain's speculation setting in an engine's own format, checked against that
@@ -108,14 +116,20 @@ def ingest(
         ...,
         "--format",
         "-f",
-        help="vllm, sglang, llama.cpp, spec-bench or aiperf (AIPerf's profile_export.jsonl).",
+        metavar=options.one_of(options.INGEST_FORMATS),
+        help="The engine whose log it is (aiperf: AIPerf's profile_export.jsonl).",
+        rich_help_panel=options.ENGINE_PANEL,
     ),
     prompts: Path = options.with_default(options.PROMPTS, ...),
-    out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="New run directory to write.", rich_help_panel=options.OUTPUT
+    ),
     join: str = typer.Option(
         "id",
         "--join",
+        metavar=options.one_of(options.JOINS),
         help="id: by each line's prompt_id, else the engine's request id (AIPerf: its conversation_id); order: the n-th request of the log joins the n-th prompt, only for lines that carry no id (llama-server /completion responses) and are in the prompts file's order (one client sending the prompts one at a time; the gateway logs in completion order).",
+        rich_help_panel=options.PROMPTS_PANEL,
     ),
     engine_version: str | None = options.ENGINE_VERSION,
 ) -> None:
@@ -155,18 +169,26 @@ def llamacpp(
         "--out",
         "-o",
         help="Directory for the policy, the requests and the bench (default: RUN_DIR/llamacpp).",
+        rich_help_panel=options.OUTPUT,
     ),
     policy_file: Path | None = options.POLICY_FILE,
     target_gguf: Path | None = typer.Option(
-        None, "--target-gguf", help="Target GGUF file (default: the demo pair's target, Q4_K_M)."
+        None,
+        "--target-gguf",
+        help="Target GGUF file (default: the demo pair's target, Q4_K_M).",
+        rich_help_panel=options.MODELS,
     ),
     draft_gguf: Path | None = typer.Option(
-        None, "--draft-gguf", help="Draft GGUF file (default: the demo pair's draft, Q4_K_M)."
+        None,
+        "--draft-gguf",
+        help="Draft GGUF file (default: the demo pair's draft, Q4_K_M).",
+        rich_help_panel=options.MODELS,
     ),
     candidates: list[str] = typer.Option(
         [],
         "--candidate",
         help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; ,poll=N sets llama.cpp's --poll (plain:poll=0, ngram-mod:poll=0) (default: plain, plain:poll=0, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-map-k, ngram-mod, ngram-map-k:poll=0).",
+        rich_help_panel=options.TUNING,
     ),
     tune_per_domain: int | None = typer.Option(
         None,
@@ -174,6 +196,7 @@ def llamacpp(
         min=1,
         max=MAX_PROMPTS,
         help="Of the run's prompts, how many per domain tuning times (default: all).",
+        rich_help_panel=options.TUNING,
     ),
     tune_repeats: int = typer.Option(
         1,
@@ -182,21 +205,33 @@ def llamacpp(
         max=MAX_REPEATS,
         help="Repeats of each tuning request, each on fresh servers; 2 or more put the variation "
         "between repeats into the intervals and route tests.",
+        rich_help_panel=options.TUNING,
     ),
     domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 10),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
     repeats: int = options.REPEATS,
     threads: int = typer.Option(
-        2, "--server-threads", min=1, max=MAX_THREADS, help="Threads of every llama-server."
+        2,
+        "--server-threads",
+        min=1,
+        max=MAX_THREADS,
+        help="Threads of every llama-server.",
+        rich_help_panel=options.EXECUTION,
     ),
     costs: Path | None = typer.Option(
         None,
         "--cost-grid",
         help="A llama-bench cost grid (benchmarks/bench_llama_costs.py) the draft-model settings are priced with (default: measure the timed settings' curves, written beside the policy as policy-costs.json).",
+        rich_help_panel=options.TUNING,
     ),
     max_k: int = typer.Option(
-        4, "--max-k", min=1, max=16, help="The longest draft-model chain priced (K = 1 .. this)."
+        4,
+        "--max-k",
+        min=1,
+        max=16,
+        help="The longest draft-model chain priced (K = 1 .. this).",
+        rich_help_panel=options.TUNING,
     ),
     p_mins: list[float] = typer.Option(
         [0.5, 0.75, 0.9],
@@ -204,14 +239,19 @@ def llamacpp(
         min=0.0,
         max=1.0,
         help="llama.cpp's --spec-draft-p-min values priced beside none at every K (repeat the option).",
+        rich_help_panel=options.TUNING,
     ),
     tune_timings: Path | None = typer.Option(
         None,
         "--tune-timings",
         help="An earlier tune's policy-requests.parquet (the same candidates, prompts, repeats and tokens): priced and chosen again from those timings, nothing timed for tuning.",
+        rich_help_panel=options.TUNING,
     ),
     tune_only: bool = typer.Option(
-        False, "--tune-only", help="Tune and write the policy; bench nothing (it takes hours)."
+        False,
+        "--tune-only",
+        help="Tune and write the policy; bench nothing (it takes hours).",
+        rich_help_panel=options.TUNING,
     ),
     min_speedup: float = options.MIN_SPEEDUP,
     in_sample: bool = options.IN_SAMPLE,

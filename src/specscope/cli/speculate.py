@@ -346,7 +346,7 @@ def bench(
     router_name: str = typer.Option(
         "rules",
         "--router",
-        metavar="<rules|learned>",  # tune.bench.ROUTERS
+        metavar=options.one_of(options.ROUTERS),
         help="rules or learned (TF-IDF + logistic regression, trained on a held-out split).",
         rich_help_panel=options.PROMPTS_PANEL,
     ),

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache import recorded_path
 from ..drafters import DrafterConfig
 from ..drafters.early_exit import early_exit_view
 from ..errors import require
@@ -272,14 +273,16 @@ def reproducible_on(device: str | torch.device) -> None:
 
 
 def model_identity(source: str) -> dict:
-    """A model's absolute source and weight fingerprint, found without loading it: the pinned
-    sha256 of a demo model, a cached sha256 over a local file or directory, and None for a hub
-    id (its commit is recorded once it is loaded)."""
+    """A model's source and weight fingerprint, found without loading it: the pinned sha256 of a
+    demo model, a cached sha256 over a local file or directory (its source the resolved path, as a
+    written file records it: :func:`~specscope.cache.recorded_path`), and None for a hub id (its
+    commit is recorded once it is loaded)."""
     kind, where = resolve_source(source)
     if kind == "demo":
         return {"source": source, "fingerprint": demo_spec(where).sha256}
     if kind in ("gguf", "dir"):
-        return {"source": str(Path(where).resolve()), "fingerprint": model_fingerprint(where)}
+        resolved = recorded_path(Path(where).resolve())
+        return {"source": resolved, "fingerprint": model_fingerprint(where)}
     return {"source": source, "fingerprint": None}
 
 
@@ -340,7 +343,7 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
     provenance = {
         role: {
             **model_identity(m.source),
-            "resolved": m.resolved,
+            "resolved": recorded_path(m.resolved),
             "sha256": m.sha256,
             "commit": getattr(m.model.config, "_commit_hash", None),
             "architecture": type(m.model).__name__,

@@ -61,6 +61,7 @@ from ..analysis.bench_stats import (
 )
 from ..analysis.render import Column, Grid
 from ..analysis.stats import none_differed_p
+from ..cache import local_path
 from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
@@ -208,7 +209,7 @@ def _run_prompt_ids(run: Mapping, name: str) -> set[str]:
     """A tuning run's prompt ids from its run directory's manifest (or prompts table)."""
     from ..records.rundir import RunDir
 
-    run_dir = Path(str(run.get("run_dir") or ""))
+    run_dir = local_path(str(run.get("run_dir") or ""))
     manifest = RunDir(run_dir).read_manifest() if (run_dir / "manifest.json").is_file() else None
     ids = ((manifest or {}).get("prompts") or {}).get("ids")
     if ids:

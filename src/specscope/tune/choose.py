@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..analysis.bench_stats import BenchRow, BenchRun
 from ..analysis.render import Column, Grid
+from ..cache import recorded_path
 from ..drafters import DrafterConfig
 from ..hardware import machine_line
 from ..records import ALL_DOMAINS, Run
@@ -342,7 +343,7 @@ def tune_source(runs: TuneRuns, target: dict) -> dict:
 
     run = runs.runs[0]
     source = {
-        "run_dir": str(runs.dirs[0]),
+        "run_dir": recorded_path(runs.dirs[0]),
         "run_id": run.manifest.get("run_id"),
         "prompt_ids": prompt_ids(run),
         "target": target,
@@ -350,7 +351,7 @@ def tune_source(runs: TuneRuns, target: dict) -> dict:
     if len(runs.runs) > 1:  # each run's prompts too: the bench holds out every tuning prompt
         source["runs"] = [
             {
-                "run_dir": str(d),
+                "run_dir": recorded_path(d),
                 "run_id": r.manifest.get("run_id"),
                 "drafter": f.label,
                 "prompt_ids": prompt_ids(r),

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel
 
-from ...cache import cache_dir
+from ...cache import cache_dir, recorded_path
 from ...errors import SpecscopeError, require
 from ...files import read_json_object, write_output
 from ...schemas import INPUT, parse
@@ -541,13 +541,13 @@ def measure_cost_grid(
             curves += curves_from_bench(run_llama_bench(tools, path, grid), role, quant)
     info = {
         "llama_cpp_python": tools.version,
-        "bin_dir": str(tools.bin_dir),
+        "bin_dir": recorded_path(tools.bin_dir),
         "cpu": platform.processor() or platform.machine(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "target_grid": asdict_grid(target_grid),
         "draft_grid": asdict_grid(draft_grid),
-        "models": {f"target {q}": str(p) for q, p in targets.items()}
-        | {f"draft {q}": str(p) for q, p in drafts.items()},
+        "models": {f"target {q}": recorded_path(p) for q, p in targets.items()}
+        | {f"draft {q}": recorded_path(p) for q, p in drafts.items()},
     }
     return CostGrid(tuple(curves), info)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+from ...cache import local_path
 from ..export_plan import (
     MEASURED_NGRAM,
     DeploymentPlan,
@@ -240,9 +241,9 @@ def _measured_flags(domain: DomainPlan, entry: dict, options: ExportOptions) -> 
 
 def _measured(entry: dict, k: int) -> dict:
     # the GGUF files measured (a quantisation the grid made may differ from --target's)
-    flags: dict = {"--model": entry["target_gguf"]}
+    flags: dict = {"--model": str(local_path(entry["target_gguf"]))}  # this machine's cache
     if k:
-        flags["--spec-draft-model"] = entry["draft_gguf"]
+        flags["--spec-draft-model"] = str(local_path(entry["draft_gguf"]))
     args = entry["flags"]
     for name, value in zip(args[::2], args[1::2]):
         name = LONG_NAMES.get(name, name)

@@ -48,6 +48,7 @@ from ...analysis.replay import (
     replay_counts,
     top_chain,
 )
+from ...cache import local_path, recorded_path
 from ...errors import SpecscopeError
 from ...files import inside_of, write_json, write_output
 from ...hardware import machine_line
@@ -298,8 +299,8 @@ def server_entry(name: str, s: ServerSetting, target: Path, draft: Path | None) 
         "k": s.k,
         "flags": s.flags(),
         "server_setting": dataclasses.asdict(s),
-        "target_gguf": str(target),
-        "draft_gguf": str(draft) if s.uses_draft_model and draft else None,
+        "target_gguf": recorded_path(target),
+        "draft_gguf": recorded_path(draft) if s.uses_draft_model and draft else None,
     }
 
 
@@ -452,12 +453,12 @@ def tune_llama_server(
         )
     choice = choose(cells, min_speedup, runs, n_boot)
     source = {
-        "run_dir": str(run_dir),
+        "run_dir": recorded_path(run_dir),
         "run_id": run.manifest.get("run_id"),
         "prompt_ids": list(run.manifest.get("prompts", {}).get("ids") or []),
         "target": {
             "measured": config.get("pair", {}),
-            "timed": {"target_gguf": str(target), "draft_gguf": str(draft)},
+            "timed": {"target_gguf": recorded_path(target), "draft_gguf": recorded_path(draft)},
             "note": "acceptance replayed from the run's records is the measured pair's; the "
             "GGUF files timed are another model where they differ from it (quantisation)",
         },
@@ -695,12 +696,12 @@ def bench_llama_server(
         )
     entries = server["candidates"]
     settings = {n: ServerSetting.from_dict(e["server_setting"]) for n, e in entries.items()}
-    target = Path(entries[PLAIN]["target_gguf"])
+    target = local_path(entries[PLAIN]["target_gguf"])
     drafts = {e["draft_gguf"] for e in entries.values() if e.get("draft_gguf")}
-    for path in [target, *map(Path, drafts)]:
+    for path in [target, *map(local_path, drafts)]:
         if not path.is_file():
             raise SpecscopeError(f"{policy_path} names GGUF file {path}, which does not exist")
-    draft = Path(next(iter(drafts))) if drafts else None
+    draft = local_path(next(iter(drafts))) if drafts else None
     n_predict = n_predict or int(tuned.get("n_predict", 64))
     chosen = bench_prompts(list(domains), per_domain, seed, policy, "rules", in_sample, split=False)
     timed = benched_candidates(policy) if prune else list(settings)
@@ -786,7 +787,7 @@ def bench_llama_server(
     document = {
         "backend": "llama-server",
         "machines": {m or "not recorded": reps for m, reps in machines.items()},
-        "policy_file": str(policy_path),
+        "policy_file": recorded_path(policy_path),
         "config": {
             "per_domain": per_domain,
             "repeats": 1 + max((r.repeat for r in requests), default=-1),
@@ -794,8 +795,8 @@ def bench_llama_server(
             "seed": seed,
             "candidates": {n: s.name for n, s in settings.items()},
             "not_timed": pruned,
-            "target_gguf": str(target),
-            "draft_gguf": str(draft) if draft else None,
+            "target_gguf": recorded_path(target),
+            "draft_gguf": recorded_path(draft) if draft else None,
         },
         "rows": [dataclasses.asdict(r) for r in rows],
         **checks_document(chosen, cells, precision),
