@@ -301,7 +301,9 @@ def tune(
         Measured(d, r.nodes, r.steps, m, prompt_texts(r.prompts))
         for d, r, m in zip(runs.drafters, runs.runs, models, strict=True)
     ]
-    tuned_for = choose.target_record(target or runs.target, pair, runs.drafters, trust_remote_code)
+    tuned_for = choose.target_record(
+        target or runs.target, runs.target_revision, pair, runs.drafters, trust_remote_code
+    )
     policy = tune_policy(measured, config, choose.tune_source(runs, tuned_for))
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
     grids = [choose.policy_grid(policy, measured[0].costs.plain_token_s)]
