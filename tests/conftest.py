@@ -312,6 +312,38 @@ def tiny_dirs(tmp_path_factory, tokenizer):
     return dirs
 
 
+# the local hub's model: its branch main and tag v2, at two commits of different weights and depth
+HUB_MODEL = "org/tiny"
+HUB_COMMITS = {"main": "a" * 40, "v2": "b" * 40}
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory, tokenizer):
+    """A Hugging Face hub cache (``models--org--tiny/refs/REF`` holding a commit,
+    ``snapshots/COMMIT/`` its files, in place of the links to blobs a download leaves) holding
+    :data:`HUB_MODEL` at :data:`HUB_COMMITS`: main a 1-layer tiny qwen2, v2 a 2-layer one."""
+    root = tmp_path_factory.mktemp("hub")
+    repo = root / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    for layers, (ref, commit) in enumerate(HUB_COMMITS.items(), start=1):
+        snapshot = repo / "snapshots" / commit
+        tiny_model("qwen2", len(tokenizer), seed=layers, layers=layers).save_pretrained(snapshot)
+        tokenizer.save_pretrained(snapshot)
+        (repo / "refs" / ref).write_text(commit)
+    return root
+
+
+@pytest.fixture
+def local_hub(hub_cache, monkeypatch):
+    """:data:`HUB_MODEL` loadable as a hub id, offline, from :func:`hub_cache`: the hub code path
+    of ``from_pretrained(HUB_MODEL, revision=...)`` without a network."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return HUB_MODEL
+
+
 def spine_nodes(rates: dict[str, list[float]], prompts: int = 4, steps: int = 50):
     """A spine of depth D per step whose top-1 node at depth d is accepted with the given
     rate (deterministically: the first round(rate * steps) steps of each prompt)."""

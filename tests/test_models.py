@@ -1,7 +1,9 @@
 """Pairs: vocabulary check, source resolution, demo-part assembly and its errors; int8 on the CPU."""
 
+import dataclasses
 import hashlib
 import os
+import re
 import shutil
 from importlib import metadata
 
@@ -9,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import HUB_COMMITS
 from specscope.decode import DecodeConfig, SpeculativeDecoder, plain_generate
 from specscope.models import ModelLoadError, PairConfig, demo, load_pair, resolve_source
 from specscope.models.config import DemoModel
 from specscope.models.gguf import load_gguf
-from specscope.models.load import check_vocabularies
+from specscope.models.load import check_vocabularies, hub_commit
 from specscope.models.tiny import byte_tokenizer, near_pair, tiny_model
 from specscope.trees import DynamicTree, TreeShape
 from specscope.tune.policy import make_speculation
@@ -70,6 +73,87 @@ def test_source_resolution(tmp_path):
         resolve_source(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         PairConfig(dtype="fp8")
+
+
+# --- hub ids at a revision (conftest's local hub: org/tiny, main 1 layer, v2 2 layers) ------------
+
+
+def test_a_hub_id_loads_each_revision_its_own_model_tokenizer_and_config(local_hub):
+    from specscope.models.load import load_model, load_tokenizer, target_layers
+
+    main, v2 = HUB_COMMITS["main"], HUB_COMMITS["v2"]
+    models = {
+        revision: load_model(local_hub, "float32", revision=revision)
+        for revision in (None, "main", "v2", v2)
+    }
+    weight = {r: m.model.lm_head.weight for r, m in models.items()}
+    assert torch.equal(weight[None], weight["main"]) and torch.equal(weight["v2"], weight[v2])
+    assert not torch.equal(weight["main"], weight["v2"])
+    assert [m.model.config.num_hidden_layers for m in models.values()] == [1, 1, 2, 2]
+    assert [target_layers(local_hub, revision=r) for r in models] == [1, 1, 2, 2]
+    assert [m.resolved for m in models.values()] == [local_hub] * 4
+    assert load_tokenizer(local_hub, revision="v2").get_vocab() == byte_tokenizer().get_vocab()
+    assert hub_commit(models[None]) == hub_commit(models["main"]) == main
+    assert hub_commit(models["v2"]) == hub_commit(models[v2]) == v2
+    with pytest.raises(ModelLoadError, match="cannot load model org/tiny at revision v3"):
+        load_model(local_hub, "float32", revision="v3")
+
+
+def test_a_pair_records_each_models_revision_and_the_commit_it_resolved_to(local_hub):
+    pair = load_pair(
+        PairConfig(draft=local_hub, target=local_hub, target_revision="v2", dtype="float32")
+    )
+    recorded = {
+        role: tuple(pair.provenance[role][k] for k in ("source", "revision", "commit"))
+        for role in ("draft", "target")
+    }
+    assert recorded == {
+        "draft": (local_hub, None, HUB_COMMITS["main"]),
+        "target": (local_hub, "v2", HUB_COMMITS["v2"]),
+    }
+    assert pair.draft.model.config.num_hidden_layers == 1
+    assert pair.target.model.config.num_hidden_layers == 2
+
+
+def test_two_revisions_share_no_cached_model(local_hub, tmp_path, monkeypatch):
+    """int8 weights are kept only for sources fingerprinted before loading (local ones), so one
+    revision's int8 model is never another's; a cost model names the revision it was timed on."""
+    from specscope.drafters import DrafterConfig
+    from specscope.tune.costs import drafting_model
+
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path))
+    config = PairConfig(draft=local_hub, target=local_hub, dtype="float32", quantize="int8")
+    at_main = load_pair(config)
+    at_v2 = load_pair(dataclasses.replace(config, draft_revision="v2", target_revision="v2"))
+    assert not (tmp_path / "int8").exists()
+    assert at_main.target.model.config.num_hidden_layers == 1
+    assert at_v2.target.model.config.num_hidden_layers == 2
+    assert not torch.equal(
+        at_main.draft.model.model.embed_tokens.weight, at_v2.draft.model.model.embed_tokens.weight
+    )
+    timed_on = [drafting_model(p.provenance, DrafterConfig()) for p in (at_main, at_v2)]
+    assert timed_on == [local_hub, f"{local_hub} at revision v2"]
+
+
+def test_a_revision_is_refused_for_a_source_that_is_not_a_hub_id(tiny_dirs, tmp_path):
+    local = tiny_dirs["qwen2", "target"]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    for source, kind in (
+        (str(local), "a local directory"),
+        (str(gguf), "a GGUF file"),
+        ("demo:target", "the embedded demo model"),
+    ):
+        with pytest.raises(
+            ModelLoadError,
+            match=rf"^model {re.escape(source)} is {kind}: a revision \(v2\) applies only to a "
+            r"Hugging Face hub id \(org/name\); drop the revision or give a hub id$",
+        ):
+            resolve_source(source, "v2")
+    with pytest.raises(ModelLoadError, match=f"model {re.escape(str(local))} is a local directory"):
+        load_pair(PairConfig(draft=str(local), target=str(local), target_revision="v2"))
+    with pytest.raises(ModelLoadError, match="draft_revision is empty"):
+        PairConfig(draft_revision=" ")
 
 
 def _fake_demo(tmp_path, monkeypatch, corrupt_part: int | None):

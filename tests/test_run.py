@@ -1,5 +1,6 @@
 """Runs (run/) end to end on tiny saved models: records, resume, determinism, CLI and its errors."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -7,14 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from conftest import interrupt_at_prompt, read_records, run_config, tiny_pair_args
+from conftest import HUB_COMMITS, interrupt_at_prompt, read_records, run_config, tiny_pair_args
 from specscope.cli import app
 from specscope.measure.checks import MeasureError
+from specscope.models import PairConfig
 from specscope.progress import Silent
 from specscope.records import load_run
 from specscope.run.config import PromptSpec, RunConfigError, load_config
@@ -329,6 +332,11 @@ def test_cli_config_file_and_overrides(tiny_dirs, prompt_file, tmp_path):
             ["--draft", "./no/such/dir"],
             "./no/such/dir is neither a model directory nor a .gguf file",
         ),
+        (
+            ["--target-revision", "v2"],
+            "is a local directory: a revision (v2) applies only to a Hugging Face hub id",
+        ),
+        (["--draft-revision", ""], "draft_revision is empty"),
     ],
 )
 def test_cli_bad_input_gets_one_line_errors(tiny_dirs, prompt_file, tmp_path, args, message):
@@ -347,6 +355,53 @@ def test_cli_bad_input_gets_one_line_errors(tiny_dirs, prompt_file, tmp_path, ar
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_run_of_hub_ids_at_revisions_records_them(local_hub, prompt_file, tmp_path):
+    # the draft at the hub's default branch, the target at tag v2 (conftest's local hub)
+    models = ["--draft", local_hub, "--target", local_hub, "--target-revision", "v2"]
+    out = tmp_path / "run"
+    run = ["run", "--dtype", "float32", "--prompts", str(prompt_file), "--out", str(out)]
+    small = ["--policy", "chain", "--depth", "2", "--max-new-tokens", "2", "--quiet"]
+    result = cli.invoke(app, [*run, *models, *small])
+    assert result.exit_code == 0, result.output
+    manifest = load_run(out).manifest
+    pair = manifest["config"]["pair"]
+    assert (pair["draft_revision"], pair["target_revision"]) == (None, "v2")
+    models = manifest["models"]
+    assert (models["draft"]["revision"], models["draft"]["commit"]) == (None, HUB_COMMITS["main"])
+    assert (models["target"]["revision"], models["target"]["commit"]) == ("v2", HUB_COMMITS["v2"])
+    assert manifest["run_id"] == load_config(str(out / "manifest.json")).run_id
+
+
+# the shipped runs (results/demo-pair), but drafters/ngram: its id changed before revisions, when
+# DrafterConfig gained ngram_size
+SHIPPED_RUNS = (
+    "paper-protocol",
+    "deep-tree",
+    "drafters/draft-model",
+    "drafters-bf16-full/draft-model",
+    "drafters-bf16-full/ngram",
+)
+
+
+@pytest.mark.parametrize("run", SHIPPED_RUNS)
+def test_shipped_runs_keep_their_ids(run):
+    manifest = Path(__file__).parents[1] / "results" / "demo-pair" / run / "manifest.json"
+    assert load_config(str(manifest)).run_id == json.loads(manifest.read_text())["run_id"]
+
+
+def test_a_revision_is_part_of_a_runs_id_and_a_config_files_pair(tmp_path):
+    toml = tmp_path / "cfg.toml"
+    toml.write_text('[pair]\ntarget = "org/tiny"\ntarget_revision = "v2"\ndtype = "float32"\n')
+    at_v2 = load_config(str(toml))
+    assert (at_v2.pair.draft_revision, at_v2.pair.target_revision) == (None, "v2")
+    at_main = at_v2.replace(**{"pair.target_revision": "main"})
+    unpinned = dataclasses.replace(at_v2, pair=PairConfig(target="org/tiny", dtype="float32"))
+    assert len({c.run_id for c in (at_v2, at_main, unpinned)}) == 3
+    toml.write_text("[pair]\ntarget_revision = 2\n")
+    with pytest.raises(RunConfigError, match="target_revision"):
+        load_config(str(toml))
 
 
 def test_malformed_prompt_file_names_the_line(tiny_dirs, tmp_path):

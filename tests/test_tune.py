@@ -18,7 +18,7 @@ from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, top
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
-from specscope.records import ALL_DOMAINS
+from specscope.records import ALL_DOMAINS, load_run
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
@@ -764,3 +764,42 @@ def test_cli_tune_then_routed_decode(tiny_dirs, tmp_path):
     bad.write_text(json.dumps({"domains": {"poetry": {"tree": "none"}}}))
     result = _cli("decode", "x", "--policy-file", bad)
     assert result.exit_code == 2 and "unknown domain" in result.output
+
+
+def test_decode_and_tune_take_hub_ids_at_revisions(local_hub, tmp_path):
+    from specscope.models import PairConfig
+    from specscope.run.config import PromptSpec, RunConfig
+    from specscope.run.study import run_study
+    from specscope.trees import TreeConfig
+    from specscope.tune.choose import PairRequest, decode_pair_config
+
+    hub_pair = ["--draft", local_hub, "--target", local_hub, "--dtype", "float32"]
+    result = _cli(
+        "decode", "def f(x):", "--max-new-tokens", 3, "--target-revision", "v2", *hub_pair
+    )
+    assert result.exit_code == 0, result.output
+    runs = {}
+    for revision in ("v2", None):  # the target at tag v2, then at the hub's default branch
+        pair = PairConfig(draft=local_hub, target=local_hub, target_revision=revision)
+        config = RunConfig(
+            pair=dataclasses.replace(pair, dtype="float32"),
+            tree=TreeConfig(policy="chain", depth=2),
+            prompts=PromptSpec(smoke=True),
+            max_new_tokens=2,
+            criteria=None,
+        )
+        runs[revision] = run_study(config, tmp_path / f"run-{revision}", progress=False).run_dir
+    section = load_run(runs["v2"]).manifest["config"]["pair"]
+    assert decode_pair_config(PairRequest(), section).target_revision == "v2"  # the run's
+    assert (
+        decode_pair_config(PairRequest(target_revision="main"), section).target_revision == "main"
+    )
+    costs = COSTS.save(tmp_path / "costs.json")
+    policy = tmp_path / "policy.json"
+    result = _cli("tune", runs["v2"], "--costs", costs, "--out", policy, "--min-count", 1)
+    assert result.exit_code == 0, result.output
+    target = PolicyFile.load(policy).info["source"]["target"]
+    assert (target["model"], target["revision"]) == (local_hub, "v2")
+    result = _cli("tune", runs["v2"], runs[None], "--out", tmp_path / "both.json")
+    assert result.exit_code == 2
+    assert "different targets (org/tiny, org/tiny at revision v2)" in result.output

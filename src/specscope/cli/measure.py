@@ -36,6 +36,8 @@ def run(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
+    draft_revision: str | None = options.DRAFT_REVISION,
+    target_revision: str | None = options.TARGET_REVISION,
     dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     draft_device: str | None = typer.Option(
@@ -112,6 +114,8 @@ def run(
         **{
             "pair.draft": draft,
             "pair.target": target,
+            "pair.draft_revision": draft_revision,
+            "pair.target_revision": target_revision,
             "pair.dtype": dtype,
             "pair.device": device,
             "pair.draft_device": draft_device,

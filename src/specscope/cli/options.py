@@ -134,6 +134,27 @@ TARGET = own_defaults(
     tune="the run's",
     _="demo:target",
 )
+
+
+def _revision(role: str) -> OptionInfo:
+    """``--draft-revision`` or ``--target-revision``: the one meaning, worded for each role."""
+    return own_defaults(
+        typer.Option(
+            None,
+            f"--{role}-revision",
+            help=f"Revision of a hub id --{role}: a branch, tag or commit (refused for a local "
+            "dir, .gguf file or demo model).",
+            rich_help_panel=MODELS,
+        ),
+        run="the config's, else main",
+        tune="the run's, else main",
+        _="main",
+    )
+
+
+DRAFT_REVISION = _revision("draft")
+TARGET_REVISION = _revision("target")
+
 _DECODE_DTYPE = (
     "bfloat16 (passes of a few tokens, where bfloat16 was the fastest float dtype on every CPU "
     "timed)"

@@ -26,12 +26,11 @@ from .drafting import drafter_config
 BENCH_DOMAINS = ("code", "math", "reasoning", "chat")  # the paper's four
 
 
-def _pair_request(
-    draft, target, dtype, device, trust_remote_code: bool, int8: bool, draft_attention="sdpa"
-):
+def _pair_request(**fields):
+    """The :class:`~specscope.tune.choose.PairRequest` of a command's model options."""
     from ..tune.choose import PairRequest
 
-    return PairRequest(draft, target, dtype, device, trust_remote_code, int8, draft_attention)
+    return PairRequest(**fields)
 
 
 RECORD_SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -118,6 +117,8 @@ def decode(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
+    draft_revision: str | None = options.DRAFT_REVISION,
+    target_revision: str | None = options.TARGET_REVISION,
     dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
@@ -158,7 +159,17 @@ def decode(
     choice = choose_speculation(tree, text, drafter_given)
     set_threads(threads)
     pair = load_decode_pair(
-        _pair_request(draft, target, dtype, device, trust_remote_code, int8, draft_attention),
+        _pair_request(
+            draft=draft,
+            target=target,
+            draft_revision=draft_revision,
+            target_revision=target_revision,
+            dtype=dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            int8=int8,
+            draft_attention=draft_attention,
+        ),
         drafter=choice.drafter,
     )
     messages = [{"role": "user", "content": text}]
@@ -247,6 +258,8 @@ def tune(
     repeats: int = options.REPEATS,
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
+    draft_revision: str | None = options.DRAFT_REVISION,
+    target_revision: str | None = options.TARGET_REVISION,
     dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
@@ -285,7 +298,16 @@ def tune(
     else:
         set_threads(threads)
         pair = choose.load_decode_pair(
-            _pair_request(draft, target, dtype, device, trust_remote_code, int8),
+            _pair_request(
+                draft=draft,
+                target=target,
+                draft_revision=draft_revision,
+                target_revision=target_revision,
+                dtype=dtype,
+                device=device,
+                trust_remote_code=trust_remote_code,
+                int8=int8,
+            ),
             runs.pair_section,
             choose.timing_drafter(runs.drafters),
         )
@@ -301,7 +323,13 @@ def tune(
         Measured(d, r.nodes, r.steps, m, prompt_texts(r.prompts))
         for d, r, m in zip(runs.drafters, runs.runs, models, strict=True)
     ]
-    tuned_for = choose.target_record(target or runs.target, pair, runs.drafters, trust_remote_code)
+    tuned_for = choose.target_record(
+        target or runs.target,
+        target_revision or runs.target_revision,
+        pair,
+        runs.drafters,
+        trust_remote_code,
+    )
     policy = tune_policy(measured, config, choose.tune_source(runs, tuned_for))
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
     grids = [choose.policy_grid(policy, measured[0].costs.plain_token_s)]
@@ -362,6 +390,8 @@ def bench(
     ),
     draft: str | None = options.DRAFT,
     target: str | None = options.TARGET,
+    draft_revision: str | None = options.DRAFT_REVISION,
+    target_revision: str | None = options.TARGET_REVISION,
     dtype: str | None = options.DTYPE,
     device: str | None = options.DEVICE,
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
@@ -427,15 +457,25 @@ def bench(
     )
     print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
+    request = _pair_request(
+        draft=draft,
+        target=target,
+        draft_revision=draft_revision,
+        target_revision=target_revision,
+        dtype=dtype,
+        device=device,
+        trust_remote_code=trust_remote_code,
+        int8=int8,
+        draft_attention=draft_attention,
+    )
     if config.early_exit is not None:  # the exit layer is checked before any weights load
         from ..models.load import target_layers
 
+        asked = choose.decode_pair_config(request)
         config.early_exit.check_target_layers(
-            target_layers(target or "demo:target", trust_remote_code)
+            target_layers(asked.target, trust_remote_code, asked.target_revision)
         )
-    pair = choose.load_decode_pair(
-        _pair_request(draft, target, dtype, device, trust_remote_code, int8, draft_attention)
-    )
+    pair = choose.load_decode_pair(request)
     setting = choose.BenchSetting(
         policy_file,
         router_name,

@@ -70,8 +70,16 @@ class PairConfig:
     draft_device: str | None = None  # defaults to ``device``; the paper put the draft on cuda:1
     trust_remote_code: bool = False
     quantize: str | None = None  # "int8": CPU int8 linear layers (see Int8Linear); dtype float32
+    # a hub id's branch, tag or commit (None: the hub's default); refused for any other source
+    # when the model loads (load.resolve_source); a run's id names it only when set
+    draft_revision: str | None = None
+    target_revision: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("draft_revision", "target_revision"):
+            revision = getattr(self, name)
+            if revision is not None and not revision.strip():
+                raise ModelLoadError(f"{name} is empty; give a branch, tag or commit, or none")
         if self.dtype == "auto":  # resolved here, so a run's identity names the dtype it used
             object.__setattr__(self, "dtype", fastest_dtype(self.device))
         if self.dtype not in DTYPES:
@@ -93,6 +101,11 @@ class PairConfig:
                 )
 
 
+def named(source: str, revision: str | None) -> str:
+    """A model as messages name it: its source, and its revision where one was asked for."""
+    return f"{source} at revision {revision}" if revision else source
+
+
 def fastest_dtype(device: str) -> str:
     """The float dtype that measures trees fastest on ``device``: bfloat16 on a GPU or a CPU with
     bfloat16 instructions (AMX or AVX512-BF16), float32 on other CPUs, where bfloat16 matrix work
@@ -112,6 +125,7 @@ class LoadedModel:
     resolved: str  # directory or file the weights came from
     sha256: str | None = None  # of the GGUF file, where there is one
     parameters: int | None = None  # of the float model, tied weights once (before any int8)
+    revision: str | None = None  # a hub id's, as asked (load.hub_commit: the commit it resolved to)
 
     @property
     def device(self) -> torch.device:

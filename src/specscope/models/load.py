@@ -9,7 +9,8 @@ A model source is one string:
   seconds.
 - a path to a ``.gguf`` file (dequantised on load);
 - a local directory holding a ``transformers`` checkpoint;
-- anything else is taken as a Hugging Face hub id.
+- anything else is taken as a Hugging Face hub id, at its default branch or at a ``revision`` (a
+  branch, tag or commit; given for any other source, it is refused naming the model).
 
 The pair's vocabularies are compared before any weights are loaded. A checkpoint is loaded whole
 or refused: a damaged safetensors file is named, and a tensor missing or of the wrong shape (which
@@ -34,7 +35,15 @@ from ..drafters.early_exit import early_exit_view
 from ..errors import require
 from ..progress import current
 from .checkpoint import refuse_incomplete
-from .config import DEMO_MODELS, DTYPES, LoadedModel, ModelLoadError, ModelPair, PairConfig
+from .config import (
+    DEMO_MODELS,
+    DTYPES,
+    LoadedModel,
+    ModelLoadError,
+    ModelPair,
+    PairConfig,
+    named,
+)
 from .demo import demo_checkpoint, demo_checkpoint_dir, demo_gguf, demo_spec
 from .fingerprint import model_fingerprint
 from .gguf import load_gguf
@@ -56,8 +65,27 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
-def resolve_source(source: str) -> tuple[str, Path | str]:
-    """Classify a model source: ``("demo", dir)``, ``("gguf", file)``, ``("dir", dir)`` or ``("hub", id)``."""
+# what a source that is not a hub id is, as a refused revision names it
+_LOCAL_KINDS = {
+    "demo": "the embedded demo model",
+    "gguf": "a GGUF file",
+    "dir": "a local directory",
+}
+
+
+def resolve_source(source: str, revision: str | None = None) -> tuple[str, Path | str]:
+    """Classify a model source: ``("demo", dir)``, ``("gguf", file)``, ``("dir", dir)`` or
+    ``("hub", id)``; a ``revision`` is refused for any source but a hub id."""
+    kind, where = _classify(source)
+    if revision is not None and kind != "hub":
+        raise ModelLoadError(
+            f"model {source} is {_LOCAL_KINDS[kind]}: a revision ({revision}) applies only to a "
+            "Hugging Face hub id (org/name); drop the revision or give a hub id"
+        )
+    return kind, where
+
+
+def _classify(source: str) -> tuple[str, Path | str]:
     if source.startswith("demo:"):
         return "demo", source.split(":", 1)[1]
     path = Path(source).expanduser()
@@ -86,10 +114,10 @@ def _demo_metadata(role: str) -> tuple[str, Path]:
     return "dir", demo_checkpoint(role)
 
 
-def load_tokenizer(source: str, trust_remote_code: bool = False):
+def load_tokenizer(source: str, trust_remote_code: bool = False, revision: str | None = None):
     from transformers import AutoTokenizer
 
-    kind, where = resolve_source(source)
+    kind, where = resolve_source(source, revision)
     if kind == "demo":
         kind, where = _demo_metadata(where)
     if kind == "gguf":
@@ -99,9 +127,13 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         except Exception as e:  # a damaged or foreign file fails deep inside the GGUF reader
             raise ModelLoadError(f"cannot read the tokenizer of GGUF file {source}: {e}") from None
     try:
-        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            where, trust_remote_code=trust_remote_code, revision=revision
+        )
     except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot load the tokenizer of {source}: {e}") from None
+        raise ModelLoadError(
+            f"cannot load the tokenizer of {named(source, revision)}: {e}"
+        ) from None
 
 
 def _refused_pickle(source: str, where: Path | str) -> str:
@@ -122,11 +154,13 @@ def load_model(
     trust_remote_code: bool = False,
     tokenizer=None,
     quantize: str | None = None,
+    revision: str | None = None,
 ) -> LoadedModel:
-    """Load one model. ``quantize="int8"`` (dtype float32, CPU) gives it int8 linears, read from
-    the int8 cache where an earlier load of the same weights left them (:mod:`.int8_cache`),
-    else quantised from float32 and kept there."""
-    kind, where = resolve_source(source)
+    """Load one model (a hub id at ``revision``). ``quantize="int8"`` (dtype float32, CPU) gives
+    it int8 linears, read from the int8 cache where an earlier load of the same weights left them
+    (:mod:`.int8_cache`: local sources, keyed by their weights' fingerprint), else quantised from
+    float32 and kept there."""
+    kind, where = resolve_source(source, revision)
     sha = None
     if kind == "demo":
         sha = DEMO_MODELS[where].sha256
@@ -138,12 +172,12 @@ def load_model(
     keep = fingerprint is not None and not trust_remote_code  # remote code: the hub's skeleton
     if keep and (cached := load_int8(kind, fingerprint, _source_config(kind, where))) is not None:
         tok = tok or load_tokenizer(source, trust_remote_code)
-        return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters)
+        return LoadedModel(cached.model, tok, source, str(where), sha, cached.parameters, revision)
     if kind == "gguf":
         model, tok = load_gguf(where, DTYPES[dtype])
     else:
-        model = _load_checkpoint(source, where, dtype, trust_remote_code)
-        tok = tok or load_tokenizer(source, trust_remote_code)
+        model = _load_checkpoint(source, where, dtype, trust_remote_code, revision)
+        tok = tok or load_tokenizer(source, trust_remote_code, revision)
     model.to(device).eval()
     model.requires_grad_(False)
     if isinstance(head := model.get_output_embeddings(), torch.nn.Linear):
@@ -154,7 +188,7 @@ def load_model(
         quantize_int8(model)
         if keep:
             save_int8(model, kind, fingerprint, parameters)
-    return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters)
+    return LoadedModel(model, tokenizer or tok, source, str(where), sha, parameters, revision)
 
 
 def _row_major_input(_head: torch.nn.Module, args: tuple) -> tuple:
@@ -204,10 +238,13 @@ def _damaged_file(where: Path | str) -> tuple[Path, str] | None:
     return None
 
 
-def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_code: bool):
-    """A checkpoint's model, every tensor of which came from its files: a damaged file, a tensor
-    of the wrong shape or a missing one (transformers would fill it with random values and only
-    log it) is a :class:`ModelLoadError` naming the file or the tensors."""
+def _load_checkpoint(
+    source: str, where: Path | str, dtype: str, trust_remote_code: bool, revision: str | None
+):
+    """A checkpoint's model (a hub id's at ``revision``), every tensor of which came from its
+    files: a damaged file, a tensor of the wrong shape or a missing one (transformers would fill
+    it with random values and only log it) is a :class:`ModelLoadError` naming the file or the
+    tensors."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
@@ -218,6 +255,7 @@ def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_co
                 dtype=DTYPES[dtype],
                 attn_implementation="sdpa",
                 trust_remote_code=trust_remote_code,
+                revision=revision,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,  # reported in info, refused below
             )
@@ -227,7 +265,7 @@ def _load_checkpoint(source: str, where: Path | str, dtype: str, trust_remote_co
     except pickle.UnpicklingError:
         raise ModelLoadError(_refused_pickle(source, where)) from None
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load model {source}: {e}") from None
+        raise ModelLoadError(f"cannot load model {named(source, revision)}: {e}") from None
     refuse_incomplete(where, info)
     return model
 
@@ -272,18 +310,18 @@ def reproducible_on(device: str | torch.device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def model_identity(source: str) -> dict:
-    """A model's source and weight fingerprint, found without loading it: the pinned sha256 of a
-    demo model, a cached sha256 over a local file or directory (its source the resolved path, as a
-    written file records it: :func:`~specscope.cache.recorded_path`), and None for a hub id (its
-    commit is recorded once it is loaded)."""
-    kind, where = resolve_source(source)
+def model_identity(source: str, revision: str | None = None) -> dict:
+    """A model's source, revision and weight fingerprint, found without loading it: the pinned
+    sha256 of a demo model, a cached sha256 over a local file or directory (its source the resolved
+    path, as a written file records it: :func:`~specscope.cache.recorded_path`), and None for a hub
+    id (its commit is recorded once it is loaded)."""
+    kind, where = resolve_source(source, revision)
     if kind == "demo":
-        return {"source": source, "fingerprint": demo_spec(where).sha256}
+        return {"source": source, "revision": None, "fingerprint": demo_spec(where).sha256}
     if kind in ("gguf", "dir"):
         resolved = recorded_path(Path(where).resolve())
-        return {"source": resolved, "fingerprint": model_fingerprint(where)}
-    return {"source": source, "fingerprint": None}
+        return {"source": resolved, "revision": None, "fingerprint": model_fingerprint(where)}
+    return {"source": source, "revision": revision, "fingerprint": None}
 
 
 def check_vocabularies(draft_tokenizer, target_tokenizer) -> None:
@@ -310,28 +348,33 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
     for device in (config.device, config.draft_device or config.device):
         check_device(device)
         reproducible_on(device)
-    target_tok = load_tokenizer(config.target, config.trust_remote_code)
+    remote_code = config.trust_remote_code
+    target_tok = load_tokenizer(config.target, remote_code, config.target_revision)
     if drafter.kind == "early-exit":
-        drafter.check_target_layers(target_layers(config.target, config.trust_remote_code))
+        drafter.check_target_layers(
+            target_layers(config.target, remote_code, config.target_revision)
+        )
     if own_draft:
-        draft_tok = load_tokenizer(config.draft, config.trust_remote_code)
+        draft_tok = load_tokenizer(config.draft, remote_code, config.draft_revision)
         check_vocabularies(draft_tok, target_tok)
     target = load_model(
         config.target,
         config.dtype,
         config.device,
-        config.trust_remote_code,
+        remote_code,
         target_tok,
         config.quantize,
+        config.target_revision,
     )
     if own_draft:
         draft = load_model(
             config.draft,
             config.dtype,
             config.draft_device or config.device,
-            config.trust_remote_code,
+            remote_code,
             draft_tok,
             config.quantize,
+            config.draft_revision,
         )
     models = (("draft", draft), ("target", target)) if own_draft else (("target", target),)
     vocab = min(m.model.config.vocab_size for _, m in models)
@@ -342,10 +385,10 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
         )
     provenance = {
         role: {
-            **model_identity(m.source),
+            **model_identity(m.source, m.revision),
             "resolved": recorded_path(m.resolved),
             "sha256": m.sha256,
-            "commit": getattr(m.model.config, "_commit_hash", None),
+            "commit": getattr(m.model.config, "_commit_hash", None) or hub_commit(m),
             "architecture": type(m.model).__name__,
             "parameters": m.parameters,
             "device": str(m.device),
@@ -363,11 +406,24 @@ def load_pair(config: PairConfig, drafter: DrafterConfig = DrafterConfig()) -> M
     )
 
 
-def target_layers(source: str, trust_remote_code: bool = False) -> int:
-    """The decoder layers of the model at ``source``, read from its config (no weights)."""
+def hub_commit(model: LoadedModel) -> str | None:
+    """The commit a hub id's files were loaded at (its ``revision`` resolved: a branch moves, a
+    commit does not), read off the hub cache's snapshot that holds them: transformers 5 no longer
+    records it on the config. None for any other source, or where the cache does not say."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if resolve_source(model.source, model.revision)[0] != "hub":
+        return None
+    found = try_to_load_from_cache(model.source, "config.json", revision=model.revision)
+    return Path(found).parent.name if isinstance(found, str) else None
+
+
+def target_layers(source: str, trust_remote_code: bool = False, revision: str | None = None) -> int:
+    """The decoder layers of the model at ``source`` (a hub id's at ``revision``), read from its
+    config (no weights)."""
     from transformers import AutoConfig
 
-    kind, where = resolve_source(source)
+    kind, where = resolve_source(source, revision)
     if kind == "demo":
         kind, where = _demo_metadata(where)
     if kind == "gguf":
@@ -378,10 +434,10 @@ def target_layers(source: str, trust_remote_code: bool = False) -> int:
         return int(reader.fields[f"{arch}.block_count"].parts[-1][0])
     try:
         return AutoConfig.from_pretrained(
-            where, trust_remote_code=trust_remote_code
+            where, trust_remote_code=trust_remote_code, revision=revision
         ).num_hidden_layers
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read the config of {source}: {e}") from None
+        raise ModelLoadError(f"cannot read the config of {named(source, revision)}: {e}") from None
 
 
 def drafter_model(drafter: DrafterConfig, target: LoadedModel) -> LoadedModel | None:
@@ -390,4 +446,5 @@ def drafter_model(drafter: DrafterConfig, target: LoadedModel) -> LoadedModel | 
     if drafter.kind != "early-exit":
         return None
     view = early_exit_view(target.model, drafter.exit_layer)
-    return LoadedModel(view, target.tokenizer, f"{target.source}#{drafter.label}", target.resolved)
+    label = f"{target.source}#{drafter.label}"
+    return LoadedModel(view, target.tokenizer, label, target.resolved, revision=target.revision)

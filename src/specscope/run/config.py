@@ -42,6 +42,11 @@ ENGINES = ("cached", "naive")  # how measurement scores a step: KV caches and on
 #                               the paper's full recompute (specscope.measure.naive)
 
 
+# [pair] fields that a run's id names only when set, so that a run not setting them keeps the id
+# it had before they existed (shipped results among them)
+_PAIR_HASHED_WHEN_SET = ("draft_revision", "target_revision")
+
+
 class RunConfigError(SpecscopeError, ValueError):
     """A run config that cannot be used; the message names the field and what is allowed."""
 
@@ -159,6 +164,9 @@ class RunConfig:
         data = self.to_dict()
         if self.drafter == DrafterConfig():  # runs of the draft model keep their ids
             del data["drafter"]
+        for name in _PAIR_HASHED_WHEN_SET:
+            if data["pair"][name] is None:
+                del data["pair"][name]
         text = json.dumps(data, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

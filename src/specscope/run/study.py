@@ -170,8 +170,8 @@ def run_study(
                 existing,
                 hashes,
                 {
-                    "draft": model_identity(config.pair.draft),
-                    "target": model_identity(config.pair.target),
+                    "draft": model_identity(config.pair.draft, config.pair.draft_revision),
+                    "target": model_identity(config.pair.target, config.pair.target_revision),
                 },
             )
         writer = RunDir(out_dir)

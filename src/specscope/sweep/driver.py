@@ -186,8 +186,10 @@ def plan_points(
     old_id = (replaced or {}).get("sweep_id")
     _refuse_links(fs, root, "shards")
     for point in spec.points():
-        for source in (point.config.pair.draft, point.config.pair.target):
-            resolve_source(source)  # a mistyped model path fails here, before anything is removed
+        # a mistyped model path (or a revision of one) fails here, before anything is removed
+        pair = point.config.pair
+        resolve_source(pair.draft, pair.draft_revision)
+        resolve_source(pair.target, pair.target_revision)
         _refuse_links(fs, root, "runs", point.dir_name)
         run_path = _join(root, "runs", point.dir_name)
         writer = RunDir(run_path, fs)

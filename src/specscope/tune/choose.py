@@ -1,10 +1,10 @@
 """What the speculating commands decide, as library functions: which speculation and drafter a
 decode uses (:func:`choose_speculation`), the pair a decode, tune or bench loads
-(:func:`load_decode_pair`), what ``specscope tune`` tunes from (:func:`load_tune_runs`,
-:func:`cost_models`, :func:`tune_source`), and the tables ``tune`` and ``bench`` show
-(:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`), what a bench says of the
-policy's decisions (:func:`bench_decision`: regret, routed against the best single method) and the
-record bench writes (:func:`bench_document`, :func:`decision_document`).
+(:func:`decode_pair_config`, :func:`load_decode_pair`), what ``specscope tune`` tunes from
+(:func:`load_tune_runs`, :func:`cost_models`, :func:`tune_source`), and the tables ``tune`` and
+``bench`` show (:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`), what a bench says of
+the policy's decisions (:func:`bench_decision`: regret, routed against the best single method) and
+the record bench writes (:func:`bench_document`, :func:`decision_document`).
 
 The command line (``specscope.cli.speculate``) parses options into these calls and prints what
 they return; this module prints nothing (``log`` callbacks carry its progress lines). It does not
@@ -149,6 +149,8 @@ class PairRequest:
     trust_remote_code: bool = False
     int8: bool = False
     draft_attention: str = "sdpa"  # one of DRAFT_ATTENTIONS
+    draft_revision: str | None = None  # a hub id's branch, tag or commit
+    target_revision: str | None = None
 
     def __post_init__(self) -> None:
         if self.draft_attention not in DRAFT_ATTENTIONS:
@@ -163,20 +165,23 @@ class PairRequest:
             )
 
 
-def load_decode_pair(
-    request: PairRequest, base: dict | None = None, drafter: DrafterConfig | None = None
-):
-    """Load a pair (``base``: a run's [pair] section) with the request's overrides, and the
-    drafter's model if it has one (default: the draft model); remote code runs only when the
-    request allows it, whatever the run's manifest says; no dtype given: :data:`DECODE_DTYPE`."""
-    from ..models import PairConfig, load_pair
+def decode_pair_config(request: PairRequest, base: dict | None = None):
+    """The :class:`~specscope.models.PairConfig` of a run's [pair] section ``base`` (none: the
+    defaults) with the request's overrides; remote code runs only when the request allows it,
+    whatever the run's manifest says; no dtype given: :data:`DECODE_DTYPE`. Loads nothing."""
+    from ..models import PairConfig
     from ..run.config import remote_code_from_command_line
 
     fields = remote_code_from_command_line(
         dict(base or {}), request.trust_remote_code, "the run's manifest.json"
     )
     given = dict(
-        draft=request.draft, target=request.target, dtype=request.dtype, device=request.device
+        draft=request.draft,
+        target=request.target,
+        dtype=request.dtype,
+        device=request.device,
+        draft_revision=request.draft_revision,
+        target_revision=request.target_revision,
     )
     fields.update({k: v for k, v in given.items() if v is not None})
     if request.int8:
@@ -184,10 +189,19 @@ def load_decode_pair(
         fields["dtype"] = request.dtype or "float32"
     fields.setdefault("dtype", DECODE_DTYPE)
     try:
-        config = PairConfig(**fields)
+        return PairConfig(**fields)
     except TypeError as e:  # e.g. a [pair] key that PairConfig does not have
         raise PolicyError(f"the run's [pair] section: {e}") from None
-    pair = load_pair(config, drafter or DrafterConfig())
+
+
+def load_decode_pair(
+    request: PairRequest, base: dict | None = None, drafter: DrafterConfig | None = None
+):
+    """Load the pair of :func:`decode_pair_config`, and the drafter's model if it has one
+    (default: the draft model)."""
+    from ..models import load_pair
+
+    pair = load_pair(decode_pair_config(request, base), drafter or DrafterConfig())
     if request.draft_attention == "rowwise" and pair.draft is not None:
         from ..models.int8 import use_rowwise_attention
 
@@ -206,6 +220,7 @@ class TuneRuns:
     runs: tuple[Run, ...]
     drafters: tuple[DrafterConfig, ...]
     target: str | None
+    target_revision: str | None = None
 
     @property
     def decoding_context(self) -> int:
@@ -249,7 +264,7 @@ def drafter_of(run: Run) -> DrafterConfig:
 
 def load_tune_runs(run_dirs: Sequence[Path]) -> TuneRuns:
     """The runs (a sweep stands for its grid points) and each one's drafter; runs of different
-    targets are refused (a policy is tuned for one target)."""
+    targets (or revisions of one) are refused (a policy is tuned for one target)."""
     from ..records import load_run
     from ..sweep.driver import expand_run_dirs
 
@@ -257,12 +272,15 @@ def load_tune_runs(run_dirs: Sequence[Path]) -> TuneRuns:
     runs = tuple(load_run(d) for d in dirs)
     configs = [r.manifest.get("config", {}) for r in runs]
     drafters = tuple(map(drafter_of, runs))
-    targets = {c.get("pair", {}).get("target") for c in configs}
+    targets = {
+        (c.get("pair", {}).get("target"), c.get("pair", {}).get("target_revision")) for c in configs
+    }
     if len(targets) > 1:
-        raise PolicyError(
-            f"the runs measured different targets ({', '.join(map(str, targets))}); tune one"
-        )
-    return TuneRuns(dirs, runs, drafters, next(iter(targets)))
+        from ..models.config import named
+
+        listed = ", ".join(sorted(named(str(t), r) for t, r in targets))
+        raise PolicyError(f"the runs measured different targets ({listed}); tune one")
+    return TuneRuns(dirs, runs, drafters, *next(iter(targets)))
 
 
 def cost_model_warning(runs: TuneRuns, model: CostModel) -> str | None:
@@ -313,10 +331,12 @@ def timing_drafter(drafters: Sequence[DrafterConfig]) -> DrafterConfig:
     return DrafterConfig() if DrafterConfig() in drafters else drafters[0]
 
 
-def target_record(source: str | None, pair, drafters, trust_remote_code: bool) -> dict:
-    """The target a policy was tuned for and its layer count (an export checks early exits
-    against it): read off the loaded pair, or off the target's config when only an early exit
-    needs it; None where not known."""
+def target_record(
+    source: str | None, revision: str | None, pair, drafters, trust_remote_code: bool
+) -> dict:
+    """The target a policy was tuned for (a hub id at ``revision``) and its layer count (an
+    export checks early exits against it): read off the loaded pair, or off the target's config
+    when only an early exit needs it; None where not known."""
     from ..errors import SpecscopeError
 
     layers = None
@@ -326,10 +346,10 @@ def target_record(source: str | None, pair, drafters, trust_remote_code: bool) -
         from ..models.load import target_layers
 
         try:
-            layers = target_layers(source, trust_remote_code)
+            layers = target_layers(source, trust_remote_code, revision)
         except SpecscopeError:  # the export then says the exit layer is unchecked
             layers = None
-    return {"model": source, "layers": layers}
+    return {"model": source, "revision": revision, "layers": layers}
 
 
 def tune_source(runs: TuneRuns, target: dict) -> dict:

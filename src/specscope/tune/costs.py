@@ -66,8 +66,8 @@ class CostModel:
     over the plain token timed beside it; see :meth:`step_time`'s ``proposal_rate``).
 
     ``drafter`` is the drafter timed and ``drafter_model`` the model that drafts for it (the
-    draft model, or the target an early exit is cut from: its fingerprint, else its source);
-    None where not recorded (files written before cost models recorded their drafter).
+    draft model, or the target an early exit is cut from: its fingerprint, else its source at its
+    revision); None where not recorded (files written before cost models recorded their drafter).
 
     ``assisted_step_s``: (K, seconds per step) of transformers' assisted generation drafting a
     chain of K with the draft model (empty: not timed; only a draft model's cost model has it).
@@ -227,13 +227,18 @@ class CostModel:
 def drafting_model(models: dict, drafter: DrafterConfig) -> str | None:
     """The model that drafts for ``drafter`` in a pair's provenance (a run manifest's
     ``models``, or :attr:`ModelPair.provenance`): the draft model's, or for an early exit the
-    target's, fingerprint (else its source); None for a model-free drafter or when not known."""
+    target's, fingerprint (else its source, and its revision where one was asked for); None for
+    a model-free drafter or when not known."""
+    from ..models.config import named  # lazily: the models package imports transformers
+
     role = {"draft-model": "draft", "early-exit": "target"}.get(drafter.kind)
     identity = models.get(role) if role and isinstance(models, dict) else None
     if not isinstance(identity, dict):
         return None
-    found = identity.get("fingerprint") or identity.get("source")
-    return str(found) if found else None
+    if identity.get("fingerprint"):
+        return str(identity["fingerprint"])
+    source = identity.get("source")
+    return named(str(source), identity.get("revision")) if source else None
 
 
 def _check_number(

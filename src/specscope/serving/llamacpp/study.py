@@ -147,6 +147,11 @@ def held_out_prompts(manifest: dict, per_domain: int) -> list[PromptItem]:
     return source_prompts(manifest, per_domain, measured=False)
 
 
+def pair_tokenizer(pair: dict):
+    """The tokenizer of the target a run measured (its [pair] section: a hub id at its revision)."""
+    return load_tokenizer(pair.get("target", "demo:target"), revision=pair.get("target_revision"))
+
+
 def rendered(items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens: int):
     return [(item, list(render_item(tokenizer, item, rendering, max_tokens).ids)) for item in items]
 
@@ -390,7 +395,7 @@ def tune_llama_server(
         pass_costs_for(grid, settings[calibration], gguf_quant(target), gguf_quant(draft))
     config = run.manifest.get("config", {})
     items = source_prompts(run.manifest, per_domain, measured=True)
-    tokenizer = load_tokenizer(config.get("pair", {}).get("target", "demo:target"))
+    tokenizer = pair_tokenizer(config.get("pair", {}))
     prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
     tools = build_llama_tools(log)
     if timings is not None:
@@ -713,7 +718,7 @@ def bench_llama_server(
         )
     settings = {n: settings[n] for n in timed}
     pair = (policy.info.get("source") or {}).get("target", {}).get("measured", {})
-    tokenizer = load_tokenizer(pair.get("target", "demo:target"))
+    tokenizer = pair_tokenizer(pair)
     prompts = rendered(
         chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
     )
