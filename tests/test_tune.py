@@ -33,7 +33,13 @@ from specscope.tune.acceptance import (
     acceptance_vectors,
     chain_acceptance,
 )
-from specscope.tune.bench import BenchConfig, candidate_predictions, summarize_bench
+from specscope.tune.bench import (
+    BenchConfig,
+    candidate_predictions,
+    method_settings,
+    policy_setting,
+    summarize_bench,
+)
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree
 from specscope.tune.policy import (
@@ -470,6 +476,8 @@ def test_tune_cuts_trees_by_a_stop_rule_where_it_pays(tmp_path):
     written = loaded.to_dict()
     assert written["domains"]["code"]["stop"] == {"signal": "p_draft", "threshold": 0.05}
     assert "stop" not in written["domains"]["chat"]
+    uniform_method = method_settings(loaded, BenchConfig(methods=("plain", "uniform")))["uniform"]
+    assert policy_setting(loaded, "code").stop == uniform_method.stop == stop  # what bench runs
     notes = DeploymentPlan.from_policy(loaded).notes  # an engine export drafts trees whole
     assert any("code: p_draft >= 0.05" in note for note in notes)
     # without the signals, no stop rule is weighed
