@@ -132,10 +132,10 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
             if method == "plain":
                 measured, predicted = plain_bench[domain], plain_model
             elif method in settings and mine:
-                drafter, tree, backend = settings[method]
+                drafter, tree, backend, stop = settings[method]
                 key = (domain, tree.to_paths_literal(), drafter.resolved(), backend)
                 measured = decode / max(1, sum(r.steps - 1 for r in mine))
-                predicted = entries.get(key)
+                predicted = entries.get(key) if stop is None else None  # candidates: uncut
             else:
                 continue
             ratio = f"{measured / predicted:.3f}" if predicted else "-"

@@ -88,8 +88,9 @@ def assisted_chain(run: BenchRun, policy: PolicyFile, config: BenchConfig) -> in
     if run.method not in ("routed", "uniform"):
         return None
     domain = run.routed_to if run.method == "routed" else ALL_DOMAINS
-    drafter, tree, backend = policy_setting(policy, domain)
-    return len(tree) if backend == "transformers" and tree is not None else None
+    setting = policy_setting(policy, domain)
+    transformers = setting.backend == "transformers" and setting.tree is not None
+    return len(setting.tree) if transformers else None
 
 
 if __name__ == "__main__":

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, shape_label
+from specscope.analysis.replay import (
+    ReplayRecords,
+    StopRule,
+    Subtree,
+    replay_counts,
+    shape_label,
+)
 from specscope.trees import TreeShape
 from specscope.tune.bench import BenchConfig, RecordedOutputs, method_settings, policy_runs
 from specscope.tune.choose import drafter_of
@@ -50,7 +56,7 @@ def main() -> None:
         "steps equal | output = run's |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for method, (drafter, tree, backend) in settings.items():
+    for method, (drafter, tree, backend, stop) in settings.items():
         run = by_drafter.get(drafter.resolved())
         if run is None or not isinstance(tree, TreeShape):
             print(f"{method}: no tuning run of {drafter.label} among the policy's runs; skipped")
@@ -65,9 +71,8 @@ def main() -> None:
                 f"{method}: {shape_label(tree)} is deeper or wider than the run measured; skipped"
             )
             continue
-        counts = replay_counts(
-            records, Subtree(tree), prefill_drafts=backend == "transformers"
-        )  # as it counts steps
+        cut = StopRule(Subtree(tree), **stop.decode_args) if stop else Subtree(tree)
+        counts = replay_counts(records, cut, prefill_drafts=backend == "transformers")
         replayed = dict(zip(records.prompt_ids, zip(counts.positions, counts.steps)))
         for domain in dict.fromkeys(r["domain"] for r in timed.values()):
             ids = [p for p, r in timed.items() if r["domain"] == domain and p in replayed]

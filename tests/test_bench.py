@@ -51,10 +51,8 @@ CODE_IDS = [it.id for it in select_prompts(["code"], None, seed=42)]
 def _policy(source: dict | None = None, predictions: bool = True) -> PolicyFile:
     """code: a chain of 2 predicted at 2.5 [2.3, 2.7] tokens per step (replay) and 1.3x; the
     uniform chain of 1 predicted at 1.6 (extrapolated) and 1.1x."""
-    code = Choice(TreeShape.chain(2), 2.5, 1.3, 0.1, prediction=Prediction(2.5, 2.3, 2.7))
-    uniform = Choice(
-        TreeShape.chain(1), 1.6, 1.1, 0.08, prediction=Prediction(1.6, method=EXTRAPOLATED)
-    )
+    code = Choice(TreeShape.chain(2), 1.3, 0.1, prediction=Prediction(2.5, 2.3, 2.7))
+    uniform = Choice(TreeShape.chain(1), 1.1, 0.08, prediction=Prediction(1.6, method=EXTRAPOLATED))
     return PolicyFile(
         trees={"code": code.shape},
         uniform=uniform.shape,

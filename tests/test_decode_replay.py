@@ -31,6 +31,7 @@ from specscope.decode import (
     make_decoder,
     tokens_per_step,
 )
+from specscope.drafters import DrafterConfig
 from specscope.models.load import load_pair
 from specscope.models.tiny import near_pair
 from specscope.prompts.render import render_item
@@ -82,25 +83,27 @@ def measured(request, tmp_path_factory, tokenizer):
     return config, run_dir, load_pair(config.pair)
 
 
-def _decode_all(measured, spec, p_min: float = 0.0) -> dict:
-    """prompt id -> decode's result on the measured prompt, rendered as the run rendered it."""
+def _decode_all(measured, spec, **stop) -> dict:
+    """prompt id -> decode's result on the measured prompt, rendered as the run rendered it
+    (``stop``: ``p_min`` or ``h_max``)."""
     config, _, pair = measured
     decoder = make_decoder(pair)
     out = {}
     for item in config.prompts.select(config.seed):
         ids = render_item(pair.tokenizer, item, config.rendering, config.max_prompt_tokens).ids
-        out[item.id] = decoder.generate(ids, spec, DecodeConfig(NEW_TOKENS), p_min=p_min)
+        out[item.id] = decoder.generate(ids, spec, DecodeConfig(NEW_TOKENS), **stop)
     return out
 
 
-def _p_min_between_recorded_values(run_dir) -> float:
-    """A threshold between the recorded draft probabilities' 30th and 70th percentiles (so that
-    it stops some nodes and keeps others), in the widest gap there: no recorded value within 1e-4
-    of it (float32 drafts of the same context may differ in the last digits)."""
+def _p_min_between_recorded_values(run_dir, signal="p_draft", quantiles=(0.3, 0.7)) -> float:
+    """A threshold between the recorded draft probabilities' (or ``signal``'s) 30th and 70th
+    percentiles (so that it stops some nodes and keeps others), in the widest gap there: no
+    recorded value within 1e-4 of it (float32 drafts of the same context may differ in the last
+    digits)."""
     from specscope.records import load_run
 
-    p = np.sort(load_run(run_dir).nodes["p_draft"].to_numpy())
-    lo, hi = np.quantile(p, [0.3, 0.7])
+    p = np.sort(load_run(run_dir).nodes[signal].to_numpy())
+    lo, hi = np.quantile(p, quantiles)
     gap, middle = max((b - a, (a + b) / 2) for a, b in zip(p, p[1:]) if lo < (a + b) / 2 < hi)
     assert gap > 2e-4
     return float(middle)
@@ -121,7 +124,7 @@ def test_decoding_equals_the_replay_of_the_measured_trees(measured, candidate):
         shape = rule.shape
     rec = index_records(run_dir)
     counts = replay_counts(rec, rule, prefill_drafts=False)
-    decoded = _decode_all(measured, shape, p_min)
+    decoded = _decode_all(measured, shape, p_min=p_min)
     steps = load_run_steps(run_dir)
     accepted_somewhere = 0
     for p, prompt in enumerate(rec.prompt_ids):
@@ -132,6 +135,35 @@ def test_decoding_equals_the_replay_of_the_measured_trees(measured, candidate):
         assert proposed == counts.proposals[p], prompt
         accepted_somewhere += sum(s.accepted_len for s in result.steps)
     assert accepted_somewhere > 0  # the check is not only of empty trees
+
+
+@pytest.mark.parametrize(
+    "signal, quantiles",
+    [("p_draft", (0.3, 0.7)), ("p_draft", (0.05, 0.3)), ("draft_entropy", (0.3, 0.7))],
+)
+def test_tune_predicts_a_stop_rules_tokens_per_step_as_decode_measures_them(
+    measured, signal, quantiles
+):
+    """The stop rule as ``tune`` weighs it (:class:`Stop` on the measured tree, predicted by the
+    chooser's replay) decodes, per domain and pooled, exactly the tokens per step that
+    ``decode`` with it measures (``--p-min``, or its entropy twin), at thresholds that cut."""
+    from specscope.records import ALL_DOMAINS, load_run
+    from specscope.tune.policy import Measured, TuneConfig
+    from specscope.tune.predict import Stop
+
+    _, run_dir, _ = measured
+    run = load_run(run_dir)
+    m = Measured(DrafterConfig(), run.nodes, run.steps, costs=None)
+    predictor = m.predictor(m.vectors(TuneConfig(min_count=1)))
+    shape = TreeShape.parse(MEASURED)
+    stop = Stop(signal, _p_min_between_recorded_values(run_dir, signal, quantiles))
+    assert predictor.counts(shape, stop).drafted.sum() < predictor.counts(shape).drafted.sum()
+    decoded = _decode_all(measured, shape, **stop.decode_args)
+    domains = run.prompts.set_index("prompt_id")["domain"]
+    for domain in (*sorted(set(domains)), ALL_DOMAINS):
+        mine = [r for p, r in decoded.items() if domain in (ALL_DOMAINS, domains[p])]
+        tokens, steps = sum(len(r.tokens) for r in mine), sum(len(r.steps) for r in mine)
+        assert predictor.predict(shape, domain, stop).tokens_per_step == tokens / steps, domain
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
@@ -172,7 +204,7 @@ def test_the_stop_rule_drafts_less_than_the_tree_it_cuts(measured):
     shape = TreeShape.parse(MEASURED)
     p_min = _p_min_between_recorded_values(run_dir)
     whole = _decode_all(measured, shape)
-    cut = _decode_all(measured, shape, p_min)
+    cut = _decode_all(measured, shape, p_min=p_min)
     drafted = [sum(s.tree_size for s in r.steps) for r in whole.values()]
     kept = [sum(s.tree_size for s in r.steps) for r in cut.values()]
     assert sum(kept) < sum(drafted)

@@ -111,6 +111,9 @@ def test_a_stop_rule_cuts_paths_at_the_first_stopped_node(rec):
     counts = replay_counts(rec, rule)
     assert counts.steps.tolist() == [3, 1]
     assert counts.tau_sum.tolist() == [2 + 1 + 2 + 3 + 1, 9]
+    # the draft is fed level 1 while node (0,), the one with a child, is kept: at code's steps 0
+    # and 2, not at step 4 (stopped); chat's one step too
+    assert counts.fed_steps.tolist() == [[1, 2], [0, 1]]
     # the same rule on entropy (1 - p here), and the two together
     assert _steps(rec, StopRule(MeasuredTree(), h_max=0.5)) == [3, 1]
     assert _steps(rec, StopRule(top_chain(1), p_min=0.5, h_max=0.5)) == [3, 2]

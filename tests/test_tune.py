@@ -14,11 +14,18 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import steps_of, tiny_pair_args
-from specscope.analysis.replay import ReplayRecords, Subtree, replay_counts, top_chain
+from specscope.analysis.replay import (
+    ReplayRecords,
+    StopRule,
+    Subtree,
+    replay_counts,
+    top_chain,
+)
 from specscope.cli import app
 from specscope.decode import DecodeError
 from specscope.drafters import DrafterConfig
 from specscope.records import ALL_DOMAINS, load_run
+from specscope.serving.export_plan import DeploymentPlan
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import (
     AcceptanceVector,
@@ -26,7 +33,13 @@ from specscope.tune.acceptance import (
     acceptance_vectors,
     chain_acceptance,
 )
-from specscope.tune.bench import BenchConfig, candidate_predictions, summarize_bench
+from specscope.tune.bench import (
+    BenchConfig,
+    candidate_predictions,
+    method_settings,
+    policy_setting,
+    summarize_bench,
+)
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree
 from specscope.tune.policy import (
@@ -38,7 +51,7 @@ from specscope.tune.policy import (
     make_speculation,
     tune,
 )
-from specscope.tune.predict import EXTRAPOLATED, REPLAY, Prediction, Predictor
+from specscope.tune.predict import EXTRAPOLATED, REPLAY, Prediction, Predictor, Stop
 
 # --- the optimal tree ------------------------------------------------------------------------------
 
@@ -175,7 +188,7 @@ def test_routed_prediction_replays_each_prompt_with_the_entry_it_is_sent_to():
     step = COSTS.step_time(policy.tree_for("code"), 1.0)
     assert chat["predicted_speedup"] == pytest.approx(COSTS.plain_token_s / step, abs=1e-4)
     entry = policy.choices["code"]
-    assert code["prediction"]["tokens_per_step"] == pytest.approx(entry.expected_tau, abs=1e-4)
+    assert code["prediction"]["tokens_per_step"] == pytest.approx(entry.tokens_per_step, abs=1e-4)
     assert code["predicted_speedup"] == pytest.approx(entry.predicted_speedup, abs=1e-4)
     # without the prompts' texts nothing is routed, and the file says nothing about it
     assert "routed" not in tune([draft_model(nodes)], TuneConfig(min_count=1)).info
@@ -185,15 +198,14 @@ def test_best_tree_weighs_only_chains_llama_ngram_simple_drafts_with():
     """llama.cpp's ngram-simple never drafts with a chain shorter than its n-gram (N = 3): chains
     of 1 and 2, which the rates would favour, are no candidates; with N = 6 nothing is."""
     acc = AcceptanceVector.from_rates([[0.9], [0.5], [0.1], [0.05], [0.05]])
-    model = best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0)
+    config = TuneConfig(max_nodes=5, max_depth=5, min_speedup=0)
+    model = best_tree(acc, COSTS, config)
     assert model.shape is not None and len(model.shape) < 3
     llama = DrafterConfig("llama-ngram-simple", ngram_size=3)
-    choice = best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0, drafter=llama)
+    choice = best_tree(acc, COSTS, config, drafter=llama)
     assert choice.shape is not None and choice.shape.is_chain and len(choice.shape) >= 3
     wide = DrafterConfig("llama-ngram-simple", ngram_size=6)
-    assert (
-        best_tree(acc, COSTS, max_nodes=5, max_depth=5, min_speedup=0, drafter=wide).shape is None
-    )
+    assert best_tree(acc, COSTS, config, drafter=wide).shape is None
 
 
 def _ngram_steps() -> pd.DataFrame:
@@ -293,7 +305,7 @@ def test_tune_replays_chains_that_accept_past_depth_two():
     assert choice.shape == TreeShape.chain(3)
     decoded = replay_counts(rec, top_chain(3), prefill_drafts=False)
     assert decoded.steps.tolist() == [11]  # 0 (prefill) -> 1 -> 4 -> 8 ... -> 40
-    assert choice.expected_tau == pytest.approx(40 / 11) and choice.prediction.method == REPLAY
+    assert choice.tokens_per_step == pytest.approx(40 / 11) and choice.prediction.method == REPLAY
     # after the first token (the prefill's, the same work in every method: a bench's decode
     # speed leaves it out): 39 tokens in 10 chain steps, each proposing, against plain decoding's
     # 0.1 s per token
@@ -323,7 +335,7 @@ def test_every_chain_tuned_over_is_predicted_in_the_policy_and_found_by_the_benc
         later = decoded.after_first()
         rate = later.positions[0] / later.steps[0]
         step = lookup.step_time(TreeShape.chain(k), later.proposals[0] / later.steps[0])
-        assert cell["prediction"]["decode_tokens_per_step"] == pytest.approx(rate, abs=1e-4)
+        assert "decode_tokens_per_step" not in cell["prediction"]  # one figure per entry
         assert cell["predicted_speedup"] == pytest.approx(rate / step * 0.1, abs=1e-4)
     config = BenchConfig(chain_depth=2, methods=("plain", "ngram", "uniform"), ngram=ngram)
     found = candidate_predictions(loaded, config)
@@ -371,7 +383,7 @@ def test_tune_picks_the_drafter_per_domain():
         ReplayRecords.from_frames(pd.DataFrame(), steps), Subtree(policy.tree_for("code"))
     )
     code = (replayed.positions[0], replayed.steps[0])  # prompts sorted: c (code), h (chat)
-    assert policy.choices["code"].expected_tau == pytest.approx(code[0] / code[1])
+    assert policy.choices["code"].tokens_per_step == pytest.approx(code[0] / code[1])
     assert policy.drafter_for("chat") == DrafterConfig()
     loaded = PolicyFile.from_dict(json.loads(json.dumps(policy.to_dict())))
     assert loaded.drafter_for("code") == ngram and loaded.trees == policy.trees
@@ -401,6 +413,95 @@ def test_trees_deeper_than_measured_are_extrapolated_and_labelled():
     }
 
 
+def _signal_chains(steps: int = 24) -> pd.DataFrame:
+    """Chains of 3 drafted at every position of one prompt per domain: chat's are accepted
+    whole, with draft probability 0.9 (entropy 0.5 nats); code's at positions 0-3 of every 8,
+    and elsewhere rejected from the root with probability 0.02 (entropy 3.5)."""
+    rows = []
+    for domain, step in itertools.product(("code", "chat"), range(steps)):
+        good = domain == "chat" or step % 8 < 4
+        for d in (1, 2, 3):
+            rows.append(
+                dict(
+                    prompt_id=f"{domain}-p",
+                    domain=domain,
+                    step=step,
+                    node_id=d - 1,
+                    parent_id=d - 2,
+                    depth=d,
+                    sibling_rank=0,
+                    greedy_accept=good,
+                    p_draft=0.9 if good else 0.02,
+                    draft_entropy=0.5 if good else 3.5,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_tune_cuts_trees_by_a_stop_rule_where_it_pays(tmp_path):
+    """Code's rejected chains have draft probability 0.02: a stop at p_draft >= 0.05 drafts
+    nothing there (a draft call and a pass of one token instead of three draft calls and a
+    verify of four), which loses no token; chat's chains are all kept, so no stop pays there.
+    The stop's step time is the cost model's price of the steps the replay cut (nodes verified,
+    draft levels fed); the policy file records it, reads it back, and weighs the four kinds."""
+    nodes = _signal_chains()
+    policy = tune([draft_model(nodes)], TuneConfig(min_count=1, max_depth=3))
+    stop = Stop("p_draft", 0.05)  # the first of the grid that cuts
+    code = policy.choices["code"]
+    assert code.stop == stop and policy.stop_for("code") == stop and code.shape.is_chain
+    assert policy.stop_for("chat") is None and policy.uniform_stop == stop
+    rec = ReplayRecords.from_frames(nodes, steps_of(nodes))
+    cut = replay_counts(rec, StopRule(Subtree(code.shape), p_min=0.05), prefill_drafts=False)
+    later = cut.after_first()
+    assert cut.positions[1] / cut.steps[1] == code.tokens_per_step  # prompts: chat-p, code-p
+    k = len(code.shape)
+    kept, stopped = later.drafted_steps[1, k], later.drafted_steps[1, 0]
+    assert kept + stopped == later.steps[1] and stopped > 0
+    root = np.interp(COSTS.root_tokens, *zip(*COSTS.draft_s))  # the draft's call of 2 tokens
+    full = root + (k - 1) * 0.01 + np.interp(k + 1, *zip(*COSTS.target_s))  # levels, verify
+    step = (kept * full + stopped * (root + COSTS.plain_token_s)) / later.steps[1]
+    assert code.step_time_s == pytest.approx(step)
+    rate = later.positions[1] / later.steps[1]
+    assert code.predicted_speedup == pytest.approx(rate / step * COSTS.plain_token_s)
+    kinds = policy.info["kinds"]  # per domain and mixed: what each kind of policy predicts
+    assert kinds["one tree + stop"]["mixed"] > kinds["one tree"]["mixed"]
+    for d in ("code", "chat", "mixed"):
+        assert kinds["tree per domain"][d] >= kinds["one tree"][d]
+        assert kinds["tree per domain + stop"][d] >= kinds["one tree + stop"][d]
+    assert kinds["tree per domain + stop"]["code"] == pytest.approx(code.predicted_speedup, 1e-4)
+    uniform = policy.choices[ALL_DOMAINS].predicted_speedup  # mixed traffic is the pooled entry
+    assert kinds["one tree + stop"]["mixed"] == pytest.approx(uniform, abs=1e-4)
+    loaded = PolicyFile.load(policy.save(tmp_path / "policy.json"))
+    assert (loaded.stops, loaded.uniform_stop) == ({"code": stop}, stop)
+    written = loaded.to_dict()
+    assert written["domains"]["code"]["stop"] == {"signal": "p_draft", "threshold": 0.05}
+    assert "stop" not in written["domains"]["chat"]
+    uniform_method = method_settings(loaded, BenchConfig(methods=("plain", "uniform")))["uniform"]
+    assert policy_setting(loaded, "code").stop == uniform_method.stop == stop  # what bench runs
+    notes = DeploymentPlan.from_policy(loaded).notes  # an engine export drafts trees whole
+    assert any("code: p_draft >= 0.05" in note for note in notes)
+    # without the signals, no stop rule is weighed
+    blind = tune([draft_model(nodes.drop(columns=["p_draft", "draft_entropy"]))], TuneConfig(1))
+    assert blind.stops == {} and blind.choices["code"].predicted_speedup < code.predicted_speedup
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"tree": "none", "stop": {"signal": "p_draft", "threshold": 0.3}}, "cuts a tree"),
+        ({"tree": "[(0,)]", "stop": {"signal": "logit", "threshold": 0.3}}, "unknown"),
+        ({"tree": "[(0,)]", "stop": {"signal": "p_draft", "threshold": 1.5}}, r"\(0, 1\]"),
+        (
+            {"tree": "[(0,)]", "backend": "transformers", "stop": Stop("p_draft", 0.3).__dict__},
+            "cuts a tree in specscope's decoder",
+        ),
+    ],
+)
+def test_policy_file_stop_errors(entry, message):
+    with pytest.raises(PolicyError, match=message):
+        PolicyFile.from_dict({"domains": {"code": entry}})
+
+
 # --- policy files --------------------------------------------------------------------------------
 
 
@@ -422,7 +523,7 @@ def test_policy_file_round_trip(tmp_path):
     assert entry["prediction"]["prompts"] == code_prompts
     reloaded = PolicyFile.load(path)
     assert reloaded.predictions["code"].tokens_per_step == pytest.approx(
-        policy.choices["code"].expected_tau, abs=1e-4
+        policy.choices["code"].tokens_per_step, abs=1e-4
     )
     again = PolicyFile.load(reloaded.save(tmp_path / "again.json"))
     assert again.predictions == reloaded.predictions
@@ -545,7 +646,7 @@ def test_policy_files_without_drafters_are_written_unchanged(tmp_path):
         d: {"tree": e["tree"], "prediction": e["prediction"]} for d, e in written["domains"].items()
     }
     # the domain policy takes its drafter as an argument (tune will choose it)
-    choice = Choice(TreeShape.from_paths([(0,)]), 1.5, 1.2, 0.1, DrafterConfig("ngram", 1, 3))
+    choice = Choice(TreeShape.from_paths([(0,)]), 1.2, 0.1, DrafterConfig("ngram", 1, 3))
     assert choice.drafter.params == {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
@@ -652,6 +753,28 @@ def test_decode_follows_the_policy_files_drafter(tiny_dirs, tmp_path):
         )
         assert result.exit_code == 0, result.output
         assert label in result.output
+
+
+def test_decode_applies_the_policy_files_stop_rule(tiny_dirs, tmp_path):
+    """A policy entry's stop rule cuts decode's trees: at p_draft >= 1 a random tiny draft is
+    never sure enough, so every step drafts nothing; the same tree uncut drafts its chain."""
+    chain = TreeShape.chain(2)
+    for stops in ({}, {"code": Stop("p_draft", 1.0)}):
+        path = PolicyFile(trees={"code": chain}, stops=stops).save(tmp_path / "policy.json")
+        records = tmp_path / "steps.jsonl"
+        result = CliRunner().invoke(
+            app,
+            [
+                "decode",
+                "def f(x):",
+                *("--policy-file", str(path), "--domain", "code", "--max-new-tokens", "6"),
+                *("--records", str(records), *tiny_pair_args(tiny_dirs)),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert ("stop p_draft >= 1" in result.output) == bool(stops)
+        drafted = pd.read_json(records, lines=True)["tree_size"].iloc[1:]
+        assert (drafted == 0).all() if stops else (drafted > 0).all()
 
 
 def test_policy_file_not_json(tmp_path):

@@ -14,7 +14,8 @@ point-mass proposals, which keeps it lossless although its shape depends on the 
 
 ``p_min`` (greedy, static trees and chains): llama.cpp's ``--spec-draft-p-min`` stop rule, a node
 whose draft probability is below it is not drafted (:class:`~specscope.core.draft.ChildRule`);
-replaying the measured trees under :class:`~specscope.analysis.replay.StopRule` predicts it.
+``h_max`` the same on the entropy of the distribution a node is drawn from; replaying the
+measured trees under :class:`~specscope.analysis.replay.StopRule` predicts both.
 
 A step's ``tau`` is its accepted path plus the bonus token, as verified; the tokens a step adds to
 the output, cut at EOS and ``max_new_tokens``, are :func:`emitted_per_step` (they sum to the
@@ -24,6 +25,7 @@ costs (:mod:`specscope.tune.costs`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,13 +117,15 @@ class SpeculativeDecoder(Speculator):
         spec: Speculation,
         config: DecodeConfig = DecodeConfig(),
         p_min: float = 0.0,
+        h_max: float = math.inf,
     ) -> DecodeResult:
         """Decode ``prompt`` with ``spec`` (None: plainly); ``p_min`` > 0 stops drafting at the
-        first node whose draft probability is below it (see the module's docstring)."""
+        first node whose draft probability is below it, ``h_max`` at the first drawn from a
+        draft distribution of higher entropy (nats; see the module's docstring)."""
         if spec is None:
             return plain_generate(self.target, prompt, config, self.vocab, self.eos)
         check_spec_fits(spec, self.vocab)
-        check_p_min(p_min, spec, config)
+        check_stop(p_min, h_max, spec, config)
         limit = position_limit(*(m for m in (self.draft, self.target) if m is not None))
         check_depth_fits(spec.max_depth, config.max_new_tokens, limit)
         rule = ChildRule(
@@ -130,6 +134,7 @@ class SpeculativeDecoder(Speculator):
             config.top_p,
             min_path_prob=config.min_path_prob,
             p_min=p_min,
+            h_max=h_max,
         )
         acceptor = GreedyAcceptor(rule) if config.greedy else SampledAcceptor(rule)
         return self.run(prompt, spec, config, acceptor)
@@ -148,17 +153,21 @@ def check_spec_fits(spec: Speculation, vocab: int) -> None:
         spec.check_fits(vocab)
 
 
-def check_p_min(p_min: float, spec: Speculation, config: DecodeConfig) -> None:
-    """Refuse a ``p_min`` outside [0, 1], or one given with sampling or a dynamic tree: the rule
-    cuts greedy static trees (a cut that depends on a sampled draft's probability would change
-    the output's distribution; a dynamic tree has its own growth rule, ``min_path_prob``)."""
+def check_stop(p_min: float, h_max: float, spec: Speculation, config: DecodeConfig) -> None:
+    """Refuse a ``p_min`` outside [0, 1], an ``h_max`` below 0, or either given with sampling or
+    a dynamic tree: the rules cut greedy static trees (a cut that depends on a sampled draft's
+    probability would change the output's distribution; a dynamic tree has its own growth rule,
+    ``min_path_prob``)."""
     if not 0 <= p_min <= 1:  # NaN fails too
         raise DecodeError(f"p_min is a draft probability in [0, 1] (0: off), got {p_min}")
-    if p_min > 0 and not config.greedy:
-        raise DecodeError("p_min stops greedy drafting; with temperature > 0 leave it at 0")
-    if p_min > 0 and isinstance(spec, DynamicTree):
+    if not h_max >= 0:
+        raise DecodeError(f"h_max is an entropy in nats, >= 0 (inf: off), got {h_max}")
+    stops = p_min > 0 or h_max < math.inf
+    if stops and not config.greedy:
+        raise DecodeError("p_min and h_max stop greedy drafting; with temperature > 0 leave them")
+    if stops and isinstance(spec, DynamicTree):
         raise DecodeError(
-            "p_min cuts static trees and chains; a dynamic tree grows by min_path_prob instead"
+            "p_min and h_max cut static trees and chains; a dynamic tree grows by min_path_prob"
         )
 
 

@@ -138,15 +138,18 @@ def test_predictions_from_a_policy_file(tmp_path):
     policy = tmp_path / "policy.json"
     policy.write_text(
         '{"domains": {"code": {"tree": "[(0,)]", "expected_tau": 2.5, "expected_tau_low": 2.2,'
-        ' "expected_tau_high": 2.9}, "chat": {"tree": "none"}},'
+        ' "expected_tau_high": 2.9}, "chat": {"tree": "none"}, "math": {"tree": "[(0,)]",'
+        ' "prediction": {"tokens_per_step": 2.1, "interval": [2.0, 2.3], "method": "replay"}}},'
         ' "uniform": {"tree": "[(0,)]", "expected_tau": 1.8}}'
     )
     predictions = load_predictions(policy)
     assert predictions == {
-        "code": Prediction(2.5, 2.2, 2.9),
+        "code": Prediction(2.5, 2.2, 2.9),  # by hand
         "chat": None,  # listed without speculation: the uniform entry does not stand in
+        "math": Prediction(2.1, 2.1, 2.1),  # as specscope tune writes it: the point
         "*": Prediction(1.8, 1.8, 1.8),
     }
+    predictions.pop("math")
     metrics = GatewayMetrics("llama.cpp", ["code", "math", "chat"], predictions)
     text = metrics.exposition()[0].decode()
     assert sample(text, "specscope_gateway_predicted_tokens_per_step", domain="code", bound="low")

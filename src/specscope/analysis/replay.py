@@ -405,23 +405,35 @@ def _ancestors_kept(ok: np.ndarray, rec: ReplayRecords) -> np.ndarray:
 # --- the replay ------------------------------------------------------------------------------------
 
 
-def accepted_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray, np.ndarray]:
+def accepted_lengths(
+    rec: ReplayRecords, candidate: Candidate
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per position: the accepted length under ``candidate`` (the deepest kept node on the
-    accepted path) and the number of nodes the candidate's tree there has (0: none drafted)."""
+    accepted path), the number of nodes the candidate's tree there has (0: none drafted) and
+    the levels past the root whose nodes were fed to the draft (the deepest kept node with a
+    child in the uncut tree: a draft model feeds a level while a node of it is kept and has
+    children, as :func:`specscope.core.draft.draft_static` does)."""
     if not rec.has_nodes:
         return _step_lengths(rec, candidate)
     kept = candidate.keep(rec)
-    accepted = np.zeros(rec.n_positions, np.int64)
-    on_path = kept & rec.node_accepted
+    uncut = candidate.base.keep(rec) if isinstance(candidate, StopRule) else kept
+    has_child = np.zeros(len(kept), bool)
+    has_child[rec.node_parent[uncut & (rec.node_parent >= 0)]] = True
+    accepted, fed = np.zeros(rec.n_positions, np.int64), np.zeros(rec.n_positions, np.int64)
+    on_path, feeds = kept & rec.node_accepted, kept & has_child
     np.maximum.at(accepted, rec.node_position[on_path], rec.node_depth[on_path])
-    return accepted, np.bincount(rec.node_position[kept], minlength=rec.n_positions)
+    np.maximum.at(fed, rec.node_position[feeds], rec.node_depth[feeds])
+    return accepted, np.bincount(rec.node_position[kept], minlength=rec.n_positions), fed
 
 
-def _step_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray, np.ndarray]:
-    """Steps-only records: the measured chains, or their first K nodes."""
+def _step_lengths(
+    rec: ReplayRecords, candidate: Candidate
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps-only records: the measured chains, or their first K nodes (a chain of n nodes fed
+    n - 1 of them)."""
     size = np.asarray(rec.tree_size, np.int64)
     if isinstance(candidate, MeasuredTree):
-        return rec.accepted_len, size
+        return rec.accepted_len, size, np.maximum(size - 1, 0)
     if isinstance(candidate, Subtree) and candidate.shape.is_chain:
         k = len(candidate.shape)
         if k > rec.spine_depth:
@@ -429,7 +441,7 @@ def _step_lengths(rec: ReplayRecords, candidate: Candidate) -> tuple[np.ndarray,
                 f"the measured chains hold at most {rec.spine_depth} nodes; a chain of {k} is "
                 "an extrapolation (the acceptance vector), not a replay"
             )
-        return np.minimum(rec.accepted_len, k), np.minimum(size, k)
+        return np.minimum(rec.accepted_len, k), np.minimum(size, k), np.clip(size, 1, k) - 1
     raise ReplayError(
         f"these records hold steps only (no node records): {candidate.label} cannot be "
         "replayed; the measured tree and chains can"
@@ -453,6 +465,9 @@ class ReplayCounts:
     # (a plain prefill pass is not among them)
     drafted_steps: np.ndarray | None = None  # (P, max nodes + 1)
     first_drafted_steps: np.ndarray | None = None  # (P, max nodes + 1) the first step's
+    # the same by the levels past the root fed to the draft (what a draft model's step costs)
+    fed_steps: np.ndarray | None = None  # (P, max depth + 1)
+    first_fed_steps: np.ndarray | None = None
 
     def after_first(self) -> ReplayCounts:
         """The counts after each prompt's first step: what a decode speed after the first token
@@ -465,6 +480,7 @@ class ReplayCounts:
             self.proposals - self.first_proposals,
             self.tau_sum,
             drafted_steps=self.drafted_steps - self.first_drafted_steps,
+            fed_steps=self.fed_steps - self.first_fed_steps,
         )
 
     @property
@@ -472,10 +488,10 @@ class ReplayCounts:
         """(P,) nodes drafted over the decoding steps."""
         return self.drafted_steps @ np.arange(self.drafted_steps.shape[1])
 
-    def drafted_mix(self, rec: ReplayRecords) -> dict[str, np.ndarray]:
+    def drafted_mix(self, rec: ReplayRecords, fed: bool = False) -> dict[str, np.ndarray]:
         """Per domain and pooled (``ALL``): the share of steps from a tree position that
-        drafted 0, 1, 2, ... nodes (index d: d nodes)."""
-        sums = _domain_sums(rec, self.drafted_steps)
+        drafted 0, 1, 2, ... nodes (index d: d nodes; ``fed``: fed the draft d levels)."""
+        sums = _domain_sums(rec, self.fed_steps if fed else self.drafted_steps)
         totals = sums.sum(axis=1, keepdims=True)
         shares = np.divide(sums, totals, out=np.full(sums.shape, np.nan), where=totals > 0)
         return dict(zip((*rec.domains, ALL), shares))
@@ -522,21 +538,25 @@ def replay_counts(
 ) -> ReplayCounts:
     """Replay every prompt as greedy decoding with ``candidate`` (see the module's convention)."""
     rec = index_records(source)
-    accepted, size = accepted_lengths(rec, candidate)
+    accepted, size, fed = accepted_lengths(rec, candidate)
     P, lengths = rec.n_prompts, rec.lengths
     grid = np.zeros((P, int(lengths.max())), np.int64)  # (P, L_max): accepted length at each
     prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
     grid[prompt, i] = accepted
     # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
     at_step = _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
-    drafted_steps = np.zeros((P, int(size.max(initial=0)) + 1), np.int64)
-    np.add.at(drafted_steps, (prompt[at_step], size[at_step]), 1)
-    first_drafted = np.zeros_like(drafted_steps)
-    if prefill_drafts:
-        first = np.minimum(grid[:, 0], lengths - 1) + 1
-        first_drafted[np.arange(P), size[rec.offsets]] = 1
-    else:
-        first = np.ones(P, np.int64)
+
+    def per_step(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, max + 1) each prompt's steps by ``values`` at them, and its first step's."""
+        steps = np.zeros((P, int(values.max(initial=0)) + 1), np.int64)
+        np.add.at(steps, (prompt[at_step], values[at_step]), 1)
+        first = np.zeros_like(steps)
+        if prefill_drafts:
+            first[np.arange(P), values[rec.offsets]] = 1
+        return steps, first
+
+    (drafted_steps, first_drafted), (fed_steps, first_fed) = per_step(size), per_step(fed)
+    first = np.minimum(grid[:, 0], lengths - 1) + 1 if prefill_drafts else np.ones(P, np.int64)
     tau_sum = np.bincount(prompt, weights=accepted + 1, minlength=P)
     return ReplayCounts(
         candidate.label,
@@ -549,6 +569,8 @@ def replay_counts(
         first_drafted[:, 1:].sum(axis=1),
         drafted_steps=drafted_steps,
         first_drafted_steps=first_drafted,
+        fed_steps=fed_steps,
+        first_fed_steps=first_fed,
     )
 
 

@@ -103,7 +103,7 @@ def decode(
         "--p-min",
         min=0.0,
         max=1.0,
-        help="Greedy static trees and chains: do not draft a node whose draft probability is below this, nor its descendants (llama.cpp's --spec-draft-p-min; 0: off).",
+        help="Greedy static trees and chains: do not draft a node whose draft probability is below this, nor its descendants (llama.cpp's --spec-draft-p-min; 0: off, or the policy file's stop rule).",
         rich_help_panel=options.TREE,
     ),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
@@ -137,6 +137,7 @@ def decode(
     from ..prompts.render import render_prompt
     from ..tune.choose import TreeRequest, choose_speculation, load_decode_pair
     from ..tune.policy import describe
+    from ..tune.predict import Stop
 
     if (prompt is None) == (prompt_file is None):
         fail("give a prompt, or --prompt-file (one of them)")
@@ -176,11 +177,14 @@ def decode(
     rendered = render_prompt(
         pair.tokenizer, messages, rendering or options.DECODE_RENDERING, max_prompt_tokens
     )
-    result = make_decoder(pair).generate(rendered.ids, choice.speculation, config, p_min)
+    stop = Stop("p_draft", p_min) if p_min else choice.stop
+    stop_args = stop.decode_args if stop else {}
+    result = make_decoder(pair).generate(rendered.ids, choice.speculation, config, **stop_args)
     typer.echo(pair.tokenizer.decode(result.tokens, skip_special_tokens=True))
     where = f"domain {choice.domain}: " if choice.domain else ""
+    cut = f", stop {stop.label}" if stop else ""
     typer.secho(
-        f"{where}{choice.drafter.label}, {describe(choice.speculation)}\n{len(result.tokens)} "
+        f"{where}{choice.drafter.label}, {describe(choice.speculation)}{cut}\n{len(result.tokens)} "
         f"tokens in {result.time_s:.2f} s ({result.tokens_per_s:.2f} tok/s), "
         f"{len(result.steps)} steps, {tokens_per_step(result):.2f} tokens per step (mean tau "
         f"{result.mean_tau:.2f}), stop: {result.stop_reason}",
@@ -333,7 +337,8 @@ def tune(
     policy = tune_policy(measured, config, choose.tune_source(runs, tuned_for))
     path = policy.save(policy_path, inside_of(policy_path, run_dir))
     grids = [choose.policy_grid(policy, measured[0].costs.plain_token_s)]
-    print_grids([*grids, *filter(None, [choose.backend_grid(policy)])], blank=False)
+    grids += filter(None, [choose.kinds_grid(policy), choose.backend_grid(policy)])
+    print_grids(grids, blank=False)
     typer.echo(f"wrote {path}")
 
 

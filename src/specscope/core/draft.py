@@ -57,7 +57,8 @@ class ChildRule:
     ``--spec-draft-p-min`` and :class:`specscope.analysis.replay.StopRule` define it: a node whose
     token has draft probability below ``p_min`` (q at temperature 1 over the whole vocabulary,
     the ``p_draft`` that measurement records) is not drafted, nor are its descendants; growth
-    ends once no node of a level is kept.
+    ends once no node of a level is kept. ``h_max`` (inf: off) stops the same way at a node
+    drawn from a distribution whose entropy (nats, the records' ``draft_entropy``) exceeds it.
     """
 
     vocab: int
@@ -66,12 +67,18 @@ class ChildRule:
     keep_q: bool = False
     min_path_prob: float = 0.0
     p_min: float = 0.0
+    h_max: float = math.inf
+
+    @property
+    def stops(self) -> bool:
+        """Whether a stop rule (``p_min``, ``h_max``) cuts nodes."""
+        return self.p_min > 0 or self.h_max < math.inf
 
     @property
     def needs_q(self) -> bool:
         """Whether drafting needs the draft's distribution at every context, not only its top
         tokens."""
-        return not self.greedy or self.keep_q or self.min_path_prob > 0 or self.p_min > 0
+        return not self.greedy or self.keep_q or self.min_path_prob > 0 or self.stops
 
     @property
     def greedy(self) -> bool:
@@ -127,11 +134,11 @@ def draft_static(
 ) -> DraftTree | None:
     """One prompt's static tree. Children are the draft's top tokens, or draws without replacement
     when sampling; growth stops early once no frontier path has draft probability
-    ``rule.min_path_prob``, and ``rule.p_min`` drops unlikely nodes (None: it dropped every
-    root). ``fed`` collects the nodes fed to the draft, in cache order."""
+    ``rule.min_path_prob``, and ``rule.p_min`` and ``rule.h_max`` drop unlikely nodes (None:
+    they dropped every root). ``fed`` collects the nodes fed to the draft, in cache order."""
     rows: list[torch.Tensor] = []  # q at the root and at each fed node, when kept
     path_prob: dict[int, float] = {-1: 1.0}
-    kept: dict[int, bool] = {-1: True}  # under rule.p_min: the node and its ancestors pass
+    kept: dict[int, bool] = {-1: True}  # under a stop rule: the node and its ancestors pass
 
     def scores(logits: torch.Tensor) -> torch.Tensor:
         if not rule.needs_q:
@@ -143,16 +150,22 @@ def draft_static(
     def expand(frontier: list[int], tokens: torch.Tensor) -> torch.Tensor:
         return scores(feed_level(frontier, tokens[0].cpu(), anc))[None]
 
+    def q_row(n: int) -> torch.Tensor:
+        return rows[0 if shape.parents[n] < 0 else 1 + fed.index(shape.parents[n])]
+
     def q_of(n: int, tokens: torch.Tensor) -> float:
-        parent = shape.parents[n]
-        return float(rows[0 if parent < 0 else 1 + fed.index(parent)][tokens[0, n]])
+        return float(q_row(n)[tokens[0, n]])
+
+    def keep(n: int, tokens: torch.Tensor) -> bool:  # the stop rule, on q as measurement records
+        q = q_row(n)
+        entropy = -(q * torch.log(q.clamp_min(1e-30))).sum() if rule.h_max < math.inf else 0.0
+        passes = q_of(n, tokens) >= rule.p_min and float(entropy) <= rule.h_max
+        return kept[shape.parents[n]] and passes
 
     def stop(frontier: list[int], tokens: torch.Tensor) -> bool:
         level = shape.nodes_at_depth(shape.depths[frontier[0]])
-        if rule.p_min > 0:
-            kept.update(
-                {n: kept[shape.parents[n]] and q_of(n, tokens) >= rule.p_min for n in level}
-            )
+        if rule.stops:
+            kept.update({n: keep(n, tokens) for n in level})
             if not any(kept[n] for n in frontier):
                 return True
         if rule.min_path_prob > 0:
@@ -167,7 +180,7 @@ def draft_static(
         shape,
         scores(root_logits[None]),
         expand,
-        stop=stop if rule.min_path_prob > 0 or rule.p_min > 0 else None,
+        stop=stop if rule.min_path_prob > 0 or rule.stops else None,
     )
     shape = bfs_prefix(shape, tokens.shape[1])
     slot = {n: i for i, n in enumerate(fed)}
@@ -178,11 +191,11 @@ def draft_static(
         q_index.tolist(),
         [slot.get(n, -1) for n in range(len(shape))],
     )
-    if rule.p_min <= 0:
+    if not rule.stops:
         return tree
     for n in range(len(shape)):  # the last level is never a frontier: checked here
         if n not in kept:
-            kept[n] = kept[shape.parents[n]] and q_of(n, tokens) >= rule.p_min
+            kept[n] = keep(n, tokens)
     return keep_nodes(tree, [n for n in range(len(shape)) if kept[n]])
 
 

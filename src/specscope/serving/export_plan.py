@@ -93,13 +93,17 @@ class DeploymentPlan:
             else DomainPlan(d, policy.uniform, "uniform", policy.uniform_drafter)
             for d in produced
         )
+        stops = {**policy.stops, "uniform": policy.uniform_stop}
+        cut = "; ".join(f"{d}: {s.label}" for d, s in stops.items() if s is not None)
+        note = f"stop rules ({cut}) cut trees in specscope's decoder only: exported, drafted whole"
         return cls(
             domains,
             policy.uniform,
             router,
             source,
             policy.info.get("llama_server"),
-            check_exit_layers(domains, policy.info.get("source"), target),
+            check_exit_layers(domains, policy.info.get("source"), target)
+            + ((note,) if cut else ()),
         )
 
 

@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -73,7 +74,7 @@ from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
 from ..trees import DynamicTree, TreeShape
 from .hf_generate import hf_generate
-from .predict import Prediction
+from .predict import Prediction, Stop
 from .router import (
     LearnedRouter,
     RouterReport,
@@ -337,8 +338,15 @@ def tuning_per_domain(items: Sequence[PromptItem], tuned: TuningPrompts) -> dict
 
 # a drafter -> the decoder that drafts with it (make_decoder of the loaded pair)
 DecoderFor = Callable[[DrafterConfig], SpeculativeDecoder]
-# what a method decodes with: (drafter, tree); routed's depends on the prompt's routed domain
-Setting = tuple[DrafterConfig, TreeShape | DynamicTree | None, str]  # drafter, tree, backend
+
+
+class Setting(NamedTuple):
+    """What a method decodes with (routed's depends on the prompt's routed domain)."""
+
+    drafter: DrafterConfig
+    tree: TreeShape | DynamicTree | None
+    backend: str = "specscope"
+    stop: Stop | None = None
 
 
 @dataclass(frozen=True)
@@ -364,39 +372,34 @@ class BenchMethods:
 
 
 def method_settings(policy, config: BenchConfig) -> dict[str, Setting]:
-    """The (drafter, tree, backend) of each of ``config``'s methods that decodes with a fixed one
-    (chain, dynamic, uniform, the drafter methods, and assisted with ``assisted_tokens``; not
-    plain, assisted on transformers' defaults, or routed)."""
+    """The (drafter, tree, backend, stop) of each of ``config``'s methods that decodes with a
+    fixed one (chain, dynamic, uniform, the drafter methods, and assisted with
+    ``assisted_tokens``; not plain, assisted on transformers' defaults, or routed)."""
     if policy is None and ("uniform" in config.methods or "routed" in config.methods):
         raise DecodeError("methods 'uniform' and 'routed' need a policy file (specscope tune)")
     chain = TreeShape.chain(config.chain_depth)
     settings: dict[str, Setting] = {
-        "chain": (DrafterConfig(), chain, "specscope"),
-        "dynamic": (DrafterConfig(), config.dynamic, "specscope"),
-        **{
-            m: (config.drafter(m), chain, "specscope")
-            for m in DRAFTER_METHODS
-            if m in config.methods
-        },
+        "chain": Setting(DrafterConfig(), chain),
+        "dynamic": Setting(DrafterConfig(), config.dynamic),
+        **{m: Setting(config.drafter(m), chain) for m in DRAFTER_METHODS if m in config.methods},
     }
     if config.assisted_tokens is not None:
-        settings["assisted"] = (
-            DrafterConfig(),
-            TreeShape.chain(config.assisted_tokens),
-            "transformers",
+        settings["assisted"] = Setting(
+            DrafterConfig(), TreeShape.chain(config.assisted_tokens), "transformers"
         )
     if policy is not None:
-        settings["uniform"] = (policy.uniform_drafter, policy.uniform, policy.uniform_backend)
+        settings["uniform"] = policy_setting(policy, ALL_DOMAINS)  # a domain not listed
     return {m: s for m, s in settings.items() if m in config.methods}
 
 
 def policy_setting(policy, domain: str) -> Setting:
-    """The (drafter, tree, backend) a policy file gives ``domain``."""
-    return policy.drafter_for(domain), policy.tree_for(domain), policy.backend_for(domain)
+    """The (drafter, tree, backend, stop) a policy file gives ``domain``."""
+    drafter, tree = policy.drafter_for(domain), policy.tree_for(domain)
+    return Setting(drafter, tree, policy.backend_for(domain), policy.stop_for(domain))
 
 
 def _same(a: Setting, b: Setting) -> bool:
-    return a[0].resolved() == b[0].resolved() and a[1] == b[1] and a[2] == b[2]
+    return a[0].resolved() == b[0].resolved() and a[1:] == b[1:]
 
 
 def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[str, str]:
@@ -431,13 +434,14 @@ def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) 
         return fn
 
     def run(setting: Setting):
-        drafter, spec, backend = setting
+        drafter, spec, backend, stop = setting
         if backend == "transformers":
             return hf(decoder.draft, len(spec))
         speculator = decoder_for(drafter)
+        cut = stop.decode_args if stop else {}
 
         def fn(ids, text):
-            r = speculator.generate(ids, spec, greedy)
+            r = speculator.generate(ids, spec, greedy, **cut)
             return Decoded(r.tokens, len(r.steps), r.steps[0].step_time_s)
 
         return fn
@@ -674,10 +678,8 @@ def candidate_predictions(policy, config: BenchConfig) -> dict[tuple[str, str], 
     out = {}
     for i, entry in enumerate(policy.info.get("candidates") or ()):
         where = f"policy file: candidates[{i}]"
-        setting = (
-            parse_drafter(entry, where),
-            parse_tree(entry, where),
-            parse_backend(entry, where),
+        setting = Setting(  # candidates are chains without a stop rule
+            parse_drafter(entry, where), parse_tree(entry, where), parse_backend(entry, where)
         )
         for method, mine in settings.items():
             if _same(mine, setting):

@@ -14,6 +14,7 @@ choose trees itself: :mod:`specscope.tune.policy` does.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from .acceptance import PolicyError
 from .bench import BenchConfig, BenchPrompts
 from .costs import COST_DECODE_TOKENS, CostModel
 from .policy import PolicyFile
+from .predict import REPLAY, Prediction, Stop
 
 Log = Callable[[str], None]
 MAX_TIMED_DECODE = 128  # tokens: the longest decode a cost model times
@@ -62,13 +64,15 @@ class TreeRequest:
 
 @dataclass(frozen=True)
 class Choice:
-    """What a decode speculates with: the tree (or dynamic growth, or none), the drafter, and the
-    domain the prompt was routed to (None when no policy file routed it)."""
+    """What a decode speculates with: the tree (or dynamic growth, or none), the drafter, the
+    domain the prompt was routed to (None when no policy file routed it) and the stop rule that
+    cuts the tree node by node (None: none)."""
 
     speculation: Speculation
     drafter: DrafterConfig
     domain: str | None
     backend: str = "specscope"  # what the policy file runs it in (BACKENDS)
+    stop: Stop | None = None
 
 
 def _routed(request: TreeRequest, text: str) -> tuple[PolicyFile, str]:
@@ -107,11 +111,12 @@ def choose_speculation(
     from ..decode import check_drafter_fits
     from .policy import make_speculation
 
+    stop = None
     if request.policy_file is not None:
         policies, domain = _routed(request, text)
         spec = policies.tree_for(domain)
         backend = policies.backend_for(domain) if drafter is None else "specscope"
-        drafter = drafter or policies.drafter_for(domain)
+        drafter, stop = drafter or policies.drafter_for(domain), policies.stop_for(domain)
     else:
         backend = "specscope"
         domain = None
@@ -126,7 +131,7 @@ def choose_speculation(
         )
         drafter = drafter or DrafterConfig()
     check_drafter_fits(drafter, spec)
-    return Choice(spec, drafter, domain, backend)
+    return Choice(spec, drafter, domain, backend, stop)
 
 
 # --- the pair a decode, tune or bench loads ---------------------------------------------------------
@@ -381,8 +386,16 @@ def tune_source(runs: TuneRuns, target: dict) -> dict:
     return source
 
 
+def _tokens_per_step(p: Prediction | None) -> tuple[str, str]:
+    """A prediction's decoded tokens per step with its interval, and how it was predicted."""
+    if p is None:
+        return "1.00", "-"
+    interval = f" [{p.lo:.2f}, {p.hi:.2f}]" if math.isfinite(p.lo) else ""
+    return f"{p.tokens_per_step:.2f}{interval}", "replayed" if p.method == REPLAY else p.method
+
+
 def policy_grid(policy: PolicyFile, plain_token_s: float) -> Grid:
-    """The best tree per domain a tune chose, with its prediction."""
+    """The best tree and stop rule per domain a tune chose, with its prediction."""
     from .policy import short_name
 
     rows = tuple(
@@ -392,18 +405,34 @@ def policy_grid(policy: PolicyFile, plain_token_s: float) -> Grid:
             choice.backend if choice.shape else "-",
             short_name(choice.shape) if choice.shape else "none (plain decoding)",
             len(choice.shape) if choice.shape else 0,
-            f"{choice.expected_tau:.2f}",
+            choice.stop.label if choice.stop else "-",
+            *_tokens_per_step(choice.prediction),
             f"{1000 * choice.step_time_s:.0f}",
             f"{choice.predicted_speedup:.2f}x",
         )
         for name, choice in policy.choices.items()
     )
-    columns = ("domain", "drafter", "backend", "tree", "nodes", "expected tau", "step ms")
+    columns = ("domain", "drafter", "backend", "tree", "nodes", "stop", "tokens/step (95% CI)")
     return Grid(
         "policy",
         f"best tree per domain (plain decoding: {1 / plain_token_s:.2f} tok/s)",
-        tuple(Column(c) for c in (*columns, "predicted speed-up")),
+        tuple(Column(c) for c in (*columns, "predicted", "step ms", "predicted speed-up")),
         rows,
+    )
+
+
+def kinds_grid(policy: PolicyFile) -> Grid | None:
+    """The kinds of policy tune weighed (:func:`.policy.policy_kinds`): predicted speed-up over
+    plain per domain and for mixed traffic; None for a file without them."""
+    kinds = policy.info.get("kinds")
+    if not kinds:
+        return None
+    columns = list(next(iter(kinds.values())))
+    return Grid(
+        "kinds",
+        "per-domain budget against per-node stop rule (predicted speed-up over plain)",
+        tuple(Column(c) for c in ("policy", *columns)),
+        tuple((k, *(f"{v[c]:.2f}x" for c in columns)) for k, v in kinds.items()),
     )
 
 

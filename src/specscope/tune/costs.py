@@ -122,13 +122,15 @@ class CostModel:
         _check_number("root_tokens", self.root_tokens, integer=True, low=1)
         _check_number("context_len", self.context_len, integer=True, low=0)
 
-    def draft_time(self, shape: TreeShape) -> float:
+    def draft_time(self, shape: TreeShape, levels: int | None = None) -> float:
+        """The draft calls of a step: the pending tokens, then each level's nodes that have
+        children (only the first ``levels`` levels where a stop rule cut the rest)."""
         if self.model_free:
             return self.draft_s[0][1]
         calls = [self.root_tokens] + [
             sum(1 for n in shape.nodes_at_depth(d) if shape.children[n])
             for d in range(1, shape.max_depth)
-        ]
+        ][:levels]
         return sum(interpolate(self.draft_s, k) for k in calls if k)
 
     def verify_time(self, shape: TreeShape) -> float:
@@ -147,6 +149,16 @@ class CostModel:
         verify = proposal_rate * self.verify_time(shape)
         empty = (1 - proposal_rate) * self.empty_step_scale * self.plain_token_s
         return self.step_scale * (self.draft_time(shape) + verify) + empty + self.overhead_s
+
+    def stopped_step_time(self, shape: TreeShape, verified, fed) -> float:
+        """Mean seconds per step of ``shape`` cut by a stop rule, priced as :meth:`step_time`
+        prices the steps it is made of: ``verified[n]`` is the share of steps that verified n
+        nodes (0: a pass of the newest token alone), ``fed[k]`` the share whose draft fed k
+        levels past its root call (:meth:`draft_time`); both from the replay of the records."""
+        draft = sum(w * self.draft_time(shape, k) for k, w in enumerate(fed))
+        verify = sum(w * interpolate(self.target_s, 1 + n) for n, w in enumerate(verified) if n)
+        empty = verified[0] * self.empty_step_scale * self.plain_token_s
+        return self.step_scale * (draft + verify) + empty + self.overhead_s
 
     def to_dict(self) -> dict:
         return {

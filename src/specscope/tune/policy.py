@@ -13,17 +13,22 @@ A policy file's domain entry is ``{"tree": ...}`` with, for a drafter other than
 ``{"kind": "early-exit", "exit_layer": 8}``); no ``drafter`` means the draft model, so files
 written before drafters existed read, and are written, unchanged. ``"backend": "transformers"``
 says the entry's chain is predicted fastest in transformers' assisted generation (:data:`BACKENDS`);
-no ``backend`` means specscope's decoder.
+no ``backend`` means specscope's decoder. ``"stop": {"signal": "p_draft", "threshold": 0.3}``
+(:class:`.predict.Stop`) cuts the entry's tree node by node in specscope's decoder; ``tune``
+weighs every stop rule of :data:`.predict.STOP_GRID` on every tree beside it uncut, and writes
+null where none pays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
@@ -42,7 +47,7 @@ from .acceptance import (
 )
 from .costs import CostModel
 from .optimal import build_paths, forest_tables, optimal_tree
-from .predict import Prediction, PredictionRecord, Predictor
+from .predict import EXTRAPOLATED, Prediction, PredictionRecord, Predictor, Stop
 from .routed import ROUTER, Destination, routed_predictions
 
 POLICY_FORMAT = "specscope-policy/1"
@@ -130,22 +135,47 @@ SPECULATIONS = {
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    max_nodes: int = 32
+    max_depth: int = 8
+    max_rank: int | None = None
+    min_count: int = 20
+    min_speedup: float = 1.0  # a domain speculates only if its best tree is predicted faster
+    extrapolate: bool = False  # depths past the measured ones reuse the deepest measured rates
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 1 or self.max_depth < 1:
+            raise PolicyError("tune needs max_nodes >= 1 and max_depth >= 1")
+        if self.max_rank is not None and self.max_rank < 1:
+            raise PolicyError(f"tune needs max_rank >= 1 (or none), got {self.max_rank}")
+        if self.min_count < 0:
+            raise PolicyError(f"tune needs min_count >= 0, got {self.min_count}")
+        if not 0 <= self.min_speedup < float("inf"):  # NaN fails too
+            raise PolicyError(f"tune needs a finite min_speedup >= 0, got {self.min_speedup}")
+
+
+@dataclass(frozen=True)
 class Choice:
-    """The tree chosen for one domain, the drafter that proposes it, and its predicted figures."""
+    """The tree chosen for one domain, the drafter that proposes it, the stop rule that cuts it
+    node by node, and its predicted figures."""
 
     shape: TreeShape | None
-    expected_tau: float
     predicted_speedup: float
     step_time_s: float
     drafter: DrafterConfig = DrafterConfig()  # what proposes the tree
-    prediction: Prediction | None = None  # how expected_tau was predicted (None: no tree)
+    prediction: Prediction | None = None  # its tokens per step, and how predicted (None: no tree)
     backend: str = "specscope"  # what decodes it (BACKENDS)
+    stop: Stop | None = None  # specscope's decoder only
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.prediction.tokens_per_step if self.prediction else 1.0
 
     def to_dict(self) -> dict:
         return {
             "tree": self.shape.to_paths_literal() if self.shape else "none",
             "nodes": len(self.shape) if self.shape else 0,
-            "expected_tau": round(self.expected_tau, 4),
+            "stop": dataclasses.asdict(self.stop) if self.stop else None,
             "predicted_speedup": round(self.predicted_speedup, 4),
             "step_time_s": round(self.step_time_s, 6),
             **({"prediction": self.prediction.to_dict()} if self.prediction else {}),
@@ -153,37 +183,77 @@ class Choice:
         }
 
 
+def priced(
+    costs: CostModel,
+    shape: TreeShape,
+    prediction: Prediction,
+    drafter: DrafterConfig = DrafterConfig(),
+    backend: str = "specscope",
+    stop: Stop | None = None,
+) -> Choice:
+    """``shape`` (cut by ``stop``) decoded by ``backend`` as predicted: its step time on
+    ``costs`` and its speed-up over plain decoding, from the tokens per step after the first."""
+    rate, share = prediction.speed_terms()
+    if backend == "transformers":
+        step = costs.assisted_step_time(len(shape))
+    elif stop is not None:
+        step = costs.stopped_step_time(shape, prediction.verified, prediction.fed)
+    else:
+        step = costs.step_time(shape, share)
+    return Choice(
+        shape, rate / step * costs.plain_token_s, step, drafter, prediction, backend, stop
+    )
+
+
+def _best(choices, none: Choice, min_speedup: float) -> Choice:
+    """The fastest of ``choices`` (the first of equals) if it beats plain decoding and
+    ``min_speedup``, else ``none``."""
+    best = max(choices, key=lambda c: c.predicted_speedup, default=none)
+    return best if best.predicted_speedup > max(1.0, min_speedup) else none
+
+
 def best_tree(
     acc: AcceptanceVector,
     costs: CostModel,
-    max_nodes: int = 32,
-    max_depth: int = 8,
-    max_rank: int | None = None,
-    min_speedup: float = 1.0,
+    config: TuneConfig = TuneConfig(),
     drafter: DrafterConfig = DrafterConfig(),
     proposal_rate: float = 1.0,
-    predict: Callable[[TreeShape], Prediction] | None = None,
+    predict: Callable[..., Prediction] | None = None,
+    stops: Callable[[TreeShape], Sequence[Stop]] | None = None,
 ) -> Choice:
-    """Over every node budget and depth limit, the optimal tree (under ``acc``) of best predicted
-    speed-up (for a chain-only drafter, the best chain); no speculation (``shape=None``) unless
-    some tree beats ``min_speedup``. ``predict``: a tree's predicted tokens per step and
+    """Over every node budget and depth limit of ``config``, the optimal tree (under ``acc``) of
+    best predicted speed-up (for a chain-only drafter, the best chain), each uncut and cut by
+    each of ``stops(tree)``; no speculation (``shape=None``) unless one beats
+    ``config.min_speedup``. ``predict(tree, stop=...)``: its predicted tokens per step and
     proposal rate (:meth:`.predict.Predictor.predict`); without it, ``acc``'s expected tau and
-    ``proposal_rate`` (the fraction of steps in which the drafter proposes), unlabelled."""
-    best = Choice(None, 1.0, 1.0, costs.plain_token_s)
-    depth_limit = min(max_depth, acc.max_depth)
-    for shape in _candidates(acc, max_nodes, depth_limit, max_rank, drafter.spec.chain_only):
-        try:  # llama.cpp's ngram-simple never drafts with a chain shorter than its n-gram
-            drafter.check_chain(shape.is_chain, len(shape))
-        except DrafterError:
-            continue
-        prediction = predict(shape) if predict else None
-        tau = prediction.tokens_per_step if prediction else acc.expected_tau(shape)
-        rate, share = prediction.speed_terms() if prediction else (tau, proposal_rate)
-        step = costs.step_time(shape, share)
-        speedup = rate / step * costs.plain_token_s
-        if speedup > max(best.predicted_speedup, min_speedup):
-            best = Choice(shape, tau, speedup, step, drafter, prediction)
-    return best
+    ``proposal_rate`` (the fraction of steps in which the drafter proposes)."""
+    if predict is None:
+        predict = lambda shape, stop=None: Prediction(  # noqa: E731
+            acc.expected_tau(shape), method=EXTRAPOLATED, proposal_rate=proposal_rate
+        )
+    depth_limit = min(config.max_depth, acc.max_depth)
+    chains = drafter.spec.chain_only
+    shapes = _candidates(acc, config.max_nodes, depth_limit, config.max_rank, chains)
+    return _best(
+        (
+            priced(costs, shape, predict(shape, stop=stop), drafter, stop=stop)
+            for shape in shapes
+            if _fits(drafter, shape)
+            for stop in (None, *(stops(shape) if stops else ()))
+        ),
+        Choice(None, 1.0, costs.plain_token_s),
+        config.min_speedup,
+    )
+
+
+def _fits(drafter: DrafterConfig, shape: TreeShape) -> bool:
+    """Whether ``drafter`` drafts with ``shape`` (llama.cpp's ngram-simple never drafts with a
+    chain shorter than its n-gram)."""
+    try:
+        drafter.check_chain(shape.is_chain, len(shape))
+    except DrafterError:
+        return False
+    return True
 
 
 def _candidates(acc, max_nodes: int, depth_limit: int, max_rank: int | None, chains: bool):
@@ -206,53 +276,20 @@ def _candidates(acc, max_nodes: int, depth_limit: int, max_rank: int | None, cha
 
 
 def best_assisted(
-    costs: CostModel,
-    max_depth: int,
-    min_speedup: float,
-    predict: Callable[[TreeShape], Prediction],
-    holds: Callable[[TreeShape], bool],
+    costs: CostModel, config: TuneConfig, predictor: Predictor, domain: str
 ) -> Choice:
     """The chain of best predicted speed-up in transformers' assisted generation (a draft
-    model's, priced by ``costs.assisted_step_s``), among those the records hold; no
-    speculation unless one beats ``min_speedup``."""
-    best = Choice(None, 1.0, 1.0, costs.plain_token_s, backend="transformers")
-    for depth in range(1, max_depth + 1):
-        shape = TreeShape.chain(depth)
-        if not holds(shape):
-            break
-        prediction = predict(shape)
-        step = costs.assisted_step_time(depth)
-        speedup = prediction.speed_terms()[0] / step * costs.plain_token_s
-        if speedup > max(best.predicted_speedup, min_speedup):
-            best = Choice(
-                shape,
-                prediction.tokens_per_step,
-                speedup,
-                step,
-                prediction=prediction,
-                backend="transformers",
-            )
-    return best
-
-
-@dataclass(frozen=True)
-class TuneConfig:
-    max_nodes: int = 32
-    max_depth: int = 8
-    max_rank: int | None = None
-    min_count: int = 20
-    min_speedup: float = 1.0  # a domain speculates only if its best tree is predicted faster
-    extrapolate: bool = False  # depths past the measured ones reuse the deepest measured rates
-
-    def __post_init__(self) -> None:
-        if self.max_nodes < 1 or self.max_depth < 1:
-            raise PolicyError("tune needs max_nodes >= 1 and max_depth >= 1")
-        if self.max_rank is not None and self.max_rank < 1:
-            raise PolicyError(f"tune needs max_rank >= 1 (or none), got {self.max_rank}")
-        if self.min_count < 0:
-            raise PolicyError(f"tune needs min_count >= 0, got {self.min_count}")
-        if not 0 <= self.min_speedup < float("inf"):  # NaN fails too
-            raise PolicyError(f"tune needs a finite min_speedup >= 0, got {self.min_speedup}")
+    model's, priced by ``costs.assisted_step_s``), among those ``predictor``'s records hold; no
+    speculation unless one beats ``config.min_speedup``."""
+    chains = (TreeShape.chain(k) for k in range(1, config.max_depth + 1))
+    return _best(
+        (
+            priced(costs, shape, predictor.predict(shape, domain), backend="transformers")
+            for shape in itertools.takewhile(predictor.records.holds, chains)
+        ),
+        Choice(None, 1.0, costs.plain_token_s, backend="transformers"),
+        config.min_speedup,
+    )
 
 
 @dataclass(frozen=True)
@@ -313,34 +350,56 @@ def chain_candidates(
     the policy was tuned; with ``assisted`` (the replay as transformers counts steps), each chain
     in transformers' assisted generation too. Written to the policy file as ``candidates``."""
     out = []
-    for depth in range(1, config.max_depth + 1):
-        shape = TreeShape.chain(depth)
-        try:
-            m.drafter.check_chain(True, depth)
-        except DrafterError:
+    chains = (TreeShape.chain(k) for k in range(1, config.max_depth + 1))
+    for shape in itertools.takewhile(predictor.records.holds, chains):
+        if not _fits(m.drafter, shape):
             continue
-        if not predictor.records.holds(shape):
-            break
         for domain in vectors:
             mine = predictor.with_interval(shape, domain)
-            priced = [("specscope", mine, m.costs.step_time(shape, mine.speed_terms()[1]))]
+            both = [priced(m.costs, shape, mine, m.drafter)]
             if assisted is not None:
                 theirs = assisted.with_interval(shape, domain)
-                priced.append(("transformers", theirs, m.costs.assisted_step_time(depth)))
-            for backend, prediction, step in priced:
-                out.append(
-                    {
-                        "domain": domain,
-                        "drafter": m.drafter.table,
-                        "tree": shape.to_paths_literal(),
-                        **({"backend": backend} if backend != "specscope" else {}),
-                        "prediction": prediction.to_dict(),
-                        "predicted_speedup": round(
-                            prediction.speed_terms()[0] / step * m.costs.plain_token_s, 4
-                        ),
-                        "step_time_s": round(step, 6),
-                    }
-                )
+                both.append(priced(m.costs, shape, theirs, backend="transformers"))
+            out += [{"domain": domain, "drafter": m.drafter.table, **c.to_dict()} for c in both]
+    return out
+
+
+KINDS = {  # the kinds of policy tune weighs: (a tree per domain, stop rules)
+    "one tree": (False, False),
+    "tree per domain": (True, False),
+    "one tree + stop": (False, True),
+    "tree per domain + stop": (True, True),
+}
+
+
+def policy_kinds(
+    best: Mapping[tuple[str, bool], Choice],
+    predictors: Mapping[tuple[str, str], tuple[Predictor, CostModel]],
+    records: ReplayRecords,
+) -> dict[str, dict[str, float]]:
+    """Per kind of policy (:data:`KINDS`: one tree for all traffic, the paper's tree per domain,
+    either cut by a per-node stop rule), the predicted speed-up per domain of ``records`` and for
+    mixed traffic (their tokens after the first over their time, each domain decoded with its
+    entry). ``best[domain, stops]``: the best entry (``ALL_DOMAINS``: for all traffic) with or
+    without stop rules; ``predictors``: by drafter label and backend, what predicted it and its
+    cost model."""
+
+    def entry(domain: str, per_domain: bool, stops: bool) -> Choice:
+        c = best[domain if per_domain else ALL_DOMAINS, stops]
+        if per_domain or c.shape is None:
+            return c
+        predictor, costs = predictors[c.drafter.label, c.backend]  # the one tree in the domain
+        prediction = predictor.predict(c.shape, domain, c.stop)
+        return priced(costs, c.shape, prediction, c.drafter, c.backend, c.stop)
+
+    tokens = np.bincount(records.prompt_domain, weights=records.lengths - 1)
+    weights = {d: float(w) for d, w in zip(records.domains, tokens) if (d, True) in best}
+    out = {}
+    for kind, how in KINDS.items():
+        speedups = {d: entry(d, *how).predicted_speedup for d in weights}
+        time = sum(w / speedups[d] for d, w in weights.items())
+        speedups["mixed"] = sum(weights.values()) / time
+        out[kind] = {d: round(float(x), 4) for d, x in speedups.items()}
     return out
 
 
@@ -349,64 +408,58 @@ def tune(
     config: TuneConfig = TuneConfig(),
     source: dict | None = None,
 ) -> PolicyFile:
-    """Per domain (and pooled: the uniform tree), the drafter, tree and backend of best predicted
-    speed-up over every measured drafter (the first listed wins a tie) in specscope's decoder and,
-    for a draft model whose cost model timed it, in transformers' assisted generation; each
-    chosen tree's prediction carries its interval (replayed) or says it is extrapolated."""
+    """Per domain (and pooled: the uniform entry), the drafter, tree, stop rule and backend of
+    best predicted speed-up over every measured drafter (the first listed wins a tie) in
+    specscope's decoder and, for a draft model whose cost model timed it, in transformers'
+    assisted generation; each chosen tree's prediction carries its interval (replayed) or says
+    it is extrapolated. The kinds of policy it chose among are weighed side by side in the
+    file's ``kinds`` (:func:`policy_kinds`)."""
     if not measured:
         raise PolicyError("tune needs at least one measurement run")
     labels = [m.drafter.label for m in measured]
     if len(set(labels)) < len(labels):
         raise PolicyError(f"tune got two runs of one drafter: {', '.join(labels)}")
-    choices: dict[str, Choice] = {}
+    best: dict[tuple[str, bool], Choice] = {}  # (domain, with stop rules) -> the best entry
     vector: dict[str, AcceptanceVector] = {}  # the chosen drafter's (the first's if none pays)
-    predictors: dict[str, Predictor] = {}  # per domain: the chosen drafter's
-    costs: dict[str, CostModel] = {}  # per domain: the chosen drafter's
+    predictors: dict[tuple[str, str], tuple[Predictor, CostModel]] = {}
     candidates: list[dict] = []
-    population = None  # the first run's records: the tuning prompts a route is predicted on
     for m in measured:
         vectors = m.vectors(config)
         predictor = m.predictor(vectors)
-        population = population or predictor.records
         assisted = m.assisted_predictor(vectors)
+        predictors[m.drafter.label, "specscope"] = predictor, m.costs
+        if assisted is not None:
+            predictors[m.drafter.label, "transformers"] = assisted, m.costs
         candidates += chain_candidates(m, predictor, config, vectors, assisted)
-        for name, acc in vectors.items():
-            choice = best_tree(
-                acc,
-                m.costs,
-                config.max_nodes,
-                config.max_depth,
-                config.max_rank,
-                config.min_speedup,
-                m.drafter,
-                predict=functools.partial(predictor.predict, domain=name),
-            )
-            chosen_by = predictor
+        for (name, acc), stops in itertools.product(vectors.items(), (False, True)):
+            predict = functools.partial(predictor.predict, domain=name)
+            cuts = predictor.stops if stops else None
+            options = [best_tree(acc, m.costs, config, m.drafter, predict=predict, stops=cuts)]
             if assisted is not None:
-                theirs = best_assisted(
-                    m.costs,
-                    config.max_depth,
-                    config.min_speedup,
-                    functools.partial(assisted.predict, domain=name),
-                    assisted.records.holds,
-                )
-                if theirs.predicted_speedup > choice.predicted_speedup:
-                    choice, chosen_by = theirs, assisted
-            if name not in choices or choice.predicted_speedup > choices[name].predicted_speedup:
-                choices[name], vector[name], predictors[name] = choice, acc, chosen_by
-                costs[name] = m.costs
-    for name, choice in choices.items():
-        if choice.shape is not None:
-            interval = predictors[name].with_interval(choice.shape, name)
-            choices[name] = dataclasses.replace(choice, prediction=interval)
+                options.append(best_assisted(m.costs, config, assisted, name))
+            for choice in options:  # the first listed wins a tie
+                if (name, stops) not in best or (
+                    choice.predicted_speedup > best[name, stops].predicted_speedup
+                ):
+                    best[name, stops] = choice
+                    vector[name] = acc if stops else vector.get(name, acc)
+    first = predictors[measured[0].drafter.label, "specscope"]  # a plain entry's
+
+    def of(c: Choice) -> tuple[Predictor, CostModel]:
+        return predictors.get((c.drafter.label, c.backend), first)
+
+    choices = {  # the chosen entries, stop rules weighed, each with its prediction's interval
+        name: dataclasses.replace(c, prediction=of(c)[0].with_interval(c.shape, name, c.stop))
+        if c.shape
+        else c
+        for (name, stops), c in best.items()
+        if stops
+    }
     texts = {k: v for m in measured for k, v in m.texts.items()}
     routed = routed_predictions(
-        population,
+        first[0].records,
         texts,
-        {
-            name: Destination(c.shape, predictors[name], costs[name], c.backend)
-            for name, c in choices.items()
-        },
+        {name: Destination(c.shape, *of(c), c.backend, c.stop) for name, c in choices.items()},
     )
     uniform = choices.pop(ALL_DOMAINS)
     drafters = {d: c.drafter for d, c in choices.items() if c.drafter != DrafterConfig()}
@@ -420,6 +473,7 @@ def tune(
     if len(measured) > 1:
         info["cost_models"] = {m.drafter.label: m.costs.to_dict() for m in measured}
     info["candidates"] = candidates
+    info["kinds"] = policy_kinds(best, predictors, first[0].records)
     if routed:
         info["routed"] = {
             "router": ROUTER,
@@ -434,6 +488,8 @@ def tune(
         uniform_drafter=uniform.drafter,
         backends=backends,
         uniform_backend=uniform.backend if uniform.shape else "specscope",
+        stops={d: c.stop for d, c in choices.items() if c.stop},
+        uniform_stop=uniform.stop,
     )
 
 
@@ -454,6 +510,8 @@ class PolicyFile:
     predictions: dict[str, Prediction] = field(default_factory=dict)  # read back from a file
     backends: dict[str, str] = field(default_factory=dict)  # not listed: specscope's decoder
     uniform_backend: str = "specscope"
+    stops: dict[str, Stop] = field(default_factory=dict)  # not listed: no stop rule
+    uniform_stop: Stop | None = None
 
     def __post_init__(self) -> None:
         for domain, drafter in self.drafters.items():
@@ -464,14 +522,17 @@ class PolicyFile:
                 )
             check_drafter(f"domain {domain!r}", self.trees[domain], drafter)
         check_drafter("uniform", self.uniform, self.uniform_drafter)
-        for domain, backend in self.backends.items():
+        for domain in {*self.backends, *self.stops}:
             check_backend(
                 f"domain {domain!r}",
                 self.trees.get(domain),
                 self.drafters.get(domain, DrafterConfig()),
-                backend,
+                self.backends.get(domain, "specscope"),
+                self.stops.get(domain),
             )
-        check_backend("uniform", self.uniform, self.uniform_drafter, self.uniform_backend)
+        check_backend(
+            "uniform", self.uniform, self.uniform_drafter, self.uniform_backend, self.uniform_stop
+        )
 
     def tree_for(self, domain: str) -> TreeShape | None:
         return self.trees.get(domain, self.uniform)
@@ -489,27 +550,32 @@ class PolicyFile:
             return self.backends.get(domain, "specscope")
         return self.uniform_backend
 
+    def stop_for(self, domain: str) -> Stop | None:
+        """The stop rule that cuts ``domain``'s tree (the uniform tree's for a domain not
+        listed); None: the whole tree is drafted."""
+        return self.stops.get(domain) if domain in self.trees else self.uniform_stop
+
     def to_dict(self) -> dict:
-        def entry(name: str, shape: TreeShape | None, drafter: DrafterConfig, backend: str) -> dict:
+        def entry(name: str, shape: TreeShape | None) -> dict:
             if name in self.choices:
                 written = self.choices[name].to_dict()
             else:
                 written = {"tree": shape.to_paths_literal() if shape else "none"}
                 if name in self.predictions:
                     written["prediction"] = self.predictions[name].to_dict()
-            if drafter != DrafterConfig():  # the draft model: no entry, as before drafters
+            # ALL_DOMAINS, a domain no policy lists, gets the uniform entry's
+            if (stop := self.stop_for(name)) is not None:
+                written["stop"] = dataclasses.asdict(stop)
+            if (drafter := self.drafter_for(name)) != DrafterConfig():  # the draft model: none
                 written["drafter"] = drafter.table
-            if backend != "specscope":
+            if (backend := self.backend_for(name)) != "specscope":
                 written["backend"] = backend
             return written
 
         return {
             "format": POLICY_FORMAT,
-            "domains": {
-                d: entry(d, s, self.drafter_for(d), self.backend_for(d))
-                for d, s in self.trees.items()
-            },
-            "uniform": entry(ALL_DOMAINS, self.uniform, self.uniform_drafter, self.uniform_backend),
+            "domains": {d: entry(d, s) for d, s in self.trees.items()},
+            "uniform": entry(ALL_DOMAINS, self.uniform),
             **self.info,
         }
 
@@ -530,30 +596,38 @@ class PolicyFile:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy") -> PolicyFile:
-        parse(PolicyDocument, data, where, PolicyError)  # every type and key, then what they mean
+        # every type and key, then what they mean
+        document = parse(PolicyDocument, data, where, PolicyError)
         unknown = sorted(set(data["domains"]) - set(DOMAINS))
         if unknown:
             raise PolicyError(f"{where}: unknown domain(s) {unknown}; known: {', '.join(DOMAINS)}")
-        trees, drafters, predictions, backends = {}, {}, {}, {}
+
+        def stop(entry) -> Stop | None:
+            return entry.stop if isinstance(entry, PolicyEntry) else None
+
+        trees, drafters, predictions, backends, stops = {}, {}, {}, {}, {}
         for domain, entry in data["domains"].items():
             label = f"{where}: domain {domain!r}"
             trees[domain] = parse_tree(entry, label)
             drafters[domain] = parse_drafter(entry, label)
             check_drafter(label, trees[domain], drafters[domain])
             backends[domain] = parse_backend(entry, label)
-            check_backend(label, trees[domain], drafters[domain], backends[domain])
+            stops[domain] = stop(document.domains[domain])
+            check_backend(label, trees[domain], drafters[domain], backends[domain], stops[domain])
             if isinstance(entry, dict) and "prediction" in entry:
                 predictions[domain] = Prediction.from_dict(entry["prediction"], label)
         uniform, uniform_drafter, uniform_backend = None, DrafterConfig(), "specscope"
+        uniform_stop = stop(document.uniform)
         if "uniform" in data:
-            uniform = parse_tree(data["uniform"], f"{where}: uniform")
-            uniform_drafter = parse_drafter(data["uniform"], f"{where}: uniform")
-            check_drafter(f"{where}: uniform", uniform, uniform_drafter)
-            uniform_backend = parse_backend(data["uniform"], f"{where}: uniform")
-            check_backend(f"{where}: uniform", uniform, uniform_drafter, uniform_backend)
+            label = f"{where}: uniform"
+            uniform = parse_tree(data["uniform"], label)
+            uniform_drafter = parse_drafter(data["uniform"], label)
+            check_drafter(label, uniform, uniform_drafter)
+            uniform_backend = parse_backend(data["uniform"], label)
+            check_backend(label, uniform, uniform_drafter, uniform_backend, uniform_stop)
             if isinstance(data["uniform"], dict) and "prediction" in data["uniform"]:
                 predictions[ALL_DOMAINS] = Prediction.from_dict(
-                    data["uniform"]["prediction"], f"{where}: uniform"
+                    data["uniform"]["prediction"], label
                 )
         info = {k: v for k, v in data.items() if k not in ("format", "domains", "uniform")}
         return cls(
@@ -565,6 +639,8 @@ class PolicyFile:
             predictions=predictions,
             backends={d: b for d, b in backends.items() if b != "specscope"},
             uniform_backend=uniform_backend,
+            stops={d: s for d, s in stops.items() if s is not None},
+            uniform_stop=uniform_stop,
         )
 
 
@@ -580,11 +656,21 @@ def parse_backend(entry, where: str) -> str:
 
 
 def check_backend(
-    where: str, shape: TreeShape | None, drafter: DrafterConfig, backend: str
+    where: str,
+    shape: TreeShape | None,
+    drafter: DrafterConfig,
+    backend: str,
+    stop: Stop | None = None,
 ) -> None:
-    """transformers' assisted generation runs a chain drafted by the draft model, nothing else."""
+    """transformers' assisted generation runs a chain drafted by the draft model, nothing else;
+    a stop rule cuts a tree in specscope's decoder."""
     if backend not in BACKENDS:
         raise PolicyError(f"{where}: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if stop is not None and (shape is None or backend != "specscope"):
+        raise PolicyError(
+            f"{where}: stop rule {stop.label} cuts a tree in specscope's decoder; got tree "
+            f"{shape.to_paths_literal() if shape else 'none'} in backend {backend}"
+        )
     if backend == "transformers" and (
         shape is None or not shape.is_chain or drafter != DrafterConfig()
     ):
@@ -619,15 +705,17 @@ def check_drafter(where: str, shape: TreeShape | None, drafter: DrafterConfig) -
 class PolicyEntry(BaseModel):
     """A policy file's entry of a domain, its uniform entry, or one of its candidates: the
     schema (what ``tune`` writes: :meth:`Choice.to_dict`). A hand-written entry needs only
-    ``tree``; ``drafter`` absent is the draft model, ``backend`` absent specscope's decoder."""
+    ``tree``; ``drafter`` absent is the draft model, ``backend`` absent specscope's decoder,
+    ``stop`` absent or null no stop rule."""
 
     model_config = INPUT
     tree: str | list[list[int]]  # path tuples ("[(0,), (0, 0)]" or [[0], [0, 0]]) or "none"
     drafter: DrafterConfig | None = None
     backend: str = "specscope"  # BACKENDS
+    stop: Stop | None = None  # {"signal": "p_draft", "threshold": 0.3}
     prediction: PredictionRecord | None = None
     nodes: int | None = None
-    expected_tau: float | None = None
+    expected_tau: float | None = None  # files written before: prediction.tokens_per_step
     predicted_speedup: float | None = None
     step_time_s: float | None = None
     domain: str | None = None  # a candidate's

@@ -9,6 +9,11 @@ decoding; the factor carries the measured overstatement over to the deeper tree,
 that the label names). Without a measured part (no node of the tree recorded) it is the vector's
 tau alone.
 
+A stop rule (:class:`Stop`) on a tree the records hold is replayed the same way
+(:class:`~specscope.analysis.replay.StopRule`: each recorded tree cut at the first node failing
+it), never extrapolated; the replay also gives what its steps cost, the shares of steps by nodes
+verified and by draft levels fed (:meth:`.costs.CostModel.stopped_step_time` prices them).
+
 It does not time anything (:mod:`.costs`) or choose (:mod:`.policy`).
 """
 
@@ -19,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from ..analysis.prepare import ALL
@@ -27,6 +33,7 @@ from ..analysis.replay import (
     Replay,
     ReplayCounts,
     ReplayRecords,
+    StopRule,
     Subtree,
     estimate,
 )
@@ -43,6 +50,44 @@ EXTRAPOLATED = "extrapolated (acceptance vector)"
 TIMED = "timed on the tuning prompts"  # a backend's own decoding (specscope.tune.engine_choice)
 METHODS = (REPLAY, EXTRAPOLATED, TIMED)
 
+# the stop rules tune weighs, per signal the node records hold: a node is drafted while its draft
+# probability is at least the threshold, or the entropy (nats) of the draft distribution it is
+# drawn from at most it
+STOP_GRID = {
+    "p_draft": (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8),
+    "draft_entropy": (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
+}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A policy entry's per-node stop rule: a node whose ``signal`` fails ``threshold`` is not
+    drafted, nor are its descendants (``p_draft``: below it, llama.cpp's ``p_min``;
+    ``draft_entropy``: above it). Both are the draft's own, known before the target runs."""
+
+    __pydantic_config__ = INPUT  # a policy entry's "stop" (specscope.schemas)
+    signal: str
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if self.signal not in STOP_GRID:
+            raise PolicyError(
+                f"stop signal {self.signal!r} is unknown; known: {', '.join(STOP_GRID)}"
+            )
+        probability = self.signal == "p_draft"
+        if not (0 < self.threshold <= 1 if probability else 0 <= self.threshold < math.inf):
+            allowed = "a probability in (0, 1]" if probability else "an entropy >= 0 (nats)"
+            raise PolicyError(f"stop threshold of {self.signal} is {allowed}, got {self.threshold}")
+
+    @property
+    def decode_args(self) -> dict[str, float]:
+        """The rule as the decoder's ``generate`` and the replay's ``StopRule`` take it."""
+        return {("p_min" if self.signal == "p_draft" else "h_max"): self.threshold}
+
+    @property
+    def label(self) -> str:
+        return f"{self.signal} {'>=' if self.signal == 'p_draft' else '<='} {self.threshold:g}"
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -58,6 +103,10 @@ class Prediction:
     decode_tokens_per_step: float = math.nan
     decode_proposal_rate: float = math.nan
     prompts: int = 0  # the prompts the interval resampled (0: not recorded)
+    # after the first step, the shares of steps by nodes verified and by draft levels fed (a
+    # replay's; empty: not known): what a stop rule's steps cost
+    verified: tuple[float, ...] = ()
+    fed: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -96,11 +145,6 @@ class Prediction:
             "interval": interval,
             "method": self.method,
             **({"prompts": self.prompts} if self.prompts else {}),
-            **(
-                {"decode_tokens_per_step": round(self.decode_tokens_per_step, 4)}
-                if math.isfinite(self.decode_tokens_per_step)
-                else {}
-            ),
         }
 
     @classmethod
@@ -109,14 +153,7 @@ class Prediction:
         read = parse(PredictionRecord, data, where, PolicyError, "prediction")
         lo, hi = read.interval if read.interval is not None else (math.nan, math.nan)
         try:
-            return cls(
-                read.tokens_per_step,
-                lo,
-                hi,
-                read.method,
-                decode_tokens_per_step=read.decode_tokens_per_step,
-                prompts=read.prompts,
-            )
+            return cls(read.tokens_per_step, lo, hi, read.method, prompts=read.prompts)
         except PolicyError as e:
             raise PolicyError(f"{where}: {e}") from None
 
@@ -129,7 +166,7 @@ class PredictionRecord(BaseModel):
     interval: tuple[float, float] | None = None  # [lo, hi]; null: none
     method: str
     prompts: Annotated[int, Field(ge=0)] = 0
-    decode_tokens_per_step: float = math.nan
+    decode_tokens_per_step: float = math.nan  # files written before: read, not used
 
 
 class Predictor:
@@ -153,20 +190,32 @@ class Predictor:
         self._figures: dict[tuple, Replay] = {}  # tree paths -> the replay's estimate
         self._measured = replay_prompts(records, MeasuredTree(), prefill_drafts)
 
-    def counts(self, shape: TreeShape) -> ReplayCounts:
-        key = shape.paths
+    def counts(self, shape: TreeShape, stop: Stop | None = None) -> ReplayCounts:
+        key = (shape.paths, stop)
         if key not in self._counts:
-            self._counts[key] = replay_prompts(self.records, Subtree(shape), self.prefill_drafts)
+            rule = Subtree(shape) if stop is None else StopRule(Subtree(shape), **stop.decode_args)
+            self._counts[key] = replay_prompts(self.records, rule, self.prefill_drafts)
         return self._counts[key]
 
-    def predict(self, shape: TreeShape, domain: str) -> Prediction:
+    def stops(self, shape: TreeShape) -> list[Stop]:
+        """The stop rules of :data:`STOP_GRID`, on the signals the node records hold, that cut
+        ``shape`` somewhere decoding goes (none for a tree the records do not hold)."""
+        signals = self.records.signals
+        if not self.records.has_nodes or not self.records.holds(shape):
+            return []
+        whole = self.counts(shape).drafted.sum()
+        grid = [Stop(k, t) for k in STOP_GRID if k in signals for t in STOP_GRID[k]]
+        grid = [s for s in grid if not np.isnan(signals[s.signal]).any()]
+        return [s for s in grid if self.counts(shape, s).drafted.sum() < whole]
+
+    def predict(self, shape: TreeShape, domain: str, stop: Stop | None = None) -> Prediction:
         """The point prediction (no interval): replayed where the records hold ``shape``."""
         name = ALL if domain == ALL_DOMAINS else domain
         if not self.records.holds(shape):
             share = self._measured.ratios(self.records, "proposals", "steps")[name]
             tau = self.vectors[domain].expected_tau(shape) * self._scale(shape, domain)
             return Prediction(tau, method=EXTRAPOLATED, proposal_rate=share)
-        counts = self.counts(shape)
+        counts = self.counts(shape, stop)
         tau = counts.ratios(self.records, "positions", "steps")[name]
         share = counts.ratios(self.records, "proposals", "steps")[name]
         later = counts.after_first()
@@ -175,6 +224,8 @@ class Predictor:
             proposal_rate=share,
             decode_tokens_per_step=later.ratios(self.records, "positions", "steps")[name],
             decode_proposal_rate=later.ratios(self.records, "proposals", "steps")[name],
+            verified=tuple(later.drafted_mix(self.records)[name]),
+            fed=tuple(later.drafted_mix(self.records, fed=True)[name]),
         )
 
     def _scale(self, shape: TreeShape, domain: str) -> float:
@@ -191,14 +242,14 @@ class Predictor:
         vector = self.vectors[domain].expected_tau(part)
         return self.predict(part, domain).tokens_per_step / vector if vector > 0 else 1.0
 
-    def with_interval(self, shape: TreeShape, domain: str) -> Prediction:
+    def with_interval(self, shape: TreeShape, domain: str, stop: Stop | None = None) -> Prediction:
         """:meth:`predict` with the replay's interval (an extrapolation has none)."""
-        point = self.predict(shape, domain)
+        point = self.predict(shape, domain, stop)
         if point.extrapolated:
             return point
-        key = shape.paths
+        key = (shape.paths, stop)
         if key not in self._figures:  # one bootstrap per tree gives every domain's interval
-            self._figures[key] = estimate(self.records, self.counts(shape), self.settings)[0]
+            self._figures[key] = estimate(self.records, self.counts(shape, stop), self.settings)[0]
         row = self._figures[key].row(ALL if domain == ALL_DOMAINS else domain)
         tokens = row.tokens_per_step
         return dataclasses.replace(

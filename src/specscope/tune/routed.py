@@ -34,7 +34,7 @@ from ..analysis.stats import ClusterBootstrap, ratio
 from ..records import ALL_DOMAINS
 from ..trees import TreeShape
 from .costs import CostModel
-from .predict import REPLAY, Prediction, Predictor
+from .predict import REPLAY, Prediction, Predictor, Stop
 from .router import RuleRouter, prompt_text
 
 ROUTER = "rules"  # the router a routed prediction assumes: the bench's default
@@ -43,17 +43,18 @@ ROUTER = "rules"  # the router a routed prediction assumes: the bench's default
 @dataclass(frozen=True)
 class Destination:
     """A domain's chosen entry as a prompt routed to it decodes: its tree (None: plain), the
-    predictor whose records and step count chose it, its backend and cost model."""
+    predictor whose records and step count chose it, its backend, cost model and stop rule."""
 
     shape: TreeShape | None
     predictor: Predictor
     costs: CostModel
     backend: str = "specscope"
+    stop: Stop | None = None
 
     @functools.cached_property
     def counts(self) -> tuple[ReplayCounts, ReplayCounts]:
         """Every prompt's replay counts under this entry, whole and after the first step."""
-        counts = self.predictor.counts(self.shape)
+        counts = self.predictor.counts(self.shape, self.stop)
         return counts, counts.after_first()
 
 
@@ -95,6 +96,9 @@ def _prompt_figures(
     steps = float(later.steps[index])
     if dest.backend == "transformers":
         step = dest.costs.assisted_step_time(len(dest.shape))
+    elif dest.stop is not None and steps:  # its steps by nodes verified and draft levels fed
+        verified, fed = (x[index] / steps for x in (later.drafted_steps, later.fed_steps))
+        step = dest.costs.stopped_step_time(dest.shape, verified, fed)
     else:
         share = later.proposals[index] / steps if steps else 1.0
         step = dest.costs.step_time(dest.shape, share)

@@ -21,15 +21,16 @@ dashboards work per domain: by default they are not, because in front of a vLLM 
 twice, and in front of SGLang or llama.cpp they would claim a vLLM that is not there.
 
 **Drift.** For each domain, the served tokens per verify step ``T = sum(accepted + steps) /
-sum(steps)`` (the bonus token included, as the policy's ``expected_tau``), with a 99% interval
+sum(steps)`` (the bonus token included, as the policy's prediction), with a 99% interval
 from the ratio estimator's request-clustered variance (requests are the independent units, not
 steps). The domain drifts when that interval lies wholly outside the policy's predicted interval
-(``expected_tau_low``..``expected_tau_high`` when the policy gives them, else the point
-``expected_tau``): ``specscope_gateway_drift`` is -1 (below), +1 (above) or 0; before
-:data:`MIN_REQUESTS` speculated requests it is NaN (not testable). 99%, not 95%: on simulated
-requests whose truth is the prediction (per-request acceptance rates drawn from a Beta, 5 to 60
-steps each), a 95% interval raised false alarms in 6-9% of domains at 30-50 requests (the ratio
-estimator's small-sample skew); the 99% one in 1.5-3%, at most the 5% a user would read it at.
+(``expected_tau_low``..``expected_tau_high`` when a hand-written policy gives them, else the
+point ``prediction.tokens_per_step`` that tune writes, or ``expected_tau``):
+``specscope_gateway_drift`` is -1 (below), +1 (above) or 0; before :data:`MIN_REQUESTS`
+speculated requests it is NaN (not testable). 99%, not 95%: on simulated requests whose truth is
+the prediction (per-request acceptance rates drawn from a Beta, 5 to 60 steps each), a 95%
+interval raised false alarms in 6-9% of domains at 30-50 requests (the ratio estimator's
+small-sample skew); the 99% one in 1.5-3%, at most the 5% a user would read it at.
 ``tests/serving/test_gateway_metrics.py`` measures both rates.
 
 It does not serve HTTP (the gateway mounts :meth:`GatewayMetrics.exposition`) or read logs.
@@ -161,12 +162,22 @@ def drift_state(tally: DomainTally, prediction: Prediction, min_requests: int = 
     return 0.0
 
 
-class PredictedEntry(BaseModel):
-    """What the drift signal reads of a policy entry; the rest of the entry (its tree, drafter,
-    prediction record) is ``specscope tune``'s and passes unread."""
+class TunePrediction(BaseModel):
+    """What the drift signal reads of ``specscope tune``'s prediction record (its schema is
+    ``specscope.tune.predict.PredictionRecord``, not imported: it would import torch)."""
 
     model_config = ConfigDict(extra="allow")
-    expected_tau: float | None = None  # None: no speculation, or a hand-written entry
+    tokens_per_step: float
+
+
+class PredictedEntry(BaseModel):
+    """What the drift signal reads of a policy entry: ``specscope tune``'s prediction (decoded
+    tokens per step), else a hand-written ``expected_tau``; the rest of the entry (its tree,
+    drafter) passes unread."""
+
+    model_config = ConfigDict(extra="allow")
+    prediction: TunePrediction | None = None
+    expected_tau: float | None = None  # None (and no prediction): no speculation
     expected_tau_low: float | None = None
     expected_tau_high: float | None = None
 
@@ -182,8 +193,8 @@ class PolicyPredictions(BaseModel):
 
 def load_predictions(path: str | Path) -> dict[str, Prediction | None]:
     """Each domain's predicted tokens per step from a ``specscope tune`` policy file (JSON), and
-    ``"*"`` for the uniform entry (domains the policy does not list). An entry without
-    ``expected_tau`` (no speculation, or a hand-written policy) predicts nothing (None)."""
+    ``"*"`` for the uniform entry (domains the policy does not list). An entry without a
+    prediction or ``expected_tau`` (no speculation) predicts nothing (None)."""
     data = read_json_object(path, MetricsError, "policy file")
     policy = parse(PolicyPredictions, data, f"policy file {path}", MetricsError)
     entries: dict[str, PredictedEntry | str | None] = dict(policy.domains)
@@ -191,11 +202,14 @@ def load_predictions(path: str | Path) -> dict[str, Prediction | None]:
         entries["*"] = policy.uniform
     out: dict[str, Prediction | None] = {}
     for domain, entry in entries.items():
-        if not isinstance(entry, PredictedEntry) or entry.expected_tau is None:
+        given = isinstance(entry, PredictedEntry) and (entry.prediction or entry.expected_tau)
+        if not given:
             out[domain] = None  # listed, so the uniform entry does not stand in for it
             continue
-        tau = entry.expected_tau
-        low, high = entry.expected_tau_low, entry.expected_tau_high
+        if entry.prediction is not None:  # tune's point, as its expected_tau was
+            tau, low, high = entry.prediction.tokens_per_step, None, None
+        else:
+            tau, low, high = entry.expected_tau, entry.expected_tau_low, entry.expected_tau_high
         try:
             out[domain] = Prediction(
                 tau, tau if low is None else low, tau if high is None else high

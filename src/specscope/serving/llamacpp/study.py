@@ -315,7 +315,7 @@ def _choice(cell: Cell, s: ServerSetting) -> Choice:
     if cell.how != PRICED:  # timed: the tokens per step over the decode speed it ran at
         step = tau / (cell.speedup * cell.decode_tokens_per_s) if cell.speedup > 0 else 0.0
     shape = chain(s.k) if s.uses_draft_model else None
-    return Choice(shape, tau, cell.speedup, step, prediction=cell.tokens_per_step)
+    return Choice(shape, cell.speedup, step, prediction=cell.tokens_per_step)
 
 
 def llama_policy(
