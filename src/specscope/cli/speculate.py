@@ -386,8 +386,9 @@ def bench(
         ROUTERS,
         BenchCheckpoint,
         BenchConfig,
+        HeldOut,
+        bench_decoder,
         bench_prompts,
-        run_bench,
     )
     from ..tune.policy import PolicyFile
 
@@ -453,7 +454,7 @@ def bench(
                 "prompts": [item.id for item in chosen.items],
             },
         )
-    runs = run_bench(
+    runs = bench_decoder(
         functools.cache(lambda drafter: make_decoder(pair, drafter)),
         pair.tokenizer,
         chosen.items,
@@ -461,7 +462,7 @@ def bench(
         chosen.routers[router_name],
         config,
         log=functools.partial(typer.echo, err=True),
-        in_sample_ids=chosen.in_sample_ids,
+        held_out=HeldOut(chosen.tuned, chosen.in_sample),
         checkpoint=checkpoint,
     )
     rows = summarize_bench(runs)
