@@ -424,7 +424,9 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     )
     # a bench record's config reads back as the config it was
     assert BenchConfig.from_dict(json.loads(json_text(dataclasses.asdict(config)))) == config
-    runs = bench_decoder(lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(), config)
+    runs = bench_decoder(
+        lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(), config
+    )
     by = {(r.method, r.prompt_id): r for r in runs}
     for item in chosen.items:
         routed, chain = by["routed", item.id], by["chain", item.id]

@@ -278,6 +278,11 @@ def llamacpp(
     log = functools.partial(typer.echo, err=True)
     if tune_only and policy_file is not None:
         fail("--tune-only tunes a policy; --policy-file benches one: give one of them")
+    if policy_file is not None:
+        log(
+            "note: specscope llamacpp --policy-file is now specscope bench --backend "
+            "llama-server --policy-file; this alias goes in the next release"
+        )
     if policy_file is None:
         policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
         policy, choice = tune_llama_server(

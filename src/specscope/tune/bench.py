@@ -183,6 +183,9 @@ class BenchConfig:
 
 
 ROUTERS = ("rules", "learned")
+# what `specscope bench --backend` times: the pair loaded here (specscope's decoder beside
+# transformers), llama-server spawned from a policy's GGUF files, or servers at URLs
+BACKENDS = ("specscope", "llama-server", "openai")
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,11 @@ class BenchPrompts:
     in_sample: bool = False  # tuning prompts may be timed (labelled in-sample)
     tuning_only: bool = False  # only tuning prompts are timed (and scored)
     tuning_per_domain: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def held_out_rule(self) -> HeldOut:
+        """What :func:`run_bench` refuses of these prompts (or labels in-sample)."""
+        return HeldOut(self.tuned, self.in_sample)
 
     @property
     def in_sample_ids(self) -> frozenset[str]:
@@ -550,6 +558,7 @@ def run_bench(
     loop: Loop = Loop(),
     log=None,
     checkpoint: BenchCheckpoint | None = None,
+    earlier: Sequence[Request] = (),
 ) -> Timed:
     """Time every method (a backend setting, or a :class:`Route`) on every prompt, ``repeats``
     times, the settings of a prompt interleaved in an order that rotates prompt by prompt and
@@ -557,7 +566,8 @@ def run_bench(
     measured are refused (``loop.held_out``). Rounds go prompt by prompt, the repeats of each
     together, or, for a backend that needs a fresh session every repeat (llama-server's
     servers), repeat by repeat. With a ``checkpoint``, each round's requests are appended to it
-    as timed and the rounds it holds are not timed again. Methods decoding alike (``uniform``
+    as timed and the rounds it holds are not timed again, nor those of ``earlier`` (requests of
+    this bench timed before, such as a ``requests.parquet``'s). Methods decoding alike (``uniform``
     equal to ``chain``; ``routed`` where the router sends the prompt to another method's
     setting) share one timing: routing adds one classification and the greedy output is the
     same, so the bench does not pay twice for it."""
@@ -568,7 +578,10 @@ def run_bench(
         rounds = [(rep, i) for rep in range(loop.repeats) for i in range(len(prompts))]
     else:
         rounds = [(rep, i) for i in range(len(prompts)) for rep in range(loop.repeats)]
-    done = checkpoint.load() if checkpoint is not None else {}
+    done: dict[tuple[int, str], list[Request]] = {}
+    for r in earlier:
+        done.setdefault((r.repeat, r.prompt_id), []).append(r)
+    done |= checkpoint.load() if checkpoint is not None else {}
     if done and log:
         log(f"resuming: {len(done)} of {len(rounds)} rounds timed before ({checkpoint.path})")
     here = machine_line()
@@ -650,6 +663,7 @@ class BenchCheckpoint:
         """The requests of every round timed before, by (repeat, prompt id) (none: a new file
         is begun)."""
         if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write([json.dumps(self.key)], "w")
             return {}
         lines = self.path.read_text().splitlines()
@@ -1126,26 +1140,6 @@ def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
         ),
         note,
     )
-
-
-def derived_runs(
-    runs: Sequence[BenchRun], method: str, pick: Callable[[BenchRun], tuple[str, str]]
-) -> list[BenchRun]:
-    """A method made of the candidates' own runs: for each prompt (its plain run),
-    ``pick(run)`` gives (candidate, routed domain) and that candidate's run on the prompt is
-    taken, renamed ``method``. Routing to an engine's setting costs nothing measurable where
-    the route only picks a server, so the same request stands for both."""
-    by_key = {(r.method, r.prompt_id): r for r in runs}
-    out = []
-    for r in runs:
-        if r.method == "plain":
-            candidate, routed = pick(r)
-            out.append(
-                dataclasses.replace(
-                    by_key[(candidate, r.prompt_id)], method=method, routed_to=routed
-                )
-            )
-    return out
 
 
 @dataclass(frozen=True)
