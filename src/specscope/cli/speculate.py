@@ -414,8 +414,8 @@ def bench(
         fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     names = list(options.names(domains) or BENCH_DOMAINS)
     if backend == "llama-server":
-        return _bench_llama_server(policy_file, out, names, per_domain, max_new_tokens, repeats,
-                                   seed, in_sample)  # fmt: skip
+        return bench_on_llama_server(policy_file, out, names, per_domain, max_new_tokens, repeats,
+                                     seed, in_sample)  # fmt: skip
     if backend == "openai":
         return _bench_openai(urls, policy_file, out, names, per_domain, max_new_tokens or 48,
                              repeats, seed, in_sample, target)  # fmt: skip
@@ -530,9 +530,10 @@ def bench(
         typer.echo(f"wrote {out}")
 
 
-def _bench_llama_server(policy_file, out, domains, per_domain, n_predict, repeats, seed,
-                        in_sample) -> None:  # fmt: skip
-    """``bench --backend llama-server``: the policy's candidates through llama-server."""
+def bench_on_llama_server(policy_file, out, domains, per_domain, n_predict, repeats, seed,
+                          in_sample, n_boot=2000) -> None:  # fmt: skip
+    """``bench --backend llama-server`` (and ``llamacpp``'s bench): the policy's candidates
+    through llama-server."""
     from ..serving.llamacpp.study import bench_llama_server
 
     if policy_file is None:
@@ -540,7 +541,7 @@ def _bench_llama_server(policy_file, out, domains, per_domain, n_predict, repeat
     out = out or policy_file.parent
     bench = bench_llama_server(
         policy_file, out, domains, per_domain, repeats, n_predict, 2026 if seed is None else seed,
-        in_sample, log=functools.partial(typer.echo, err=True),
+        in_sample, n_boot, log=functools.partial(typer.echo, err=True),
     )  # fmt: skip
     print_grids(bench.grids)
     single = bench.document["routed_vs_best_single"]
