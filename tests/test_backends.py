@@ -17,7 +17,7 @@ from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.trees import TreeShape
 from specscope.tune.acceptance import PolicyError
-from specscope.tune.bench import BenchConfig, candidate_predictions, run_bench
+from specscope.tune.bench import BenchConfig, bench_decoder, candidate_predictions
 from specscope.tune.costs import CostModel
 from specscope.tune.hf_generate import hf_generate
 from specscope.tune.policy import Measured, PolicyFile, TuneConfig, tune
@@ -299,7 +299,7 @@ def test_the_bench_routes_to_assisted_generation_and_predicts_it(tokenizer):
         assisted_tokens=2,
         methods=("plain", "assisted", "routed"),
     )
-    runs = run_bench(lambda drafter: decoder, tokenizer, items, policy, RuleRouter(), config)
+    runs = bench_decoder(lambda drafter: decoder, tokenizer, items, policy, RuleRouter(), config)
     by = {(r.method, r.prompt_id): r for r in runs}
     for item in items:
         plain, assisted, routed = (by[m, item.id] for m in ("plain", "assisted", "routed"))
@@ -329,7 +329,7 @@ def test_the_bench_counts_assisted_generations_decoding_after_its_first_step(tok
     config = BenchConfig(
         max_new_tokens=8, warmup=0, repeats=1, assisted_tokens=2, methods=("plain", "assisted")
     )
-    runs = run_bench(lambda drafter: decoder, tokenizer, items, None, RuleRouter(), config)
+    runs = bench_decoder(lambda drafter: decoder, tokenizer, items, None, RuleRouter(), config)
     plain, assisted = runs
     assert assisted.tokens == plain.tokens and len(plain.tokens) == 8
     assert (plain.first_tokens, plain.decode_tokens) == (1, 7)

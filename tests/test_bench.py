@@ -25,8 +25,10 @@ from specscope.tune.bench import (
     BenchConfig,
     BenchError,
     BenchRun,
+    HeldOut,
     PolicyPrediction,
     PredictedCell,
+    bench_decoder,
     bench_prompts,
     check_held_out,
     checks_document,
@@ -37,7 +39,6 @@ from specscope.tune.bench import (
     predicted_vs_measured,
     prediction_grid,
     regret_grid,
-    run_bench,
     summarize_bench,
     tuning_prompts,
 )
@@ -161,14 +162,14 @@ def tiny_bench(tokenizer):
     config = BenchConfig(
         max_new_tokens=8, warmup=0, repeats=2, methods=("plain", "chain", "uniform", "routed")
     )
-    runs = run_bench(
+    runs = bench_decoder(
         lambda drafter: decoder,
         tokenizer,
         chosen.items,
         policy,
         RuleRouter(),
         config,
-        in_sample_ids=chosen.in_sample_ids,
+        held_out=HeldOut(chosen.tuned, chosen.in_sample),
     )
     return policy, chosen, runs
 
@@ -421,7 +422,9 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     )
     # a bench record's config reads back as the config it was
     assert BenchConfig.from_dict(json.loads(json_text(dataclasses.asdict(config)))) == config
-    runs = run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(), config)
+    runs = bench_decoder(
+        lambda drafter: decoder, tokenizer, chosen.items, policy, RuleRouter(), config
+    )
     by = {(r.method, r.prompt_id): r for r in runs}
     for item in chosen.items:
         routed, chain = by["routed", item.id], by["chain", item.id]
@@ -463,6 +466,7 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
 
 def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp_path):
     from specscope.progress import reporting
+    from specscope.tune.backends import Request
     from specscope.tune.bench import BenchCheckpoint
 
     torch.set_num_threads(1)
@@ -500,7 +504,7 @@ def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp
 
     def bench(progress):
         with reporting(progress):
-            return run_bench(lambda drafter: decoder, tokenizer, chosen.items, policy,
+            return bench_decoder(lambda drafter: decoder, tokenizer, chosen.items, policy,
                              RuleRouter(), config, log=logged.append, checkpoint=checkpoint)  # fmt: skip
 
     with pytest.raises(Interrupted):
@@ -511,12 +515,16 @@ def test_an_interrupted_bench_resumes_after_its_last_timed_prompt(tokenizer, tmp
         f.write('[{"method": "plain", "prom')  # a line cut short by the interruption
     progress = Progress()
     runs = bench(progress)
-    assert logged == ["resuming: 2 of 4 prompts timed before (" + str(checkpoint.path) + ")"]
+    assert logged == ["resuming: 2 of 4 rounds timed before (" + str(checkpoint.path) + ")"]
     assert progress.seen == [("start", 2, 4), 3, 4]  # no prompt twice
     assert [(r.method, r.prompt_id) for r in runs] == [
         (m, i.id) for i in chosen.items for m in ("plain", "chain")
     ]
-    assert runs[:2] == [BenchRun.from_dict(r) for r in json.loads(lines[1])]  # read back whole
+    first = [Request.from_dict(r) for r in json.loads(lines[1])]  # a round's requests, whole
+    assert {(r.method, r.prompt_id, r.repeat) for r in first} == {
+        (m, chosen.items[0].id, 0) for m in ("plain", "chain")
+    }
+    assert runs[0].tokens == next(r.output_ids for r in first if r.method == "plain")
     assert len(checkpoint.path.read_text().splitlines()) == 1 + 4  # the cut line dropped
     other = BenchCheckpoint(checkpoint.path, {**key, "prompts": key["prompts"][:2]})
     with pytest.raises(BenchError, match="holds a bench of other settings"):

@@ -114,7 +114,7 @@ def _library_choices() -> dict[str, tuple[str, ...]]:
     from specscope.serving.ingest import JOINS
     from specscope.serving.ingest.formats import FORMATS
     from specscope.sweep.executors import EXECUTORS
-    from specscope.tune.bench import ROUTERS
+    from specscope.tune.bench import BACKENDS, ROUTERS
     from specscope.tune.choose import DRAFT_ATTENTIONS
     from specscope.tune.policy import SPECULATIONS
 
@@ -127,6 +127,7 @@ def _library_choices() -> dict[str, tuple[str, ...]]:
         "draft attention": DRAFT_ATTENTIONS,
         "executor": tuple(EXECUTORS),
         "router": ROUTERS,
+        "bench backend": BACKENDS,
         "serving engine": tuple(EXPORT_ENGINES),
         "log format": tuple(FORMATS),
         "join": JOINS,
@@ -170,6 +171,7 @@ def test_choices_are_listed_and_are_the_librarys():
     assert options.MEASURE_ENGINES == library["measurement engine"]
     assert options.DRAFT_ATTENTIONS == library["draft attention"]
     assert options.EXECUTORS == library["executor"] and options.ROUTERS == library["router"]
+    assert options.BENCH_BACKENDS == library["bench backend"]
     assert options.EXPORT_ENGINES == library["serving engine"]
     assert options.INGEST_FORMATS == library["log format"] and options.JOINS == library["join"]
     assert options.SHOWS == library["show"] and options.STRATIFY == library["stratification"]

@@ -21,14 +21,11 @@ from specscope.prompts.items import PromptItem
 from specscope.records import ALL_DOMAINS
 from specscope.serving.export import ExportError, ExportOptions, export_policy
 from specscope.serving.llamacpp.backend import (
-    LlamaRequest,
+    LlamaServerBackend,
     candidate_settings,
     machines_by_repeat,
-    read_journal,
     requests_frame,
     requests_from_frame,
-    runs_from_requests,
-    time_candidates,
 )
 from specscope.serving.llamacpp.costs import PassCosts, ServerStepModel, ServerTimings, calibrate
 from specscope.serving.llamacpp.programs import LlamaToolsError
@@ -43,11 +40,17 @@ from specscope.serving.llamacpp.study import (
     tune_grid,
 )
 from specscope.trees import TreeShape
+from specscope.tune.backends import Prompt, Request
 from specscope.tune.bench import (
+    BenchCheckpoint,
+    BenchError,
     BenchRun,
-    derived_runs,
+    HeldOut,
+    Loop,
+    TuningPrompts,
     regrets,
     routed_against_best_single,
+    run_bench,
     summarize_bench,
 )
 from specscope.tune.engine_choice import PRICED, choose, route_test, timed_cells
@@ -148,9 +151,12 @@ def _completion(n, decode_ms, prompt_ms, draft_n=0, accepted=0, tokens=None):
                       accepted, "limit")  # fmt: skip
 
 
+def _prompts(n):
+    return [Prompt(PromptItem(f"c{i}", "code", [], ""), (i + 1, i + 2), "") for i in range(n)]
+
+
 def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
-    items = [PromptItem(f"c{i}", "code", [], "") for i in range(2)]
-    prompts = [(it, [i + 1, i + 2]) for i, it in enumerate(items)]
+    prompts = _prompts(2)
     settings = candidate_settings(["ngram-simple:n=3,m=8"], ServerSetting())
     starts, log = [], []
     decode = {"plain": [600.0, 400.0, 500.0], "ngram-simple-n3-m8": [300.0, 200.0, 250.0]}
@@ -167,10 +173,10 @@ def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
         starts.append(setting)
         return nullcontext(ScriptedServer(setting, script, log))
 
-    runs, requests = time_candidates(
-        None, None, None, settings, prompts, 10, repeats=3, serve=serve,
-        in_sample_ids=frozenset({"c1"}),
-    )  # fmt: skip
+    backend = LlamaServerBackend(None, None, None, 10, serve=serve)
+    held_out = HeldOut(TuningPrompts(frozenset({"c1"}), ("r1",), True), in_sample=True)
+    timed = run_bench(backend, prompts, settings, Loop(3, 0, held_out))
+    runs, requests = timed.runs, list(timed.requests)
     assert len(starts) == 3 * 2  # every repeat on fresh servers
     assert len(requests) == 2 * 2 * 3
     # the candidates' order rotates prompt by prompt (and repeat by repeat)
@@ -187,19 +193,23 @@ def test_rows_are_medians_of_fresh_servers_with_steps_from_accepted_drafts():
     assert r.steps == 10 - 6  # the prefill's token, then 3 steps of 2 accepted drafts + 1
     assert by[("plain", "c0")].steps == 10 and by[("plain", "c0")].time_s == pytest.approx(0.6)
     assert by[("plain", "c1")].in_sample and not by[("plain", "c0")].in_sample
-    # two repeats: the median is the mean of both (not the slower one)
-    two = runs_from_requests([q for q in requests if q.repeat < 2])
-    assert {(r.method, r.prompt_id): r for r in two}[("plain", "c0")].time_s == pytest.approx(0.6)
+    # two repeats, concluded from their requests (nothing timed): the median is the mean of
+    # both (not the slower one)
+    starts.clear()
+    two = run_bench(
+        backend, prompts, settings, Loop(2), earlier=[q for q in requests if q.repeat < 2]
+    )
+    assert not starts
+    assert {(r.method, r.prompt_id): r for r in two.runs}[("plain", "c0")].time_s == pytest.approx(
+        0.6
+    )
     # more repeats later continue the count, and the requests read back from Parquet conclude
     # as the first ones did
-    starts.clear()
-    _, more = time_candidates(
-        None, None, None, settings, prompts, 10, repeats=1, serve=serve, first_repeat=3
-    )  # fmt: skip
-    assert {q.repeat for q in more} == {3}
+    more = run_bench(backend, prompts, settings, Loop(4), earlier=requests).requests
+    assert len(starts) == 2 and {q.repeat for q in more if q not in requests} == {3}
     back = requests_from_frame(requests_frame(requests))
     assert back == requests
-    assert runs_from_requests(back, frozenset({"c1"})) == runs
+    assert run_bench(backend, prompts, settings, Loop(3, 0, held_out), earlier=back).runs == runs
     assert {q.machine for q in requests} == {machine_line()}  # what timed them, request by request
 
 
@@ -210,9 +220,8 @@ def test_a_bench_says_when_its_repeats_ran_on_several_machines():
     a, b = "AMD EPYC (AVX2), 2 CPUs", "Intel Xeon (AVX2, AVX512, AMX), 2 CPUs"
 
     def request(rep, machine):
-        return LlamaRequest(
-            "plain", "c0", "code", rep, 10, 0.1, 0.5, 0, 0, "limit", 0.6, (), machine
-        )
+        return Request((), 10, 0, 0, 0.6, 0.1, method="plain", prompt_id="c0", domain="code",
+                       repeat=rep, machine=machine)  # fmt: skip
 
     requests = [request(0, a), request(2, b), request(1, a)]
     assert machines_by_repeat(requests) == {a: [1, 2], b: [3]}
@@ -228,13 +237,24 @@ def test_a_bench_says_when_its_repeats_ran_on_several_machines():
     assert "repeat 2 on a machine not recorded" in machines_note({a: [1], "": [2]}, a)
 
 
-def test_a_run_stopped_midway_times_only_what_its_journal_lacks(tmp_path):
-    """Interrupted at the 7th of 12 requests (the server fails), the run's journal holds the 6
-    answered; run again over it, only the other 6 are timed (the stopped repeat on fresh
-    servers), and the requests are the same as an uninterrupted run's. Another run's journal is
-    refused, and a line the interruption cut is dropped."""
-    items = [PromptItem(f"c{i}", "code", [], "") for i in range(2)]
-    prompts = [(it, [i + 1, i + 2]) for i, it in enumerate(items)]
+def test_a_requests_file_of_the_bench_before_its_requests_were_one_type_reads_back():
+    import pandas as pd
+
+    old = pd.DataFrame([{"candidate": "ngram-mod", "prompt_id": "c0", "domain": "code",
+                         "repeat": 1, "tokens": 4, "prompt_s": 0.1, "decode_s": 0.5,
+                         "draft_n": 6, "accepted": 3, "stop_type": "limit", "wall_s": 0.7,
+                         "output_ids": [1, 2, 3, 4], "machine": "m"}])  # fmt: skip
+    (r,) = requests_from_frame(old)
+    assert r == Request((1, 2, 3, 4), 1, 6, 3, 0.6, 0.1, stop_type="limit", method="ngram-mod",
+                        prompt_id="c0", domain="code", repeat=1, machine="m")  # fmt: skip
+
+
+def test_a_run_stopped_midway_times_only_what_its_checkpoint_lacks(tmp_path):
+    """Interrupted at the 7th of 12 requests (the server fails), the checkpoint holds the 3
+    rounds (prompt x repeat) answered; run again over it, only the other 6 requests are timed
+    (the stopped repeat on fresh servers), and the requests are the same as an uninterrupted
+    run's. Another bench's checkpoint is refused, and a line the interruption cut is dropped."""
+    prompts = _prompts(2)
     settings = candidate_settings(["ngram-mod"], ServerSetting())
     asked = []
 
@@ -246,29 +266,47 @@ def test_a_run_stopped_midway_times_only_what_its_journal_lacks(tmp_path):
     def serve(setting):
         return nullcontext(ScriptedServer(setting, script, asked))
 
-    journal = tmp_path / "requests.partial.jsonl"
-    run = functools.partial(
-        time_candidates, None, None, None, settings, prompts, 10, repeats=3, serve=serve,
-        journal=journal, inside=tmp_path,
-    )  # fmt: skip
+    backend = LlamaServerBackend(None, None, None, 10, serve=serve)
+    key = {"candidates": list(settings)}
+    checkpoint = BenchCheckpoint(tmp_path / "requests.partial.jsonl", key)
+    run = functools.partial(run_bench, backend, prompts, settings, Loop(3), checkpoint=checkpoint)
     fail = True
     with pytest.raises(ConnectionError):
         run()
-    assert len(journal.read_text().splitlines()) == 6
-    with open(journal, "a") as f:
-        f.write('{"candidate": "plain", "prom')  # cut mid-line
+    assert len(checkpoint.path.read_text().splitlines()) == 1 + 3
+    with open(checkpoint.path, "a") as f:
+        f.write('[{"method": "plain", "prom')  # cut mid-line
     fail, asked[:] = False, []
-    _, requests = run()
+    requests = run().requests
     assert len(asked) == 6 and len(requests) == 12
-    whole = read_journal(journal, list(settings), [it.id for it in items], range(3), 10)
-    assert sorted(whole.values(), key=str) == sorted(requests, key=str)  # the cut line ended
-    assert {(r.repeat, r.candidate, r.prompt_id) for r in requests} == {
-        (rep, n, it.id) for rep in range(3) for n in settings for it in items
+    whole = [r for rs in checkpoint.load().values() for r in rs]
+    assert sorted(whole, key=str) == sorted(requests, key=str)  # the cut line dropped
+    assert {(r.repeat, r.method, r.prompt_id) for r in requests} == {
+        (rep, n, p.item.id) for rep in range(3) for n in settings for p in prompts
     }
-    other = candidate_settings(["ngram-simple"], ServerSetting())
-    with pytest.raises(SpecscopeError, match="another run's journal"):
-        time_candidates(None, None, None, other, prompts, 10, repeats=3, serve=serve,
-                        journal=journal)  # fmt: skip
+    other = BenchCheckpoint(checkpoint.path, {"candidates": ["plain", "ngram-simple"]})
+    with pytest.raises(BenchError, match="holds a bench of other settings"):
+        run_bench(backend, prompts, settings, Loop(3), checkpoint=other)
+
+
+def derived_runs(  # the routed method of a bench, made by hand
+    runs, method, pick
+):
+    """A method made of the candidates' own runs: for each prompt (its plain run),
+    ``pick(run)`` gives (candidate, routed domain) and that candidate's run on the prompt is
+    taken, renamed ``method``. Routing to an engine's setting costs nothing measurable where
+    the route only picks a server, so the same request stands for both."""
+    by_key = {(r.method, r.prompt_id): r for r in runs}
+    out = []
+    for r in runs:
+        if r.method == "plain":
+            candidate, routed = pick(r)
+            out.append(
+                dataclasses.replace(
+                    by_key[(candidate, r.prompt_id)], method=method, routed_to=routed
+                )
+            )
+    return out
 
 
 # --- the chooser over timed candidates ----------------------------------------------------------------
@@ -456,7 +494,6 @@ def test_the_pass_costs_are_the_grids_curves_for_the_setting_or_refused_naming_t
     curves; a setting it never timed is refused with what it holds."""
     from pathlib import Path
 
-    from specscope.errors import SpecscopeError
     from specscope.serving.llamacpp.costs import CostGrid, pass_costs_for
 
     grid = CostGrid.load(
@@ -473,11 +510,8 @@ def test_the_pass_costs_are_the_grids_curves_for_the_setting_or_refused_naming_t
 
 
 def _request(candidate, tokens, decode_s, drafted=0, accepted=0):
-    from specscope.serving.llamacpp.backend import LlamaRequest
-
-    return LlamaRequest(
-        candidate, "p", "code", 0, tokens, 0.1, decode_s, drafted, accepted, "limit"
-    )
+    return Request(tuple(range(tokens)), tokens - accepted, drafted, accepted, 0.1 + decode_s,
+                   0.1, stop_type="limit", method=candidate, prompt_id="p", domain="code")  # fmt: skip
 
 
 def test_every_draft_model_chain_is_priced_and_the_model_not_the_timing_chooses():
@@ -819,7 +853,6 @@ def test_llama_servers_outputs_are_set_beside_the_runs():
 
 
 def test_an_earlier_tunes_timings_are_reused_only_for_the_same_candidates_and_prompts(tmp_path):
-    from specscope.errors import SpecscopeError
     from specscope.serving.llamacpp.backend import requests_frame
     from specscope.serving.llamacpp.study import earlier_timings
 
@@ -831,8 +864,8 @@ def test_an_earlier_tunes_timings_are_reused_only_for_the_same_candidates_and_pr
     path = tmp_path / "policy-requests.parquet"
     requests_frame(rows).to_parquet(path, index=False)
     again = earlier_timings(path, settings, items, 64, 1)
-    assert [(r.candidate, r.prompt_id, r.decode_s) for r in again] == [
-        (r.candidate, r.prompt_id, r.decode_s) for r in rows
+    assert [(r.method, r.prompt_id, r.decode_s) for r in again] == [
+        (r.method, r.prompt_id, r.decode_s) for r in rows
     ]
     with pytest.raises(SpecscopeError, match="0 this tune would not make and 2 of its 6 missing"):
         earlier_timings(path, settings, [*items, PromptItem("p2", "code", ())], 64, 1)

@@ -53,6 +53,7 @@ MEASURE_ENGINES = ("cached", "naive")  # run.config.ENGINES
 DRAFT_ATTENTIONS = ("sdpa", "rowwise")
 EXECUTORS = ("local", "ray")  # sweep.executors.EXECUTORS
 ROUTERS = ("rules", "learned")  # tune.bench.ROUTERS
+BENCH_BACKENDS = ("specscope", "llama-server", "openai")  # tune.bench.BACKENDS
 EXPORT_ENGINES = ("vllm", "sglang", "llama.cpp", "trtllm", "transformers")  # serving.export.ENGINES
 INGEST_FORMATS = ("vllm", "sglang", "llama.cpp", "spec-bench", "aiperf")  # serving.ingest FORMATS
 JOINS = ("id", "order")  # serving.ingest.JOINS

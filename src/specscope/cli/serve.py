@@ -268,16 +268,21 @@ def llamacpp(
     from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
     from ..serving.llamacpp.server import ServerSetting
     from ..serving.llamacpp.study import (
-        bench_llama_server,
         models_note,
         tune_grid,
         tune_llama_server,
     )
+    from .speculate import BENCH_DOMAINS, bench_on_llama_server
 
     out = out or run_dir / "llamacpp"
     log = functools.partial(typer.echo, err=True)
     if tune_only and policy_file is not None:
         fail("--tune-only tunes a policy; --policy-file benches one: give one of them")
+    if policy_file is not None:
+        log(
+            "note: specscope llamacpp --policy-file is now specscope bench --backend "
+            "llama-server --policy-file; this alias goes in the next release"
+        )
     if policy_file is None:
         policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
         policy, choice = tune_llama_server(
@@ -305,25 +310,8 @@ def llamacpp(
         typer.echo(f"wrote {policy_file}")
         if tune_only:
             return
-    bench = bench_llama_server(
-        policy_file,
-        out,
-        list(options.names(domains) or ["code", "math", "reasoning", "chat"]),
-        per_domain,
-        repeats,
-        max_new_tokens,
-        2026 if seed is None else seed,
-        in_sample,
-        n_boot,
-        log,
-    )
-    print_grids(bench.grids)
-    single = bench.document["routed_vs_best_single"]
-    typer.echo(
-        f"routed against the best single setting ({single['best_single']}): "
-        f"{single['ratio']:.3f}x [{single['lo']:.3f}, {single['hi']:.3f}]: {single['verdict']}"
-    )
-    typer.echo(f"wrote {out / 'bench.json'}")
+    bench_on_llama_server(policy_file, out, list(options.names(domains) or BENCH_DOMAINS),
+                          per_domain, max_new_tokens, repeats, seed, in_sample, n_boot)  # fmt: skip
 
 
 # --- doctor ---------------------------------------------------------------------------------------

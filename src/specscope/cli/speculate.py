@@ -344,10 +344,28 @@ def tune(
 
 @command(panel=SPECULATE)
 def bench(
+    backend: str = typer.Option(
+        "specscope",
+        metavar=options.one_of(options.BENCH_BACKENDS),
+        help="What is timed: specscope (the pair loaded here: specscope's decoder beside transformers' plain and assisted generation), llama-server (the llama-server policy's candidates, spawned from its GGUF files, each repeat on fresh servers; --out is then a directory, default the policy's), openai (OpenAI-compatible servers already running at --url).",
+        rich_help_panel=options.EXECUTION,
+    ),
+    urls: list[str] = typer.Option(
+        [],
+        "--url",
+        help="With --backend openai: NAME=URL of a running vLLM, SGLang or llama-server (repeat the option; one named plain is the reference), e.g. plain=http://localhost:8001.",
+        rich_help_panel=options.EXECUTION,
+    ),
     policy_file: Path | None = options.POLICY_FILE,
     domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 2),
-    max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 48),
+    max_new_tokens: int | None = typer.Option(
+        None,
+        min=1,
+        max=MAX_TOKENS,
+        help="New tokens per prompt (default 48; llama-server: the tune's).",
+        rich_help_panel=options.EXECUTION,
+    ),
     warmup: int = typer.Option(
         1,
         min=0,
@@ -418,16 +436,27 @@ def bench(
     from ..tune import bench as checks
     from ..tune import choose
     from ..tune.bench import (
+        BACKENDS,
         ROUTERS,
         BenchCheckpoint,
         BenchConfig,
+        bench_decoder,
         bench_prompts,
-        run_bench,
     )
     from ..tune.policy import PolicyFile
 
+    if backend not in BACKENDS:
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    names = list(options.names(domains) or BENCH_DOMAINS)
+    if backend == "llama-server":
+        return bench_on_llama_server(policy_file, out, names, per_domain, max_new_tokens, repeats,
+                                     seed, in_sample)  # fmt: skip
+    if backend == "openai":
+        return _bench_openai(urls, policy_file, out, names, per_domain, max_new_tokens or 48,
+                             repeats, seed, in_sample, target)  # fmt: skip
     if out is not None:
         check_output_file(out, (policy_file,), "--out")
+    max_new_tokens = max_new_tokens or 48
     config = BenchConfig(
         max_new_tokens=max_new_tokens,
         warmup=warmup,
@@ -444,7 +473,6 @@ def bench(
         else DrafterConfig("early-exit", exit_layer=exit_layer),
     )
     policy = PolicyFile.load(policy_file) if policy_file else None
-    names = list(options.names(domains) or BENCH_DOMAINS)
     if router_name not in ROUTERS:
         fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
     seed = options.DEFAULT_SEED if seed is None else seed
@@ -498,7 +526,7 @@ def bench(
                 "prompts": [item.id for item in chosen.items],
             },
         )
-    runs = run_bench(
+    runs = bench_decoder(
         functools.cache(lambda drafter: make_decoder(pair, drafter)),
         pair.tokenizer,
         chosen.items,
@@ -506,7 +534,7 @@ def bench(
         chosen.routers[router_name],
         config,
         log=functools.partial(typer.echo, err=True),
-        in_sample_ids=chosen.in_sample_ids,
+        held_out=chosen.held_out_rule,
         checkpoint=checkpoint,
     )
     rows = summarize_bench(runs)
@@ -544,4 +572,69 @@ def bench(
             },
         )
         checkpoint.path.unlink()
+        typer.echo(f"wrote {out}")
+
+
+def bench_on_llama_server(policy_file, out, domains, per_domain, n_predict, repeats, seed,
+                          in_sample, n_boot=2000) -> None:  # fmt: skip
+    """``bench --backend llama-server`` (and ``llamacpp``'s bench): the policy's candidates
+    through llama-server."""
+    from ..serving.llamacpp.study import bench_llama_server
+
+    if policy_file is None:
+        fail("--backend llama-server benches a llama-server policy: give --policy-file")
+    out = out or policy_file.parent
+    bench = bench_llama_server(
+        policy_file, out, domains, per_domain, repeats, n_predict, 2026 if seed is None else seed,
+        in_sample, n_boot, log=functools.partial(typer.echo, err=True),
+    )  # fmt: skip
+    print_grids(bench.grids)
+    single = bench.document["routed_vs_best_single"]
+    typer.echo(
+        f"routed against the best single setting ({single['best_single']}): "
+        f"{single['ratio']:.3f}x [{single['lo']:.3f}, {single['hi']:.3f}]: {single['verdict']}"
+    )
+    typer.echo(f"wrote {out / 'bench.json'}")
+
+
+def _bench_openai(urls, policy_file, out, domains, per_domain, max_tokens, repeats, seed,
+                  in_sample, target) -> None:  # fmt: skip
+    """``bench --backend openai``: servers already running, one setting per --url."""
+    from ..analysis.bench_stats import speedup_precision, summarize_bench
+    from ..files import check_output_file, write_json
+    from ..models import load_tokenizer
+    from ..serving.openai_server import OpenAIBackend, ServerURL
+    from ..tune import bench as checks
+    from ..tune.bench import Loop, bench_prompts, rendered_prompts, run_bench
+    from ..tune.choose import bench_grid
+    from ..tune.policy import PolicyFile
+
+    policy = PolicyFile.load(policy_file) if policy_file else None
+    rendering = ((policy.info.get("tune") or {}) if policy else {}).get("rendering", "task")
+    settings = dict(ServerURL.parse(u, chat=rendering == "chat") for u in urls)
+    if "plain" not in settings:
+        fail("--backend openai needs a --url named plain (plain=URL): the speed-ups are over it")
+    if out is not None:
+        check_output_file(out, (policy_file,), "--out")
+    seed = options.DEFAULT_SEED if seed is None else seed
+    chosen = bench_prompts(domains, per_domain, seed, policy, "rules", in_sample, split=False)
+    tokenizer = load_tokenizer(target or "demo:target")
+    prompts = rendered_prompts(chosen.items, tokenizer, rendering, 512)
+    backend = OpenAIBackend(
+        max_tokens, lambda text: tokenizer.encode(text, add_special_tokens=False)
+    )
+    timed = run_bench(backend, prompts, settings, Loop(repeats, 0, chosen.held_out_rule),
+                      functools.partial(typer.echo, err=True))  # fmt: skip
+    rows = summarize_bench(timed.runs)
+    precision = speedup_precision(timed.runs)
+    print_grids([bench_grid(rows, f"servers at URLs, {max_tokens} new tokens"),
+                 checks.precision_grid(precision)], blank=False)  # fmt: skip
+    if out is not None:
+        write_json(out, {
+            "backend": "openai",
+            "urls": {n: s.url for n, s in settings.items()},
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "requests": [r.to_dict() for r in timed.requests],
+            **checks.checks_document(chosen, (), precision),
+        })  # fmt: skip
         typer.echo(f"wrote {out}")

@@ -35,14 +35,14 @@ import dataclasses
 import json
 import math
 import os
-import time
+import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import pandas as pd
 
 from ..analysis.bench_stats import (
@@ -67,13 +67,24 @@ from ..core.loop import DecodeConfig, DecodeError
 from ..decode import SpeculativeDecoder
 from ..drafters import DrafterConfig
 from ..files import read_json_object, read_toml_table
+from ..hardware import machine_line
 from ..progress import counting
 from ..prompts.domains import select_prompts
 from ..prompts.items import PromptItem, sample_items
 from ..prompts.render import render_item
 from ..records import ALL_DOMAINS
 from ..trees import DynamicTree, TreeShape
-from .hf_generate import hf_generate
+from .backends import (
+    PLAIN,
+    Backend,
+    DecoderSetting,
+    Engines,
+    Prompt,
+    Request,
+    SpecscopeBackend,
+    TransformersBackend,
+    TransformersSetting,
+)
 from .predict import Prediction, Stop
 from .router import (
     LearnedRouter,
@@ -173,6 +184,9 @@ class BenchConfig:
 
 
 ROUTERS = ("rules", "learned")
+# what `specscope bench --backend` times: the pair loaded here (specscope's decoder beside
+# transformers), llama-server spawned from a policy's GGUF files, or servers at URLs
+BACKENDS = ("specscope", "llama-server", "openai")
 
 
 @dataclass(frozen=True)
@@ -249,6 +263,11 @@ class BenchPrompts:
     in_sample: bool = False  # tuning prompts may be timed (labelled in-sample)
     tuning_only: bool = False  # only tuning prompts are timed (and scored)
     tuning_per_domain: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def held_out_rule(self) -> HeldOut:
+        """What :func:`run_bench` refuses of these prompts (or labels in-sample)."""
+        return HeldOut(self.tuned, self.in_sample)
 
     @property
     def in_sample_ids(self) -> frozenset[str]:
@@ -349,28 +368,6 @@ class Setting(NamedTuple):
     stop: Stop | None = None
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """One method's decoding of one prompt, as the bench times it."""
-
-    tokens: list[int]
-    steps: int  # verification steps (plain: forward passes of the target)
-    first_token_s: float  # to the first step's tokens
-    first_tokens: int = 1  # tokens the first step emitted
-    routed_to: str = ""  # routed: the domain the router chose
-
-
-@dataclass(frozen=True)
-class BenchMethods:
-    """The methods of a bench: each one's fn(prompt ids, prompt text) -> :class:`Decoded`, the
-    fixed (drafter, tree) of the specscope methods, and routed's (drafter, tree) for a prompt's
-    text."""
-
-    fns: dict[str, Callable]
-    settings: dict[str, Setting]
-    route: Callable[[str], tuple[str, Setting]] | None
-
-
 def method_settings(policy, config: BenchConfig) -> dict[str, Setting]:
     """The (drafter, tree, backend, stop) of each of ``config``'s methods that decodes with a
     fixed one (chain, dynamic, uniform, the drafter methods, and assisted with
@@ -420,161 +417,256 @@ def policy_choices(policy, config: BenchConfig, domains: Sequence[str]) -> dict[
     return out
 
 
-def bench_methods(decoder_for: DecoderFor, policy, router, config: BenchConfig) -> BenchMethods:
-    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
-    decoder = decoder_for(DrafterConfig())
+def typed_setting(setting: Setting) -> DecoderSetting | TransformersSetting:
+    """A policy's (drafter, tree, backend, stop) as the backend setting that decodes it."""
+    drafter, tree, backend, stop = setting
+    if backend == "transformers":
+        return TransformersSetting(assisted=True, tokens=len(tree))
+    return DecoderSetting(drafter, tree, stop) if tree is not None else PLAIN
 
-    def hf(assistant, tokens: int | None = None):
-        def fn(ids, text):  # a step is a pass of the target (plain: one per token)
-            g = hf_generate(
-                decoder.target, ids, config.max_new_tokens, decoder.eos, assistant, tokens
-            )
-            return Decoded(g.tokens, g.target_passes, g.first_token_s, g.first_tokens)
 
-        return fn
-
-    def run(setting: Setting):
-        drafter, spec, backend, stop = setting
-        if backend == "transformers":
-            return hf(decoder.draft, len(spec))
-        speculator = decoder_for(drafter)
-        cut = stop.decode_args if stop else {}
-
-        def fn(ids, text):
-            r = speculator.generate(ids, spec, greedy, **cut)
-            return Decoded(r.tokens, len(r.steps), r.steps[0].step_time_s)
-
-        return fn
-
-    def route(text) -> tuple[str, Setting]:
-        domain = router.classify(text)
-        return domain, policy_setting(policy, domain)
-
-    def routed(ids, text):
-        domain, setting = route(text)
-        return dataclasses.replace(run(setting)(ids, text), routed_to=domain)
-
-    settings = method_settings(policy, config)
-    fns = {
-        "plain": hf(None),
-        "assisted": hf(decoder.draft, config.assisted_tokens),
-        "routed": routed,
-        **{m: run(setting) for m, setting in settings.items()},
+def decoder_methods(policy, router, config: BenchConfig) -> dict[str, object]:
+    """The decoder bench's methods as backend settings: plain and assisted in transformers
+    (assisted on transformers' adaptive defaults without ``assisted_tokens``), the rest in
+    specscope's decoder, routed a :class:`Route` to the policy's entry for the prompt's domain."""
+    fixed = {m: typed_setting(s) for m, s in method_settings(policy, config).items()}
+    methods = {
+        "plain": PLAIN,
+        "assisted": TransformersSetting(assisted=True, tokens=config.assisted_tokens),
+        **fixed,
     }
-    return BenchMethods(
-        {m: fns[m] for m in config.methods}, settings, route if policy is not None else None
-    )
+    if policy is not None:
+        methods["routed"] = Route(
+            router.classify, lambda domain: typed_setting(policy_setting(policy, domain))
+        )
+    return {m: methods[m] for m in config.methods}
 
 
-def run_bench(
+def bench_decoder(
     decoder_for: DecoderFor,
     tokenizer,
-    items,
+    items: Sequence[PromptItem],
     policy,
     router,
     config: BenchConfig = BenchConfig(),
     log=None,
-    in_sample_ids: frozenset[str] = frozenset(),
+    held_out: HeldOut | None = None,
     checkpoint: BenchCheckpoint | None = None,
 ) -> list[BenchRun]:
-    """Time every method on every prompt; medians over ``repeats`` (see :class:`BenchConfig`),
-    every repeat's time kept; runs on ``in_sample_ids`` are labelled in-sample. With a
-    ``checkpoint``, the prompts it holds are not timed again (their runs are taken from it) and
-    each prompt's runs are appended to it once timed.
+    """specscope's decoder and transformers on the pair loaded here, through :func:`run_bench`."""
+    decoder = decoder_for(DrafterConfig())
+    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
+    backend = Engines(
+        {
+            TransformersSetting: TransformersBackend(
+                decoder.target, decoder.draft, decoder.eos, config.max_new_tokens
+            ),
+            DecoderSetting: SpecscopeBackend(decoder_for, greedy),
+        }
+    )
+    prompts = rendered_prompts(items, tokenizer, config.rendering, config.max_prompt_tokens)
+    methods = decoder_methods(policy, router, config)
+    loop = Loop(config.repeats, config.warmup, held_out or HeldOut())
+    return run_bench(backend, prompts, methods, loop, log, checkpoint).runs
 
-    A method that decodes with the same drafter and tree as one timed beside it (``uniform``
-    equal to ``chain``; ``routed`` where the router sends the prompt to the setting of ``chain``,
-    ``ngram`` or ``uniform``) is given that method's run on the prompt, not a second timing of
-    the same decoding: routing adds one classification (rules: microseconds) and the greedy
-    output is the same, so the bench does not pay twice for it."""
-    methods = bench_methods(decoder_for, policy, router, config)
-    rendered = [
-        render_item(tokenizer, item, config.rendering, config.max_prompt_tokens).ids
+
+def rendered_prompts(
+    items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens: int
+) -> list[Prompt]:
+    """The prompts rendered for the pair's tokenizer (see :mod:`specscope.prompts.render`)."""
+    return [
+        Prompt(
+            item, tuple(render_item(tokenizer, item, rendering, max_tokens).ids), prompt_text(item)
+        )
         for item in items
     ]
-    for _ in range(config.warmup if items else 0):
-        for fn in methods.fns.values():
-            fn(rendered[0], prompt_text(items[0]))
-    fixed_twins: dict[str, str] = {}  # a method -> the earlier one decoding alike
-    originals: list[str] = []
-    for m, setting in methods.settings.items():
-        twin = next((o for o in originals if _same(methods.settings[o], setting)), None)
-        if twin is None:
-            originals.append(m)
-        else:
-            fixed_twins[m] = twin
-    done = checkpoint.load() if checkpoint is not None else {}
+
+
+# --- the one loop ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """The routed method: the router's domain for a prompt's text, and the setting for it."""
+
+    classify: Callable[[str], str]
+    setting_for: Callable[[str], object]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Which prompts the policy's tuning runs measured: timing one is refused unless
+    ``in_sample`` (then its runs are labelled in-sample)."""
+
+    tuned: TuningPrompts = TuningPrompts(frozenset(), (), known=False)
+    in_sample: bool = False
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How :func:`run_bench` times: ``repeats`` of every method on every prompt after
+    ``warmup`` untimed rounds on the first prompt, refusing prompts ``held_out`` names."""
+
+    repeats: int = 3
+    warmup: int = 0
+    held_out: HeldOut = HeldOut()
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What :func:`run_bench` timed: every request, and one :class:`BenchRun` per method and
+    prompt (medians over the repeats)."""
+
+    requests: tuple[Request, ...]
+    runs: list[BenchRun]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One prompt's methods resolved: method -> the key of the setting it decodes with (methods
+    decoding alike share a key, timed once), and the routed method's domain."""
+
+    keys: dict[str, str]
+    routed_to: dict[str, str]  # a routed method -> the router's domain for the prompt
+
+
+def _plans(methods: Mapping[str, object], prompts: Sequence[Prompt]):
+    """Each prompt's :class:`_Plan`, and key -> setting over all prompts (a key is the first
+    method decoding with the setting, or ``routed:DOMAIN`` for a route to a setting no fixed
+    method has)."""
+    settings: dict[str, object] = {}
+
+    def key(name: str, setting) -> str:
+        found = next((k for k, s in settings.items() if s == setting), None)
+        if found is None:
+            settings[name] = setting
+        return found or name
+
+    fixed = {m: key(m, s) for m, s in methods.items() if not isinstance(s, Route)}
+    plans = []
+    for p in prompts:
+        keys, routed_to = dict(fixed), {}
+        for m, route in methods.items():
+            if isinstance(route, Route):
+                routed_to[m] = domain = route.classify(p.text)
+                keys[m] = key(f"{m}:{domain}", route.setting_for(domain))
+        plans.append(_Plan({m: keys[m] for m in methods}, routed_to))
+    return plans, settings
+
+
+def run_bench(
+    backend: Backend,
+    prompts: Sequence[Prompt],
+    methods: Mapping[str, object],
+    loop: Loop = Loop(),
+    log=None,
+    checkpoint: BenchCheckpoint | None = None,
+    earlier: Sequence[Request] = (),
+) -> Timed:
+    """Time every method (a backend setting, or a :class:`Route`) on every prompt, ``repeats``
+    times, the settings of a prompt interleaved in an order that rotates prompt by prompt and
+    repeat by repeat; one round is one prompt in one repeat. Prompts the policy's tuning runs
+    measured are refused (``loop.held_out``). Rounds go prompt by prompt, the repeats of each
+    together, or, for a backend that needs a fresh session every repeat (llama-server's
+    servers), repeat by repeat. With a ``checkpoint``, each round's requests are appended to it
+    as timed and the rounds it holds are not timed again, nor those of ``earlier`` (requests of
+    this bench timed before, such as a ``requests.parquet``'s). Methods decoding alike (``uniform``
+    equal to ``chain``; ``routed`` where the router sends the prompt to another method's
+    setting) share one timing: routing adds one classification and the greedy output is the
+    same, so the bench does not pay twice for it."""
+    items = [p.item for p in prompts]
+    check_held_out(items, loop.held_out.tuned, loop.held_out.in_sample)
+    plans, settings = _plans(methods, prompts)
+    if backend.fresh_per_repeat:
+        rounds = [(rep, i) for rep in range(loop.repeats) for i in range(len(prompts))]
+    else:
+        rounds = [(rep, i) for i in range(len(prompts)) for rep in range(loop.repeats)]
+    done: dict[tuple[int, str], list[Request]] = {}
+    for r in earlier:
+        done.setdefault((r.repeat, r.prompt_id), []).append(r)
+    done |= checkpoint.load() if checkpoint is not None else {}
     if done and log:
-        log(f"resuming: {len(done)} of {len(items)} prompts timed before ({checkpoint.path})")
-    runs = []
-    with counting("bench", "prompts", len(items), len(done)) as advance:
-        for item, ids in zip(items, rendered):
-            if item.id in done:
-                runs += done[item.id]
+        log(f"resuming: {len(done)} of {len(rounds)} rounds timed before ({checkpoint.path})")
+    here = machine_line()
+    requests: dict[tuple[int, str], list[Request]] = {}
+    session, session_rep, warmup = None, None, loop.warmup if prompts else 0
+    with ExitStack() as stack, counting("bench", "rounds", len(rounds), len(done)) as advance:
+        for rep, i in rounds:
+            item = items[i]
+            if (rep, item.id) in done:
+                requests[rep, item.id] = done[rep, item.id]
                 continue
-            text = prompt_text(item)
-            same_as = dict(fixed_twins)
-            domain = ""
-            if "routed" in methods.fns and methods.route is not None:
-                domain, setting = methods.route(text)
-                twin = next((m for m in originals if _same(methods.settings[m], setting)), None)
-                if twin is not None:
-                    same_as["routed"] = twin
-            timed = [m for m in methods.fns if m not in same_as]
-            times: dict[str, list[float]] = {m: [] for m in timed}
-            firsts: dict[str, list[float]] = {m: [] for m in timed}
-            outputs: dict[str, Decoded] = {}
-            for _ in range(config.repeats):
-                for name in timed:
-                    t0 = time.perf_counter()
-                    outputs[name] = methods.fns[name](ids, text)
-                    times[name].append(time.perf_counter() - t0)
-                    firsts[name].append(outputs[name].first_token_s)
-            for name, twin in same_as.items():
-                outputs[name] = dataclasses.replace(
-                    outputs[twin], routed_to=domain if name == "routed" else ""
-                )
-                times[name], firsts[name] = times[twin], firsts[twin]
-            timed_runs = []
-            for name in methods.fns:
-                out = outputs[name]
-                median = float(np.median(times[name]))
-                timed_runs.append(
-                    BenchRun(
-                        name,
-                        item.id,
-                        item.domain,
-                        out.routed_to,
-                        tuple(out.tokens),
-                        out.steps,
-                        median,
-                        float(np.median(firsts[name])),
-                        tuple(times[name]),
-                        tuple(firsts[name]),
-                        item.id in in_sample_ids,
-                        out.first_tokens,
-                    )
-                )
+            if session is None or (backend.fresh_per_repeat and rep != session_rep):
+                stack.close()
+                session, session_rep = stack.enter_context(backend.session(settings)), rep
+            for _ in range(warmup):
+                for k in dict.fromkeys(plans[0].keys.values()):
+                    session(k, prompts[0])
+            warmup = 0
+            keys = list(dict.fromkeys(plans[i].keys.values()))
+            shift = (i + rep) % len(keys)
+            timed = []
+            for k in keys[shift:] + keys[:shift]:
+                out = session(k, prompts[i])
+                timed.append(Request(**asdict(out), method=k, prompt_id=item.id,
+                                     domain=item.domain, repeat=rep, machine=here))  # fmt: skip
+            requests[rep, item.id] = timed
             if checkpoint is not None:
-                checkpoint.append(timed_runs)
-            runs += timed_runs
+                checkpoint.append(timed)
             advance()
-    return runs
+    in_sample = loop.held_out.tuned.ids
+    runs = [
+        bench_run(m, item, plan, requests, loop.repeats, item.id in in_sample)
+        for item, plan in zip(items, plans)
+        for m in plan.keys
+    ]
+    return Timed(tuple(r for rs in requests.values() for r in rs), runs)
+
+
+def bench_run(method, item, plan: _Plan, requests, repeats: int, in_sample: bool) -> BenchRun:
+    """One method on one prompt: the median over repeats of the time and, apart, of the first
+    step's, every repeat kept, the last repeat's output."""
+    key = plan.keys[method]
+    mine = [
+        next(r for r in requests[rep, item.id] if r.method == key)
+        for rep in range(repeats)
+        if (rep, item.id) in requests
+    ]
+    last = mine[-1]
+    times = tuple(r.time_s for r in mine)
+    firsts = tuple(r.first_token_s for r in mine)
+    return BenchRun(
+        method,
+        item.id,
+        item.domain,
+        plan.routed_to.get(method, ""),
+        last.output_ids,
+        last.steps,
+        statistics.median(times),
+        statistics.median(firsts),
+        times,
+        firsts,
+        in_sample,
+        last.first_tokens,
+    )
 
 
 @dataclass(frozen=True)
 class BenchCheckpoint:
-    """A bench's timed prompts, appended one line per prompt to a JSON Lines file as they finish
-    (``OUT.partial.jsonl`` beside the bench's ``--out``), so that an interrupted bench loses at
-    most the prompt it was timing: the same command resumes. The first line is ``key`` (the
-    config, the policy, the prompts, the machine); a file with another key is refused by name."""
+    """A bench's timed rounds (one prompt in one repeat), appended one line per round (its
+    requests) to a JSON Lines file as they finish (``OUT.partial.jsonl`` beside the bench's
+    ``--out``), so that an interrupted bench loses at most the round it was timing: the same
+    command resumes. The first line is ``key`` (the config, the policy, the prompts, the
+    machine); a file with another key is refused by name."""
 
     path: Path
     key: dict
 
-    def load(self) -> dict[str, list[BenchRun]]:
-        """The runs of every prompt timed before, by prompt id (none: a new file is begun)."""
+    def load(self) -> dict[tuple[int, str], list[Request]]:
+        """The requests of every round timed before, by (repeat, prompt id) (none: a new file
+        is begun)."""
         if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write([json.dumps(self.key)], "w")
             return {}
         lines = self.path.read_text().splitlines()
@@ -588,18 +680,18 @@ class BenchCheckpoint:
                 "machine differ): delete it to start this bench afresh, or run the command that "
                 "began it"
             )
-        done: dict[str, list[BenchRun]] = {}
+        done: dict[tuple[int, str], list[Request]] = {}
         for n, line in enumerate(lines[1:], 1):
             try:
-                timed = [BenchRun.from_dict(r) for r in json.loads(line)]
+                timed = [Request.from_dict(r) for r in json.loads(line)]
             except (ValueError, TypeError):  # cut short by the interruption: timed again
                 self._write(lines[:n], "w")
                 break
-            done[timed[0].prompt_id] = timed
+            done[timed[0].repeat, timed[0].prompt_id] = timed
         return done
 
-    def append(self, runs: Sequence[BenchRun]) -> None:
-        self._write([json.dumps([dataclasses.asdict(r) for r in runs])], "a")
+    def append(self, requests: Sequence[Request]) -> None:
+        self._write([json.dumps([r.to_dict() for r in requests])], "a")
 
     def _write(self, lines: list[str], mode: str) -> None:
         with self.path.open(mode) as f:
@@ -1049,26 +1141,6 @@ def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
         ),
         note,
     )
-
-
-def derived_runs(
-    runs: Sequence[BenchRun], method: str, pick: Callable[[BenchRun], tuple[str, str]]
-) -> list[BenchRun]:
-    """A method made of the candidates' own runs: for each prompt (its plain run),
-    ``pick(run)`` gives (candidate, routed domain) and that candidate's run on the prompt is
-    taken, renamed ``method``. Routing to an engine's setting costs nothing measurable where
-    the route only picks a server, so the same request stands for both."""
-    by_key = {(r.method, r.prompt_id): r for r in runs}
-    out = []
-    for r in runs:
-        if r.method == "plain":
-            candidate, routed = pick(r)
-            out.append(
-                dataclasses.replace(
-                    by_key[(candidate, r.prompt_id)], method=method, routed_to=routed
-                )
-            )
-    return out
 
 
 @dataclass(frozen=True)

@@ -174,12 +174,12 @@ class ServerTimings:
 
     @classmethod
     def of(cls, requests) -> ServerTimings:
-        """From :class:`~specscope.serving.llamacpp.backend.LlamaRequest` rows: a request's
-        later steps are its tokens after the first less its accepted drafts."""
+        """From :class:`~specscope.tune.backends.Request` rows: a request's later steps are its
+        tokens after the first less its accepted drafts."""
         return cls(
             sum(r.tokens - 1 for r in requests),
-            sum(r.tokens - 1 - r.accepted for r in requests),
-            sum(r.draft_n for r in requests),
+            sum(r.tokens - 1 - (r.accepted or 0) for r in requests),
+            sum(r.drafted or 0 for r in requests),
             sum(r.decode_s for r in requests),
         )
 

@@ -56,38 +56,40 @@ from ...models import load_tokenizer
 from ...models.demo import demo_gguf
 from ...prompts.domains import select_prompts
 from ...prompts.items import PromptItem
-from ...prompts.render import render_item, rendering_of
+from ...prompts.render import rendering_of
 from ...records import ALL_DOMAINS, load_run
 from ...trees import TreeShape
+from ...tune.backends import Request
 from ...tune.bench import (
+    BenchCheckpoint,
+    Loop,
     OutputAgreement,
     PolicyPrediction,
     RecordedOutputs,
+    Route,
     bench_prompts,
     checks_document,
-    derived_runs,
     outputs_against_recorded,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
     prediction_grid,
     regret_grid,
+    rendered_prompts,
     routed_against_best_single,
+    run_bench,
 )
 from ...tune.choose import bench_grid
 from ...tune.engine_choice import PLAIN, PRICED, Cell, EngineChoice, choose, timed_cells
 from ...tune.policy import Choice, PolicyFile
 from ...tune.predict import REPLAY, Prediction
-from ...tune.router import RuleRouter, prompt_text
+from ...tune.router import RuleRouter
 from .backend import (
-    LlamaRequest,
+    LlamaServerBackend,
     candidate_settings,
     machines_by_repeat,
-    made_here,
     requests_frame,
     requests_from_frame,
-    runs_from_requests,
-    time_candidates,
 )
 from .costs import (
     CostGrid,
@@ -152,10 +154,6 @@ def pair_tokenizer(pair: dict):
     return load_tokenizer(pair.get("target", "demo:target"), revision=pair.get("target_revision"))
 
 
-def rendered(items: Sequence[PromptItem], tokenizer, rendering: str, max_tokens: int):
-    return [(item, list(render_item(tokenizer, item, rendering, max_tokens).ids)) for item in items]
-
-
 def draft_chain(s: ServerSetting):
     """The replay candidate a draft-model setting decodes with: the top-1 chain of K, cut by
     llama.cpp's ``p_min`` stop rule where it has one."""
@@ -201,7 +199,7 @@ def calibration_setting(settings: dict[str, ServerSetting]) -> str | None:
 def calibrated_model(
     costs_grid: CostGrid,
     settings: dict[str, ServerSetting],
-    requests: Sequence[LlamaRequest],
+    requests: Sequence[Request],
     target: Path,
     draft: Path,
 ) -> ServerStepModel | None:
@@ -214,12 +212,12 @@ def calibrated_model(
     costs = pass_costs_for(costs_grid, settings[name], gguf_quant(target), gguf_quant(draft))
     return calibrate(
         costs,
-        ServerTimings.of([r for r in requests if r.candidate == PLAIN]),
-        ServerTimings.of([r for r in requests if r.candidate == name]),
+        ServerTimings.of([r for r in requests if r.method == PLAIN]),
+        ServerTimings.of([r for r in requests if r.method == name]),
         {
             "setting": name,
             "prompts": "the tuning prompts (the run's)",
-            "requests": sum(r.candidate == name for r in requests),
+            "requests": sum(r.method == name for r in requests),
             "cost_grid": costs_grid.info,
         },
     )
@@ -396,29 +394,32 @@ def tune_llama_server(
     config = run.manifest.get("config", {})
     items = source_prompts(run.manifest, per_domain, measured=True)
     tokenizer = pair_tokenizer(config.get("pair", {}))
-    prompts = rendered(items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512))
+    prompts = rendered_prompts(
+        items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512)
+    )
     tools = build_llama_tools(log)
-    if timings is not None:
-        requests = earlier_timings(timings, settings, items, n_predict, repeats)
-        runs = runs_from_requests(requests)
-        log(f"{len(requests)} requests timed before, from {timings}: not timed again")
+    earlier = earlier_timings(timings, settings, items, n_predict, repeats) if timings else []
+    if earlier:
+        log(f"{len(earlier)} requests timed before, from {timings}: not timed again")
     else:
         log(
             f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's "
             f"prompts x {repeats} repeat(s), {n_predict} tokens each"
         )
-        journal = out.with_name(out.stem + "-requests.partial.jsonl")
-        runs, requests = time_candidates(
-            tools, target, draft, settings, prompts, n_predict, repeats, log=log,
-            journal=journal, inside=inside,
-        )  # fmt: skip
+    journal = BenchCheckpoint(
+        out.with_name(out.stem + "-requests.partial.jsonl"),
+        {"tune": recorded_path(run_dir), "candidates": {n: s.name for n, s in settings.items()},
+         "prompts": [it.id for it in items], "n_predict": n_predict},
+    )  # fmt: skip
+    backend = LlamaServerBackend(tools, target, draft, n_predict)
+    timed = run_bench(backend, prompts, settings, Loop(repeats), log, journal, earlier)
+    runs, requests = timed.runs, list(timed.requests)
     write_output(
         out.with_name(out.stem + "-requests.parquet"),
         requests_frame(requests).to_parquet(None, index=False),
         inside,
     )
-    if timings is None:
-        journal.unlink(missing_ok=True)
+    journal.path.unlink(missing_ok=True)
     rec = index_records(run)  # every draft-model setting below replays it: indexed once
     model = None
     if calibration is not None:
@@ -491,20 +492,23 @@ def earlier_timings(
     items: Sequence[PromptItem],
     n_predict: int,
     repeats: int,
-) -> list[LlamaRequest]:
+) -> list[Request]:
     """The requests of an earlier tune (its ``-requests.parquet``), refused unless they are
-    the requests this tune would make (:func:`.backend.made_here`), every one of them."""
+    the requests this tune would make, every one of them."""
     import pandas as pd
 
     requests = requests_from_frame(pd.read_parquet(path))
-    ids = [it.id for it in items]
-    mine = [r for r in requests if made_here(r, list(settings), ids, range(repeats), n_predict)]
-    expected = len(settings) * len(ids) * repeats
-    missing = expected - len({(r.repeat, r.candidate, r.prompt_id) for r in mine})
+    expected = {(rep, n, it.id) for rep in range(repeats) for n in settings for it in items}
+    mine = [
+        r
+        for r in requests
+        if (r.repeat, r.method, r.prompt_id) in expected and r.tokens <= n_predict
+    ]
+    missing = len(expected - {(r.repeat, r.method, r.prompt_id) for r in mine})
     if len(mine) < len(requests) or missing:
         raise SpecscopeError(
             f"{path} holds {len(requests)} requests: {len(requests) - len(mine)} this tune would "
-            f"not make and {missing} of its {expected} missing (longest output "
+            f"not make and {missing} of its {len(expected)} missing (longest output "
             f"{max((r.tokens for r in requests), default=0)} of {n_predict} tokens): give the "
             "same candidates, --tune-per-domain, --tune-repeats and --max-new-tokens, or time "
             "again"
@@ -685,7 +689,7 @@ def bench_llama_server(
     n_boot: int = 2000,
     log: Log = print,
     prune: bool = True,
-    earlier: Sequence[LlamaRequest] = (),
+    earlier: Sequence[Request] = (),
 ) -> LlamaBench:
     """The policy's candidates on held-out prompts through llama-server (module docstring).
     ``earlier``: the requests of this very bench made before (its ``requests.parquet``): they
@@ -709,17 +713,17 @@ def bench_llama_server(
     draft = local_path(next(iter(drafts))) if drafts else None
     n_predict = n_predict or int(tuned.get("n_predict", 64))
     chosen = bench_prompts(list(domains), per_domain, seed, policy, "rules", in_sample, split=False)
-    timed = benched_candidates(policy) if prune else list(settings)
-    pruned = [n for n in settings if n not in timed]
+    kept = benched_candidates(policy) if prune else list(settings)
+    pruned = [n for n in settings if n not in kept]
     if pruned:
         log(
             "not timed (dominated on the tuning prompts in every domain, and not the step "
             f"model's check): {', '.join(pruned)}"
         )
-    settings = {n: settings[n] for n in timed}
+    settings = {n: settings[n] for n in kept}
     pair = (policy.info.get("source") or {}).get("target", {}).get("measured", {})
     tokenizer = pair_tokenizer(pair)
-    prompts = rendered(
+    prompts = rendered_prompts(
         chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
     )
     if repeats:
@@ -727,44 +731,32 @@ def bench_llama_server(
             f"timing {len(settings)} llama-server settings on {len(prompts)} held-out prompts x "
             f"{repeats} repeats, {n_predict} tokens each"
         )
-    made = {(r.candidate, r.prompt_id) for r in earlier}
+    made = {(r.method, r.prompt_id) for r in earlier}
     if earlier and made != {(n, it.id) for n in settings for it in chosen.items}:
         raise SpecscopeError(
             "the earlier requests given are not this bench's (other prompts or candidates): "
             "bench again"
         )
-    first = 1 + max((r.repeat for r in earlier), default=-1)
-    requests = list(earlier)
-    if repeats:
-        requests += time_candidates(
-            build_llama_tools(log),
-            target,
-            draft,
-            settings,
-            prompts,
-            n_predict,
-            repeats,
-            chosen.in_sample_ids,
-            log,
-            first_repeat=first,
-            journal=out / "requests.partial.jsonl",
-            inside=inside,
-        )[1]
-    runs = runs_from_requests(requests, chosen.in_sample_ids)
     per_domain_choice = {d: e["candidate"] for d, e in server["domains"].items()}
     fallback = server["fallback"]["candidate"]
-    router = RuleRouter()
-    text = {it.id: prompt_text(it) for it in chosen.items}
-
-    def route(run: BenchRun) -> tuple[str, str]:
-        domain = router.classify(text[run.prompt_id])
-        return per_domain_choice.get(domain, fallback), domain
-
-    runs = [
-        *runs,
-        *derived_runs(runs, "routed", route),
-        *derived_runs(runs, "uniform", lambda r: (fallback, "")),
-    ]
+    methods = {
+        **settings,  # routed and uniform: a route only picks a server, the same request
+        "routed": Route(
+            RuleRouter().classify, lambda d: settings[per_domain_choice.get(d, fallback)]
+        ),
+        "uniform": settings[fallback],
+    }
+    backend = LlamaServerBackend(build_llama_tools(log) if repeats else None, target, draft,
+                                 n_predict)  # fmt: skip
+    journal = BenchCheckpoint(
+        out / "requests.partial.jsonl",
+        {"bench": recorded_path(policy_path), "candidates": {n: s.name for n, s in settings.items()},
+         "prompts": [it.id for it in chosen.items], "n_predict": n_predict},
+    )  # fmt: skip
+    first = 1 + max((r.repeat for r in earlier), default=-1)
+    loop = Loop(first + repeats, 0, chosen.held_out_rule)
+    timed = run_bench(backend, prompts, methods, loop, log, journal, earlier)
+    runs, requests = timed.runs, list(timed.requests)
     rows = summarize_bench(runs, n_boot)
     cells = predicted_vs_measured(
         rows,
@@ -781,7 +773,7 @@ def bench_llama_server(
     write_output(
         out / "requests.parquet", requests_frame(requests).to_parquet(None, index=False), inside
     )
-    (out / "requests.partial.jsonl").unlink(missing_ok=True)
+    journal.path.unlink(missing_ok=True)
     grids = (
         bench_grid(rows, "llama-server on held-out prompts"),
         prediction_grid(cells, chosen.tuned),
