@@ -517,6 +517,20 @@ def _step_starts(grid: np.ndarray, lengths: np.ndarray, start: int) -> np.ndarra
     return starts
 
 
+def step_positions(
+    rec: ReplayRecords, accepted: np.ndarray, prefill_drafts: bool = True
+) -> np.ndarray:
+    """(positions,) bool: the positions whose tree greedy decoding verifies, given each
+    position's accepted length (a plain prefill pass, ``prefill_drafts`` False, is not among
+    them)."""
+    lengths = rec.lengths
+    grid = np.zeros((rec.n_prompts, int(lengths.max())), np.int64)  # (P, L_max)
+    prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
+    grid[prompt, i] = accepted
+    # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
+    return _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
+
+
 def replay_counts(
     source: Run | str | Path | ReplayRecords, candidate: Candidate, prefill_drafts: bool = True
 ) -> ReplayCounts:
@@ -524,16 +538,13 @@ def replay_counts(
     rec = index_records(source)
     accepted, size = accepted_lengths(rec, candidate)
     P, lengths = rec.n_prompts, rec.lengths
-    grid = np.zeros((P, int(lengths.max())), np.int64)  # (P, L_max): accepted length at each
-    prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
-    grid[prompt, i] = accepted
-    # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
-    at_step = _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
+    prompt = rec.position_prompt()
+    at_step = step_positions(rec, accepted, prefill_drafts)
     drafted_steps = np.zeros((P, int(size.max(initial=0)) + 1), np.int64)
     np.add.at(drafted_steps, (prompt[at_step], size[at_step]), 1)
     first_drafted = np.zeros_like(drafted_steps)
     if prefill_drafts:
-        first = np.minimum(grid[:, 0], lengths - 1) + 1
+        first = np.minimum(accepted[rec.offsets], lengths - 1) + 1
         first_drafted[np.arange(P), size[rec.offsets]] = 1
     else:
         first = np.ones(P, np.int64)
