@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .budgets import BudgetComparison, budget_grids, budget_plot, compare_budgets
 from .level_grids import (
     decoded_grid,
     domain_effect_grid,
@@ -62,6 +63,7 @@ class Delivered:
     scorecard: Scorecard | None  # None: not asked for, or too few prompts (see ``notes``)
     stop_rules: StopRules | None
     notes: tuple[str, ...] = ()
+    budgets: BudgetComparison | None = None  # per-domain budgets against per-node stops
 
 
 def deliver(a: Analysis, rec: Records, predictors: bool = True) -> Analysis:
@@ -90,7 +92,13 @@ def deliver(a: Analysis, rec: Records, predictors: bool = True) -> Analysis:
             card = scorecard(rec, card_settings)
             signal, rows = stop_rule_rows(rec.run, card) if card.stop_signal else ("", [])
             rules = StopRules(signal, tuple(rows)) if rows else None
-    delivered = Delivered(decoded, levels, findings, card, rules, notes)
+    budgets = None
+    if predictors:
+        try:
+            budgets = compare_budgets(rec.run, s)
+        except ReplayError:  # no top-1 chain to budget
+            budgets = None
+    delivered = Delivered(decoded, levels, findings, card, rules, notes, budgets)
     return replace(a, delivered=delivered, warnings=a.warnings + notes)
 
 
@@ -109,6 +117,8 @@ def delivered_grids(a: Analysis) -> list[Grid]:
         grids += scorecard_grids(d.scorecard)
     if d.stop_rules is not None:
         grids.append(stop_rule_grid(d.stop_rules.signal, list(d.stop_rules.rows)))
+    if d.budgets is not None:
+        grids += budget_grids(d.budgets)
     return grids
 
 
@@ -116,12 +126,18 @@ def delivered_plots(a: Analysis, out_dir: str | Path, inside: Path | None = None
     """The plots of ``a.delivered`` beside the analysis' own (:func:`.plots.write_plots`): the
     reliability diagram of the scorecard's best predictors, where it holds a scorecard."""
     d = a.delivered
-    if d is None or d.scorecard is None or plots_unavailable():
+    if d is None or plots_unavailable():
         return []
+    drawn = []
+    if d.budgets is not None:
+        title = "Tokens per step against draft passes per token, per family and domain"
+        drawn.append(save_plot(budget_plot(d.budgets), "budgets", title, out_dir, inside))
+    if d.scorecard is None:
+        return drawn
     from .scorecard_plots import reliability_plot  # matplotlib: drawn on demand
 
     card = d.scorecard
     best = [r.predictor for r in (card.best("node"), card.best("prefix")) if r is not None]
     shown = tuple(dict.fromkeys(["draft probability", *best]))
     title = "Reliability of the best acceptance predictors"
-    return [save_plot(reliability_plot(card, shown), "reliability", title, out_dir, inside)]
+    return drawn + [save_plot(reliability_plot(card, shown), "reliability", title, out_dir, inside)]

@@ -533,6 +533,20 @@ def _step_starts(grid: np.ndarray, lengths: np.ndarray, start: int) -> np.ndarra
     return starts
 
 
+def step_positions(
+    rec: ReplayRecords, accepted: np.ndarray, prefill_drafts: bool = True
+) -> np.ndarray:
+    """(positions,) bool: the positions whose tree greedy decoding verifies, given each
+    position's accepted length (a plain prefill pass, ``prefill_drafts`` False, is not among
+    them)."""
+    lengths = rec.lengths
+    grid = np.zeros((rec.n_prompts, int(lengths.max())), np.int64)  # (P, L_max)
+    prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
+    grid[prompt, i] = accepted
+    # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
+    return _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
+
+
 def replay_counts(
     source: Run | str | Path | ReplayRecords, candidate: Candidate, prefill_drafts: bool = True
 ) -> ReplayCounts:
@@ -540,11 +554,8 @@ def replay_counts(
     rec = index_records(source)
     accepted, size, fed = accepted_lengths(rec, candidate)
     P, lengths = rec.n_prompts, rec.lengths
-    grid = np.zeros((P, int(lengths.max())), np.int64)  # (P, L_max): accepted length at each
-    prompt, i = rec.position_prompt(), np.arange(rec.n_positions) - np.repeat(rec.offsets, lengths)
-    grid[prompt, i] = accepted
-    # a plain prefill pass emits position 0 where the prefill drafts nothing; trees from 1 on
-    at_step = _step_starts(grid, lengths, 0 if prefill_drafts else 1)[prompt, i]
+    prompt = rec.position_prompt()
+    at_step = step_positions(rec, accepted, prefill_drafts)
 
     def per_step(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, max + 1) each prompt's steps by ``values`` at them, and its first step's."""
@@ -556,7 +567,10 @@ def replay_counts(
         return steps, first
 
     (drafted_steps, first_drafted), (fed_steps, first_fed) = per_step(size), per_step(fed)
-    first = np.minimum(grid[:, 0], lengths - 1) + 1 if prefill_drafts else np.ones(P, np.int64)
+    if prefill_drafts:
+        first = np.minimum(accepted[rec.offsets], lengths - 1) + 1
+    else:
+        first = np.ones(P, np.int64)
     tau_sum = np.bincount(prompt, weights=accepted + 1, minlength=P)
     return ReplayCounts(
         candidate.label,

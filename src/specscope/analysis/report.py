@@ -481,9 +481,9 @@ RUN_SECTIONS: tuple[Section, ...] = (
     Section(
         "predictors",
         "What predicts acceptance: the scorecard",
-        ("reliability",),
+        ("reliability", "budgets"),
         tuple(f"scorecard_{t}{s}" for t in ("node", "prefix") for s in ("", "_auroc_by_domain"))
-        + ("scorecard_certificates", "scorecard_stop_rules"),
+        + ("scorecard_certificates", "scorecard_stop_rules", "budget_verdicts", "budgets"),
     ),
     Section(
         "depth",
