@@ -101,6 +101,7 @@ def test_stop_verdict_power():
     assert counts[Verdict.HOLDS] >= 15, counts
 
 
+@pytest.mark.slow  # analyze --predictors on a shipped run: about 11 s
 def test_shipped_run_through_the_cli(tmp_path):
     out = tmp_path / "analysis"
     result = CliRunner().invoke(
