@@ -194,6 +194,19 @@ def test_routed_prediction_replays_each_prompt_with_the_entry_it_is_sent_to():
     assert "routed" not in tune([draft_model(nodes)], TuneConfig(min_count=1)).info
 
 
+def test_an_extrapolated_entry_gives_no_routed_prediction():
+    """Every node accepted on trees of depth 2, trees of depth 4 allowed: the chosen chain is
+    deeper than the records hold (extrapolated), so no prompt can be replayed through it; tune
+    chooses without the routed prediction instead of failing in its replay."""
+    nodes = _long_nodes_frame()
+    nodes["greedy_accept"] = True
+    texts = {"code-p": CODE_TEXT, "chat-p": CODE_TEXT}
+    measured = dataclasses.replace(draft_model(nodes), texts=texts)
+    policy = tune([measured], TuneConfig(min_count=1, max_depth=4))
+    assert policy.choices["code"].prediction.extrapolated
+    assert "routed" not in policy.info
+
+
 def test_best_tree_weighs_only_chains_llama_ngram_simple_drafts_with():
     """llama.cpp's ngram-simple never drafts with a chain shorter than its n-gram (N = 3): chains
     of 1 and 2, which the rates would favour, are no candidates; with N = 6 nothing is."""

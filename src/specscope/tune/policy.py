@@ -456,7 +456,10 @@ def tune(
         if stops
     }
     texts = {k: v for m in measured for k, v in m.texts.items()}
-    routed = routed_predictions(
+    # routed traffic is replayed entry by entry: not where an entry's tree is extrapolated
+    # (deeper or wider than the records hold), which has no replay to route prompts through
+    replayed = all(c.prediction is None or not c.prediction.extrapolated for c in choices.values())
+    routed = replayed and routed_predictions(
         first[0].records,
         texts,
         {name: Destination(c.shape, *of(c), c.backend, c.stop) for name, c in choices.items()},
