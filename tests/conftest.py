@@ -80,16 +80,17 @@ def _can_build_llama() -> bool:
 
 
 def _start_llama_build() -> None:
-    """Build llama.cpp's programs (about 9 minutes on 2 cores) in a child process at the lowest
-    CPU priority while the other tests run: they take about one core of two, and the build the
-    rest. The first ``llamacpp`` test waits for it on the build's lock (:func:`llama_tools`)."""
+    """Build llama.cpp's programs (about 14 minutes of one core) in a child process, one
+    compiler at a time at the lowest CPU priority, while the other tests run: they take about
+    one core of two, and the build the rest. The first ``llamacpp`` test waits for it on the
+    build's lock (:func:`llama_tools`)."""
     import os
 
     if not _can_build_llama():
         return
     code = (
         "from specscope.serving.llamacpp.programs import build_llama_tools\n"
-        "build_llama_tools(echo=lambda line: None)"
+        "build_llama_tools(echo=lambda line: None, jobs=1)"
     )
     _LLAMA_BUILD.append(
         subprocess.Popen(

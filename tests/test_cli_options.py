@@ -21,6 +21,7 @@ VALUES = {
     "--poll": ["0"],
     "--policy": ["policy.json"],
     "--engine": ["cached"],
+    "--backend": ["http://127.0.0.1:8000"],
 }
 
 
@@ -112,6 +113,8 @@ HELP_MAY_DIFFER = {
     # llama.cpp); specscope loads nothing there
     "--draft": "export: the engine's model, not one specscope loads",
     "--target": "export: the engine's model, not one specscope loads",
+    # a running server's URL, NAME=URL: bench names a setting by it, the gateway a domain
+    "--url": "bench: a setting's server; gateway: a domain's",
 }
 # (option, command) whose default genuinely differs from the option's own (None: the config's).
 DEFAULT_MAY_DIFFER = {
@@ -122,7 +125,6 @@ DEFAULT_MAY_DIFFER = {
     ("--per-domain", "bench"): "bench times every method on each prompt: 2 keeps it to minutes",
     ("--per-domain", "llamacpp"): "10 held-out prompts a domain: llama-server is fast enough",
     ("--max-new-tokens", "decode"): "decode has no config",
-    ("--max-new-tokens", "bench"): "bench times every method on each prompt",
     ("--max-new-tokens", "llamacpp"): "llamacpp has no config",
     ("--max-prompt-tokens", "decode"): "decode has no config",
 }

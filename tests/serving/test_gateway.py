@@ -415,4 +415,4 @@ def test_an_export_document_deploys_with_its_own_routing_rule(tmp_path):
     with pytest.raises(DeploymentError, match="no backend URL for domain 'code'"):
         Deployment.load(path, {"math": "http://h:1"})
     result = CliRunner().invoke(app, ["gateway", str(path), "--log", str(tmp_path / "g.jsonl")])
-    assert result.exit_code == 2 and "--backend code=URL" in result.output
+    assert result.exit_code == 2 and "--url code=URL" in result.output

@@ -352,15 +352,15 @@ def test_a_backend_for_a_domain_the_export_lacks_is_refused(tmp_path):
     with pytest.raises(DeploymentError) as e:
         Deployment.load(path, {"mth": "http://127.0.0.1:1", "*": "http://127.0.0.1:1"})
     assert str(e.value) == (
-        f"--backend mth=...: {path} has no domain 'mth'; allowed: code, math, reasoning, chat "
-        "(or --backend URL for all)"
+        f"--url mth=...: {path} has no domain 'mth'; allowed: code, math, reasoning, chat "
+        "(or --url URL for all)"
     )
     result = CliRunner().invoke(
         app,
-        ["gateway", str(path), "--backend", "mth=http://127.0.0.1:1", "--backend", "http://h:1"],
+        ["gateway", str(path), "--url", "mth=http://127.0.0.1:1", "--url", "http://h:1"],
     )
     assert result.exit_code == 2 and "has no domain 'mth'" in result.output
-    with pytest.raises(DeploymentError, match="--backend code: url .* has a query"):
+    with pytest.raises(DeploymentError, match="--url code: url .* has a query"):
         Deployment.load(path, {"code": "http://h:1/?x", "*": "http://h:1"})
 
 

@@ -16,11 +16,11 @@ from .helptext import ENGINE, OUTPUT, SERVER
 def gateway(
     deployment: Path = typer.Argument(
         ...,
-        help="Deployment file (TOML: engine, [fallback] and [domains.NAME] tables of url and model), or a specscope export document (JSON) with --backend.",
+        help="Deployment file (TOML: engine, [fallback] and [domains.NAME] tables of url and model), or a specscope export document (JSON) with --url.",
     ),
     backend: list[str] = typer.Option(
         [],
-        "--backend",
+        "--url",
         help="For an export document: URL of the server for every domain, or DOMAIN=URL (repeat; DOMAIN must be one of the document's).",
         rich_help_panel=ENGINE,
     ),

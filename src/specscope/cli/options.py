@@ -313,7 +313,7 @@ MAX_NEW_TOKENS = own_defaults(
         rich_help_panel=PROMPTS_PANEL,
     ),
     run="the config's",
-    bench="48",
+    bench="48; --backend llama-server: the tune's",
     _="64",
 )
 MAX_PROMPT_TOKENS = own_defaults(
@@ -589,6 +589,8 @@ RENAMED: tuple[Renamed, ...] = (
     Renamed("--policy", ("--policy-file",), ("gateway",)),
     # run's --engine was the measurement engine; elsewhere an engine is the serving engine
     Renamed("--engine", ("--measure-engine",), ("run",)),
+    # the gateway's server URLs, named as bench's are; --backend is bench's engine backend
+    Renamed("--backend", ("--url",), ("gateway",)),
 )
 
 

@@ -134,7 +134,7 @@ def decode(
     """Generate with real speculative decoding over a draft tree; print the text and its speed."""
     from ..decode import DecodeConfig, DecodeError, make_decoder, steps_frame, tokens_per_step
     from ..files import read_text
-    from ..prompts.render import render_prompt
+    from ..prompts.render import check_rendering, render_prompt
     from ..tune.choose import TreeRequest, choose_speculation, load_decode_pair
     from ..tune.policy import describe
     from ..tune.predict import Stop
@@ -144,6 +144,7 @@ def decode(
     if records is not None:
         _check_records(records, (prompt_file, policy_file))
     text = prompt if prompt is not None else read_text(prompt_file, DecodeError, "--prompt-file")
+    rendering = check_rendering(rendering or options.DECODE_RENDERING)  # before loading models
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -174,9 +175,7 @@ def decode(
         drafter=choice.drafter,
     )
     messages = [{"role": "user", "content": text}]
-    rendered = render_prompt(
-        pair.tokenizer, messages, rendering or options.DECODE_RENDERING, max_prompt_tokens
-    )
+    rendered = render_prompt(pair.tokenizer, messages, rendering, max_prompt_tokens)
     stop = Stop("p_draft", p_min) if p_min else choice.stop
     stop_args = stop.decode_args if stop else {}
     result = make_decoder(pair).generate(rendered.ids, choice.speculation, config, **stop_args)
@@ -359,13 +358,7 @@ def bench(
     policy_file: Path | None = options.POLICY_FILE,
     domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 2),
-    max_new_tokens: int | None = typer.Option(
-        None,
-        min=1,
-        max=MAX_TOKENS,
-        help="New tokens per prompt (default 48; llama-server: the tune's).",
-        rich_help_panel=options.EXECUTION,
-    ),
+    max_new_tokens: int | None = options.MAX_NEW_TOKENS,
     warmup: int = typer.Option(
         1,
         min=0,

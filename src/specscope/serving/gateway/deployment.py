@@ -159,11 +159,11 @@ class Deployment:
         router = _router(document.get("routing"), where)
         known = [str(d) for d in domains] + (["fallback"] if "fallback" in document else [])
         for domain, url in backends.items():
-            check_backend_url(url, f"--backend {domain}")
+            check_backend_url(url, f"--url {domain}")
             if domain != "*" and domain not in known:
                 raise DeploymentError(
-                    f"--backend {domain}=...: {where} has no domain {domain!r}; "
-                    f"allowed: {', '.join(known)} (or --backend URL for all)"
+                    f"--url {domain}=...: {where} has no domain {domain!r}; "
+                    f"allowed: {', '.join(known)} (or --url URL for all)"
                 )
 
         def backend(domain: str, entry) -> Backend:
@@ -171,7 +171,7 @@ class Deployment:
             if url is None:
                 raise DeploymentError(
                     f"{where}: no backend URL for domain {domain!r}; pass "
-                    f"--backend {domain}=URL (or --backend URL for all)"
+                    f"--url {domain}=URL (or --url URL for all)"
                 )
             model = entry.get("model") if isinstance(entry, Mapping) else None
             if model is None and engine == "llama.cpp":
@@ -204,7 +204,7 @@ class Deployment:
         if backends:
             raise DeploymentError(
                 f"{path}: a deployment file names its backends itself; "
-                "--backend is for an export document (JSON)"
+                "--url is for an export document (JSON)"
             )
         return cls.from_table(read_toml_table(path, DeploymentError, "deployment file"), str(path))
 
