@@ -58,8 +58,6 @@ def pytest_collection_modifyitems(config, items):
             items[:] = fast
         return
     items.sort(key=lambda item: item.get_closest_marker("llamacpp") is not None)  # stable
-    if any(item.get_closest_marker("weights") for item in items):
-        _start_demo_caches()
     if items and items[-1].get_closest_marker("llamacpp"):
         _start_llama_build()
 
@@ -110,7 +108,7 @@ def pytest_sessionfinish(session, exitstatus):
     import os
     import signal
 
-    for proc in [*_LLAMA_BUILD, *filter(None, _DEMO_CACHE)]:
+    for proc in _LLAMA_BUILD:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
@@ -160,58 +158,31 @@ def release_memory() -> None:
     trim_heap()
 
 
-# one process per step, so that each step's memory is the largest a process holds: the bf16
-# conversion, then each model's float32 load and quantisation alone
-DEMO_CACHE_STEPS = (
-    "from specscope.models.demo import demo_checkpoint\n"
-    "for role in ('draft', 'target'): demo_checkpoint(role)",
-    *(
-        "from specscope.models.load import load_model\n"
-        f"load_model('demo:{role}', 'float32', quantize='int8')"
-        for role in ("target", "draft")
-    ),
-)
-_DEMO_CACHE: list[subprocess.Popen | None] = []  # the background build, or None once waited for
-
-
-def _start_demo_caches() -> None:
-    """Build the demo pair's bf16 cache and its int8 cache in the background from collection on,
-    beside the tests that need no weights: on a cold cache (CI) the GGUF-to-bf16 conversion, the
-    float32 load and the quantisation would otherwise run on the critical path, and inside pytest
-    the memory they take would stay under every later test (tests/test_demo_pair.py then loads
-    the int8 pair from its cache). Its failure (no demo extra) is left to the tests themselves,
-    which skip or say why."""
-    import os
-
-    code = (
-        "import subprocess, sys\n"
-        f"for step in {DEMO_CACHE_STEPS!r}:\n"
-        "    subprocess.run([sys.executable, '-c', step], capture_output=True, timeout=3600)"
-    )
-    _DEMO_CACHE.append(
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=lambda: os.nice(5),  # noqa: PLW1509 (no threads yet at collection)
-            start_new_session=True,
-        )
-    )
+_DEMO_CACHE_BUILT = []
 
 
 def pytest_runtest_setup(item):
-    """Before the first test of the real weights, wait for the demo caches' background build
-    (:func:`_start_demo_caches`), or build them now in child processes where none was started."""
-    if not item.get_closest_marker("weights") or _DEMO_CACHE[-1:] == [None]:
+    """Before the first test of the real weights, build the demo pair's bf16 cache and its int8
+    cache in child processes: on a cold cache (CI) the GGUF-to-bf16 conversion, the float32 load
+    and the quantisation would otherwise run inside pytest, and the memory they take would stay in
+    this process under every later test (tests/test_demo_pair.py then loads the int8 pair from its
+    cache). Its failure (no demo extra) is left to the tests themselves, which skip or say why."""
+    if _DEMO_CACHE_BUILT or not item.get_closest_marker("weights"):
         return
-    if _DEMO_CACHE:
-        _DEMO_CACHE[-1].wait()
-    else:
-        for step in DEMO_CACHE_STEPS:
-            subprocess.run(
-                [sys.executable, "-c", step], check=False, capture_output=True, timeout=3600
-            )
-    _DEMO_CACHE.append(None)
+    _DEMO_CACHE_BUILT.append(True)
+    # one process per step, so that each step's memory is the largest a process holds: the bf16
+    # conversion, then each model's float32 load and quantisation alone
+    steps = [
+        "from specscope.models.demo import demo_checkpoint\n"
+        "for role in ('draft', 'target'): demo_checkpoint(role)",
+        *(
+            "from specscope.models.load import load_model\n"
+            f"load_model('demo:{role}', 'float32', quantize='int8')"
+            for role in ("target", "draft")
+        ),
+    ]
+    for step in steps:
+        subprocess.run([sys.executable, "-c", step], check=False, capture_output=True, timeout=3600)
 
 
 @pytest.hookimpl(wrapper=True)
