@@ -29,7 +29,7 @@ from specscope.prompts.domains import select_prompts
 from specscope.records import load_run
 from specscope.tune import bench as checks
 from specscope.tune.bench import BenchConfig
-from specscope.tune.choose import bench_decision, bench_grid, decision_document, drafter_of
+from specscope.tune.choose import drafter_of
 from specscope.tune.costs import CostModel
 from specscope.tune.policy import (
     Measured,
@@ -41,6 +41,7 @@ from specscope.tune.policy import (
     tune,
 )
 from specscope.tune.routed import prompt_texts
+from specscope.tune.study import bench_grid, decide
 
 
 def measured_runs(policy: PolicyFile) -> list[Measured]:
@@ -191,25 +192,26 @@ def main() -> None:
     routed = checks.routed_predictions(policy, record.get("router", "rules"))
     cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted, routed)
     precision = speedup_precision(runs)
-    decision = bench_decision(policy, config, domains, rows, runs)
+    choices = checks.policy_choices(policy, config, domains)
+    decision = decide(choices, domains, rows, runs, config.methods, derived=("routed",))
     grids = [
         bench_grid(rows, f"{record.get('machine', '')}: {args.bench}"),
         checks.prediction_grid(cells, tuned),
-        checks.regret_grid(decision.get("regret", ()), decision["unscored"]),
+        checks.regret_grid(decision.regret, decision.unscored),
         checks.precision_grid(precision),
     ]
     text = "\n\n".join(to_markdown(g) for g in grids)
     if policy.info.get("candidates"):
         text += "\n\n" + step_times(runs, policy, config)
-    if "routed_vs_best_single" in decision:
-        text += "\n\n" + decision["routed_vs_best_single"].sentence
+    if decision.routed_vs_best_single is not None:
+        text += "\n\n" + decision.routed_vs_best_single.sentence
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
     if args.update:
         record["rows"] = [dataclasses.asdict(r) for r in rows]
         record.update(checks.conclusions_document(cells, precision))
-        record.update(decision_document(decision))
+        record.update(decision.to_dict())
         args.bench.write_text(json_text(record))
 
 

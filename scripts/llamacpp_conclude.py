@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from specscope.serving.llamacpp.backend import requests_from_frame
-from specscope.serving.llamacpp.study import bench_llama_server
+from specscope.serving.llamacpp.study import llama_server_plan
+from specscope.tune import study
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
     requests = requests_from_frame(pd.read_parquet(args.bench_dir / "requests.parquet"))
-    bench = bench_llama_server(
+    plan = llama_server_plan(
         args.bench_dir / "policy.json",
         args.bench_dir,
         ["code", "math", "reasoning", "chat"],
@@ -39,6 +40,8 @@ def main() -> None:
         args.seed,
         earlier=requests,
     )
+    bench = study.bench(plan)
+    study.save(plan, bench, args.bench_dir)
     single = bench.document["routed_vs_best_single"]
     print((args.bench_dir / "summary.md").read_text())
     print(single)

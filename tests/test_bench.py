@@ -406,7 +406,11 @@ def test_measurement_and_every_bench_method_give_the_same_greedy_output(tiny_dir
 
 def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(tokenizer):
     from specscope.tune.bench import policy_choices
-    from specscope.tune.choose import bench_decision
+    from specscope.tune.study import decide
+
+    def bench_decision(policy, config, domains, rows, runs):
+        choices = policy_choices(policy, config, domains)
+        return decide(choices, domains, rows, runs, config.methods, derived=("routed",))
 
     torch.set_num_threads(1)
     draft, target = near_pair("qwen2", len(tokenizer), noise=0.05)
@@ -435,20 +439,20 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     assert policy_choices(policy, config, ["code", "math"]) == {"code": "chain", "math": "uniform"}
     rows = summarize_bench(runs)
     decision = bench_decision(policy, config, ["code"], rows, runs)
-    (regret,) = decision["regret"]
+    (regret,) = decision.regret
     speedups = {r.method: r.speedup for r in rows if r.domain == "code"}
     best = max(("plain", "chain", "uniform"), key=speedups.__getitem__)
     assert (regret.chosen, regret.best) == ("chain", best)
     assert regret.regret == pytest.approx(1 - speedups["chain"] / speedups[best])
-    single = decision["routed_vs_best_single"]
+    single = decision.routed_vs_best_single
     assert single.best_single == best and single.prompts == 3
     # routed is the chain on every prompt: against the chain it is 1 exactly
     assert best != "chain" or single.ratio == pytest.approx(1.0)
-    assert decision["unscored"] == []
+    assert decision.unscored == ()
     # a choice timed only inside routed is scored on the prompts routed to its domain's entry
     # (all 3 here), against every method on them
     untimed = dataclasses.replace(config, methods=("plain", "uniform", "routed"))
-    (by_route,) = bench_decision(policy, untimed, ["code"], rows, runs)["regret"]
+    (by_route,) = bench_decision(policy, untimed, ["code"], rows, runs).regret
     assert (by_route.chosen, by_route.prompts) == ("routed", 3)
     assert by_route.chosen_speedup == pytest.approx(speedups["routed"])
     assert by_route.best_speedup == pytest.approx(max(speedups.values()))
@@ -457,8 +461,8 @@ def test_routed_to_a_timed_setting_is_that_methods_run_and_its_regret_is_scored(
     alone = [r for r in runs if r.method != "routed"]
     unrouted = dataclasses.replace(config, methods=("plain", "uniform"))
     unscored = bench_decision(policy, unrouted, ["code"], summarize_bench(alone), alone)
-    assert unscored == {"unscored": ["code"]}
-    assert "Not scored: code" in to_markdown(regret_grid((), unscored["unscored"]))
+    assert unscored.to_dict() == {"unscored": ["code"]}
+    assert "Not scored: code" in to_markdown(regret_grid((), unscored.unscored))
 
 
 # --- an interrupted bench resumes where it stopped -------------------------------------------------

@@ -23,7 +23,6 @@ from specscope.serving.export import ExportError, ExportOptions, export_policy
 from specscope.serving.llamacpp.backend import (
     LlamaServerBackend,
     candidate_settings,
-    machines_by_repeat,
     requests_frame,
     requests_from_frame,
 )
@@ -34,7 +33,6 @@ from specscope.serving.llamacpp.study import (
     benched_candidates,
     candidate_predictions,
     draft_model_candidates,
-    machines_note,
     priced_cells,
     source_prompts,
     tune_grid,
@@ -55,6 +53,7 @@ from specscope.tune.bench import (
 )
 from specscope.tune.engine_choice import PRICED, choose, route_test, timed_cells
 from specscope.tune.policy import PolicyFile
+from specscope.tune.study import machines_by_repeat, machines_note
 
 # --- settings -------------------------------------------------------------------------------------
 

@@ -264,15 +264,16 @@ def llamacpp(
     included) and uniformly, then time the candidates and the choice on held-out prompts (seed
     2026 by default), predicted against measured; with --policy-file, bench that policy without
     tuning. Builds llama.cpp's programs first if needed (once, minutes)."""
-    from ..files import check_output_file
+    from ..files import check_output_file, inside_of
     from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
     from ..serving.llamacpp.server import ServerSetting
     from ..serving.llamacpp.study import (
+        llama_server_plan,
         models_note,
         tune_grid,
         tune_llama_server,
     )
-    from .speculate import BENCH_DOMAINS, bench_on_llama_server
+    from .speculate import BENCH_DOMAINS, run_plan
 
     out = out or run_dir / "llamacpp"
     log = functools.partial(typer.echo, err=True)
@@ -310,8 +311,20 @@ def llamacpp(
         typer.echo(f"wrote {policy_file}")
         if tune_only:
             return
-    bench_on_llama_server(policy_file, out, list(options.names(domains) or BENCH_DOMAINS),
-                          per_domain, max_new_tokens, repeats, seed, in_sample, n_boot)  # fmt: skip
+    inside = inside_of(out, policy_file.parent)  # links refused before any work
+    plan = llama_server_plan(
+        policy_file,
+        out,
+        list(options.names(domains) or BENCH_DOMAINS),
+        per_domain,
+        repeats,
+        max_new_tokens,
+        2026 if seed is None else seed,
+        in_sample,
+        n_boot,
+        log=log,
+    )
+    run_plan(plan, out, inside)
 
 
 # --- doctor ---------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
@@ -420,38 +419,99 @@ def bench(
 ) -> None:
     """Tokens per second of plain, assisted, chain, uniform-tree, routed, dynamic, ngram and
     early-exit decoding, per domain."""
-    import torch
-
-    from ..analysis.bench_stats import speedup_precision, summarize_bench
-    from ..decode import make_decoder
-    from ..drafters import DrafterConfig
-    from ..files import check_output_file, write_json
-    from ..tune import bench as checks
-    from ..tune import choose
-    from ..tune.bench import (
-        BACKENDS,
-        ROUTERS,
-        BenchCheckpoint,
-        BenchConfig,
-        bench_decoder,
-        bench_prompts,
-    )
-    from ..tune.policy import PolicyFile
+    from ..files import check_output_file, inside_of
+    from ..tune.bench import BACKENDS, ROUTERS
 
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     names = list(options.names(domains) or BENCH_DOMAINS)
+    seed = options.DEFAULT_SEED if seed is None else seed
+    log = functools.partial(typer.echo, err=True)
+    inside = None
     if backend == "llama-server":
-        return bench_on_llama_server(policy_file, out, names, per_domain, max_new_tokens, repeats,
-                                     seed, in_sample)  # fmt: skip
-    if backend == "openai":
-        return _bench_openai(urls, policy_file, out, names, per_domain, max_new_tokens or 48,
-                             repeats, seed, in_sample, target)  # fmt: skip
+        from ..serving.llamacpp.study import llama_server_plan
+
+        if policy_file is None:
+            fail("--backend llama-server benches a llama-server policy: give --policy-file")
+        out = out or policy_file.parent
+        inside = inside_of(out, policy_file.parent)  # links refused before any work
+        plan = llama_server_plan(policy_file, out, names, per_domain, repeats, max_new_tokens,
+                                 seed, in_sample, log=log)  # fmt: skip
+    elif backend == "openai":
+        from ..serving.openai_server import openai_plan
+
+        if out is not None:
+            check_output_file(out, (policy_file,), "--out")
+        plan = openai_plan(urls, policy_file, names, per_domain, max_new_tokens or 48, repeats,
+                           seed, in_sample, target)  # fmt: skip
+    else:
+        if router_name not in ROUTERS:
+            fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
+        if out is not None:
+            check_output_file(out, (policy_file,), "--out")
+        plan = _decoder_plan(
+            names=names,
+            per_domain=per_domain,
+            max_new_tokens=max_new_tokens,
+            warmup=warmup,
+            repeats=repeats,
+            chain_depth=chain_depth,
+            min_path_prob=min_path_prob,
+            assisted_tokens=assisted_tokens,
+            methods=methods,
+            router_name=router_name,
+            in_sample=in_sample,
+            tuning_prompts=tuning_prompts,
+            seed=seed,
+            out=out,
+            policy_file=policy_file,
+            draft=draft,
+            target=target,
+            draft_revision=draft_revision,
+            target_revision=target_revision,
+            dtype=dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            threads=threads,
+            int8=int8,
+            draft_attention=draft_attention,
+            prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max,
+            exit_layer=exit_layer,
+        )
+    run_plan(plan, out, inside)
+
+
+def run_plan(plan, out: Path | None, inside: Path | None = None) -> None:
+    """Bench ``plan`` (:func:`specscope.tune.study.bench`), print its tables and notes, and
+    write its record to ``out``."""
+    from ..tune import study
+
+    result = study.bench(plan, functools.partial(typer.echo, err=True))
+    print_grids(result.grids, blank=False)
+    for note in result.notes:
+        typer.echo(note)
     if out is not None:
-        check_output_file(out, (policy_file,), "--out")
-    max_new_tokens = max_new_tokens or 48
+        typer.echo(f"wrote {study.save(plan, result, out, inside)}")
+
+
+def _decoder_plan(
+    names, per_domain, max_new_tokens, warmup, repeats, chain_depth, min_path_prob,
+    assisted_tokens, methods, router_name, in_sample, tuning_prompts, seed, out, policy_file,
+    draft, target, draft_revision, target_revision, dtype, device, trust_remote_code, threads,
+    int8, draft_attention, prompt_lookup_min, prompt_lookup_max, exit_layer,
+):  # fmt: skip
+    """``bench``'s plan for the pair loaded here: specscope's decoder beside transformers."""
+    import torch
+
+    from ..decode import make_decoder
+    from ..drafters import DrafterConfig
+    from ..tune import choose
+    from ..tune.bench import BenchConfig, bench_prompts
+    from ..tune.policy import PolicyFile
+
     config = BenchConfig(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max_new_tokens or 48,
         warmup=warmup,
         repeats=repeats,
         chain_depth=chain_depth,
@@ -466,9 +526,6 @@ def bench(
         else DrafterConfig("early-exit", exit_layer=exit_layer),
     )
     policy = PolicyFile.load(policy_file) if policy_file else None
-    if router_name not in ROUTERS:
-        fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
-    seed = options.DEFAULT_SEED if seed is None else seed
     if tuning_prompts and policy is None:
         fail("--tuning-prompts needs --policy-file: the policy's tuning runs name the prompts")
     chosen = bench_prompts(
@@ -510,124 +567,5 @@ def bench(
         torch.get_num_threads(),
         draft_attention,
     )
-    checkpoint = None
-    if out is not None:  # each prompt's runs kept as timed: the same command resumes
-        checkpoint = BenchCheckpoint(
-            out.with_name(out.name + ".partial.jsonl"),
-            {
-                **choose.bench_document(config, setting, chosen, [], []),
-                "prompts": [item.id for item in chosen.items],
-            },
-        )
-    runs = bench_decoder(
-        functools.cache(lambda drafter: make_decoder(pair, drafter)),
-        pair.tokenizer,
-        chosen.items,
-        policy,
-        chosen.routers[router_name],
-        config,
-        log=functools.partial(typer.echo, err=True),
-        held_out=chosen.held_out_rule,
-        checkpoint=checkpoint,
-    )
-    rows = summarize_bench(runs)
-    predictions = checks.policy_predictions(policy_file) if policy_file else {}
-    candidates = checks.candidate_predictions(policy, config) if policy else {}
-    routed = checks.routed_predictions(policy, router_name) if policy else {}
-    cells = checks.predicted_vs_measured(
-        rows, runs, predictions, candidates, chosen.tuning_per_domain, routed
-    )
-    precision = speedup_precision(runs)
-    title = (
-        f"greedy decoding, {max_new_tokens} new tokens, median of {repeats} after {warmup} "
-        f"warm-up; {setting.dtype}, {setting.threads} threads{', int8' if int8 else ''}"
-        f"{', the draft on row-wise attention' if draft_attention == 'rowwise' else ''}"
-    )
-    grids = [choose.bench_grid(rows, title), checks.prediction_grid(cells, chosen.tuned)]
-    decision = choose.bench_decision(policy, config, names, rows, runs) if policy else {}
-    if decision.get("regret") or decision.get("unscored"):
-        grids.append(checks.regret_grid(decision.get("regret", ()), decision["unscored"]))
-    agreement = choose.outputs_vs_run(policy, runs, max_new_tokens) if chosen.in_sample_ids else ()
-    if agreement:
-        grids.append(checks.agreement_grid(agreement, "the outputs the tuning runs recorded"))
-    print_grids([*grids, checks.precision_grid(precision)], blank=False)
-    if "routed_vs_best_single" in decision:
-        typer.echo(decision["routed_vs_best_single"].sentence)
-    if out is not None:
-        document = choose.bench_document(config, setting, chosen, rows, runs)
-        write_json(
-            out,
-            {
-                **document,
-                **checks.checks_document(chosen, cells, precision),
-                **choose.decision_document(decision),
-                "outputs_vs_run": [dataclasses.asdict(a) for a in agreement],
-            },
-        )
-        checkpoint.path.unlink()
-        typer.echo(f"wrote {out}")
-
-
-def bench_on_llama_server(policy_file, out, domains, per_domain, n_predict, repeats, seed,
-                          in_sample, n_boot=2000) -> None:  # fmt: skip
-    """``bench --backend llama-server`` (and ``llamacpp``'s bench): the policy's candidates
-    through llama-server."""
-    from ..serving.llamacpp.study import bench_llama_server
-
-    if policy_file is None:
-        fail("--backend llama-server benches a llama-server policy: give --policy-file")
-    out = out or policy_file.parent
-    bench = bench_llama_server(
-        policy_file, out, domains, per_domain, repeats, n_predict, 2026 if seed is None else seed,
-        in_sample, n_boot, log=functools.partial(typer.echo, err=True),
-    )  # fmt: skip
-    print_grids(bench.grids)
-    single = bench.document["routed_vs_best_single"]
-    typer.echo(
-        f"routed against the best single setting ({single['best_single']}): "
-        f"{single['ratio']:.3f}x [{single['lo']:.3f}, {single['hi']:.3f}]: {single['verdict']}"
-    )
-    typer.echo(f"wrote {out / 'bench.json'}")
-
-
-def _bench_openai(urls, policy_file, out, domains, per_domain, max_tokens, repeats, seed,
-                  in_sample, target) -> None:  # fmt: skip
-    """``bench --backend openai``: servers already running, one setting per --url."""
-    from ..analysis.bench_stats import speedup_precision, summarize_bench
-    from ..files import check_output_file, write_json
-    from ..models import load_tokenizer
-    from ..serving.openai_server import OpenAIBackend, ServerURL
-    from ..tune import bench as checks
-    from ..tune.bench import Loop, bench_prompts, rendered_prompts, run_bench
-    from ..tune.choose import bench_grid
-    from ..tune.policy import PolicyFile
-
-    policy = PolicyFile.load(policy_file) if policy_file else None
-    rendering = ((policy.info.get("tune") or {}) if policy else {}).get("rendering", "task")
-    settings = dict(ServerURL.parse(u, chat=rendering == "chat") for u in urls)
-    if "plain" not in settings:
-        fail("--backend openai needs a --url named plain (plain=URL): the speed-ups are over it")
-    if out is not None:
-        check_output_file(out, (policy_file,), "--out")
-    seed = options.DEFAULT_SEED if seed is None else seed
-    chosen = bench_prompts(domains, per_domain, seed, policy, "rules", in_sample, split=False)
-    tokenizer = load_tokenizer(target or "demo:target")
-    prompts = rendered_prompts(chosen.items, tokenizer, rendering, 512)
-    backend = OpenAIBackend(
-        max_tokens, lambda text: tokenizer.encode(text, add_special_tokens=False)
-    )
-    timed = run_bench(backend, prompts, settings, Loop(repeats, 0, chosen.held_out_rule),
-                      functools.partial(typer.echo, err=True))  # fmt: skip
-    rows = summarize_bench(timed.runs)
-    precision = speedup_precision(timed.runs)
-    print_grids([bench_grid(rows, f"servers at URLs, {max_tokens} new tokens"),
-                 checks.precision_grid(precision)], blank=False)  # fmt: skip
-    if out is not None:
-        write_json(out, {
-            "backend": "openai",
-            "urls": {n: s.url for n, s in settings.items()},
-            "rows": [dataclasses.asdict(r) for r in rows],
-            "requests": [r.to_dict() for r in timed.requests],
-            **checks.checks_document(chosen, (), precision),
-        })  # fmt: skip
-        typer.echo(f"wrote {out}")
+    decoder_for = functools.cache(lambda drafter: make_decoder(pair, drafter))
+    return choose.decoder_plan(decoder_for, pair.tokenizer, chosen, policy, config, setting, out)

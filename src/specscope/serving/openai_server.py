@@ -24,12 +24,14 @@ It starts nothing, and needs the ``gateway`` extra (httpx, prometheus-client).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import SpecscopeError
 from ..tune.backends import Decoded, Prompt, Runner
+from ..tune.study import BenchPlan
 from .ingest.formats import FORMATS
 from .request_stats import IngestError
 
@@ -173,4 +175,46 @@ def decoded_answer(
         total,
         first,
         stop_type=str(choice.get("finish_reason") or ""),
+    )
+
+
+def openai_plan(
+    urls: Sequence[str],
+    policy_path: Path | None,
+    domains: Sequence[str],
+    per_domain: int,
+    max_tokens: int,
+    repeats: int,
+    seed: int,
+    in_sample: bool = False,
+    target: str | None = None,
+) -> BenchPlan:
+    """The bench of servers already running, one setting per ``NAME=URL`` (one named ``plain``
+    the reference), for :func:`specscope.tune.study.bench`: held-out prompts rendered by the
+    pair's tokenizer (``target``; default the demo pair's) as the policy was tuned."""
+    from ..models import load_tokenizer
+    from ..tune.bench import Loop, bench_prompts, rendered_prompts
+    from ..tune.policy import PolicyFile
+
+    policy = PolicyFile.load(policy_path) if policy_path else None
+    rendering = ((policy.info.get("tune") or {}) if policy else {}).get("rendering", "task")
+    settings = dict(ServerURL.parse(u, chat=rendering == "chat") for u in urls)
+    if "plain" not in settings:
+        raise ServerError(
+            "--backend openai needs a --url named plain (plain=URL): the speed-ups are over it"
+        )
+    chosen = bench_prompts(list(domains), per_domain, seed, policy, "rules", in_sample, split=False)
+    tokenizer = load_tokenizer(target or "demo:target")
+    backend = OpenAIBackend(
+        max_tokens, lambda text: tokenizer.encode(text, add_special_tokens=False)
+    )
+    return BenchPlan(
+        backend,
+        settings,
+        rendered_prompts(chosen.items, tokenizer, rendering, 512),
+        chosen,
+        Loop(repeats, 0, chosen.held_out_rule),
+        f"servers at URLs, {max_tokens} new tokens",
+        head={"backend": "openai", "urls": {n: s.url for n, s in settings.items()}},
+        keep="requests",
     )

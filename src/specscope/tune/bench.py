@@ -442,6 +442,20 @@ def decoder_methods(policy, router, config: BenchConfig) -> dict[str, object]:
     return {m: methods[m] for m in config.methods}
 
 
+def decoder_backend(decoder_for: DecoderFor, config: BenchConfig) -> Engines:
+    """specscope's decoder beside transformers' generate() on the pair ``decoder_for`` loads."""
+    decoder = decoder_for(DrafterConfig())
+    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
+    return Engines(
+        {
+            TransformersSetting: TransformersBackend(
+                decoder.target, decoder.draft, decoder.eos, config.max_new_tokens
+            ),
+            DecoderSetting: SpecscopeBackend(decoder_for, greedy),
+        }
+    )
+
+
 def bench_decoder(
     decoder_for: DecoderFor,
     tokenizer,
@@ -453,20 +467,12 @@ def bench_decoder(
     held_out: HeldOut | None = None,
     checkpoint: BenchCheckpoint | None = None,
 ) -> list[BenchRun]:
-    """specscope's decoder and transformers on the pair loaded here, through :func:`run_bench`."""
-    decoder = decoder_for(DrafterConfig())
-    greedy = DecodeConfig(max_new_tokens=config.max_new_tokens, min_path_prob=config.min_path_prob)
-    backend = Engines(
-        {
-            TransformersSetting: TransformersBackend(
-                decoder.target, decoder.draft, decoder.eos, config.max_new_tokens
-            ),
-            DecoderSetting: SpecscopeBackend(decoder_for, greedy),
-        }
-    )
+    """specscope's decoder and transformers on the pair loaded here, timed through
+    :func:`run_bench` (the runs alone; :func:`specscope.tune.study.bench` concludes)."""
     prompts = rendered_prompts(items, tokenizer, config.rendering, config.max_prompt_tokens)
     methods = decoder_methods(policy, router, config)
     loop = Loop(config.repeats, config.warmup, held_out or HeldOut())
+    backend = decoder_backend(decoder_for, config)
     return run_bench(backend, prompts, methods, loop, log, checkpoint).runs
 
 

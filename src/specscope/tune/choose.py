@@ -2,9 +2,8 @@
 decode uses (:func:`choose_speculation`), the pair a decode, tune or bench loads
 (:func:`decode_pair_config`, :func:`load_decode_pair`), what ``specscope tune`` tunes from
 (:func:`load_tune_runs`, :func:`cost_models`, :func:`tune_source`), and the tables ``tune`` and
-``bench`` show (:func:`policy_grid`, :func:`router_grid`, :func:`bench_grid`), what a bench says of
-the policy's decisions (:func:`bench_decision`: regret, routed against the best single method) and
-the record bench writes (:func:`bench_document`, :func:`decision_document`).
+``bench`` show (:func:`policy_grid`, :func:`router_grid`), and the bench of the pair loaded here
+(:func:`decoder_plan`, for :func:`specscope.tune.study.bench`).
 
 The command line (``specscope.cli.speculate``) parses options into these calls and prints what
 they return; this module prints nothing (``log`` callbacks carry its progress lines). It does not
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.bench_stats import BenchRow, BenchRun
+from ..analysis.bench_stats import BenchRun
 from ..analysis.render import Column, Grid
 from ..cache import recorded_path
 from ..drafters import DrafterConfig
@@ -34,6 +33,7 @@ from .bench import BenchConfig, BenchPrompts
 from .costs import COST_DECODE_TOKENS, CostModel
 from .policy import PolicyFile
 from .predict import REPLAY, Prediction, Stop
+from .study import BenchPlan
 
 Log = Callable[[str], None]
 MAX_TIMED_DECODE = 128  # tokens: the longest decode a cost model times
@@ -497,45 +497,6 @@ def router_grid(chosen: BenchPrompts, domains: Sequence[str]) -> Grid:
     )
 
 
-def _speedup(r: BenchRow) -> str:
-    interval = f" [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo == r.speedup_lo else ""
-    return f"{r.speedup:.2f}x{interval}"
-
-
-BENCH_COLUMNS = (
-    "domain",
-    "method",
-    "prompts",
-    "tokens",
-    "decode tok/s",
-    "speed-up (95% CI)",
-    "tok/s e2e",
-    "speed-up e2e",
-    "tau",
-    "= plain",
-)
-
-
-def bench_grid(rows: Sequence[BenchRow], title: str) -> Grid:
-    """Tokens per second and speed-up of each method per domain."""
-    cells = tuple(
-        (
-            r.domain,
-            r.method,
-            r.prompts,
-            r.tokens,
-            f"{r.decode_tokens_per_s:.2f}",
-            _speedup(r),
-            f"{r.tokens_per_s:.2f}",
-            f"{r.e2e_speedup:.2f}x",
-            "-" if r.tau != r.tau else f"{r.tau:.2f}",
-            "yes" if r.exact else "no",
-        )
-        for r in rows
-    )
-    return Grid("bench", title, tuple(Column(c) for c in BENCH_COLUMNS), cells)
-
-
 @dataclass(frozen=True)
 class BenchSetting:
     """How a bench ran, as its record names it."""
@@ -548,16 +509,20 @@ class BenchSetting:
     draft_attention: str = "sdpa"
 
 
-def bench_document(
+def decoder_plan(
+    decoder_for: bench.DecoderFor,
+    tokenizer,
+    chosen: BenchPrompts,
+    policy: PolicyFile | None,
     config: BenchConfig,
     setting: BenchSetting,
-    chosen: BenchPrompts,
-    rows: Sequence[BenchRow],
-    runs: Sequence[BenchRun],
-) -> dict:
-    """The JSON record of a bench: its config and setting, the routers' accuracy, the summary
-    rows and every timed run."""
-    return {
+    out: Path | None = None,
+) -> BenchPlan:
+    """The bench of specscope's decoder beside transformers' plain and assisted generation on
+    the pair loaded here (:func:`.bench.decoder_methods`): the policy's predictions, its choice
+    per domain, the in-sample outputs against the tuning runs', and with ``out`` a checkpoint
+    beside it (``OUT.partial.jsonl``: the same command resumes)."""
+    head = {
         "config": dataclasses.asdict(config),
         "policy_file": str(setting.policy_file or ""),
         "router": setting.router,
@@ -570,49 +535,35 @@ def bench_document(
             {"router": r.router, "per_domain": r.per_domain, "accuracy": r.accuracy}
             for r in chosen.reports
         ],
-        "rows": [dataclasses.asdict(r) for r in rows],
-        "runs": [dataclasses.asdict(r) for r in runs],
     }
-
-
-def bench_decision(
-    policy: PolicyFile,
-    config: BenchConfig,
-    domains: Sequence[str],
-    rows: Sequence[BenchRow],
-    runs: Sequence[BenchRun],
-) -> dict:
-    """What a bench says of the policy's decisions: per domain its choice's regret against the
-    best method measured (``regret``: where a method times the choice, on all the domain's
-    prompts; where only ``routed`` does, on the prompts the router sent to the domain's entry,
-    :func:`.bench.routed_regrets`; the others are ``unscored``), and with ``routed`` timed,
-    routed against the best single method over all prompts (``routed_vs_best_single``). Every
-    timed method is a candidate; only ``routed`` is not."""
-    out: dict = {}
-    chosen = bench.policy_choices(policy, config, domains)
-    scored = bench.regrets(rows, runs, chosen, derived=("routed",)) if chosen else ()
-    unscored = [d for d in domains if d not in chosen]
-    if unscored and "routed" in config.methods:
-        by_route, unscored = bench.routed_regrets(runs, unscored)
-        scored += by_route
-    if scored:
-        out["regret"] = scored
-    out["unscored"] = unscored
-    if "routed" in config.methods and len(config.methods) > 2:
-        out["routed_vs_best_single"] = bench.routed_against_best_single(runs, derived=("routed",))
-    return out
-
-
-def decision_document(decision: dict) -> dict:
-    """:func:`bench_decision` as the bench's JSON record holds it."""
-    out = {}
-    if "regret" in decision:
-        out["regret"] = [r.to_dict() for r in decision["regret"]]
-    if decision.get("unscored"):
-        out["unscored"] = decision["unscored"]
-    if "routed_vs_best_single" in decision:
-        out["routed_vs_best_single"] = decision["routed_vs_best_single"].to_dict()
-    return out
+    checkpoint = None
+    if out is not None:
+        checkpoint = bench.BenchCheckpoint(
+            out.with_name(out.name + ".partial.jsonl"),
+            {**head, "rows": [], "runs": [], "prompts": [item.id for item in chosen.items]},
+        )
+    domains = list(dict.fromkeys(it.domain for it in chosen.items))
+    title = (
+        f"greedy decoding, {config.max_new_tokens} new tokens, median of {config.repeats} after "
+        f"{config.warmup} warm-up; {setting.dtype}, {setting.threads} threads"
+        f"{', int8' if setting.int8 else ''}"
+        f"{', the draft on row-wise attention' if setting.draft_attention == 'rowwise' else ''}"
+    )
+    return BenchPlan(
+        bench.decoder_backend(decoder_for, config),
+        bench.decoder_methods(policy, chosen.routers[setting.router], config),
+        bench.rendered_prompts(chosen.items, tokenizer, config.rendering, config.max_prompt_tokens),
+        chosen,
+        bench.Loop(config.repeats, config.warmup, chosen.held_out_rule),
+        title,
+        predictions=bench.policy_predictions(setting.policy_file) if setting.policy_file else {},
+        candidates=bench.candidate_predictions(policy, config) if policy else {},
+        routed=bench.routed_predictions(policy, setting.router) if policy else {},
+        choices=bench.policy_choices(policy, config, domains) if policy else None,
+        checkpoint=checkpoint,
+        head=head,
+        agreement=lambda runs: outputs_vs_run(policy, runs, config.max_new_tokens),
+    )
 
 
 def outputs_vs_run(

@@ -117,13 +117,3 @@ def requests_from_frame(frame: pd.DataFrame) -> list[Request]:
 
 def requests_frame(rows: Sequence[Request]) -> pd.DataFrame:
     return pd.DataFrame([r.to_dict() for r in rows])
-
-
-def machines_by_repeat(requests: Sequence[Request]) -> dict[str, list[int]]:
-    """The machine each repeat was timed on -> those repeats (1-based), in order ("": requests
-    from before the machine was recorded): a bench whose repeats ran in several sessions may
-    have run on several machines."""
-    out: dict[str, set[int]] = {}
-    for r in requests:
-        out.setdefault(r.machine, set()).add(r.repeat + 1)
-    return {m: sorted(reps) for m, reps in sorted(out.items(), key=lambda kv: min(kv[1]))}

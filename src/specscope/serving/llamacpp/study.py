@@ -32,12 +32,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
-from ...analysis.bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
-from ...analysis.render import Column, Grid, to_markdown
+from ...analysis.bench_stats import DERIVED_METHODS, BenchRun
+from ...analysis.render import Column, Grid
 from ...analysis.replay import (
     ALL,
     ReplayError,
@@ -68,26 +67,19 @@ from ...tune.bench import (
     RecordedOutputs,
     Route,
     bench_prompts,
-    checks_document,
     outputs_against_recorded,
     policy_predictions,
-    precision_grid,
-    predicted_vs_measured,
-    prediction_grid,
-    regret_grid,
     rendered_prompts,
-    routed_against_best_single,
     run_bench,
 )
-from ...tune.choose import bench_grid
 from ...tune.engine_choice import PLAIN, PRICED, Cell, EngineChoice, choose, timed_cells
 from ...tune.policy import Choice, PolicyFile
 from ...tune.predict import REPLAY, Prediction
 from ...tune.router import RuleRouter
+from ...tune.study import BenchPlan
 from .backend import (
     LlamaServerBackend,
     candidate_settings,
-    machines_by_repeat,
     requests_frame,
     requests_from_frame,
 )
@@ -602,15 +594,6 @@ def tune_grid(choice: EngineChoice, repeats: int = 1) -> Grid:
 # --- bench ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LlamaBench:
-    """What :func:`bench_llama_server` measured and concluded."""
-
-    runs: tuple[BenchRun, ...]
-    grids: tuple[Grid, ...]
-    document: dict
-
-
 def candidate_predictions(policy: PolicyFile) -> dict[tuple[str, str], PolicyPrediction]:
     """(candidate, domain) -> its prediction on the tuning prompts, from ``tune.cells``, with
     the prompts behind it (a timed cell's are the tune's, fewer than the run's; files from
@@ -658,26 +641,7 @@ def benched_candidates(policy: PolicyFile) -> list[str]:
     return [n for n in server["candidates"] if n in keep]
 
 
-def machines_note(machines: dict[str, list[int]], tuned_on: str | None) -> str | None:
-    """A sentence where a bench's repeats ran on more than one machine, or on another than the
-    tune's (whose timings every speed prediction comes from); None where all ran on one machine
-    that is the tune's or is not recorded (requests from before it was)."""
-    known = {m for m in machines if m}
-    if len(machines) < 2 and known <= {tuned_on}:
-        return None
-    runs = "; ".join(
-        f"repeat{'s' if len(reps) > 1 else ''} {', '.join(map(str, reps))} on "
-        f"{m or 'a machine not recorded'}"
-        for m, reps in machines.items()
-    )
-    return (
-        f"Timed on more than one machine or another than the tune's: {runs}. The speed "
-        f"predictions come from timings on {tuned_on or 'a machine not recorded'}; between "
-        "repeats, the intervals hold what the machines differ by."
-    )
-
-
-def bench_llama_server(
+def llama_server_plan(
     policy_path: Path,
     out: Path,
     domains: Sequence[str],
@@ -690,18 +654,19 @@ def bench_llama_server(
     log: Log = print,
     prune: bool = True,
     earlier: Sequence[Request] = (),
-) -> LlamaBench:
-    """The policy's candidates on held-out prompts through llama-server (module docstring).
+) -> BenchPlan:
+    """The bench of a llama-server policy (module docstring), for
+    :func:`specscope.tune.study.bench`: its candidates on held-out prompts, every repeat on fresh
+    servers, ``routed`` and ``uniform`` the candidates' own requests picked per prompt.
     ``earlier``: the requests of this very bench made before (its ``requests.parquet``): they
     are concluded with ``repeats`` more repeats of every request (0: nothing is timed)."""
-    inside = inside_of(out, Path(policy_path).parent)  # links refused before any work
     policy = PolicyFile.load(policy_path)
     server = policy.info.get("llama_server") or {}
     tuned = policy.info.get("tune") or {}
     if "candidates" not in server or tuned.get("backend") != "llama-server":
         raise SpecscopeError(
             f"{policy_path} was not tuned for llama-server (no llama_server candidates); make "
-            "one with specscope llamacpp RUN_DIR"
+            "one with specscope tune RUN_DIR --backend llama-server"
         )
     entries = server["candidates"]
     settings = {n: ServerSetting.from_dict(e["server_setting"]) for n, e in entries.items()}
@@ -722,9 +687,11 @@ def bench_llama_server(
         )
     settings = {n: settings[n] for n in kept}
     pair = (policy.info.get("source") or {}).get("target", {}).get("measured", {})
-    tokenizer = pair_tokenizer(pair)
     prompts = rendered_prompts(
-        chosen.items, tokenizer, tuned.get("rendering", "task"), tuned.get("max_prompt_tokens", 512)
+        chosen.items,
+        pair_tokenizer(pair),
+        tuned.get("rendering", "task"),
+        tuned.get("max_prompt_tokens", 512),
     )
     if repeats:
         log(
@@ -754,59 +721,39 @@ def bench_llama_server(
          "prompts": [it.id for it in chosen.items], "n_predict": n_predict},
     )  # fmt: skip
     first = 1 + max((r.repeat for r in earlier), default=-1)
-    loop = Loop(first + repeats, 0, chosen.held_out_rule)
-    timed = run_bench(backend, prompts, methods, loop, log, journal, earlier)
-    runs, requests = timed.runs, list(timed.requests)
-    rows = summarize_bench(runs, n_boot)
-    cells = predicted_vs_measured(
-        rows,
-        runs,
-        policy_predictions(policy_path),
-        candidate_predictions(policy),
-        chosen.tuning_per_domain,
-    )
-    precision = speedup_precision(runs, n_boot=n_boot)
-    regret = regrets(
-        rows, runs, {d: per_domain_choice.get(d, fallback) for d in domains}, n_boot=n_boot
-    )
-    single = routed_against_best_single(runs, n_boot)
-    write_output(
-        out / "requests.parquet", requests_frame(requests).to_parquet(None, index=False), inside
-    )
-    journal.path.unlink(missing_ok=True)
-    grids = (
-        bench_grid(rows, "llama-server on held-out prompts"),
-        prediction_grid(cells, chosen.tuned),
-        regret_grid(regret),
-        precision_grid(precision),
-    )
-    machines = machines_by_repeat(requests)
-    document = {
-        "backend": "llama-server",
-        "machines": {m or "not recorded": reps for m, reps in machines.items()},
-        "policy_file": recorded_path(policy_path),
-        "config": {
-            "per_domain": per_domain,
-            "repeats": 1 + max((r.repeat for r in requests), default=-1),
-            "n_predict": n_predict,
-            "seed": seed,
-            "candidates": {n: s.name for n, s in settings.items()},
-            "not_timed": pruned,
-            "target_gguf": recorded_path(target),
-            "draft_gguf": recorded_path(draft) if draft else None,
+    return BenchPlan(
+        backend,
+        methods,
+        prompts,
+        chosen,
+        Loop(first + repeats, 0, chosen.held_out_rule),
+        "llama-server on held-out prompts",
+        predictions=policy_predictions(policy_path),
+        candidates=candidate_predictions(policy),
+        choices={d: per_domain_choice.get(d, fallback) for d in domains},
+        derived=DERIVED_METHODS,
+        checkpoint=journal,
+        earlier=earlier,
+        head={
+            "backend": "llama-server",
+            "policy_file": recorded_path(policy_path),
+            "config": {
+                "per_domain": per_domain,
+                "repeats": first + repeats,
+                "n_predict": n_predict,
+                "seed": seed,
+                "candidates": {n: s.name for n, s in settings.items()},
+                "not_timed": pruned,
+                "target_gguf": recorded_path(target),
+                "draft_gguf": recorded_path(draft) if draft else None,
+            },
         },
-        "rows": [dataclasses.asdict(r) for r in rows],
-        **checks_document(chosen, cells, precision),
-        "regret": [r.to_dict() for r in regret],
-        "routed_vs_best_single": single.to_dict(),
-        "derived": "routed and uniform are the candidates' own requests, picked per prompt by "
-        "the rule router (routed) or the policy's uniform entry: a route only picks a server",
-    }
-    write_json(out / "bench.json", document, inside)
-    summary = "\n\n".join(to_markdown(g) for g in grids)
-    summary += f"\n\n{single.sentence}\n"
-    if note := machines_note(machines, tuned.get("machine")):
-        log(note)
-        summary += f"\n{note}\n"
-    write_output(out / "summary.md", summary, inside)
-    return LlamaBench(tuple(runs), grids, document)
+        tail={
+            "derived": "routed and uniform are the candidates' own requests, picked per prompt "
+            "by the rule router (routed) or the policy's uniform entry: a route only picks a server"
+        },
+        keep=None,
+        n_boot=n_boot,
+        tuned_on=tuned.get("machine"),
+        check_machines=True,
+    )
