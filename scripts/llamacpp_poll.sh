@@ -11,13 +11,13 @@ out=${OUT:-results/demo-pair/llamacpp/poll}
 grid=()
 if [ -n "${COST_GRID:-}" ]; then grid=(--cost-grid "$COST_GRID"); fi
 if [ ! -f "$out/policy.json" ]; then
-  specscope llamacpp results/demo-pair/deep-tree --out "$out" \
-    --tune-per-domain "${TUNE_PER_DOMAIN:-10}" --tune-only "${grid[@]}" \
+  specscope tune results/demo-pair/deep-tree --backend llama-server --out "$out/policy.json" \
+    --tune-per-domain "${TUNE_PER_DOMAIN:-10}" "${grid[@]}" \
     --candidate plain --candidate plain:poll=0 --candidate draft-simple:k=2 \
     --candidate ngram-simple --candidate ngram-map-k --candidate ngram-mod \
     --candidate ngram-map-k:poll=0 --candidate ngram-mod:poll=0
 fi
 if [ ! -f "$out/bench.json" ]; then
-  specscope llamacpp results/demo-pair/deep-tree --policy-file "$out/policy.json" --out "$out" \
+  specscope bench --backend llama-server --policy-file "$out/policy.json" --out "$out" \
     --per-domain 20 --repeats "${REPEATS:-1}"
 fi

@@ -144,16 +144,16 @@ def test_tune_refuses_a_planted_policy_link(run_dir, costs, victim):
 def test_llamacpp_outputs_refuse_a_planted_link(run_dir, victim, tmp_path):
     # before: RUN_DIR/llamacpp -> elsewhere received policy.json, requests, bench, summary
     from specscope.files import OutputError
-    from specscope.serving.llamacpp.study import tune_llama_server
+    from specscope.serving.llamacpp.study import LlamaTuneConfig, tune_llama_server
 
     (run_dir / "llamacpp").symlink_to(victim.parent, target_is_directory=True)
     with pytest.raises(OutputError, match="symbolic link"):  # before any server starts
         tune_llama_server(
             run_dir,
             run_dir / "llamacpp" / "policy.json",
-            ["ngram-simple"],
-            target_gguf=tmp_path / "t.gguf",
-            draft_gguf=tmp_path / "d.gguf",
+            LlamaTuneConfig(
+                ("ngram-simple",), target_gguf=tmp_path / "t.gguf", draft_gguf=tmp_path / "d.gguf"
+            ),
         )
     assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
 

@@ -115,6 +115,8 @@ HELP_MAY_DIFFER = {
     "--target": "export: the engine's model, not one specscope loads",
     # a running server's URL, NAME=URL: bench names a setting by it, the gateway a domain
     "--url": "bench: a setting's server; gateway: a domain's",
+    # the engine: tune's policy is for it, bench times it (bench also times servers at URLs)
+    "--backend": "tune: the engine a policy is for; bench: the engine timed",
 }
 # (option, command) whose default genuinely differs from the option's own (None: the config's).
 DEFAULT_MAY_DIFFER = {
@@ -126,6 +128,7 @@ DEFAULT_MAY_DIFFER = {
     ("--per-domain", "llamacpp"): "10 held-out prompts a domain: llama-server is fast enough",
     ("--max-new-tokens", "decode"): "decode has no config",
     ("--max-new-tokens", "llamacpp"): "llamacpp has no config",
+    ("--max-new-tokens", "tune"): "tune --backend llama-server has no config (llamacpp's 64)",
     ("--max-prompt-tokens", "decode"): "decode has no config",
 }
 

@@ -28,7 +28,7 @@ EXTRA_PURPOSES = {
     "plot": "plots in analyze, report and certify",
     "hub": "prompt sources from the Hugging Face hub",
     "gguf": "loading .gguf model files",
-    "llamacpp": "llama.cpp end to end (specscope llamacpp, which compiles llama.cpp once)",
+    "llamacpp": "llama.cpp end to end (tune and bench --backend llama-server, which compile llama.cpp once)",
     "gptq": "the paper's 4-bit GPTQ target (GPU)",
     "gateway": "one endpoint routing requests to per-domain engines (specscope gateway)",
     "ray": "sweeps on Ray",

@@ -88,7 +88,7 @@ INPUT_FILES: dict[str, InputFile] = {
     ),
     "llama-cost-grid": InputFile(
         "llama.cpp cost grid (JSON)",
-        "`specscope llamacpp --costs FILE` (tune with the llama-server backend)",
+        "`specscope tune --backend llama-server --cost-grid FILE`",
         CostGridFile,
         SpecscopeError,
         {

@@ -755,10 +755,18 @@ def test_tune_and_bench_through_llama_server(tmp_path):
     result = CliRunner().invoke(
         app,
         [
-            "llamacpp", str(run), "--out", str(out), "--candidate", "ngram-simple:n=3,m=8",
-            "--candidate", "draft-simple:k=2", "--tune-per-domain", "1", "--per-domain", "1",
-            "--repeats", "1", "--max-new-tokens", "8", "--boot", "50", "--max-k", "2",
+            "tune", str(run), "--backend", "llama-server", "--out", str(out / "policy.json"),
+            "--candidate", "ngram-simple:n=3,m=8", "--candidate", "draft-simple:k=2",
+            "--tune-per-domain", "1", "--max-new-tokens", "8", "--boot", "50", "--max-k", "2",
             "--price-p-min", "0.5", "--cost-grid", str(run.parent / "llama-costs" / "cost_grid.json"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench", "--backend", "llama-server", "--policy-file", str(out / "policy.json"),
+            "--per-domain", "1", "--repeats", "1", "--max-new-tokens", "8",
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -799,6 +807,7 @@ def test_tune_and_bench_through_llama_server(tmp_path):
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "this alias goes in the next release" in result.output  # llamacpp: tune's old name
     assert "not timed again" in result.output and not (again / "bench.json").exists()
     rechosen = json.loads((again / "policy.json").read_text())
     assert rechosen["tune"]["cells"] == cells

@@ -54,6 +54,7 @@ DRAFT_ATTENTIONS = ("sdpa", "rowwise")
 EXECUTORS = ("local", "ray")  # sweep.executors.EXECUTORS
 ROUTERS = ("rules", "learned")  # tune.bench.ROUTERS
 BENCH_BACKENDS = ("specscope", "llama-server", "openai")  # tune.bench.BACKENDS
+TUNE_BACKENDS = ("specscope", "llama-server")
 EXPORT_ENGINES = ("vllm", "sglang", "llama.cpp", "trtllm", "transformers")  # serving.export.ENGINES
 INGEST_FORMATS = ("vllm", "sglang", "llama.cpp", "spec-bench", "aiperf")  # serving.ingest FORMATS
 JOINS = ("id", "order")  # serving.ingest.JOINS
@@ -353,6 +354,8 @@ SEED = own_defaults(
         rich_help_panel=EXECUTION,
     ),
     run="the config's (42 unless it sets one)",
+    bench="0 (2026 with --backend llama-server, as its shipped benches)",
+    llamacpp="2026",
     _="0",
 )
 DEFAULT_SEED = 0  # where no config gives one
@@ -532,6 +535,96 @@ ENGINE_VERSION = own_defaults(
     ),
     export="the newest version whose rules were checked",
     ingest="the version the log states, if any",
+)
+
+
+# --- llama-server: tune --backend llama-server (and the llamacpp alias) ---------------------------
+
+TARGET_GGUF = own_defaults(
+    typer.Option(
+        None,
+        "--target-gguf",
+        help="Target GGUF file.",
+        rich_help_panel=MODELS,
+    ),
+    _="the demo pair's target, Q4_K_M",
+)
+DRAFT_GGUF = own_defaults(
+    typer.Option(
+        None,
+        "--draft-gguf",
+        help="Draft GGUF file.",
+        rich_help_panel=MODELS,
+    ),
+    _="the demo pair's draft, Q4_K_M",
+)
+CANDIDATE = own_defaults(
+    typer.Option(
+        [],
+        "--candidate",
+        help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; ,poll=N sets llama.cpp's --poll (plain:poll=0, ngram-mod:poll=0).",
+        rich_help_panel=TUNING,
+    ),
+    _="plain, plain:poll=0, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-map-k, ngram-mod, ngram-map-k:poll=0",
+)
+TUNE_PER_DOMAIN = own_defaults(
+    typer.Option(
+        None,
+        "--tune-per-domain",
+        min=1,
+        max=MAX_PROMPTS,
+        help="Of the run's prompts, how many per domain tuning times.",
+        rich_help_panel=TUNING,
+    ),
+    _="all",
+)
+TUNE_REPEATS = typer.Option(
+    1,
+    "--tune-repeats",
+    min=1,
+    max=MAX_REPEATS,
+    help="Repeats of each tuning request, each on fresh servers; 2 or more put the variation "
+    "between repeats into the intervals and route tests.",
+    rich_help_panel=TUNING,
+)
+SERVER_THREADS = typer.Option(
+    2,
+    "--server-threads",
+    min=1,
+    max=MAX_THREADS,
+    help="Threads of every llama-server.",
+    rich_help_panel=EXECUTION,
+)
+COST_GRID = own_defaults(
+    typer.Option(
+        None,
+        "--cost-grid",
+        help="A llama-bench cost grid (benchmarks/bench_llama_costs.py) the draft-model settings are priced with.",
+        rich_help_panel=TUNING,
+    ),
+    _="measure the timed settings' curves, written beside the policy as policy-costs.json",
+)
+MAX_K = typer.Option(
+    4,
+    "--max-k",
+    min=1,
+    max=16,
+    help="The longest draft-model chain priced (K = 1 .. this).",
+    rich_help_panel=TUNING,
+)
+PRICE_P_MIN = typer.Option(
+    [0.5, 0.75, 0.9],
+    "--price-p-min",
+    min=0.0,
+    max=1.0,
+    help="llama.cpp's --spec-draft-p-min values priced beside none at every K (repeat the option).",
+    rich_help_panel=TUNING,
+)
+TUNE_TIMINGS = typer.Option(
+    None,
+    "--tune-timings",
+    help="An earlier tune's policy-requests.parquet (the same candidates, prompts, repeats and tokens): priced and chosen again from those timings, nothing timed for tuning.",
+    rich_help_panel=TUNING,
 )
 
 

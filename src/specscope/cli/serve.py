@@ -8,9 +8,8 @@ from pathlib import Path
 import typer
 
 from ..console import terminal_safe
-from ..limits import MAX_PROMPTS, MAX_REPEATS, MAX_THREADS
 from . import options
-from .app import MACHINE, SERVE, command, fail, print_grids
+from .app import MACHINE, SERVE, command, fail
 
 # --- export (serving engines) -------------------------------------------------------------------
 
@@ -172,81 +171,20 @@ def llamacpp(
         rich_help_panel=options.OUTPUT,
     ),
     policy_file: Path | None = options.POLICY_FILE,
-    target_gguf: Path | None = typer.Option(
-        None,
-        "--target-gguf",
-        help="Target GGUF file (default: the demo pair's target, Q4_K_M).",
-        rich_help_panel=options.MODELS,
-    ),
-    draft_gguf: Path | None = typer.Option(
-        None,
-        "--draft-gguf",
-        help="Draft GGUF file (default: the demo pair's draft, Q4_K_M).",
-        rich_help_panel=options.MODELS,
-    ),
-    candidates: list[str] = typer.Option(
-        [],
-        "--candidate",
-        help="A llama-server setting to tune over (repeat the option): plain, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-simple:n=3,m=8, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; ,poll=N sets llama.cpp's --poll (plain:poll=0, ngram-mod:poll=0) (default: plain, plain:poll=0, draft-simple:k=2, draft-simple:k=4,p_min=0.75, ngram-simple, ngram-map-k, ngram-mod, ngram-map-k:poll=0).",
-        rich_help_panel=options.TUNING,
-    ),
-    tune_per_domain: int | None = typer.Option(
-        None,
-        "--tune-per-domain",
-        min=1,
-        max=MAX_PROMPTS,
-        help="Of the run's prompts, how many per domain tuning times (default: all).",
-        rich_help_panel=options.TUNING,
-    ),
-    tune_repeats: int = typer.Option(
-        1,
-        "--tune-repeats",
-        min=1,
-        max=MAX_REPEATS,
-        help="Repeats of each tuning request, each on fresh servers; 2 or more put the variation "
-        "between repeats into the intervals and route tests.",
-        rich_help_panel=options.TUNING,
-    ),
+    target_gguf: Path | None = options.TARGET_GGUF,
+    draft_gguf: Path | None = options.DRAFT_GGUF,
+    candidates: list[str] = options.CANDIDATE,
+    tune_per_domain: int | None = options.TUNE_PER_DOMAIN,
+    tune_repeats: int = options.TUNE_REPEATS,
     domains: list[str] | None = options.DOMAINS,
     per_domain: int = options.with_default(options.PER_DOMAIN, 10),
     max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
     repeats: int = options.REPEATS,
-    threads: int = typer.Option(
-        2,
-        "--server-threads",
-        min=1,
-        max=MAX_THREADS,
-        help="Threads of every llama-server.",
-        rich_help_panel=options.EXECUTION,
-    ),
-    costs: Path | None = typer.Option(
-        None,
-        "--cost-grid",
-        help="A llama-bench cost grid (benchmarks/bench_llama_costs.py) the draft-model settings are priced with (default: measure the timed settings' curves, written beside the policy as policy-costs.json).",
-        rich_help_panel=options.TUNING,
-    ),
-    max_k: int = typer.Option(
-        4,
-        "--max-k",
-        min=1,
-        max=16,
-        help="The longest draft-model chain priced (K = 1 .. this).",
-        rich_help_panel=options.TUNING,
-    ),
-    p_mins: list[float] = typer.Option(
-        [0.5, 0.75, 0.9],
-        "--price-p-min",
-        min=0.0,
-        max=1.0,
-        help="llama.cpp's --spec-draft-p-min values priced beside none at every K (repeat the option).",
-        rich_help_panel=options.TUNING,
-    ),
-    tune_timings: Path | None = typer.Option(
-        None,
-        "--tune-timings",
-        help="An earlier tune's policy-requests.parquet (the same candidates, prompts, repeats and tokens): priced and chosen again from those timings, nothing timed for tuning.",
-        rich_help_panel=options.TUNING,
-    ),
+    threads: int = options.SERVER_THREADS,
+    costs: Path | None = options.COST_GRID,
+    max_k: int = options.MAX_K,
+    p_mins: list[float] = options.PRICE_P_MIN,
+    tune_timings: Path | None = options.TUNE_TIMINGS,
     tune_only: bool = typer.Option(
         False,
         "--tune-only",
@@ -264,51 +202,38 @@ def llamacpp(
     included) and uniformly, then time the candidates and the choice on held-out prompts (seed
     2026 by default), predicted against measured; with --policy-file, bench that policy without
     tuning. Builds llama.cpp's programs first if needed (once, minutes)."""
-    from ..files import check_output_file, inside_of
-    from ..serving.llamacpp.backend import DEFAULT_CANDIDATES
-    from ..serving.llamacpp.server import ServerSetting
-    from ..serving.llamacpp.study import (
-        llama_server_plan,
-        models_note,
-        tune_grid,
-        tune_llama_server,
-    )
-    from .speculate import BENCH_DOMAINS, run_plan
+    from ..files import inside_of
+    from ..serving.llamacpp.study import llama_server_plan
+    from .speculate import BENCH_DOMAINS, run_plan, tune_on_llama_server
 
     out = out or run_dir / "llamacpp"
     log = functools.partial(typer.echo, err=True)
     if tune_only and policy_file is not None:
         fail("--tune-only tunes a policy; --policy-file benches one: give one of them")
-    if policy_file is not None:
-        log(
-            "note: specscope llamacpp --policy-file is now specscope bench --backend "
-            "llama-server --policy-file; this alias goes in the next release"
-        )
+    log(
+        "note: specscope llamacpp is now specscope tune RUN_DIR --backend llama-server, then "
+        "specscope bench --backend llama-server --policy-file POLICY; this alias goes in the "
+        "next release"
+    )
     if policy_file is None:
-        policy_file = check_output_file(out / "policy.json", (run_dir,), "--out")
-        policy, choice = tune_llama_server(
+        policy_file = out / "policy.json"
+        tune_on_llama_server(
             run_dir,
             policy_file,
-            candidates or DEFAULT_CANDIDATES,
-            ServerSetting(threads=threads),
+            candidates,
             target_gguf,
             draft_gguf,
             tune_per_domain,
-            max_new_tokens,
             tune_repeats,
-            min_speedup,
-            n_boot,
-            log,
+            threads,
             costs,
             max_k,
             p_mins,
             tune_timings,
+            max_new_tokens,
+            min_speedup,
+            n_boot,
         )
-        print_grids([tune_grid(choice, tune_repeats)], blank=False)
-        for test in choice.route_tests:
-            typer.echo(test.sentence)
-        typer.echo(models_note(policy))
-        typer.echo(f"wrote {policy_file}")
         if tune_only:
             return
     inside = inside_of(out, policy_file.parent)  # links refused before any work

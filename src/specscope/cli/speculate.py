@@ -267,9 +267,28 @@ def tune(
     trust_remote_code: bool = options.TRUST_REMOTE_CODE,
     threads: int | None = options.THREADS,
     int8: bool = options.INT8,
+    backend: str = typer.Option(
+        "specscope",
+        metavar=options.one_of(options.TUNE_BACKENDS),
+        help="What the policy is for: specscope (specscope's decoder and transformers' assisted generation on the pair loaded here) or llama-server (its settings timed on RUN_DIR's prompts, draft-model chains priced from RUN_DIR's records; --out default RUN_DIR/llamacpp/policy.json; then bench --backend llama-server).",
+        rich_help_panel=options.ENGINE_PANEL,
+    ),
+    candidates: list[str] = options.CANDIDATE,
+    target_gguf: Path | None = options.TARGET_GGUF,
+    draft_gguf: Path | None = options.DRAFT_GGUF,
+    tune_per_domain: int | None = options.TUNE_PER_DOMAIN,
+    tune_repeats: int = options.TUNE_REPEATS,
+    server_threads: int = options.SERVER_THREADS,
+    cost_grid: Path | None = options.COST_GRID,
+    max_k: int = options.MAX_K,
+    p_mins: list[float] = options.PRICE_P_MIN,
+    tune_timings: Path | None = options.TUNE_TIMINGS,
+    max_new_tokens: int = options.with_default(options.MAX_NEW_TOKENS, 64),
+    n_boot: int = options.BOOT,
 ) -> None:
     """Pick the best drafter and tree per domain (or no speculation) from measured acceptance and
-    costs measured on this hardware, for each drafter measured."""
+    costs measured on this hardware, for each drafter measured; with --backend llama-server,
+    llama-server's settings per domain."""
     from ..files import check_output_file, inside_of
     from ..tune import choose
     from ..tune.costs import CostModel
@@ -277,6 +296,17 @@ def tune(
     from ..tune.policy import tune as tune_policy
     from ..tune.routed import prompt_texts
 
+    if backend not in options.TUNE_BACKENDS:
+        fail(f"--backend must be one of {', '.join(options.TUNE_BACKENDS)}, not {backend!r}")
+    if backend == "llama-server":
+        if len(run_dirs) != 1:
+            fail("--backend llama-server tunes from one measurement run")
+        out = out or run_dirs[0] / "llamacpp" / "policy.json"
+        return tune_on_llama_server(
+            run_dirs[0], out, candidates, target_gguf, draft_gguf, tune_per_domain, tune_repeats,
+            server_threads, cost_grid, max_k, p_mins, tune_timings, max_new_tokens, min_speedup,
+            n_boot,
+        )  # fmt: skip
     config = TuneConfig(
         max_nodes=max_nodes,
         max_depth=max_depth,
@@ -338,6 +368,48 @@ def tune(
     grids += filter(None, [choose.kinds_grid(policy), choose.backend_grid(policy)])
     print_grids(grids, blank=False)
     typer.echo(f"wrote {path}")
+
+
+def tune_on_llama_server(
+    run_dir, out, candidates, target_gguf, draft_gguf, tune_per_domain, tune_repeats,
+    server_threads, cost_grid, max_k, p_mins, tune_timings, max_new_tokens, min_speedup, n_boot,
+) -> None:  # fmt: skip
+    """``tune --backend llama-server`` (and ``llamacpp``'s tune): the policy, its table, the
+    route tests and which model llama-server ran against the run's."""
+    from ..files import check_output_file
+    from ..serving.llamacpp.server import ServerSetting
+    from ..serving.llamacpp.study import (
+        DEFAULT_CANDIDATES,
+        LlamaTuneConfig,
+        models_note,
+        tune_grid,
+        tune_llama_server,
+    )
+
+    out = check_output_file(out, (run_dir,), "--out")
+    config = LlamaTuneConfig(
+        candidates=tuple(candidates or DEFAULT_CANDIDATES),
+        base=ServerSetting(threads=server_threads),
+        target_gguf=target_gguf,
+        draft_gguf=draft_gguf,
+        per_domain=tune_per_domain,
+        n_predict=max_new_tokens,
+        repeats=tune_repeats,
+        min_speedup=min_speedup,
+        n_boot=n_boot,
+        cost_grid=cost_grid,
+        max_k=max_k,
+        p_mins=tuple(p_mins),
+        timings=tune_timings,
+    )
+    policy, choice = tune_llama_server(
+        run_dir, out, config, functools.partial(typer.echo, err=True)
+    )
+    print_grids([tune_grid(choice, tune_repeats)], blank=False)
+    for test in choice.route_tests:
+        typer.echo(test.sentence)
+    typer.echo(models_note(policy))
+    typer.echo(f"wrote {out}")
 
 
 @command(panel=SPECULATE)
@@ -425,7 +497,8 @@ def bench(
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     names = list(options.names(domains) or BENCH_DOMAINS)
-    seed = options.DEFAULT_SEED if seed is None else seed
+    if seed is None:  # llama-server's benches draw their held-out prompts with their own seed
+        seed = 2026 if backend == "llama-server" else options.DEFAULT_SEED
     log = functools.partial(typer.echo, err=True)
     inside = None
     if backend == "llama-server":

@@ -6,8 +6,8 @@ Organised by engine, with what every engine shares beside them:
   statistics parser with the key of those statistics in an answer (``ingest``);
 - :mod:`.trtllm`, :mod:`.hf_transformers`: the export rules of engines specscope reads no logs of;
 - :mod:`.llamacpp`: llama.cpp end to end: its programs (build, llama-bench, llama-quantize), the
-  llama-server backend, router mode, pass costs, ``specscope llamacpp`` (tune and bench with the
-  llama-server backend), its export and its log parser;
+  llama-server backend of tune and bench, router mode, pass costs, its export and its log
+  parser;
 - :mod:`.specbench`: Spec-Bench's answer files, a log format without an engine;
 - shared: :mod:`.export` (the engines' registry, ``export_policy``), :mod:`.export_plan` (one
   configuration per routed domain), :mod:`.export_rules` (engine versions and their checks),

@@ -1,4 +1,5 @@
-"""llama.cpp end to end: its programs, llama-server, its export and logs, and ``specscope llamacpp``.
+"""llama.cpp end to end: its programs, llama-server, its export and logs, and the llama-server
+backend of ``tune`` and ``bench``.
 
 - :mod:`.programs`: build llama-server, llama-bench and llama-quantize; run llama-bench and
   llama-quantize;
@@ -7,7 +8,7 @@
 - :mod:`.router`: llama-server's router mode (presets), draft agreement, greedy-chain counts;
 - :mod:`.costs`: llama.cpp's pass costs (llama-bench curves) and the break-even points of chains;
 - :mod:`.backend`: candidate settings timed in llama-server, as the bench's rows;
-- :mod:`.study`: ``specscope llamacpp``: tune and bench with the llama-server backend;
+- :mod:`.study`: ``tune`` and ``bench --backend llama-server``: the tune, and the bench's plan;
 - :mod:`.export`: a tuned policy as llama-server flags and a router-mode presets file;
 - :mod:`.ingest`: llama-server's per-request ``timings`` as request statistics (statistics key
   ``timings``).

@@ -1,7 +1,7 @@
 """llama.cpp through ``tune`` and ``bench``: llama-server's settings chosen on the tuning
 prompts and checked on held-out ones.
 
-- :func:`tune_llama_server` (``specscope llamacpp RUN_DIR``, its first half): the candidate
+- :func:`tune_llama_server` (``specscope tune RUN_DIR --backend llama-server``): the candidate
   settings (plain, the draft model at K, each model-free lookup; :data:`.backend.DEFAULT_CANDIDATES`)
   timed in llama-server on the measurement run's own prompts (the tuning prompts). Every
   draft-model setting, K up to ``max_k`` with and without each ``p_min``, run or not, is then
@@ -16,7 +16,8 @@ prompts and checked on held-out ones.
   policy file's ``llama_server`` entries hold the exact flags and GGUF files, and ``tune.cells``
   every candidate's prediction and how it was made. The run measured another model than the
   GGUF where they differ: the output says which.
-- :func:`bench_llama_server` (its second half; ``--policy-file FILE`` alone): the
+- :func:`llama_server_plan` (``specscope bench --backend llama-server --policy-file FILE``,
+  through :func:`specscope.tune.study.bench`): the
   policy's candidates (and the priced setting of highest predicted speed-up, the step model's
   check) on held-out prompts (none that the run measured), every repeat on fresh servers;
   predicted against measured for every cell, each domain's regret (the chosen candidate
@@ -32,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
@@ -78,6 +80,7 @@ from ...tune.predict import REPLAY, Prediction
 from ...tune.router import RuleRouter
 from ...tune.study import BenchPlan
 from .backend import (
+    DEFAULT_CANDIDATES,
     LlamaServerBackend,
     candidate_settings,
     requests_frame,
@@ -348,63 +351,71 @@ def llama_policy(
     )
 
 
-def tune_llama_server(
-    run_dir: Path,
-    out: Path,
-    candidates: Sequence[str],
-    base: ServerSetting = ServerSetting(),
-    target_gguf: Path | None = None,
-    draft_gguf: Path | None = None,
-    per_domain: int | None = None,
-    n_predict: int = 64,
-    repeats: int = 1,
-    min_speedup: float = 1.0,
-    n_boot: int = 2000,
-    log: Log = print,
-    costs: Path | None = None,
-    max_k: int = 4,
-    p_mins: Sequence[float] = (0.5, 0.75, 0.9),
-    timings: Path | None = None,
-) -> tuple[PolicyFile, EngineChoice]:
-    """Time ``candidates`` on the run's prompts in llama-server, price every draft-model setting
-    up to ``max_k`` and at each of ``p_mins`` with the step model they calibrate, and choose
-    (module docstring); the policy goes to ``out``, every request to ``out``'s
-    ``-requests.parquet`` beside it. ``costs``: a llama-bench cost grid (``benchmarks/
-    bench_llama_costs.py``); without one, the timed settings' curves are measured with
-    llama-bench and written to ``out``'s ``-costs.json``. ``timings``: an earlier tune's
+@dataclass(frozen=True)
+class LlamaTuneConfig:
+    """What ``specscope tune RUN_DIR --backend llama-server`` times and prices: ``candidates``
+    (:data:`.backend.DEFAULT_CANDIDATES`'s syntax) on ``base``'s server flags, ``per_domain`` of
+    the run's prompts per domain (None: all) x ``repeats``, ``n_predict`` tokens each; every
+    draft-model chain up to ``max_k``, uncut and cut at each of ``p_mins``, priced by a step
+    model over ``cost_grid`` (None: measured with llama-bench); ``timings``: an earlier tune's
     ``-requests.parquet`` of these candidates on these prompts, priced and chosen again without
     timing anything (refused where it is another tune's)."""
+
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+    base: ServerSetting = ServerSetting()
+    target_gguf: Path | None = None  # None: the demo pair's, Q4_K_M
+    draft_gguf: Path | None = None
+    per_domain: int | None = None
+    n_predict: int = 64
+    repeats: int = 1
+    min_speedup: float = 1.0
+    n_boot: int = 2000
+    cost_grid: Path | None = None
+    max_k: int = 4
+    p_mins: tuple[float, ...] = (0.5, 0.75, 0.9)
+    timings: Path | None = None
+
+
+def tune_llama_server(
+    run_dir: Path, out: Path, config: LlamaTuneConfig = LlamaTuneConfig(), log: Log = print
+) -> tuple[PolicyFile, EngineChoice]:
+    """Time ``config.candidates`` on the run's prompts in llama-server, price every draft-model
+    setting with the step model they calibrate, and choose (module docstring); the policy goes
+    to ``out``, every request to ``out``'s ``-requests.parquet`` beside it, a measured cost grid
+    to its ``-costs.json``."""
     inside = inside_of(out, run_dir)  # a link planted on the way out is refused before any work
     run = load_run(run_dir)
-    settings = candidate_settings(candidates, base)
-    target = Path(target_gguf) if target_gguf else demo_gguf("target")
-    draft = Path(draft_gguf) if draft_gguf else demo_gguf("draft")
-    grid = CostGrid.load(costs) if costs else None
+    settings = candidate_settings(config.candidates, config.base)
+    target = Path(config.target_gguf) if config.target_gguf else demo_gguf("target")
+    draft = Path(config.draft_gguf) if config.draft_gguf else demo_gguf("draft")
+    grid = CostGrid.load(config.cost_grid) if config.cost_grid else None
     calibration = calibration_setting(settings)
     if grid is not None and calibration is not None:  # refused now, not after the timing
         pass_costs_for(grid, settings[calibration], gguf_quant(target), gguf_quant(draft))
-    config = run.manifest.get("config", {})
-    items = source_prompts(run.manifest, per_domain, measured=True)
-    tokenizer = pair_tokenizer(config.get("pair", {}))
+    measured = run.manifest.get("config", {})
+    items = source_prompts(run.manifest, config.per_domain, measured=True)
+    tokenizer = pair_tokenizer(measured.get("pair", {}))
     prompts = rendered_prompts(
-        items, tokenizer, rendering_of(config), config.get("max_prompt_tokens", 512)
+        items, tokenizer, rendering_of(measured), measured.get("max_prompt_tokens", 512)
     )
     tools = build_llama_tools(log)
-    earlier = earlier_timings(timings, settings, items, n_predict, repeats) if timings else []
+    earlier = []
+    if config.timings:
+        earlier = earlier_timings(config.timings, settings, items, config.n_predict, config.repeats)
     if earlier:
-        log(f"{len(earlier)} requests timed before, from {timings}: not timed again")
+        log(f"{len(earlier)} requests timed before, from {config.timings}: not timed again")
     else:
         log(
             f"timing {len(settings)} llama-server settings on {len(prompts)} of the run's "
-            f"prompts x {repeats} repeat(s), {n_predict} tokens each"
+            f"prompts x {config.repeats} repeat(s), {config.n_predict} tokens each"
         )
     journal = BenchCheckpoint(
         out.with_name(out.stem + "-requests.partial.jsonl"),
         {"tune": recorded_path(run_dir), "candidates": {n: s.name for n, s in settings.items()},
-         "prompts": [it.id for it in items], "n_predict": n_predict},
+         "prompts": [it.id for it in items], "n_predict": config.n_predict},
     )  # fmt: skip
-    backend = LlamaServerBackend(tools, target, draft, n_predict)
-    timed = run_bench(backend, prompts, settings, Loop(repeats), log, journal, earlier)
+    backend = LlamaServerBackend(tools, target, draft, config.n_predict)
+    timed = run_bench(backend, prompts, settings, Loop(config.repeats), log, journal, earlier)
     runs, requests = timed.runs, list(timed.requests)
     write_output(
         out.with_name(out.stem + "-requests.parquet"),
@@ -427,18 +438,18 @@ def tune_llama_server(
                     polls=(s.poll,),
                     draft_threads=(s.draft_threads or s.threads,),
                     batches=((s.batch, s.ubatch),),
-                    tokens=max_k + 1,
+                    tokens=config.max_k + 1,
                 ),
                 log,
             )
             write_json(out.with_name(out.stem + "-costs.json"), grid.to_dict(), inside)
         model = calibrated_model(grid, settings, requests, target, draft)
     # a timed draft-model setting's replay stands beside its timing only where it is not priced
-    timed = timed_cells(runs, None if model else replayed_chains(rec, settings), n_boot)
+    timed = timed_cells(runs, None if model else replayed_chains(rec, settings), config.n_boot)
     cells = list(timed)
     if model is not None:
         priced = {
-            **candidate_settings(draft_model_candidates(max_k, p_mins), base),
+            **candidate_settings(draft_model_candidates(config.max_k, config.p_mins), config.base),
             **{n: x for n, x in settings.items() if x.uses_draft_model},
         }
         settings = {**settings, **priced}
@@ -449,13 +460,13 @@ def tune_llama_server(
             "draft-model settings not priced: no draft-model candidate without p_min was timed "
             "to calibrate llama-server's step (they are chosen on their timings)"
         )
-    choice = choose(cells, min_speedup, runs, n_boot)
+    choice = choose(cells, config.min_speedup, runs, config.n_boot)
     source = {
         "run_dir": recorded_path(run_dir),
         "run_id": run.manifest.get("run_id"),
         "prompt_ids": list(run.manifest.get("prompts", {}).get("ids") or []),
         "target": {
-            "measured": config.get("pair", {}),
+            "measured": measured.get("pair", {}),
             "timed": {"target_gguf": recorded_path(target), "draft_gguf": recorded_path(draft)},
             "note": "acceptance replayed from the run's records is the measured pair's; the "
             "GGUF files timed are another model where they differ from it (quantisation)",
@@ -464,15 +475,15 @@ def tune_llama_server(
     tune_info = {
         "backend": "llama-server",
         "tuning_prompts": [it.id for it in items],
-        "n_predict": n_predict,
-        "repeats": repeats,
-        "min_speedup": min_speedup,
-        "rendering": rendering_of(config),
-        "max_prompt_tokens": config.get("max_prompt_tokens", 512),
+        "n_predict": config.n_predict,
+        "repeats": config.repeats,
+        "min_speedup": config.min_speedup,
+        "rendering": rendering_of(measured),
+        "max_prompt_tokens": measured.get("max_prompt_tokens", 512),
         "machine": machine_line(),
         **({"step_model": model.to_dict()} if model else {}),
     }
-    tune_info["outputs_vs_run"] = outputs_against_run(runs, run, n_predict)
+    tune_info["outputs_vs_run"] = outputs_against_run(runs, run, config.n_predict)
     policy = llama_policy(choice, settings, target, draft, source, tune_info)
     policy.save(out, inside)
     return policy, choice
