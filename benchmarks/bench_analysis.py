@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from specscope.analysis import Settings, analyze_records, prepare, read_run
-from specscope.analysis.synthetic import write_synthetic_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.synthetic import write_synthetic_run  # noqa: E402
 
 
 def main() -> None:

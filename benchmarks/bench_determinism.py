@@ -21,9 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_roofline as roofline  # noqa: E402  (the pairs and timed runs of the roofline bench)
 
-from specscope.measure.stages_timing import clock_for, instrumented  # noqa: E402
 from specscope.models.load import reproducible_on  # noqa: E402
 from specscope.records import TIMING_COLUMNS, load_run  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.stages_timing import clock_for, instrumented  # noqa: E402
 
 
 def differing_columns(a: Path, b: Path) -> dict[str, list[str] | str]:

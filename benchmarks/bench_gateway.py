@@ -36,10 +36,13 @@ import numpy as np
 from specscope.models.demo import demo_gguf
 from specscope.prompts.domains import select_prompts
 from specscope.serving.gateway import Backend, Deployment, make_app
+from specscope.serving.llamacpp.export import presets_ini
 from specscope.serving.llamacpp.programs import build_llama_tools
-from specscope.serving.llamacpp.router import GREEDY, LlamaRouter, preset_section, presets_ini
 from specscope.serving.llamacpp.server import ServerSetting
 from specscope.tune.router import RuleRouter, prompt_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.llama_router import GREEDY, LlamaRouter, preset_section  # noqa: E402
 
 DOMAINS = ("code", "math", "reasoning", "chat")
 

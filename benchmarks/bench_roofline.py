@@ -11,7 +11,7 @@ domain, or ``--prompts``) and tree (the paper tree, or ``--paths``):
 0. an untimed warm-up: the same prompts with 2 new tokens (every prefill and step shape once);
 1. the measurement runs plainly (``run_study``), timed: its nodes per second;
 2. it runs again with every stage, the attention function and every linear layer timed from
-   outside (:mod:`specscope.measure.stages_timing`); its records must equal the plain run's bit
+   outside (:mod:`lab.stages_timing`); its records must equal the plain run's bit
    for bit (timing columns aside). The instrumentation's cost is shown twice: the extra wall
    time over the plain run (noisy on a shared machine) and the timed regions x what timing one
    region costs (a hooked call minus a plain one);
@@ -60,7 +60,21 @@ import torch
 
 from specscope.doctor import hardware
 from specscope.errors import SpecscopeError
-from specscope.measure.stages_timing import (
+from specscope.models import ModelPair, PairConfig, load_pair
+from specscope.models.config import LoadedModel
+from specscope.models.int8 import quantize_int8, use_rowwise_attention
+from specscope.models.load import check_device, reproducible_on
+from specscope.records import TIMING_COLUMNS, load_run
+from specscope.run.config import PromptSpec, RunConfig
+from specscope.run.manifest import git_commit
+from specscope.run.study import run_study
+from specscope.trees import TreeConfig, TreeShape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sweep import byte_tokenizer  # noqa: E402  (the benchmarks' byte-level tokenizer)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.stages_timing import (  # noqa: E402
     STAGES,
     Attainable,
     Breakdown,
@@ -75,18 +89,6 @@ from specscope.measure.stages_timing import (
     time_shapes,
     time_shapes_streamed,
 )
-from specscope.models import ModelPair, PairConfig, load_pair
-from specscope.models.config import LoadedModel
-from specscope.models.int8 import quantize_int8, use_rowwise_attention
-from specscope.models.load import check_device, reproducible_on
-from specscope.records import TIMING_COLUMNS, load_run
-from specscope.run.config import PromptSpec, RunConfig
-from specscope.run.manifest import git_commit
-from specscope.run.study import run_study
-from specscope.trees import TreeConfig, TreeShape
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sweep import byte_tokenizer  # noqa: E402  (the benchmarks' byte-level tokenizer)
 
 DTYPES = ("bfloat16", "float32", "int8")
 PAIR_KINDS = ("demo", "random", "tiny")

@@ -16,7 +16,7 @@ mkdir -p "$out"
 run="${1:-}"
 if [[ -z "$run" ]]; then
   run="$out/run"
-  "$python" -c "from specscope.analysis.synthetic import write_synthetic_run as w; w('$run', prompts_per_domain=12, steps=(16, 64))"
+  "$python" -c "from lab.synthetic import write_synthetic_run as w; w('$run', prompts_per_domain=12, steps=(16, 64))"
 fi
 
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"

@@ -19,17 +19,21 @@ script measures, for each interval, how often the held-out figure falls in it:
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from specscope.analysis.calibration import held_out_coverage
 from specscope.analysis.replay import (
     MeasuredTree,
     index_records,
     replay_counts,
     top_chain,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.calibration import held_out_coverage  # noqa: E402
 
 
 def synthetic(trials: int, splits: list[tuple[int, int]]) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 llama-server decodes each prompt (the demo target GGUF, greedy, ``--spec-type ngram-simple`` with N
 and M), and its own counters (``draft_n``, ``draft_n_accepted``) are compared with what the drafter
 drafts and accepts along the same prompt and output tokens
-(:func:`specscope.serving.llamacpp.router.lookup_chain_counts`). Equal counters on every request
+(:func:`lab.llama_router.lookup_chain_counts`). Equal counters on every request
 mean the re-written rule is llama.cpp's.
 
     python scripts/llamacpp_ngram_counters.py --ngram-size 3 --m 8 --per-domain 3
@@ -15,7 +15,9 @@ target's tokenizer and sent to llama-server as token ids. Needs llama.cpp's prog
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 from specscope.drafters import DrafterConfig, lookup_for
 from specscope.models import load_tokenizer
@@ -23,8 +25,10 @@ from specscope.models.demo import demo_gguf
 from specscope.prompts.domains import DOMAINS, select_prompts
 from specscope.prompts.render import render_item
 from specscope.serving.llamacpp.programs import build_llama_tools
-from specscope.serving.llamacpp.router import lookup_chain_counts
 from specscope.serving.llamacpp.server import LlamaServer, ServerSetting
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/, in a checkout
+from lab.llama_router import lookup_chain_counts  # noqa: E402
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import tiny_pair_args
-from specscope.analysis.synthetic import write_synthetic_run
+from lab.synthetic import write_synthetic_run
 from specscope.cli import app
 from specscope.drafters import DrafterConfig
 from specscope.trees import TreeShape

@@ -419,7 +419,7 @@ def test_a_prompt_id_records_cannot_hold_is_refused_up_front(tiny_dirs, tmp_path
 def test_an_unusable_manifest_is_one_line(content, tiny_dirs, prompt_file, tmp_path):
     # Before: a manifest.json that is a list, not UTF-8 or nested 100,000 deep gave a traceback
     # (or an error that did not name the file).
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=2, steps=2)
     (run / "manifest.json").write_bytes(content)
@@ -481,7 +481,7 @@ def test_records_of_the_wrong_type_are_refused_on_read_with_the_column_named(tmp
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=2, steps=2)
     nodes = pd.read_parquet(run / "nodes.parquet")
@@ -549,7 +549,7 @@ def test_a_50_mb_prompt_is_measured_in_bounded_time_and_memory(tiny_dirs, tmp_pa
 
 def test_a_domain_name_cannot_drive_the_terminal(tmp_path):
     # Before: a domain named "code\x1b[2J" cleared the terminal from analyze's tables.
-    from specscope.analysis.synthetic import PROFILES, write_synthetic_run
+    from lab.synthetic import PROFILES, write_synthetic_run
 
     hostile = "code\x1b[2J\u202e"
     profiles = {hostile if d == "code" else d: p for d, p in PROFILES.items()}
@@ -565,7 +565,7 @@ def test_a_full_disk_or_file_size_limit_names_the_file(tmp_path):
     import resource
     import signal
 
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=4, steps=4)
 

@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import tiny_pair_args
+from lab.synthetic import DomainProfile, write_synthetic_run
 from specscope.analysis import Settings, analyze
 from specscope.analysis.report import write_outputs
-from specscope.analysis.synthetic import DomainProfile, write_synthetic_run
 from specscope.cli import app
 from specscope.run.config import RunConfig
 from specscope.sweep import SweepError, parse_sweep, run_sweep, sweep_run_dirs

@@ -20,6 +20,11 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
+from lab.synthetic import (
+    ESCAPE_PROBE,
+    DomainProfile,
+    write_synthetic_run,
+)
 from specscope.analysis import (
     ALL,
     ClusterBootstrap,
@@ -46,11 +51,6 @@ from specscope.analysis.stats import (
     explained_share_reps,
     pearson_reps,
     spearman_reps,
-)
-from specscope.analysis.synthetic import (
-    ESCAPE_PROBE,
-    DomainProfile,
-    write_synthetic_run,
 )
 from specscope.cli import app
 from specscope.records import (

@@ -1,5 +1,5 @@
 """The roofline benchmark (benchmarks/bench_roofline.py, imported from its path) and the stage
-timing it rests on (specscope.measure.stages_timing), on the tiny random Qwen2 pair: operation
+timing it rests on (lab.stages_timing), on the tiny random Qwen2 pair: operation
 counts against a hand computation, a breakdown that adds up to the wall, records of an
 instrumented run equal to a plain run's bit for bit, everything restored after, and the devices
 and dtypes it refuses."""
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import read_records, write_prompts
+from lab import stages_timing as st
 from specscope.core import batch
-from specscope.measure import stages_timing as st
 from specscope.models import int8
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_roofline.py"

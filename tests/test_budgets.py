@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import rate_at_most
+from lab.synthetic import synthetic_stop_frames
 from specscope.analysis.budgets import (
     MATCHED,
     _pick,
     compare_budgets,
     draft_passes,
     setting_sums,
-    synthetic_stop_frames,
 )
 from specscope.analysis.findings import Verdict
 from specscope.analysis.prepare import ALL

@@ -3,12 +3,12 @@
 Each claim is checked where it is false (the share of "holds" must stay near the nominal 2.5%)
 and where it is true (it must be found). 40 runs per world at 10 prompts per domain, the smallest
 sample that gets a verdict; the README's table comes from the same code with 200 runs per world
-(``python -m specscope.analysis.calibration``).
+(``python -m lab.calibration``).
 """
 
 import pytest
 
-from specscope.analysis.calibration import (
+from lab.calibration import (
     TRUTH,
     held_out_coverage,
     interval_coverage,

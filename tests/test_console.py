@@ -37,7 +37,7 @@ def test_a_wide_table_in_a_log_keeps_every_header_and_cell(monkeypatch):
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     return write_synthetic_run(
         tmp_path_factory.mktemp("run") / "run", prompts_per_domain=3, steps=(4, 8)

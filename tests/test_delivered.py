@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
+from lab.synthetic import write_synthetic_run
 from specscope.analysis import Settings, analyze, delivered_grids
 from specscope.analysis.levels import BUDGET_KEY
 from specscope.analysis.plots import DECODED_TOKENS_PER_STEP, _tokens_rows
 from specscope.analysis.replay import MeasuredTree, index_records, replay_counts
 from specscope.analysis.report import run_grids, write_outputs
-from specscope.analysis.synthetic import write_synthetic_run
 
 
 @pytest.fixture(scope="module")

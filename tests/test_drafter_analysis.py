@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from lab.calibration import DRAFTER_WORLDS, drafter_verdict_rates, true_taus
+from lab.synthetic import DrafterProfile, write_synthetic_drafter_runs
 from specscope.analysis import ALL, Settings, Verdict
-from specscope.analysis.calibration import DRAFTER_WORLDS, drafter_verdict_rates, true_taus
 from specscope.analysis.drafters import (
     DrafterComparisonError,
     compare_drafters,
     run_drafter,
 )
 from specscope.analysis.render import drafter_grids, to_markdown
-from specscope.analysis.synthetic import DrafterProfile, write_synthetic_drafter_runs
 from specscope.cli import app
 from specscope.records import Run, load_run
 

@@ -107,7 +107,7 @@ def synthetic_echo_run(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=3, steps=(4, 8))
     table = pq.read_table(run / "prompts.parquet")

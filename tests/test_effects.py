@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from lab.calibration import STRATIFIED_TRUTH, verdict_rates
 from specscope.analysis import Settings, Verdict, analyze
-from specscope.analysis.calibration import STRATIFIED_TRUTH, verdict_rates
 from specscope.analysis.effects import StratifyError, check_stratifier
 from specscope.analysis.findings import combine_levels
 from specscope.analysis.prepare import ALL, prepare

@@ -3,7 +3,7 @@ figures against direct computation on a synthetic run, and their calibration on 
 known truth (marked ``slow``, a few minutes).
 
 Calibration, measured with the code below (seeded; chain runs of known shares from
-:func:`specscope.analysis.synthetic.chain_tau_shares`, 32 steps per prompt):
+:func:`lab.synthetic.chain_tau_shares`, 32 steps per prompt):
 
 - coverage of the 95% intervals of the noise-corrected shares, 10 prompts per domain, 200 runs:
   step level domain 0.935, prompt within domain 0.88, step within prompt 0.94; prompt level
@@ -27,7 +27,12 @@ import numpy as np
 import pytest
 
 from conftest import rate_at_most
-from specscope.analysis.calibration import WORLDS, World
+from lab.calibration import WORLDS, World
+from lab.synthetic import (
+    chain_tau_shares,
+    synthetic_chain_tables,
+    synthetic_tables,
+)
 from specscope.analysis.effects import variance_decomposition
 from specscope.analysis.findings import Verdict
 from specscope.analysis.levels import (
@@ -53,11 +58,6 @@ from specscope.analysis.prepare import prepare
 from specscope.analysis.resampling import Resampler
 from specscope.analysis.results import Settings
 from specscope.analysis.stats import ClusterBootstrap
-from specscope.analysis.synthetic import (
-    chain_tau_shares,
-    synthetic_chain_tables,
-    synthetic_tables,
-)
 from specscope.records import Run
 
 ACCEPT = {"chat": 0.45, "code": 0.70, "math": 0.75, "reasoning": 0.65}

@@ -234,7 +234,7 @@ def test_run_a_sweep(tmp_path):
 
 def test_certify_acceptance(tmp_path):
     """certify's first command on a synthetic run where the page has a measured one."""
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
 
     command = guides()["certify"].command
     run_dir, out = shlex.split(command)[2], shlex.split(command)[-1]

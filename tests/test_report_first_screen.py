@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lab.synthetic import write_synthetic_run
 from specscope.analysis import analyze
 from specscope.analysis.findings import Verdict
 from specscope.analysis.prepare import ALL
 from specscope.analysis.render import Column, Grid, analysis_grids
 from specscope.analysis.report import CLAIM_GRIDS, RUN_SECTIONS, write_outputs, write_report
 from specscope.analysis.results import Settings
-from specscope.analysis.synthetic import write_synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +122,8 @@ def test_forest_plot_draws_each_claims_figures_in_its_verdicts_colour(synthetic)
 
 def test_forest_plot_says_why_a_claim_has_no_figure(tmp_path):
     pytest.importorskip("matplotlib")
+    from lab.synthetic import PROFILES
     from specscope.analysis.plots import forest_plot
-    from specscope.analysis.synthetic import PROFILES
 
     profiles = {d: p for d, p in PROFILES.items() if d != "chat"}
     run = write_synthetic_run(tmp_path / "run", prompts_per_domain=3, steps=8, profiles=profiles)

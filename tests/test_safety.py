@@ -12,9 +12,9 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import small_run_config, tiny_pair_args
+from lab.synthetic import write_synthetic_run
 from specscope.analysis import Settings, analyze
 from specscope.analysis.render import analysis_grids
-from specscope.analysis.synthetic import write_synthetic_run
 from specscope.cache import recorded_path
 from specscope.cli import app
 from specscope.errors import SpecscopeError

@@ -10,6 +10,11 @@ import pandas as pd
 import pytest
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
+from lab.synthetic import (
+    PredictorProfile,
+    predictor_draws,
+    synthetic_predictor_tables,
+)
 from specscope.analysis import prepare
 from specscope.analysis.prepare import ALL
 from specscope.analysis.render import to_markdown
@@ -32,11 +37,6 @@ from specscope.analysis.scorecard import (
     target_rows,
 )
 from specscope.analysis.stats import ClusterBootstrap
-from specscope.analysis.synthetic import (
-    PredictorProfile,
-    predictor_draws,
-    synthetic_predictor_tables,
-)
 from specscope.records import Run
 
 DRAFT_PROB = "draft probability"

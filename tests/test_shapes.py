@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specscope.analysis.calibration import FLAT
+from lab.calibration import FLAT
+from lab.synthetic import DomainProfile, synthetic_tables
 from specscope.analysis.effects import variance_decomposition
 from specscope.analysis.findings import Verdict
 from specscope.analysis.level_grids import (
@@ -38,7 +39,6 @@ from specscope.analysis.shapes import (
     shape_changes,
     top1_chain,
 )
-from specscope.analysis.synthetic import DomainProfile, synthetic_tables
 from specscope.records import Run
 
 SETTINGS = Settings(n_boot=100)
@@ -156,7 +156,7 @@ def test_compare_shapes_through_the_command_line(tmp_path):
     """`specscope compare A B --shapes` prints and writes the findings across the runs' shapes."""
     from typer.testing import CliRunner
 
-    from specscope.analysis.synthetic import write_synthetic_run
+    from lab.synthetic import write_synthetic_run
     from specscope.cli import app
 
     runs = [

@@ -112,22 +112,6 @@ def make_dirs(path: Path, inside: Path | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def append_line(path: str | Path, line: str, inside: Path | None = None) -> None:
-    """Append ``line`` and a newline to ``path`` (created if missing), never through a link: a
-    journal's write, one record at a time. ``inside``: as :func:`write_output`'s."""
-    path = Path(path)
-    make_dirs(path.parent, inside)
-    if inside is not None:
-        check_no_links(path, inside)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as e:
-        raise OutputError(f"cannot append to {path}: {os_error_reason(e)}") from None
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
-
-
 def _is_stream(path: Path) -> bool:
     """Whether a user-named output is a stream to write into rather than a file to replace."""
     if path.absolute().parts[1:2] in (("dev",), ("proc",)):

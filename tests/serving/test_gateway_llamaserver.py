@@ -30,10 +30,11 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
+from lab.llama_router import GREEDY, LlamaRouter
 from specscope.serving.export import export_policy
 from specscope.serving.export_plan import ExportOptions
 from specscope.serving.gateway import Deployment, make_app
-from specscope.serving.llamacpp.router import GREEDY, LlamaRouter, presets_ini
+from specscope.serving.llamacpp.export import presets_ini
 from specscope.serving.llamacpp.server import ServerSetting
 from specscope.serving.llamacpp.study import chain
 from specscope.tune.policy import PolicyFile
@@ -103,7 +104,7 @@ def deployment(tmp_path_factory):
     )
     extra = {"plain": {"model": target}, "*": {"c": 1024}}
     presets = tmp / "presets.ini"
-    presets.write_text(document["presets_ini"] + "\n" + presets_ini(extra).split("\n", 1)[1])
+    presets.write_text(document["presets_ini"] + presets_ini(extra))
     router = LlamaRouter(
         tools, presets, ServerSetting(), log=tmp / "llama-server.log", models_max=len(DOMAINS) + 1
     )

@@ -8,11 +8,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specscope.analysis.stepwise import (
-    analyze_ingested,
-    synthetic_requests,
-    verdict_rate,
-)
+from lab.calibration import ingested_verdict_rate
+from lab.synthetic import synthetic_requests
+from specscope.analysis.stepwise import analyze_ingested
 from specscope.cli import app
 from specscope.serving.ingest import IngestError, ingest, read_log
 
@@ -223,9 +221,11 @@ def test_bad_lines_are_one_line_errors_and_write_nothing(tmp_path):
 def test_domain_difference_false_positive_rate_and_power():
     # nominal 5% (two-sided, Bonferroni over 6 pairs); 150 runs: allow 3 standard errors
     reps = 150
-    false_positive = verdict_rate({d: 0.5 for d in "abcd"}, 12, reps, n_boot=200)
+    false_positive = ingested_verdict_rate({d: 0.5 for d in "abcd"}, 12, reps, n_boot=200)
     assert false_positive <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / reps)
-    assert verdict_rate({"a": 0.3, "b": 0.5, "c": 0.5, "d": 0.7}, 12, 40, n_boot=200) >= 0.9
+    assert (
+        ingested_verdict_rate({"a": 0.3, "b": 0.5, "c": 0.5, "d": 0.7}, 12, 40, n_boot=200) >= 0.9
+    )
     few = analyze_ingested(
         {}, synthetic_requests(np.random.default_rng(0), {"a": 0.3, "b": 0.7}, 9)
     )

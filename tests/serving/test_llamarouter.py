@@ -1,8 +1,10 @@
-"""llama-server's router mode (llamacpp.router): a preset holds a setting's exact flags."""
+"""llama-server's router mode (lab.llama_router; the presets file is specscope export's): a preset
+holds a setting's exact flags."""
 
 from __future__ import annotations
 
-from specscope.serving.llamacpp.router import preset_section, presets_ini
+from lab.llama_router import preset_section
+from specscope.serving.llamacpp.export import presets_ini
 from specscope.serving.llamacpp.server import ServerSetting
 
 
@@ -17,6 +19,9 @@ def test_a_preset_holds_the_settings_exact_flags():
         "0",
     )
     assert "md" not in preset_section("t.gguf", ServerSetting(), "d.gguf")  # plain: no draft
-    assert presets_ini({"plain": {"model": "t.gguf", "t": 2}}) == (
-        "version = 1\n\n[plain]\nmodel = t.gguf\nt = 2\n"
+    assert (
+        presets_ini({"plain": {"model": "t.gguf", "t": 2}}) == "\n[plain]\nmodel = t.gguf\nt = 2\n"
+    )
+    assert presets_ini({"a": {"--spec-draft-p-min": 0.0}}, ["made here"]) == (
+        "; made here\n\n[a]\nspec-draft-p-min = 0.0\n"
     )

@@ -247,7 +247,7 @@ def test_llama_server_speculates_with_a_model_as_its_own_draft():
 
 
 def test_lookup_chain_counts_by_hand():
-    from specscope.serving.llamacpp.router import lookup_chain_counts
+    from lab.llama_router import lookup_chain_counts
 
     # a lookup that always drafts [7, 8, 9]; the output after the prompt's token 5 is 7 8 1 ...
     output = [5, 7, 8, 1, 7, 8, 9, 2]
@@ -268,8 +268,8 @@ def test_llama_ngram_simple_replays_llama_servers_own_counters(ngram_size, m):
     """llama-server's ngram-simple on the demo draft GGUF (as the target): its draft_n and
     draft_n_accepted on each request equal what specscope's llama-ngram-simple drafter drafts and
     accepts along the same prompt and output tokens, exactly."""
+    from lab.llama_router import lookup_chain_counts
     from specscope.drafters import DrafterConfig, lookup_for
-    from specscope.serving.llamacpp.router import lookup_chain_counts
     from specscope.serving.llamacpp.server import LlamaServer
 
     tools, gguf = _demo_or_skip()

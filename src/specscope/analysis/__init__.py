@@ -20,11 +20,9 @@ Modules:
   and the paired verdict "drafter A accepts more than B");
 - ``paper`` (the published figures), ``render`` (terminal, Markdown, CSV, LaTeX, HTML tables),
   ``plots`` (matplotlib, optional), ``report`` (output files, HTML reports, comparisons);
-- ``synthetic`` (synthetic runs of known structure), ``calibration`` (the verdicts' error rates
-  on them);
 - ``bench_stats`` (timed bench runs: speed-ups over plain with intervals over prompts and
-  repeats, their precision, the regret of a choice), which ``specscope bench`` and calibration
-  share;
+  repeats, their precision, the regret of a choice), which ``specscope bench`` and the
+  calibration (``lab/calibration.py``, outside the package) share;
 - ``certify`` (``specscope certify``: certificates over a run) and ``stepwise`` (ingested
   engine logs), which no other module here imports.
 """

@@ -50,7 +50,7 @@ below (one-sided tests at half of 1 - confidence, :func:`.findings.one_sided_ver
 inconclusive otherwise, not testable without a stop signal in the records or an interval, or
 with fewer than ``Settings.min_prompts`` (10) prompts in a domain of the scope.
 Its false-positive rate is measured on synthetic records where the two are equal by construction,
-and its power where a stop truly pays (:func:`synthetic_stop_frames`; ``tests/test_budgets.py``).
+and its power where a stop truly pays (``lab.synthetic.synthetic_stop_frames``; ``tests/test_budgets.py``).
 
 It does not time anything (the speed side is the chooser's, :mod:`specscope.tune`), nor model
 sampling, nor replay trees other than the measured top-1 chain's prefixes.
@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from ..records import Run
 from .findings import Verdict, one_sided_verdict
@@ -573,60 +572,3 @@ def budget_plot(c: BudgetComparison):
     axes[-1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Families at the fixed chains' cost levels")
     return fig
-
-
-# --- synthetic records of known truth -----------------------------------------------------------
-
-WORLDS = ("equal", "noise", "informative")
-
-
-def synthetic_stop_frames(
-    world: str, prompts_per_domain: int, seed: int, steps: int = 24, depth: int = 3,
-    domains: tuple[str, ...] = ("chat", "code", "math", "reasoning"),
-) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
-    """Node and step records of top-1 chains of ``depth`` nodes whose truth is known.
-
-    Each prompt draws its acceptance rate (Beta around 0.6, the same in every domain); each node
-    is greedy-accepted with that rate (worlds "equal" and "noise") or with its draft probability
-    (world "informative": the draft is calibrated, so a stop on it cuts the nodes likely to fail).
-    In "equal" the draft probability and entropy are one constant: every stop rule either keeps
-    every node or none, so the stop families hold no setting that differs from a plain chain but
-    stopping at the first node (dominated), the domains are alike, and at each chain's cost level
-    the stop family and the per-domain budget are equal by construction. In "noise" the draft
-    probability is uniform and unrelated to acceptance: every stop cuts nodes at random and pays
-    the stopped node's pass, so no stop beats the chains, and again the two are equal (the stop
-    family now has the more settings to choose from).
-    """
-    if world not in WORLDS:
-        raise ValueError(f"unknown world {world!r}: one of {', '.join(WORLDS)}")
-    rng = np.random.default_rng(seed)
-    node_rows, step_rows = [], []
-    for d in domains:
-        for j in range(prompts_per_domain):
-            rate = rng.beta(6.0, 4.0)
-            pid = f"{d}-{j}"
-            for i in range(steps):
-                if world == "equal":
-                    p = np.full(depth, 0.5)
-                    ok = rng.random(depth) < rate
-                elif world == "noise":
-                    p = rng.random(depth)
-                    ok = rng.random(depth) < rate
-                else:
-                    p = rng.beta(0.6 * rate / (1 - rate), 0.6, size=depth)
-                    ok = rng.random(depth) < p
-                accepted = int(np.argmin(np.r_[ok, False]))
-                step_rows.append((pid, d, i, accepted, depth))
-                for k in range(depth):
-                    node_rows.append((pid, i, k, k - 1, k + 1, 0, bool(ok[k]), p[k], 1.0 - p[k]))
-    nodes = pd.DataFrame(
-        node_rows,
-        columns=[
-            "prompt_id", "step", "node_id", "parent_id", "depth", "sibling_rank",
-            "greedy_accept", "p_draft", "draft_entropy",
-        ],
-    )  # fmt: skip
-    steps_frame = pd.DataFrame(
-        step_rows, columns=["prompt_id", "domain", "step", "accepted_len", "tree_size"]
-    )
-    return nodes, steps_frame

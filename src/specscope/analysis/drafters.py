@@ -24,7 +24,7 @@ verdict on "A accepts more than B in domain D" is the findings' rule for one fig
 (:func:`.findings.one_sided_verdict`) applied to ``tau_A − tau_B``: holds if it is significantly
 above 0, does not hold if significantly below, inconclusive otherwise, and not testable with fewer
 than ``Settings.min_prompts`` shared prompts in the domain (in every domain, for "All"). Its error
-rates are measured on synthetic drafters of known tau (:func:`.calibration.drafter_verdict_rates`,
+rates are measured on synthetic drafters of known tau (:func:`lab.calibration.drafter_verdict_rates`,
 docs/calibration.md).
 """
 

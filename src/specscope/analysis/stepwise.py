@@ -10,8 +10,9 @@ One finding is testable from step-level data: whether tokens per step differ bet
 significantly (two-sided, Bonferroni over the pairs), else it is *inconclusive* (no test here can
 show that domains are equal); it is *not testable* with fewer than two domains or fewer than
 ``min_prompts`` prompts in a domain. Its false-positive rate is measured on synthetic logs of
-known truth in ``tests/serving/test_ingest.py``. The node-level tables and findings (alpha, entropy,
-depth, the acceptance vector) need node records and are listed as unavailable.
+known truth in ``tests/serving/test_ingest.py`` (``lab.calibration.ingested_verdict_rate``). The
+node-level tables and findings (alpha, entropy, depth, the acceptance vector) need node records
+and are listed as unavailable.
 
 Steps are verify steps (steps where something was drafted); requests that drafted nothing add
 none and are counted apart. Where the engine logs no count and ingest derived it, the derivation
@@ -288,56 +289,3 @@ def write_ingested_analysis(a: StepwiseAnalysis, out_dir: Path) -> tuple[Path, P
     write_output(md, a.to_markdown(), inside=out_dir)
     write_json(js, a.to_dict(), inside=out_dir)
     return md, js
-
-
-# --- calibration on synthetic logs of known truth ---------------------------------------------------
-
-
-def synthetic_requests(
-    rng: np.random.Generator, means: dict[str, float], prompts: int, steps: int = 30, k: int = 3
-) -> pd.DataFrame:
-    """Logged requests of chains of K whose acceptance rate varies from prompt to prompt around
-    each domain's mean (Beta with 8 pseudo-counts): the truth is known by construction."""
-    rows = []
-    for domain, mean in means.items():
-        for p in range(prompts):
-            rate = rng.beta(mean * 8, (1 - mean) * 8)
-            accepted = rng.binomial(k, rate, size=steps)
-            rows.append(
-                {
-                    "prompt_id": f"{domain}{p}",
-                    "domain": domain,
-                    "steps": steps,
-                    "accepted": int(accepted.sum()),
-                    "drafted": k * steps,
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def verdict_rate(
-    means: dict[str, float], prompts: int, reps: int, n_boot: int = 400, seed: int = 0
-) -> float:
-    """How often the domain-difference finding says "holds" on synthetic logs."""
-    rng = np.random.default_rng(seed)
-    return float(
-        np.mean(
-            [
-                analyze_ingested(
-                    {}, synthetic_requests(rng, means, prompts), n_boot=n_boot, seed=r
-                ).finding.verdict
-                == "holds"
-                for r in range(reps)
-            ]
-        )
-    )
-
-
-if __name__ == "__main__":  # python -m specscope.analysis.stepwise
-    for n in (10, 20):
-        null = verdict_rate({d: 0.5 for d in ("a", "b", "c", "d")}, n, 1000, seed=1)
-        power = verdict_rate({"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.6}, n, 300, seed=2)
-        print(
-            f"{n} prompts per domain: false positives {null:.3f} (nominal 0.05), "
-            f"power at acceptance 0.4/0.5/0.5/0.6 {power:.3f}"
-        )

@@ -41,10 +41,6 @@ class DraftTree:
     proposal_row: list[int]  # each node's row of ``proposals`` (its parent's context)
     draft_slot: list[int]  # each node's index among the tree entries of the draft cache, or -1
 
-    @property
-    def non_leaves(self) -> list[int]:
-        return [n for n in range(len(self.shape)) if self.shape.children[n]]
-
 
 @dataclass(frozen=True)
 class ChildRule:

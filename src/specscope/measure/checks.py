@@ -1,16 +1,34 @@
-"""What measurement checks before anything is measured, and the error it raises: how many prompts
-are measured together (the default, the engine that allows it, the memory free now).
+"""What measurement reads of a run's config (:class:`MeasureConfig`), what it checks before
+anything is measured, and the error it raises: how many prompts are measured together (the
+default, the engine that allows it, the memory free now).
 
 Reads the config, the pair's shapes and the free memory; measures nothing.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from ..errors import SpecscopeError
-from ..models import ModelPair
-from ..run.config import RunConfig
+from ..models import ModelPair, PairConfig
+from ..theory import CriteriaConfig
+from ..trees import TreeConfig
+
+
+class MeasureConfig(Protocol):
+    """The fields of a run's config that measurement reads (:class:`specscope.run.config.RunConfig`
+    has them all; measurement sits below ``run/`` and does not import it)."""
+
+    pair: PairConfig  # its device and quantisation
+    tree: TreeConfig
+    engine: str  # "cached" or "naive" (specscope.run.config.ENGINES)
+    max_new_tokens: int
+    max_prompt_tokens: int
+    rendering: str
+    seed: int
+    criteria: CriteriaConfig | None  # None: no certificates
 
 
 class MeasureError(SpecscopeError, ValueError):
@@ -18,7 +36,7 @@ class MeasureError(SpecscopeError, ValueError):
     models); the message says why and what would fit."""
 
 
-def default_batch_size(config: RunConfig) -> int:
+def default_batch_size(config: MeasureConfig) -> int:
     """Prompts measured together by default (``run`` and ``sweep`` alike): 1 for the naive
     engine (it cannot batch), 32 on a GPU, else 8 (the fastest on a 2-core CPU; BENCHMARKS.md)."""
     if config.engine != "cached":
@@ -26,7 +44,7 @@ def default_batch_size(config: RunConfig) -> int:
     return 32 if config.pair.device.startswith("cuda") else 8
 
 
-def check_batch_size(config: RunConfig, batch_size: int) -> None:
+def check_batch_size(config: MeasureConfig, batch_size: int) -> None:
     """Refuse a batch size below 1, or above 1 for the naive engine."""
     if batch_size < 1:
         raise MeasureError(f"batch size must be >= 1, got {batch_size}")

@@ -35,10 +35,9 @@ from ..models.int8 import rowwise_attention_during
 from ..prompts.items import PromptItem
 from ..prompts.render import RenderedPrompt, eos_token_ids, render_item
 from ..records import position_bin, to_table
-from ..run.config import RunConfig
 from ..theory import CriteriaConfig
 from ..trees import TreeShape, check_depth_fits
-from .checks import MeasureError, check_batch_memory
+from .checks import MeasureConfig, MeasureError, check_batch_memory
 from .naive import NaiveOracle
 from .records import NodeRecords, certificate_records, step_record
 
@@ -69,7 +68,7 @@ class PromptState:
 
 
 def start_prompts(
-    pair: ModelPair, config: RunConfig, todo: list[tuple[int, PromptItem]]
+    pair: ModelPair, config: MeasureConfig, todo: list[tuple[int, PromptItem]]
 ) -> list[PromptState]:
     """Render ``todo`` ((order, item) pairs) and check that every prompt, its new tokens and a
     tree fit in the positions both models were built for, before any of them is measured."""
@@ -115,7 +114,7 @@ def commit_greedy_token(
     state: PromptState,
     scores: StepScores,
     shape: TreeShape,
-    config: RunConfig,
+    config: MeasureConfig,
     eos: set[int],
     step_time_s: float,
 ) -> bool:
@@ -187,7 +186,7 @@ def finish_prompt(state: PromptState, pair: ModelPair, run_id: str) -> PromptRec
 def measure_naive(
     pair: ModelPair,
     states: list[PromptState],
-    config: RunConfig,
+    config: MeasureConfig,
     shape: TreeShape,
     run_id: str,
     commit: Callable[[PromptState, PromptRecords], None],
@@ -214,7 +213,7 @@ def measure_naive(
 def measure_rows(
     pair: ModelPair,
     states: list[PromptState],
-    config: RunConfig,
+    config: MeasureConfig,
     shape: TreeShape,
     run_id: str,
     batch_size: int,
@@ -261,7 +260,7 @@ def measure_rows(
 
 def measure_prompts(
     pair: ModelPair,
-    config: RunConfig,
+    config: MeasureConfig,
     states: list[PromptState],
     run_id: str,
     commit: Callable[[int, PromptItem, PromptRecords], None],

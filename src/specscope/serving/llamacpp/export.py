@@ -23,6 +23,7 @@ on the router's command line). It writes text; it starts no server.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 
 from ...cache import local_path
 from ..export_plan import (
@@ -302,18 +303,15 @@ def server_args(flags: dict) -> list[str]:
     return [x for name, value in flags.items() for x in (name, _value(value))]
 
 
-def presets_ini(sections: dict[str, dict], version: EngineVersion, source: str) -> str:
-    """The router-mode presets file: one section per domain, keys are flag names without dashes
-    (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``)."""
-    lines = [
-        f"; specscope export for llama-server router mode ({version.engine} {version.version})",
-        f"; policy: {' '.join((source or '-').splitlines())}",
-        '; start: llama-server --models-preset THIS_FILE; a request\'s "model" names its domain',
-        "",
-    ]
+def presets_ini(sections: Mapping[str, Mapping[str, object]], header: Sequence[str] = ()) -> str:
+    """llama-server's router-mode presets file (``--models-preset FILE``): ``header`` as comment
+    lines, then one ``[name]`` section per preset whose keys are flag names without dashes
+    (common/preset.cpp maps ``spec-draft-n-max`` to ``--spec-draft-n-max``, and reads short forms
+    such as ``t`` or ``md`` too)."""
+    lines = [*(f"; {line}" for line in header), ""]
     for name, flags in sections.items():
         lines.append(f"[{name}]")
-        lines += [f"{flag.lstrip('-')} = {_value(value)}" for flag, value in flags.items()]
+        lines += [f"{str(flag).lstrip('-')} = {_value(value)}" for flag, value in flags.items()]
         lines.append("")
     return "\n".join(lines)
 
@@ -341,6 +339,11 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             "flags": flags,
             "server_args": ["llama-server", *server_args(flags)],
         }
+    header = (
+        f"specscope export for llama-server router mode ({version.engine} {version.version})",
+        f"policy: {' '.join((plan.policy_source or '-').splitlines())}",
+        'start: llama-server --models-preset THIS_FILE; a request\'s "model" names its domain',
+    )
     return {
         "deployment": "llama-server router mode: one preset per domain over the same target "
         "GGUF; the client (or specscope's router) sets each request's \"model\" "
@@ -350,6 +353,6 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             f"{', '.join(approximated)}: {NGRAM_APPROXIMATION}" if approximated else None
         ),
         "router_args": ["llama-server", "--models-preset", options.presets_file],
-        "presets_ini": presets_ini(sections, version, plan.policy_source),
+        "presets_ini": presets_ini(sections, header),
         "domains": domains,
     }

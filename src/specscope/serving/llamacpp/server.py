@@ -42,7 +42,6 @@ class SpecType:
     uses_draft_model: bool
     size_flags: tuple[str, str] | None = None  # (N's flag, M's flag); None: no sizes
     default_sizes: tuple[int, int] = (0, 0)  # (N, M)
-    extra_flags: tuple[str, ...] = ()
 
 
 # --spec-type values specscope runs (and the bench times); draft-simple's K is ServerSetting.k

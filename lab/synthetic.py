@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from ..records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
+from specscope.records import SCHEMA_VERSION, SCHEMAS, TABLES, RunDir, position_bin, to_table
 
 # The paper's tree: 2 roots, 4 nodes at depth 2, 2 at depth 3.
 PAPER_PARENTS = (-1, -1, 0, 0, 1, 1, 2, 2)
@@ -537,7 +538,7 @@ def synthetic_chain_tables(
     prompt's effect ~ N(0, ``prompt_sd``). Every prompt has ``steps`` steps. The shares of the
     variance of tau that domain, prompt and step explain are then known
     (:func:`chain_tau_shares`), which is what the calibration of the level-wise variance
-    decomposition (:mod:`.levels`) needs. The other generators' draws are untouched."""
+    decomposition (:mod:`specscope.analysis.levels`) needs. The other generators' draws are untouched."""
     rng = np.random.default_rng(seed)
     domains = tuple(sorted(domain_accept))
     prompt_domain, n_steps, step_prompt, step_index = _schedule(
@@ -652,7 +653,7 @@ def synthetic_predictor_tables(
     """(nodes, steps, prompts) tables of a chain drafter whose acceptance follows a
     :class:`PredictorProfile`: the true quality of the draft probability as a predictor of
     acceptance is known (:func:`predictor_draws` at a large sample), which is what the
-    calibration of the predictor scorecard (:mod:`.scorecard`) needs. The other generators'
+    calibration of the predictor scorecard (:mod:`specscope.analysis.scorecard`) needs. The other generators'
     draws are untouched."""
     profile = profile or PredictorProfile()
     rng = np.random.default_rng(seed)
@@ -708,3 +709,85 @@ def synthetic_predictor_tables(
     )
     prompts = _prompts_table(run_id, prompt_ids, domains, prompt_domain, n_steps)
     return nodes, steps_table, prompts
+
+
+# --- stop rules' records of known truth (specscope.analysis.budgets) -----------------------------
+
+STOP_WORLDS = ("equal", "noise", "informative")
+
+
+def synthetic_stop_frames(
+    world: str, prompts_per_domain: int, seed: int, steps: int = 24, depth: int = 3,
+    domains: tuple[str, ...] = ("chat", "code", "math", "reasoning"),
+) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Node and step records of top-1 chains of ``depth`` nodes whose truth is known.
+
+    Each prompt draws its acceptance rate (Beta around 0.6, the same in every domain); each node
+    is greedy-accepted with that rate (worlds "equal" and "noise") or with its draft probability
+    (world "informative": the draft is calibrated, so a stop on it cuts the nodes likely to fail).
+    In "equal" the draft probability and entropy are one constant: every stop rule either keeps
+    every node or none, so the stop families hold no setting that differs from a plain chain but
+    stopping at the first node (dominated), the domains are alike, and at each chain's cost level
+    the stop family and the per-domain budget are equal by construction. In "noise" the draft
+    probability is uniform and unrelated to acceptance: every stop cuts nodes at random and pays
+    the stopped node's pass, so no stop beats the chains, and again the two are equal (the stop
+    family now has the more settings to choose from).
+    """
+    if world not in STOP_WORLDS:
+        raise ValueError(f"unknown world {world!r}: one of {', '.join(STOP_WORLDS)}")
+    rng = np.random.default_rng(seed)
+    node_rows, step_rows = [], []
+    for d in domains:
+        for j in range(prompts_per_domain):
+            rate = rng.beta(6.0, 4.0)
+            pid = f"{d}-{j}"
+            for i in range(steps):
+                if world == "equal":
+                    p = np.full(depth, 0.5)
+                    ok = rng.random(depth) < rate
+                elif world == "noise":
+                    p = rng.random(depth)
+                    ok = rng.random(depth) < rate
+                else:
+                    p = rng.beta(0.6 * rate / (1 - rate), 0.6, size=depth)
+                    ok = rng.random(depth) < p
+                accepted = int(np.argmin(np.r_[ok, False]))
+                step_rows.append((pid, d, i, accepted, depth))
+                for k in range(depth):
+                    node_rows.append((pid, i, k, k - 1, k + 1, 0, bool(ok[k]), p[k], 1.0 - p[k]))
+    nodes = pd.DataFrame(
+        node_rows,
+        columns=[
+            "prompt_id", "step", "node_id", "parent_id", "depth", "sibling_rank",
+            "greedy_accept", "p_draft", "draft_entropy",
+        ],
+    )  # fmt: skip
+    steps_frame = pd.DataFrame(
+        step_rows, columns=["prompt_id", "domain", "step", "accepted_len", "tree_size"]
+    )
+    return nodes, steps_frame
+
+
+# --- engine logs of known truth (specscope.analysis.stepwise) ----------------------------------
+
+
+def synthetic_requests(
+    rng: np.random.Generator, means: dict[str, float], prompts: int, steps: int = 30, k: int = 3
+) -> pd.DataFrame:
+    """Logged requests of chains of K whose acceptance rate varies from prompt to prompt around
+    each domain's mean (Beta with 8 pseudo-counts): the truth is known by construction."""
+    rows = []
+    for domain, mean in means.items():
+        for p in range(prompts):
+            rate = rng.beta(mean * 8, (1 - mean) * 8)
+            accepted = rng.binomial(k, rate, size=steps)
+            rows.append(
+                {
+                    "prompt_id": f"{domain}{p}",
+                    "domain": domain,
+                    "steps": steps,
+                    "accepted": int(accepted.sum()),
+                    "drafted": k * steps,
+                }
+            )
+    return pd.DataFrame(rows)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import SpecscopeError
+from specscope.errors import SpecscopeError
 
 # the stages of batched measurement, in the order the breakdown lists them
 DRAFT, TREE, STATISTICS, CACHE, PREFILL, RECORDS = (
@@ -317,9 +317,9 @@ def swapped_item(mapping: dict, key: str, replacement: object, absent: object) -
 def _stage_targets() -> list[tuple[object, str, str]]:
     """(owner, attribute, stage) of every function measurement calls at a stage, where the
     caller looks it up (the name its module imported)."""
-    from ..core import batch
-    from ..records import RunDir
-    from . import study
+    from specscope.core import batch
+    from specscope.measure import study
+    from specscope.records import RunDir
 
     return [
         (batch.Batch, "draft_tree", DRAFT),
@@ -343,7 +343,7 @@ def _attention_swaps(recorder: Recorder) -> list:
     (:func:`specscope.models.int8.use_rowwise_attention`) reads it from."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from ..models import int8
+    from specscope.models import int8
 
     mapping = type(ALL_ATTENTION_FUNCTIONS)._global_mapping
     sdpa, rowwise = mapping["sdpa"], int8.rowwise_attention

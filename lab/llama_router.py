@@ -1,10 +1,9 @@
 """llama-server in router mode as a per-domain deployment, and llama-server's draft counters
 replayed for a model-free drafter.
 
-- :func:`presets_ini`: a router-mode presets file (``llama-server --models-preset FILE``), one
-  section per preset over the same target GGUF, each section the exact flags of a
-  :class:`~specscope.serving.llamacpp.server.ServerSetting` (keys are flag names without dashes, as
-  llama.cpp's common/preset.cpp reads them; short forms such as ``t`` or ``md`` are allowed there).
+- :func:`preset_section`: one preset of a router-mode presets file over the target GGUF, the
+  exact flags of a :class:`~specscope.serving.llamacpp.server.ServerSetting` (the file itself:
+  :func:`specscope.serving.llamacpp.export.presets_ini`, which ``specscope export`` writes).
 - :class:`LlamaRouter`: that llama-server process (no model of its own: it starts one child
   server per preset when a request names it in ``model``), started and stopped as
   :class:`~specscope.serving.llamacpp.server.LlamaServer` is.
@@ -15,17 +14,18 @@ replayed for a model-free drafter.
   and tests/serving/test_llamaserver.py compare them with llama-server's own).
 
 It does not route requests (:mod:`specscope.serving.gateway`) or build llama.cpp
-(:mod:`specscope.serving.llamacpp.programs`).
+(:mod:`specscope.serving.llamacpp.programs`). No ``specscope`` command uses it: the tests, the
+gateway's benchmark and ``scripts/llamacpp_ngram_counters.py`` do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...drafters import Lookup
-from .server import LlamaServer, ServerSetting
+from specscope.drafters import Lookup
+from specscope.serving.llamacpp.server import LlamaServer, ServerSetting
 
 
 def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path | None) -> dict:
@@ -35,16 +35,6 @@ def preset_section(target: str | Path, setting: ServerSetting, draft: str | Path
         "model": str(target),
         **{flags[i].lstrip("-"): flags[i + 1] for i in range(0, len(flags), 2)},
     }
-
-
-def presets_ini(sections: Mapping[str, Mapping[str, object]]) -> str:
-    """The presets file of llama-server's router mode, one ``[name]`` section per preset."""
-    lines = ["version = 1", ""]
-    for name, keys in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {value}" for key, value in keys.items()]
-        lines.append("")
-    return "\n".join(lines)
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Calibration of the findings' verdicts on synthetic runs whose truth is known.
 
 A verdict is only worth its error rates. This module draws many synthetic runs (the paper's tree,
-prompt-level random effects; :mod:`.synthetic`) from worlds where each claim of the paper is known
+prompt-level random effects; :mod:`lab.synthetic`) from worlds where each claim of the paper is known
 to be true or false, analyses each run exactly as ``specscope analyze`` does, and counts the
 verdicts: the share of "holds" where the claim is false is the false-positive rate, where it is
 true the power. It also measures how often the 95% interval of a domain's mean alpha covers the
@@ -12,7 +12,7 @@ calibrated the same way on worlds where the claim holds at every rank, and on Si
 worlds where it holds pooled (or at rank 0) but runs the other way at rank 1
 (:data:`STRATIFIED_TRUTH`).
 
-The drafter comparison ("drafter A accepts more than B in a domain", :mod:`.drafters`) is
+The drafter comparison ("drafter A accepts more than B in a domain", :mod:`specscope.analysis.drafters`) is
 calibrated on pairs of synthetic drafters measured on the same prompts whose tau is known: equal
 at every prompt (alike, or a lookup that proposes in only some steps but whose longer chains make
 up for it), or apart by a known amount (:data:`DRAFTER_WORLDS`).
@@ -25,7 +25,7 @@ Its regret verdict ("the chosen candidate gives up 3% or less of the best one's 
 calibrated on synthetic benches of known regret (:func:`regret_verdict_rates`).
 
 ``tests/test_calibration.py`` runs a small version in CI; the full table of docs/calibration.md comes from
-``python -m specscope.analysis.calibration``. Nothing here reads a model.
+``python -m lab.calibration`` (from a checkout's root). Nothing here reads a model.
 """
 
 from __future__ import annotations
@@ -40,23 +40,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..records import Run
-from .bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
-from .drafters import DrafterComparison, compare_drafters
-from .effects import check_stratifier
-from .findings import Verdict
-from .prepare import ALL, Records, prepare
-from .results import Analysis, Settings
-from .stats import ClusterBootstrap, held_out_interval, none_differed_p, ratio
-from .synthetic import (
+from lab.synthetic import (
     DomainProfile,
     DrafterProfile,
     chain_expected_length,
     drafter_rates,
     synthetic_drafter_tables,
+    synthetic_requests,
     synthetic_tables,
 )
-from .tables import analyze_records, stratified_analysis
+from specscope.analysis.bench_stats import BenchRun, regrets, speedup_precision, summarize_bench
+from specscope.analysis.drafters import DrafterComparison, compare_drafters
+from specscope.analysis.effects import check_stratifier
+from specscope.analysis.findings import Verdict
+from specscope.analysis.prepare import ALL, Records, prepare
+from specscope.analysis.results import Analysis, Settings
+from specscope.analysis.stats import ClusterBootstrap, held_out_interval, none_differed_p, ratio
+from specscope.analysis.stepwise import analyze_ingested
+from specscope.analysis.tables import analyze_records, stratified_analysis
+from specscope.records import Run
 
 DOMAINS = ("chat", "code", "math", "reasoning")
 
@@ -726,6 +728,38 @@ def _print_drafter_rates(prompts: list[int], reps: int, steps: int) -> None:
         print(summary(forced).to_markdown(index=False))
 
 
+# --- the domain difference of an ingested run (specscope.analysis.stepwise) ------------------------
+
+
+def ingested_verdict_rate(
+    means: dict[str, float], prompts: int, reps: int, n_boot: int = 400, seed: int = 0
+) -> float:
+    """How often the domain-difference finding of an ingested run says "holds" on synthetic
+    logs whose domains' mean acceptance is ``means``."""
+    rng = np.random.default_rng(seed)
+    return float(
+        np.mean(
+            [
+                analyze_ingested(
+                    {}, synthetic_requests(rng, means, prompts), n_boot=n_boot, seed=r
+                ).finding.verdict
+                == "holds"
+                for r in range(reps)
+            ]
+        )
+    )
+
+
+def _print_ingested_rates() -> None:
+    for n in (10, 20):
+        null = ingested_verdict_rate({d: 0.5 for d in ("a", "b", "c", "d")}, n, 1000, seed=1)
+        power = ingested_verdict_rate({"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.6}, n, 300, seed=2)
+        print(
+            f"{n} prompts per domain: false positives {null:.3f} (nominal 0.05), "
+            f"power at acceptance 0.4/0.5/0.5/0.6 {power:.3f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="synthetic runs per world")
@@ -752,8 +786,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only the drafter comparison (drafter A accepts more than B)",
     )
+    parser.add_argument(
+        "--ingested-only",
+        action="store_true",
+        help="only an ingested run's domain difference (specscope analyze of engine logs)",
+    )
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60)
+    if args.ingested_only:
+        _print_ingested_rates()
+        return
     if args.drafters_only:
         _print_drafter_rates(args.prompts, args.reps, args.steps)
         return
