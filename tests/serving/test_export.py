@@ -278,6 +278,31 @@ def test_vllm_writes_no_batch_schedule_for_a_tuned_policy():
     }
     assert doc["approximation"] is None
     assert not any("per_batch_size" in json.dumps(d) for d in doc["domains"].values())
+    # the policy records no prediction: its K is not priced, and the entry says so
+    assert doc["domains"]["code"]["priced_on"].startswith("not priced: the policy records no ")
+
+
+def test_vllm_names_what_each_k_was_priced_on():
+    """The shipped int8 policy: each domain's K is its chain's length, priced on the tokens per
+    step tune replayed for that chain and its cost model (named by its hardware), at batch size
+    1; vLLM's own step costs are not claimed."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "results/demo-pair/drafters/decisions/policy.json"
+    written = json.loads(path.read_text())
+    doc = export_policy(PolicyFile.load(path), "vllm", ExportOptions(draft=DRAFT))
+    hardware = written["cost_model"]["hardware"]
+    for domain, entry in written["domains"].items():
+        setting = doc["domains"][domain]
+        k = TreeShape.parse(entry["tree"]).max_depth
+        assert setting["speculative_config"]["num_speculative_tokens"] == k
+        lo, hi = entry["prediction"]["interval"]
+        assert setting["priced_on"] == (
+            f"replayed tokens per step {entry['prediction']['tokens_per_step']:.2f} "
+            f"[{lo:.2f}, {hi:.2f}] of the policy's tuning runs over its cost model "
+            f"(specscope's decoder on one sequence, timed on {hardware}); vLLM's own step costs "
+            "and batch sizes above 1 are not priced (no num_speculative_tokens_per_batch_size)"
+        )
 
 
 def test_vllm_f19b16d9_chains():

@@ -255,7 +255,9 @@ def test_llamacpp_measured_setting_is_for_the_draft_model_only():
 
 
 def test_transformers_prompt_lookup_and_early_exit():
-    doc = export_policy(_policy(math=EARLY), "transformers", OPTIONS)
+    # no --target: OPTIONS' GGUF is not here, and an unreadable target is refused for early exit
+    options = ExportOptions(draft=DRAFT)
+    doc = export_policy(_policy(math=EARLY), "transformers", options)
     code, math = doc["domains"]["code"], doc["domains"]["math"]
     assert code["assistant_model"] is None and code["assistant_generation_config"] == {}
     assert code["generate_kwargs"] == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 4}
@@ -284,7 +286,7 @@ def test_transformers_prompt_lookup_and_early_exit():
     assert reasoning["snippet"].endswith("model.generate(**inputs, assistant_model=assistant)")
     # prompt_lookup_min 1: transformers' rule is vLLM's (longest first, earliest occurrence)
     exact = _policy(code=DrafterConfig("ngram", prompt_lookup_min=1, prompt_lookup_max=3))
-    doc = export_policy(exact, "transformers", OPTIONS)
+    doc = export_policy(exact, "transformers", options)
     assert doc["approximation"] is None and doc["domains"]["code"]["approximated"] is False
 
 

@@ -185,6 +185,19 @@ def test_export_checks_an_early_exit_against_the_target_it_is_given(tmp_path, ti
     lines = refused.output.strip().splitlines()
     assert len(lines) == 1 and "domain 'code': exit_layer must be in 1..1" in lines[0]
     assert "the target has 2 layers" in lines[0] and "the export's target" in lines[0]
+    PolicyFile(  # past the target's layers, as at them
+        trees={"code": chain}, drafters={"code": DrafterConfig("early-exit", exit_layer=5)}
+    ).save(policy)
+    past = CliRunner().invoke(app, args)
+    assert past.exit_code == 2 and len(past.output.strip().splitlines()) == 1, past.output
+    assert "exit_layer must be in 1..1 (the target has 2 layers), got 5" in past.output
+    # a target given but unreadable here is refused, not exported with the layer unchecked
+    absent = str(tmp_path / "absent")
+    unread = CliRunner().invoke(app, [*args[:-1], absent])
+    assert unread.exit_code == 2 and len(unread.output.strip().splitlines()) == 1, unread.output
+    assert unread.output.startswith(
+        f"error: early-exit layer(s) 5 (code) cannot be checked against the target {absent!r}"
+    )
     PolicyFile(
         trees={"code": chain}, drafters={"code": DrafterConfig("early-exit", exit_layer=1)}
     ).save(policy)

@@ -63,7 +63,10 @@ def export_policy(
         raise ExportError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = ENGINES[engine]
     version = spec.version(engine_version)
-    plan = DeploymentPlan.from_policy(policy, source, router, options.target)
+    # the target bounds an early exit only where the engine drafts one (elsewhere the engine's
+    # refusal of the domain is the error to give)
+    target = options.target if "early-exit" in version.drafters else None
+    plan = DeploymentPlan.from_policy(policy, source, router, target)
     body = spec.export(plan, options, version)
     approximation = body.pop("approximation", version.approximation)
     return {

@@ -8,19 +8,23 @@ router can produce gets the policy's tree for it, with its drafter, or the polic
 and drafter when the policy does not list it. A policy domain the router cannot produce is refused,
 and so is an early exit at or past the layers of the target: the one the policy was tuned for
 (``tune`` records its layer count) and the one the export is given (``--target``, its config read,
-no weights); where neither is known, the plan's ``notes`` say so.
+no weights; a target whose count cannot be read is refused); where neither is known, the plan's
+``notes`` say so. Each domain carries what ``tune`` priced its tree on (:func:`pricing`).
 
 This module knows no engine; the engine modules turn a plan into their own settings.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..drafters.config import DrafterConfig, DrafterError
+from ..records import ALL_DOMAINS
 from ..trees import TreeShape
 from ..tune.policy import PolicyFile
+from ..tune.predict import EXTRAPOLATED, REPLAY, TIMED
 from ..tune.router import ROUTED_CHARS, ROUTED_DOMAINS, RuleRouter
 from .export_rules import EngineVersion, ExportError
 
@@ -48,6 +52,7 @@ class DomainPlan:
     shape: TreeShape | None
     source: str  # "policy" (the policy lists the domain) or "uniform"
     drafter: DrafterConfig = DrafterConfig()
+    priced_on: str | None = None  # what tune priced the tree on (:func:`pricing`; None: nothing)
 
     @property
     def tree(self) -> str:
@@ -88,9 +93,11 @@ class DeploymentPlan:
                 f"allowed: {', '.join(produced)} (other domains use 'uniform')"
             )
         domains = tuple(
-            DomainPlan(d, policy.trees[d], "policy", policy.drafter_for(d))
+            DomainPlan(d, policy.trees[d], "policy", policy.drafter_for(d), pricing(policy, d))
             if d in policy.trees
-            else DomainPlan(d, policy.uniform, "uniform", policy.uniform_drafter)
+            else DomainPlan(
+                d, policy.uniform, "uniform", policy.uniform_drafter, pricing(policy, ALL_DOMAINS)
+            )
             for d in produced
         )
         stops = {**policy.stops, "uniform": policy.uniform_stop}
@@ -107,13 +114,50 @@ class DeploymentPlan:
         )
 
 
+# how a policy entry's tokens per step were predicted (tune.predict's methods)
+PREDICTED = {
+    REPLAY: "replayed tokens per step",
+    EXTRAPOLATED: "tokens per step extrapolated from the acceptance vector",
+    TIMED: "tokens per step timed",
+}
+DECODERS = {"specscope": "specscope's decoder", "transformers": "transformers' assisted generation"}
+
+
+def pricing(policy: PolicyFile, name: str) -> str | None:
+    """What ``tune`` priced the tree of ``name`` (a domain, or ALL_DOMAINS for the uniform entry)
+    on: the tokens per step it predicted from the policy's tuning runs, and the cost model that
+    timed the steps. None where the policy records no prediction (not written by tune)."""
+    choice = policy.choices.get(name)
+    prediction = choice.prediction if choice is not None else policy.predictions.get(name)
+    if prediction is None:
+        return None
+    drafter, backend = policy.drafter_for(name), policy.backend_for(name)
+    costs = (policy.info.get("cost_models") or {}).get(drafter.label) or policy.info.get(
+        "cost_model"
+    )
+    hardware = costs.get("hardware") if isinstance(costs, dict) else None
+    interval = (
+        f" [{prediction.lo:.2f}, {prediction.hi:.2f}]"
+        if math.isfinite(prediction.lo) and math.isfinite(prediction.hi)
+        else ""
+    )
+    timed = f"{DECODERS.get(backend, backend)} on one sequence" + (
+        f", timed on {hardware}" if hardware else ""
+    )
+    return (
+        f"{PREDICTED[prediction.method]} {prediction.tokens_per_step:.2f}{interval} of the "
+        f"policy's tuning runs over its cost model ({timed})"
+    )
+
+
 def check_exit_layers(
     domains: tuple[DomainPlan, ...], source, given: str | None = None
 ) -> tuple[str, ...]:
     """Refuse an early exit at or past the layers of a known target: the one the policy was tuned
     for (its ``source.target.layers``, written by ``tune``) and ``given``, the target the export
-    is given (its layer count read from its config or GGUF header, no weights). Where neither is
-    known, a note saying that the exit layers are unchecked, and why."""
+    is given (its layer count read from its config or GGUF header, no weights; refused where it
+    cannot be read). Where neither is known, a note saying that the exit layers are unchecked,
+    and why."""
     exits = [d for d in domains if d.shape is not None and d.drafter.kind == "early-exit"]
     if not exits:
         return ()
@@ -126,7 +170,6 @@ def check_exit_layers(
                 f"the policy's source.target.layers must be an integer >= 2, got {layers!r}"
             )
         known.append((layers, f"{target.get('model') or 'the target'}, as the policy records"))
-    unread = ""
     if given is not None:
         from ..models.config import ModelLoadError
         from ..models.load import target_layers
@@ -134,8 +177,13 @@ def check_exit_layers(
         try:
             known.append((target_layers(given), f"{given}, the export's target"))
         except (ModelLoadError, OSError, ValueError, KeyError, ImportError) as e:
-            # a target named for the engine's machine, absent here, or a malformed file
-            unread = f"; the export's target's layer count could not be read ({e})"
+            # absent here, or a malformed file: the check asked for cannot be made
+            raise ExportError(
+                f"early-exit layer(s) {_exit_list(exits)} cannot be checked against the target "
+                f"{given!r}: its layer count cannot be read here ({e}); give a target whose "
+                "config or GGUF header is readable here, or no target (the layers are then "
+                "checked against the policy's recorded target only)"
+            ) from None
     for count, where in known:
         for d in exits:
             try:
@@ -146,10 +194,13 @@ def check_exit_layers(
         return ()
     return (
         "the policy does not record its target's layer count (tune it again to record it, or "
-        f"give the target){unread}: early-exit layer(s) "
-        + ", ".join(f"{d.drafter.exit_layer} ({d.domain})" for d in exits)
-        + " are not checked against the target; each must be below its layer count",
+        f"give the target): early-exit layer(s) {_exit_list(exits)} are not checked against "
+        "the target; each must be below its layer count",
     )
+
+
+def _exit_list(exits: list[DomainPlan]) -> str:
+    return ", ".join(f"{d.drafter.exit_layer} ({d.domain})" for d in exits)
 
 
 def is_chain(shape: TreeShape) -> bool:

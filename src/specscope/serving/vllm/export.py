@@ -9,9 +9,11 @@ EAGLE heads (``method`` eagle/eagle3), not by the standalone draft model specsco
 
 No ``num_speculative_tokens_per_batch_size``: a K per batch size would have to be priced by
 replays and vLLM's own step costs at each batch size, which specscope does not measure (its cost
-model times its own decoder's passes on one sequence); the domain's K is the one setting written.
-Two versions are checked: main@002e77c1 (trees removed) and main@f19b16d9
-(``speculative_token_tree`` still a field). This module writes settings; it starts no server.
+model times its own decoder's passes on one sequence); the domain's K is the one setting written,
+and its entry's ``priced_on`` says what that K was priced on (the policy's predicted tokens per
+step over its cost model, at batch size 1) or that it was not priced. Two versions are checked:
+main@002e77c1 (trees removed) and main@f19b16d9 (``speculative_token_tree`` still a field). This
+module writes settings; it starts no server.
 """
 
 from __future__ import annotations
@@ -61,7 +63,11 @@ METHOD_RULES = (
     ),
 )
 # vllm/config/speculative.py (both commits): prompt_lookup_max/prompt_lookup_min are
-# "int | None = Field(default=None, ge=1)", read by method ngram only
+# "int | None = Field(default=None, ge=1)", read by method ngram only. Read again at
+# f19b16d95e4395790661f4835e4436bc3dd5d9c7: SpeculativeConfig's method, model,
+# num_speculative_tokens (gt=0), prompt_lookup_min/max (ge=1), and no
+# num_speculative_tokens_per_batch_size (later vLLM's batch-size schedule, which this export
+# does not write: it is not priced, see the module docstring)
 NGRAM_FIELDS = (
     Field("prompt_lookup_min", int, low=1),
     Field("prompt_lookup_max", int, low=1),
@@ -167,7 +173,8 @@ VERSIONS = (MAIN_002E77C1, F19B16D9)
 EXPORTS = (
     "per domain: `--speculative-config` JSON with `method` draft_model, `model`, "
     "`num_speculative_tokens` K (no K per batch size: vLLM's batched step costs are not "
-    "measured); ngram domains: `method` ngram, "
+    "measured), and `priced_on`: what K was priced on (the policy's predicted tokens per step "
+    "over its cost model, one sequence); ngram domains: `method` ngram, "
     "`prompt_lookup_min`, `prompt_lookup_max`, `num_speculative_tokens` K, served with "
     "`VLLM_USE_V2_MODEL_RUNNER=0` (the V1 proposer, the rule measured; V2's differs)"
 )
@@ -176,6 +183,19 @@ REFUSES = (
     "forbidden; earlier trees needed an EAGLE head, not a standalone draft; early-exit "
     "domains (vLLM has no early-exit drafter)"
 )
+
+
+def _priced_on(domain: DomainPlan) -> str:
+    """What the domain's K was priced on: never vLLM's own step costs, nor a batch above one."""
+    if domain.priced_on is None:
+        return (
+            "not priced: the policy records no prediction for this chain (not written by "
+            "specscope tune); K is its length as the policy gives it"
+        )
+    return (
+        f"{domain.priced_on}; vLLM's own step costs and batch sizes above 1 are not priced "
+        "(no num_speculative_tokens_per_batch_size)"
+    )
 
 
 def _ngram_config(domain: DomainPlan, k: int) -> dict:
@@ -192,6 +212,7 @@ def export(plan: DeploymentPlan, options: ExportOptions, version: EngineVersion)
             domains[domain.domain] = {**entry, "speculative_config": None, "serve_args": []}
             continue
         check_drafter(domain, version, VERSIONS, MISSING)
+        entry = {**entry, "priced_on": _priced_on(domain)}
         k = chain_length(
             domain.shape,
             f"vLLM (method {METHOD[domain.drafter.kind]})",
