@@ -12,7 +12,8 @@ runs against (default: the one the bench ran). --with-candidates: a policy tuned
 bench: no bench data enters a prediction), so that every chain benched is predicted.
 --with-routed: likewise for the routed cells, a policy tuned before `tune` wrote its `routed`
 predictions (each domain's tuning prompts as the rule router sends them) gets them by tuning its
-own runs again with its own cost models, refused unless that gives the file's choices.
+own runs again with its own cost models, refused unless that gives the file's choices; without
+it, the routed predictions the record already holds (from such a run) are kept.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from specscope.tune.policy import (
     parse_drafter,
     tune,
 )
+from specscope.tune.predict import Prediction
 from specscope.tune.routed import prompt_texts
 from specscope.tune.study import bench_grid, decide
 
@@ -122,14 +124,14 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
 
     def plain_per_token(domain: str) -> float:
         mine = [r for r in runs if r.method == "plain" and r.domain == domain]
-        return sum(r.time_s - r.first_token_s for r in mine) / sum(r.decode_tokens for r in mine)
+        return sum(r.decode_s for r in mine) / sum(r.decode_tokens for r in mine)
 
     domains = list(dict.fromkeys(r.domain for r in runs))
     plain_bench = {domain: plain_per_token(domain) for domain in domains}  # plain is every bench's
     for method in dict.fromkeys(r.method for r in runs):
         for domain in domains:
             mine = [r for r in runs if r.method == method and r.domain == domain]
-            decode = sum(r.time_s - r.first_token_s for r in mine)
+            decode = sum(r.decode_s for r in mine)
             if method == "plain":
                 measured, predicted = plain_bench[domain], plain_model
             elif method in settings and mine:
@@ -161,6 +163,22 @@ def step_times(runs, policy: PolicyFile, config: BenchConfig) -> str:
     )
 
 
+def recorded_routed(record: dict) -> dict[str, checks.PolicyPrediction]:
+    """The routed predictions a bench record already holds (set there by ``--with-routed`` when
+    it was concluded: from the policy's own runs, before the bench), for a policy file without
+    a ``routed`` table that today's ``tune`` no longer re-derives (its choices now weigh stop
+    rules)."""
+    out = {}
+    for cell in record.get("predicted_vs_measured") or ():
+        tokens = cell.get("predicted_tokens_per_step")
+        if cell["method"] == "routed" and tokens:
+            out[cell["domain"]] = checks.PolicyPrediction(
+                Prediction.from_dict(tokens, "the bench record's routed prediction"),
+                float(cell.get("predicted_speedup") or "nan"),
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench", type=Path)
@@ -190,6 +208,7 @@ def main() -> None:
     tuned = checks.tuning_prompts(policy)
     fitted = checks.tuning_per_domain(select_prompts(domains, None, seed=0), tuned)
     routed = checks.routed_predictions(policy, record.get("router", "rules"))
+    routed = routed or recorded_routed(record)
     cells = checks.predicted_vs_measured(rows, runs, predictions, candidates, fitted, routed)
     precision = speedup_precision(runs)
     choices = checks.policy_choices(policy, config, domains)

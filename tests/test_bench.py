@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from specscope.analysis.bench_stats import speedup_precision
+from specscope.analysis.bench_stats import least_ratio, speedup_precision, summarize_bench
 from specscope.analysis.render import to_markdown
 from specscope.analysis.stats import Estimate, none_differed_p
 from specscope.decode import SpeculativeDecoder
@@ -33,13 +33,11 @@ from specscope.tune.bench import (
     check_held_out,
     checks_document,
     differing_prompts,
-    least_ratio,
     policy_predictions,
     precision_grid,
     predicted_vs_measured,
     prediction_grid,
     regret_grid,
-    summarize_bench,
     tuning_prompts,
 )
 from specscope.tune.policy import Choice, PolicyFile

@@ -121,11 +121,12 @@ def test_a_prediction_of_no_width_is_seldom_called_wrong_where_it_holds():
 def test_the_regret_verdict_is_calibrated():
     """8 candidates, 20 prompts x 3 repeats: where the chosen one gives up 3% or less, "does not
     hold" is said in at most 5% of benches; where it gives up 4% or more, "holds" is; 10% is
-    found in most, a 10% lead over every rival in most too (each rival's bound alone sets the
+    found in two of three, a 10% lead over every rival too (each rival's bound alone sets the
     upper end). One repeat says nothing but "not testable"."""
     rates = regret_verdict_rates(20, 3, trials=100, n_boot=300, seed=3).set_index("world")
     assert (rates["false positives"] <= 0.05).all(), rates
-    assert rates.loc["far above (10%)", "does not hold"] >= 0.8, rates
-    assert rates.loc["ahead by 10% (0%)", "holds"] >= 0.8, rates
+    # each prompt's median over 3 repeats (robust to a slowed repeat) finds 2 in 3 of these
+    assert rates.loc["far above (10%)", "does not hold"] >= 0.6, rates
+    assert rates.loc["ahead by 10% (0%)", "holds"] >= 0.6, rates
     once = regret_verdict_rates(20, 1, trials=20, n_boot=100, seed=1)
     assert (once["not testable"] == 1).all(), once

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import steps_of, tiny_pair_args
+from specscope.analysis.bench_stats import summarize_bench
 from specscope.analysis.replay import (
     ReplayRecords,
     StopRule,
@@ -38,7 +39,6 @@ from specscope.tune.bench import (
     candidate_predictions,
     method_settings,
     policy_setting,
-    summarize_bench,
 )
 from specscope.tune.costs import CostModel
 from specscope.tune.optimal import optimal_tree

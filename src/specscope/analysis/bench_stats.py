@@ -8,7 +8,7 @@ A bench's prompts and repeats are crossed: what a repeat brings (its freshly sta
 machine's state) is common to all its prompts, so each is resampled whole and the two variances add
 (:func:`~specscope.analysis.stats.with_repeats`). The best of several noisy speed-ups is
 optimistic, so a regret's interval is that of the least of the true ratios, not of the best
-measured one. Their error rates on benches of known truth: :mod:`specscope.analysis.calibration`.
+measured one. Their error rates on benches of known truth: ``lab.calibration`` (a checkout's lab/).
 
 Numbers only: running a bench, its prompts, predictions and tables are :mod:`specscope.tune.bench`'s.
 """
@@ -34,7 +34,9 @@ class BenchError(SpecscopeError, ValueError):
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One method on one prompt: the output, and the median time over the repeats."""
+    """One method on one prompt: the output, and its times, each repeat's and their median
+    (robust to a repeat that a machine's hiccup slowed). Every table and verdict of a bench reads
+    one estimate of a prompt's decoding time: the median over its repeats (:attr:`decode_s`)."""
 
     method: str
     prompt_id: str
@@ -54,8 +56,13 @@ class BenchRun:
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens after the first step: what ``time_s - first_token_s`` decoded."""
+        """Tokens after the first step: what :attr:`decode_s` decoded."""
         return max(len(self.tokens) - self.first_tokens, 0)
+
+    @property
+    def decode_s(self) -> float:
+        """Seconds after the first step, the median over the repeats of each repeat's."""
+        return float(np.median(_decode_times(self)))
 
     @classmethod
     def from_dict(cls, data: Mapping) -> BenchRun:
@@ -99,7 +106,7 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
 
     def rates(part: list[BenchRun]) -> tuple[float, float]:
         secs = sum(r.time_s for r in part)
-        decode_secs = sum(r.time_s - r.first_token_s for r in part if r.decode_tokens)
+        decode_secs = sum(r.decode_s for r in part if r.decode_tokens)
         tokens = sum(len(r.tokens) for r in part)
         later = sum(r.decode_tokens for r in part)
         return (
@@ -112,7 +119,7 @@ def summarize_bench(runs: Sequence[BenchRun], n_boot: int = 2000, seed: int = 0)
         sums = np.zeros((len(prompts), 2))
         for r in part:
             if r.decode_tokens:
-                sums[column[r.prompt_id]] += (r.decode_tokens, r.time_s - r.first_token_s)
+                sums[column[r.prompt_id]] += (r.decode_tokens, r.decode_s)
         return sums
 
     def speedup_interval(mine: list[BenchRun], plain: list[BenchRun]) -> tuple[float, float]:
@@ -282,7 +289,7 @@ def regret_interval(
     candidate's prompts is left out, and at the bound the regret is called above it in 11% of
     benches rather than 5%:
     :attr:`Regret.verdict` then says not testable (calibrated on benches of known regret,
-    :func:`specscope.analysis.calibration.regret_verdict_rates`)."""
+    ``lab.calibration.regret_verdict_rates``)."""
     if not others:
         return RegretInterval(0.0, 0.0, 0)
     mine = {r.prompt_id: r for r in runs if r.method == chosen and r.domain == domain}
@@ -346,7 +353,7 @@ class SpeedupPrecision:
     domain: str
     prompts: int
     repeats: int
-    speedup: float  # from the mean time over repeats of each prompt
+    speedup: float  # from the median time over repeats of each prompt
     lo: float
     hi: float
     target: float  # relative half-width asked for
@@ -393,7 +400,8 @@ def speedup_precision(
 
 
 def _decode_times(run: BenchRun) -> np.ndarray:
-    """(R,) seconds after the first token, per repeat (the median's when repeats are not kept)."""
+    """(R,) seconds after the first token, per repeat (the recorded time's when repeats are not
+    kept)."""
     if run.repeat_times_s:
         return np.subtract(run.repeat_times_s, run.repeat_first_token_s)
     return np.array([run.time_s - run.first_token_s])
@@ -404,16 +412,18 @@ def _repeat_speedups(
 ) -> tuple[np.ndarray, int]:
     """The decode speed-up of each (method, plain) pair's method over plain, all prompts kept
     and whole repeats drawn with replacement (one draw for every prompt: what a repeat brings is
-    common to its prompts): ``(B + 1,)`` replicates, row 0 the sample, and the repeats (1 where
-    the runs do not all keep the same number of repeats: nothing to resample)."""
+    common to its prompts), each prompt's time the median of its drawn repeats: ``(B + 1,)``
+    replicates, row 0 the sample, and the repeats (1 where the runs do not all keep the same
+    number of repeats: nothing to resample)."""
     times = [(_decode_times(m), _decode_times(p)) for m, p in pairs]
     R = len(times[0][0]) if times else 1
     if R < 2 or any(len(a) != R or len(b) != R for a, b in times):
         return np.full(n_boot + 1, np.nan), 1
-    draws = np.ones((n_boot + 1, R))
-    draws[1:] = np.random.default_rng(seed).multinomial(R, np.full(R, 1.0 / R), size=n_boot)
-    mine = np.stack([a for a, _ in times]) @ draws.T / R  # (P, B + 1)
-    base = np.stack([b for _, b in times]) @ draws.T / R
+    picks = np.empty((n_boot + 1, R), dtype=int)
+    picks[0] = np.arange(R)
+    picks[1:] = np.random.default_rng(seed).integers(0, R, size=(n_boot, R))
+    mine = np.median(np.stack([a for a, _ in times])[:, picks], axis=2)  # (P, B + 1)
+    base = np.median(np.stack([b for _, b in times])[:, picks], axis=2)
     tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float).sum(0)
     return ratio(tokens[0], mine.sum(0)) / ratio(tokens[1], base.sum(0)), R
 
@@ -432,12 +442,12 @@ def paired_speedup(
     pairs: Sequence[tuple[BenchRun, BenchRun]], n_boot: int = 2000, seed: int = 0
 ) -> PairedSpeedup:
     """Decode tokens per second of each pair's first run over its second's (the same prompt),
-    from the mean time over repeats of each: prompts resampled within domains with the repeats
+    from the median time over repeats of each: prompts resampled within domains with the repeats
     kept, repeats resampled whole with the prompts kept, the two variances added
     (:func:`~specscope.analysis.stats.with_repeats`)."""
     tokens = np.array([[m.decode_tokens, p.decode_tokens] for m, p in pairs], float)  # (P, 2)
-    mine = np.array([_decode_times(m).mean() for m, _ in pairs])  # (P,) mean over repeats
-    base = np.array([_decode_times(p).mean() for _, p in pairs])
+    mine = np.array([m.decode_s for m, _ in pairs])  # (P,) median over repeats
+    base = np.array([p.decode_s for _, p in pairs])
     domains = np.array([m.domain for m, _ in pairs])
     boot = ClusterBootstrap.draw(domains, n_boot, seed)
     n = boot.total(tokens)
@@ -472,3 +482,123 @@ def _precision(method, domain, pairs, target, n_boot, seed) -> SpeedupPrecision:
         method, domain, P, R, e.value, e.lo, e.hi, target, prompts_needed, repeats_needed,
         share if R > 1 else math.nan,  # one repeat: unmeasured
     )  # fmt: skip
+
+
+# --- routed: its regret where only it timed a choice, and against the best single ----------
+
+
+def routed_regrets(
+    runs: Sequence[BenchRun], domains: Sequence[str]
+) -> tuple[tuple[Regret, ...], list[str]]:
+    """The regret of each of ``domains``, whose chosen setting no method but ``routed`` timed, on
+    the prompts the router sent to the domain's own entry (there ``routed`` decodes the chosen
+    setting), against every method on those same prompts; and the domains left unscored (no
+    such prompt, or no ``routed`` runs)."""
+    scored, left = [], []
+    for domain in domains:
+        mine = {
+            r.prompt_id
+            for r in runs
+            if r.method == "routed" and r.domain == domain and r.routed_to == domain
+        }
+        part = [r for r in runs if r.prompt_id in mine]
+        rows = summarize_bench(part) if mine else []
+        found = regrets(rows, part, {domain: "routed"}, derived=("uniform",))
+        if not found:
+            left.append(domain)
+            continue
+        scored.append(dataclasses.replace(found[0], prompts=len(mine)))
+    return tuple(scored), left
+
+
+@dataclass(frozen=True)
+class RoutedAgainstSingle:
+    """Routed decoding against the best single candidate over all the traffic, with an interval
+    of routed over the truly fastest single (:func:`routed_against_best_single`)."""
+
+    best_single: str
+    ratio: float  # routed decode tokens per second over the best single's, same prompts
+    lo: float  # 95% interval of routed over the truly fastest single (least_ratio)
+    hi: float
+    prompts: int
+    # a single candidate faster than routed (its interval, held together with the others',
+    # wholly above routed's speed), if any
+    faster_single: str = ""
+    beats_every_single: bool = False  # every single's interval, each alone, below routed's
+    repeats: int = 1  # repeats behind the intervals (one leaves their variation out of them)
+
+    @property
+    def verdict(self) -> str:
+        if reason := untestable(self.lo, self.repeats):
+            return reason
+        if self.beats_every_single:
+            return "routing beats the best single setting"
+        if self.faster_single:
+            return f"routing is slower than a single setting ({self.faster_single})"
+        return "no route beats the best single setting (the interval holds 1)"
+
+    def to_dict(self) -> dict:
+        """As a bench's JSON record holds it: the fields and the verdict."""
+        return {**dataclasses.asdict(self), "verdict": self.verdict}
+
+    @property
+    def sentence(self) -> str:
+        return (
+            f"Routed against the best single setting ({self.best_single}) over all "
+            f"{self.prompts} prompts: {self.ratio:.3f}x [{self.lo:.3f}, {self.hi:.3f}]: "
+            f"{self.verdict}."
+        )
+
+
+def routed_against_best_single(
+    runs: Sequence[BenchRun],
+    n_boot: int = 2000,
+    seed: int = 0,
+    derived: Sequence[str] = DERIVED_METHODS,
+    confidence: float = 0.95,
+) -> RoutedAgainstSingle:
+    """The candidate (``routed`` and the ``derived`` methods aside) of highest decode speed over
+    all prompts, and routed's speed over it, with an interval of routed over the truly fastest
+    single: the least of the ratios routed / single (prompts resampled within domains and whole
+    repeats, the two paired by prompt, :func:`paired_speedup`; :func:`least_ratio`, since the
+    best single is picked on the same prompts). "Routing beats" needs every single below
+    routed, each alone; "routing is slower" one single above it, held together."""
+    rows = summarize_bench(runs, n_boot, seed)
+    singles = [
+        r
+        for r in rows
+        if r.domain == ALL_DOMAINS and r.method != "routed" and r.method not in derived
+    ]
+    best = max(singles, key=lambda r: r.decode_tokens_per_s).method
+    routed = {r.prompt_id: r for r in runs if r.method == "routed" and r.decode_tokens}
+    ratios, repeats = {}, []
+    for single in singles:
+        pairs = [
+            (routed[r.prompt_id], r)
+            for r in runs
+            if r.method == single.method and r.prompt_id in routed and r.decode_tokens
+        ]
+        paired = paired_speedup(pairs, n_boot, seed)
+        ratios[single.method] = paired.both
+        repeats.append(paired.repeats)
+    least = least_ratio(ratios, confidence)
+    return RoutedAgainstSingle(
+        best,
+        ratios[best].value,
+        least.lo,
+        least.hi,
+        len(routed),
+        least.hi_by if least.hi < 1 else "",
+        least.lo > 1,
+        min(repeats),
+    )
+
+
+def rows_against(
+    runs: Sequence[BenchRun], method: str, reference: str, n_boot: int = 2000, seed: int = 0
+) -> dict[str, BenchRow]:
+    """Per domain (and ``all``): ``method``'s bench row with ``reference`` in plain's place, so
+    that its speed-up is over ``reference``'s, paired by prompt, with the bench's interval."""
+    pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == reference]
+    pair += [r for r in runs if r.method == method]
+    return {r.domain: r for r in summarize_bench(pair, n_boot, seed) if r.method == method}

@@ -17,7 +17,7 @@ What a bench can confirm:
   so each is resampled whole), whether its half-width is within ±5% of the speed-up, and if not
   how many prompts (at these repeats) or repeats (at these prompts) would make it so, from the
   two variances. One repeat gives no verdict: what varies between repeats is then unmeasured.
-- **Regret and the route test** (``regrets``, :func:`routed_against_best_single`): the chosen
+- **Regret and the route test** (``regrets``, ``routed_against_best_single``): the chosen
   candidate against the best one measured, and routed against the best single one, with an
   interval of the least of the true ratios to every candidate (``least_ratio``), since the best
   is picked on the same prompts (the best of several noisy speed-ups is optimistic); a verdict on
@@ -46,19 +46,12 @@ from typing import NamedTuple
 import pandas as pd
 
 from ..analysis.bench_stats import (
-    DERIVED_METHODS,
     REGRET_BOUND,
     TARGET_HALF_WIDTH,
     BenchError,
     BenchRow,
     BenchRun,
-    Regret,
     SpeedupPrecision,
-    least_ratio,
-    paired_speedup,
-    regrets,
-    summarize_bench,
-    untestable,
 )
 from ..analysis.render import Column, Grid
 from ..analysis.stats import none_differed_p
@@ -115,7 +108,7 @@ DRAFTER_METHODS = {"ngram": "ngram", "early-exit": "early-exit"}
 class BenchConfig:
     """What ``specscope bench`` times: every method on every prompt ``repeats`` times (methods
     interleaved within a repeat, so that noise hits them alike), after ``warmup`` untimed rounds of
-    every method on the first prompt; medians are kept."""
+    every method on the first prompt; each prompt's time is the repeats' median."""
 
     max_new_tokens: int = 48
     warmup: int = 1
@@ -521,7 +514,7 @@ class Loop:
 @dataclass(frozen=True)
 class Timed:
     """What :func:`run_bench` timed: every request, and one :class:`BenchRun` per method and
-    prompt (medians over the repeats)."""
+    prompt (the repeats' median)."""
 
     requests: tuple[Request, ...]
     runs: list[BenchRun]
@@ -630,8 +623,8 @@ def run_bench(
 
 
 def bench_run(method, item, plan: _Plan, requests, repeats: int, in_sample: bool) -> BenchRun:
-    """One method on one prompt: the median over repeats of the time and, apart, of the first
-    step's, every repeat kept, the last repeat's output."""
+    """One method on one prompt: the median over repeats of the time and of the first step's,
+    every repeat kept, the last repeat's output."""
     key = plan.keys[method]
     mine = [
         next(r for r in requests[rep, item.id] if r.method == key)
@@ -1071,30 +1064,6 @@ def agreement_grid(rows: Sequence[OutputAgreement], against: str) -> Grid:
 # --- the chosen against the best measured, routed against the best single -----------------------
 
 
-def routed_regrets(
-    runs: Sequence[BenchRun], domains: Sequence[str]
-) -> tuple[tuple[Regret, ...], list[str]]:
-    """The regret of each of ``domains``, whose chosen setting no method but ``routed`` timed, on
-    the prompts the router sent to the domain's own entry (there ``routed`` decodes the chosen
-    setting), against every method on those same prompts; and the domains left unscored (no
-    such prompt, or no ``routed`` runs)."""
-    scored, left = [], []
-    for domain in domains:
-        mine = {
-            r.prompt_id
-            for r in runs
-            if r.method == "routed" and r.domain == domain and r.routed_to == domain
-        }
-        part = [r for r in runs if r.prompt_id in mine]
-        rows = summarize_bench(part) if mine else []
-        found = regrets(rows, part, {domain: "routed"}, derived=("uniform",))
-        if not found:
-            left.append(domain)
-            continue
-        scored.append(dataclasses.replace(found[0], prompts=len(mine)))
-    return tuple(scored), left
-
-
 def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
     """Each domain's regret; ``unscored``: the domains whose chosen setting no method timed,
     named so that a domain is never left out silently."""
@@ -1147,99 +1116,6 @@ def regret_grid(rows, unscored: Sequence[str] = ()) -> Grid:
         ),
         note,
     )
-
-
-@dataclass(frozen=True)
-class RoutedAgainstSingle:
-    """Routed decoding against the best single candidate over all the traffic, with an interval
-    of routed over the truly fastest single (:func:`routed_against_best_single`)."""
-
-    best_single: str
-    ratio: float  # routed decode tokens per second over the best single's, same prompts
-    lo: float  # 95% interval of routed over the truly fastest single (least_ratio)
-    hi: float
-    prompts: int
-    # a single candidate faster than routed (its interval, held together with the others',
-    # wholly above routed's speed), if any
-    faster_single: str = ""
-    beats_every_single: bool = False  # every single's interval, each alone, below routed's
-    repeats: int = 1  # repeats behind the intervals (one leaves their variation out of them)
-
-    @property
-    def verdict(self) -> str:
-        if reason := untestable(self.lo, self.repeats):
-            return reason
-        if self.beats_every_single:
-            return "routing beats the best single setting"
-        if self.faster_single:
-            return f"routing is slower than a single setting ({self.faster_single})"
-        return "no route beats the best single setting (the interval holds 1)"
-
-    def to_dict(self) -> dict:
-        """As a bench's JSON record holds it: the fields and the verdict."""
-        return {**dataclasses.asdict(self), "verdict": self.verdict}
-
-    @property
-    def sentence(self) -> str:
-        return (
-            f"Routed against the best single setting ({self.best_single}) over all "
-            f"{self.prompts} prompts: {self.ratio:.3f}x [{self.lo:.3f}, {self.hi:.3f}]: "
-            f"{self.verdict}."
-        )
-
-
-def routed_against_best_single(
-    runs: Sequence[BenchRun],
-    n_boot: int = 2000,
-    seed: int = 0,
-    derived: Sequence[str] = DERIVED_METHODS,
-    confidence: float = 0.95,
-) -> RoutedAgainstSingle:
-    """The candidate (``routed`` and the ``derived`` methods aside) of highest decode speed over
-    all prompts, and routed's speed over it, with an interval of routed over the truly fastest
-    single: the least of the ratios routed / single (prompts resampled within domains and whole
-    repeats, the two paired by prompt, :func:`paired_speedup`; :func:`least_ratio`, since the
-    best single is picked on the same prompts). "Routing beats" needs every single below
-    routed, each alone; "routing is slower" one single above it, held together."""
-    rows = summarize_bench(runs, n_boot, seed)
-    singles = [
-        r
-        for r in rows
-        if r.domain == ALL_DOMAINS and r.method != "routed" and r.method not in derived
-    ]
-    best = max(singles, key=lambda r: r.decode_tokens_per_s).method
-    routed = {r.prompt_id: r for r in runs if r.method == "routed" and r.decode_tokens}
-    ratios, repeats = {}, []
-    for single in singles:
-        pairs = [
-            (routed[r.prompt_id], r)
-            for r in runs
-            if r.method == single.method and r.prompt_id in routed and r.decode_tokens
-        ]
-        paired = paired_speedup(pairs, n_boot, seed)
-        ratios[single.method] = paired.both
-        repeats.append(paired.repeats)
-    least = least_ratio(ratios, confidence)
-    return RoutedAgainstSingle(
-        best,
-        ratios[best].value,
-        least.lo,
-        least.hi,
-        len(routed),
-        least.hi_by if least.hi < 1 else "",
-        least.lo > 1,
-        min(repeats),
-    )
-
-
-def rows_against(
-    runs: Sequence[BenchRun], method: str, reference: str, n_boot: int = 2000, seed: int = 0
-) -> dict[str, BenchRow]:
-    """Per domain (and ``all``): ``method``'s bench row with ``reference`` in plain's place, so
-    that its speed-up is over ``reference``'s, paired by prompt, with the bench's interval."""
-    pair = [dataclasses.replace(r, method="plain") for r in runs if r.method == reference]
-    pair += [r for r in runs if r.method == method]
-    return {r.domain: r for r in summarize_bench(pair, n_boot, seed) if r.method == method}
 
 
 # --- is the interval narrow enough ---------------------------------------------------------------

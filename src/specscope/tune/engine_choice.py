@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.bench_stats import BenchRun, summarize_bench
+from ..analysis.bench_stats import BenchRun, rows_against, summarize_bench
 from ..analysis.stats import ClusterBootstrap, ratio
 from ..records import ALL_DOMAINS
-from .bench import rows_against
 from .predict import TIMED, Prediction
 
 PLAIN = "plain"

@@ -3,8 +3,8 @@ what the policy predicted and chose) in, a :class:`BenchResult` (tables, verdict
 out, the same steps whatever the engine:
 
 1. time every method on every held-out prompt (:func:`.bench.run_bench`, the one loop);
-2. summarise per domain (:func:`~specscope.analysis.bench_stats.summarize_bench`: per-prompt
-   medians over repeats, every table and verdict reads these rows);
+2. summarise per domain (:func:`~specscope.analysis.bench_stats.summarize_bench`): one estimate
+   of each prompt's decoding time, the median over its repeats, read by every table and verdict;
 3. predicted against measured for every cell, and each interval's width against ±5%;
 4. the policy's decision: each domain's regret (its choice against the best measured), and routed
    against the best single method;
@@ -29,8 +29,11 @@ from ..analysis.bench_stats import (
     BenchRow,
     BenchRun,
     Regret,
+    RoutedAgainstSingle,
     SpeedupPrecision,
     regrets,
+    routed_against_best_single,
+    routed_regrets,
     speedup_precision,
     summarize_bench,
 )
@@ -45,15 +48,12 @@ from .bench import (
     PolicyPrediction,
     PredictedCell,
     Prompt,
-    RoutedAgainstSingle,
     agreement_grid,
     checks_document,
     precision_grid,
     predicted_vs_measured,
     prediction_grid,
     regret_grid,
-    routed_against_best_single,
-    routed_regrets,
     run_bench,
 )
 
@@ -150,7 +150,7 @@ def decide(
     """Per domain the chosen method's regret against the best method measured (every timed
     method but ``derived`` a candidate): on all the domain's prompts where a method times the
     choice, else on the prompts the router sent to the domain's entry
-    (:func:`.bench.routed_regrets`), else the domain is unscored; with ``routed`` timed beside
+    (:func:`~specscope.analysis.bench_stats.routed_regrets`), else the domain is unscored; with ``routed`` timed beside
     two or more methods, routed against the best single one."""
     if choices is None:
         return Decision()
