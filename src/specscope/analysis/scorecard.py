@@ -505,7 +505,7 @@ class CertificateRow:
 
 @dataclass(frozen=True)
 class Scorecard:
-    """The scorecard of a run: every predictor on both targets, per domain and pooled."""
+    """The scorecard of a run: every predictor on each target, per domain and pooled."""
 
     settings: ScorecardSettings
     domains: tuple[str, ...]
