@@ -20,8 +20,10 @@ from specscope.analysis.prepare import ALL
 from specscope.analysis.render import to_markdown
 from specscope.analysis.scorecard import (
     AS_IS,
+    EDGE,
     NODE,
     PREFIX,
+    RANK0,
     ScorecardError,
     ScorecardSettings,
     bin_sums,
@@ -145,6 +147,74 @@ def test_prefix_target_is_the_accepted_prefix_and_its_prediction_the_chain_produ
     assert np.array_equal(t.position, nodes.depth[t.rows] - 1)
     assert np.array_equal(t.fit_rows, nodes.eligible[t.rows])
     assert target_rows(records, NODE).n_positions == 1
+
+
+SHIPPED_PAPER_TREE = Path(__file__).parents[1] / "results/demo-pair/paper-protocol"
+
+
+def _shipped_slice(per_domain: int = 3) -> Run:
+    """The shipped paper-protocol run's first prompts of each domain (a tree with siblings)."""
+    nodes = pd.read_parquet(SHIPPED_PAPER_TREE / "nodes.parquet")
+    steps = pd.read_parquet(SHIPPED_PAPER_TREE / "steps.parquet")
+    prompts = pd.read_parquet(SHIPPED_PAPER_TREE / "prompts.parquet")
+    keep = set(prompts.sort_values("order").groupby("domain").head(per_domain).prompt_id)
+    return Run(
+        SHIPPED_PAPER_TREE,
+        {"status": "complete"},
+        nodes[nodes.prompt_id.isin(keep)].reset_index(drop=True),
+        steps[steps.prompt_id.isin(keep)].reset_index(drop=True),
+        prompts[prompts.prompt_id.isin(keep)].reset_index(drop=True),
+    )
+
+
+def _chain_edges(nodes: pd.DataFrame) -> np.ndarray:
+    """Nodes on the sibling-rank-0 path whose parent path was accepted, found by walking parents."""
+    key = {(r.prompt_id, r.step, r.node_id): r for r in nodes.itertuples()}
+    out = np.zeros(len(nodes), bool)
+    for i, r in enumerate(nodes.itertuples()):
+        ok, parent = r.sibling_rank == 0, r.parent_id
+        while ok and parent >= 0:
+            up = key[r.prompt_id, r.step, parent]
+            ok, parent = up.sibling_rank == 0 and up.greedy_accept, up.parent_id
+        out[i] = ok
+    return out
+
+
+def test_rank0_and_edge_targets_score_the_draft_probability_where_rank_cannot():
+    run = _shipped_slice()
+    card = scorecard(prepare(run), ScorecardSettings(n_boot=20, learned=False))
+    nodes = run.nodes
+    y = nodes.greedy_accept.to_numpy(float)
+    p = nodes.p_draft.to_numpy()
+    rank0, edge = nodes.sibling_rank.to_numpy() == 0, _chain_edges(nodes)
+    for target, rows in ((RANK0, rank0), (EDGE, edge)):
+        row = card.row(target, DRAFT_PROB + AS_IS)
+        assert row.rows == rows.sum() and row.prompts == 12
+        assert row.auroc.value == pytest.approx(deepspec_metrics(p[rows], y[rows]).auroc, abs=1e-12)
+        assert row.observed == pytest.approx(y[rows].mean())
+        assert card.row(target, "sibling rank") is None  # constant there: ranks nothing
+    # the shipped slice's figures, exactly: rank alone ranks the pool, not the first choices
+    assert (card.row(NODE, DRAFT_PROB).rows, rank0.sum(), edge.sum()) == (5_464, 2_732, 1_806)
+    assert card.row(NODE, DRAFT_PROB + AS_IS).auroc.value == pytest.approx(0.968738, abs=5e-7)
+    assert card.row(RANK0, DRAFT_PROB + AS_IS).auroc.value == pytest.approx(0.908246, abs=5e-7)
+    assert card.row(EDGE, DRAFT_PROB + AS_IS).auroc.value == pytest.approx(0.937318, abs=5e-7)
+    assert card.row(NODE, "sibling rank").auroc.value == pytest.approx(0.864218, abs=5e-7)
+    keys = [g.key for g in scorecard_grids(card)]
+    assert keys[:6] == [
+        "scorecard_node",
+        "scorecard_node_auroc_by_domain",
+        "scorecard_rank0",
+        "scorecard_rank0_auroc_by_domain",
+        "scorecard_edge",
+        "scorecard_edge_auroc_by_domain",
+    ]
+
+
+def test_a_chain_has_no_rank0_target_beside_its_node_target():
+    card = scorecard(_records(prompts_per_domain=3, steps=5), ScorecardSettings(n_boot=10))
+    assert not any(r.target == RANK0 for r in card.rows)
+    assert any("rank0: every node has sibling rank 0" in n for n in card.notes)
+    assert card.row(EDGE, DRAFT_PROB + AS_IS) is not None
 
 
 def test_too_few_prompts_for_the_folds_is_refused_by_name():
@@ -281,6 +351,8 @@ def test_grids_render_and_the_reliability_plot_draws():
     assert [g.key for g in grids] == [
         "scorecard_node",
         "scorecard_node_auroc_by_domain",
+        "scorecard_edge",  # a chain: no rank0 target (every node has rank 0)
+        "scorecard_edge_auroc_by_domain",
         "scorecard_prefix",
         "scorecard_prefix_auroc_by_domain",
         "scorecard_certificates",  # the greedy certificate, rebuilt from p0 and the margin

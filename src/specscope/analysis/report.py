@@ -482,7 +482,11 @@ RUN_SECTIONS: tuple[Section, ...] = (
         "predictors",
         "What predicts acceptance: the scorecard",
         ("reliability", "budgets"),
-        tuple(f"scorecard_{t}{s}" for t in ("node", "prefix") for s in ("", "_auroc_by_domain"))
+        tuple(
+            f"scorecard_{t}{s}"
+            for t in ("node", "rank0", "edge", "prefix")
+            for s in ("", "_auroc_by_domain")
+        )
         + ("scorecard_certificates", "scorecard_stop_rules", "budget_verdicts", "budgets"),
     ),
     Section(

@@ -1,10 +1,18 @@
 """A scorecard of acceptance predictors: how well each signal in a run's records, and learned
 combinations of them, predict greedy acceptance, scored as DeepSpec scores a confidence head.
 
-Two targets, both read from the node records:
+Four targets, all read from the node records:
 
 - ``node``: a node's greedy acceptance (its token is the target's greedy token at its context),
-  over every node of every tree, as one pool (one draft position);
+  over every node of every tree, as one pool (one draft position). In a tree with siblings this
+  pool is dominated by the tree's design: a sibling of lower rank is rarely the target's token,
+  and siblings share one context (so one target entropy);
+- ``rank0``: the same label over the draft's first choices only (sibling rank 0), one pool: how
+  well a signal ranks acceptance where the sibling rank cannot (left out when every node has
+  rank 0: it is then the ``node`` target);
+- ``edge``: the same label over the top-1 chain's nodes whose parent path was accepted (roots
+  included), one pool: the edges a chain's stop rule decides on, the conditional acceptance a
+  speculation budget acts on;
 - ``prefix``: the acceptance of each draft position's prefix along the top-1 chain, DeepSpec's
   per-position target. For the chain node at depth d (draft position d - 1), the label is 1 when
   the chain's nodes at depths 1..d are all greedy-accepted (the verifier would emit all d
@@ -96,8 +104,8 @@ N_BINS = 20  # DeepSpec's CONFIDENCE_NUM_BINS: the ECE and the reliability diagr
 N_FINE_BINS = 1000  # DeepSpec's CONFIDENCE_NUM_FINE_BINS: the AUROC histograms
 EPS_PROB = 1e-8  # DeepSpec's clamp of predictions
 
-NODE, PREFIX = "node", "prefix"
-TARGETS = (NODE, PREFIX)
+NODE, RANK0, EDGE, PREFIX = "node", "rank0", "edge", "prefix"
+TARGETS = (NODE, RANK0, EDGE, PREFIX)
 DRAFT, TARGET = "draft", "target"  # a signal's side: known before the target's pass, or after
 AS_IS = " (as is)"
 LEARNED_DRAFT, LEARNED_ALL = "learned: draft side", "learned: all signals"
@@ -375,7 +383,7 @@ class TargetRows:
 
     def combine(self, q: np.ndarray) -> np.ndarray:
         """Per-node probabilities -> the target's prediction (prefix: the product along the chain)."""
-        if self.name == NODE:
+        if self.name != PREFIX:
             return q
         order = np.lexsort((self.position, self.tree))
         frame = pd.DataFrame({"tree": self.tree[order], "q": q[order]})
@@ -385,12 +393,17 @@ class TargetRows:
 
 
 def target_rows(records: Records, name: str) -> TargetRows:
-    """The ``node`` or ``prefix`` target's rows (see the module docstring)."""
+    """One target's rows (see the module docstring): ``node``, ``rank0``, ``edge`` or ``prefix``."""
     nodes = records.nodes
     tree = nodes.prompt * (int(nodes.step.max(initial=0)) + 1) + nodes.step
-    if name == NODE:
-        rows = np.arange(len(nodes))
-        label = nodes.greedy
+    if name in (NODE, RANK0, EDGE):
+        if name == NODE:
+            rows = np.arange(len(nodes))
+        elif name == RANK0:
+            rows = np.flatnonzero(nodes.rank == 0)
+        else:
+            rows = np.flatnonzero(nodes.on_chain & nodes.eligible)
+        label = nodes.greedy[rows]
         position = np.zeros(len(rows), np.int64)
         fit_rows = np.ones(len(rows), bool)
     elif name == PREFIX:
@@ -492,7 +505,7 @@ class CertificateRow:
 
 @dataclass(frozen=True)
 class Scorecard:
-    """The scorecard of a run: every predictor on both targets, per domain and pooled."""
+    """The scorecard of a run: every predictor on each target, per domain and pooled."""
 
     settings: ScorecardSettings
     domains: tuple[str, ...]
@@ -777,6 +790,9 @@ def scorecard(records: Records, settings: ScorecardSettings | None = None) -> Sc
     )
     rows, reliability, predictors, prefix_scored = [], [], {}, []
     for target in TARGETS:
+        if target == RANK0 and not (records.nodes.rank != 0).any():
+            notes.append(f"{RANK0}: every node has sibling rank 0 (the {NODE} target), left out")
+            continue
         t = target_rows(records, target)
         if not t.fit_rows.any():
             notes.append(f"{target}: no node to fit on, left out")
@@ -881,6 +897,8 @@ def stop_rule_grid(signal: str, rows: list[StopRuleRow]) -> Grid:
 
 _TARGET_TEXT = {
     NODE: "greedy acceptance of a node (all nodes)",
+    RANK0: "greedy acceptance of the draft's first choices (nodes of sibling rank 0)",
+    EDGE: "greedy acceptance of the top-1 chain's nodes whose parent path was accepted",
     PREFIX: "acceptance of each draft position's prefix along the top-1 chain "
     "(DeepSpec's summary over positions)",
 }
