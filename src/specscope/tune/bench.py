@@ -1176,7 +1176,7 @@ def precision_grid(rows: Sequence[SpeedupPrecision]) -> Grid:
             )
             for r in rows
         ),
-        "decode speed-up from each prompt's mean time over repeats, method and plain paired by "
+        "decode speed-up from each prompt's median time over repeats, method and plain paired by "
         "repeat; prompts and repeats are crossed (what a repeat brings, such as its freshly "
         "started servers, is common to all its prompts), so each is resampled whole and the two "
         "variances add (t interval); between repeats: the repeats' share of that variance. "
