@@ -701,9 +701,6 @@ class BenchCheckpoint:
 
 # --- predicted against measured --------------------------------------------------------------------
 
-# the methods a policy file predicts, and whose entry: routed, each domain's; uniform, the uniform's
-PREDICTED_METHODS = ("routed", "uniform")
-
 
 @dataclass(frozen=True)
 class PolicyPrediction:

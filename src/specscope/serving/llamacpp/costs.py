@@ -38,9 +38,6 @@ from ...tune.costs import interpolate
 from .programs import BenchGrid, quantize, run_llama_bench
 from .server import ServerSetting
 
-DEFAULT_KS = (1, 2, 3, 4)
-
-
 # --- costs and predictions ------------------------------------------------------------------------
 
 
