@@ -811,6 +811,13 @@ def test_tune_and_bench_through_llama_server(tmp_path):
     assert rechosen["tune"]["cells"] == cells
 
 
+def test_tune_for_llama_server_refuses_the_decoders_cost_model(tmp_path):
+    result = CliRunner().invoke(
+        app, ["tune", str(tmp_path), "--backend", "llama-server", "--costs", str(tmp_path / "c")]
+    )
+    assert result.exit_code != 0 and "--cost-grid" in result.output
+
+
 def test_tune_only_is_refused_with_a_policy_to_bench(tmp_path):
     result = CliRunner().invoke(
         app, ["llamacpp", str(tmp_path), "--tune-only", "--policy-file", str(tmp_path / "p.json")]

@@ -301,6 +301,11 @@ def tune(
     if backend == "llama-server":
         if len(run_dirs) != 1:
             fail("--backend llama-server tunes from one measurement run")
+        if costs or save_costs:
+            fail(
+                "--costs and --save-costs are specscope's decoder's cost model; llama-server's "
+                "step model is priced from --cost-grid (llama-bench's pass costs)"
+            )
         out = out or run_dirs[0] / "llamacpp" / "policy.json"
         return tune_on_llama_server(
             run_dirs[0], out, candidates, target_gguf, draft_gguf, tune_per_domain, tune_repeats,
