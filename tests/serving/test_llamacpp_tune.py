@@ -24,7 +24,6 @@ from specscope.serving.export import ExportError, ExportOptions, export_policy
 from specscope.serving.llamacpp.backend import (
     LlamaServerBackend,
     candidate_settings,
-    requests_frame,
     requests_from_frame,
 )
 from specscope.serving.llamacpp.costs import PassCosts, ServerStepModel, ServerTimings, calibrate
@@ -39,7 +38,7 @@ from specscope.serving.llamacpp.study import (
     tune_grid,
 )
 from specscope.trees import TreeShape
-from specscope.tune.backends import Prompt, Request
+from specscope.tune.backends import Prompt, Request, requests_frame
 from specscope.tune.bench import (
     BenchCheckpoint,
     BenchError,
@@ -866,8 +865,8 @@ def test_llama_servers_outputs_are_set_beside_the_runs():
 
 
 def test_an_earlier_tunes_timings_are_reused_only_for_the_same_candidates_and_prompts(tmp_path):
-    from specscope.serving.llamacpp.backend import requests_frame
     from specscope.serving.llamacpp.study import earlier_timings
+    from specscope.tune.backends import requests_frame
 
     items = [PromptItem(f"p{i}", "code", ()) for i in range(2)]
     settings = candidate_settings(["plain", "ngram-mod"], ServerSetting())

@@ -527,22 +527,25 @@ def bench(
             fail(f"--router must be one of {', '.join(ROUTERS)}, not {router_name!r}")
         if out is not None:
             check_output_file(out, (policy_file,), "--out")
-        plan = _decoder_plan(
-            names=names,
-            per_domain=per_domain,
-            max_new_tokens=max_new_tokens,
+        from ..drafters import DrafterConfig
+        from ..tune.bench import BenchConfig
+
+        config = BenchConfig(
+            max_new_tokens=max_new_tokens or 48,
             warmup=warmup,
             repeats=repeats,
             chain_depth=chain_depth,
             min_path_prob=min_path_prob,
             assisted_tokens=assisted_tokens,
-            methods=methods,
-            router_name=router_name,
-            in_sample=in_sample,
-            tuning_prompts=tuning_prompts,
-            seed=seed,
-            out=out,
-            policy_file=policy_file,
+            methods=options.names(methods) or BenchConfig.methods,
+            ngram=DrafterConfig(
+                "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max
+            ),
+            early_exit=None
+            if exit_layer is None
+            else DrafterConfig("early-exit", exit_layer=exit_layer),
+        )
+        request = _pair_request(
             draft=draft,
             target=target,
             draft_revision=draft_revision,
@@ -550,13 +553,11 @@ def bench(
             dtype=dtype,
             device=device,
             trust_remote_code=trust_remote_code,
-            threads=threads,
             int8=int8,
             draft_attention=draft_attention,
-            prompt_lookup_min=prompt_lookup_min,
-            prompt_lookup_max=prompt_lookup_max,
-            exit_layer=exit_layer,
         )
+        plan = _decoder_plan(config, request, names, per_domain, seed, policy_file, router_name,
+                             in_sample, tuning_prompts, threads, out)  # fmt: skip
     run_plan(plan, out, inside)
 
 
@@ -574,35 +575,17 @@ def run_plan(plan, out: Path | None, inside: Path | None = None) -> None:
 
 
 def _decoder_plan(
-    names, per_domain, max_new_tokens, warmup, repeats, chain_depth, min_path_prob,
-    assisted_tokens, methods, router_name, in_sample, tuning_prompts, seed, out, policy_file,
-    draft, target, draft_revision, target_revision, dtype, device, trust_remote_code, threads,
-    int8, draft_attention, prompt_lookup_min, prompt_lookup_max, exit_layer,
+    config, request, names, per_domain, seed, policy_file, router_name, in_sample,
+    tuning_prompts, threads, out,
 ):  # fmt: skip
-    """``bench``'s plan for the pair loaded here: specscope's decoder beside transformers."""
+    """``bench``'s plan for the pair ``request`` names: specscope's decoder beside transformers."""
     import torch
 
     from ..decode import make_decoder
-    from ..drafters import DrafterConfig
     from ..tune import choose
-    from ..tune.bench import BenchConfig, bench_prompts
+    from ..tune.bench import bench_prompts
     from ..tune.policy import PolicyFile
 
-    config = BenchConfig(
-        max_new_tokens=max_new_tokens or 48,
-        warmup=warmup,
-        repeats=repeats,
-        chain_depth=chain_depth,
-        min_path_prob=min_path_prob,
-        assisted_tokens=assisted_tokens,
-        methods=options.names(methods) or BenchConfig.methods,
-        ngram=DrafterConfig(
-            "ngram", prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max
-        ),
-        early_exit=None
-        if exit_layer is None
-        else DrafterConfig("early-exit", exit_layer=exit_layer),
-    )
     policy = PolicyFile.load(policy_file) if policy_file else None
     if tuning_prompts and policy is None:
         fail("--tuning-prompts needs --policy-file: the policy's tuning runs name the prompts")
@@ -618,32 +601,21 @@ def _decoder_plan(
     )
     print_grids([choose.router_grid(chosen, names)], blank=False)
     set_threads(threads)
-    request = _pair_request(
-        draft=draft,
-        target=target,
-        draft_revision=draft_revision,
-        target_revision=target_revision,
-        dtype=dtype,
-        device=device,
-        trust_remote_code=trust_remote_code,
-        int8=int8,
-        draft_attention=draft_attention,
-    )
     if config.early_exit is not None:  # the exit layer is checked before any weights load
         from ..models.load import target_layers
 
         asked = choose.decode_pair_config(request)
         config.early_exit.check_target_layers(
-            target_layers(asked.target, trust_remote_code, asked.target_revision)
+            target_layers(asked.target, request.trust_remote_code, asked.target_revision)
         )
     pair = choose.load_decode_pair(request)
     setting = choose.BenchSetting(
         policy_file,
         router_name,
         str(pair.target.model.dtype),
-        int8,
+        request.int8,
         torch.get_num_threads(),
-        draft_attention,
+        request.draft_attention,
     )
     decoder_for = functools.cache(lambda drafter: make_decoder(pair, drafter))
     return choose.decoder_plan(decoder_for, pair.tokenizer, chosen, policy, config, setting, out)

@@ -18,7 +18,7 @@ This module does not loop over prompts, check held-out prompts or summarise
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Protocol
@@ -87,6 +87,13 @@ class Request(Decoded):
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def requests_frame(requests: Sequence[Request]):
+    """Requests as a DataFrame, a row each (what ``requests.parquet`` holds)."""
+    import pandas as pd
+
+    return pd.DataFrame([r.to_dict() for r in requests])
 
 
 # a backend's running engines for one bench session: (setting's name, prompt) -> its decoding

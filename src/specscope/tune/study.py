@@ -37,9 +37,9 @@ from ..analysis.bench_stats import (
     speedup_precision,
     summarize_bench,
 )
-from ..analysis.render import Grid, to_markdown
+from ..analysis.render import Column, Grid, to_markdown
 from ..files import write_json, write_output
-from .backends import Backend, Request
+from .backends import Backend, Request, requests_frame
 from .bench import (
     BenchCheckpoint,
     BenchPrompts,
@@ -263,9 +263,7 @@ def save(plan: BenchPlan, result: BenchResult, out: Path, inside: Path | None = 
     with ``bench.json``, every request in ``requests.parquet`` and the tables in ``summary.md``.
     Returns the record's path."""
     if plan.keep is None:
-        import pandas as pd
-
-        frame = pd.DataFrame([r.to_dict() for r in result.requests])
+        frame = requests_frame(result.requests)
         write_output(out / "requests.parquet", frame.to_parquet(None, index=False), inside)
         write_output(out / "summary.md", result.summary(), inside)
         out = out / "bench.json"
@@ -299,8 +297,6 @@ BENCH_COLUMNS = (
 
 def bench_grid(rows: Sequence[BenchRow], title: str) -> Grid:
     """Tokens per second and speed-up of each method per domain."""
-    from ..analysis.render import Column
-
     cells = tuple(
         (
             r.domain,

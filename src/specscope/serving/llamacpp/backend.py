@@ -113,7 +113,3 @@ def requests_from_frame(frame: pd.DataFrame) -> list[Request]:
             steps=(frame["tokens"] - frame["accepted"]).clip(lower=0),
         )
     return [Request.from_dict(row) for row in frame.to_dict("records")]
-
-
-def requests_frame(rows: Sequence[Request]) -> pd.DataFrame:
-    return pd.DataFrame([r.to_dict() for r in rows])

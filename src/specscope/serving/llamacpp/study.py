@@ -60,7 +60,7 @@ from ...prompts.items import PromptItem
 from ...prompts.render import rendering_of
 from ...records import ALL_DOMAINS, load_run
 from ...trees import TreeShape
-from ...tune.backends import Request
+from ...tune.backends import Request, requests_frame
 from ...tune.bench import (
     BenchCheckpoint,
     Loop,
@@ -83,7 +83,6 @@ from .backend import (
     DEFAULT_CANDIDATES,
     LlamaServerBackend,
     candidate_settings,
-    requests_frame,
     requests_from_frame,
 )
 from .costs import (
